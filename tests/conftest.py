@@ -1,0 +1,48 @@
+"""Session fixtures: an isolated user data directory, the tiny model and its adapters."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures import TINY_ADAPTERS, build_adapter, build_tiny_model, extract_tokenizer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every test session gets its own user data directory."""
+    home = tmp_path_factory.mktemp("studio-home")
+    os.environ["MULTILORA_STUDIO_HOME"] = str(home)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return home
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from multilora_studio.default_model import gguf_path
+
+    return extract_tokenizer(gguf_path(), tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
+    """Random-weight Llama model (hidden 64, 3 layers, GQA 4/2) with the default tokenizer."""
+    return build_tiny_model(tokenizer_dir, tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_adapters(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[str, Path]:
+    """PEFT adapters for the tiny model: ranks 4..32 over different target modules."""
+    root = tmp_path_factory.mktemp("tiny-adapters")
+    return {spec.name: build_adapter(tiny_model_dir, spec, root / spec.name) for spec in TINY_ADAPTERS}
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """The embedded default model, converted once per test session."""
+    from multilora_studio.default_model import ensure_default_model
+
+    return ensure_default_model()
