@@ -74,7 +74,7 @@ def _attn_tiles(
     stride_vb,
     stride_vs,
     MASKED: tl.constexpr,
-    IS_FP32: tl.constexpr,
+    DOT_F32: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -99,8 +99,8 @@ def _attn_tiles(
             k = tl.load(k_ptrs, mask=in_range[None, :], other=0.0)
         else:
             k = tl.load(k_ptrs)
-        if IS_FP32:
-            s = tl.dot(q, k, input_precision="ieee")
+        if DOT_F32:
+            s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
         else:
             s = tl.dot(q, k)
         s = s * scale_log2  # [BLOCK_M, BLOCK_N], log2 units
@@ -117,10 +117,11 @@ def _attn_tiles(
             v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0)
         else:
             v = tl.load(v_ptrs)
-        if IS_FP32:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        if DOT_F32:
+            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
     return acc, l_i, m_i
 
@@ -159,7 +160,7 @@ def _paged_attn_kernel(
     BLOCK_SIZE: tl.constexpr,
     DECODE: tl.constexpr,
     SPLIT: tl.constexpr,
-    IS_FP32: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -206,12 +207,12 @@ def _paged_attn_kernel(
     acc, l_i, m_i = _attn_tiles(
         acc, l_i, m_i, q, k_base, v_base, bt_row, lo, tl.minimum(hi, full_end), q_pos,
         scale_log2, stride_kb, stride_ks, stride_vb, stride_vs,
-        False, IS_FP32, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
+        False, DOT_F32, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
     )  # fmt: skip
     acc, l_i, m_i = _attn_tiles(
         acc, l_i, m_i, q, k_base, v_base, bt_row, tl.maximum(lo, full_end), hi, q_pos,
         scale_log2, stride_kb, stride_ks, stride_vb, stride_vs,
-        True, IS_FP32, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
+        True, DOT_F32, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
     )  # fmt: skip
 
     if SPLIT:
@@ -332,7 +333,9 @@ def launch_paged_attention(
     num_seqs = seq_lens.shape[0]
     group = num_q_heads // num_kv_heads
     g_pad = triton.next_power_of_2(group)
-    is_fp32 = q.dtype == torch.float32
+    # fp32 inputs: exact fp32 dots (no tf32). The CPU interpreter cannot run bf16/fp16 dots,
+    # so there the operands are upcast after the same rounding as on the GPU.
+    dot_f32 = q.dtype == torch.float32 or q.device.type != "cuda"
     scale_log2 = float(scale) * math.log2(math.e)
     on_gpu = q.device.type == "cuda"
     if max_query_len <= 1:
@@ -377,7 +380,7 @@ def launch_paged_attention(
         block_tables.stride(0),
         NUM_Q_HEADS=num_q_heads, GROUP=group, G_PAD=g_pad, BLOCK_Q=bq, BLOCK_M=bm,
         BLOCK_N=bn, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        DECODE=max_query_len <= 1, SPLIT=split, IS_FP32=is_fp32,
+        DECODE=max_query_len <= 1, SPLIT=split, DOT_F32=dot_f32,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if split:
