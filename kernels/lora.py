@@ -1,0 +1,618 @@
+"""Multi-LoRA shrink / expand: the LoRA term of a projection for a batch that mixes adapters.
+
+Every LoRA-targeted linear computes ``y = x W^T + (x A^T) B^T`` where the base GEMM is
+shared by all rows and the LoRA term uses, for each token, the adapter held in that
+token's GPU slot (scale already folded into B). The LoRA term runs as two launches per
+projection, whatever the mix of adapters (SGMV/BGMV style):
+
+* shrink:  ``buf[s, t, :] = x[t] @ lora_a[slot[t], s]^T``   (in_features -> rank)
+* expand:  ``y[t, off_s:off_s+n_s] += buf[s, t] @ lora_b[slot[t], off_s:off_s+n_s, :]^T``
+
+Storage layout (allocated by the engine, one set per targeted projection and layer):
+
+* ``lora_a``: ``[num_slots, num_slices, max_rank, in_features]``. Slice ``s`` is the A
+  matrix of the ``s``-th fused projection (q/k/v, gate/up; one slice otherwise). Rank rows
+  ``r >= slot_ranks[slot]`` are zero; the kernels never read them.
+* ``lora_b``: ``[num_slots, out_total, max_rank]``. Slice ``s`` occupies output rows
+  ``slice_offsets[s]:slice_offsets[s+1]`` (slices may differ in width: q/k/v with GQA,
+  gate/up). The LoRA scale is folded into B. Rank columns beyond the slot's rank are zero
+  and never read.
+* ``slot_ranks``: ``[num_slots]`` int32 on the device: the true rank of each slot's
+  adapter, 0 for an empty slot. Kernels skip rank blocks beyond it, so a batch that mixes
+  rank 8 and rank 64 adapters does not pay rank 64 for every token.
+* ``slot_ids``: ``[T]`` int32 (or int64): the slot of each token, -1 = no adapter. Rows
+  with -1 cost nothing and are left untouched in ``y``.
+
+Per-step metadata lives in a :class:`LoRABatch` (fixed-size device buffers, refilled in
+place without host synchronisation, so CUDA graphs can capture the kernels that read it).
+
+Backends: ``"triton"`` (the kernels in ``lora_triton``; on CPU only under
+``TRITON_INTERPRET=1``), ``"torch"`` (vectorised torch, the CPU engine's hot path) and
+``"auto"`` (Triton for CUDA tensors, torch otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = [
+    "LoRABatch",
+    "add_lora",
+    "build_lora_batch",
+    "lora_expand",
+    "lora_shrink",
+    "reference_lora",
+    "reference_shrink",
+]
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_BACKENDS = ("auto", "triton", "torch")
+# Fused projections in our models have at most 3 slices (q/k/v); the kernels take 4.
+MAX_SLICES = 4
+
+
+@dataclass(eq=False)
+class _HostGroups:
+    """Host copy of a batch's grouping, made on first use by the torch backend."""
+
+    num_tokens: int
+    # One entry per slot that has tokens and a non-zero rank:
+    # (slot, rank, first, last, idx) where idx is None when the tokens are first..last-1.
+    groups: list[tuple[int, int, int, int, torch.Tensor | None]]
+    # Valid token indices and their slots, for the gather path: [n] int64 each.
+    tokens: torch.Tensor
+    slots: torch.Tensor
+    max_rank: int
+
+
+@dataclass(eq=False)
+class LoRABatch:
+    """Device-side adapter metadata of one step, in fixed-size buffers.
+
+    Built from ``slot_ids`` with torch ops that never synchronise with the host (sort and
+    searchsorted, no bincount / nonzero / unique / ``.item()``), so ``update`` can run
+    between CUDA-graph replays and the kernels captured in the graph read fresh values.
+
+    Buffers (all int32, on ``device``):
+
+    * ``token_slots``   ``[max_tokens]``: slot of each token; positions ``>= T`` of the
+      last update, and slot values outside ``[0, num_slots)``, hold -1.
+    * ``sorted_tokens`` ``[max_tokens]``: token indices stably sorted by slot; tokens
+      without an adapter come last. Tokens of slot ``l`` are
+      ``sorted_tokens[slot_starts[l] : slot_starts[l] + slot_counts[l]]``, ascending.
+    * ``slot_starts``   ``[num_slots]``: offset of each slot's first token in
+      ``sorted_tokens``.
+    * ``slot_counts``   ``[num_slots]``: number of tokens using each slot.
+    * ``slot_ranks``    ``[num_slots]``: rank of the adapter in each slot, 0 = empty.
+    * ``num_tokens``    ``[1]``: T of the last update (tokens ``>= T`` count as -1).
+
+    The kernels also bound every token index by ``x.shape[0]``, so an ``x`` with fewer
+    rows than the last update never reads out of bounds.
+    """
+
+    max_tokens: int
+    num_slots: int
+    token_slots: torch.Tensor
+    sorted_tokens: torch.Tensor
+    slot_starts: torch.Tensor
+    slot_counts: torch.Tensor
+    slot_ranks: torch.Tensor
+    num_tokens: torch.Tensor
+    _boundaries: torch.Tensor  # [num_slots + 1] int32: 0..num_slots, for searchsorted
+    _num_tokens_host: int = 0
+    _host: _HostGroups | None = field(default=None, repr=False)
+
+    @classmethod
+    def allocate(
+        cls, max_tokens: int, num_slots: int, device: torch.device | str = "cpu"
+    ) -> LoRABatch:
+        """Allocate the buffers for up to ``max_tokens`` tokens and ``num_slots`` slots.
+
+        The batch starts with no tokens (every token -1) and every slot empty.
+        """
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        if not isinstance(num_slots, int) or num_slots < 1:
+            raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
+        device = torch.device(device)
+        i32 = dict(dtype=torch.int32, device=device)
+        batch = cls(
+            max_tokens=max_tokens,
+            num_slots=num_slots,
+            token_slots=torch.full((max_tokens,), -1, **i32),  # [max_tokens]
+            sorted_tokens=torch.arange(max_tokens, **i32),  # [max_tokens]
+            slot_starts=torch.zeros(num_slots, **i32),  # [num_slots]
+            slot_counts=torch.zeros(num_slots, **i32),  # [num_slots]
+            slot_ranks=torch.zeros(num_slots, **i32),  # [num_slots]
+            num_tokens=torch.zeros(1, **i32),  # [1]
+            _boundaries=torch.arange(num_slots + 1, **i32),  # [num_slots + 1]
+        )
+        return batch
+
+    @property
+    def device(self) -> torch.device:
+        return self.token_slots.device
+
+    def update(self, slot_ids: torch.Tensor, slot_ranks: torch.Tensor) -> LoRABatch:
+        """Refill the buffers in place from ``slot_ids [T]`` and ``slot_ranks [num_slots]``.
+
+        No host synchronisation; safe to call between CUDA-graph replays. Returns self.
+        """
+        if not isinstance(slot_ids, torch.Tensor) or slot_ids.dim() != 1:
+            raise ValueError("slot_ids must be a 1-D integer tensor [num_tokens]")
+        if slot_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"slot_ids must be int32 or int64, got {slot_ids.dtype}")
+        if not isinstance(slot_ranks, torch.Tensor) or slot_ranks.shape != (self.num_slots,):
+            raise ValueError(
+                f"slot_ranks must be a tensor of shape [{self.num_slots}] (one rank per slot)"
+            )
+        if slot_ranks.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"slot_ranks must be int32 or int64, got {slot_ranks.dtype}")
+        if slot_ids.device != self.device or slot_ranks.device != self.device:
+            raise ValueError(
+                f"slot_ids ({slot_ids.device}) and slot_ranks ({slot_ranks.device}) must be "
+                f"on the batch's device ({self.device})"
+            )
+        t = slot_ids.shape[0]
+        if t > self.max_tokens:
+            raise ValueError(f"{t} tokens exceed the batch's max_tokens={self.max_tokens}")
+        ids = self.token_slots
+        ids[:t].copy_(slot_ids)
+        ids[t:].fill_(-1)
+        invalid = (ids < 0) | (ids >= self.num_slots)  # [max_tokens]
+        ids.masked_fill_(invalid, -1)
+        # Sort key: the slot, with "no adapter" mapped past the last slot.
+        key = ids.masked_fill(invalid, self.num_slots)  # [max_tokens]
+        sorted_key, order = torch.sort(key, stable=True)
+        self.sorted_tokens.copy_(order)
+        bounds = torch.searchsorted(sorted_key, self._boundaries)  # [num_slots + 1] int64
+        self.slot_starts.copy_(bounds[:-1])
+        self.slot_counts.copy_(bounds[1:] - bounds[:-1])
+        self.slot_ranks.copy_(slot_ranks)
+        self.num_tokens.fill_(t)
+        self._num_tokens_host = t
+        self._host = None
+        return self
+
+
+def build_lora_batch(
+    slot_ids: torch.Tensor, slot_ranks: torch.Tensor, num_slots: int
+) -> LoRABatch:
+    """Allocate a :class:`LoRABatch` sized for ``slot_ids`` and fill it."""
+    if not isinstance(slot_ids, torch.Tensor) or slot_ids.dim() != 1:
+        raise ValueError("slot_ids must be a 1-D integer tensor [num_tokens]")
+    batch = LoRABatch.allocate(max(1, slot_ids.shape[0]), num_slots, slot_ids.device)
+    return batch.update(slot_ids, slot_ranks)
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_float(name: str, t: object, dim: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dim:
+        raise ValueError(f"{name} must have {dim} dims, got shape {tuple(t.shape)}")
+    if t.dtype not in _DTYPES:
+        raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+    return t
+
+
+def _check_device(batch: LoRABatch, **tensors: torch.Tensor) -> None:
+    if not isinstance(batch, LoRABatch):
+        raise ValueError(f"batch must be a LoRABatch, got {type(batch).__name__}")
+    for name, t in tensors.items():
+        if t.device != batch.device:
+            raise ValueError(
+                f"{name} is on {t.device} but the LoRABatch is on {batch.device}; "
+                "all tensors must be on one device"
+            )
+
+
+def _check_shrink(x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch) -> None:
+    _check_float("x", x, 2)
+    _check_float("lora_a", lora_a, 4)
+    _check_device(batch, x=x, lora_a=lora_a)
+    if lora_a.dtype != x.dtype:
+        raise ValueError(f"lora_a dtype {lora_a.dtype} differs from x dtype {x.dtype}")
+    if lora_a.shape[0] != batch.num_slots:
+        raise ValueError(
+            f"lora_a has {lora_a.shape[0]} slots but the LoRABatch has {batch.num_slots}"
+        )
+    if lora_a.shape[3] != x.shape[1]:
+        raise ValueError(
+            f"lora_a in_features {lora_a.shape[3]} differs from x in_features {x.shape[1]} "
+            "(lora_a is [num_slots, num_slices, max_rank, in_features])"
+        )
+    if x.shape[0] > batch.max_tokens:
+        raise ValueError(f"x has {x.shape[0]} tokens, over max_tokens={batch.max_tokens}")
+    if lora_a.shape[1] < 1 or lora_a.shape[2] < 1:
+        raise ValueError(f"lora_a needs at least one slice and rank 1, got {tuple(lora_a.shape)}")
+
+
+def _check_offsets(slice_offsets: Sequence[int], num_slices: int, out_total: int) -> tuple[int, ...]:
+    if isinstance(slice_offsets, torch.Tensor) or not isinstance(slice_offsets, Sequence):
+        raise ValueError("slice_offsets must be a tuple of ints")
+    offs = tuple(slice_offsets)
+    if not all(isinstance(o, int) and not isinstance(o, bool) for o in offs):
+        raise ValueError(f"slice_offsets must hold ints, got {offs!r}")
+    if len(offs) != num_slices + 1:
+        raise ValueError(
+            f"slice_offsets needs num_slices + 1 = {num_slices + 1} entries, got {len(offs)}"
+        )
+    if offs[0] != 0 or offs[-1] != out_total:
+        raise ValueError(f"slice_offsets must start at 0 and end at out_total={out_total}: {offs}")
+    if any(b < a for a, b in zip(offs, offs[1:])):
+        raise ValueError(f"slice_offsets must be non-decreasing: {offs}")
+    return offs
+
+
+def _check_b(
+    y: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    num_slices: int,
+    max_rank: int,
+    slice_offsets: Sequence[int],
+) -> tuple[int, ...]:
+    _check_float("y", y, 2)
+    _check_float("lora_b", lora_b, 3)
+    _check_device(batch, y=y, lora_b=lora_b)
+    if lora_b.dtype != y.dtype:
+        raise ValueError(f"lora_b dtype {lora_b.dtype} differs from y dtype {y.dtype}")
+    if lora_b.shape[0] != batch.num_slots:
+        raise ValueError(
+            f"lora_b has {lora_b.shape[0]} slots but the LoRABatch has {batch.num_slots}"
+        )
+    if lora_b.shape[1] != y.shape[1]:
+        raise ValueError(
+            f"lora_b out_total {lora_b.shape[1]} differs from y width {y.shape[1]} "
+            "(lora_b is [num_slots, out_total, max_rank])"
+        )
+    if lora_b.shape[2] != max_rank:
+        raise ValueError(f"lora_b max_rank {lora_b.shape[2]} differs from {max_rank}")
+    if y.shape[0] > batch.max_tokens:
+        raise ValueError(f"y has {y.shape[0]} tokens, over max_tokens={batch.max_tokens}")
+    if any(st == 0 for st, n in zip(y.stride(), y.shape) if n > 1):
+        raise ValueError("y must not have zero strides (rows or columns would alias)")
+    if num_slices > MAX_SLICES:
+        raise ValueError(f"at most {MAX_SLICES} slices per projection, got {num_slices}")
+    return _check_offsets(slice_offsets, num_slices, y.shape[1])
+
+
+def _check_expand(
+    y: torch.Tensor,
+    buf: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    slice_offsets: Sequence[int],
+) -> tuple[int, ...]:
+    if not isinstance(buf, torch.Tensor) or buf.dim() != 3 or buf.dtype != torch.float32:
+        raise ValueError("buf must be a float32 tensor [num_slices, num_tokens, max_rank]")
+    _check_device(batch, buf=buf)
+    offs = _check_b(y, lora_b, batch, buf.shape[0], buf.shape[2], slice_offsets)
+    if buf.shape[1] != y.shape[0]:
+        raise ValueError(f"buf has {buf.shape[1]} tokens but y has {y.shape[0]}")
+    return offs
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _backend_of(backend: str, device: torch.device) -> str:
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return "torch"
+    if device.type != "cuda" and not (backend == "triton" and _interpreting()):
+        if backend == "triton":
+            raise ValueError(
+                f"backend='triton' needs CUDA tensors (got {device}) or TRITON_INTERPRET=1"
+            )
+        return "torch"
+    try:
+        from . import lora_triton  # noqa: F401  (import check only)
+    except ImportError as exc:
+        if backend == "triton":
+            raise ValueError(f"backend='triton' but Triton cannot be imported: {exc}") from exc
+        return "torch"
+    return "triton"
+
+
+# ------------------------------------------------------------------------- public API
+
+
+def lora_shrink(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    batch: LoRABatch,
+    out: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Project every token onto its adapter's A matrices: ``[T, K] -> [S, T, R]`` float32.
+
+    Args:
+        x: ``[T, in_features]`` activations (fp32 / bf16 / fp16), any strides.
+        lora_a: ``[num_slots, num_slices, max_rank, in_features]``, x's dtype.
+        batch: the step's :class:`LoRABatch` (``T <= batch.max_tokens``).
+        out: optional float32 ``[num_slices, T, max_rank]`` to write into.
+        backend: ``"auto"``, ``"triton"`` or ``"torch"``.
+
+    Returns ``buf`` (``out`` when given). Entries of tokens with slot -1, and entries
+    ``r >= slot_ranks[slot]`` (rank blocks the kernels skip), are unspecified on the
+    Triton backend; the torch backend writes zeros there.
+
+    Semantics::
+
+        buf = torch.empty(S, T, R, dtype=torch.float32)
+        for t in range(T):
+            l = slot_ids[t]
+            if l >= 0:
+                for s in range(S):
+                    buf[s, t] = (x[t].float() @ lora_a[l, s].float().T)
+    """
+    _check_shrink(x, lora_a, batch)
+    num_slices, max_rank = lora_a.shape[1], lora_a.shape[2]
+    shape = (num_slices, x.shape[0], max_rank)
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.float32:
+            raise ValueError("out must be a float32 tensor")
+        if tuple(out.shape) != shape:
+            raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
+        if out.device != x.device:
+            raise ValueError(f"out is on {out.device}, x on {x.device}")
+    kind = _backend_of(backend, x.device)
+    if kind == "triton":
+        from . import lora_triton
+
+        if out is None:
+            out = torch.empty(shape, dtype=torch.float32, device=x.device)
+        return lora_triton.shrink(x, lora_a, batch, out)
+    if out is None:
+        out = torch.zeros(shape, dtype=torch.float32, device=x.device)
+    else:
+        out.zero_()
+    _torch_shrink(x, lora_a, batch, out)
+    return out
+
+
+def lora_expand(
+    y: torch.Tensor,
+    buf: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    slice_offsets: Sequence[int],
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Add each token's ``buf @ B^T`` into its output slices of ``y``, in place.
+
+    Args:
+        y: ``[T, out_total]`` (fp32 / bf16 / fp16), updated in place; rows with slot -1
+            are not touched.
+        buf: float32 ``[num_slices, T, max_rank]`` from :func:`lora_shrink`; columns
+            ``r >= slot_ranks[slot]`` are ignored (taken as zero, like B's padding).
+        lora_b: ``[num_slots, out_total, max_rank]``, y's dtype, scale folded in.
+        batch: the step's :class:`LoRABatch`.
+        slice_offsets: ``num_slices + 1`` ints; slice ``s`` is ``y[:, off[s]:off[s+1]]``.
+        backend: ``"auto"``, ``"triton"`` or ``"torch"``.
+
+    Returns ``y``.
+
+    Semantics::
+
+        for t in range(T):
+            l = slot_ids[t]
+            if l >= 0:
+                for s in range(S):
+                    lo, hi = slice_offsets[s], slice_offsets[s + 1]
+                    y[t, lo:hi] += (buf[s, t] @ lora_b[l, lo:hi].float().T).to(y.dtype)
+    """
+    offs = _check_expand(y, buf, lora_b, batch, slice_offsets)
+    kind = _backend_of(backend, y.device)
+    if kind == "triton":
+        from . import lora_triton
+
+        lora_triton.expand(y, buf.unsqueeze(0), lora_b, batch, offs)
+        return y
+    _torch_expand(y, buf, lora_b, batch, offs)
+    return y
+
+
+def add_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    slice_offsets: Sequence[int],
+    backend: str = "auto",
+) -> torch.Tensor:
+    """``y += LoRA(x)`` for a batch mixing adapters: shrink then expand. Returns ``y``.
+
+    Shapes as in :func:`lora_shrink` and :func:`lora_expand`; ``y`` is ``[T, out_total]``
+    in x's dtype and rows with slot -1 are left untouched.
+
+    Semantics::
+
+        buf = lora_shrink(x, lora_a, batch)        # [S, T, R] float32
+        lora_expand(y, buf, lora_b, batch, slice_offsets)
+    """
+    _check_shrink(x, lora_a, batch)
+    offs = _check_b(y, lora_b, batch, lora_a.shape[1], lora_a.shape[2], slice_offsets)
+    if y.dtype != x.dtype:
+        raise ValueError(f"y dtype {y.dtype} differs from x dtype {x.dtype}")
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(f"y has {y.shape[0]} tokens but x has {x.shape[0]}")
+    if _backend_of(backend, x.device) == "triton":
+        from . import lora_triton
+
+        buf = lora_triton.shrink_partials(x, lora_a, batch)  # [split, S, T, R]
+        lora_triton.expand(y, buf, lora_b, batch, offs)
+        return y
+    _torch_add_lora(y, x, lora_a, lora_b, batch, offs)
+    return y
+
+
+# ----------------------------------------------------------------------- torch backend
+
+
+def _host_groups(batch: LoRABatch, num_tokens: int) -> _HostGroups:
+    """Group tokens by slot on the host (cheap on CPU; syncs on CUDA)."""
+    host = batch._host
+    if host is not None and host.num_tokens == num_tokens:
+        return host
+    counts = batch.slot_counts.tolist()
+    starts = batch.slot_starts.tolist()
+    ranks = batch.slot_ranks.tolist()
+    sorted_tokens = batch.sorted_tokens.tolist()
+    groups: list[tuple[int, int, int, int, torch.Tensor | None]] = []
+    tok_parts: list[int] = []
+    slot_parts: list[int] = []
+    max_rank = 0
+    for slot, (count, start, rank) in enumerate(zip(counts, starts, ranks)):
+        if count == 0 or rank <= 0:
+            continue
+        toks = sorted_tokens[start : start + count]
+        if toks[-1] >= num_tokens:  # x has fewer rows than the last update
+            toks = [t for t in toks if t < num_tokens]
+            if not toks:
+                continue
+        first, last = toks[0], toks[-1] + 1
+        idx = None
+        if last - first != len(toks):
+            idx = torch.tensor(toks, dtype=torch.int64, device=batch.device)
+        groups.append((slot, rank, first, last, idx))
+        tok_parts.extend(toks)
+        slot_parts.extend([slot] * len(toks))
+        max_rank = max(max_rank, rank)
+    host = _HostGroups(
+        num_tokens=num_tokens,
+        groups=groups,
+        tokens=torch.tensor(tok_parts, dtype=torch.int64, device=batch.device),
+        slots=torch.tensor(slot_parts, dtype=torch.int64, device=batch.device),
+        max_rank=max_rank,
+    )
+    batch._host = host
+    return host
+
+
+def _rows(t: torch.Tensor, first: int, last: int, idx: torch.Tensor | None) -> torch.Tensor:
+    return t[first:last] if idx is None else t.index_select(0, idx)
+
+
+def _group_shrink(xs: torch.Tensor, a_slot: torch.Tensor, rank: int) -> torch.Tensor:
+    """``[n, K] x [S, R, K] -> [S, n, rank]`` in xs's dtype, reading rank rows only."""
+    num_slices, max_rank, k = a_slot.shape
+    if rank == max_rank:
+        h = xs @ a_slot.reshape(num_slices * rank, k).T  # [n, S * rank]
+        return h.view(-1, num_slices, rank).transpose(0, 1)
+    return torch.matmul(xs, a_slot[:, :rank].transpose(1, 2))  # [S, n, rank]
+
+
+def _group_expand(
+    y: torch.Tensor,
+    h: torch.Tensor,
+    b_slot: torch.Tensor,
+    rank: int,
+    offs: tuple[int, ...],
+    first: int,
+    last: int,
+    idx: torch.Tensor | None,
+) -> None:
+    """``y[rows, lo:hi] += h[s] @ b_slot[lo:hi, :rank]^T`` for every slice s."""
+    for s in range(len(offs) - 1):
+        lo, hi = offs[s], offs[s + 1]
+        if hi == lo:
+            continue
+        bt = b_slot[lo:hi, :rank].T  # [rank, n_s]
+        if idx is None:
+            y[first:last, lo:hi].addmm_(h[s], bt)
+        else:
+            y[:, lo:hi].index_add_(0, idx, h[s] @ bt)
+
+
+def _torch_add_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    offs: tuple[int, ...],
+) -> None:
+    host = _host_groups(batch, x.shape[0])
+    if not host.groups:
+        return
+    for slot, rank, first, last, idx in host.groups:
+        xs = _rows(x, first, last, idx)  # [n, K]
+        h = _group_shrink(xs, lora_a[slot], rank)  # [S, n, rank]
+        _group_expand(y, h, lora_b[slot], rank, offs, first, last, idx)
+
+
+def _torch_shrink(
+    x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch, out: torch.Tensor
+) -> None:
+    host = _host_groups(batch, x.shape[0])
+    for slot, rank, first, last, idx in host.groups:
+        h = _group_shrink(_rows(x, first, last, idx), lora_a[slot], rank).float()
+        if idx is None:
+            out[:, first:last, :rank] = h
+        else:
+            out[:, idx, :rank] = h
+
+
+def _torch_expand(
+    y: torch.Tensor,
+    buf: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    offs: tuple[int, ...],
+) -> None:
+    host = _host_groups(batch, y.shape[0])
+    for slot, rank, first, last, idx in host.groups:
+        h = buf[:, first:last, :rank] if idx is None else buf[:, idx, :rank]  # [S, n, rank]
+        h = h.to(y.dtype)
+        _group_expand(y, h, lora_b[slot], rank, offs, first, last, idx)
+
+
+# ---------------------------------------------------------------------------- reference
+
+
+def reference_shrink(
+    x: torch.Tensor, lora_a: torch.Tensor, slot_ids: torch.Tensor
+) -> torch.Tensor:
+    """Float64 shrink for tests: ``[S, T, R]``, zero rows for slot -1."""
+    t = x.shape[0]
+    num_slices, max_rank = lora_a.shape[1], lora_a.shape[2]
+    out = torch.zeros(num_slices, t, max_rank, dtype=torch.float64, device=x.device)
+    valid = (slot_ids >= 0).nonzero().flatten()  # [n]
+    if valid.numel() == 0:
+        return out
+    a = lora_a.double()[slot_ids[valid].long()]  # [n, S, R, K]
+    out[:, valid] = torch.einsum("nk,nsrk->snr", x.double()[valid], a)
+    return out
+
+
+def reference_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    slot_ids: torch.Tensor,
+    slice_offsets: Sequence[int],
+) -> torch.Tensor:
+    """Float64 ``y + LoRA(x)`` for tests (returns a new float64 tensor; y is unchanged)."""
+    out = y.double().clone()  # [T, out_total]
+    valid = (slot_ids >= 0).nonzero().flatten()  # [n]
+    if valid.numel() == 0:
+        return out
+    h = reference_shrink(x, lora_a, slot_ids)[:, valid]  # [S, n, R]
+    b = lora_b.double()[slot_ids[valid].long()]  # [n, out_total, R]
+    for s in range(len(slice_offsets) - 1):
+        lo, hi = slice_offsets[s], slice_offsets[s + 1]
+        out[valid, lo:hi] += torch.einsum("nr,nor->no", h[s], b[:, lo:hi])
+    return out
