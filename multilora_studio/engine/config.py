@@ -1,0 +1,107 @@
+"""User-settable engine and sampling configuration, validated on construction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "auto")
+MAX_SLOTS = 1024
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        limit = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {limit}, got {value}")
+
+
+@dataclass
+class EngineConfig:
+    """How the engine is built. ``model=None`` means the embedded default model.
+
+    Names follow vLLM's flags where one exists.
+    """
+
+    model: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    max_loras: int = 8
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    max_num_seqs: int = 64
+    max_model_len: int = 2048
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_cache_memory_gb: float | None = None
+    enforce_eager: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
+            raise ValueError("model must be a folder path or None for the embedded default model")
+        if not isinstance(self.device, str) or not (
+            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
+        ):
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}")
+        _check_int("max_loras", self.max_loras, 1, MAX_SLOTS)
+        _check_int("max_lora_rank", self.max_lora_rank, 1, 512)
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = max(self.max_loras, 2 * self.max_loras)
+        _check_int("max_cpu_loras", self.max_cpu_loras, 1)
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+            )
+        _check_int("max_num_seqs", self.max_num_seqs, 1, 4096)
+        _check_int("max_model_len", self.max_model_len, 16, 1 << 20)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, 1 << 20)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                "max_num_batched_tokens must be >= max_num_seqs so every running request can decode"
+            )
+        _check_int("block_size", self.block_size, 1, 256)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.kv_cache_memory_gb is not None and not (0 < float(self.kv_cache_memory_gb) < 4096):
+            raise ValueError(f"kv_cache_memory_gb must be positive, got {self.kv_cache_memory_gb}")
+        _check_int("seed", self.seed, 0)
+
+
+@dataclass
+class SamplingParams:
+    """How one request samples. ``temperature=0`` is greedy."""
+
+    max_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: Sequence[str] = field(default_factory=tuple)
+    stop_token_ids: Sequence[int] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("max_tokens", self.max_tokens, 1)
+        if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature <= 100:
+            raise ValueError(f"temperature must be between 0 and 100, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check_int("top_k", self.top_k, 0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0)
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        self.stop = tuple(self.stop)
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop must be a list of non-empty strings")
+        self.stop_token_ids = tuple(self.stop_token_ids)
+        for token in self.stop_token_ids:
+            _check_int("stop_token_ids entry", token, 0)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

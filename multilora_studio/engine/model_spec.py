@@ -1,0 +1,134 @@
+"""The shape of a Llama-family checkpoint, read from its HF ``config.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    theta: float
+    kind: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    attention_bias: bool
+    max_position_embeddings: int
+    rope: RopeSpec
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    sliding_window: int | None = None
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def projection_shape(self, module: str) -> tuple[int, int]:
+        """(out_features, in_features) of a LoRA-targetable projection."""
+        shapes = {
+            "q_proj": (self.q_size, self.hidden_size),
+            "k_proj": (self.kv_size, self.hidden_size),
+            "v_proj": (self.kv_size, self.hidden_size),
+            "o_proj": (self.hidden_size, self.q_size),
+            "gate_proj": (self.intermediate_size, self.hidden_size),
+            "up_proj": (self.intermediate_size, self.hidden_size),
+            "down_proj": (self.hidden_size, self.intermediate_size),
+        }
+        return shapes[module]
+
+    def num_parameters(self) -> int:
+        per_layer = sum(o * i for o, i in map(self.projection_shape, PROJECTIONS)) + 2 * self.hidden_size
+        embed = self.vocab_size * self.hidden_size
+        head = 0 if self.tie_word_embeddings else embed
+        return self.num_layers * per_layer + embed + head + self.hidden_size
+
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _rope_from_config(config: dict) -> RopeSpec:
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    if kind not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"RoPE scaling type {kind!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    return RopeSpec(
+        theta=theta,
+        kind=kind,
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position=int(params.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def spec_from_config(config: dict) -> ModelSpec:
+    """Validate a HF config dict and return its ``ModelSpec``; ValueError names what is wrong."""
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    try:
+        hidden = int(config["hidden_size"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        eos = config.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        sliding = config.get("sliding_window") if config.get("use_sliding_window", True) else None
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {config.get('hidden_act')!r} is not supported (only silu)")
+        if config.get("mlp_bias"):
+            raise ValueError("MLP biases are not supported")
+        return ModelSpec(
+            model_type=model_type,
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+            max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+            rope=_rope_from_config(config),
+            eos_token_ids=eos_ids,
+            sliding_window=int(sliding) if sliding else None,
+        )
+    except KeyError as missing:
+        raise ValueError(f"config.json lacks the field {missing}") from None
+
+
+def load_spec(folder: Path) -> ModelSpec:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json; is it a Hugging Face model folder?")
+    return spec_from_config(json.loads(path.read_text()))
