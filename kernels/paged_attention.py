@@ -54,8 +54,7 @@ def _validate_attention(
     _check(q.dim() == 3, f"q must be [num_tokens, num_q_heads, head_dim], got {tuple(q.shape)}")
     _check(
         k_cache.dim() == 4,
-        "k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
-        f"got {tuple(k_cache.shape)}",
+        f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got {tuple(k_cache.shape)}",
     )
     _check(
         v_cache.shape == k_cache.shape,
@@ -85,8 +84,7 @@ def _validate_attention(
     num_seqs = block_tables.shape[0]
     _check(
         seq_lens.dim() == 1 and seq_lens.dtype == torch.int32 and seq_lens.shape[0] == num_seqs,
-        f"seq_lens must be int32 [num_seqs={num_seqs}], got {seq_lens.dtype} "
-        f"{tuple(seq_lens.shape)}",
+        f"seq_lens must be int32 [num_seqs={num_seqs}], got {seq_lens.dtype} {tuple(seq_lens.shape)}",
     )
     _check(
         query_start_loc.dim() == 1
@@ -129,8 +127,7 @@ def _validate_attention(
         )
         _check(
             head_dim in _TRITON_HEAD_DIMS,
-            f"backend='triton' supports head_dim in {_TRITON_HEAD_DIMS}, got {head_dim}; "
-            "use backend='torch'",
+            f"backend='triton' supports head_dim in {_TRITON_HEAD_DIMS}, got {head_dim}; use backend='torch'",
         )
     del num_tokens
     return backend
@@ -198,11 +195,12 @@ def paged_attention(
     if q.shape[0] == 0 or block_tables.shape[0] == 0:
         return out
     if backend == "torch":
-        _torch_paged_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out
-        )
+        _torch_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
         return out
-    from multilora_studio.kernels.paged_attention_triton import launch_paged_attention
+    # triton is imported on first use: CPU-only installs (no triton) still run the torch path
+    from multilora_studio.kernels.paged_attention_triton import (
+        launch_paged_attention,
+    )
 
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item())
@@ -256,25 +254,28 @@ def write_kv(
     )
     _check(
         k.dtype == k_cache.dtype and v.dtype == k_cache.dtype and v_cache.dtype == k_cache.dtype,
-        f"k/v/k_cache/v_cache dtypes must match, got {k.dtype}/{v.dtype}/{k_cache.dtype}/"
-        f"{v_cache.dtype}",
+        f"k/v/k_cache/v_cache dtypes must match, got {k.dtype}/{v.dtype}/{k_cache.dtype}/{v_cache.dtype}",
     )
     _check(
-        slot_mapping.dim() == 1
-        and slot_mapping.dtype == torch.int64
-        and slot_mapping.shape[0] == k.shape[0],
+        slot_mapping.dim() == 1 and slot_mapping.dtype == torch.int64 and slot_mapping.shape[0] == k.shape[0],
         f"slot_mapping must be int64 [num_tokens={k.shape[0]}], got {slot_mapping.dtype} "
         f"{tuple(slot_mapping.shape)}",
     )
-    for name, t in (("v", v), ("k_cache", k_cache), ("v_cache", v_cache), ("slot_mapping",
-                                                                           slot_mapping)):
+    for name, t in (
+        ("v", v),
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("slot_mapping", slot_mapping),
+    ):
         _check(t.device == k.device, f"{name} is on {t.device} but k is on {k.device}")
     _check(k_cache.is_contiguous() and v_cache.is_contiguous(), "k_cache/v_cache must be contiguous")
     _check(k.stride(-1) == 1 and v.stride(-1) == 1, "k/v must have a contiguous last dimension")
     if k.shape[0] == 0:
         return
     if k.device.type == "cuda":
-        from multilora_studio.kernels.paged_attention_triton import launch_write_kv
+        from multilora_studio.kernels.paged_attention_triton import (
+            launch_write_kv,
+        )
 
         launch_write_kv(k, v, k_cache, v_cache, slot_mapping)
         return
@@ -290,9 +291,7 @@ def write_kv(
         v_flat[slot_mapping[keep]] = v[keep]
 
 
-def _gather_kv(
-    cache: torch.Tensor, block_rows: torch.Tensor, num_blocks: int
-) -> torch.Tensor:
+def _gather_kv(cache: torch.Tensor, block_rows: torch.Tensor, num_blocks: int) -> torch.Tensor:
     # block_rows [S, >=num_blocks] -> [S, num_blocks * block_size, Hkv, D]
     _, block_size, num_kv_heads, head_dim = cache.shape
     g = cache[block_rows[:, :num_blocks]]  # [S, nb, bs, Hkv, D]

@@ -74,7 +74,7 @@ def _attn_tiles(
     stride_vb,
     stride_vs,
     MASKED: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    DOT_MODE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -95,12 +95,11 @@ def _attn_tiles(
         v_offs = blk * stride_vb + slot_in_blk * stride_vs  # [BLOCK_N]
         k_ptrs = k_base + k_offs[None, :] + offs_d[:, None]  # [D, BLOCK_N]
         v_ptrs = v_base + v_offs[:, None] + offs_d[None, :]  # [BLOCK_N, D]
-        if MASKED:
-            k = tl.load(k_ptrs, mask=in_range[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-        if DOT_F32:
+        k = tl.load(k_ptrs, mask=in_range[None, :], other=0.0) if MASKED else tl.load(k_ptrs)
+        if DOT_MODE == 1:
             s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
+        elif DOT_MODE == 2:
+            s = tl.dot(q, k, input_precision="tf32x3")
         else:
             s = tl.dot(q, k)
         s = s * scale_log2  # [BLOCK_M, BLOCK_N], log2 units
@@ -113,12 +112,11 @@ def _attn_tiles(
         if MASKED:
             p = tl.where(visible, p, 0.0)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0)
-        else:
-            v = tl.load(v_ptrs)
-        if DOT_F32:
+        v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0) if MASKED else tl.load(v_ptrs)
+        if DOT_MODE == 1:
             pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        elif DOT_MODE == 2:
+            pv = tl.dot(p, v, input_precision="tf32x3")
         else:
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
@@ -160,7 +158,7 @@ def _paged_attn_kernel(
     BLOCK_SIZE: tl.constexpr,
     DECODE: tl.constexpr,
     SPLIT: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    DOT_MODE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -207,12 +205,12 @@ def _paged_attn_kernel(
     acc, l_i, m_i = _attn_tiles(
         acc, l_i, m_i, q, k_base, v_base, bt_row, lo, tl.minimum(hi, full_end), q_pos,
         scale_log2, stride_kb, stride_ks, stride_vb, stride_vs,
-        False, DOT_F32, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
+        False, DOT_MODE, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
     )  # fmt: skip
     acc, l_i, m_i = _attn_tiles(
         acc, l_i, m_i, q, k_base, v_base, bt_row, tl.maximum(lo, full_end), hi, q_pos,
         scale_log2, stride_kb, stride_ks, stride_vb, stride_vs,
-        True, DOT_F32, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
+        True, DOT_MODE, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
     )  # fmt: skip
 
     if SPLIT:
@@ -333,15 +331,17 @@ def launch_paged_attention(
     num_seqs = seq_lens.shape[0]
     group = num_q_heads // num_kv_heads
     g_pad = triton.next_power_of_2(group)
-    # fp32 inputs: exact fp32 dots (no tf32). The CPU interpreter cannot run bf16/fp16 dots,
-    # so there the operands are upcast after the same rounding as on the GPU.
-    dot_f32 = q.dtype == torch.float32 or q.device.type != "cuda"
+    # Dot mode: 0 = bf16/fp16 tensor cores; 1 = fp32 operands, exact (the CPU interpreter,
+    # which cannot run bf16/fp16 dots: operands are upcast after the same rounding as on the
+    # GPU); 2 = fp32 inputs on the GPU, 3xTF32 (tensor cores, about fp32 accuracy).
+    dot_mode = 1 if q.device.type != "cuda" else (2 if q.dtype == torch.float32 else 0)
     scale_log2 = float(scale) * math.log2(math.e)
     on_gpu = q.device.type == "cuda"
+    default_bn = 64 if (head_dim <= 128 and dot_mode != 2) else 32
     if max_query_len <= 1:
         bm = max(16, g_pad)
         bq = 1
-        bn = block_n or (64 if head_dim <= 128 else 32)
+        bn = block_n or default_bn
         if num_splits is None:
             max_context = block_tables.shape[1] * block_size
             num_splits = decode_num_splits(num_seqs, num_kv_heads, max_context, _num_sms(q.device))
@@ -352,11 +352,13 @@ def launch_paged_attention(
         num_splits = 1
         if block_m is None:
             want = 128 if (on_gpu and max_query_len * g_pad >= 128 and head_dim <= 128) else 64
+            if dot_mode == 2:
+                want = 32  # fp32 tiles: larger ones spill registers
             bm = max(16, min(want, triton.next_power_of_2(max_query_len * g_pad)), g_pad)
         else:
             bm = max(block_m, g_pad)
         bq = bm // g_pad
-        bn = block_n or (64 if head_dim <= 128 else 32)
+        bn = block_n or default_bn
         warps = num_warps or (8 if bm >= 128 else 4)
         stages = num_stages or 2
         grid = (num_tokens // bq + num_seqs, num_kv_heads, 1)
@@ -380,7 +382,7 @@ def launch_paged_attention(
         block_tables.stride(0),
         NUM_Q_HEADS=num_q_heads, GROUP=group, G_PAD=g_pad, BLOCK_Q=bq, BLOCK_M=bm,
         BLOCK_N=bn, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        DECODE=max_query_len <= 1, SPLIT=split, DOT_F32=dot_f32,
+        DECODE=max_query_len <= 1, SPLIT=split, DOT_MODE=dot_mode,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if split:
