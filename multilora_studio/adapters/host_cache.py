@@ -1,0 +1,114 @@
+"""Host-RAM tier of adapters: an LRU of validated adapters, filled by a background loader.
+
+A miss never blocks the caller: ``prefetch`` queues a load on the loader thread and
+``on_ready`` is called when it is done (or failed), so the engine keeps stepping.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from multilora_studio.adapters.peft_adapter import HostAdapter
+
+Loader = Callable[[str, Path], HostAdapter]
+
+
+@dataclass
+class TierCounters:
+    """Hits and misses of one tier, and the latency of each load into it (seconds)."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_loaded: int = 0
+    load_seconds: list[float] = field(default_factory=list)
+
+    def percentile(self, q: float) -> float | None:
+        if not self.load_seconds:
+            return None
+        ordered = sorted(self.load_seconds)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class HostAdapterCache:
+    """At most ``capacity`` adapters in host memory, least recently used evicted first."""
+
+    def __init__(self, capacity: int, loader: Loader, on_ready: Callable[[], None]) -> None:
+        self.capacity = capacity
+        self._loader = loader
+        self._on_ready = on_ready
+        self._entries: OrderedDict[str, HostAdapter] = OrderedDict()
+        self._pending: dict[str, Future] = {}
+        self._errors: dict[str, Exception] = {}
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="adapter-loader")
+        self.counters = TierCounters()
+
+    def get(self, name: str) -> HostAdapter | None:
+        with self._lock:
+            adapter = self._entries.get(name)
+            if adapter is not None:
+                self._entries.move_to_end(name)
+            return adapter
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._entries)
+
+    def error_of(self, name: str) -> Exception | None:
+        with self._lock:
+            return self._errors.get(name)
+
+    def put(self, adapter: HostAdapter) -> None:
+        with self._lock:
+            self._insert(adapter)
+
+    def _insert(self, adapter: HostAdapter) -> None:
+        self._entries[adapter.name] = adapter
+        self._entries.move_to_end(adapter.name)
+        self._errors.pop(adapter.name, None)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def lookup(self, name: str, path: Path) -> HostAdapter | None:
+        """The adapter if resident (a hit); otherwise start loading it (a miss) and return None."""
+        with self._lock:
+            adapter = self._entries.get(name)
+            if adapter is not None:
+                self._entries.move_to_end(name)
+                self.counters.hits += 1
+                return adapter
+            if name in self._pending or name in self._errors:
+                return None
+            self.counters.misses += 1
+            self._pending[name] = self._executor.submit(self._load, name, path)
+            return None
+
+    def _load(self, name: str, path: Path) -> None:
+        start = time.perf_counter()
+        try:
+            adapter = self._loader(name, path)
+        except Exception as error:  # reported to the requests that wait for it
+            with self._lock:
+                self._errors[name] = error
+                self._pending.pop(name, None)
+        else:
+            with self._lock:
+                self._insert(adapter)
+                self._pending.pop(name, None)
+                self.counters.bytes_loaded += adapter.nbytes
+                self.counters.load_seconds.append(time.perf_counter() - start)
+        self._on_ready()
+
+    def discard(self, name: str) -> None:
+        with self._lock:
+            self._entries.pop(name, None)
+            self._errors.pop(name, None)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,52 @@
+"""Incremental detokenization with stop strings, for streaming text deltas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas.
+
+    Decodes only a short window (from ``prefix_offset``) per token, and holds back a
+    trailing incomplete UTF-8 sequence and the last ``len(longest stop) - 1`` characters,
+    so no delta is ever retracted when a stop string completes later.
+    """
+
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.text = ""
+        self.emitted = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, token_id: int) -> bool:
+        """Append one token; True when a stop string has appeared (text is cut before it)."""
+        self.ids.append(token_id)
+        before = len(self.text)
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.text += full[len(prefix) :]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        if not self.stop:
+            return False
+        start = max(0, before - self.holdback)  # a stop string may straddle old and new text
+        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            return True
+        return False
+
+    def delta(self, finished: bool) -> str:
+        """Text not yet emitted (all of it when ``finished``)."""
+        end = len(self.text) if finished else max(self.emitted, len(self.text) - self.holdback)
+        piece = self.text[self.emitted : end]
+        self.emitted = end
+        return piece

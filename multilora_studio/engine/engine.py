@@ -1,0 +1,571 @@
+"""The batched multi-LoRA engine: one base model, many adapters, one step loop on one thread.
+
+Any thread may submit, abort, add or remove adapters; only the worker thread
+touches the device. Its loop is: take commands -> schedule -> run -> postprocess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import random
+import re
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from multilora_studio.adapters.host_cache import HostAdapterCache
+from multilora_studio.adapters.peft_adapter import HostAdapter, load_peft_adapter
+from multilora_studio.adapters.slot_table import SlotTable
+from multilora_studio.default_model import ProgressCallback
+from multilora_studio.engine.block_manager import BlockManager, blocks_needed
+from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.detokenizer import IncrementalDetokenizer
+from multilora_studio.engine.model_source import BaseModel, resolve_model
+from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, SlotState, TokenDelta
+from multilora_studio.engine.requests import RequestStream
+from multilora_studio.engine.runner import ModelRunner, kv_bytes_per_block
+from multilora_studio.engine.sampler import make_generator
+from multilora_studio.engine.scheduler import Scheduler, StepPlan
+from multilora_studio.engine.sequence import Sequence as Seq
+
+log = logging.getLogger(__name__)
+
+Prompt = str | list[int] | list[dict[str, str]]
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+CPU_KV_CACHE_CAP_BYTES = 2 << 30
+METRICS_INTERVAL_S = 0.1
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    name: str
+    path: Path
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+    size_bytes: int
+
+
+@dataclass
+class _Active:
+    """Worker-side state of one request."""
+
+    seq: Seq
+    stream: RequestStream
+    detok: IncrementalDetokenizer | None
+    generator: torch.Generator | None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but no CUDA GPU is available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+class Engine:
+    """Serve a base model and its LoRA adapters; see the module docstring."""
+
+    def __init__(self, config: EngineConfig | None = None, progress: ProgressCallback | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.device = resolve_device(self.config.device)
+        self.dtype = resolve_dtype(self.config.dtype, self.device)
+        self._commands: queue.SimpleQueue[tuple[str, Any, Future | None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._adapters: dict[str, AdapterInfo] = {}
+        self._active: dict[str, _Active] = {}
+        self._stopping = False
+        self._ready: Future[None] = Future()
+        self._step_listeners: list[Callable[[EngineMetrics], None]] = []
+        self._request_counter = itertools.count()
+        self._generated = 0
+        self._rate_window: list[tuple[float, int]] = []
+        self._last_metrics_time = 0.0
+        self._metrics: EngineMetrics | None = None
+        self._gpu_hits = 0
+        self._gpu_misses = 0
+        self._last_batch = (0, 0, 0)
+        self._thread = threading.Thread(
+            target=self._worker_main, args=(progress,), name="engine-worker", daemon=True
+        )
+        self._thread.start()
+        self._ready.result()
+
+    # ---------------------------------------------------------------- setup (worker thread)
+
+    def _worker_main(self, progress: ProgressCallback | None) -> None:
+        try:
+            self._setup(progress)
+        except BaseException as error:
+            self._ready.set_exception(error)
+            return
+        self._ready.set_result(None)
+        self._loop()
+
+    def _setup(self, progress: ProgressCallback | None) -> None:
+        config = self.config
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        base: BaseModel = resolve_model(config.model, self.dtype, self.device, progress)
+        self.base = base
+        self.spec = base.spec
+        self.tokenizer = base.tokenizer
+        self.model_name = base.name
+        self.base_digest = base.digest
+        if config.max_model_len > base.spec.max_position_embeddings:
+            log.warning(
+                "max_model_len %d exceeds the model's max_position_embeddings %d",
+                config.max_model_len,
+                base.spec.max_position_embeddings,
+            )
+        num_blocks = self._kv_blocks(base)
+        self.runner = ModelRunner(config, base.spec, base.weights, num_blocks, self.device, self.dtype)
+        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.slots = SlotTable(config.max_loras)
+        assert config.max_cpu_loras is not None
+        self.host_cache = HostAdapterCache(config.max_cpu_loras, self._load_adapter, self._wake.set)
+        self.scheduler = Scheduler(
+            self.blocks,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self._acquire_adapter,
+            self._release_adapter,
+        )
+
+    def _kv_blocks(self, base: BaseModel) -> int:
+        config = self.config
+        per_block = kv_bytes_per_block(base.spec, config.block_size, self.dtype)
+        per_seq = blocks_needed(config.max_model_len, config.block_size)
+        wanted = config.max_num_seqs * per_seq
+        if config.kv_cache_memory_gb is not None:
+            budget = int(config.kv_cache_memory_gb * (1 << 30))
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * 0.85) - (2 << 30)
+        else:
+            budget = CPU_KV_CACHE_CAP_BYTES
+        blocks = min(wanted, budget // per_block)
+        if blocks < per_seq:
+            raise ValueError(
+                f"the KV cache ({budget / 2**30:.2f} GiB) cannot hold one sequence of max_model_len="
+                f"{config.max_model_len} tokens ({per_seq * per_block / 2**30:.2f} GiB); lower "
+                "max_model_len or raise kv_cache_memory_gb"
+            )
+        return blocks
+
+    # ---------------------------------------------------------------- adapters (any thread)
+
+    def _load_adapter(self, name: str, path: Path) -> HostAdapter:
+        return load_peft_adapter(
+            name, path, self.spec.num_layers, self.spec.projection_shape, self.config.max_lora_rank
+        )
+
+    def add_adapter(self, name: str, path: str | Path) -> AdapterInfo:
+        """Validate the PEFT folder at ``path`` and make it servable as ``name``."""
+        if not isinstance(name, str) or not ADAPTER_NAME.match(name) or name in ("base", self.model_name):
+            raise ValueError(
+                f"invalid adapter name {name!r}: use 1-128 letters, digits or ._:/@+- "
+                "(and not 'base' or the base model's name)"
+            )
+        with self._lock:
+            if name in self._adapters:
+                raise ValueError(f"an adapter named {name!r} already exists; remove it first")
+        host = self._load_adapter(name, Path(path))
+        info = AdapterInfo(name, Path(path), host.rank, host.alpha, host.targets, host.nbytes)
+        with self._lock:
+            if name in self._adapters:
+                raise ValueError(f"an adapter named {name!r} already exists; remove it first")
+            self._adapters[name] = info
+        self.host_cache.put(host)
+        return info
+
+    def remove_adapter(self, name: str) -> None:
+        """Forget ``name``; refused while requests for it are queued or running."""
+        self._call("remove_adapter", name)
+
+    def pin_adapter(self, name: str, pinned: bool = True) -> None:
+        """Keep ``name`` in its GPU slot once loaded (or let it be evicted again)."""
+        self._call("pin_adapter", (name, pinned))
+
+    def list_adapters(self) -> list[AdapterInfo]:
+        with self._lock:
+            return list(self._adapters.values())
+
+    def _call(self, command: str, payload: Any) -> Any:
+        future: Future = Future()
+        self._post(command, payload, future)
+        return future.result()
+
+    def _post(self, command: str, payload: Any, future: Future | None = None) -> None:
+        if self._stopping:
+            raise RuntimeError("the engine has been shut down")
+        self._commands.put((command, payload, future))
+        self._wake.set()
+
+    # ---------------------------------------------------------------- requests (any thread)
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of a text prompt, chat messages (through the chat template) or ids as given."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer; pass token ids")
+            return list(self.tokenizer(prompt).input_ids)
+        if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError("this model has no chat template; pass a plain prompt")
+            for message in prompt:
+                if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+                    raise ValueError("each chat message needs string 'role' and 'content' fields")
+            text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            bad = [t for t in prompt if not 0 <= t < self.spec.vocab_size]
+            if bad:
+                raise ValueError(f"token ids out of range [0, {self.spec.vocab_size}): {bad[:5]}")
+            return list(prompt)
+        raise ValueError("a prompt is a string, a list of token ids or a list of chat messages")
+
+    def submit(
+        self,
+        prompt: Prompt,
+        adapter: str | None = None,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> RequestStream:
+        """Queue one request; returns its stream at once."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params must be a SamplingParams")
+        token_ids = self.encode(prompt)
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        if len(token_ids) >= self.config.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens; max_model_len is {self.config.max_model_len}"
+            )
+        if adapter is not None:
+            with self._lock:
+                if adapter not in self._adapters:
+                    known = ", ".join(sorted(self._adapters)) or "none"
+                    raise ValueError(f"unknown adapter {adapter!r} (known: {known})")
+        request_id = request_id or f"req-{next(self._request_counter)}-{uuid.uuid4().hex[:8]}"
+        output = RequestOutput(request_id, adapter, token_ids, arrival_time=time.monotonic())
+        stream = RequestStream(output, loop)
+        seq = Seq(request_id, token_ids, adapter, params, arrival_step=0)
+        self._post("add", (seq, stream))
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; it finishes with reason 'abort' and its KV blocks are freed."""
+        self._post("abort", request_id)
+
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        adapter_names: Sequence[str | None] | None = None,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run all prompts together (one batch) and return their outputs in order."""
+        prompts = list(prompts)
+        names = list(adapter_names) if adapter_names is not None else [None] * len(prompts)
+        if len(names) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(names)} adapter names")
+        per_request = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        if len(per_request) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(per_request)} sampling params")
+        streams = [self.submit(p, a, s) for p, a, s in zip(prompts, names, per_request, strict=True)]
+        return [stream.result() for stream in streams]
+
+    def stream(
+        self, prompt: Prompt, adapter: str | None = None, params: SamplingParams | None = None
+    ) -> Iterator[TokenDelta]:
+        """Token deltas of one request, for a thread; closing the iterator early aborts it."""
+        handle = self.submit(prompt, adapter, params)
+        finished = False
+        try:
+            for delta in handle:
+                finished = delta.finished
+                yield delta
+        finally:
+            if not finished:
+                self.abort(handle.request_id)
+
+    async def astream(
+        self, prompt: Prompt, adapter: str | None = None, params: SamplingParams | None = None
+    ) -> AsyncIterator[TokenDelta]:
+        """Token deltas of one request, for asyncio; cancelling the consumer aborts it."""
+        handle = self.submit(prompt, adapter, params, loop=asyncio.get_running_loop())
+        finished = False
+        try:
+            async for delta in handle:
+                finished = delta.finished
+                yield delta
+        finally:
+            if not finished:
+                self.abort(handle.request_id)
+
+    def metrics(self) -> EngineMetrics | None:
+        """The latest metrics snapshot (refreshed at most every 100 ms while the engine works)."""
+        return self._metrics
+
+    def shutdown(self) -> None:
+        """Finish the worker: outstanding requests end with reason 'abort'."""
+        if self._stopping:
+            return
+        self._commands.put(("shutdown", None, None))
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
+        if hasattr(self, "host_cache"):
+            self.host_cache.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---------------------------------------------------------------- worker loop
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            if not self._drain_commands():
+                return
+            self._fail_unloadable_adapters()
+            if not self.scheduler.has_work:
+                self._publish_metrics(force=True)
+                self._wake.wait()
+                continue
+            plan = self.scheduler.schedule()
+            if not plan.chunks:
+                self._wake.wait(0.05)  # waiting for an adapter to arrive from disk
+                continue
+            self._run_step(plan)
+
+    def _run_step(self, plan: StepPlan) -> None:
+        try:
+            slot_of: dict[str | None, int] = {None: -1}
+            for chunk in plan.chunks:
+                name = chunk.seq.adapter
+                if name is not None and name not in slot_of:
+                    slot = self.slots.slot_of(name)
+                    if slot is None:
+                        raise RuntimeError(f"adapter {name} lost its slot while running")
+                    slot_of[name] = slot
+            inputs = self.runner.prepare(plan, self.blocks, slot_of)
+            logits = self.runner.run(inputs)
+            sampling = [c for c in plan.chunks if c.completes]
+            actives = [self._active[c.seq.request_id] for c in sampling]
+            tokens = self.runner.sample(
+                logits, [a.seq.params for a in actives], [a.generator for a in actives]
+            )
+        except Exception as error:
+            log.exception("step failed")
+            for chunk in plan.chunks:
+                self._finish(chunk.seq.request_id, "error", f"engine step failed: {error}")
+            return
+        for chunk in plan.chunks:
+            chunk.seq.num_computed_tokens += chunk.num_tokens
+        now = time.monotonic()
+        for chunk, token in zip(sampling, tokens, strict=True):
+            self._append_token(self._active[chunk.seq.request_id], token, now)
+        self._generated += len(tokens)
+        self._rate_window.append((now, len(tokens)))
+        adapters = {c.seq.adapter for c in plan.chunks}
+        self._last_batch = (plan.num_tokens, len(plan.chunks), len(adapters - {None}))
+        self._publish_metrics()
+
+    def _append_token(self, active: _Active, token: int, now: float) -> None:
+        seq, output = active.seq, active.stream.output
+        seq.output_token_ids.append(token)
+        if output.first_token_time is None:
+            output.first_token_time = now
+        params = seq.params
+        reason = None
+        stopped_by_text = active.detok.add(token) if active.detok is not None else False
+        if (
+            stopped_by_text
+            or token in params.stop_token_ids
+            or (not params.ignore_eos and token in self.spec.eos_token_ids)
+        ):
+            reason = "stop"
+        elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            reason = "length"
+        if reason is not None:
+            self._finish(seq.request_id, reason, None, pending=[token])
+        else:
+            text = active.detok.delta(finished=False) if active.detok is not None else ""
+            active.stream.push(TokenDelta(seq.request_id, [token], text))
+
+    def _finish(
+        self, request_id: str, reason: str, error: str | None, pending: list[int] | None = None
+    ) -> None:
+        active = self._active.pop(request_id, None)
+        if active is None:
+            return
+        seq, output = active.seq, active.stream.output
+        if not seq.is_finished:
+            self.scheduler.finish(seq, reason)
+        text = active.detok.delta(finished=True) if active.detok is not None else ""
+        output.token_ids = list(seq.output_token_ids)
+        output.text = active.detok.text if active.detok is not None else ""
+        output.finish_reason = reason
+        output.error = error
+        output.finish_time = time.monotonic()
+        active.stream.push(TokenDelta(request_id, pending or [], text, True, reason, error))
+
+    def _drain_commands(self) -> bool:
+        while True:
+            try:
+                command, payload, future = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if command == "shutdown":
+                for request_id in list(self._active):
+                    self._finish(request_id, "abort", "the engine was shut down")
+                return False
+            try:
+                result = self._handle(command, payload)
+            except Exception as error:
+                if future is None:
+                    log.exception("command %s failed", command)
+                else:
+                    future.set_exception(error)
+            else:
+                if future is not None:
+                    future.set_result(result)
+
+    def _handle(self, command: str, payload: Any) -> Any:
+        if command == "add":
+            seq, stream = payload
+            seq.arrival_step = self.scheduler.step_count
+            detok = IncrementalDetokenizer(self.tokenizer, seq.params.stop) if self.tokenizer else None
+            generator = make_generator(seq.params, self.device, random.getrandbits(63))
+            self._active[seq.request_id] = _Active(seq, stream, detok, generator)
+            self.scheduler.add(seq)
+            return None
+        if command == "abort":
+            self._finish(payload, "abort", None)
+            return None
+        if command == "remove_adapter":
+            return self._remove_adapter(payload)
+        if command == "pin_adapter":
+            name, pinned = payload
+            with self._lock:
+                if name not in self._adapters:
+                    raise ValueError(f"unknown adapter {name!r}")
+            (self.slots.pin if pinned else self.slots.unpin)(name)
+            return None
+        raise ValueError(f"unknown engine command {command!r}")
+
+    def _remove_adapter(self, name: str) -> None:
+        with self._lock:
+            if name not in self._adapters:
+                raise ValueError(f"unknown adapter {name!r}")
+        users = [a.seq.request_id for a in self._active.values() if a.seq.adapter == name]
+        if users:
+            raise ValueError(f"adapter {name!r} is used by {len(users)} queued or running requests")
+        slot = self.slots.evict(name)
+        if slot is not None:
+            self.runner.lora.clear(slot)
+        self.host_cache.discard(name)
+        with self._lock:
+            del self._adapters[name]
+
+    # ---------------------------------------------------------------- adapter residency (worker)
+
+    def _acquire_adapter(self, name: str | None) -> bool:
+        if name is None:
+            return True
+        if self.slots.slot_of(name) is not None:
+            self._gpu_hits += 1
+            return self.slots.acquire(name) is not None
+        if not self.slots.can_acquire(name):
+            return False
+        with self._lock:
+            info = self._adapters.get(name)
+        if info is None:
+            return False
+        host = self.host_cache.lookup(name, info.path)
+        if host is None:
+            return False
+        acquired = self.slots.acquire(name)
+        if acquired is None:
+            return False
+        self._gpu_misses += 1
+        if acquired.evicted is not None:
+            log.debug("slot %d: %s evicted for %s", acquired.slot, acquired.evicted, name)
+        self.runner.lora.load(acquired.slot, host)
+        return True
+
+    def _release_adapter(self, name: str | None) -> None:
+        if name is not None:
+            self.slots.release(name)
+
+    def _fail_unloadable_adapters(self) -> None:
+        for request_id, active in list(self._active.items()):
+            name = active.seq.adapter
+            if name is None or active.seq.status.value != "waiting":
+                continue
+            error = self.host_cache.error_of(name)
+            if error is not None:
+                self._finish(request_id, "error", f"adapter {name!r} could not be loaded: {error}")
+
+    # ---------------------------------------------------------------- metrics (worker)
+
+    def _publish_metrics(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_metrics_time < METRICS_INTERVAL_S:
+            return
+        self._last_metrics_time = now
+        self._rate_window = [(t, n) for t, n in self._rate_window if now - t <= 2.0]
+        span = now - self._rate_window[0][0] if len(self._rate_window) > 1 else 0.0
+        rate = sum(n for _, n in self._rate_window[1:]) / span if span > 0 else 0.0
+        counters = self.host_cache.counters
+        memory = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+        tokens, size, distinct = self._last_batch
+        self._metrics = EngineMetrics(
+            state="running" if self.scheduler.has_work else "idle",
+            device=str(self.device),
+            steps=self.scheduler.step_count,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            batch_tokens=tokens,
+            batch_size=size,
+            distinct_adapters=distinct,
+            tokens_per_second=rate,
+            total_generated_tokens=self._generated,
+            kv_blocks_total=self.blocks.num_blocks,
+            kv_blocks_free=self.blocks.num_free,
+            preemptions=sum(a.seq.num_preemptions for a in self._active.values()),
+            slots=tuple(SlotState(s.slot, s.adapter, s.pinned, s.in_use) for s in self.slots.snapshot()),
+            cpu_adapters=tuple(self.host_cache.names()),
+            gpu_hits=self._gpu_hits,
+            gpu_misses=self._gpu_misses,
+            cpu_hits=counters.hits,
+            cpu_misses=counters.misses,
+            cold_load_p50_s=counters.percentile(0.5),
+            cold_load_p95_s=counters.percentile(0.95),
+            device_memory_bytes=memory,
+        )

@@ -1,0 +1,124 @@
+"""Forward pass of the Llama family (llama, mistral, qwen2) over a paged KV cache.
+
+Plain functions over the fused weights: per layer one qkv GEMM, one gate_up GEMM,
+and the LoRA term of each targeted projection group added by the multi-LoRA
+kernels for a per-token adapter slot. Per-step metadata arrives as arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from multilora_studio.engine.lora_weights import LoRASlotWeights
+from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.rope import apply_rope, cos_sin_cache
+from multilora_studio.engine.weights import ModelWeights
+from multilora_studio.kernels.lora import LoRABatch, add_lora
+from multilora_studio.kernels.paged_attention import paged_attention, write_kv
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's tokens go in the paged cache and what each attends to."""
+
+    slot_mapping: torch.Tensor  # [T] int64, flat cache slot per token, -1 = padding
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32, context incl. this step
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    max_query_len: int
+
+
+@dataclass
+class LoRAStep:
+    """The adapters of this step: per-token slots and which projection groups any of them targets."""
+
+    batch: LoRABatch
+    groups: frozenset[str]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's LlamaRMSNorm: normalise in float32, scale in the model dtype."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+class LlamaModel:
+    """One base model on one device, with optional LoRA slot weights."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        weights: ModelWeights,
+        lora: LoRASlotWeights | None,
+        max_positions: int,
+    ) -> None:
+        self.spec = spec
+        self.weights = weights
+        self.lora = lora
+        device = weights.embed.device
+        self.rope = cos_sin_cache(spec.rope, spec.head_dim, max_positions, device)  # [P, D]
+        self.scale = spec.head_dim**-0.5
+
+    def _add_lora(
+        self, group: str, layer: int, y: torch.Tensor, x: torch.Tensor, step: LoRAStep | None
+    ) -> None:
+        if step is None or group not in step.groups or self.lora is None:
+            return
+        add_lora(
+            y, x, self.lora.a[group][layer], self.lora.b[group][layer], step.batch, self.lora.offsets[group]
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        lora: LoRAStep | None,
+    ) -> torch.Tensor:
+        """Hidden states [T, H] after the final norm, for ``input_ids`` [T] at ``positions`` [T]."""
+        spec = self.spec
+        q_size, kv_size = spec.q_size, spec.kv_size
+        x = F.embedding(input_ids, self.weights.embed)  # [T, H]
+        cos_sin = self.rope[positions]  # [T, D]
+        tokens = input_ids.shape[0]
+        for index, layer in enumerate(self.weights.layers):
+            h = rms_norm(x, layer.input_norm, spec.rms_norm_eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)  # [T, q + 2 kv]
+            self._add_lora("qkv", index, qkv, h, lora)
+            q = qkv[:, :q_size].view(tokens, spec.num_heads, spec.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].view(tokens, spec.num_kv_heads, spec.head_dim)
+            v = qkv[:, q_size + kv_size :].view(tokens, spec.num_kv_heads, spec.head_dim)
+            q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+            k_cache, v_cache = kv_caches[index]
+            write_kv(k, v.contiguous(), k_cache, v_cache, attn.slot_mapping)
+            context = paged_attention(
+                q,
+                k_cache,
+                v_cache,
+                attn.block_tables,
+                attn.seq_lens,
+                attn.query_start_loc,
+                self.scale,
+                max_query_len=attn.max_query_len,
+            ).view(tokens, q_size)  # [T, q]
+            o = F.linear(context, layer.o)  # [T, H]
+            self._add_lora("o", index, o, context, lora)
+            x = x + o
+            h = rms_norm(x, layer.post_norm, spec.rms_norm_eps)
+            gate_up = F.linear(h, layer.gate_up)  # [T, 2 I]
+            self._add_lora("gate_up", index, gate_up, h, lora)
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up  # [T, I]
+            down = F.linear(act, layer.down)  # [T, H]
+            self._add_lora("down", index, down, act, lora)
+            x = x + down
+        return rms_norm(x, self.weights.final_norm, spec.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, V] float32 logits of the given hidden rows."""
+        return F.linear(hidden, self.weights.lm_head).float()

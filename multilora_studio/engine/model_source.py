@@ -1,0 +1,99 @@
+"""Resolving ``EngineConfig.model`` to weights: a HF folder, the embedded default, or random shapes."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from multilora_studio.default_model import ProgressCallback, ensure_default_model, sha256_file
+from multilora_studio.engine.model_spec import ModelSpec, RopeSpec, load_spec
+from multilora_studio.engine.weights import ModelWeights, load_weights, random_weights
+
+RANDOM_PREFIX = "random:"
+# Named shapes for random-weight models (benchmarks without a download).
+RANDOM_SHAPES: dict[str, ModelSpec] = {
+    "llama3-8b": ModelSpec(
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        max_position_embeddings=8192,
+        rope=RopeSpec(theta=500000.0, kind="llama3", factor=8.0, original_max_position=8192),
+        eos_token_ids=(128009,),
+    ),
+    "smollm2-135m": ModelSpec(
+        model_type="llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        max_position_embeddings=8192,
+        rope=RopeSpec(theta=100000.0),
+        eos_token_ids=(2,),
+    ),
+}
+
+
+@dataclass
+class BaseModel:
+    """A loaded base model: its name, spec, weights, tokenizer (None for random shapes) and digest."""
+
+    name: str
+    spec: ModelSpec
+    weights: ModelWeights
+    tokenizer: Any
+    digest: str
+    folder: Path | None
+
+
+def load_tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def resolve_model(
+    model: str | None, dtype: torch.dtype, device: torch.device, progress: ProgressCallback | None
+) -> BaseModel:
+    """Load what ``model`` names; ValueError / FileNotFoundError with a clear message otherwise."""
+    if model is not None and model.startswith(RANDOM_PREFIX):
+        shape = model[len(RANDOM_PREFIX) :]
+        if shape not in RANDOM_SHAPES:
+            raise ValueError(f"unknown random model shape {shape!r}; known: {', '.join(RANDOM_SHAPES)}")
+        spec = RANDOM_SHAPES[shape]
+        return BaseModel(model, spec, random_weights(spec, dtype, device), None, f"random-{shape}", None)
+    if model is None:
+        default = ensure_default_model(progress)
+        folder, name, digest = default.path, default.name, default.digest
+    else:
+        folder = Path(model).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"model folder {folder} does not exist")
+        name, digest = folder.name, ""
+    spec = load_spec(folder)
+    if not digest:
+        weights_file = folder / "model.safetensors"
+        digest = sha256_file(weights_file) if weights_file.is_file() else ""
+    tokenizer = load_tokenizer(folder)
+    eos = set(spec.eos_token_ids)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    spec = dataclasses.replace(spec, eos_token_ids=tuple(sorted(eos)))
+    return BaseModel(name, spec, load_weights(folder, spec, dtype, device), tokenizer, digest, folder)

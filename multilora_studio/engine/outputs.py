@@ -1,0 +1,80 @@
+"""What the engine hands back: streamed deltas, final outputs and metrics snapshots (plain data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """New tokens and text of one request since its previous delta."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class RequestOutput:
+    """The whole result of one request."""
+
+    request_id: str
+    adapter: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        if self.finish_time is None or self.first_token_time is None or len(self.token_ids) < 2:
+            return None
+        span = self.finish_time - self.first_token_time
+        return (len(self.token_ids) - 1) / span if span > 0 else None
+
+
+@dataclass(frozen=True)
+class SlotState:
+    slot: int
+    adapter: str | None
+    pinned: bool
+    in_use: int
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """A snapshot of the engine's state, safe to read from any thread."""
+
+    state: str
+    device: str
+    steps: int
+    running: int
+    waiting: int
+    batch_tokens: int
+    batch_size: int
+    distinct_adapters: int
+    tokens_per_second: float
+    total_generated_tokens: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    preemptions: int
+    slots: tuple[SlotState, ...]
+    cpu_adapters: tuple[str, ...]
+    gpu_hits: int
+    gpu_misses: int
+    cpu_hits: int
+    cpu_misses: int
+    cold_load_p50_s: float | None
+    cold_load_p95_s: float | None
+    device_memory_bytes: int

@@ -1,0 +1,138 @@
+"""Runs one scheduled step on the device: builds the step's tensors, runs the model, samples.
+
+Owns every device tensor (weights, KV cache, LoRA slots); used only from the
+engine's worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from multilora_studio.engine.block_manager import BlockManager
+from multilora_studio.engine.config import EngineConfig
+from multilora_studio.engine.cuda_graphs import DecodeGraphs
+from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
+from multilora_studio.engine.lora_weights import LoRASlotWeights
+from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.sampler import sample
+from multilora_studio.engine.scheduler import StepPlan
+from multilora_studio.engine.weights import ModelWeights
+from multilora_studio.kernels.lora import LoRABatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepInputs:
+    """Host-built tensors of one step (already on the device)."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    attn: AttentionMetadata
+    slot_ids: torch.Tensor  # [T] int32, -1 = base model
+    logits_rows: torch.Tensor  # [N] int64: rows of the hidden states to sample from
+    lora_groups: frozenset[str]
+
+
+def kv_bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
+    return 2 * spec.num_layers * block_size * spec.kv_size * torch.empty((), dtype=dtype).element_size()
+
+
+class ModelRunner:
+    """The model, its KV cache and its LoRA slots on one device."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        spec: ModelSpec,
+        weights: ModelWeights,
+        num_kv_blocks: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.config = config
+        self.spec = spec
+        self.device = device
+        self.dtype = dtype
+        self.lora = LoRASlotWeights(spec, config.max_loras, config.max_lora_rank, dtype, device)
+        max_positions = max(config.max_model_len, 16)
+        self.model = LlamaModel(spec, weights, self.lora, max_positions)
+        self.block_size = config.block_size
+        self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
+        # KV cache: [layers, 2 (k, v), blocks, block_size, kv_heads, head_dim]
+        self.kv_cache = torch.zeros(
+            (spec.num_layers, 2, num_kv_blocks, config.block_size, spec.num_kv_heads, spec.head_dim),
+            dtype=dtype,
+            device=device,
+        )
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(spec.num_layers)]
+        self.lora_batch = LoRABatch.allocate(config.max_num_batched_tokens, config.max_loras, device)
+        self.graphs: DecodeGraphs | None = None
+        if device.type == "cuda" and not config.enforce_eager:
+            self.graphs = DecodeGraphs(self, config.max_num_seqs)
+
+    def prepare(self, plan: StepPlan, blocks: BlockManager, slot_of: dict[str | None, int]) -> StepInputs:
+        """Flatten the plan's chunks into the step's token, position and cache-slot arrays."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        slot_ids: list[int] = []
+        seq_lens: list[int] = []
+        query_start = [0]
+        tables: list[list[int]] = []
+        logits_rows: list[int] = []
+        groups: set[str] = set()
+        for chunk in plan.chunks:
+            seq = chunk.seq
+            end = chunk.start + chunk.num_tokens
+            input_ids.extend(seq.token_slice(chunk.start, end))
+            span = range(chunk.start, end)
+            positions.extend(span)
+            slot_mapping.extend(blocks.slot_of(seq, p) for p in span)
+            slot = slot_of.get(seq.adapter, -1)
+            slot_ids.extend([slot] * chunk.num_tokens)
+            if slot >= 0:
+                groups |= self.lora.slot_groups[slot]
+            seq_lens.append(end)
+            query_start.append(query_start[-1] + chunk.num_tokens)
+            tables.append(seq.block_table)
+            if chunk.completes:
+                logits_rows.append(query_start[-1] - 1)
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+
+        def on_device(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+        attn = AttentionMetadata(
+            slot_mapping=on_device(slot_mapping, torch.int64),
+            block_tables=on_device(padded, torch.int32),
+            seq_lens=on_device(seq_lens, torch.int32),
+            query_start_loc=on_device(query_start, torch.int32),
+            max_query_len=max(chunk.num_tokens for chunk in plan.chunks),
+        )
+        return StepInputs(
+            input_ids=on_device(input_ids, torch.int64),
+            positions=on_device(positions, torch.int64),
+            attn=attn,
+            slot_ids=on_device(slot_ids, torch.int32),
+            logits_rows=on_device(logits_rows, torch.int64),
+            lora_groups=frozenset(groups),
+        )
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Logits [N, V] float32 of the rows that sample this step."""
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            return self.graphs.run(inputs)
+        lora = None
+        if inputs.lora_groups:
+            lora = LoRAStep(self.lora_batch.update(inputs.slot_ids, self.lora.slot_ranks), inputs.lora_groups)
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.attn, self.kv_caches, lora)
+        return self.model.logits(hidden[inputs.logits_rows])
+
+    def sample(self, logits: torch.Tensor, params: list, generators: list) -> list[int]:
+        return sample(logits, params, generators)

@@ -1,0 +1,46 @@
+"""Token sampling for a batch where each row has its own parameters and random stream."""
+
+from __future__ import annotations
+
+import torch
+
+from multilora_studio.engine.config import SamplingParams
+
+
+def make_generator(
+    params: SamplingParams, device: torch.device, fallback_seed: int
+) -> torch.Generator | None:
+    """A per-request random stream (seeded when the request gives a seed); None for greedy."""
+    if params.greedy:
+        return None
+    seed = params.seed if params.seed is not None else fallback_seed
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _filter(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k and top-p applied to one row [V] of float32 logits."""
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cumulative - sorted_logits.softmax(-1) >= params.top_p  # keep the token that crosses top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return logits
+
+
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[int]:
+    """One token per row of ``logits`` [N, V] float32."""
+    greedy = logits.argmax(dim=-1)  # [N]
+    sampled_rows = [row for row, p in enumerate(params) if not p.greedy]
+    if not sampled_rows:
+        return greedy.tolist()
+    chosen = greedy.clone()
+    for row in sampled_rows:
+        probs = _filter(logits[row], params[row]).softmax(-1)  # [V]
+        chosen[row] = torch.multinomial(probs, 1, generator=generators[row])[0]
+    return chosen.tolist()

@@ -1,0 +1,43 @@
+"""Reference outputs from HF transformers + PEFT (the implementation our engine must match)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def greedy_tokens(model, prompt_ids: list[int], new_tokens: int) -> list[int]:
+    """Greedy continuation by full forward passes (no cache, no stopping at EOS)."""
+    ids = torch.tensor([prompt_ids])
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits = model(input_ids=ids).logits[0, -1]
+            token = int(logits.argmax())
+            out.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return out
+
+
+class PeftReference:
+    """The base model and each adapter through HF + PEFT, loaded once."""
+
+    def __init__(self, base_dir: Path, adapters: dict[str, Path]) -> None:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).eval()
+        self.base = base
+        names = list(adapters)
+        self.model = PeftModel.from_pretrained(base, str(adapters[names[0]]), adapter_name=names[0])
+        for name in names[1:]:
+            self.model.load_adapter(str(adapters[name]), adapter_name=name)
+        self.model.eval()
+
+    def greedy(self, adapter: str | None, prompt_ids: list[int], new_tokens: int) -> list[int]:
+        if adapter is None:
+            with self.model.disable_adapter():
+                return greedy_tokens(self.model, prompt_ids, new_tokens)
+        self.model.set_adapter(adapter)
+        return greedy_tokens(self.model, prompt_ids, new_tokens)

@@ -1,0 +1,83 @@
+"""Each adapter's output in a mixed batch equals PEFT's output for that adapter alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from multilora_studio.engine import SamplingParams
+from tests.fixtures import TINY_ADAPTERS
+
+NEW_TOKENS = 32
+PROMPTS = [
+    "Once upon a time",
+    "The quick brown fox jumps over the lazy dog and then",
+    "def fibonacci(n):",
+    "Paris is the capital of",
+    "A short poem about the sea: the waves roll in, the gulls cry, and the sand",
+    "1, 2, 3,",
+]
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+
+
+def mixed_requests(engine) -> list[tuple[list[int], str | None]]:
+    """Every adapter and the base, each with a prompt of a different length."""
+    names: list[str | None] = [spec.name for spec in TINY_ADAPTERS] + [None]
+    return [(engine.encode(PROMPTS[i % len(PROMPTS)]), name) for i, name in enumerate(names * 2)]
+
+
+@pytest.fixture(scope="module")
+def expected_cache():
+    return {}
+
+
+def expected(peft_reference, cache, prompt_ids, adapter):
+    key = (tuple(prompt_ids), adapter)
+    if key not in cache:
+        cache[key] = peft_reference.greedy(adapter, prompt_ids, NEW_TOKENS)
+    return cache[key]
+
+
+def test_mixed_batch_matches_peft_token_for_token(make_engine, peft_reference, expected_cache):
+    engine = make_engine()
+    requests = mixed_requests(engine)
+    outputs = engine.generate([p for p, _ in requests], [a for _, a in requests], GREEDY)
+    for (prompt_ids, adapter), output in zip(requests, outputs, strict=True):
+        assert output.finish_reason == "length"
+        assert output.token_ids == expected(peft_reference, expected_cache, prompt_ids, adapter), adapter
+
+
+def test_adapters_change_the_output(make_engine, peft_reference, expected_cache):
+    engine = make_engine()
+    prompt = engine.encode(PROMPTS[0])
+    outputs = {
+        spec.name: expected(peft_reference, expected_cache, prompt, spec.name) for spec in TINY_ADAPTERS
+    }
+    base = expected(peft_reference, expected_cache, prompt, None)
+    assert all(tokens != base for tokens in outputs.values()), "every fixture adapter must matter"
+
+
+def test_requests_joining_mid_decode_match_peft(make_engine, peft_reference, expected_cache):
+    engine = make_engine()
+    requests = mixed_requests(engine)
+    first, later = requests[::2], requests[1::2]
+    streams = [engine.submit(p, a, GREEDY) for p, a in first]
+    for stream in streams[:2]:  # wait until decoding is under way
+        next(iter(stream))
+    streams += [engine.submit(p, a, GREEDY) for p, a in later]
+    ordered = first + later
+    for (prompt_ids, adapter), stream in zip(ordered, streams, strict=True):
+        assert stream.result(timeout=120).token_ids == expected(
+            peft_reference, expected_cache, prompt_ids, adapter
+        ), adapter
+
+
+def test_more_adapters_than_slots_evicts_and_reloads_correctly(make_engine, peft_reference, expected_cache):
+    engine = make_engine(max_loras=2, max_cpu_loras=2, max_num_seqs=4)
+    requests = mixed_requests(engine)
+    outputs = engine.generate([p for p, _ in requests], [a for _, a in requests], GREEDY)
+    for (prompt_ids, adapter), output in zip(requests, outputs, strict=True):
+        assert output.token_ids == expected(peft_reference, expected_cache, prompt_ids, adapter), adapter
+    metrics = engine.metrics()
+    assert metrics is not None
+    assert metrics.gpu_misses > len(TINY_ADAPTERS), "adapters must have been evicted and reloaded"
+    assert metrics.cpu_misses > 0, "the CPU tier must have been too small to hold them all"
