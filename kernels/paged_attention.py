@@ -28,11 +28,8 @@ __all__ = ["paged_attention", "reference_paged_attention", "write_kv"]
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _BACKENDS = ("auto", "torch", "triton")
 _TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
+# F.scaled_dot_product_attention(enable_gqa=...) exists from torch 2.5
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
 def _triton_usable(device: torch.device) -> bool:
@@ -50,86 +47,84 @@ def _validate_attention(
     max_query_len: int | None,
     backend: str,
 ) -> str:
-    _check(backend in _BACKENDS, f"backend must be one of {_BACKENDS}, got {backend!r}")
-    _check(q.dim() == 3, f"q must be [num_tokens, num_q_heads, head_dim], got {tuple(q.shape)}")
-    _check(
-        k_cache.dim() == 4,
-        f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got {tuple(k_cache.shape)}",
-    )
-    _check(
-        v_cache.shape == k_cache.shape,
-        f"v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}",
-    )
-    num_tokens, num_q_heads, head_dim = q.shape
+    """Raise ValueError naming the problem; return the resolved backend. Messages are
+    formatted only on failure: this runs once per layer per step."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be [num_tokens, num_q_heads, head_dim], got {tuple(q.shape)}")
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
+            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    _, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
-    _check(
-        cache_head_dim == head_dim,
-        f"head_dim of q ({head_dim}) != head_dim of the cache ({cache_head_dim})",
-    )
-    _check(
-        num_kv_heads > 0 and num_q_heads % num_kv_heads == 0,
-        f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})",
-    )
-    _check(block_size > 0, "block_size must be positive")
-    _check(q.dtype in _DTYPES, f"q dtype must be one of {_DTYPES}, got {q.dtype}")
-    _check(
-        k_cache.dtype == q.dtype and v_cache.dtype == q.dtype,
-        f"k_cache/v_cache dtype ({k_cache.dtype}/{v_cache.dtype}) must equal q dtype ({q.dtype})",
-    )
-    _check(
-        block_tables.dim() == 2 and block_tables.dtype == torch.int32,
-        "block_tables must be a 2-D int32 tensor [num_seqs, max_blocks_per_seq], "
-        f"got {block_tables.dtype} {tuple(block_tables.shape)}",
-    )
+    if cache_head_dim != head_dim:
+        raise ValueError(f"head_dim of q ({head_dim}) != head_dim of the cache ({cache_head_dim})")
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if block_size == 0:
+        raise ValueError("block_size must be positive")
+    if q.dtype not in _DTYPES:
+        raise ValueError(f"q dtype must be one of {_DTYPES}, got {q.dtype}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(
+            f"k_cache/v_cache dtype ({k_cache.dtype}/{v_cache.dtype}) must equal q dtype ({q.dtype})"
+        )
+    if block_tables.dim() != 2 or block_tables.dtype != torch.int32:
+        raise ValueError(
+            "block_tables must be a 2-D int32 tensor [num_seqs, max_blocks_per_seq], "
+            f"got {block_tables.dtype} {tuple(block_tables.shape)}"
+        )
     num_seqs = block_tables.shape[0]
-    _check(
-        seq_lens.dim() == 1 and seq_lens.dtype == torch.int32 and seq_lens.shape[0] == num_seqs,
-        f"seq_lens must be int32 [num_seqs={num_seqs}], got {seq_lens.dtype} {tuple(seq_lens.shape)}",
-    )
-    _check(
-        query_start_loc.dim() == 1
-        and query_start_loc.dtype == torch.int32
-        and query_start_loc.shape[0] == num_seqs + 1,
-        f"query_start_loc must be int32 [num_seqs + 1 = {num_seqs + 1}], got "
-        f"{query_start_loc.dtype} {tuple(query_start_loc.shape)}",
-    )
-    tensors = {
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "block_tables": block_tables,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-    }
-    if out is not None:
-        tensors["out"] = out
-    for name, t in tensors.items():
-        _check(t.device == q.device, f"{name} is on {t.device} but q is on {q.device}")
-    _check(q.stride(-1) == 1, "q must have a contiguous last dimension (stride 1)")
-    for name in ("k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc"):
-        _check(tensors[name].is_contiguous(), f"{name} must be contiguous")
-    if out is not None:
-        _check(
-            out.shape == q.shape and out.dtype == q.dtype,
-            f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}",
+    if seq_lens.dim() != 1 or seq_lens.dtype != torch.int32 or seq_lens.shape[0] != num_seqs:
+        raise ValueError(
+            f"seq_lens must be int32 [num_seqs={num_seqs}], got {seq_lens.dtype} {tuple(seq_lens.shape)}"
         )
-        _check(out.stride(-1) == 1, "out must have a contiguous last dimension (stride 1)")
-    if max_query_len is not None:
-        _check(
-            isinstance(max_query_len, int) and max_query_len >= 0,
-            f"max_query_len must be a non-negative int or None, got {max_query_len!r}",
+    if (
+        query_start_loc.dim() != 1
+        or query_start_loc.dtype != torch.int32
+        or query_start_loc.shape[0] != num_seqs + 1
+    ):
+        raise ValueError(
+            f"query_start_loc must be int32 [num_seqs + 1 = {num_seqs + 1}], got "
+            f"{query_start_loc.dtype} {tuple(query_start_loc.shape)}"
         )
+    device = q.device
+    named = (
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("block_tables", block_tables),
+        ("seq_lens", seq_lens),
+        ("query_start_loc", query_start_loc),
+    )
+    for name, t in named:
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but q is on {device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if q.stride(-1) != 1:
+        raise ValueError("q must have a contiguous last dimension (stride 1)")
+    if out is not None:
+        if out.device != device:
+            raise ValueError(f"out is on {out.device} but q is on {device}")
+        if out.shape != q.shape or out.dtype != q.dtype:
+            raise ValueError(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+        if out.stride(-1) != 1:
+            raise ValueError("out must have a contiguous last dimension (stride 1)")
+    if max_query_len is not None and not (isinstance(max_query_len, int) and max_query_len >= 0):
+        raise ValueError(f"max_query_len must be a non-negative int or None, got {max_query_len!r}")
     if backend == "auto":
-        backend = "triton" if q.device.type == "cuda" else "torch"
+        return "triton" if device.type == "cuda" else "torch"
     if backend == "triton":
-        _check(
-            _triton_usable(q.device),
-            f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1), q is on {q.device}",
-        )
-        _check(
-            head_dim in _TRITON_HEAD_DIMS,
-            f"backend='triton' supports head_dim in {_TRITON_HEAD_DIMS}, got {head_dim}; use backend='torch'",
-        )
-    del num_tokens
+        if not _triton_usable(device):
+            raise ValueError(f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1), q is on {device}")
+        if head_dim not in _TRITON_HEAD_DIMS:
+            raise ValueError(
+                f"backend='triton' supports head_dim in {_TRITON_HEAD_DIMS}, got {head_dim}; "
+                "use backend='torch'"
+            )
     return backend
 
 
@@ -204,7 +199,8 @@ def paged_attention(
 
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item())
-    _check(num_splits is None or num_splits >= 1, f"num_splits must be >= 1, got {num_splits}")
+    if not (num_splits is None or num_splits >= 1):
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     return launch_paged_attention(
         q,
         k_cache,
@@ -240,42 +236,41 @@ def write_kv(
         k_cache.view(-1, Hkv, D)[slot_mapping[keep]] = k[keep]
         v_cache.view(-1, Hkv, D)[slot_mapping[keep]] = v[keep]
     """
-    _check(k.dim() == 3, f"k must be [num_tokens, num_kv_heads, head_dim], got {tuple(k.shape)}")
-    _check(v.shape == k.shape, f"v shape {tuple(v.shape)} != k shape {tuple(k.shape)}")
-    _check(
-        k_cache.dim() == 4 and v_cache.shape == k_cache.shape,
-        "k_cache/v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], got "
-        f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}",
-    )
-    _check(
-        k_cache.shape[2:] == k.shape[1:],
-        f"k is [T, {k.shape[1]}, {k.shape[2]}] but the cache holds "
-        f"[{k_cache.shape[2]}, {k_cache.shape[3]}] per slot",
-    )
-    _check(
-        k.dtype == k_cache.dtype and v.dtype == k_cache.dtype and v_cache.dtype == k_cache.dtype,
-        f"k/v/k_cache/v_cache dtypes must match, got {k.dtype}/{v.dtype}/{k_cache.dtype}/{v_cache.dtype}",
-    )
-    _check(
-        slot_mapping.dim() == 1 and slot_mapping.dtype == torch.int64 and slot_mapping.shape[0] == k.shape[0],
-        f"slot_mapping must be int64 [num_tokens={k.shape[0]}], got {slot_mapping.dtype} "
-        f"{tuple(slot_mapping.shape)}",
-    )
-    for name, t in (
-        ("v", v),
-        ("k_cache", k_cache),
-        ("v_cache", v_cache),
-        ("slot_mapping", slot_mapping),
-    ):
-        _check(t.device == k.device, f"{name} is on {t.device} but k is on {k.device}")
-    _check(k_cache.is_contiguous() and v_cache.is_contiguous(), "k_cache/v_cache must be contiguous")
-    _check(k.stride(-1) == 1 and v.stride(-1) == 1, "k/v must have a contiguous last dimension")
+    if k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(
+            "k and v must both be [num_tokens, num_kv_heads, head_dim], got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            "k_cache/v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if k_cache.shape[2:] != k.shape[1:]:
+        raise ValueError(
+            f"k is [T, {k.shape[1]}, {k.shape[2]}] but the cache holds "
+            f"[{k_cache.shape[2]}, {k_cache.shape[3]}] per slot"
+        )
+    if not (k.dtype == v.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(
+            f"k/v/k_cache/v_cache dtypes must match, got {k.dtype}/{v.dtype}/{k_cache.dtype}/{v_cache.dtype}"
+        )
+    if slot_mapping.dim() != 1 or slot_mapping.dtype != torch.int64 or slot_mapping.shape[0] != k.shape[0]:
+        raise ValueError(
+            f"slot_mapping must be int64 [num_tokens={k.shape[0]}], got {slot_mapping.dtype} "
+            f"{tuple(slot_mapping.shape)}"
+        )
+    for name, t in (("v", v), ("k_cache", k_cache), ("v_cache", v_cache), ("slot_mapping", slot_mapping)):
+        if t.device != k.device:
+            raise ValueError(f"{name} is on {t.device} but k is on {k.device}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache/v_cache must be contiguous")
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("k/v must have a contiguous last dimension")
     if k.shape[0] == 0:
         return
     if k.device.type == "cuda":
-        from multilora_studio.kernels.paged_attention_triton import (
-            launch_write_kv,
-        )
+        from multilora_studio.kernels.paged_attention_triton import launch_write_kv
 
         launch_write_kv(k, v, k_cache, v_cache, slot_mapping)
         return
@@ -291,11 +286,15 @@ def write_kv(
         v_flat[slot_mapping[keep]] = v[keep]
 
 
-def _gather_kv(cache: torch.Tensor, block_rows: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    # block_rows [S, >=num_blocks] -> [S, num_blocks * block_size, Hkv, D]
-    _, block_size, num_kv_heads, head_dim = cache.shape
-    g = cache[block_rows[:, :num_blocks]]  # [S, nb, bs, Hkv, D]
-    return g.view(g.shape[0], num_blocks * block_size, num_kv_heads, head_dim)
+def _gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
+    """Blocks ``block_ids`` ([num_seqs * nb]) of ``cache`` -> [num_seqs, nb * block_size, Hkv, D].
+
+    index_select on whole blocks (row copies) is several times faster on CPU than advanced
+    indexing of the 4-D cache.
+    """
+    num_kv_heads, head_dim = cache.shape[2:]
+    g = cache.index_select(0, block_ids)  # [S * nb, bs, Hkv, D]
+    return g.view(num_seqs, -1, num_kv_heads, head_dim)
 
 
 def _torch_paged_attention(
@@ -308,61 +307,60 @@ def _torch_paged_attention(
     scale: float,
     out: torch.Tensor,
 ) -> None:
-    """Torch path: one batched masked attention for all q_len == 1 sequences, then a loop over
-    the prefill sequences (one SDPA each)."""
+    """Torch path: one batched masked SDPA for all q_len == 1 sequences, then one SDPA per
+    prefill sequence. SDPA keeps bf16/fp16 inputs and accumulates (softmax too) in float32."""
     _, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
-    compute = torch.float32
     qsl = query_start_loc.tolist()
     lens = seq_lens.tolist()
     dec_seqs: list[int] = []
-    dec_tokens: list[int] = []
     pre_seqs: list[int] = []
     for i, length in enumerate(lens):
         q_len = qsl[i + 1] - qsl[i]
         if q_len == 0:
             continue
-        if q_len > length:
-            # queries with a negative position see no key
+        if q_len > length:  # queries with a negative position see no key
             out[qsl[i] : qsl[i + 1] - length].zero_()
             if length == 0:
                 continue
         if q_len == 1:
             dec_seqs.append(i)
-            dec_tokens.append(qsl[i])
         else:
             pre_seqs.append(i)
 
     if dec_seqs:
         num_dec = len(dec_seqs)
-        max_len = max(lens[i] for i in dec_seqs)
-        nb = -(-max_len // block_size)
-        if num_dec == len(lens) and dec_tokens[-1] == num_dec - 1:
-            rows = block_tables
-            lens_t = seq_lens
-            qd = q[:num_dec]
+        nb = -(-max(lens[i] for i in dec_seqs) // block_size)
+        # a plain decode step: sequence i's query is token i
+        plain = num_dec == len(lens) and qsl[num_dec] == num_dec
+        if plain:
+            rows, lens_t, qd = block_tables, seq_lens, q[:num_dec]
         else:
-            idx = torch.tensor(dec_seqs, device=q.device)
-            rows = block_tables[idx]
-            lens_t = seq_lens[idx]
-            qd = q[torch.tensor(dec_tokens, device=q.device)]
-        k = _gather_kv(k_cache, rows, nb)  # [S, L, Hkv, D]
-        v = _gather_kv(v_cache, rows, nb)
-        qd = qd.view(num_dec, num_kv_heads, group, head_dim)
-        if qd.dtype != compute:
-            qd, k, v = qd.to(compute), k.to(compute), v.to(compute)
-        scores = torch.matmul(qd, k.permute(0, 2, 3, 1))  # [S, Hkv, G, L]
-        key_pos = torch.arange(nb * block_size, device=q.device)
-        hidden = key_pos[None, :] >= lens_t[:, None]  # [S, L]
-        scores.mul_(scale).masked_fill_(hidden[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        o = torch.matmul(probs, v.transpose(1, 2))  # [S, Hkv, G, D]
-        o = o.reshape(num_dec, num_q_heads, head_dim).to(out.dtype)
-        if num_dec == len(lens) and dec_tokens[-1] == num_dec - 1:
+            seq_idx = torch.tensor(dec_seqs, device=q.device)
+            tok_idx = torch.tensor([qsl[i] for i in dec_seqs], device=q.device)
+            rows, lens_t, qd = block_tables[seq_idx], seq_lens[seq_idx], q[tok_idx]
+        # Table entries past a sequence's last block may hold anything (they are masked): clamp.
+        ids = rows[:, :nb].reshape(-1)
+        if num_dec > 1:
+            ids = ids.clamp(0, k_cache.shape[0] - 1)
+        k = _gather_kv(k_cache, ids, num_dec).transpose(1, 2)  # [S, Hkv, L, D]
+        v = _gather_kv(v_cache, ids, num_dec).transpose(1, 2)
+        if num_dec == 1:
+            length = lens[dec_seqs[0]]
+            k, v, mask = k[:, :, :length], v[:, :, :length], None
+        else:
+            visible = torch.arange(nb * block_size, device=q.device) < lens_t[:, None]  # [S, L]
+            mask = visible[:, None, None, :]
+        # the G query heads of one KV head act as G query rows of that head: no K/V repeat
+        o = F.scaled_dot_product_attention(
+            qd.reshape(num_dec, num_kv_heads, group, head_dim), k, v, attn_mask=mask, scale=scale
+        )  # [S, Hkv, G, D]
+        o = o.reshape(num_dec, num_q_heads, head_dim)
+        if plain:
             out[:num_dec] = o
         else:
-            out[torch.tensor(dec_tokens, device=q.device)] = o
+            out[tok_idx] = o
 
     for i in pre_seqs:
         length = lens[i]
@@ -370,23 +368,21 @@ def _torch_paged_attention(
         q_len = min(q_end - qsl[i], length)  # rows with a negative position are already zero
         ctx = length - q_len
         nb = -(-length // block_size)
-        k = _gather_kv(k_cache, block_tables[i : i + 1], nb)[0, :length]  # [L, Hkv, D]
-        v = _gather_kv(v_cache, block_tables[i : i + 1], nb)[0, :length]
-        qi = q[q_end - q_len : q_end].transpose(0, 1)  # [Hq, q_len, D]
-        k = k.transpose(0, 1)  # [Hkv, L, D]
-        v = v.transpose(0, 1)
-        if qi.dtype != compute:
-            qi, k, v = qi.to(compute), k.to(compute), v.to(compute)
-        if group > 1:
-            k = k.repeat_interleave(group, dim=0)  # [Hq, L, D]
+        ids = block_tables[i, :nb]
+        k = _gather_kv(k_cache, ids, 1)[0, :length].transpose(0, 1)
+        v = _gather_kv(v_cache, ids, 1)[0, :length].transpose(0, 1)
+        qi = q[q_end - q_len : q_end].transpose(0, 1)  # [Hq, q_len, D]; k, v [Hkv, L, D]
+        if group > 1 and not _SDPA_GQA:
+            k = k.repeat_interleave(group, dim=0)
             v = v.repeat_interleave(group, dim=0)
+        gqa = {"enable_gqa": True} if group > 1 and _SDPA_GQA else {}
         if ctx == 0:
-            o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale)
+            o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, **gqa)
         else:
-            visible = torch.arange(length, device=q.device)[None, :] <= (
+            visible = torch.arange(length, device=q.device) <= (
                 ctx + torch.arange(q_len, device=q.device)[:, None]
             )  # [q_len, L]
-            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=visible, scale=scale)
+            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=visible, scale=scale, **gqa)
         out[q_end - q_len : q_end] = o.transpose(0, 1)
 
 

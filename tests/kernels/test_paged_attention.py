@@ -55,13 +55,15 @@ def make_case(
     gen: torch.Generator | None = None,
 ):
     """Random step: physical blocks shuffled; unused table entries point at other sequences'
-    blocks and every cache slot holds random data, so reads past seq_len show up as errors."""
+    blocks (even rows) or are -1 (odd rows), and every cache slot holds random data, so reads
+    past seq_len show up as errors."""
     gen = gen or torch.Generator().manual_seed(0)
     nblocks = [-(-length // block_size) for _, length in seqs]
     num_blocks = sum(nblocks) + 5
     perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
     width = max([*nblocks, 1]) + 2
     tables = perm[torch.randint(0, num_blocks, (len(seqs), width), generator=gen)]
+    tables[1::2] = -1
     used = 0
     for i, n in enumerate(nblocks):
         tables[i, :n] = perm[used : used + n]
@@ -227,8 +229,8 @@ def _with(index, value):
 
 ERROR_CASES = {
     "q 2-D": (_with(0, lambda t: t[:, 0]), "q must be"),
-    "cache 3-D": (_with(1, lambda t: t[0]), "k_cache must be"),
-    "v shape": (_with(2, lambda t: t[:-1]), "v_cache shape"),
+    "cache 3-D": (_with(1, lambda t: t[0]), "k_cache and v_cache must"),
+    "v shape": (_with(2, lambda t: t[:-1]), "k_cache and v_cache must"),
     "head_dim": (_with(0, lambda t: t[..., :16].contiguous()), "head_dim"),
     "gqa": (_with(0, lambda t: t[:, :3].contiguous()), "multiple of num_kv_heads"),
     "dtype": (_with(0, lambda t: t.double()), "dtype"),
