@@ -103,6 +103,7 @@ class Engine:
         self._metrics: EngineMetrics | None = None
         self._gpu_hits = 0
         self._gpu_misses = 0
+        self._preemptions = 0
         self._last_batch = (0, 0, 0)
         self._thread = threading.Thread(
             target=self._worker_main, args=(progress,), name="engine-worker", daemon=True
@@ -358,6 +359,7 @@ class Engine:
                 self._wake.wait()
                 continue
             plan = self.scheduler.schedule()
+            self._preemptions += len(plan.preempted)
             if not plan.chunks:
                 self._wake.wait(0.05)  # waiting for an adapter to arrive from disk
                 continue
@@ -558,7 +560,7 @@ class Engine:
             total_generated_tokens=self._generated,
             kv_blocks_total=self.blocks.num_blocks,
             kv_blocks_free=self.blocks.num_free,
-            preemptions=sum(a.seq.num_preemptions for a in self._active.values()),
+            preemptions=self._preemptions,
             slots=tuple(SlotState(s.slot, s.adapter, s.pinned, s.in_use) for s in self.slots.snapshot()),
             cpu_adapters=tuple(self.host_cache.names()),
             gpu_hits=self._gpu_hits,

@@ -18,7 +18,7 @@ def make_engine(tiny_model_dir, tiny_adapters):
     """Build an engine on the tiny model with every fixture adapter added; shut down after the test."""
     engines: list[Engine] = []
 
-    def build(**overrides) -> Engine:
+    def build(adapters: list[str] | None = None, **overrides) -> Engine:
         settings = dict(
             model=str(tiny_model_dir),
             device="cpu",
@@ -32,8 +32,8 @@ def make_engine(tiny_model_dir, tiny_adapters):
         settings.update(overrides)
         engine = Engine(EngineConfig(**settings))
         engines.append(engine)
-        for name, path in tiny_adapters.items():
-            engine.add_adapter(name, path)
+        for name in tiny_adapters if adapters is None else adapters:
+            engine.add_adapter(name, tiny_adapters[name])
         return engine
 
     yield build

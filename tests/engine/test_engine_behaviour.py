@@ -1,0 +1,230 @@
+"""Sampling, stopping, aborting, preemption and bad input on the real engine (tiny model)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from multilora_studio.adapters.peft_adapter import AdapterError
+from multilora_studio.engine import SamplingParams
+from multilora_studio.engine.runner import kv_bytes_per_block
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(make_engine):
+    engine = make_engine()
+    params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, top_k=50, seed=7, ignore_eos=True)
+    alone = engine.generate(["Once upon a time"], ["tiny-r8-all"], params)[0].token_ids
+    again = engine.generate(["Once upon a time"], ["tiny-r8-all"], params)[0].token_ids
+    crowd = engine.generate(
+        ["Once upon a time", "Other prompt here", "Once upon a time"],
+        ["tiny-r8-all", None, "tiny-r4-qv"],
+        [params, SamplingParams(max_tokens=24, temperature=1.0, seed=1), params],
+    )[0].token_ids
+    other_seed = engine.generate(
+        ["Once upon a time"],
+        ["tiny-r8-all"],
+        SamplingParams(max_tokens=24, temperature=0.9, seed=8, ignore_eos=True),
+    )[0].token_ids
+    assert alone == again == crowd
+    assert other_seed != alone
+
+
+def test_top_k_one_equals_greedy(make_engine):
+    engine = make_engine()
+    greedy = engine.generate(["The sea"], ["tiny-r16-mlp"], SamplingParams(max_tokens=16, **GREEDY))[0]
+    top1 = engine.generate(
+        ["The sea"],
+        ["tiny-r16-mlp"],
+        SamplingParams(max_tokens=16, temperature=1.5, top_k=1, ignore_eos=True),
+    )[0]
+    assert top1.token_ids == greedy.token_ids
+
+
+def test_stop_string_cuts_text_and_streamed_deltas_add_up(make_engine):
+    engine = make_engine()
+    full = engine.generate(["Once upon a time"], [None], SamplingParams(max_tokens=40, **GREEDY))[0]
+    assert len(full.text) > 20
+    stop = full.text[12:15]
+    cut_at = full.text.find(stop)
+    deltas = list(
+        engine.stream("Once upon a time", None, SamplingParams(max_tokens=40, stop=[stop], **GREEDY))
+    )
+    assert deltas[-1].finished and deltas[-1].finish_reason == "stop"
+    assert "".join(d.text for d in deltas) == full.text[:cut_at]
+    tokens = [t for d in deltas for t in d.token_ids]
+    assert tokens == full.token_ids[: len(tokens)] and len(tokens) < 40
+
+
+def test_stop_token_ends_request_including_that_token(make_engine):
+    engine = make_engine()
+    full = engine.generate(["Paris is"], ["tiny-r8-attn"], SamplingParams(max_tokens=30, **GREEDY))[0]
+    stop_token = full.token_ids[6]
+    first = full.token_ids.index(stop_token)
+    out = engine.generate(
+        ["Paris is"], ["tiny-r8-attn"], SamplingParams(max_tokens=30, stop_token_ids=[stop_token], **GREEDY)
+    )[0]
+    assert out.finish_reason == "stop"
+    assert out.token_ids == full.token_ids[: first + 1]
+
+
+def test_abort_ends_request_and_frees_its_blocks(make_engine):
+    engine = make_engine()
+    stream = engine.submit("Once upon a time", "tiny-r4-qv", SamplingParams(max_tokens=200, **GREEDY))
+    iterator = iter(stream)
+    next(iterator)
+    next(iterator)
+    engine.abort(stream.request_id)
+    rest = list(iterator)
+    assert rest[-1].finished and rest[-1].finish_reason == "abort"
+    assert len(stream.output.token_ids) < 200
+    engine.generate(["x"], [None], SamplingParams(max_tokens=1))  # let the worker publish idle metrics
+    metrics = engine.metrics()
+    assert metrics.kv_blocks_free == metrics.kv_blocks_total
+    assert all(slot.in_use == 0 for slot in metrics.slots)
+
+
+def test_preemption_keeps_greedy_outputs(make_engine):
+    prompts = [f"Story number {i}: once upon a time there was" for i in range(8)]
+    adapters = ["tiny-r4-qv", None, "tiny-r8-all", "tiny-r32-ko-down"] * 2
+    params = SamplingParams(max_tokens=60, **GREEDY)
+    roomy = make_engine()
+    expected = [o.token_ids for o in roomy.generate(prompts, adapters, params)]
+    # 20 blocks of 16 tokens: room for a few of the 8 requests of ~75 tokens each
+    block_bytes = kv_bytes_per_block(roomy.spec, roomy.config.block_size, torch.float32)
+    tight = make_engine(kv_cache_memory_gb=20 * block_bytes / 2**30)
+    assert tight.metrics().kv_blocks_total == 20
+    outputs = tight.generate(prompts, adapters, params)
+    assert [o.token_ids for o in outputs] == expected
+    assert tight.metrics().preemptions > 0
+
+
+def test_async_stream_matches_generate(make_engine):
+    engine = make_engine()
+    params = SamplingParams(max_tokens=20, **GREEDY)
+    expected = engine.generate(["Hello there"], ["tiny-r16-mlp"], params)[0]
+
+    async def collect():
+        return [d async for d in engine.astream("Hello there", "tiny-r16-mlp", params)]
+
+    deltas = asyncio.run(collect())
+    assert [t for d in deltas for t in d.token_ids] == expected.token_ids
+    assert "".join(d.text for d in deltas) == expected.text
+
+
+def test_chat_messages_use_the_chat_template(make_engine):
+    engine = make_engine()
+    ids = engine.encode([{"role": "user", "content": "Hi"}])
+    text = engine.tokenizer.decode(ids)
+    assert "<|im_start|>user\nHi<|im_end|>" in text and text.rstrip().endswith("assistant")
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ("", "empty"),
+        ([], "prompt is"),
+        ([1, 2, 10**9], "out of range"),
+        ([{"role": "user"}], "role"),
+        (" ".join(["word"] * 400), "max_model_len"),
+    ],
+)
+def test_bad_prompts_are_refused_clearly(make_engine, prompt, message):
+    engine = make_engine()
+    with pytest.raises(ValueError, match=message):
+        engine.submit(prompt, None, SamplingParams(max_tokens=4))
+
+
+def test_unknown_adapter_is_an_error_not_the_base(make_engine):
+    engine = make_engine()
+    with pytest.raises(ValueError, match="unknown adapter 'nope'"):
+        engine.submit("Hello", "nope")
+
+
+def broken_copy(source, target, mutate):
+    shutil.copytree(source, target)
+    mutate(target)
+    return target
+
+
+def test_bad_adapters_are_refused_and_engine_keeps_serving(make_engine, tiny_adapters, tmp_path):
+    engine = make_engine(adapters=["tiny-r8-all"], max_lora_rank=16)
+    source = tiny_adapters["tiny-r8-all"]
+
+    def truncate(folder):
+        data = (folder / "adapter_model.safetensors").read_bytes()
+        (folder / "adapter_model.safetensors").write_bytes(data[: len(data) // 2])
+
+    def nan(folder):
+        tensors = load_file(str(folder / "adapter_model.safetensors"))
+        first = sorted(tensors)[0]
+        tensors[first][0, 0] = float("nan")
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+
+    def pickle_only(folder):
+        (folder / "adapter_model.safetensors").rename(folder / "adapter_model.bin")
+
+    def dora(folder):
+        config = json.loads((folder / "adapter_config.json").read_text())
+        config["use_dora"] = True
+        (folder / "adapter_config.json").write_text(json.dumps(config))
+
+    def embed_target(folder):
+        config = json.loads((folder / "adapter_config.json").read_text())
+        config["target_modules"] = [*config["target_modules"], "embed_tokens"]
+        (folder / "adapter_config.json").write_text(json.dumps(config))
+
+    def bad_json(folder):
+        (folder / "adapter_config.json").write_text("{")
+
+    cases = {
+        "truncate": (truncate, "corrupt or truncated"),
+        "nan": (nan, "NaN or Inf"),
+        "pickle": (pickle_only, "pickle"),
+        "dora": (dora, "DoRA"),
+        "embed": (embed_target, "embed_tokens is not supported"),
+        "json": (bad_json, "not valid JSON"),
+    }
+    for label, (mutate, message) in cases.items():
+        folder = broken_copy(source, tmp_path / label, mutate)
+        with pytest.raises(AdapterError, match=message):
+            engine.add_adapter(f"bad-{label}", folder)
+    with pytest.raises(AdapterError, match="exceeds max_lora_rank=16"):
+        engine.add_adapter("too-big", tiny_adapters["tiny-r32-ko-down"])
+    with pytest.raises(ValueError, match="already exists"):
+        engine.add_adapter("tiny-r8-all", source)
+    assert not {a.name for a in engine.list_adapters()} & {f"bad-{c}" for c in cases}
+    out = engine.generate(["Hello"], ["tiny-r8-all"], SamplingParams(max_tokens=5, **GREEDY))[0]
+    assert len(out.token_ids) == 5
+
+
+def test_adapter_of_another_base_model_is_refused(make_engine, tiny_adapters, tmp_path):
+    engine = make_engine()
+
+    def widen(folder):
+        tensors = load_file(str(folder / "adapter_model.safetensors"))
+        widened = {k: (v.repeat(1, 2) if "lora_A" in k else v) for k, v in tensors.items()}
+        save_file(widened, str(folder / "adapter_model.safetensors"))
+
+    folder = broken_copy(tiny_adapters["tiny-r4-qv"], tmp_path / "wide", widen)
+    with pytest.raises(AdapterError, match="different base model"):
+        engine.add_adapter("wide", folder)
+
+
+def test_remove_adapter_refused_while_in_use_then_succeeds(make_engine):
+    engine = make_engine()
+    stream = engine.submit("Once upon a time", "tiny-r4-qv", SamplingParams(max_tokens=100, **GREEDY))
+    next(iter(stream))
+    with pytest.raises(ValueError, match="used by"):
+        engine.remove_adapter("tiny-r4-qv")
+    engine.abort(stream.request_id)
+    stream.result(timeout=60)
+    engine.remove_adapter("tiny-r4-qv")
+    with pytest.raises(ValueError, match="unknown adapter"):
+        engine.submit("Hello", "tiny-r4-qv")
