@@ -46,3 +46,15 @@ def default_model():
     from multilora_studio.default_model import ensure_default_model
 
     return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_family_models(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> dict[str, Path]:
+    """Tiny qwen2 (attention bias) and mistral models, each with two adapters."""
+    models = {}
+    for architecture in ("qwen2", "mistral"):
+        folder = build_tiny_model(
+            tokenizer_dir, tmp_path_factory.mktemp(f"tiny-{architecture}"), architecture
+        )
+        models[architecture] = folder
+    return models

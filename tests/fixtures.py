@@ -61,6 +61,10 @@ def build_tiny_model(tokenizer_dir: Path, target: Path, architecture: str = "lla
         eos_token_id=2,
         pad_token_id=2,
     )
+    if architecture == "qwen2":
+        common.update(use_sliding_window=False)
+    if architecture == "mistral":
+        common.update(sliding_window=None, head_dim=16)
     config = AutoConfig.for_model(architecture, **common)
     torch.manual_seed(1234)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
