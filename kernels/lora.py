@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import torch
 
@@ -55,6 +56,12 @@ _BACKENDS = ("auto", "triton", "torch")
 MAX_SLICES = 4
 
 
+# The torch backend's decode path multiplies every token by every active adapter
+# ("stacked"): a few large ops instead of a few small ops per adapter. It wins on CPU up
+# to this many tokens (measured on the 135M default model, docs/kernels.md).
+_STACKED_MAX_TOKENS = 64
+
+
 @dataclass(eq=False)
 class _HostGroups:
     """Host copy of a batch's grouping, made on first use by the torch backend."""
@@ -63,10 +70,11 @@ class _HostGroups:
     # One entry per slot that has tokens and a non-zero rank:
     # (slot, rank, first, last, idx) where idx is None when the tokens are first..last-1.
     groups: list[tuple[int, int, int, int, torch.Tensor | None]]
-    # Valid token indices and their slots, for the gather path: [n] int64 each.
-    tokens: torch.Tensor
-    slots: torch.Tensor
-    max_rank: int
+    max_rank: int  # largest rank among the groups
+    # Stacked path (None unless the active slots form one run lo..hi-1 and T is small):
+    span: tuple[int, int] | None
+    mask: torch.Tensor | None  # [hi - lo, T, 1] bool: token t uses slot lo + g
+    valid: torch.Tensor | None  # [n] int64 tokens with an adapter; None when all have one
 
 
 @dataclass(eq=False)
@@ -107,9 +115,7 @@ class LoRABatch:
     _host: _HostGroups | None = field(default=None, repr=False)
 
     @classmethod
-    def allocate(
-        cls, max_tokens: int, num_slots: int, device: torch.device | str = "cpu"
-    ) -> LoRABatch:
+    def allocate(cls, max_tokens: int, num_slots: int, device: torch.device | str = "cpu") -> LoRABatch:
         """Allocate the buffers for up to ``max_tokens`` tokens and ``num_slots`` slots.
 
         The batch starts with no tokens (every token -1) and every slot empty.
@@ -147,9 +153,7 @@ class LoRABatch:
         if slot_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"slot_ids must be int32 or int64, got {slot_ids.dtype}")
         if not isinstance(slot_ranks, torch.Tensor) or slot_ranks.shape != (self.num_slots,):
-            raise ValueError(
-                f"slot_ranks must be a tensor of shape [{self.num_slots}] (one rank per slot)"
-            )
+            raise ValueError(f"slot_ranks must be a tensor of shape [{self.num_slots}] (one rank per slot)")
         if slot_ranks.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"slot_ranks must be int32 or int64, got {slot_ranks.dtype}")
         if slot_ids.device != self.device or slot_ranks.device != self.device:
@@ -179,9 +183,7 @@ class LoRABatch:
         return self
 
 
-def build_lora_batch(
-    slot_ids: torch.Tensor, slot_ranks: torch.Tensor, num_slots: int
-) -> LoRABatch:
+def build_lora_batch(slot_ids: torch.Tensor, slot_ranks: torch.Tensor, num_slots: int) -> LoRABatch:
     """Allocate a :class:`LoRABatch` sized for ``slot_ids`` and fill it."""
     if not isinstance(slot_ids, torch.Tensor) or slot_ids.dim() != 1:
         raise ValueError("slot_ids must be a 1-D integer tensor [num_tokens]")
@@ -220,9 +222,7 @@ def _check_shrink(x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch) -> No
     if lora_a.dtype != x.dtype:
         raise ValueError(f"lora_a dtype {lora_a.dtype} differs from x dtype {x.dtype}")
     if lora_a.shape[0] != batch.num_slots:
-        raise ValueError(
-            f"lora_a has {lora_a.shape[0]} slots but the LoRABatch has {batch.num_slots}"
-        )
+        raise ValueError(f"lora_a has {lora_a.shape[0]} slots but the LoRABatch has {batch.num_slots}")
     if lora_a.shape[3] != x.shape[1]:
         raise ValueError(
             f"lora_a in_features {lora_a.shape[3]} differs from x in_features {x.shape[1]} "
@@ -241,12 +241,10 @@ def _check_offsets(slice_offsets: Sequence[int], num_slices: int, out_total: int
     if not all(isinstance(o, int) and not isinstance(o, bool) for o in offs):
         raise ValueError(f"slice_offsets must hold ints, got {offs!r}")
     if len(offs) != num_slices + 1:
-        raise ValueError(
-            f"slice_offsets needs num_slices + 1 = {num_slices + 1} entries, got {len(offs)}"
-        )
+        raise ValueError(f"slice_offsets needs num_slices + 1 = {num_slices + 1} entries, got {len(offs)}")
     if offs[0] != 0 or offs[-1] != out_total:
         raise ValueError(f"slice_offsets must start at 0 and end at out_total={out_total}: {offs}")
-    if any(b < a for a, b in zip(offs, offs[1:])):
+    if any(b < a for a, b in pairwise(offs)):
         raise ValueError(f"slice_offsets must be non-decreasing: {offs}")
     return offs
 
@@ -265,9 +263,7 @@ def _check_b(
     if lora_b.dtype != y.dtype:
         raise ValueError(f"lora_b dtype {lora_b.dtype} differs from y dtype {y.dtype}")
     if lora_b.shape[0] != batch.num_slots:
-        raise ValueError(
-            f"lora_b has {lora_b.shape[0]} slots but the LoRABatch has {batch.num_slots}"
-        )
+        raise ValueError(f"lora_b has {lora_b.shape[0]} slots but the LoRABatch has {batch.num_slots}")
     if lora_b.shape[1] != y.shape[1]:
         raise ValueError(
             f"lora_b out_total {lora_b.shape[1]} differs from y width {y.shape[1]} "
@@ -277,7 +273,7 @@ def _check_b(
         raise ValueError(f"lora_b max_rank {lora_b.shape[2]} differs from {max_rank}")
     if y.shape[0] > batch.max_tokens:
         raise ValueError(f"y has {y.shape[0]} tokens, over max_tokens={batch.max_tokens}")
-    if any(st == 0 for st, n in zip(y.stride(), y.shape) if n > 1):
+    if any(st == 0 for st, n in zip(y.stride(), y.shape, strict=True) if n > 1):
         raise ValueError("y must not have zero strides (rows or columns would alias)")
     if num_slices > MAX_SLICES:
         raise ValueError(f"at most {MAX_SLICES} slices per projection, got {num_slices}")
@@ -311,9 +307,7 @@ def _backend_of(backend: str, device: torch.device) -> str:
         return "torch"
     if device.type != "cuda" and not (backend == "triton" and _interpreting()):
         if backend == "triton":
-            raise ValueError(
-                f"backend='triton' needs CUDA tensors (got {device}) or TRITON_INTERPRET=1"
-            )
+            raise ValueError(f"backend='triton' needs CUDA tensors (got {device}) or TRITON_INTERPRET=1")
         return "torch"
     try:
         from . import lora_triton  # noqa: F401  (import check only)
@@ -471,10 +465,8 @@ def _host_groups(batch: LoRABatch, num_tokens: int) -> _HostGroups:
     ranks = batch.slot_ranks.tolist()
     sorted_tokens = batch.sorted_tokens.tolist()
     groups: list[tuple[int, int, int, int, torch.Tensor | None]] = []
-    tok_parts: list[int] = []
-    slot_parts: list[int] = []
-    max_rank = 0
-    for slot, (count, start, rank) in enumerate(zip(counts, starts, ranks)):
+    group_tokens: list[list[int]] = []
+    for slot, (count, start, rank) in enumerate(zip(counts, starts, ranks, strict=True)):
         if count == 0 or rank <= 0:
             continue
         toks = sorted_tokens[start : start + count]
@@ -487,15 +479,32 @@ def _host_groups(batch: LoRABatch, num_tokens: int) -> _HostGroups:
         if last - first != len(toks):
             idx = torch.tensor(toks, dtype=torch.int64, device=batch.device)
         groups.append((slot, rank, first, last, idx))
-        tok_parts.extend(toks)
-        slot_parts.extend([slot] * len(toks))
-        max_rank = max(max_rank, rank)
+        group_tokens.append(toks)
+    span = mask = valid = None
+    if (
+        len(groups) >= 2
+        and num_tokens <= _STACKED_MAX_TOKENS
+        and groups[-1][0] - groups[0][0] == len(groups) - 1
+    ):
+        span = (groups[0][0], groups[-1][0] + 1)
+        mask = torch.zeros(len(groups), num_tokens, 1, dtype=torch.bool)
+        for g, toks in enumerate(group_tokens):
+            mask[g, toks] = True
+        mask = mask.to(batch.device)
+        n_valid = sum(len(toks) for toks in group_tokens)
+        if n_valid < num_tokens:
+            valid = torch.tensor(
+                sorted(t for toks in group_tokens for t in toks),
+                dtype=torch.int64,
+                device=batch.device,
+            )
     host = _HostGroups(
         num_tokens=num_tokens,
         groups=groups,
-        tokens=torch.tensor(tok_parts, dtype=torch.int64, device=batch.device),
-        slots=torch.tensor(slot_parts, dtype=torch.int64, device=batch.device),
-        max_rank=max_rank,
+        max_rank=max((g[1] for g in groups), default=0),
+        span=span,
+        mask=mask,
+        valid=valid,
     )
     batch._host = host
     return host
@@ -536,6 +545,39 @@ def _group_expand(
             y[:, lo:hi].index_add_(0, idx, h[s] @ bt)
 
 
+def _stacked_add_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    host: _HostGroups,
+    offs: tuple[int, ...],
+) -> None:
+    """Decode path: every token against every active slot, masked; 2 + 3S ops in all."""
+    assert host.span is not None and host.mask is not None  # narrowing for type checkers
+    lo, hi = host.span
+    a = lora_a[lo:hi]  # [G, S, R, K]
+    g, num_slices, max_rank, k = a.shape
+    t = x.shape[0]
+    r = host.max_rank
+    if r == max_rank:
+        h = (x @ a.reshape(g * num_slices * max_rank, k).T).view(t, g, num_slices, r)
+        h = h.permute(2, 1, 0, 3)  # [S, G, T, r]
+    else:
+        h = torch.matmul(x, a[:, :, :r].transpose(2, 3)).transpose(0, 1)  # [S, G, T, r]
+    h = torch.where(host.mask, h, 0)  # tokens keep only their own slot's row
+    b = lora_b[lo:hi, :, :r]  # [G, out_total, r]
+    for s in range(num_slices):
+        c0, c1 = offs[s], offs[s + 1]
+        if c1 == c0:
+            continue
+        delta = torch.bmm(h[s], b[:, c0:c1].transpose(1, 2)).sum(0)  # [T, n_s]
+        if host.valid is None:
+            y[:, c0:c1] += delta
+        else:
+            y[:, c0:c1].index_add_(0, host.valid, delta.index_select(0, host.valid))
+
+
 def _torch_add_lora(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -545,7 +587,8 @@ def _torch_add_lora(
     offs: tuple[int, ...],
 ) -> None:
     host = _host_groups(batch, x.shape[0])
-    if not host.groups:
+    if host.span is not None:
+        _stacked_add_lora(y, x, lora_a, lora_b, host, offs)
         return
     for slot, rank, first, last, idx in host.groups:
         xs = _rows(x, first, last, idx)  # [n, K]
@@ -553,12 +596,11 @@ def _torch_add_lora(
         _group_expand(y, h, lora_b[slot], rank, offs, first, last, idx)
 
 
-def _torch_shrink(
-    x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch, out: torch.Tensor
-) -> None:
+def _torch_shrink(x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch, out: torch.Tensor) -> None:
     host = _host_groups(batch, x.shape[0])
     for slot, rank, first, last, idx in host.groups:
-        h = _group_shrink(_rows(x, first, last, idx), lora_a[slot], rank).float()
+        xs = _rows(x, first, last, idx).float()  # [n, K]: buf is float32 math
+        h = _group_shrink(xs, lora_a[slot, :, :rank].float(), rank)  # [S, n, rank]
         if idx is None:
             out[:, first:last, :rank] = h
         else:
@@ -582,9 +624,7 @@ def _torch_expand(
 # ---------------------------------------------------------------------------- reference
 
 
-def reference_shrink(
-    x: torch.Tensor, lora_a: torch.Tensor, slot_ids: torch.Tensor
-) -> torch.Tensor:
+def reference_shrink(x: torch.Tensor, lora_a: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
     """Float64 shrink for tests: ``[S, T, R]``, zero rows for slot -1."""
     t = x.shape[0]
     num_slices, max_rank = lora_a.shape[1], lora_a.shape[2]

@@ -21,13 +21,13 @@ loads them. No atomics, so results are bitwise reproducible and graph replay equ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 import triton
 import triton.language as tl
 
 from .lora import MAX_SLICES, LoRABatch, _interpreting
-
 
 
 @dataclass(frozen=True)
@@ -200,17 +200,14 @@ def _lora_expand_kernel(
 
     buf_ptrs = buf_ptr + s * stride_bs + tok[:, None] * stride_bt + offs_r[None, :] * stride_br
     w_ptrs = (
-        b_ptr + slot.to(tl.int64) * stride_wl + offs_n[None, :] * stride_wn
-        + offs_r[:, None] * stride_wr
+        b_ptr + slot.to(tl.int64) * stride_wl + offs_n[None, :] * stride_wn + offs_r[:, None] * stride_wr
     )  # [BR, BN]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for r0 in range(0, rank, BLOCK_R):  # only the slot's rank blocks
         r_ok = offs_r + r0 < rank
         h = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
         for p in range(SPLIT):  # sum the shrink's split-K partials
-            h += tl.load(
-                buf_ptrs + p * stride_bp, mask=m_ok[:, None] & r_ok[None, :], other=0.0
-            )
+            h += tl.load(buf_ptrs + p * stride_bp, mask=m_ok[:, None] & r_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=r_ok[:, None] & n_ok[None, :], other=0.0)
         h = h.to(w.dtype)
         if UPCAST:
@@ -298,9 +295,7 @@ def shrink_partials(
     k_per_split = triton.cdiv(triton.cdiv(in_features, split_k), cfg.block_k) * cfg.block_k
     split_k = triton.cdiv(in_features, k_per_split)
     if out is None:
-        part = torch.empty(
-            (split_k, num_slices, num_tokens, max_rank), dtype=torch.float32, device=x.device
-        )
+        part = torch.empty((split_k, num_slices, num_tokens, max_rank), dtype=torch.float32, device=x.device)
     else:
         part = out.unsqueeze(0)
     if num_tokens == 0:
@@ -336,9 +331,7 @@ def shrink_partials(
     return part
 
 
-def shrink(
-    x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch, out: torch.Tensor
-) -> torch.Tensor:
+def shrink(x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch, out: torch.Tensor) -> torch.Tensor:
     """Shrink into ``out [S, T, R]``: split-K partials are summed by one torch op."""
     num_tokens, in_features = x.shape
     num_slots, num_slices, max_rank, _ = lora_a.shape
@@ -366,7 +359,7 @@ def expand(
     if num_tokens == 0 or out_total == 0:
         return y
     cfg = config or expand_config(num_tokens, out_total, max_rank)
-    widths = [b - a for a, b in zip(slice_offsets, slice_offsets[1:])]
+    widths = [b - a for a, b in pairwise(slice_offsets)]
     n_blocks = triton.cdiv(max(widths), cfg.block_n)
     offs = list(slice_offsets) + [slice_offsets[-1]] * (MAX_SLICES + 1 - len(slice_offsets))
     block_r = min(64, max(16, _next_pow2(max_rank)))

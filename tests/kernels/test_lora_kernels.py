@@ -1,0 +1,447 @@
+"""Multi-LoRA shrink/expand: Triton (interpreter on CPU) and torch paths vs a float64 reference."""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from dataclasses import dataclass
+
+# The Triton kernels run on the CPU under the interpreter; tests/kernels/conftest.py sets
+# this before triton is imported; set it here too when this module is run alone.
+if "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+from multilora_studio.kernels import (
+    LoRABatch,
+    add_lora,
+    build_lora_batch,
+    lora_expand,
+    lora_shrink,
+    reference_lora,
+    reference_shrink,
+)
+from multilora_studio.kernels import lora as lora_mod
+
+TRITON_OK = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
+BACKENDS = [
+    pytest.param("triton", marks=pytest.mark.skipif(not TRITON_OK, reason="needs Triton")),
+    "torch",
+]
+
+# ||out - ref|| / ||ref|| against the float64 reference, per dtype. bf16/fp16 round the
+# rank-r intermediate to the weight dtype before expand (as the GPU kernel does) and y's sum.
+TOL = {torch.float32: 2e-5, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
+DTYPES = list(TOL)
+
+NUM_SLOTS = 6
+# Ranks 4..64 mixed in one batch; the last slot is empty.
+RANKS = [4, 8, 16, 64, 32, 0]
+MAX_RANK = 64
+# (in_features, slice widths): q/k/v with GQA (a slice wider than one 128-column tile),
+# gate/up, one slice.
+SHAPES = {
+    "qkv": (80, (144, 48, 48)),
+    "gate_up": (72, (96, 96)),
+    "single": (40, (56,)),
+}
+PATTERNS = ["distinct", "uniform", "zipf", "identical", "all_none", "base_mixed"]
+
+
+def seed_of(*parts: object) -> int:
+    return zlib.crc32(repr(parts).encode())
+
+
+@dataclass
+class Case:
+    x: torch.Tensor  # [T, K]
+    lora_a: torch.Tensor  # [L, S, R, K]
+    lora_b: torch.Tensor  # [L, N, R]
+    slot_ids: torch.Tensor  # [T] int32
+    slot_ranks: torch.Tensor  # [L] int32
+    offsets: tuple[int, ...]
+    y: torch.Tensor  # [T, N], poisoned in rows without an adapter
+
+    @property
+    def batch(self) -> LoRABatch:
+        return build_lora_batch(self.slot_ids, self.slot_ranks, NUM_SLOTS)
+
+
+def make_slots(pattern: str, num_tokens: int, gen: torch.Generator) -> torch.Tensor:
+    active = [i for i, r in enumerate(RANKS) if r > 0]
+    if pattern == "distinct":
+        perm = torch.tensor(active)[torch.randperm(len(active), generator=gen)]
+        slots = perm[torch.arange(num_tokens) % len(active)]
+    elif pattern == "uniform":
+        slots = torch.tensor(active)[torch.randint(0, len(active), (num_tokens,), generator=gen)]
+    elif pattern == "zipf":
+        p = 1.0 / torch.arange(1, len(active) + 1, dtype=torch.float64) ** 1.5
+        pick = torch.multinomial(p, num_tokens, replacement=True, generator=gen)
+        slots = torch.tensor(active)[pick]
+    elif pattern == "identical":
+        slots = torch.full((num_tokens,), active[torch.randint(0, len(active), (1,), generator=gen)])
+    elif pattern == "all_none":
+        slots = torch.full((num_tokens,), -1)
+    elif pattern == "base_mixed":
+        slots = torch.tensor(active)[torch.randint(0, len(active), (num_tokens,), generator=gen)]
+        slots[torch.rand(num_tokens, generator=gen) < 0.35] = -1
+        slots[0] = -1
+    else:
+        raise AssertionError(pattern)
+    return slots.to(torch.int32)
+
+
+def poison_rows(y: torch.Tensor, rows: torch.Tensor, gen: torch.Generator) -> None:
+    """Rows that must stay untouched get NaN, -0.0 and large values (bitwise checked)."""
+    if not rows.any():
+        return
+    p = torch.randn(int(rows.sum()), y.shape[1], generator=gen) * 1e4
+    p[:, ::3] = float("nan")
+    p[:, 1::3] = -0.0
+    y[rows] = p.to(y.dtype)
+
+
+def make_case(
+    dtype: torch.dtype,
+    num_tokens: int,
+    shape: str,
+    pattern: str,
+    gen: torch.Generator,
+    pad: float = 0.0,
+) -> Case:
+    """Random problem; weights beyond each slot's rank hold ``pad`` (0 per the layout)."""
+    in_features, widths = SHAPES[shape]
+    offsets = (0, *torch.tensor(widths).cumsum(0).tolist())
+    num_slices, out_total = len(widths), offsets[-1]
+    # Scales keep the LoRA term around 1 so relative errors are meaningful.
+    lora_a = torch.randn(NUM_SLOTS, num_slices, MAX_RANK, in_features, generator=gen)
+    lora_a /= in_features**0.5
+    lora_b = torch.randn(NUM_SLOTS, out_total, MAX_RANK, generator=gen) / 4.0
+    for slot, rank in enumerate(RANKS):
+        lora_a[slot, :, rank:] = pad
+        lora_b[slot, :, rank:] = pad
+    slot_ids = make_slots(pattern, num_tokens, gen)
+    y = torch.randn(num_tokens, out_total, generator=gen).to(dtype)
+    poison_rows(y, slot_ids < 0, gen)
+    return Case(
+        x=torch.randn(num_tokens, in_features, generator=gen).to(dtype).to(DEVICE),
+        lora_a=lora_a.to(dtype).to(DEVICE),
+        lora_b=lora_b.to(dtype).to(DEVICE),
+        slot_ids=slot_ids.to(DEVICE),
+        slot_ranks=torch.tensor(RANKS, dtype=torch.int32, device=DEVICE),
+        offsets=offsets,
+        y=y.to(DEVICE),
+    )
+
+
+def zero_padded(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    a, b = case.lora_a.clone(), case.lora_b.clone()
+    for slot, rank in enumerate(RANKS):
+        a[slot, :, rank:] = 0
+        b[slot, :, rank:] = 0
+    return a, b
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check_y(out: torch.Tensor, case: Case, dtype: torch.dtype, a=None, b=None) -> None:
+    a = case.lora_a if a is None else a
+    b = case.lora_b if b is None else b
+    ref = reference_lora(case.y, case.x, a, b, case.slot_ids, case.offsets)
+    untouched = case.slot_ids < 0
+    # Rows without an adapter: bit for bit what they were (NaN, -0.0 and large values).
+    assert torch.equal(out[untouched].view(torch.int8), case.y[untouched].view(torch.int8))
+    written = ~untouched
+    if written.any():
+        got = out[written]
+        assert torch.isfinite(got).all()
+        err = rel_err(got, ref[written])
+        assert err < TOL[dtype], f"relative error {err:.3e} over {TOL[dtype]:.1e}"
+
+
+# --------------------------------------------------------------------------- correctness
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("num_tokens", [1, 7, 33])
+def test_add_lora_matches_reference(backend, dtype, pattern, num_tokens):
+    shape = ["qkv", "gate_up", "single"][num_tokens % 3]
+    gen = torch.Generator().manual_seed(seed_of(backend, dtype, pattern, num_tokens))
+    case = make_case(dtype, num_tokens, shape, pattern, gen)
+    y = case.y.clone()
+    out = add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend=backend)
+    assert out is y
+    check_y(y, case, dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern", ["uniform", "base_mixed", "identical"])
+def test_shrink_then_expand(backend, dtype, pattern):
+    gen = torch.Generator().manual_seed(seed_of("se", backend, dtype, pattern))
+    case = make_case(dtype, 13, "qkv", pattern, gen)
+    batch = case.batch
+    num_slices = len(case.offsets) - 1
+    out = torch.full((num_slices, 13, MAX_RANK), float("nan"), device=DEVICE)
+    buf = lora_shrink(case.x, case.lora_a, batch, out=out, backend=backend)
+    assert buf is out
+    ref = reference_shrink(case.x, case.lora_a, case.slot_ids)  # [S, T, R]
+    # Entries that must be written: tokens with an adapter, ranks below the slot's rank.
+    ranks = case.slot_ranks[case.slot_ids.clamp_min(0).long()]  # [T]
+    must = (case.slot_ids >= 0)[:, None] & (torch.arange(MAX_RANK, device=DEVICE) < ranks[:, None])
+    must = must.expand_as(buf)
+    assert torch.isfinite(buf[must]).all()
+    if must.any():
+        assert rel_err(buf[must], ref[must]) < TOL[torch.float32]
+    y = case.y.clone()
+    assert lora_expand(y, buf, case.lora_b, batch, case.offsets, backend=backend) is y
+    check_y(y, case, dtype)
+    # Without out=: a fresh buffer, same values where defined.
+    buf2 = lora_shrink(case.x, case.lora_a, batch, backend=backend)
+    assert buf2.dtype == torch.float32 and buf2.shape == buf.shape
+    assert torch.equal(buf2[must], buf[must])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prefill_groups(backend):
+    """A prefill-like step: long runs of one adapter, a scattered adapter, base rows."""
+    gen = torch.Generator().manual_seed(seed_of("prefill", backend))
+    dtype = torch.bfloat16
+    case = make_case(dtype, 150, "gate_up", "uniform", gen)
+    slots = torch.full((150,), 1, dtype=torch.int32)
+    slots[40:100] = 3
+    slots[100:] = -1
+    slots[100::7] = 0
+    slots[5] = 4
+    case.slot_ids = slots.to(DEVICE)
+    case.y = torch.randn(150, case.offsets[-1], generator=gen).to(dtype).to(DEVICE)
+    poison_rows(case.y, case.slot_ids < 0, gen)
+    y = case.y.clone()
+    add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend=backend)
+    check_y(y, case, dtype)
+
+
+@pytest.mark.parametrize("stacked_max", [0, 64])
+@pytest.mark.parametrize("pattern", ["distinct", "base_mixed", "zipf"])
+def test_torch_paths(monkeypatch, stacked_max, pattern):
+    """The torch backend's per-adapter and stacked (decode) paths agree with the reference."""
+    monkeypatch.setattr(lora_mod, "_STACKED_MAX_TOKENS", stacked_max)
+    gen = torch.Generator().manual_seed(seed_of("paths", stacked_max, pattern))
+    for dtype in DTYPES:
+        case = make_case(dtype, 9, "qkv", pattern, gen)
+        y = case.y.clone()
+        add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend="torch")
+        check_y(y, case, dtype)
+
+
+@pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_triton_never_reads_rank_padding(dtype):
+    """NaN beyond each slot's rank (and in the empty slot) must not reach the output."""
+    gen = torch.Generator().manual_seed(seed_of("pad", dtype))
+    case = make_case(dtype, 21, "qkv", "uniform", gen, pad=float("nan"))
+    case.slot_ids[::4] = 5  # tokens on the empty slot: untouched
+    case.y = torch.randn(21, case.offsets[-1], generator=gen).to(dtype).to(DEVICE)
+    poison_rows(case.y, case.slot_ids == 5, gen)
+    y = case.y.clone()
+    add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend="triton")
+    a, b = zero_padded(case)
+    empty = case.slot_ids == 5
+    assert torch.equal(y[empty].view(torch.int8), case.y[empty].view(torch.int8))
+    ref = reference_lora(case.y, case.x, a, b, case.slot_ids, case.offsets)
+    assert rel_err(y[~empty], ref[~empty]) < TOL[dtype]
+
+
+@pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_triton_split_k_and_tiles(split_k):
+    """Split-K partials (in_features not a multiple of the split) and explicit tile shapes."""
+    from multilora_studio.kernels import lora_triton
+
+    gen = torch.Generator().manual_seed(seed_of("split", split_k))
+    dtype = torch.float16
+    case = make_case(dtype, 19, "qkv", "zipf", gen)
+    batch = case.batch
+    cfg = lora_triton.ShrinkConfig(block_m=16, block_n=32, block_k=16, split_k=split_k)
+    part = lora_triton.shrink_partials(case.x, case.lora_a, batch, config=cfg)
+    assert part.shape[0] == split_k
+    y = case.y.clone()
+    lora_triton.expand(y, part, case.lora_b, batch, case.offsets, config=lora_triton.ExpandConfig(16, 32))
+    check_y(y, case, dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_contiguous_inputs(backend):
+    """Column slices and transposed storage for x, lora_a, lora_b and y are handled."""
+    gen = torch.Generator().manual_seed(seed_of("strides", backend))
+    dtype = torch.float32
+    case = make_case(dtype, 11, "qkv", "base_mixed", gen)
+    t, k = case.x.shape
+    x_t = torch.randn(k, t, generator=gen).to(DEVICE)
+    x_t.copy_(case.x.T)
+    x = x_t.T  # strides (1, T)
+    wide_a = torch.randn(*case.lora_a.shape[:3], k + 8, generator=gen).to(DEVICE)
+    wide_a[..., 3 : 3 + k] = case.lora_a
+    lora_a = wide_a[..., 3 : 3 + k]
+    lora_b = case.lora_b.transpose(1, 2).contiguous().transpose(1, 2)  # rank-major storage
+    n = case.offsets[-1]
+    wide_y = torch.randn(t, n + 16, generator=gen).to(DEVICE)
+    wide_y[:, 5 : 5 + n] = case.y
+    y = wide_y[:, 5 : 5 + n]
+    assert not x.is_contiguous() and not lora_a.is_contiguous() and not y.is_contiguous()
+    add_lora(y, x, lora_a, lora_b, case.batch, case.offsets, backend=backend)
+    check_y(y, case, dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_reuse_and_short_x(backend):
+    """One allocated batch refilled in place; an x shorter than the last update."""
+    gen = torch.Generator().manual_seed(seed_of("reuse", backend))
+    dtype = torch.float32
+    batch = LoRABatch.allocate(64, NUM_SLOTS, DEVICE)
+    for num_tokens in (33, 5, 17):
+        case = make_case(dtype, num_tokens, "single", "uniform", gen)
+        batch.update(case.slot_ids, case.slot_ranks)
+        y = case.y.clone()
+        add_lora(y, case.x, case.lora_a, case.lora_b, batch, case.offsets, backend=backend)
+        check_y(y, case, dtype)
+    # Rows past x's length are ignored even though the batch holds more tokens.
+    case = make_case(dtype, 9, "single", "distinct", gen)
+    batch.update(torch.cat([case.slot_ids, case.slot_ids]), case.slot_ranks)
+    y = case.y.clone()
+    add_lora(y, case.x, case.lora_a, case.lora_b, batch, case.offsets, backend=backend)
+    check_y(y, case, dtype)
+
+
+def test_batch_metadata():
+    batch = LoRABatch.allocate(16, 4, "cpu")
+    slots = torch.tensor([2, -1, 0, 2, 7, 0, 2], dtype=torch.int32)
+    ranks = torch.tensor([8, 0, 16, 4], dtype=torch.int32)
+    batch.update(slots, ranks)
+    expect_slots = [2, -1, 0, 2, -1, 0, 2] + [-1] * 9  # 7 is out of range: no adapter
+    assert batch.token_slots.tolist() == expect_slots
+    assert batch.slot_counts.tolist() == [2, 0, 3, 0]
+    assert batch.slot_starts.tolist() == [0, 2, 2, 5]
+    assert batch.sorted_tokens[:5].tolist() == [2, 5, 0, 3, 6]
+    assert sorted(batch.sorted_tokens.tolist()) == list(range(16))
+    assert batch.slot_ranks.tolist() == [8, 0, 16, 4]
+    assert batch.num_tokens.tolist() == [7]
+    assert all(
+        t.dtype == torch.int32
+        for t in (batch.token_slots, batch.sorted_tokens, batch.slot_starts, batch.slot_counts)
+    )
+    batch.update(torch.tensor([3], dtype=torch.int64), ranks)
+    assert batch.slot_counts.tolist() == [0, 0, 0, 1]
+    assert batch.token_slots[:2].tolist() == [3, -1]
+
+
+def test_auto_backend_on_cpu_is_torch():
+    gen = torch.Generator().manual_seed(seed_of("auto"))
+    case = make_case(torch.float32, 6, "gate_up", "uniform", gen)
+    y1, y2 = case.y.clone(), case.y.clone()
+    add_lora(y1, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend="torch")
+    add_lora(y2, case.x, case.lora_a, case.lora_b, case.batch, case.offsets)
+    assert torch.equal(y1, y2)
+
+
+# ------------------------------------------------------------------------------- errors
+
+
+def small_case() -> Case:
+    gen = torch.Generator().manual_seed(seed_of("errors"))
+    return make_case(torch.float32, 5, "qkv", "uniform", gen)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton", "auto"])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda c: {"x": c.x[:, :-1]}, "in_features"),
+        (lambda c: {"x": c.x.to(torch.float16)}, "dtype"),
+        (lambda c: {"x": c.x.to(torch.int32)}, "float32, bfloat16 or float16"),
+        (lambda c: {"x": c.x[None]}, "dims"),
+        (lambda c: {"lora_a": c.lora_a[:-1]}, "slots"),
+        (lambda c: {"lora_a": c.lora_a.to("meta")}, "device"),
+        (lambda c: {"lora_b": c.lora_b[:, :-1]}, "out_total"),
+        (lambda c: {"lora_b": c.lora_b[:, :, :-1]}, "max_rank"),
+        (lambda c: {"lora_b": c.lora_b.to(torch.bfloat16)}, "dtype"),
+        (lambda c: {"y": c.y[:-1]}, "tokens"),
+        (lambda c: {"y": c.y.to(torch.float16)}, "dtype"),
+        (lambda c: {"y": torch.zeros(1, c.y.shape[1]).expand_as(c.y)}, "zero strides"),
+        (lambda c: {"offsets": c.offsets[:-1]}, r"num_slices \+ 1"),
+        (lambda c: {"offsets": (0, 150, 140, c.offsets[-1])}, "non-decreasing"),
+        (lambda c: {"offsets": (1, *c.offsets[1:])}, "start at 0"),
+        (lambda c: {"offsets": torch.tensor(c.offsets)}, "tuple of ints"),
+        (lambda c: {"batch": LoRABatch.allocate(2, NUM_SLOTS)}, "max_tokens"),
+        (lambda c: {"batch": "not a batch"}, "LoRABatch"),
+        (lambda c: {"backend": "cuda"}, "backend"),
+    ],
+)
+def test_add_lora_rejects_bad_input(backend, mutate, message):
+    if backend == "triton" and not TRITON_OK:
+        pytest.skip("needs Triton")
+    case = small_case()
+    args = {
+        "y": case.y.clone(),
+        "x": case.x,
+        "lora_a": case.lora_a,
+        "lora_b": case.lora_b,
+        "batch": case.batch,
+        "offsets": case.offsets,
+        "backend": backend,
+    }
+    args.update(mutate(case))
+    with pytest.raises(ValueError, match=message):
+        add_lora(
+            args["y"],
+            args["x"],
+            args["lora_a"],
+            args["lora_b"],
+            args["batch"],
+            args["offsets"],
+            backend=args["backend"],
+        )
+
+
+def test_shrink_expand_reject_bad_input():
+    case = small_case()
+    batch = case.batch
+    buf = lora_shrink(case.x, case.lora_a, batch)
+    with pytest.raises(ValueError, match="out must have shape"):
+        lora_shrink(case.x, case.lora_a, batch, out=torch.empty(1, 2, 3))
+    with pytest.raises(ValueError, match="float32"):
+        lora_shrink(case.x, case.lora_a, batch, out=buf.half())
+    with pytest.raises(ValueError, match="buf must be a float32"):
+        lora_expand(case.y, buf.half(), case.lora_b, batch, case.offsets)
+    with pytest.raises(ValueError, match="tokens"):
+        lora_expand(case.y[:-1], buf, case.lora_b, batch, case.offsets)
+    with pytest.raises(ValueError, match="num_slices"):
+        lora_expand(case.y, buf[:2], case.lora_b, batch, case.offsets)
+
+
+def test_batch_rejects_bad_input():
+    with pytest.raises(ValueError, match="max_tokens"):
+        LoRABatch.allocate(0, 4)
+    with pytest.raises(ValueError, match="num_slots"):
+        LoRABatch.allocate(4, 0)
+    batch = LoRABatch.allocate(4, 3)
+    ranks = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="exceed"):
+        batch.update(torch.zeros(5, dtype=torch.int32), ranks)
+    with pytest.raises(ValueError, match="1-D"):
+        batch.update(torch.zeros(2, 2, dtype=torch.int32), ranks)
+    with pytest.raises(ValueError, match="int32 or int64"):
+        batch.update(torch.zeros(2), ranks)
+    with pytest.raises(ValueError, match="slot_ranks"):
+        batch.update(torch.zeros(2, dtype=torch.int32), torch.zeros(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="device"):
+        batch.update(torch.zeros(2, dtype=torch.int32, device="meta"), ranks)
+    with pytest.raises(ValueError, match="1-D"):
+        build_lora_batch(torch.zeros(2, 2, dtype=torch.int32), ranks, 3)
