@@ -44,8 +44,8 @@ _NEG_BIG = tl.constexpr(-1.0e30)
 @triton.jit
 def _find_seq(qsl_ptr, num_seqs, target, BLOCK_Q: tl.constexpr):
     # Largest i with query_start_loc[i] // BLOCK_Q + i <= target.
-    lo = 0
-    hi = num_seqs
+    lo: tl.int32 = 0
+    hi: tl.int32 = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
         val = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
