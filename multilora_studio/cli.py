@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from multilora_studio import __version__
+from multilora_studio.compare import add_compare_command
 
 log = logging.getLogger("multilora_studio")
 
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_model_command(subparsers)
+    add_compare_command(subparsers)
     return parser
 
 

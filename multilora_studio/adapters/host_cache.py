@@ -1,16 +1,18 @@
 """Host-RAM tier of adapters: an LRU of validated adapters, filled by a background loader.
 
-A miss never blocks the caller: ``prefetch`` queues a load on the loader thread and
-``on_ready`` is called when it is done (or failed), so the engine keeps stepping.
+A miss never blocks the caller: ``lookup`` queues a load on the loader thread and
+``on_ready`` is called when it is done (or failed), so the engine keeps stepping. A
+load that ``put`` or ``discard`` overtook while it ran is dropped when it finishes.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,21 +31,25 @@ class TierCounters:
     load_seconds: list[float] = field(default_factory=list)
 
     def percentile(self, q: float) -> float | None:
+        """Nearest-rank percentile of the load latencies (``q`` in [0, 1]); None before any load."""
         if not self.load_seconds:
             return None
         ordered = sorted(self.load_seconds)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        rank = math.ceil(round(q * len(ordered), 9))  # round: 0.95 * 20 must be rank 19, not 20
+        return ordered[min(len(ordered) - 1, max(0, rank - 1))]
 
 
 class HostAdapterCache:
     """At most ``capacity`` adapters in host memory, least recently used evicted first."""
 
     def __init__(self, capacity: int, loader: Loader, on_ready: Callable[[], None]) -> None:
+        if capacity < 1:
+            raise ValueError(f"the host adapter cache needs a capacity >= 1, got {capacity}")
         self.capacity = capacity
         self._loader = loader
         self._on_ready = on_ready
         self._entries: OrderedDict[str, HostAdapter] = OrderedDict()
-        self._pending: dict[str, Future] = {}
+        self._pending: dict[str, object] = {}  # name -> ticket of its load in flight
         self._errors: dict[str, Exception] = {}
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="adapter-loader")
@@ -69,6 +75,7 @@ class HostAdapterCache:
             self._insert(adapter)
 
     def _insert(self, adapter: HostAdapter) -> None:
+        self._pending.pop(adapter.name, None)  # a load still in flight would be older than this
         self._entries[adapter.name] = adapter
         self._entries.move_to_end(adapter.name)
         self._errors.pop(adapter.name, None)
@@ -86,29 +93,32 @@ class HostAdapterCache:
             if name in self._pending or name in self._errors:
                 return None
             self.counters.misses += 1
-            self._pending[name] = self._executor.submit(self._load, name, path)
+            ticket = self._pending[name] = object()
+            self._executor.submit(self._load, name, path, ticket)
             return None
 
-    def _load(self, name: str, path: Path) -> None:
+    def _load(self, name: str, path: Path, ticket: object) -> None:
         start = time.perf_counter()
         try:
             adapter = self._loader(name, path)
         except Exception as error:  # reported to the requests that wait for it
             with self._lock:
-                self._errors[name] = error
-                self._pending.pop(name, None)
+                if self._pending.get(name) is ticket:
+                    self._errors[name] = error
+                    del self._pending[name]
         else:
             with self._lock:
-                self._insert(adapter)
-                self._pending.pop(name, None)
-                self.counters.bytes_loaded += adapter.nbytes
-                self.counters.load_seconds.append(time.perf_counter() - start)
+                if self._pending.get(name) is ticket:
+                    self._insert(adapter)
+                    self.counters.bytes_loaded += adapter.nbytes
+                    self.counters.load_seconds.append(time.perf_counter() - start)
         self._on_ready()
 
     def discard(self, name: str) -> None:
         with self._lock:
             self._entries.pop(name, None)
             self._errors.pop(name, None)
+            self._pending.pop(name, None)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

@@ -2,7 +2,9 @@
 
 Plain Python. The engine asks ``acquire(name)`` when a request is admitted and
 ``release(name)`` when it finishes or is preempted; an adapter with running
-requests (``in_use > 0``) or a pin keeps its slot.
+requests (``in_use > 0``) or a pin keeps its slot. Both calls count as a use for
+the LRU order. At most ``capacity - 1`` adapters can be pinned, so one slot always
+stays evictable and requests for unpinned adapters can still run.
 """
 
 from __future__ import annotations
@@ -76,8 +78,15 @@ class SlotTable:
         if count <= 0:
             raise RuntimeError(f"release of adapter {name!r} that holds no slot reference")
         self._in_use[name] = count - 1
+        self._slot_of.move_to_end(name)  # used until now: the most recently used
 
     def pin(self, name: str) -> None:
+        """Keep ``name`` in its slot once loaded; ValueError when no slot would stay evictable."""
+        if name not in self._pinned and len(self._pinned) >= self.capacity - 1:
+            raise ValueError(
+                f"cannot pin {name!r}: {len(self._pinned)} of {self.capacity} GPU slots are pinned "
+                f"already and one must stay free for other adapters; unpin one or raise max_loras"
+            )
         self._pinned.add(name)
 
     def unpin(self, name: str) -> None:

@@ -15,6 +15,8 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
@@ -44,4 +46,6 @@ class BlockManager:
 
     def slot_of(self, seq: Sequence, position: int) -> int:
         """Flat cache slot (block * block_size + offset) of token ``position`` of ``seq``."""
+        if not 0 <= position < len(seq.block_table) * self.block_size:
+            raise IndexError(f"position {position} is outside the blocks of request {seq.request_id}")
         return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import os
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "auto")
 MAX_SLOTS = 1024
+DEVICE_NAME = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
@@ -15,6 +19,23 @@ def _check_int(name: str, value: object, low: int, high: int | None = None) -> N
     if value < low or (high is not None and value > high):
         limit = f"between {low} and {high}" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be {limit}, got {value}")
+
+
+def _check_number(name: str, value: object, low: float, high: float, low_inclusive: bool) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if value < low or (value == low and not low_inclusive) or value > high:
+        opening = "[" if low_inclusive else "("
+        raise ValueError(f"{name} must be in {opening}{low:g}, {high:g}], got {value!r}")
+
+
+def _as_tuple(name: str, value: object, item: str) -> tuple:
+    """A user's list (or None for none) as a tuple; ValueError for anything that is not a list."""
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValueError(f"{name} must be a list of {item}, got {value!r}")
+    return tuple(value)
 
 
 @dataclass
@@ -39,18 +60,18 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, os.PathLike):
+            self.model = os.fspath(self.model)
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
             raise ValueError("model must be a folder path or None for the embedded default model")
-        if not isinstance(self.device, str) or not (
-            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
-        ):
+        if not isinstance(self.device, str) or not DEVICE_NAME.match(self.device):
             raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        if self.dtype not in SUPPORTED_DTYPES:
+        if not isinstance(self.dtype, str) or self.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}")
         _check_int("max_loras", self.max_loras, 1, MAX_SLOTS)
         _check_int("max_lora_rank", self.max_lora_rank, 1, 512)
         if self.max_cpu_loras is None:
-            self.max_cpu_loras = max(self.max_loras, 2 * self.max_loras)
+            self.max_cpu_loras = 2 * self.max_loras
         _check_int("max_cpu_loras", self.max_cpu_loras, 1)
         if self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
@@ -64,8 +85,10 @@ class EngineConfig:
         _check_int("block_size", self.block_size, 1, 256)
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
-        if self.kv_cache_memory_gb is not None and not (0 < float(self.kv_cache_memory_gb) < 4096):
-            raise ValueError(f"kv_cache_memory_gb must be positive, got {self.kv_cache_memory_gb}")
+        if self.kv_cache_memory_gb is not None:
+            _check_number("kv_cache_memory_gb", self.kv_cache_memory_gb, 0, 4096, low_inclusive=False)
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         _check_int("seed", self.seed, 0)
 
 
@@ -84,21 +107,21 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
-        if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature <= 100:
-            raise ValueError(f"temperature must be between 0 and 100, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check_number("temperature", self.temperature, 0, 100, low_inclusive=True)
+        _check_number("top_p", self.top_p, 0, 1, low_inclusive=False)
         _check_int("top_k", self.top_k, 0)
         if self.seed is not None:
             _check_int("seed", self.seed, 0)
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
-        self.stop = tuple(self.stop)
+        self.stop = _as_tuple("stop", self.stop, "non-empty strings")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError("stop must be a list of non-empty strings")
-        self.stop_token_ids = tuple(self.stop_token_ids)
+            raise ValueError(f"stop must be a list of non-empty strings, got {list(self.stop)!r}")
+        self.stop_token_ids = _as_tuple("stop_token_ids", self.stop_token_ids, "token ids")
         for token in self.stop_token_ids:
             _check_int("stop_token_ids entry", token, 0)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:

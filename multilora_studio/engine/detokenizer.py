@@ -10,7 +10,9 @@ class IncrementalDetokenizer:
 
     Decodes only a short window (from ``prefix_offset``) per token, and holds back a
     trailing incomplete UTF-8 sequence and the last ``len(longest stop) - 1`` characters,
-    so no delta is ever retracted when a stop string completes later.
+    so no delta is ever retracted when a stop string completes later. When the request
+    finishes, whatever is still held back is flushed, so the final text is the decode of
+    all ids (cut before the first stop string).
     """
 
     def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
@@ -22,17 +24,17 @@ class IncrementalDetokenizer:
         self.read_offset = 0
         self.text = ""
         self.emitted = 0
+        self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def add(self, token_id: int) -> bool:
-        """Append one token; True when a stop string has appeared (text is cut before it)."""
-        self.ids.append(token_id)
+    def _advance(self, final: bool) -> bool:
+        """Move newly decodable text into ``text``; True when a stop string has appeared."""
         before = len(self.text)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
-        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+        if len(full) > len(prefix) and (final or not full.endswith("\ufffd")):
             self.text += full[len(prefix) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         if not self.stop:
@@ -41,11 +43,20 @@ class IncrementalDetokenizer:
         hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
         if hits:
             self.text = self.text[: min(hits)]
+            self.stopped = True
+        return self.stopped
+
+    def add(self, token_id: int) -> bool:
+        """Append one token; True when a stop string has appeared (text is cut before it)."""
+        if self.stopped:
             return True
-        return False
+        self.ids.append(token_id)
+        return self._advance(final=False)
 
     def delta(self, finished: bool) -> str:
-        """Text not yet emitted (all of it when ``finished``)."""
+        """Text not yet emitted (all of it, including an incomplete character, when ``finished``)."""
+        if finished and not self.stopped and self.read_offset < len(self.ids):
+            self._advance(final=True)
         end = len(self.text) if finished else max(self.emitted, len(self.text) - self.holdback)
         piece = self.text[self.emitted : end]
         self.emitted = end

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 Prompt = str | list[int] | list[dict[str, str]]
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
-CPU_KV_CACHE_CAP_BYTES = 2 << 30
+CPU_KV_CACHE_CAP_BYTES = 512 << 20
 METRICS_INTERVAL_S = 0.1
 
 

@@ -1,0 +1,143 @@
+"""``multilora-studio compare``: one prompt through several adapters (and the base) in one batched run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+from multilora_studio.engine import Engine, EngineConfig, RequestOutput, SamplingParams
+
+BASE = "base"
+
+
+def parse_lora_modules(items: Sequence[str]) -> dict[str, Path]:
+    """``name=path`` pairs (vLLM's --lora-modules) into a dict; a bare path is named by its folder."""
+    modules: dict[str, Path] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep:
+            name, path = Path(item).name, item
+        if not name or not path:
+            raise ValueError(f"--lora-modules entries look like name=path, got {item!r}")
+        modules[name] = Path(path).expanduser()
+    return modules
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Engine flags shared by the commands that start an engine (vLLM names)."""
+    parser.add_argument("--model", default=None, help="HF model folder (default: the embedded model)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    parser.add_argument("--max-loras", type=int, default=8, help="adapters resident on the device at once")
+    parser.add_argument("--max-lora-rank", type=int, default=64, help="largest adapter rank accepted")
+    parser.add_argument("--max-cpu-loras", type=int, default=None, help="adapters kept in host RAM")
+    parser.add_argument("--max-model-len", type=int, default=2048, help="prompt + output tokens per request")
+    parser.add_argument(
+        "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="PEFT adapter folders to serve"
+    )
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
+        max_model_len=args.max_model_len,
+    )
+
+
+def add_compare_command(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "compare",
+        help="run one prompt through several adapters in one batch",
+        description="Run one prompt through several adapters and the base model in ONE batched run "
+        "and print the answers side by side.",
+    )
+    parser.add_argument("--prompt", required=True, help="the prompt (a user message unless --raw)")
+    parser.add_argument(
+        "--adapters", default=BASE, help=f"comma-separated adapter names; '{BASE}' is the base model"
+    )
+    parser.add_argument("--raw", action="store_true", help="send the prompt as plain text, not as chat")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--layout", choices=["columns", "rows"], default=None, help="default: fit the terminal"
+    )
+    parser.add_argument("--json", action="store_true", help="print the outputs as JSON")
+    add_engine_arguments(parser)
+    parser.set_defaults(handler=run_compare)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from multilora_studio.cli import print_progress
+
+    modules = parse_lora_modules(args.lora_modules)
+    choices = [name.strip() for name in args.adapters.split(",") if name.strip()]
+    if not choices:
+        raise ValueError("--adapters names at least one adapter or 'base'")
+    unknown = [name for name in choices if name != BASE and name not in modules]
+    if unknown:
+        raise ValueError(
+            f"unknown adapters {', '.join(unknown)}; give their folders with --lora-modules NAME=PATH"
+        )
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
+    )
+    with Engine(engine_config(args), progress=print_progress) as engine:
+        for name in {c for c in choices if c != BASE}:
+            engine.add_adapter(name, modules[name])
+        prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
+        adapters = [None if name == BASE else name for name in choices]
+        outputs = engine.generate([prompt] * len(choices), adapters, params)
+        model_name = engine.model_name
+    if args.json:
+        print(json.dumps([output_record(n, o) for n, o in zip(choices, outputs, strict=True)], indent=2))
+    else:
+        print(f"model: {model_name}   prompt: {args.prompt!r}\n")
+        print(render(choices, outputs, args.layout))
+    return 0
+
+
+def output_record(name: str, output: RequestOutput) -> dict:
+    return {
+        "adapter": name,
+        "text": output.text,
+        "tokens": len(output.token_ids),
+        "finish_reason": output.finish_reason,
+        "ttft_s": output.ttft,
+        "tokens_per_second": output.tokens_per_second,
+    }
+
+
+def header(name: str, output: RequestOutput) -> str:
+    rate = output.tokens_per_second
+    speed = f"{rate:.1f} tok/s" if rate else "-"
+    return f"{name} ({len(output.token_ids)} tok, {speed})"
+
+
+def render(names: list[str], outputs: list[RequestOutput], layout: str | None) -> str:
+    """Columns when they fit the terminal (at least 28 characters each), rows otherwise."""
+    width = shutil.get_terminal_size((120, 40)).columns
+    column = (width - 3 * (len(names) - 1)) // max(1, len(names))
+    if layout == "rows" or (layout is None and column < 28):
+        blocks = [f"== {header(n, o)}\n{o.text.strip()}" for n, o in zip(names, outputs, strict=True)]
+        return "\n\n".join(blocks)
+    wrapped = [
+        [header(n, o)[:column], "-" * column, *textwrap.wrap(o.text.strip(), column)]
+        for n, o in zip(names, outputs, strict=True)
+    ]
+    height = max(len(lines) for lines in wrapped)
+    rows = []
+    for row in range(height):
+        cells = [(lines[row] if row < len(lines) else "").ljust(column) for lines in wrapped]
+        rows.append(" | ".join(cells).rstrip())
+    return "\n".join(rows)
