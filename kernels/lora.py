@@ -626,14 +626,14 @@ def _torch_expand(
 
 def reference_shrink(x: torch.Tensor, lora_a: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
     """Float64 shrink for tests: ``[S, T, R]``, zero rows for slot -1."""
-    t = x.shape[0]
     num_slices, max_rank = lora_a.shape[1], lora_a.shape[2]
-    out = torch.zeros(num_slices, t, max_rank, dtype=torch.float64, device=x.device)
-    valid = (slot_ids >= 0).nonzero().flatten()  # [n]
-    if valid.numel() == 0:
-        return out
-    a = lora_a.double()[slot_ids[valid].long()]  # [n, S, R, K]
-    out[:, valid] = torch.einsum("nk,nsrk->snr", x.double()[valid], a)
+    out = torch.zeros(num_slices, x.shape[0], max_rank, dtype=torch.float64, device=x.device)
+    for slot in slot_ids.unique().tolist():
+        if slot < 0:
+            continue
+        rows = (slot_ids == slot).nonzero().flatten()  # [n]
+        a = lora_a[slot].double()  # [S, R, K]
+        out[:, rows] = torch.matmul(x[rows].double(), a.transpose(1, 2))  # [S, n, R]
     return out
 
 
@@ -647,12 +647,13 @@ def reference_lora(
 ) -> torch.Tensor:
     """Float64 ``y + LoRA(x)`` for tests (returns a new float64 tensor; y is unchanged)."""
     out = y.double().clone()  # [T, out_total]
-    valid = (slot_ids >= 0).nonzero().flatten()  # [n]
-    if valid.numel() == 0:
-        return out
-    h = reference_shrink(x, lora_a, slot_ids)[:, valid]  # [S, n, R]
-    b = lora_b.double()[slot_ids[valid].long()]  # [n, out_total, R]
-    for s in range(len(slice_offsets) - 1):
-        lo, hi = slice_offsets[s], slice_offsets[s + 1]
-        out[valid, lo:hi] += torch.einsum("nr,nor->no", h[s], b[:, lo:hi])
+    h = reference_shrink(x, lora_a, slot_ids)  # [S, T, R]
+    for slot in slot_ids.unique().tolist():
+        if slot < 0:
+            continue
+        rows = (slot_ids == slot).nonzero().flatten()  # [n]
+        b = lora_b[slot].double()  # [out_total, R]
+        for s in range(len(slice_offsets) - 1):
+            lo, hi = slice_offsets[s], slice_offsets[s + 1]
+            out[rows, lo:hi] += h[s, rows] @ b[lo:hi].T
     return out

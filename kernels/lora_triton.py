@@ -44,6 +44,7 @@ class ShrinkConfig:
 class ExpandConfig:
     block_m: int
     block_n: int
+    n_iters: int = 1
     num_warps: int = 4
     num_stages: int = 2
 
@@ -151,7 +152,9 @@ def _lora_expand_kernel(
     counts_ptr,
     ranks_ptr,
     num_tokens,
-    n_blocks,
+    num_splits,
+    n_progs,
+    n_iters,
     off0,
     off1,
     off2,
@@ -166,27 +169,29 @@ def _lora_expand_kernel(
     stride_wr,
     stride_yt,
     stride_yn,
-    SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
+    # Each program: one slot, one slice, BLOCK_M of the slot's tokens and n_iters
+    # consecutive BLOCK_N-wide column tiles of the slice (the rank-r rows of h stay in
+    # L1 across the tiles).
     pid = tl.program_id(0)
     s = tl.program_id(1)
     slot = tl.program_id(2)
     count = tl.load(counts_ptr + slot)
     rank = tl.load(ranks_ptr + slot)
-    m_block = pid // n_blocks
-    n_block = pid % n_blocks
+    m_block = pid // n_progs
+    n_prog = pid % n_progs
     if (m_block * BLOCK_M >= count) | (rank == 0):
         return
     # Output columns of slice s: [lo, hi) (slice offsets are launch constants).
     lo = tl.where(s == 0, off0, tl.where(s == 1, off1, tl.where(s == 2, off2, off3)))
     hi = tl.where(s == 0, off1, tl.where(s == 1, off2, tl.where(s == 2, off3, off4)))
-    n0 = lo + n_block * BLOCK_N
-    if n0 >= hi:
+    n_first = lo + n_prog * n_iters * BLOCK_N
+    if n_first >= hi:
         return
     start = tl.load(starts_ptr + slot)
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
@@ -194,35 +199,40 @@ def _lora_expand_kernel(
     tok = tl.load(sorted_ptr + start + offs_m, mask=m_ok, other=0)
     m_ok = m_ok & (tok < num_tokens)
     tok = tok.to(tl.int64)
-    offs_n = n0 + tl.arange(0, BLOCK_N)  # [BN]
-    n_ok = offs_n < hi
     offs_r = tl.arange(0, BLOCK_R)  # [BR]
+    buf_base = buf_ptr + s * stride_bs + tok[:, None] * stride_bt + offs_r[None, :] * stride_br
+    w_base = b_ptr + slot.to(tl.int64) * stride_wl + offs_r[:, None] * stride_wr  # [BR, 1]
+    y_base = y_ptr + tok[:, None] * stride_yt  # [BM, 1]
 
-    buf_ptrs = buf_ptr + s * stride_bs + tok[:, None] * stride_bt + offs_r[None, :] * stride_br
-    w_ptrs = (
-        b_ptr + slot.to(tl.int64) * stride_wl + offs_n[None, :] * stride_wn + offs_r[:, None] * stride_wr
-    )  # [BR, BN]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for r0 in range(0, rank, BLOCK_R):  # only the slot's rank blocks
-        r_ok = offs_r + r0 < rank
-        h = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for p in range(SPLIT):  # sum the shrink's split-K partials
-            h += tl.load(buf_ptrs + p * stride_bp, mask=m_ok[:, None] & r_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=r_ok[:, None] & n_ok[None, :], other=0.0)
-        h = h.to(w.dtype)
-        if UPCAST:
-            h = h.to(tl.float32)
-            w = w.to(tl.float32)
-        acc += tl.dot(h, w, input_precision=DOT_PRECISION)
-        buf_ptrs += BLOCK_R * stride_br
-        w_ptrs += BLOCK_R * stride_wr
-
-    y_ptrs = y_ptr + tok[:, None] * stride_yt + offs_n[None, :] * stride_yn  # [BM, BN]
-    mask = m_ok[:, None] & n_ok[None, :]
-    y_old = tl.load(y_ptrs, mask=mask, other=0.0)
-    # y += delta.to(y.dtype); the sum in float32, rounded once (as a bf16/fp16 add does).
-    delta = acc.to(y_old.dtype).to(tl.float32)
-    tl.store(y_ptrs, (y_old.to(tl.float32) + delta).to(y_old.dtype), mask=mask)
+    for it in range(0, n_iters):
+        offs_n = n_first + it * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+        n_ok = offs_n < hi
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for r0 in range(0, rank, BLOCK_R):  # only the slot's rank blocks
+            r_ok = offs_r + r0 < rank
+            h = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+            for p in range(0, num_splits):  # sum the shrink's split-K partials
+                h += tl.load(
+                    buf_base + p * stride_bp + r0 * stride_br,
+                    mask=m_ok[:, None] & r_ok[None, :],
+                    other=0.0,
+                )
+            w = tl.load(
+                w_base + r0 * stride_wr + offs_n[None, :] * stride_wn,
+                mask=r_ok[:, None] & n_ok[None, :],
+                other=0.0,
+            )  # [BR, BN]
+            h = h.to(w.dtype)
+            if UPCAST:
+                h = h.to(tl.float32)
+                w = w.to(tl.float32)
+            acc += tl.dot(h, w, input_precision=DOT_PRECISION)
+        y_ptrs = y_base + offs_n[None, :] * stride_yn  # [BM, BN]
+        mask = m_ok[:, None] & n_ok[None, :]
+        y_old = tl.load(y_ptrs, mask=mask, other=0.0)
+        # y += delta.to(y.dtype); the sum in float32, rounded once (as a bf16/fp16 add does).
+        delta = acc.to(y_old.dtype).to(tl.float32)
+        tl.store(y_ptrs, (y_old.to(tl.float32) + delta).to(y_old.dtype), mask=mask)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -360,10 +370,10 @@ def expand(
         return y
     cfg = config or expand_config(num_tokens, out_total, max_rank)
     widths = [b - a for a, b in pairwise(slice_offsets)]
-    n_blocks = triton.cdiv(max(widths), cfg.block_n)
+    n_progs = triton.cdiv(triton.cdiv(max(widths), cfg.block_n), cfg.n_iters)
     offs = list(slice_offsets) + [slice_offsets[-1]] * (MAX_SLICES + 1 - len(slice_offsets))
     block_r = min(64, max(16, _next_pow2(max_rank)))
-    grid = (triton.cdiv(num_tokens, cfg.block_m) * n_blocks, num_slices, num_slots)
+    grid = (triton.cdiv(num_tokens, cfg.block_m) * n_progs, num_slices, num_slots)
     _lora_expand_kernel[grid](
         buf,
         lora_b,
@@ -373,12 +383,13 @@ def expand(
         batch.slot_counts,
         batch.slot_ranks,
         num_tokens,
-        n_blocks,
+        split,
+        n_progs,
+        cfg.n_iters,
         *offs,
         *buf.stride(),
         *lora_b.stride(),
         *y.stride(),
-        SPLIT=split,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_R=block_r,

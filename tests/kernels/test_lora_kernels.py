@@ -273,7 +273,9 @@ def test_triton_split_k_and_tiles(split_k):
     part = lora_triton.shrink_partials(case.x, case.lora_a, batch, config=cfg)
     assert part.shape[0] == split_k
     y = case.y.clone()
-    lora_triton.expand(y, part, case.lora_b, batch, case.offsets, config=lora_triton.ExpandConfig(16, 32))
+    lora_triton.expand(
+        y, part, case.lora_b, batch, case.offsets, config=lora_triton.ExpandConfig(16, 32, n_iters=3)
+    )
     check_y(y, case, dtype)
 
 
@@ -379,7 +381,7 @@ def small_case() -> Case:
         (lambda c: {"offsets": (0, 150, 140, c.offsets[-1])}, "non-decreasing"),
         (lambda c: {"offsets": (1, *c.offsets[1:])}, "start at 0"),
         (lambda c: {"offsets": torch.tensor(c.offsets)}, "tuple of ints"),
-        (lambda c: {"batch": LoRABatch.allocate(2, NUM_SLOTS)}, "max_tokens"),
+        (lambda c: {"batch": LoRABatch.allocate(2, NUM_SLOTS, DEVICE)}, "max_tokens"),
         (lambda c: {"batch": "not a batch"}, "LoRABatch"),
         (lambda c: {"backend": "cuda"}, "backend"),
     ],
