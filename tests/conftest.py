@@ -22,9 +22,19 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model's tokenizer (``$MULTILORA_TEST_TOKENIZER_DIR`` where the GGUF is absent)."""
+    given = os.environ.get("MULTILORA_TEST_TOKENIZER_DIR")
+    if given:
+        return Path(given)
     from multilora_studio.default_model import gguf_path
 
     return extract_tokenizer(gguf_path(), tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def engine_device() -> str:
+    """Device the engine tests run on: cpu in CI, ``$MULTILORA_TEST_DEVICE`` (e.g. cuda) on a GPU host."""
+    return os.environ.get("MULTILORA_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")

@@ -14,14 +14,14 @@ def peft_reference(tiny_model_dir, tiny_adapters) -> PeftReference:
 
 
 @pytest.fixture
-def make_engine(tiny_model_dir, tiny_adapters):
+def make_engine(tiny_model_dir, tiny_adapters, engine_device):
     """Build an engine on the tiny model with every fixture adapter added; shut down after the test."""
     engines: list[Engine] = []
 
     def build(adapters: list[str] | None = None, **overrides) -> Engine:
         settings = dict(
             model=str(tiny_model_dir),
-            device="cpu",
+            device=engine_device,
             dtype="float32",
             max_loras=8,
             max_lora_rank=32,

@@ -1,0 +1,1 @@
+"""Benchmarks of the engine against HF transformers + PEFT on the same machine."""

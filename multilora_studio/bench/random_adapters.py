@@ -1,0 +1,47 @@
+"""Random PEFT LoRA adapters of a given shape, written as real adapter folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from multilora_studio.engine.model_spec import PROJECTIONS, ModelSpec
+
+
+def write_random_adapter(
+    spec: ModelSpec,
+    folder: Path,
+    rank: int,
+    targets: tuple[str, ...] = PROJECTIONS,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """A PEFT folder with random A and B (std chosen so the adapter visibly changes outputs)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(spec.num_layers):
+        for module in targets:
+            out_features, in_features = spec.projection_shape(module)
+            block = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            prefix = f"base_model.model.model.layers.{layer}.{block}.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, in_features, generator=generator) * (
+                in_features**-0.5
+            )
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_features, rank, generator=generator) * 0.02
+    save_file({k: v.to(dtype) for k, v in tensors.items()}, str(folder / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "target_modules": list(targets),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": None,
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    return folder

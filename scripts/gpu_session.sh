@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One device session: GPU correctness of the engine against PEFT and the engine benchmark.
+# Run from the repository root on a CUDA machine with torch, triton, transformers and peft.
+# Usage: scripts/gpu_session.sh [engine-tests] [engine-bench] [kernel-bench] [attention-bench]
+set -u
+OUT=${OUT:-/tmp/gpu-session}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# The kernels folder is the package multilora_studio.kernels (mapped by pyproject when installed).
+[ -e multilora_studio/kernels ] || ln -s ../kernels multilora_studio/kernels
+if [ -d .device_pkg/whl ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .device_pkg/whl/*.whl >/dev/null 2>&1
+  export PYTHONPATH=$PWD:/tmp/site
+else
+  export PYTHONPATH=$PWD
+fi
+python3 -c 'import torch, triton, transformers, peft; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__, "peft", peft.__version__, torch.cuda.get_device_name())' | tee "$OUT/versions.txt"
+steps=${*:-engine-tests engine-bench}
+for step in $steps; do
+  echo "=== $step"
+  start=$(date +%s)
+  case $step in
+    engine-tests)
+      MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
+        timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_fidelity.py \
+        tests/engine/test_model_families.py tests/engine/test_engine_behaviour.py 2>&1 | tee "$OUT/engine-tests.log" | tail -25 ;;
+    engine-bench)
+      timeout 400 python3 -m multilora_studio.bench.engine_gpu --json "$OUT/engine_gpu.json" 2>&1 \
+        | tee "$OUT/engine-bench.log" | grep -v "^INFO" | tail -30 ;;
+    kernel-bench)
+      timeout 300 python3 -m multilora_studio.kernels.bench 2>&1 | tee "$OUT/kernel-bench.log" | tail -30 ;;
+    attention-bench)
+      timeout 240 python3 -m multilora_studio.kernels.paged_attention_bench 2>&1 | tee "$OUT/attention-bench.log" | tail -30 ;;
+  esac
+  echo "=== $step took $(( $(date +%s) - start )) s"
+done
