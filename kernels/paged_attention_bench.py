@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -246,7 +247,9 @@ def copy_ceiling(results: dict[str, Any]) -> float:
     return gbs
 
 
-def bench_decode(results: dict[str, Any], ceiling: float, **kw: Any) -> list[dict[str, Any]]:
+def bench_decode(
+    results: dict[str, Any], ceiling: float, key: str = "decode", sdpa: bool = True, **kw: Any
+) -> list[dict[str, Any]]:
     gen = torch.Generator().manual_seed(2)
     rows = []
     for batch in (1, 4, 16, 64):
@@ -257,12 +260,15 @@ def bench_decode(results: dict[str, Any], ceiling: float, **kw: Any) -> list[dic
             g = graph_of(lambda step=step, out=out: call(step, out=out, **kw))
             ms = bench_ms(g.replay)
             kv_bytes = batch * ctx * HKV * D * 2 * 2
-            # SDPA (flash) on a contiguous cache: the G query heads of a KV head as G query rows
-            kc = torch.randn(batch, HKV, ctx, D, device="cuda", dtype=torch.bfloat16)
-            vc = torch.randn_like(kc)
-            qs = step["q"].view(batch, HKV, HQ // HKV, D)
-            g2 = graph_of(lambda qs=qs, kc=kc, vc=vc: F.scaled_dot_product_attention(qs, kc, vc))
-            ms_sdpa = bench_ms(g2.replay)
+            ms_sdpa = float("nan")
+            if sdpa:
+                # SDPA (flash) on a contiguous cache: the G query heads of a KV head as G query rows
+                kc = torch.randn(batch, HKV, ctx, D, device="cuda", dtype=torch.bfloat16)
+                vc = torch.randn_like(kc)
+                qs = step["q"].view(batch, HKV, HQ // HKV, D)
+                g2 = graph_of(lambda qs=qs, kc=kc, vc=vc: F.scaled_dot_product_attention(qs, kc, vc))
+                ms_sdpa = bench_ms(g2.replay)
+                del kc, vc, g2
             row = {
                 "batch": batch, "context": ctx, "us": ms * 1e3, "GBps": kv_bytes / ms / 1e6,
                 "pct_copy_ceiling": 100 * kv_bytes / ms / 1e6 / ceiling,
@@ -272,8 +278,8 @@ def bench_decode(results: dict[str, Any], ceiling: float, **kw: Any) -> list[dic
             log.info("decode b=%-3d ctx=%-5d %8.1f us %6.0f GB/s (%3.0f%%) | sdpa %8.1f us %6.0f GB/s",
                      batch, ctx, row["us"], row["GBps"], row["pct_copy_ceiling"], row["sdpa_us"],
                      row["sdpa_GBps"])  # fmt: skip
-            del step, kc, vc, g, g2
-    results.setdefault("decode", rows)
+            del step, g
+    results[key] = rows
     return rows
 
 
@@ -283,7 +289,9 @@ def causal_flops(q_len: int, ctx: int) -> float:
     return 4 * HQ * D * visible
 
 
-def bench_prefill(results: dict[str, Any], **kw: Any) -> list[dict[str, Any]]:
+def bench_prefill(
+    results: dict[str, Any], key: str = "prefill", sdpa: bool = True, **kw: Any
+) -> list[dict[str, Any]]:
     gen = torch.Generator().manual_seed(3)
     rows = []
     for n in (512, 1024, 2048, 4096, 8192):
@@ -291,18 +299,20 @@ def bench_prefill(results: dict[str, Any], **kw: Any) -> list[dict[str, Any]]:
         out = torch.empty_like(step["q"])
         ms = bench_ms(lambda step=step, out=out: call(step, out=out, **kw))
         flops = causal_flops(n, 0)
-        qs = step["q"].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-        kc = torch.randn(1, HQ, n, D, device="cuda", dtype=torch.bfloat16)  # K/V already repeated
-        vc = torch.randn_like(kc)
-        ms_sdpa = bench_ms(
-            lambda qs=qs, kc=kc, vc=vc: F.scaled_dot_product_attention(qs, kc, vc, is_causal=True)
-        )
+        ms_sdpa = float("nan")
+        if sdpa:
+            qs = step["q"].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+            kc = torch.randn(1, HQ, n, D, device="cuda", dtype=torch.bfloat16)  # K/V already repeated
+            vc = torch.randn_like(kc)
+            ms_sdpa = bench_ms(
+                lambda qs=qs, kc=kc, vc=vc: F.scaled_dot_product_attention(qs, kc, vc, is_causal=True)
+            )
         row = {"tokens": n, "ms": ms, "TFLOPs": flops / ms / 1e9, "sdpa_ms": ms_sdpa,
                "sdpa_TFLOPs": flops / ms_sdpa / 1e9}  # fmt: skip
         rows.append(row)
         log.info("prefill %-5d %8.3f ms %6.1f TFLOP/s | sdpa %8.3f ms %6.1f TFLOP/s", n, ms, row["TFLOPs"],
                  ms_sdpa, row["sdpa_TFLOPs"])  # fmt: skip
-    results.setdefault("prefill", rows)
+    results[key] = rows
     return rows
 
 
@@ -318,19 +328,25 @@ def bench_mixed(results: dict[str, Any]) -> None:
     log.info("mixed step (512 chunk @1536 + 32 decodes @1024): %.3f ms", ms)
 
 
-def sweep(results: dict[str, Any]) -> None:
+def sweep(results: dict[str, Any], deadline: float) -> None:
+    """Time tile/warp/stage variants (and split-K factors) against the defaults; keep the best."""
     gen = torch.Generator().manual_seed(5)
-    rows = []
+    rows: list[dict[str, Any]] = []
     decode_points = [(1, 4096), (16, 2048), (64, 1024)]
     steps = {}
     for batch, ctx in decode_points:
         steps[(batch, ctx)] = make_step([(1, ctx)] * batch, HQ, HKV, D, torch.bfloat16, "cuda", gen)
         steps[(batch, ctx)]["max_query_len"] = 1
     variants: list[dict[str, Any]] = [{}]
-    variants += [{"block_n": bn, "num_warps": w, "num_stages": st} for bn in (32, 64, 128)
-                 for w in (4, 8) for st in (2, 3, 4) if not (bn == 128 and w == 4 and st == 4)]  # fmt: skip
-    variants += [{"num_splits": s} for s in (1, 2, 4, 8, 16, 32)]
+    variants += [{"block_n": bn, "num_warps": w, "num_stages": st}
+                 for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3)]  # fmt: skip
+    variants += [{"num_splits": n} for n in (1, 2, 4, 8, 16, 32)]
+    scores: dict[str, float] = {}
     for var in variants:
+        if time.time() > deadline:
+            log.info("sweep: out of time, skipping the remaining decode variants")
+            break
+        rel = []
         for (batch, ctx), step in steps.items():
             try:
                 out = torch.empty_like(step["q"])
@@ -341,14 +357,26 @@ def sweep(results: dict[str, Any]) -> None:
                 log.info("sweep decode %s failed: %s", var, str(exc).splitlines()[0][:200])
             gbps = batch * ctx * HKV * D * 4 / us / 1e3
             rows.append({"kind": "decode", "batch": batch, "context": ctx, **var, "us": us, "GBps": gbps})
-            log.info("sweep decode b=%-3d ctx=%-5d %-55s %8.1f us %6.0f GB/s", batch, ctx, var, us, gbps)
+            base = next(r["us"] for r in rows if r["kind"] == "decode" and r["batch"] == batch
+                        and r["context"] == ctx)  # fmt: skip
+            rel.append(us / base)
+            log.info("sweep decode b=%-3d ctx=%-5d %-52s %8.1f us %6.0f GB/s", batch, ctx, var, us, gbps)
+        if "num_splits" not in var:
+            scores[json.dumps(var)] = sum(rel) / len(rel)
+    best = min(scores, key=lambda k: 1e9 if math.isnan(scores[k]) else scores[k])
+    results["best_decode"] = {"config": json.loads(best), "mean_time_vs_default": scores[best]}
+    log.info("sweep: best decode config %s (mean time %.2fx default)", best, scores[best])
+
     pstep = make_step([(4096, 4096)], HQ, HKV, D, torch.bfloat16, "cuda", gen)
     pvariants: list[dict[str, Any]] = [{}]
     pvariants += [{"block_m": bm, "block_n": bn, "num_warps": w, "num_stages": st}
-                  for bm, bn, w in ((64, 64, 4), (128, 64, 4), (128, 64, 8), (128, 128, 8), (64, 128, 4),
-                                    (256, 64, 8))
+                  for bm, bn, w in ((64, 64, 4), (128, 64, 8), (128, 128, 8), (64, 32, 4), (128, 32, 8))
                   for st in (2, 3)]  # fmt: skip
+    pscores: dict[str, float] = {}
     for var in pvariants:
+        if time.time() > deadline:
+            log.info("sweep: out of time, skipping the remaining prefill variants")
+            break
         try:
             out = torch.empty_like(pstep["q"])
             ms = bench_ms(lambda var=var, out=out: call(pstep, out=out, **var))
@@ -357,14 +385,52 @@ def sweep(results: dict[str, Any]) -> None:
             log.info("sweep prefill %s failed: %s", var, str(exc).splitlines()[0][:200])
         tf = causal_flops(4096, 0) / ms / 1e9
         rows.append({"kind": "prefill", "tokens": 4096, **var, "ms": ms, "TFLOPs": tf})
-        log.info("sweep prefill 4096 %-60s %8.3f ms %6.1f TFLOP/s", var, ms, tf)
+        pscores[json.dumps(var)] = 1e9 if math.isnan(ms) else ms
+        log.info("sweep prefill 4096 %-62s %8.3f ms %6.1f TFLOP/s", var, ms, tf)
     results["sweep"] = rows
+    if pscores:
+        pbest = min(pscores, key=lambda k: pscores[k])
+        results["best_prefill"] = {"config": json.loads(pbest), "ms_4096": pscores[pbest],
+                                   "default_ms_4096": pscores["{}"]}  # fmt: skip
+        log.info("sweep: best prefill config %s (%.3f ms vs default %.3f ms)", pbest, pscores[pbest],
+                 pscores["{}"])  # fmt: skip
+
+
+def tuned(results: dict[str, Any], ceiling: float) -> None:
+    """Correctness and timings with the configurations the sweep picked."""
+    dcfg = results.get("best_decode", {}).get("config", {})
+    pcfg = results.get("best_prefill", {}).get("config", {})
+    gen = torch.Generator().manual_seed(6)
+    rows = []
+    cases = [
+        ("decode b16", [(1, int(x)) for x in torch.randint(1, 3000, (16,), generator=gen)], dcfg),
+        ("prefill 2x333", [(333, 333), (257, 257)], pcfg),
+        ("mixed", [(300, 1000), (1, 2048), (1, 17), (64, 64), (1, 700), (5, 5)], pcfg),
+    ]
+    for name, seqs, cfg in cases:
+        step = make_step(seqs, HQ, HKV, D, torch.bfloat16, "cuda", gen)
+        out = torch.full_like(step["q"], float("nan"))
+        call(step, out=out, **cfg)
+        ref = reference_paged_attention(
+            step["q"], step["k_cache"], step["v_cache"], step["block_tables"], step["seq_lens"],
+            step["query_start_loc"], D**-0.5,
+        )  # fmt: skip
+        err = rel_err(out, ref)
+        rows.append({"case": f"tuned {name} {cfg}", "rel_err": err, "tol": TOL[torch.bfloat16],
+                     "ok": err <= TOL[torch.bfloat16]})  # fmt: skip
+        log.info("correctness tuned %-14s %s rel_err %.2e", name, cfg, err)
+    results.setdefault("correctness", []).extend(rows)
+    if dcfg:
+        bench_decode(results, ceiling, key="decode_tuned", sdpa=False, **dcfg)
+    if pcfg:
+        bench_prefill(results, key="prefill_tuned", sdpa=False, **pcfg)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time kernel variants")
     parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--budget-s", type=float, default=270.0, help="stop sweeping past this time")
     args = parser.parse_args(argv)
     out_dir = os.environ.get("OUT")
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stdout)]
@@ -395,8 +461,9 @@ def main(argv: list[str] | None = None) -> int:
             ("prefill", lambda: bench_prefill(results)),
             ("mixed", lambda: bench_mixed(results)),
         ]
-    if args.sweep:
-        sections.append(("sweep", lambda: sweep(results)))
+    if args.sweep and not args.skip_timing:
+        sections.append(("sweep", lambda: sweep(results, t0 + args.budget_s - 70)))
+        sections.append(("tuned", lambda: tuned(results, ceiling[0])))
     for name, fn in sections:
         try:
             fn()
@@ -429,20 +496,27 @@ def print_summary(results: dict[str, Any]) -> None:
         )
     if "copy_ceiling_GBps" in results:
         lines.append(f"copy ceiling {results['copy_ceiling_GBps']:.0f} GB/s")
+    for name in ("best_decode", "best_prefill"):
+        if name in results:
+            lines.append(f"{name}: {results[name]}")
     dec = results.get("decode", [])
+    tuned_us = {(r["batch"], r["context"]): r["us"] for r in results.get("decode_tuned", [])}
+    tuned_ms = {r["tokens"]: r["ms"] for r in results.get("prefill_tuned", [])}
     if dec:
-        lines.append("decode (graph replay)  batch ctx   us    GB/s  %ceil | sdpa us  GB/s")
+        lines.append("decode (graph replay)  batch ctx   us    GB/s  %ceil | sdpa us  GB/s | tuned us")
         for r in dec:
             lines.append(
                 f"  {r['batch']:>20} {r['context']:>5} {r['us']:7.1f} {r['GBps']:6.0f} "
-                f"{r['pct_copy_ceiling']:4.0f}% | {r['sdpa_us']:7.1f} {r['sdpa_GBps']:5.0f}"
+                f"{r['pct_copy_ceiling']:4.0f}% | {r['sdpa_us']:7.1f} {r['sdpa_GBps']:5.0f} | "
+                f"{tuned_us.get((r['batch'], r['context']), float('nan')):7.1f}"
             )
     pre = results.get("prefill", [])
     if pre:
-        lines.append("prefill tokens    ms   TFLOP/s | sdpa ms TFLOP/s")
+        lines.append("prefill tokens    ms   TFLOP/s | sdpa ms TFLOP/s | tuned ms")
         for r in pre:
+            tuned_val = tuned_ms.get(r["tokens"], float("nan"))
             lines.append(f"  {r['tokens']:>12} {r['ms']:7.3f} {r['TFLOPs']:6.1f} | {r['sdpa_ms']:7.3f} "
-                         f"{r['sdpa_TFLOPs']:6.1f}")  # fmt: skip
+                         f"{r['sdpa_TFLOPs']:6.1f} | {tuned_val:7.3f}")  # fmt: skip
     if "mixed" in results:
         lines.append(f"mixed: {results['mixed']['step']}: {results['mixed']['ms']:.3f} ms")
     if results["errors"]:
