@@ -128,6 +128,14 @@ def main() -> None:
             results[f"{mode}_distinct_end_to_end_tok_s"] = mixed["end_to_end_tok_s"]
             results[f"{mode}_distinct_over_base"] = mixed["decode_tok_s"] / base["decode_tok_s"]
             tokens_by_mode[mode] = (base["tokens"], mixed["tokens"])
+            profile = engine.step_profile()
+            steps = max(1.0, profile.pop("steps"))
+            results[f"{mode}_step_ms"] = {k: 1e3 * v / steps for k, v in profile.items()}
+            if not eager:
+                for uses_lora in (False, True):
+                    results[f"graph_replay_ms_lora_{uses_lora}"] = engine.time_decode_graph(
+                        args.batch, uses_lora
+                    )
             results[f"{mode}_adapters_change_output"] = sum(
                 b != m for b, m in zip(base["tokens"], mixed["tokens"], strict=True)
             )

@@ -110,3 +110,16 @@ class DecodeGraphs:
             self.runner.lora_batch.update(self.slot_ids[:batch], self.runner.lora.slot_ranks)
         self.graphs[(batch, uses_lora)].replay()
         return self.logits[:tokens]
+
+    def time_replay(self, batch: int, uses_lora: bool, iters: int) -> float:
+        """Median device milliseconds of replaying the graph of ``batch`` as captured."""
+        graph = self.graphs[(self.buckets[bisect.bisect_left(self.buckets, batch)], uses_lora)]
+        times = []
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]

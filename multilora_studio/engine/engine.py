@@ -67,11 +67,12 @@ class _Active:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was requested but no CUDA GPU is available")
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was requested but no CUDA GPU is available")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
@@ -104,6 +105,9 @@ class Engine:
         self._gpu_hits = 0
         self._gpu_misses = 0
         self._preemptions = 0
+        self._phase_seconds = dict.fromkeys(
+            ("schedule", "prepare", "launch", "sample", "postprocess", "steps"), 0.0
+        )
         self._last_batch = (0, 0, 0)
         self._thread = threading.Thread(
             target=self._worker_main, args=(progress,), name="engine-worker", daemon=True
@@ -358,7 +362,9 @@ class Engine:
                 self._publish_metrics(force=True)
                 self._wake.wait()
                 continue
+            started = time.perf_counter()
             plan = self.scheduler.schedule()
+            self._phase_seconds["schedule"] += time.perf_counter() - started
             self._preemptions += len(plan.preempted)
             if not plan.chunks:
                 self._wake.wait(0.05)  # waiting for an adapter to arrive from disk
@@ -375,13 +381,17 @@ class Engine:
                     if slot is None:
                         raise RuntimeError(f"adapter {name} lost its slot while running")
                     slot_of[name] = slot
+            clock = time.perf_counter()
             inputs = self.runner.prepare(plan, self.blocks, slot_of)
+            clock = self._tick("prepare", clock)
             logits = self.runner.run(inputs)
+            clock = self._tick("launch", clock)
             sampling = [c for c in plan.chunks if c.completes]
             actives = [self._active[c.seq.request_id] for c in sampling]
             tokens = self.runner.sample(
                 logits, [a.seq.params for a in actives], [a.generator for a in actives]
             )
+            clock = self._tick("sample", clock)
         except Exception as error:
             log.exception("step failed")
             for chunk in plan.chunks:
@@ -397,6 +407,25 @@ class Engine:
         adapters = {c.seq.adapter for c in plan.chunks}
         self._last_batch = (plan.num_tokens, len(plan.chunks), len(adapters - {None}))
         self._publish_metrics()
+        self._tick("postprocess", clock)
+        self._phase_seconds["steps"] += 1
+
+    def _tick(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self._phase_seconds[phase] += now - since
+        return now
+
+    def step_profile(self) -> dict[str, float]:
+        """Cumulative seconds the worker spent per phase of its steps, and the step count.
+
+        ``launch`` is host time to enqueue the forward pass; on CUDA the device time shows up
+        in ``sample``, which waits for the logits.
+        """
+        return dict(self._phase_seconds)
+
+    def time_decode_graph(self, batch: int, uses_lora: bool, iters: int = 50) -> float:
+        """Device milliseconds of one replay of the decode graph for ``batch`` (CUDA only)."""
+        return self._call("time_graph", (batch, uses_lora, iters))
 
     def _append_token(self, active: _Active, token: int, now: float) -> None:
         seq, output = active.seq, active.stream.output
@@ -472,6 +501,10 @@ class Engine:
             return None
         if command == "remove_adapter":
             return self._remove_adapter(payload)
+        if command == "time_graph":
+            if self.runner.graphs is None:
+                raise ValueError("decode graphs are not in use (CPU device or enforce_eager)")
+            return self.runner.graphs.time_replay(*payload)
         if command == "pin_adapter":
             name, pinned = payload
             with self._lock:
