@@ -14,8 +14,9 @@ import torch.nn.functional as F
 
 from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
-from multilora_studio.engine.rope import apply_rope, cos_sin_cache
+from multilora_studio.engine.rope import cos_sin_cache
 from multilora_studio.engine.weights import ModelWeights
+from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, rope_, silu_and_mul
 from multilora_studio.kernels.lora import LoRABatch, add_lora
 from multilora_studio.kernels.paged_attention import paged_attention, write_kv
 
@@ -37,13 +38,6 @@ class LoRAStep:
 
     batch: LoRABatch
     groups: frozenset[str]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's LlamaRMSNorm: normalise in float32, scale in the model dtype."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
 
 
 class LlamaModel:
@@ -82,20 +76,21 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Hidden states [T, H] after the final norm, for ``input_ids`` [T] at ``positions`` [T]."""
         spec = self.spec
-        q_size, kv_size = spec.q_size, spec.kv_size
-        x = F.embedding(input_ids, self.weights.embed)  # [T, H]
-        cos_sin = self.rope[positions]  # [T, D]
+        q_size, kv_size, eps = spec.q_size, spec.kv_size, spec.rms_norm_eps
         tokens = input_ids.shape[0]
-        for index, layer in enumerate(self.weights.layers):
-            h = rms_norm(x, layer.input_norm, spec.rms_norm_eps)
+        layers = self.weights.layers
+        residual = F.embedding(input_ids, self.weights.embed)  # [T, H], the residual stream
+        h = rms_norm(residual, layers[0].input_norm, eps)
+        for index, layer in enumerate(layers):
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)  # [T, q + 2 kv]
             self._add_lora("qkv", index, qkv, h, lora)
             q = qkv[:, :q_size].view(tokens, spec.num_heads, spec.head_dim)
             k = qkv[:, q_size : q_size + kv_size].view(tokens, spec.num_kv_heads, spec.head_dim)
             v = qkv[:, q_size + kv_size :].view(tokens, spec.num_kv_heads, spec.head_dim)
-            q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+            rope_(q, self.rope, positions)
+            rope_(k, self.rope, positions)
             k_cache, v_cache = kv_caches[index]
-            write_kv(k, v.contiguous(), k_cache, v_cache, attn.slot_mapping)
+            write_kv(k, v, k_cache, v_cache, attn.slot_mapping)
             context = paged_attention(
                 q,
                 k_cache,
@@ -108,16 +103,15 @@ class LlamaModel:
             ).view(tokens, q_size)  # [T, q]
             o = F.linear(context, layer.o)  # [T, H]
             self._add_lora("o", index, o, context, lora)
-            x = x + o
-            h = rms_norm(x, layer.post_norm, spec.rms_norm_eps)
+            h = add_rms_norm(o, residual, layer.post_norm, eps)  # residual += o
             gate_up = F.linear(h, layer.gate_up)  # [T, 2 I]
             self._add_lora("gate_up", index, gate_up, h, lora)
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = F.silu(gate) * up  # [T, I]
+            act = silu_and_mul(gate_up)  # [T, I]
             down = F.linear(act, layer.down)  # [T, H]
             self._add_lora("down", index, down, act, lora)
-            x = x + down
-        return rms_norm(x, self.weights.final_norm, spec.rms_norm_eps)
+            next_norm = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.final_norm
+            h = add_rms_norm(down, residual, next_norm, eps)  # residual += down
+        return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, V] float32 logits of the given hidden rows."""

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (HF 'rotate half' layout) with llama3 / linear scaling."""
+"""Rotary position embedding tables (HF 'rotate half' layout) with llama3 / linear scaling."""
 
 from __future__ import annotations
 
@@ -34,11 +34,3 @@ def cos_sin_cache(spec: RopeSpec, head_dim: int, max_positions: int, device: tor
     inv = inverse_frequencies(spec, head_dim)
     angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)  # [P, D/2]
     return torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)
-
-
-def apply_rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [tokens, heads, head_dim] by per-token ``cos_sin`` [tokens, head_dim]."""
-    half = x.shape[-1] // 2
-    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]  # [T, 1, D/2]
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)

@@ -1,0 +1,249 @@
+"""Fused elementwise ops of the decoder layer: residual-add + RMSNorm, RoPE, SiLU-and-mul.
+
+On CUDA each op is one Triton launch (a decode step of a 32-layer model would
+otherwise spend more time launching small elementwise kernels than reading
+weights); elsewhere the torch path computes exactly what HF transformers does.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["add_rms_norm", "rms_norm", "rope_", "silu_and_mul"]
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _use_triton(x: torch.Tensor, backend: str) -> bool:
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend == "torch":
+        return False
+    if backend == "triton":
+        if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("the triton backend needs CUDA tensors (or TRITON_INTERPRET=1)")
+        return True
+    return x.device.type == "cuda"
+
+
+def _check_rows(name: str, x: torch.Tensor) -> None:
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(
+            f"{name} must be 2-D [tokens, features] with a contiguous last dim, got {tuple(x.shape)}"
+        )
+    if x.dtype not in _DTYPES:
+        raise ValueError(f"{name} dtype must be float32, bfloat16 or float16, got {x.dtype}")
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    n_cols,
+    x_stride,
+    res_stride,
+    out_stride,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    # Arithmetic in float32 with a rounding to the storage dtype wherever HF's bf16/fp16 code
+    # rounds (a sum or product of two bf16 values in float32 is exact, so one rounding equals
+    # the bf16 operation); this also keeps Triton's interpreter away from bf16 arithmetic.
+    x_raw = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    x32 = x_raw.to(tl.float32)
+    if HAS_RESIDUAL:
+        res = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0)
+        x_raw = (x32 + res.to(tl.float32)).to(res.dtype)
+        tl.store(res_ptr + row * res_stride + cols, x_raw, mask=mask)
+        x32 = x_raw.to(tl.float32)
+    var = tl.sum(x32 * x32, axis=0) / n_cols
+    normed = (x32 * tl.rsqrt(var + eps)).to(x_raw.dtype).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * out_stride + cols, (w * normed).to(x_raw.dtype), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto") -> torch.Tensor:
+    """RMSNorm of ``x`` [T, H] (HF's LlamaRMSNorm).
+
+    Semantics:
+        x32 = x.float()
+        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    """
+    _check_rows("x", x)
+    if not _use_triton(x, backend):
+        x32 = x.float()
+        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    out = torch.empty_like(x)
+    _launch_norm(x, None, weight, out, eps)
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto"
+) -> torch.Tensor:
+    """``residual += x`` in place, then return RMSNorm of the new residual [T, H].
+
+    Semantics:
+        residual.copy_(residual + x)
+        return rms_norm(residual, weight, eps)
+    """
+    _check_rows("x", x)
+    _check_rows("residual", residual)
+    if x.shape != residual.shape or x.dtype != residual.dtype:
+        raise ValueError(
+            f"x {tuple(x.shape)} {x.dtype} and residual {tuple(residual.shape)} {residual.dtype} differ"
+        )
+    if not _use_triton(x, backend):
+        residual.copy_(residual + x)
+        return rms_norm(residual, weight, eps, backend="torch")
+    out = torch.empty_like(x)
+    _launch_norm(x, residual, weight, out, eps)
+    return out
+
+
+def _launch_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor, eps: float
+) -> None:
+    rows, cols = x.shape
+    if weight.shape != (cols,) or weight.dtype != x.dtype:
+        raise ValueError(
+            f"weight must be [{cols}] of dtype {x.dtype}, got {tuple(weight.shape)} {weight.dtype}"
+        )
+    if rows == 0:
+        return
+    block = triton.next_power_of_2(cols)
+    res = residual if residual is not None else x
+    _add_rms_norm_kernel[(rows,)](
+        x,
+        res,
+        weight,
+        out,
+        cols,
+        x.stride(0),
+        res.stride(0),
+        out.stride(0),
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=block,
+        num_warps=min(16, max(1, block // 256)),
+    )
+
+
+@triton.jit
+def _rope_kernel(
+    x_ptr,
+    cs_ptr,
+    pos_ptr,
+    x_tok_stride,
+    x_head_stride,
+    cs_stride,
+    num_heads,
+    HALF: tl.constexpr,
+    HEADS: tl.constexpr,
+):
+    tok = tl.program_id(0)
+    pos = tl.load(pos_ptr + tok)
+    d = tl.arange(0, HALF)
+    h = tl.arange(0, HEADS)
+    cos = tl.load(cs_ptr + pos * cs_stride + d)
+    sin = tl.load(cs_ptr + pos * cs_stride + HALF + d)
+    mask = h[:, None] < num_heads
+    base = x_ptr + tok * x_tok_stride + h[:, None] * x_head_stride + d[None, :]
+    x1 = tl.load(base, mask=mask, other=0.0)
+    x2 = tl.load(base + HALF, mask=mask, other=0.0)
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    tl.store(base, (f1 * cos[None, :] - f2 * sin[None, :]).to(x1.dtype), mask=mask)
+    tl.store(base + HALF, (f2 * cos[None, :] + f1 * sin[None, :]).to(x1.dtype), mask=mask)
+
+
+def rope_(
+    x: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor, backend: str = "auto"
+) -> torch.Tensor:
+    """Rotate ``x`` [T, heads, D] in place by the 'rotate half' RoPE at ``positions`` [T].
+
+    ``cos_sin`` [max_positions, D] float32 holds cos in its first half and sin in its second.
+
+    Semantics:
+        cs = cos_sin[positions][:, None]                 # [T, 1, D]
+        x1, x2 = x[..., :D // 2].float(), x[..., D // 2:].float()
+        c, s = cs[..., :D // 2], cs[..., D // 2:]
+        x.copy_(torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1).to(x.dtype))
+    """
+    if x.dim() != 3 or x.stride(-1) != 1:
+        raise ValueError(
+            f"x must be [tokens, heads, head_dim] with a contiguous last dim, got {tuple(x.shape)}"
+        )
+    tokens, heads, dim = x.shape
+    if cos_sin.dim() != 2 or cos_sin.shape[1] != dim or cos_sin.dtype != torch.float32:
+        raise ValueError(
+            f"cos_sin must be float32 [positions, {dim}], got {tuple(cos_sin.shape)} {cos_sin.dtype}"
+        )
+    if positions.shape != (tokens,):
+        raise ValueError(f"positions must be [{tokens}], got {tuple(positions.shape)}")
+    if not _use_triton(x, backend):
+        half = dim // 2
+        cs = cos_sin[positions][:, None, :]  # [T, 1, D]
+        cos, sin = cs[..., :half], cs[..., half:]
+        x1, x2 = x[..., :half].float(), x[..., half:].float()
+        x.copy_(torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype))
+        return x
+    if dim & (dim - 1) or dim < 8:
+        raise ValueError(f"the triton RoPE needs a power-of-two head_dim >= 8, got {dim}")
+    if tokens:
+        _rope_kernel[(tokens,)](
+            x,
+            cos_sin,
+            positions,
+            x.stride(0),
+            x.stride(1),
+            cos_sin.stride(0),
+            heads,
+            HALF=dim // 2,
+            HEADS=triton.next_power_of_2(heads),
+        )
+    return x
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, n_cols, x_stride, out_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * x_stride + n_cols + cols, mask=mask, other=0.0)
+    act = (gate / (1.0 + tl.exp(-gate))).to(up.dtype).to(tl.float32)  # rounded like F.silu's output
+    tl.store(out_ptr + row * out_stride + cols, (act * up.to(tl.float32)).to(up.dtype), mask=mask)
+
+
+def silu_and_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up`` [T, 2 I] holding gate then up; returns [T, I].
+
+    Semantics:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    """
+    _check_rows("gate_up", gate_up)
+    if gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up must have an even width, got {gate_up.shape[1]}")
+    if not _use_triton(gate_up, backend):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+    rows, width = gate_up.shape
+    half = width // 2
+    out = torch.empty((rows, half), dtype=gate_up.dtype, device=gate_up.device)
+    if rows:
+        block = 1024
+        _silu_and_mul_kernel[(rows, triton.cdiv(half, block))](
+            gate_up, out, half, gate_up.stride(0), out.stride(0), BLOCK=block
+        )
+    return out

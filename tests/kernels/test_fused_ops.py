@@ -1,0 +1,98 @@
+"""Fused decoder-layer ops: Triton (interpreted) and torch paths against float64 references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multilora_studio.engine.model_spec import RopeSpec
+from multilora_studio.engine.rope import cos_sin_cache
+from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, rope_, silu_and_mul
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+DTYPES = list(TOLERANCE)
+BACKENDS = ["torch", "triton"]
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert torch.isfinite(actual).all()
+    error = (actual.double() - expected).norm() / expected.norm()
+    assert error < TOLERANCE[dtype], float(error)
+
+
+def norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return weight.double() * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 64), (7, 96), (33, 576)])
+def test_rms_norm_and_add_rms_norm(backend, dtype, shape):
+    x = torch.randn(shape, dtype=dtype)
+    residual = torch.randn(shape, dtype=dtype)
+    weight = (torch.rand(shape[1]) + 0.5).to(dtype)
+    close(rms_norm(x, weight, 1e-5, backend=backend), norm_reference(x, weight, 1e-5), dtype)
+    expected_residual = residual.double() + x.double()
+    expected = norm_reference(expected_residual, weight, 1e-5)
+    out = add_rms_norm(x, residual, weight, 1e-5, backend=backend)
+    close(residual, expected_residual, dtype)
+    close(out, expected, dtype)
+
+
+def test_triton_norm_matches_torch_path_in_float32():
+    x = torch.randn(5, 128)
+    weight = torch.rand(128) + 0.5
+    assert torch.allclose(
+        rms_norm(x, weight, 1e-6, backend="triton"), rms_norm(x, weight, 1e-6, backend="torch"), atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("tokens", "heads", "dim"), [(1, 3, 64), (9, 4, 16), (17, 9, 64)])
+def test_rope_in_place_on_a_strided_view(backend, dtype, tokens, heads, dim):
+    spec = RopeSpec(theta=10000.0, kind="llama3", factor=8.0, original_max_position=64)
+    table = cos_sin_cache(spec, dim, 256, torch.device("cpu"))
+    fused = torch.randn(tokens, heads * dim + 5, dtype=dtype)  # a view with a row stride like qkv's
+    view = fused[:, : heads * dim].view(tokens, heads, dim)
+    untouched = fused[:, heads * dim :].clone()
+    positions = torch.randint(0, 256, (tokens,))
+    x = view.double()
+    cs = table.double()[positions][:, None, :]
+    half = dim // 2
+    expected = torch.cat(
+        [
+            x[..., :half] * cs[..., :half] - x[..., half:] * cs[..., half:],
+            x[..., half:] * cs[..., :half] + x[..., :half] * cs[..., half:],
+        ],
+        dim=-1,
+    )
+    rope_(view, table, positions, backend=backend)
+    close(view, expected, dtype)
+    assert torch.equal(fused[:, heads * dim :], untouched)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("tokens", "width"), [(1, 64), (5, 3072), (31, 320)])
+def test_silu_and_mul(backend, dtype, tokens, width):
+    gate_up = torch.randn(tokens, width, dtype=dtype)
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    expected = gate * torch.sigmoid(gate) * up
+    close(silu_and_mul(gate_up, backend=backend), expected, dtype)
+
+
+def test_bad_inputs_raise_value_errors():
+    with pytest.raises(ValueError, match="2-D"):
+        rms_norm(torch.randn(2, 3, 4), torch.ones(4), 1e-5)
+    with pytest.raises(ValueError, match="weight must be"):
+        rms_norm(torch.randn(2, 4), torch.ones(5), 1e-5, backend="triton")
+    with pytest.raises(ValueError, match="differ"):
+        add_rms_norm(torch.randn(2, 4), torch.randn(3, 4), torch.ones(4), 1e-5)
+    with pytest.raises(ValueError, match="even width"):
+        silu_and_mul(torch.randn(2, 5))
+    with pytest.raises(ValueError, match="positions"):
+        rope_(torch.randn(2, 1, 8), torch.randn(10, 8), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="backend"):
+        silu_and_mul(torch.randn(2, 4), backend="cuda")
