@@ -533,16 +533,18 @@ def _group_expand(
     last: int,
     idx: torch.Tensor | None,
 ) -> None:
-    """``y[rows, lo:hi] += h[s] @ b_slot[lo:hi, :rank]^T`` for every slice s."""
+    """``y[rows, lo:hi] += h[s] @ b_slot[lo:hi, :rank]^T`` for every slice s.
+
+    Scattered rows go through index_select / index_copy_: index_add_ on a column slice
+    of a bfloat16 tensor rewrites every row (through float32) on CPU.
+    """
+    rows = y[first:last] if idx is None else y.index_select(0, idx)  # [n, out_total]
     for s in range(len(offs) - 1):
         lo, hi = offs[s], offs[s + 1]
-        if hi == lo:
-            continue
-        bt = b_slot[lo:hi, :rank].T  # [rank, n_s]
-        if idx is None:
-            y[first:last, lo:hi].addmm_(h[s], bt)
-        else:
-            y[:, lo:hi].index_add_(0, idx, h[s] @ bt)
+        if hi > lo:
+            rows[:, lo:hi].addmm_(h[s], b_slot[lo:hi, :rank].T)
+    if idx is not None:
+        y.index_copy_(0, idx, rows)
 
 
 def _stacked_add_lora(
@@ -567,15 +569,16 @@ def _stacked_add_lora(
         h = torch.matmul(x, a[:, :, :r].transpose(2, 3)).transpose(0, 1)  # [S, G, T, r]
     h = torch.where(host.mask, h, 0)  # tokens keep only their own slot's row
     b = lora_b[lo:hi, :, :r]  # [G, out_total, r]
+    valid = host.valid
+    rows = y if valid is None else y.index_select(0, valid)  # [n, out_total]
     for s in range(num_slices):
         c0, c1 = offs[s], offs[s + 1]
         if c1 == c0:
             continue
         delta = torch.bmm(h[s], b[:, c0:c1].transpose(1, 2)).sum(0)  # [T, n_s]
-        if host.valid is None:
-            y[:, c0:c1] += delta
-        else:
-            y[:, c0:c1].index_add_(0, host.valid, delta.index_select(0, host.valid))
+        rows[:, c0:c1] += delta if valid is None else delta.index_select(0, valid)
+    if valid is not None:
+        y.index_copy_(0, valid, rows)
 
 
 def _torch_add_lora(

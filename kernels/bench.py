@@ -1,0 +1,793 @@
+"""Benchmark and GPU checks of the multi-LoRA kernels.
+
+    python -m multilora_studio.kernels.bench            # on a CUDA GPU (about 5 minutes)
+    python -m multilora_studio.kernels.bench --tune     # also sweep tile configurations
+    python -m multilora_studio.kernels.bench --cpu      # torch path on CPU, 135M shapes
+
+GPU sections, in order: (1) the device's ceilings (device-to-device copy bandwidth, bf16
+matmul rate); (2) correctness against the float64 reference for every popularity pattern;
+(3) CUDA-graph replay equals eager output bit for bit, and update + kernels never
+synchronise with the host; (4) the target case (decode, batch 32, 32 distinct rank-16
+adapters, the seven projections of one Llama-3-8B layer); (5) shrink+expand times over
+tokens x rank x distinct adapters against a gather+bmm torch baseline. With ``OUT`` set,
+a full log and a JSON file are written there. A short table is printed last.
+
+Bytes counted for bandwidth: the adapter weights of the adapters in use (true rank), x
+read once, y read and written once. FLOPs: ``2 * T * rank * (S * in + out)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .lora import (
+    LoRABatch,
+    add_lora,
+    build_lora_batch,
+    lora_expand,
+    lora_shrink,
+    reference_lora,
+    reference_shrink,
+)
+
+log = logging.getLogger("multilora_studio.kernels.bench")
+
+# name: (in_features, output slice widths)
+LLAMA3_8B = {
+    "qkv": (4096, (4096, 1024, 1024)),
+    "o": (4096, (4096,)),
+    "gate_up": (4096, (14336, 14336)),
+    "down": (14336, (4096,)),
+}
+SMOL_135M = {
+    "qkv": (576, (576, 192, 192)),
+    "o": (576, (576,)),
+    "gate_up": (576, (1536, 1536)),
+    "down": (1536, (576,)),
+}
+TOL = {torch.float32: 2e-5, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
+PATTERNS = ("distinct", "uniform", "zipf", "identical", "all_none", "base_mixed")
+
+
+@dataclass
+class Proj:
+    lora_a: torch.Tensor  # [L, S, R, K]
+    lora_b: torch.Tensor  # [L, N, R]
+    offsets: tuple[int, ...]
+    x: torch.Tensor  # [T, K]
+    y: torch.Tensor  # [T, N]
+
+
+def make_weights(
+    shapes: dict[str, tuple[int, tuple[int, ...]]],
+    num_slots: int,
+    max_rank: int,
+    ranks: list[int],
+    dtype: torch.dtype,
+    device: str,
+    gen: torch.Generator,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]]:
+    """Random adapters; rank rows beyond each slot's rank are zero (the storage layout)."""
+    out = {}
+    rank_t = torch.tensor(ranks, device=device)
+    r_idx = torch.arange(max_rank, device=device)
+    keep = (r_idx[None, :] < rank_t[:, None]).to(dtype)  # [L, R]
+    for name, (k, widths) in shapes.items():
+        offs = [0]
+        for w in widths:
+            offs.append(offs[-1] + w)
+        a = torch.randn(num_slots, len(widths), max_rank, k, device=device, dtype=dtype, generator=gen)
+        a.mul_(k**-0.5).mul_(keep[:, None, :, None])
+        b = torch.randn(num_slots, offs[-1], max_rank, device=device, dtype=dtype, generator=gen)
+        b.mul_(0.25).mul_(keep[:, None, :])
+        out[name] = (a, b, tuple(offs))
+    return out
+
+
+def make_slots(pattern: str, t: int, active: list[int], gen: torch.Generator) -> torch.Tensor:
+    act = torch.tensor(active)
+    if pattern == "distinct":
+        slots = act[torch.randperm(len(active), generator=gen)][torch.arange(t) % len(active)]
+    elif pattern == "uniform":
+        slots = act[torch.randint(0, len(active), (t,), generator=gen)]
+    elif pattern == "zipf":
+        p = 1.0 / torch.arange(1, len(active) + 1, dtype=torch.float64) ** 1.5
+        slots = act[torch.multinomial(p, t, replacement=True, generator=gen)]
+    elif pattern == "identical":
+        slots = torch.full((t,), active[0])
+    elif pattern == "all_none":
+        slots = torch.full((t,), -1)
+    elif pattern == "blocks":  # prefill: each adapter's tokens in one run
+        slots = act[torch.arange(t) * len(active) // t]
+    elif pattern == "base_mixed":
+        slots = act[torch.randint(0, len(active), (t,), generator=gen)]
+        slots[torch.rand(t, generator=gen) < 0.35] = -1
+    else:
+        raise ValueError(pattern)
+    return slots.to(torch.int32)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def bench_ms(fn: Callable[[], object], rep: int = 40) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median"))
+
+
+def capture(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """Warm up on a side stream (compiles), then capture ``fn`` in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def gather_bmm(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, slots, offs):
+    """Baseline: gather each token's A and B, then batched matmuls (all tokens have a slot)."""
+    t = x.shape[0]
+    _, num_slices, r, k = a.shape
+    ag = a[slots]  # [T, S, R, K]
+    h = torch.bmm(ag.view(t, num_slices * r, k), x.unsqueeze(-1))  # [T, S*R, 1]
+    bg = b[slots]  # [T, N, R]
+    for s in range(num_slices):
+        lo, hi = offs[s], offs[s + 1]
+        y[:, lo:hi] += torch.bmm(bg[:, lo:hi], h[:, s * r : (s + 1) * r]).squeeze(-1)
+
+
+def layer_bytes(shapes, t: int, ranks_used: list[int], elem: int) -> float:
+    """Bytes of one layer: weights of the adapters in use (true rank), x read, y read+written."""
+    nbytes = 0.0
+    for k, widths in shapes.values():
+        n = sum(widths)
+        nbytes += sum(r * (len(widths) * k + n) for r in ranks_used) * elem
+        nbytes += t * k * elem + 2 * t * n * elem
+    return nbytes
+
+
+def layer_flops(shapes, token_ranks: list[int]) -> float:
+    """FLOPs of one layer: ``2 * rank * (S * in + out)`` per token (its adapter's rank)."""
+    flops = 0.0
+    for k, widths in shapes.values():
+        n = sum(widths)
+        flops += sum(2.0 * r * (len(widths) * k + n) for r in token_ranks)
+    return flops
+
+
+class Report:
+    def __init__(self, out_dir: Path | None):
+        self.out_dir = out_dir
+        self.data: dict[str, object] = {}
+        self.summary: list[str] = []
+
+    def save(self) -> None:
+        if self.out_dir is not None:
+            (self.out_dir / "lora_bench.json").write_text(json.dumps(self.data, indent=1))
+
+
+# ------------------------------------------------------------------------------ sections
+
+
+def section_env(rep: Report) -> None:
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    env = {
+        "device": props.name,
+        "sms": props.multi_processor_count,
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+    }
+    log.info("env %s", env)
+    rep.data["env"] = env
+
+
+def section_ceilings(rep: Report) -> None:
+    n = 2 << 30  # 2 GiB copy
+    bufs = [torch.empty(n, dtype=torch.uint8, device="cuda").random_() for _ in range(2)]
+    ms = bench_ms(lambda: bufs[1].copy_(bufs[0]), rep=100)
+    copy_bw = 2 * n / (ms * 1e-3)
+    bufs.clear()
+    m = 8192
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16, generator=gen)
+    c = torch.empty_like(a)
+    ms_mm = bench_ms(lambda: torch.mm(a, b, out=c), rep=100)
+    tflops = 2 * m**3 / (ms_mm * 1e-3) / 1e12
+    rep.data["ceilings"] = {"copy_bw_TBs": copy_bw / 1e12, "bf16_mm_TFLOPs": tflops}
+    log.info("ceilings: copy %.2f TB/s (read+write), bf16 mm %.0f TFLOP/s", copy_bw / 1e12, tflops)
+    rep.summary.append(f"ceilings: copy {copy_bw / 1e12:.2f} TB/s, bf16 mm {tflops:.0f} TFLOP/s")
+
+
+def check_case(weights, slots, rank_t, num_slots, gen) -> tuple[bool, float]:
+    """add_lora (and, for qkv, shrink + expand) on every projection vs the reference."""
+    batch = build_lora_batch(slots, rank_t, num_slots)
+    t = slots.shape[0]
+    keep = slots < 0  # rows that must stay bit for bit (poisoned with NaN)
+    worst, ok = 0.0, True
+    for name, (a, b, offs) in weights.items():
+        dtype = a.dtype
+        x = torch.randn(t, a.shape[3], device="cuda", generator=gen).to(dtype)
+        y0 = torch.randn(t, offs[-1], device="cuda", generator=gen).to(dtype)
+        y0[keep] = float("nan")
+        ref = reference_lora(y0, x, a, b, slots, offs)
+        outs = [add_lora(y0.clone(), x, a, b, batch, offs)]
+        if name == "qkv":
+            buf = lora_shrink(x, a, batch)
+            outs.append(lora_expand(y0.clone(), buf, b, batch, offs))
+            ranks = rank_t[slots.clamp_min(0).long()]  # [T]
+            r_idx = torch.arange(a.shape[2], device="cuda")
+            must = ((slots >= 0)[:, None] & (r_idx[None, :] < ranks[:, None])).expand_as(buf)
+            if must.any():  # buf is float32 math on exact products: near exact
+                rs = reference_shrink(x, a, slots)
+                ok = ok and rel_err(buf[must], rs[must]) < 1e-4
+        for y in outs:
+            ok = ok and torch.equal(y[keep].view(torch.int8), y0[keep].view(torch.int8))
+            if (~keep).any():
+                err = rel_err(y[~keep], ref[~keep])
+                worst = max(worst, err)
+                ok = ok and bool(torch.isfinite(y[~keep]).all()) and err < TOL[dtype]
+    return ok, worst
+
+
+def section_correctness(rep: Report) -> None:
+    """Every pattern, dtypes and a range of token counts, at Llama and 135M shapes."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    cpu_gen = torch.Generator().manual_seed(2)
+    num_slots = 12
+    ranks = [8, 16, 64, 4, 32, 16, 8, 64, 16, 12, 0, 16]
+    active = [i for i, r in enumerate(ranks) if r > 0]
+    rank_t = torch.tensor(ranks, dtype=torch.int32, device="cuda")
+    plan = [
+        (torch.bfloat16, "llama3_8b", LLAMA3_8B, (1, 7, 32, 33, 257, 1030)),
+        (torch.bfloat16, "smol_135m", SMOL_135M, (1, 7, 33, 257)),
+        (torch.float16, "smol_135m", SMOL_135M, (1, 33, 257)),
+        (torch.float32, "smol_135m", SMOL_135M, (1, 33, 257)),
+        (torch.float16, "llama3_8b", LLAMA3_8B, (5, 64)),
+        (torch.float32, "llama3_8b", LLAMA3_8B, (5, 64)),
+    ]
+    results = []
+    failures = 0
+    for dtype, shapes_name, shapes, token_counts in plan:
+        weights = make_weights(shapes, num_slots, 64, ranks, dtype, "cuda", gen)
+        for t in token_counts:
+            for pattern in PATTERNS:
+                slots = make_slots(pattern, t, active, cpu_gen).cuda()
+                ok, worst = check_case(weights, slots, rank_t, num_slots, gen)
+                failures += not ok
+                results.append(
+                    {
+                        "dtype": str(dtype),
+                        "shapes": shapes_name,
+                        "tokens": t,
+                        "pattern": pattern,
+                        "rel_err": worst,
+                        "ok": ok,
+                    }
+                )
+                if not ok:
+                    log.error("FAIL %s %s T=%d %s err=%.3e", dtype, shapes_name, t, pattern, worst)
+    # NaN beyond each slot's rank must never be read.
+    weights = make_weights(LLAMA3_8B, num_slots, 64, ranks, torch.bfloat16, "cuda", gen)
+    slots = make_slots("uniform", 40, active, cpu_gen).cuda()
+    batch = build_lora_batch(slots, rank_t, num_slots)
+    nan_ok = True
+    for a, b, offs in weights.values():
+        pad_a, pad_b = a.clone(), b.clone()
+        for slot, r in enumerate(ranks):
+            pad_a[slot, :, r:] = float("nan")
+            pad_b[slot, :, r:] = float("nan")
+        x = torch.randn(40, a.shape[3], device="cuda", generator=gen).bfloat16()
+        y = torch.randn(40, offs[-1], device="cuda", generator=gen).bfloat16()
+        ref = reference_lora(y, x, a, b, slots, offs)
+        add_lora(y, x, pad_a, pad_b, batch, offs)
+        nan_ok = nan_ok and rel_err(y, ref) < TOL[torch.bfloat16]
+    failures += not nan_ok
+    worst = {str(d): max(r["rel_err"] for r in results if r["dtype"] == str(d)) for d in TOL}
+    rep.data["correctness"] = {
+        "cases": len(results),
+        "failures": failures,
+        "worst_rel_err": worst,
+        "rank_padding_never_read": nan_ok,
+        "results": results,
+    }
+    log.info("correctness: %d cases, %d failures, worst %s", len(results), failures, worst)
+    rep.summary.append(
+        f"correctness: {len(results)} cases x 4 projections, {failures} failures, "
+        f"rank padding never read: {nan_ok}"
+    )
+
+
+def section_graph(rep: Report) -> None:
+    """Graph replay == eager bitwise; update + kernels never synchronise with the host."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    cpu_gen = torch.Generator().manual_seed(3)
+    num_slots, max_tokens = 32, 64
+    ranks = [16, 8, 64, 32] * 8
+    weights = make_weights(LLAMA3_8B, num_slots, 64, ranks, torch.bfloat16, "cuda", gen)
+    rank_t = torch.tensor(ranks, dtype=torch.int32, device="cuda")
+    batch = LoRABatch.allocate(max_tokens, num_slots, "cuda")
+    t = 48  # a batch-size bucket; steps with fewer tokens pad slot_ids with -1
+    xs = {
+        n: torch.empty(t, a.shape[3], device="cuda", dtype=torch.bfloat16) for n, (a, _, _) in weights.items()
+    }
+    ys = {n: torch.empty(t, o[-1], device="cuda", dtype=torch.bfloat16) for n, (_, _, o) in weights.items()}
+
+    def step() -> None:
+        for n, (a, b, offs) in weights.items():
+            add_lora(ys[n], xs[n], a, b, batch, offs)
+
+    def fill(slots: torch.Tensor) -> dict[str, torch.Tensor]:
+        batch.update(slots, rank_t)
+        y0 = {}
+        for n in weights:
+            xs[n].normal_(generator=gen)
+            ys[n].normal_(generator=gen)
+            y0[n] = ys[n].clone()
+        return y0
+
+    slots0 = make_slots("uniform", t, list(range(num_slots)), cpu_gen).cuda()
+    fill(slots0)
+    graph = capture(step)
+    results = []
+    for pattern in ("distinct", "zipf", "base_mixed", "identical", "all_none"):
+        active = list(range(num_slots))
+        slots = make_slots(pattern, t, active, cpu_gen).cuda()
+        if pattern == "zipf":  # a shorter step padded to the bucket
+            slots[37:] = -1
+        y0 = fill(slots)
+        step()
+        eager = {n: ys[n].clone() for n in weights}
+        for n in weights:
+            ys[n].copy_(y0[n])
+        graph.replay()
+        torch.cuda.synchronize()
+        same = all(torch.equal(eager[n].view(torch.int16), ys[n].view(torch.int16)) for n in weights)
+        results.append({"pattern": pattern, "bitwise_equal": same})
+    # No host synchronisation in update + kernels (the engine's decode step relies on it).
+    slots = make_slots("uniform", t, list(range(num_slots)), cpu_gen).cuda()
+    torch.cuda.synchronize()
+    sync_free = True
+    try:
+        torch.cuda.set_sync_debug_mode("error")
+        batch.update(slots, rank_t)
+        step()
+    except RuntimeError as exc:
+        sync_free = False
+        log.error("host synchronisation: %s", exc)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    all_equal = all(r["bitwise_equal"] for r in results)
+    rep.data["graph"] = {
+        "results": results,
+        "bitwise_equal": all_equal,
+        "sync_free": sync_free,
+    }
+    log.info("graph: %s sync_free=%s", results, sync_free)
+    rep.summary.append(f"graph replay == eager bitwise: {all_equal}; no host sync: {sync_free}")
+
+
+def section_update_graph(rep: Report) -> None:
+    """LoRABatch.update captured in the same graph as the kernels (run last: a failed
+    capture can leave the CUDA context unusable)."""
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    cpu_gen = torch.Generator().manual_seed(8)
+    num_slots, t = 16, 24
+    ranks = [16, 8] * 8
+    weights = make_weights(LLAMA3_8B, num_slots, 16, ranks, torch.bfloat16, "cuda", gen)
+    rank_t = torch.tensor(ranks, dtype=torch.int32, device="cuda")
+    batch = LoRABatch.allocate(64, num_slots, "cuda")
+    xs = {
+        n: torch.randn(t, a.shape[3], device="cuda", generator=gen).bfloat16()
+        for n, (a, _, _) in weights.items()
+    }
+    ys = {
+        n: torch.randn(t, o[-1], device="cuda", generator=gen).bfloat16() for n, (_, _, o) in weights.items()
+    }
+    slots = make_slots("uniform", t, list(range(num_slots)), cpu_gen).cuda()
+
+    def step() -> None:
+        batch.update(slots, rank_t)
+        for n, (a, b, offs) in weights.items():
+            add_lora(ys[n], xs[n], a, b, batch, offs)
+
+    try:
+        graph = capture(step)
+        slots.copy_(make_slots("base_mixed", t, list(range(num_slots)), cpu_gen).cuda())
+        y0 = {n: ys[n].clone() for n in weights}
+        graph.replay()
+        torch.cuda.synchronize()
+        replay = {n: ys[n].clone() for n in weights}
+        for n in weights:
+            ys[n].copy_(y0[n])
+        step()
+        ok = all(torch.equal(replay[n].view(torch.int16), ys[n].view(torch.int16)) for n in weights)
+    except RuntimeError as exc:
+        ok = False
+        log.error("update() capture: %s", exc)
+    rep.data["update_capturable"] = ok
+    rep.summary.append(f"update() + kernels in one graph, replay == eager bitwise: {ok}")
+
+
+def time_layer(
+    weights,
+    t: int,
+    slots: torch.Tensor,
+    rank_t: torch.Tensor,
+    num_slots: int,
+    baseline: bool,
+    use_graph: bool,
+    gen: torch.Generator,
+) -> dict[str, float]:
+    dtype = next(iter(weights.values()))[0].dtype
+    batch = build_lora_batch(slots, rank_t, num_slots)
+    xs = {
+        n: torch.randn(t, a.shape[3], device="cuda", generator=gen).to(dtype)
+        for n, (a, _, _) in weights.items()
+    }
+    ys = {
+        n: torch.randn(t, o[-1], device="cuda", generator=gen).to(dtype) for n, (_, _, o) in weights.items()
+    }
+    slots_long = slots.long()
+
+    def ours() -> None:
+        for n, (a, b, offs) in weights.items():
+            add_lora(ys[n], xs[n], a, b, batch, offs)
+
+    def base() -> None:
+        for n, (a, b, offs) in weights.items():
+            gather_bmm(ys[n], xs[n], a, b, slots_long, offs)
+
+    out = {"ours_eager_ms": bench_ms(ours)}
+    if use_graph:
+        g = capture(ours)
+        out["ours_graph_ms"] = bench_ms(g.replay)
+        del g
+    if baseline:
+        out["base_eager_ms"] = bench_ms(base)
+        if use_graph:
+            g = capture(base)
+            out["base_graph_ms"] = bench_ms(g.replay)
+            del g
+    return out
+
+
+def section_target(rep: Report) -> None:
+    """Decode batch 32, 32 distinct rank-16 adapters, all seven projections of one layer."""
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    cpu_gen = torch.Generator().manual_seed(4)
+    num_slots, t, r = 32, 32, 16
+    ranks = [r] * num_slots
+    weights = make_weights(LLAMA3_8B, num_slots, r, ranks, torch.bfloat16, "cuda", gen)
+    rank_t = torch.tensor(ranks, dtype=torch.int32, device="cuda")
+    slots = make_slots("distinct", t, list(range(num_slots)), cpu_gen).cuda()
+    times = time_layer(weights, t, slots, rank_t, num_slots, True, True, gen)
+    nbytes = layer_bytes(LLAMA3_8B, t, [r] * 32, 2)
+    flops = layer_flops(LLAMA3_8B, [r] * t)
+    bw = rep.data.get("ceilings", {}).get("copy_bw_TBs", 4.3) * 1e12
+    res = dict(times)
+    res["bytes"] = nbytes
+    res["flops"] = flops
+    for k in ("ours_graph_ms", "ours_eager_ms"):
+        res[k.replace("_ms", "_bw_pct")] = 100 * nbytes / (times[k] * 1e-3) / bw
+    res["speedup_graph"] = times["base_graph_ms"] / times["ours_graph_ms"]
+    res["speedup_eager"] = times["base_eager_ms"] / times["ours_eager_ms"]
+    # Per projection, graph replay (shrink + expand of one projection).
+    batch = build_lora_batch(slots, rank_t, num_slots)
+    per = {}
+    for n, (a, b, offs) in weights.items():
+        x = torch.randn(t, a.shape[3], device="cuda", generator=gen).bfloat16()
+        y = torch.randn(t, offs[-1], device="cuda", generator=gen).bfloat16()
+        g = capture(lambda a=a, b=b, offs=offs, x=x, y=y: add_lora(y, x, a, b, batch, offs))
+        ms = bench_ms(g.replay)
+        pb = layer_bytes({n: LLAMA3_8B[n]}, t, [r] * 32, 2)
+        per[n] = {"graph_ms": ms, "bytes": pb, "bw_pct": 100 * pb / (ms * 1e-3) / bw}
+    res["per_projection"] = per
+    rep.data["target"] = res
+    log.info("target: %s", res)
+    rep.summary.append(
+        f"TARGET decode T=32, 32 x rank-16, 7 projections: graph {times['ours_graph_ms'] * 1e3:.1f} us "
+        f"= {res['ours_graph_bw_pct']:.0f}% of copy bandwidth ({nbytes / 1e6:.1f} MB), "
+        f"{res['speedup_graph']:.1f}x gather+bmm (graph); eager {times['ours_eager_ms'] * 1e3:.1f} us, "
+        f"{res['speedup_eager']:.1f}x gather+bmm (eager)"
+    )
+
+
+def section_matrix(rep: Report, quick: bool, deadline: float) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    cpu_gen = torch.Generator().manual_seed(5)
+    num_slots = 64
+    bw = rep.data.get("ceilings", {}).get("copy_bw_TBs", 4.3) * 1e12
+    peak = rep.data.get("ceilings", {}).get("bf16_mm_TFLOPs", 790.0) * 1e12
+    tokens = (1, 8, 32, 64, 128, 256, 512, 2048, 8192)
+    ranks_list = (8, 16, 64)
+    distincts = (1, 8, 32, 64)
+    if quick:
+        tokens, ranks_list, distincts = (1, 32, 256, 2048), (16,), (1, 32)
+    rows = []
+    for r in (*ranks_list, "mixed"):
+        if r == "mixed":
+            ranks = [8, 16, 32, 64] * (num_slots // 4)
+            max_rank = 64
+        else:
+            ranks = [r] * num_slots
+            max_rank = r
+        weights = make_weights(LLAMA3_8B, num_slots, max_rank, ranks, torch.bfloat16, "cuda", gen)
+        rank_t = torch.tensor(ranks, dtype=torch.int32, device="cuda")
+        for t in tokens:
+            for d in distincts:
+                if d > t or (r == "mixed" and d < 8):
+                    continue
+                if time.monotonic() > deadline:
+                    log.warning("matrix: time budget reached, stopping")
+                    rep.data["matrix"] = rows
+                    return
+                decode = t <= 256
+                pattern = "distinct" if decode else "blocks"
+                slots = make_slots(pattern, t, list(range(d)), cpu_gen).cuda()
+                times = time_layer(weights, t, slots, rank_t, num_slots, decode, decode, gen)
+                used = [ranks[i] for i in range(d)]
+                nbytes = layer_bytes(LLAMA3_8B, t, used, 2)
+                flops = layer_flops(LLAMA3_8B, [ranks[int(s)] for s in slots.tolist()])
+                best = times.get("ours_graph_ms", times["ours_eager_ms"])
+                row = {
+                    "rank": r,
+                    "tokens": t,
+                    "distinct": d,
+                    **times,
+                    "bytes": nbytes,
+                    "flops": flops,
+                    "bw_pct": 100 * nbytes / (best * 1e-3) / bw,
+                    "flop_pct": 100 * flops / (best * 1e-3) / peak,
+                }
+                if "base_graph_ms" in times:
+                    row["speedup_graph"] = times["base_graph_ms"] / times["ours_graph_ms"]
+                rows.append(row)
+                log.info("matrix %s", row)
+    rep.data["matrix"] = rows
+
+
+def tune_configs(decode: bool, k: int):
+    from . import lora_triton as lt
+
+    if decode:
+        shrink = [
+            lt.ShrinkConfig(16, bn, bk, sk, nw, ns)
+            for bn in (16, 64)
+            for bk in (64, 128, 256)
+            for sk in (4, 8, 16, 32)
+            for nw, ns in ((4, 3), (4, 4), (8, 3))
+            if k // sk >= bk
+        ]
+        expand = [
+            lt.ExpandConfig(16, bn, it, nw, ns)
+            for bn in (64, 128, 256)
+            for it in (1, 4)
+            for nw, ns in ((4, 2), (4, 3), (2, 2), (8, 2))
+        ]
+    else:
+        shrink = [
+            lt.ShrinkConfig(bm, bn, bk, sk, nw, ns)
+            for bm in (64, 128)
+            for bn in (16, 64)
+            for bk in (64, 128)
+            for sk in (1, 2)
+            for nw, ns in ((4, 3), (8, 3))
+        ]
+        expand = [
+            lt.ExpandConfig(bm, bn, 1, nw, ns)
+            for bm in (32, 64, 128)
+            for bn in (64, 128, 256)
+            for nw, ns in ((4, 2), (8, 2), (8, 3))
+        ]
+    return shrink, expand
+
+
+def section_tune(rep: Report, deadline: float) -> None:
+    """Sweep tile configurations per kernel, each launch on its own copy of the weights."""
+    from . import lora_triton as lt
+
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    cpu_gen = torch.Generator().manual_seed(6)
+    results: list[dict[str, object]] = []
+    rep.data["tune"] = results
+    num_slots, r, ncopy = 32, 16, 4
+    ranks = [r] * num_slots
+    rank_t = torch.tensor(ranks, dtype=torch.int32, device="cuda")
+    for case, t, d in (("decode32", 32, 32), ("prefill2048", 2048, 4)):
+        copies = [
+            make_weights(LLAMA3_8B, num_slots, r, ranks, torch.bfloat16, "cuda", gen) for _ in range(ncopy)
+        ]
+        slots = make_slots("distinct" if t <= 256 else "blocks", t, list(range(d)), cpu_gen)
+        batch = build_lora_batch(slots.cuda(), rank_t, num_slots)
+        for name, (k, widths) in LLAMA3_8B.items():
+            offs = copies[0][name][2]
+            xs = [torch.randn(t, k, device="cuda", generator=gen).bfloat16() for _ in copies]
+            ys = [torch.randn(t, offs[-1], device="cuda", generator=gen).bfloat16() for _ in copies]
+            default_s = lt.shrink_config(t, k, len(widths) * r, num_slots)
+            default_e = lt.expand_config(t, offs[-1], r)
+            parts = [
+                lt.shrink_partials(xs[j], copies[j][name][0], batch, config=default_s) for j in range(ncopy)
+            ]
+            shrink_cfgs, expand_cfgs = tune_configs(t <= 256, k)
+
+            def run_shrink(cfg, name=name, xs=xs, copies=copies, batch=batch):
+                for j in range(ncopy):
+                    lt.shrink_partials(xs[j], copies[j][name][0], batch, config=cfg)
+
+            def run_expand(cfg, name=name, ys=ys, parts=parts, offs=offs, copies=copies, batch=batch):
+                for j in range(ncopy):
+                    lt.expand(ys[j], parts[j], copies[j][name][1], batch, offs, config=cfg)
+
+            for kind, cfgs, runner in (
+                ("shrink", [default_s, *shrink_cfgs], run_shrink),
+                ("expand", [default_e, *expand_cfgs], run_expand),
+            ):
+                timed = []
+                for cfg in cfgs:
+                    if time.monotonic() > deadline:
+                        log.warning("tune: time budget reached")
+                        return
+                    try:
+                        graph = capture(lambda cfg=cfg, runner=runner: runner(cfg))
+                        us = bench_ms(graph.replay, rep=25) * 1e3 / ncopy
+                        del graph
+                    except Exception as exc:
+                        log.info("tune %s %s %s %s failed: %s", case, name, kind, cfg, exc)
+                        continue
+                    timed.append((us, cfg))
+                    results.append({"case": case, "proj": name, "kind": kind, "cfg": repr(cfg), "us": us})
+                if timed:
+                    best = min(timed, key=lambda item: item[0])
+                    line = (
+                        f"tune {case} {name} {kind}: best {best[0]:.1f} us {best[1]}; "
+                        f"default {timed[0][0]:.1f} us"
+                    )
+                    log.info(line)
+                    rep.summary.append(line)
+
+
+def run_gpu(args: argparse.Namespace, rep: Report) -> None:
+    start = time.monotonic()
+    sections: list[tuple[str, Callable[[], None]]] = [
+        ("env", lambda: section_env(rep)),
+        ("ceilings", lambda: section_ceilings(rep)),
+        ("correctness", lambda: section_correctness(rep)),
+        ("graph", lambda: section_graph(rep)),
+        ("target", lambda: section_target(rep)),
+    ]
+    if args.tune:
+        sections.append(("tune", lambda: section_tune(rep, start + args.budget * 0.75)))
+    sections.append(("matrix", lambda: section_matrix(rep, args.quick, start + args.budget)))
+    sections.append(("update_graph", lambda: section_update_graph(rep)))
+    for name, fn in sections:
+        t0 = time.monotonic()
+        try:
+            fn()
+        except Exception:
+            log.error("section %s failed:\n%s", name, traceback.format_exc())
+            rep.summary.append(f"section {name} FAILED (see log)")
+        log.info("section %s took %.1f s", name, time.monotonic() - t0)
+        rep.save()
+    rows = rep.data.get("matrix", [])
+    if rows:
+        lines = ["rank tokens distinct | ours graph/eager us | base graph us | speedup | bw% flop%"]
+        for r in rows:
+            if r["distinct"] not in (1, 32, 64) and r["rank"] != "mixed":
+                continue
+            ours = r.get("ours_graph_ms", r["ours_eager_ms"]) * 1e3
+            base = r.get("base_graph_ms")
+            eager = r["ours_eager_ms"] * 1e3
+            lines.append(
+                f"{r['rank']!s:>5} {r['tokens']:>6} {r['distinct']:>3} | {ours:8.1f} / {eager:8.1f} | "
+                + (f"{base * 1e3:8.1f} | {r['speedup_graph']:5.1f}x" if base else "       - |     -")
+                + f" | {r['bw_pct']:4.0f} {r['flop_pct']:5.1f}"
+            )
+        rep.summary.extend(lines)
+
+
+# ----------------------------------------------------------------------------------- CPU
+
+
+def run_cpu(rep: Report) -> None:
+    """Torch backend on the CPU at the 135M default model's shapes, per layer."""
+    gen = torch.Generator().manual_seed(7)
+    num_slots, r = 8, 16
+    weights = make_weights(SMOL_135M, num_slots, r, [r] * num_slots, torch.float32, "cpu", gen)
+    base_w = {n: torch.randn(sum(w), k, generator=gen) * 0.02 for n, (k, w) in SMOL_135M.items()}
+    rank_t = torch.full((num_slots,), r, dtype=torch.int32)
+    rows = []
+
+    def best_us(fn: Callable[[], None], n: int = 20) -> float:
+        best = float("inf")
+        for _ in range(7):
+            for _ in range(2):
+                fn()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        return best
+
+    for t, d in ((1, 1), (4, 4), (8, 1), (8, 8), (256, 1), (256, 4)):
+        slots = (torch.arange(t) % d).int() if t <= 8 else (torch.arange(t) * d // t).int()
+        batch = build_lora_batch(slots, rank_t, num_slots)
+        xs = {n: torch.randn(t, k, generator=gen) for n, (k, _) in SMOL_135M.items()}
+        ys = {n: torch.randn(t, sum(w), generator=gen) for n, (_, w) in SMOL_135M.items()}
+
+        def base(xs=xs) -> None:
+            for n in SMOL_135M:
+                torch.nn.functional.linear(xs[n], base_w[n])
+
+        def lora(xs=xs, ys=ys, batch=batch) -> None:
+            for n, (a, b, offs) in weights.items():
+                add_lora(ys[n], xs[n], a, b, batch, offs)
+
+        def step(slots=slots, batch=batch) -> None:
+            batch.update(slots, rank_t)
+
+        row = {
+            "tokens": t,
+            "distinct": d,
+            "base_linear_us": best_us(base),
+            "lora_us": best_us(lora),
+            "update_us": best_us(step),
+        }
+        rows.append(row)
+        rep.summary.append(
+            f"cpu T={t:>3} distinct={d}: base linears {row['base_linear_us']:7.0f} us/layer, "
+            f"LoRA {row['lora_us']:6.0f} us/layer, batch.update {row['update_us']:4.0f} us/step"
+        )
+    rep.data["cpu"] = {"threads": torch.get_num_threads(), "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tune", action="store_true", help="sweep tile configurations")
+    parser.add_argument("--quick", action="store_true", help="a smaller timing matrix")
+    parser.add_argument("--cpu", action="store_true", help="time the torch path on the CPU")
+    parser.add_argument("--budget", type=float, default=270.0, help="seconds for timing sections")
+    args = parser.parse_args(argv)
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(out_dir / "lora_bench.log"))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", handlers=handlers)
+    rep = Report(out_dir)
+    if args.cpu:
+        run_cpu(rep)
+    elif not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --cpu for the torch path")
+    else:
+        run_gpu(args, rep)
+    rep.save()
+    summary = "\n".join(rep.summary)
+    if out_dir is not None:
+        (out_dir / "lora_bench_summary.txt").write_text(summary + "\n")
+    log.info("==== LoRA kernels ====\n%s", summary)
+
+
+if __name__ == "__main__":
+    main()
