@@ -19,6 +19,7 @@ hot path). ``"auto"`` picks triton on CUDA, torch elsewhere.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -375,7 +376,7 @@ def _torch_paged_attention(
         if group > 1 and not _SDPA_GQA:
             k = k.repeat_interleave(group, dim=0)
             v = v.repeat_interleave(group, dim=0)
-        gqa = {"enable_gqa": True} if group > 1 and _SDPA_GQA else {}
+        gqa: dict[str, Any] = {"enable_gqa": True} if group > 1 and _SDPA_GQA else {}
         if ctx == 0:
             o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, **gqa)
         else:

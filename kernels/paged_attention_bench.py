@@ -26,10 +26,12 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from multilora_studio.kernels.paged_attention import (
     paged_attention,
     reference_paged_attention,
@@ -108,7 +110,7 @@ def check_correctness(results: dict[str, Any]) -> None:
     rows = []
     decode = [(1, int(x)) for x in torch.randint(1, 3000, (16,), generator=gen)]
     mixed = [(300, 1000), (1, 2048), (1, 17), (64, 64), (1, 700), (5, 5)]
-    cases = [
+    cases: list[tuple[str, list[tuple[int, int]], int, int, torch.dtype, dict[str, Any]]] = [
         ("decode b16 bf16", decode, HQ, HKV, torch.bfloat16, {}),
         ("decode b16 bf16 split=1", decode, HQ, HKV, torch.bfloat16, {"num_splits": 1}),
         ("decode b3 bf16 split=16", decode[:3], HQ, HKV, torch.bfloat16, {"num_splits": 16}),
@@ -451,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     log.info("%s, torch %s, triton %s", results["device"], results["torch"], results["triton"])
     t0 = time.time()
-    sections = [("correctness", lambda: check_correctness(results)),
+    sections: list[tuple[str, Callable[[], object]]] = [("correctness", lambda: check_correctness(results)),
                 ("cuda_graph", lambda: check_cuda_graph(results))]  # fmt: skip
     ceiling = [float("nan")]
     if not args.skip_timing:

@@ -13,6 +13,7 @@ if "triton" not in sys.modules:
 
 import pytest
 import torch
+
 from multilora_studio.kernels.paged_attention import (
     paged_attention,
     reference_paged_attention,
