@@ -9,3 +9,6 @@ from .lora import (
     reference_lora,
     reference_shrink,
 )
+from .paged_attention import paged_attention as paged_attention
+from .paged_attention import reference_paged_attention as reference_paged_attention
+from .paged_attention import write_kv as write_kv
