@@ -15,6 +15,7 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -42,14 +43,16 @@ def copy_bandwidth(device: torch.device, size_bytes: int = 2 << 30) -> float:
     return 2 * size_bytes * 10 / (start.elapsed_time(end) / 1e3)
 
 
-def run_batch(engine: Engine, prompts: list[list[int]], adapters: list[str | None], new_tokens: int) -> dict:
+def run_batch(
+    engine: Engine, prompts: list[list[int]], adapters: Sequence[str | None], new_tokens: int
+) -> dict:
     """Submit all requests at once; time to first tokens and the decode phase after it."""
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
     start = time.perf_counter()
     outputs = engine.generate(prompts, adapters, params)
     end = time.perf_counter()
-    first = max(o.first_token_time for o in outputs)
-    finish = max(o.finish_time for o in outputs)
+    first = max(o.first_token_time or end for o in outputs)
+    finish = max(o.finish_time or end for o in outputs)
     decode_tokens = sum(len(o.token_ids) - 1 for o in outputs)
     return {
         "end_to_end_tok_s": sum(len(o.token_ids) for o in outputs) / (end - start),

@@ -13,6 +13,7 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -68,7 +69,7 @@ def hf_generate_rate(
 
 
 def engine_rate(
-    engine: Engine, prompts: list[list[int]], adapters: list[str | None], new_tokens: int
+    engine: Engine, prompts: list[list[int]], adapters: Sequence[str | None], new_tokens: int
 ) -> float:
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
     start = time.perf_counter()

@@ -228,7 +228,7 @@ class Engine:
 
     # ---------------------------------------------------------------- requests (any thread)
 
-    def encode(self, prompt: Prompt) -> list[int]:
+    def encode(self, prompt: Any) -> list[int]:
         """Token ids of a text prompt, chat messages (through the chat template) or ids as given."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
