@@ -1,5 +1,6 @@
 """Triton kernels and their torch implementations (import name ``multilora_studio.kernels``)."""
 
+from .fused_ops import add_rms_norm, rms_norm, rope_, silu_and_mul
 from .lora import (
     LoRABatch,
     add_lora,
@@ -9,6 +10,21 @@ from .lora import (
     reference_lora,
     reference_shrink,
 )
-from .paged_attention import paged_attention as paged_attention
-from .paged_attention import reference_paged_attention as reference_paged_attention
-from .paged_attention import write_kv as write_kv
+from .paged_attention import paged_attention, reference_paged_attention, write_kv
+
+__all__ = [
+    "LoRABatch",
+    "add_lora",
+    "add_rms_norm",
+    "build_lora_batch",
+    "lora_expand",
+    "lora_shrink",
+    "paged_attention",
+    "reference_lora",
+    "reference_paged_attention",
+    "reference_shrink",
+    "rms_norm",
+    "rope_",
+    "silu_and_mul",
+    "write_kv",
+]
