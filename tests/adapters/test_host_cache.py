@@ -1,0 +1,229 @@
+"""Host-RAM adapter tier: LRU capacity, background loads, recorded loader errors, counters."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from multilora_studio.adapters.host_cache import HostAdapterCache, TierCounters
+from multilora_studio.adapters.peft_adapter import AdapterError, HostAdapter
+
+WAIT_S = 10.0
+
+
+def make_adapter(name: str, rank: int = 2, path: Path | None = None) -> HostAdapter:
+    a = torch.randn(rank, 8)  # [rank, in]
+    b = torch.randn(6, rank)  # [out, rank]
+    return HostAdapter(
+        name, path or Path(f"/adapters/{name}"), rank, 2.0 * rank, ("q_proj",), None, {(0, "q_proj"): (a, b)}
+    )
+
+
+class Loader:
+    """A plain loader function with a record of its calls; ``gate`` holds loads back until set."""
+
+    def __init__(self, fail: set[str] | None = None) -> None:
+        self.calls: list[tuple[str, Path]] = []
+        self.fail = fail or set()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.started = threading.Event()
+
+    def __call__(self, name: str, path: Path) -> HostAdapter:
+        self.calls.append((name, path))
+        self.started.set()
+        assert self.gate.wait(WAIT_S)
+        if name in self.fail:
+            raise AdapterError(f"{path}/adapter_config.json is missing")
+        return make_adapter(name, path=path)
+
+
+class Ready:
+    """``on_ready`` that counts its calls and lets a test wait for the n-th one."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.condition = threading.Condition()
+
+    def __call__(self) -> None:
+        with self.condition:
+            self.count += 1
+            self.condition.notify_all()
+
+    def wait_for(self, n: int) -> None:
+        with self.condition:
+            assert self.condition.wait_for(lambda: self.count >= n, WAIT_S), f"on_ready called {self.count}x"
+
+
+@pytest.fixture
+def loader() -> Loader:
+    return Loader(fail={"broken"})
+
+
+@pytest.fixture
+def ready() -> Ready:
+    return Ready()
+
+
+@pytest.fixture
+def cache(loader: Loader, ready: Ready) -> Iterator[HostAdapterCache]:
+    cache = HostAdapterCache(3, loader, ready)
+    yield cache
+    loader.gate.set()
+    cache.close()
+
+
+@pytest.mark.parametrize("capacity", [0, -2])
+def test_capacity_must_be_positive(capacity, loader, ready):
+    with pytest.raises(ValueError, match="capacity >= 1"):
+        HostAdapterCache(capacity, loader, ready)
+
+
+def test_put_and_get_keep_at_most_capacity_in_lru_order(cache):
+    for name in ("a", "b", "c"):
+        cache.put(make_adapter(name))
+    assert cache.names() == ["a", "b", "c"]
+    assert cache.get("a").name == "a"  # a is now the most recent
+    cache.put(make_adapter("d"))
+    assert cache.names() == ["c", "a", "d"]
+    assert cache.get("b") is None
+    replacement = make_adapter("c", rank=4)
+    cache.put(replacement)  # same name: replaced and refreshed, nothing evicted
+    assert cache.names() == ["a", "d", "c"] and cache.get("c") is replacement
+    assert cache.counters.hits == 0 and cache.counters.misses == 0  # get/put do not count
+
+
+def test_miss_loads_in_the_background_and_calls_on_ready(cache, loader, ready):
+    path = Path("/adapters/x")
+    loader.gate.clear()
+    assert cache.lookup("x", path) is None
+    assert loader.started.wait(WAIT_S)  # the load runs while the caller goes on
+    assert cache.lookup("x", path) is None  # still loading: no second load, no second miss
+    assert ready.count == 0 and cache.get("x") is None
+    loader.gate.set()
+    ready.wait_for(1)
+    adapter = cache.lookup("x", path)
+    assert adapter is not None and adapter.name == "x" and adapter.path == path
+    assert loader.calls == [("x", path)]
+    counters = cache.counters
+    assert (counters.hits, counters.misses) == (1, 1)
+    assert counters.bytes_loaded == adapter.nbytes > 0
+    assert len(counters.load_seconds) == 1 and counters.load_seconds[0] > 0
+    assert cache.error_of("x") is None
+
+
+def test_loaded_adapters_evict_the_least_recently_used(cache, ready):
+    for name in ("a", "b", "c"):
+        cache.put(make_adapter(name))
+    assert cache.lookup("a", Path("/a")) is not None  # a hit refreshes a
+    assert cache.lookup("new", Path("/new")) is None
+    ready.wait_for(1)
+    assert cache.names() == ["c", "a", "new"]
+    assert cache.counters.hits == 1 and cache.counters.misses == 1
+
+
+def test_loader_errors_are_recorded_reported_and_not_retried(cache, loader, ready):
+    assert cache.lookup("broken", Path("/broken")) is None
+    ready.wait_for(1)  # a failed load still wakes the engine
+    error = cache.error_of("broken")
+    assert isinstance(error, AdapterError) and "adapter_config.json is missing" in str(error)
+    assert cache.lookup("broken", Path("/broken")) is None
+    assert len(loader.calls) == 1 and cache.counters.misses == 1
+    assert cache.counters.load_seconds == [] and cache.counters.bytes_loaded == 0
+    assert cache.names() == [] and cache.error_of("other") is None
+    cache.discard("broken")  # forgetting the adapter forgets the error: a later lookup retries
+    assert cache.error_of("broken") is None
+    loader.fail.clear()
+    assert cache.lookup("broken", Path("/broken")) is None
+    ready.wait_for(2)
+    assert cache.get("broken") is not None and len(loader.calls) == 2
+
+
+def test_put_clears_a_recorded_error(cache, ready):
+    cache.lookup("broken", Path("/broken"))
+    ready.wait_for(1)
+    assert cache.error_of("broken") is not None
+    cache.put(make_adapter("broken"))
+    assert cache.error_of("broken") is None
+    assert cache.lookup("broken", Path("/broken")) is not None
+
+
+def test_a_load_overtaken_by_discard_is_dropped(cache, loader, ready):
+    loader.gate.clear()
+    cache.lookup("x", Path("/old"))
+    assert loader.started.wait(WAIT_S)
+    cache.discard("x")  # the adapter was removed while it loaded
+    loader.gate.set()
+    ready.wait_for(1)
+    assert cache.get("x") is None and cache.names() == []
+    assert cache.counters.load_seconds == []
+
+
+def test_a_load_overtaken_by_put_does_not_replace_the_newer_adapter(cache, loader, ready):
+    loader.gate.clear()
+    cache.lookup("x", Path("/old"))
+    assert loader.started.wait(WAIT_S)
+    newer = make_adapter("x", path=Path("/new"))
+    cache.put(newer)
+    loader.gate.set()
+    ready.wait_for(1)
+    assert cache.get("x") is newer
+
+
+def test_a_failed_load_overtaken_by_put_records_no_error(cache, loader, ready):
+    loader.gate.clear()
+    cache.lookup("broken", Path("/broken"))
+    assert loader.started.wait(WAIT_S)
+    cache.put(make_adapter("broken"))
+    loader.gate.set()
+    ready.wait_for(1)
+    assert cache.error_of("broken") is None and cache.get("broken") is not None
+
+
+def test_loads_of_many_adapters_all_arrive(cache, loader, ready):
+    names = [f"ad{i}" for i in range(6)]
+    for name in names:
+        assert cache.lookup(name, Path(f"/{name}")) is None
+    ready.wait_for(len(names))
+    assert [name for name, _ in loader.calls] == names  # one loader thread, in order
+    assert cache.names() == names[-3:]
+    assert cache.counters.misses == 6 and len(cache.counters.load_seconds) == 6
+
+
+def test_close_waits_for_the_running_load(loader, ready):
+    cache = HostAdapterCache(2, loader, ready)
+    loader.gate.clear()
+    cache.lookup("x", Path("/x"))
+    assert loader.started.wait(WAIT_S)
+    threading.Timer(0.05, loader.gate.set).start()
+    cache.close()
+    assert ready.count == 1 and cache.get("x") is not None
+
+
+@pytest.mark.parametrize(
+    ("samples", "q", "expected"),
+    [
+        ([3.0], 0.5, 3.0),
+        ([3.0], 0.95, 3.0),
+        ([2.0, 1.0], 0.5, 1.0),
+        ([4.0, 1.0, 3.0, 2.0], 0.5, 2.0),
+        ([4.0, 1.0, 3.0, 2.0], 0.75, 3.0),
+        ([float(i) for i in range(1, 21)], 0.95, 19.0),
+        ([float(i) for i in range(1, 21)], 0.5, 10.0),
+        ([float(i) for i in range(1, 11)], 0.7, 7.0),
+        ([float(i) for i in range(1, 101)], 0.95, 95.0),
+        ([5.0, 1.0], 1.0, 5.0),
+        ([5.0, 1.0], 0.0, 1.0),
+    ],
+)
+def test_percentile_is_nearest_rank(samples, q, expected):
+    counters = TierCounters(load_seconds=list(samples))
+    assert counters.percentile(q) == expected
+
+
+def test_percentile_without_loads_is_none():
+    assert TierCounters().percentile(0.5) is None
