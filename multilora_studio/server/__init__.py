@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP endpoint over the engine (no Qt)."""
