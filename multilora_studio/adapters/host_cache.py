@@ -15,10 +15,19 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
-from multilora_studio.adapters.peft_adapter import HostAdapter
 
-Loader = Callable[[str, Path], HostAdapter]
+class Cacheable(Protocol):
+    """What the tier keeps: anything with a name and a size (validated or packed adapters)."""
+
+    name: str
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+AdapterT = TypeVar("AdapterT", bound=Cacheable)
 
 
 @dataclass
@@ -39,23 +48,25 @@ class TierCounters:
         return ordered[min(len(ordered) - 1, max(0, rank - 1))]
 
 
-class HostAdapterCache:
+class HostAdapterCache(Generic[AdapterT]):
     """At most ``capacity`` adapters in host memory, least recently used evicted first."""
 
-    def __init__(self, capacity: int, loader: Loader, on_ready: Callable[[], None]) -> None:
+    def __init__(
+        self, capacity: int, loader: Callable[[str, Path], AdapterT], on_ready: Callable[[], None]
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"the host adapter cache needs a capacity >= 1, got {capacity}")
         self.capacity = capacity
         self._loader = loader
         self._on_ready = on_ready
-        self._entries: OrderedDict[str, HostAdapter] = OrderedDict()
+        self._entries: OrderedDict[str, AdapterT] = OrderedDict()
         self._pending: dict[str, object] = {}  # name -> ticket of its load in flight
         self._errors: dict[str, Exception] = {}
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="adapter-loader")
         self.counters = TierCounters()
 
-    def get(self, name: str) -> HostAdapter | None:
+    def get(self, name: str) -> AdapterT | None:
         with self._lock:
             adapter = self._entries.get(name)
             if adapter is not None:
@@ -70,11 +81,11 @@ class HostAdapterCache:
         with self._lock:
             return self._errors.get(name)
 
-    def put(self, adapter: HostAdapter) -> None:
+    def put(self, adapter: AdapterT) -> None:
         with self._lock:
             self._insert(adapter)
 
-    def _insert(self, adapter: HostAdapter) -> None:
+    def _insert(self, adapter: AdapterT) -> None:
         self._pending.pop(adapter.name, None)  # a load still in flight would be older than this
         self._entries[adapter.name] = adapter
         self._entries.move_to_end(adapter.name)
@@ -82,7 +93,7 @@ class HostAdapterCache:
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
 
-    def lookup(self, name: str, path: Path) -> HostAdapter | None:
+    def lookup(self, name: str, path: Path) -> AdapterT | None:
         """The adapter if resident (a hit); otherwise start loading it (a miss) and return None."""
         with self._lock:
             adapter = self._entries.get(name)

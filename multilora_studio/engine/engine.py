@@ -30,6 +30,7 @@ from multilora_studio.default_model import ProgressCallback
 from multilora_studio.engine.block_manager import BlockManager, blocks_needed
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
+from multilora_studio.engine.lora_weights import PackedAdapter, pack_adapter
 from multilora_studio.engine.model_source import BaseModel, resolve_model
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, SlotState, TokenDelta
 from multilora_studio.engine.requests import RequestStream
@@ -147,7 +148,11 @@ class Engine:
         self.blocks = BlockManager(num_blocks, config.block_size)
         self.slots = SlotTable(config.max_loras)
         assert config.max_cpu_loras is not None
-        self.host_cache = HostAdapterCache(config.max_cpu_loras, self._load_adapter, self._wake.set)
+        self.host_cache: HostAdapterCache[PackedAdapter] = HostAdapterCache(
+            config.max_cpu_loras, self._load_adapter, self._wake.set
+        )
+        self._upload_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._uploads: dict[str, torch.cuda.Event] = {}
         self.scheduler = Scheduler(
             self.blocks,
             config.max_num_seqs,
@@ -179,10 +184,17 @@ class Engine:
 
     # ---------------------------------------------------------------- adapters (any thread)
 
-    def _load_adapter(self, name: str, path: Path) -> HostAdapter:
+    def _read_adapter(self, name: str, path: Path) -> HostAdapter:
         return load_peft_adapter(
             name, path, self.spec.num_layers, self.spec.projection_shape, self.config.max_lora_rank
         )
+
+    def _load_adapter(self, name: str, path: Path) -> PackedAdapter:
+        """Disk -> host tier: validate, then lay out in slot format (pinned for fast uploads)."""
+        return self._pack(self._read_adapter(name, path))
+
+    def _pack(self, adapter: HostAdapter) -> PackedAdapter:
+        return pack_adapter(adapter, self.spec, self.dtype, pin=self.device.type == "cuda")
 
     def add_adapter(self, name: str, path: str | Path) -> AdapterInfo:
         """Validate the PEFT folder at ``path`` and make it servable as ``name``."""
@@ -194,13 +206,14 @@ class Engine:
         with self._lock:
             if name in self._adapters:
                 raise ValueError(f"an adapter named {name!r} already exists; remove it first")
-        host = self._load_adapter(name, Path(path))
+        host = self._read_adapter(name, Path(path))
         info = AdapterInfo(name, Path(path), host.rank, host.alpha, host.targets, host.nbytes)
+        packed = self._pack(host)
         with self._lock:
             if name in self._adapters:
                 raise ValueError(f"an adapter named {name!r} already exists; remove it first")
             self._adapters[name] = info
-        self.host_cache.put(host)
+        self.host_cache.put(packed)
         return info
 
     def remove_adapter(self, name: str) -> None:
@@ -367,7 +380,8 @@ class Engine:
             self._phase_seconds["schedule"] += time.perf_counter() - started
             self._preemptions += len(plan.preempted)
             if not plan.chunks:
-                self._wake.wait(0.05)  # waiting for an adapter to arrive from disk
+                # waiting for an adapter to arrive from disk (the loader wakes us) or to upload
+                self._wake.wait(0.002 if self._uploads else 0.05)
                 continue
             self._run_step(plan)
 
@@ -521,6 +535,10 @@ class Engine:
         users = [a.seq.request_id for a in self._active.values() if a.seq.adapter == name]
         if users:
             raise ValueError(f"adapter {name!r} is used by {len(users)} queued or running requests")
+        upload = self._uploads.pop(name, None)
+        if upload is not None:
+            upload.synchronize()
+            self.slots.release(name)
         slot = self.slots.evict(name)
         if slot is not None:
             self.runner.lora.clear(slot)
@@ -531,9 +549,20 @@ class Engine:
     # ---------------------------------------------------------------- adapter residency (worker)
 
     def _acquire_adapter(self, name: str | None) -> bool:
+        """Give a request its adapter's slot; False while the adapter is not on the device yet.
+
+        A slot miss starts an upload from the host tier (on a side CUDA stream, so running
+        requests keep decoding); the upload holds the slot until its event has completed.
+        """
         if name is None:
             return True
         if self.slots.slot_of(name) is not None:
+            upload = self._uploads.get(name)
+            if upload is not None:
+                if not upload.query():
+                    return False
+                del self._uploads[name]
+                self.slots.release(name)
             self._gpu_hits += 1
             return self.slots.acquire(name) is not None
         if not self.slots.can_acquire(name):
@@ -542,8 +571,8 @@ class Engine:
             info = self._adapters.get(name)
         if info is None:
             return False
-        host = self.host_cache.lookup(name, info.path)
-        if host is None:
+        packed = self.host_cache.lookup(name, info.path)
+        if packed is None:
             return False
         acquired = self.slots.acquire(name)
         if acquired is None:
@@ -551,8 +580,15 @@ class Engine:
         self._gpu_misses += 1
         if acquired.evicted is not None:
             log.debug("slot %d: %s evicted for %s", acquired.slot, acquired.evicted, name)
-        self.runner.lora.load(acquired.slot, host)
-        return True
+        if self._upload_stream is None:
+            self.runner.lora.upload(acquired.slot, packed)
+            return True
+        with torch.cuda.stream(self._upload_stream):
+            self.runner.lora.upload(acquired.slot, packed)
+            done = torch.cuda.Event()
+            done.record(self._upload_stream)
+        self._uploads[name] = done  # keeps the slot until the copy has landed
+        return False
 
     def _release_adapter(self, name: str | None) -> None:
         if name is not None:

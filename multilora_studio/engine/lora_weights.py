@@ -10,6 +10,7 @@ The LoRA scale is folded into B when a slot is filled.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -65,17 +66,66 @@ class LoRASlotWeights:
         self.slot_groups[slot] = frozenset()
         self.slot_adapter[slot] = None
 
-    def load(self, slot: int, adapter: HostAdapter) -> None:
-        """Fill ``slot`` with ``adapter``'s factors (zeros where it has none)."""
-        self.clear(slot)
-        groups = set()
-        for (layer, module), (a, b) in adapter.weights.items():
-            group, index = GROUP_OF[module]
-            rank = a.shape[0]
-            start, stop = self.offsets[group][index], self.offsets[group][index + 1]
-            self.a[group][layer, slot, index, :rank].copy_(a, non_blocking=True)  # [r, in]
-            self.b[group][layer, slot, start:stop, :rank].copy_(b, non_blocking=True)  # [out, r]
-            groups.add(group)
-        self.slot_ranks[slot] = adapter.rank
-        self.slot_groups[slot] = frozenset(groups)
-        self.slot_adapter[slot] = adapter.name
+    def upload(self, slot: int, packed: PackedAdapter) -> None:
+        """Fill ``slot`` with ``packed`` (zeros where it has no factors), on the current stream.
+
+        From pinned host memory the copies are asynchronous; the caller records an event on
+        the stream and admits the adapter's requests once it has completed.
+        """
+        rank = packed.rank
+        for group in LORA_GROUPS:
+            a_slot, b_slot = self.a[group][:, slot], self.b[group][:, slot]  # [L, S, R, in], [L, out, R]
+            if group in packed.a:
+                a_slot[:, :, :rank].copy_(packed.a[group], non_blocking=True)
+                b_slot[:, :, :rank].copy_(packed.b[group], non_blocking=True)
+                a_slot[:, :, rank:].zero_()
+                b_slot[:, :, rank:].zero_()
+            else:
+                a_slot.zero_()
+                b_slot.zero_()
+        self.slot_ranks[slot] = rank
+        self.slot_groups[slot] = frozenset(packed.a)
+        self.slot_adapter[slot] = packed.name
+
+
+@dataclass
+class PackedAdapter:
+    """An adapter in slot layout and the engine's dtype, ready to copy into a slot.
+
+    Storage (pinned when ``pin``): for each group it targets,
+        a[group]: [layers, slices, rank, in_features]
+        b[group]: [layers, out_total, rank]   (scale folded in)
+    """
+
+    name: str
+    rank: int
+    a: dict[str, torch.Tensor]
+    b: dict[str, torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in itertools.chain(self.a.values(), self.b.values()))
+
+
+def pack_adapter(adapter: HostAdapter, spec: ModelSpec, dtype: torch.dtype, pin: bool) -> PackedAdapter:
+    """Lay ``adapter``'s factors out as its slot will hold them (done once, off the worker thread)."""
+    rank = adapter.rank
+    by_group: dict[str, list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
+    for (layer, module), (a, b) in adapter.weights.items():
+        group, index = GROUP_OF[module]
+        by_group.setdefault(group, []).append((layer, index, a, b))
+    packed_a, packed_b = {}, {}
+    for group, entries in by_group.items():
+        modules = LORA_GROUPS[group]
+        in_features = spec.projection_shape(modules[0])[1]
+        widths = [spec.projection_shape(module)[0] for module in modules]
+        offsets = (0, *itertools.accumulate(widths))
+        a_all = torch.zeros((spec.num_layers, len(modules), rank, in_features), dtype=dtype)
+        b_all = torch.zeros((spec.num_layers, offsets[-1], rank), dtype=dtype)
+        for layer, index, a, b in entries:
+            r = a.shape[0]
+            a_all[layer, index, :r] = a
+            b_all[layer, offsets[index] : offsets[index + 1], :r] = b
+        packed_a[group] = a_all.pin_memory() if pin else a_all
+        packed_b[group] = b_all.pin_memory() if pin else b_all
+    return PackedAdapter(adapter.name, rank, packed_a, packed_b)
