@@ -1,14 +1,15 @@
 """Read and validate a PEFT LoRA folder into host tensors, before anything reaches a device.
 
 Only safetensors are read: pickle files (``.bin``, ``.pt``) can run code when
-loaded and are refused. Every problem raises ``AdapterError`` with a message a
-person can act on.
+loaded and are refused. The config schema, the safetensors header (every
+declared size, dtype and shape against the base model) and the tensor names are
+checked before any tensor data is read; the values are checked for NaN/Inf after.
+Every problem raises ``AdapterError`` with a message a person can act on.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,25 +18,46 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-CONFIG_FILE = "adapter_config.json"
+from multilora_studio.adapters.adapter_config import (
+    CONFIG_FILE,
+    SUPPORTED_TARGETS,
+    UNSUPPORTED_FLAGS,
+    AdapterConfig,
+    AdapterError,
+    parse_adapter_config,
+    read_adapter_config,
+)
+from multilora_studio.adapters.safetensors_header import FLOAT_DTYPES, TensorEntry, read_header
+
+__all__ = [
+    "CONFIG_FILE",
+    "MAX_ADAPTER_BYTES",
+    "SUPPORTED_TARGETS",
+    "UNSUPPORTED_FLAGS",
+    "WEIGHTS_FILE",
+    "AdapterError",
+    "HostAdapter",
+    "load_peft_adapter",
+    "read_adapter_config",
+]
+
 WEIGHTS_FILE = "adapter_model.safetensors"
-SUPPORTED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADDED_TOKENS_FILE = "added_tokens.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 MAX_ADAPTER_BYTES = 8 << 30
 _KEY = re.compile(
     r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$"
 )
-UNSUPPORTED_FLAGS = {
-    "use_dora": "DoRA",
-    "modules_to_save": "modules_to_save (fully trained extra modules)",
-    "trainable_token_indices": "trainable token embeddings",
-    "layer_replication": "layer replication",
-    "use_qalora": "QA-LoRA",
-    "lora_bias": "LoRA bias terms",
-}
+# Tensor names PEFT writes for contents we cannot serve, and how to name them.
+_UNSUPPORTED_TENSORS = (
+    ("lora_magnitude_vector", "DoRA"),
+    ("lora_embedding_", "embedding LoRA (embed_tokens)"),
+    ("trainable_tokens", "trainable token embeddings (added or retrained tokens)"),
+    ("modules_to_save", "modules_to_save (fully trained extra modules)"),
+)
 
-
-class AdapterError(ValueError):
-    """An adapter that cannot be used, with the reason."""
+ShapeOf = Callable[[str], tuple[int, int]]
+Factor = tuple[int, str, str]  # (layer, module, "A" | "B")
 
 
 @dataclass
@@ -58,143 +80,167 @@ class HostAdapter:
         return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
 
 
-ShapeOf = Callable[[str], tuple[int, int]]
-
-
-def read_adapter_config(folder: Path) -> dict:
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise AdapterError(f"{folder} is not a folder")
-    path = folder / CONFIG_FILE
-    if not path.is_file():
-        raise AdapterError(f"{folder} has no {CONFIG_FILE}; is it a PEFT adapter folder?")
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise AdapterError(f"{path} is not valid JSON: {error}") from None
-    if not isinstance(config, dict):
-        raise AdapterError(f"{path} must hold a JSON object")
-    return config
-
-
-def _check_config(config: dict, folder: Path, max_rank: int) -> tuple[int, float, tuple[str, ...]]:
-    peft_type = str(config.get("peft_type", "LORA")).upper()
-    if peft_type != "LORA":
-        raise AdapterError(f"{folder}: only LoRA adapters are supported, this one is {peft_type}")
-    unsupported = [label for key, label in UNSUPPORTED_FLAGS.items() if config.get(key)]
-    if unsupported:
-        raise AdapterError(f"{folder}: unsupported adapter contents: {', '.join(unsupported)}")
-    rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise AdapterError(f"{folder}: 'r' must be a positive integer, got {rank!r}")
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
-        raise AdapterError(f"{folder}: 'lora_alpha' must be a number, got {alpha!r}")
-    ranks = [rank, *config.get("rank_pattern", {}).values()]
-    if max(ranks) > max_rank:
-        raise AdapterError(
-            f"{folder}: rank {max(ranks)} exceeds max_lora_rank={max_rank}; "
-            "restart the engine with a larger max_lora_rank"
-        )
-    targets = config.get("target_modules")
-    if isinstance(targets, str):
-        raise AdapterError(
-            f"{folder}: regex target_modules ({targets!r}) are not supported; list module names"
-        )
-    if not isinstance(targets, list) or not targets:
-        raise AdapterError(f"{folder}: target_modules must be a non-empty list")
-    unknown = sorted(set(targets) - set(SUPPORTED_TARGETS))
-    if unknown:
-        raise AdapterError(
-            f"{folder}: LoRA on {', '.join(unknown)} is not supported "
-            f"(supported: {', '.join(SUPPORTED_TARGETS)})"
-        )
-    return rank, float(alpha), tuple(sorted(targets, key=SUPPORTED_TARGETS.index))
-
-
 def load_peft_adapter(
     name: str,
     folder: Path,
     num_layers: int,
     shape_of: ShapeOf,
     max_rank: int,
+    vocab_size: int | None = None,
 ) -> HostAdapter:
-    """Validate the PEFT folder and return its factors (float32, scale folded into B)."""
+    """Validate the PEFT folder and return its factors (float32, scale folded into B).
+
+    ``vocab_size``, when given, also refuses adapters that add tokens the base lacks.
+    """
     folder = Path(folder)
-    config = read_adapter_config(folder)
-    _, alpha, targets = _check_config(config, folder, max_rank)
-    weights_path = folder / WEIGHTS_FILE
-    if not weights_path.is_file():
-        pickles = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+    config = parse_adapter_config(read_adapter_config(folder), folder, max_rank)
+    weights_path = _weights_file(folder)
+    if vocab_size is not None:
+        _check_added_tokens(folder, vocab_size)
+    factors = _plan_factors(folder, read_header(weights_path), config, num_layers, shape_of, max_rank)
+    tensors = _read_factors(weights_path, factors)
+    weights = {}
+    for (layer, module), (a, b) in sorted(tensors.items()):
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise AdapterError(f"{folder}: layer {layer} {module} holds NaN or Inf weights")
+        scale = config.scale_of(layer, module, a.shape[0])
+        weights[(layer, module)] = (a.contiguous(), (b * scale).contiguous())
+    return HostAdapter(
+        name=name,
+        path=folder,
+        rank=max(a.shape[0] for a, _ in weights.values()),
+        alpha=config.alpha,
+        targets=tuple(sorted({module for _, module in weights}, key=SUPPORTED_TARGETS.index)),
+        base_model=config.base_model,
+        weights=weights,
+    )
+
+
+def _weights_file(folder: Path) -> Path:
+    path = folder / WEIGHTS_FILE
+    if not path.is_file():
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
             raise AdapterError(
                 f"{folder}: only pickle weights ({', '.join(pickles)}) found; pickle files can run "
                 "code when loaded and are refused. Re-save the adapter with safe_serialization=True"
             )
         raise AdapterError(f"{folder} has no {WEIGHTS_FILE}")
-    if weights_path.stat().st_size > MAX_ADAPTER_BYTES:
-        raise AdapterError(f"{weights_path} is larger than {MAX_ADAPTER_BYTES >> 30} GiB")
-    alpha_pattern = config.get("alpha_pattern", {}) or {}
-    use_rslora = bool(config.get("use_rslora"))
-    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    if path.stat().st_size > MAX_ADAPTER_BYTES:
+        raise AdapterError(f"{path} is larger than {MAX_ADAPTER_BYTES >> 30} GiB")
+    return path
+
+
+def _check_added_tokens(folder: Path, vocab_size: int) -> None:
+    path = folder / ADDED_TOKENS_FILE
+    if not path.is_file():
+        return
     try:
-        with safe_open(str(weights_path), framework="pt") as handle:
-            for key in handle.keys():  # noqa: SIM118
-                match = _KEY.match(key)
-                if match is None:
-                    raise AdapterError(
-                        f"{folder}: unsupported tensor {key!r} (only LoRA factors of "
-                        f"{', '.join(SUPPORTED_TARGETS)} can be served)"
-                    )
-                layer, _, module, which = int(match[1]), match[2], match[3], match[4]
-                if module not in targets:
-                    raise AdapterError(f"{folder}: tensor {key!r} targets {module}, not in target_modules")
-                if layer >= num_layers:
-                    raise AdapterError(
-                        f"{folder}: tensor {key!r} is for layer {layer}, the base model has {num_layers} "
-                        "layers; was it trained on another base model?"
-                    )
-                pairs.setdefault((layer, module), {})[which] = handle.get_tensor(key)
-    except SafetensorError as error:
-        raise AdapterError(f"{weights_path} is corrupt or truncated: {error}") from None
-    if not pairs:
-        raise AdapterError(f"{weights_path} holds no LoRA tensors")
-    weights = {}
-    for (layer, module), pair in sorted(pairs.items()):
-        if set(pair) != {"A", "B"}:
-            missing = "A" if "A" not in pair else "B"
-            raise AdapterError(f"{folder}: layer {layer} {module} lacks its lora_{missing} tensor")
-        a, b = pair["A"].to(torch.float32), pair["B"].to(torch.float32)
-        out_features, in_features = shape_of(module)
-        r = a.shape[0]
-        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != in_features or b.shape != (out_features, r):
+        added = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise AdapterError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(added, dict):
+        raise AdapterError(f"{path} must map token strings to ids")
+    new = sorted(t for t, i in added.items() if not isinstance(i, int) or i >= vocab_size)
+    if new:
+        raise AdapterError(
+            f"{folder}: adds tokens the base model lacks ({', '.join(map(repr, new[:5]))}); "
+            f"the base vocabulary has {vocab_size} tokens and new embeddings are not supported"
+        )
+
+
+def _plan_factors(
+    folder: Path,
+    header: dict[str, TensorEntry],
+    config: AdapterConfig,
+    num_layers: int,
+    shape_of: ShapeOf,
+    max_rank: int,
+) -> dict[str, Factor]:
+    """Map tensor names to (layer, module, A|B) after checking names, dtypes and shapes from the header."""
+    factors: dict[str, Factor] = {}
+    unsupported: set[str] = set()
+    for key, entry in header.items():
+        match = _KEY.match(key)
+        if match is None or match[3] not in SUPPORTED_TARGETS:
+            unsupported.add(_describe_unsupported(key))
+            continue
+        factors[key] = (int(match[1]), match[3], match[4])
+        if entry.dtype not in FLOAT_DTYPES:
+            raise AdapterError(f"{folder}: tensor {key!r} has dtype {entry.dtype}; LoRA factors are floats")
+    if unsupported:
+        raise AdapterError(f"{folder}: unsupported adapter contents: {', '.join(sorted(unsupported))}")
+    if not factors:
+        raise AdapterError(f"{folder / WEIGHTS_FILE} holds no LoRA tensors")
+    pairs: dict[tuple[int, str], dict[str, tuple[int, ...]]] = {}
+    for key, (layer, module, which) in factors.items():
+        if config.targets is not None and module not in config.targets:
+            raise AdapterError(f"{folder}: tensor {key!r} targets {module}, not in target_modules")
+        if layer >= num_layers:
             raise AdapterError(
-                f"{folder}: layer {layer} {module} has A {tuple(a.shape)} and B {tuple(b.shape)}; the base "
-                f"model needs A [r, {in_features}] and B [{out_features}, r]. "
-                "The adapter was trained on a different base model"
+                f"{folder}: tensor {key!r} is for layer {layer}, the base model has {num_layers} "
+                "layers; was it trained on another base model?"
             )
-        if r > max_rank:
-            raise AdapterError(f"{folder}: layer {layer} {module} has rank {r} > max_lora_rank={max_rank}")
-        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-            raise AdapterError(f"{folder}: layer {layer} {module} holds NaN or Inf weights")
-        module_alpha = float(_pattern_value(alpha_pattern, layer, module, alpha))
-        scale = module_alpha / (math.sqrt(r) if use_rslora else r)
-        weights[(layer, module)] = (a.contiguous(), (b * scale).contiguous())
-    return HostAdapter(
-        name=name,
-        path=folder,
-        rank=max(a.shape[0] for a, _ in weights.values()),
-        alpha=alpha,
-        targets=targets,
-        base_model=config.get("base_model_name_or_path"),
-        weights=weights,
-    )
+        pairs.setdefault((layer, module), {})[which] = header[key].shape
+    for (layer, module), shapes in sorted(pairs.items()):
+        if set(shapes) != {"A", "B"}:
+            missing = "A" if "A" not in shapes else "B"
+            raise AdapterError(f"{folder}: layer {layer} {module} lacks its lora_{missing} tensor")
+        _check_pair(folder, layer, module, shapes["A"], shapes["B"], shape_of(module), config, max_rank)
+    return factors
 
 
-def _pattern_value(pattern: dict, layer: int, module: str, default: float) -> float:
-    """PEFT's alpha_pattern: keys are module-name suffixes or regexes."""
-    block = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-    full = f"model.layers.{layer}.{block}.{module}"
-    for key, value in pattern.items():
-        if full.endswith(key) or re.fullmatch(key, full):
-            return value
-    return default
+def _check_pair(
+    folder: Path,
+    layer: int,
+    module: str,
+    a: tuple[int, ...],
+    b: tuple[int, ...],
+    base_shape: tuple[int, int],
+    config: AdapterConfig,
+    max_rank: int,
+) -> None:
+    out_features, in_features = base_shape
+    if len(a) != 2 or len(b) != 2 or a[1] != in_features or b != (out_features, a[0]):
+        raise AdapterError(
+            f"{folder}: layer {layer} {module} has A {list(a)} and B {list(b)}; the base model needs "
+            f"A [r, {in_features}] and B [{out_features}, r]. The adapter was trained on a different "
+            "base model"
+        )
+    rank = a[0]
+    if rank > max_rank:
+        raise AdapterError(f"{folder}: layer {layer} {module} has rank {rank} > max_lora_rank={max_rank}")
+    declared = config.rank_of(layer, module)
+    if rank != declared:
+        raise AdapterError(
+            f"{folder}: layer {layer} {module} has rank {rank} but {CONFIG_FILE} declares r={declared}"
+        )
+
+
+def _describe_unsupported(key: str) -> str:
+    for marker, label in _UNSUPPORTED_TENSORS:
+        if marker in key:
+            return label
+    if "lm_head" in key:
+        return "lm_head LoRA" if "lora_" in key else "lm_head weights (resized vocabulary or modules_to_save)"
+    if "embed_tokens" in key:
+        return "embed_tokens weights (resized vocabulary for added tokens, or modules_to_save)"
+    if key.endswith(".bias"):
+        return f"trained bias terms ({key})"
+    if "lora_" in key:
+        module = key.split(".lora_", maxsplit=1)[0]
+        return f"LoRA on {module} (supported: {', '.join(SUPPORTED_TARGETS)})"
+    return f"tensor {key!r} (only LoRA factors of {', '.join(SUPPORTED_TARGETS)} can be served)"
+
+
+def _read_factors(
+    path: Path, factors: dict[str, Factor]
+) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            for key, (layer, module, which) in factors.items():
+                found.setdefault((layer, module), {})[which] = handle.get_tensor(key).to(torch.float32)
+    except SafetensorError as error:
+        raise AdapterError(f"{path} is corrupt or truncated: {error}") from None
+    return {pair: (tensors["A"], tensors["B"]) for pair, tensors in found.items()}

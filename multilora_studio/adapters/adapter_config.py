@@ -1,0 +1,193 @@
+"""The schema of a PEFT ``adapter_config.json``: what we read, what we refuse, and why.
+
+Unknown keys are ignored (PEFT adds fields every release); known keys must have
+the right type, and every feature we cannot serve is named in the error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CONFIG_FILE = "adapter_config.json"
+SUPPORTED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+MAX_CONFIG_BYTES = 1 << 20
+# Config keys whose truthy value means the adapter holds something we cannot serve.
+UNSUPPORTED_FLAGS = {
+    "use_dora": "DoRA",
+    "modules_to_save": "modules_to_save (fully trained extra modules)",
+    "trainable_token_indices": "trainable token embeddings (added or retrained tokens)",
+    "layer_replication": "layer replication",
+    "use_qalora": "QA-LoRA",
+    "lora_bias": "LoRA bias terms",
+    "fan_in_fan_out": "fan_in_fan_out (transposed Conv1D weights)",
+    "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)",
+    "target_parameters": "LoRA on raw parameters (target_parameters)",
+    "arrow_config": "Arrow routing (arrow_config)",
+}
+# Targets that exist in Llama-family models but change the vocabulary side.
+VOCAB_TARGETS = {
+    "embed_tokens": "embedding LoRA",
+    "lm_head": "lm_head LoRA",
+}
+SERVABLE_TASKS = (None, "CAUSAL_LM")
+
+
+class AdapterError(ValueError):
+    """An adapter that cannot be used, with the reason."""
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """The fields of ``adapter_config.json`` that decide how the factors are served."""
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...] | None  # None: a regex; the tensors decide
+    rank_pattern: dict[str, int]
+    alpha_pattern: dict[str, float]
+    use_rslora: bool
+    base_model: str | None
+
+    def rank_of(self, layer: int, module: str) -> int:
+        return int(pattern_value(self.rank_pattern, layer, module, self.rank))
+
+    def scale_of(self, layer: int, module: str, rank: int) -> float:
+        alpha = float(pattern_value(self.alpha_pattern, layer, module, self.alpha))
+        return alpha / (math.sqrt(rank) if self.use_rslora else rank)
+
+
+def read_adapter_config(folder: Path) -> dict:
+    """The raw JSON object of ``folder/adapter_config.json``."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise AdapterError(f"{folder} is not a folder")
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise AdapterError(f"{folder} has no {CONFIG_FILE}; is it a PEFT adapter folder?")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise AdapterError(f"{path} is larger than {MAX_CONFIG_BYTES >> 20} MiB; not a PEFT adapter config")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise AdapterError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise AdapterError(f"{path} must hold a JSON object")
+    return config
+
+
+def parse_adapter_config(config: dict, where: Path | str, max_rank: int) -> AdapterConfig:
+    """Check the schema and the features of a raw config; AdapterError names the first problem."""
+    peft_type = _field(config, "peft_type", (str,), where, "a string", "LORA")
+    if peft_type.upper() != "LORA":
+        raise AdapterError(f"{where}: only LoRA adapters are supported, this one is {peft_type}")
+    task = _field(config, "task_type", (str, type(None)), where, "a string or null", None)
+    if task not in SERVABLE_TASKS:
+        raise AdapterError(
+            f"{where}: task_type {task} is not supported; only CAUSAL_LM (text generation) adapters "
+            "can be served"
+        )
+    unsupported = [label for key, label in UNSUPPORTED_FLAGS.items() if config.get(key)]
+    if unsupported:
+        raise AdapterError(f"{where}: unsupported adapter contents: {', '.join(unsupported)}")
+    rank: Any = config.get("r")
+    if not _is_int(rank) or rank < 1:
+        raise AdapterError(f"{where}: 'r' must be a positive integer, got {rank!r}")
+    alpha: Any = config.get("lora_alpha", rank)
+    if not _is_number(alpha) or not math.isfinite(alpha):
+        raise AdapterError(f"{where}: 'lora_alpha' must be a finite number, got {alpha!r}")
+    rank_pattern = _pattern(config, "rank_pattern", where, _is_rank, "positive integers")
+    alpha_pattern = _pattern(config, "alpha_pattern", where, _is_finite, "finite numbers")
+    largest = max([rank, *rank_pattern.values()])
+    if largest > max_rank:
+        raise AdapterError(
+            f"{where}: rank {largest} exceeds max_lora_rank={max_rank}; raise max_lora_rank "
+            "(--max-lora-rank) to use this adapter"
+        )
+    use_rslora = _field(config, "use_rslora", (bool, type(None)), where, "true or false", False)
+    base_model = _field(config, "base_model_name_or_path", (str, type(None)), where, "a string or null", None)
+    layers = config.get("layers_to_transform")
+    if not (layers is None or _is_int(layers) or (isinstance(layers, list) and all(map(_is_int, layers)))):
+        raise AdapterError(f"{where}: 'layers_to_transform' must be an integer or a list of integers")
+    return AdapterConfig(
+        rank=rank,
+        alpha=float(alpha),
+        targets=_targets(config.get("target_modules"), where),
+        rank_pattern=rank_pattern,
+        alpha_pattern={k: float(v) for k, v in alpha_pattern.items()},
+        use_rslora=bool(use_rslora),
+        base_model=base_model,
+    )
+
+
+def pattern_value(pattern: dict, layer: int, module: str, default: float) -> float:
+    """PEFT's rank/alpha patterns: a key matches a dotted suffix (a regex) of the module's name."""
+    block = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+    full = f"model.layers.{layer}.{block}.{module}"
+    for key, value in pattern.items():
+        try:
+            if re.match(rf"(.*\.)?({key})$", full):
+                return value
+        except re.error:
+            continue
+    return default
+
+
+def _targets(targets: object, where: Path | str) -> tuple[str, ...] | None:
+    if isinstance(targets, str):
+        try:
+            re.compile(targets)
+        except re.error as error:
+            raise AdapterError(f"{where}: target_modules {targets!r} is not a valid regex: {error}") from None
+        return None
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+        raise AdapterError(f"{where}: target_modules must be a non-empty list of module names")
+    names = {t.rsplit(".", 1)[-1] for t in targets}
+    vocab = sorted(names & set(VOCAB_TARGETS))
+    unknown = sorted(names - set(SUPPORTED_TARGETS))
+    if unknown:
+        kinds = f" ({', '.join(VOCAB_TARGETS[v] for v in vocab)})" if vocab else ""
+        raise AdapterError(
+            f"{where}: LoRA on {', '.join(unknown)} is not supported{kinds} "
+            f"(supported: {', '.join(SUPPORTED_TARGETS)})"
+        )
+    return tuple(sorted(names, key=SUPPORTED_TARGETS.index))
+
+
+def _field(
+    config: dict, key: str, kinds: tuple[type, ...], where: Path | str, expected: str, default: Any
+) -> Any:
+    value = config.get(key, default)
+    if not isinstance(value, kinds):
+        raise AdapterError(f"{where}: '{key}' must be {expected}, got {value!r}")
+    return default if value is None else value
+
+
+def _pattern(
+    config: dict, key: str, where: Path | str, valid: Callable[[object], bool], expected: str
+) -> dict:
+    pattern = config.get(key) or {}
+    if not isinstance(pattern, dict) or not all(isinstance(k, str) and valid(v) for k, v in pattern.items()):
+        raise AdapterError(f"{where}: '{key}' must map module names to {expected}")
+    return pattern
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_rank(value: object) -> bool:
+    return _is_int(value) and value >= 1  # type: ignore[operator]
+
+
+def _is_finite(value: object) -> bool:
+    return _is_number(value) and math.isfinite(value)  # type: ignore[arg-type]
