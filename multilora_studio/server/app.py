@@ -1,0 +1,41 @@
+"""The FastAPI application: routes, error shape and guards around one engine."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from multilora_studio import __version__
+from multilora_studio.server.errors import install_error_handlers
+from multilora_studio.server.middleware import ApiKeyAuth, BodyLimit, HostCheck
+from multilora_studio.server.routes_admin import router as admin_router
+from multilora_studio.server.routes_generate import router as generate_router
+from multilora_studio.server.state import ServerState
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """Outermost first: Host check, CORS (only when origins are configured), API keys, body size."""
+    app = FastAPI(
+        title="MultiLoRA Studio",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
+    app.state.studio = state
+    app.include_router(generate_router)
+    app.include_router(admin_router)
+    install_error_handlers(app)
+    config = state.config
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    app.add_middleware(ApiKeyAuth, keys=config.api_keys)
+    if config.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    if config.loopback or config.allowed_hosts:
+        app.add_middleware(HostCheck, allowed=config.allowed_hosts, loopback=config.loopback)
+    return app

@@ -1,0 +1,296 @@
+"""One HTTP generation request: its engine requests, their merged deltas, and its bookkeeping.
+
+A Job holds an admission reservation from creation until ``close()``, which aborts
+whatever is unfinished in the engine (so its KV blocks are freed), charges the
+tokens to the caller's key, and records metrics and the request log entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass, field
+
+from starlette.types import Receive
+
+from multilora_studio.engine import SamplingParams, TokenDelta
+from multilora_studio.engine.engine import Prompt
+from multilora_studio.engine.requests import RequestStream
+from multilora_studio.server.errors import ApiError
+from multilora_studio.server.request_log import RequestRecord
+from multilora_studio.server.state import ServerState
+
+log = logging.getLogger(__name__)
+
+CLIENT_GONE = 499
+
+
+@dataclass
+class Choice:
+    """One engine request: choice ``index`` of the response (``prompt_index * n + i``)."""
+
+    index: int
+    prompt: Prompt
+    params: SamplingParams
+    counts_prompt: bool  # the first choice of its prompt carries the prompt's tokens in usage
+    stream: RequestStream | None = None
+    parts: list[str] = field(default_factory=list)
+    tokens: int = 0
+    finish_reason: str | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.stream.output.prompt_token_ids) if self.stream is not None else 0
+
+
+class Job:
+    """The engine requests behind one HTTP request; see the module docstring."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        route: str,
+        model: str,
+        adapter: str | None,
+        key: str,
+        stream: bool,
+        prompts: Sequence[Prompt],
+        params: Sequence[SamplingParams],
+    ) -> None:
+        sequences = len(prompts) * len(params)
+        limit = state.config.max_sequences_per_request
+        if sequences > limit:
+            raise ApiError(
+                400,
+                f"this request asks for {sequences} completions (prompts x n); the limit is {limit}",
+                "invalid_value",
+                "n",
+            )
+        state.admission.acquire(key, sequences)
+        self.state = state
+        self.route = route
+        self.model = model
+        self.adapter = adapter
+        self.key = key
+        self.stream = stream
+        self.id = f"{'chatcmpl' if route == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.arrival = time.time()
+        self.started = time.perf_counter()
+        self.choices = [
+            Choice(p * len(params) + i, prompt, sample, i == 0)
+            for p, prompt in enumerate(prompts)
+            for i, sample in enumerate(params)
+        ]
+        self.error: ApiError | None = None
+        self.closed = False
+        self._aborted = False
+        self._queue: asyncio.Queue[tuple[Choice, TokenDelta]] = asyncio.Queue()
+        self._pumps: list[asyncio.Task] = []
+        state.jobs.add(self)
+        state.metrics.in_flight.inc(sequences)
+
+    # ------------------------------------------------------------ engine side
+
+    async def submit(self) -> None:
+        """Tokenize and queue every choice (off the event loop); engine ValueErrors become 400s."""
+        loop = asyncio.get_running_loop()
+        await asyncio.shield(loop.run_in_executor(None, self._submit_all, loop))
+        for choice in self.choices:
+            assert choice.stream is not None
+            self._pumps.append(asyncio.create_task(self._pump(choice, choice.stream)))
+
+    def _submit_all(self, loop: asyncio.AbstractEventLoop) -> None:
+        engine = self.state.engine
+        for choice in self.choices:
+            if self._aborted:
+                return
+            try:
+                choice.stream = engine.submit(
+                    choice.prompt, self.adapter, choice.params, f"{self.id}-{choice.index}", loop
+                )
+            except ValueError as error:
+                if self.adapter is not None and not any(
+                    a.name == self.adapter for a in engine.list_adapters()
+                ):
+                    raise ApiError(
+                        404, f"The model `{self.model}` does not exist.", "model_not_found", "model"
+                    ) from None
+                param = "messages" if self.route == "chat" else "prompt"  # the prompt is all submit checks
+                raise ApiError(400, str(error), "invalid_value", param) from None
+            except RuntimeError as error:
+                raise ApiError(503, f"the engine is not running: {error}", "engine_unavailable") from None
+            except Exception as error:  # the chat template can refuse a conversation (jinja errors)
+                raise ApiError(400, f"the prompt could not be prepared: {error}", "invalid_value") from None
+            if self._aborted:  # close() ran meanwhile on the loop: it may have missed this stream
+                self._abort_engine_request(choice.stream.request_id)
+
+    async def _pump(self, choice: Choice, stream: RequestStream) -> None:
+        async for delta in stream:
+            self._queue.put_nowait((choice, delta))
+
+    def abort(self) -> None:
+        """Abort every unfinished engine request of this job (idempotent)."""
+        self._aborted = True
+        for choice in self.choices:
+            if choice.stream is not None and choice.finish_reason is None:
+                self._abort_engine_request(choice.stream.request_id)
+
+    def _abort_engine_request(self, request_id: str) -> None:
+        with contextlib.suppress(RuntimeError):  # an engine already shut down has nothing left to free
+            self.state.engine.abort(request_id)
+
+    # ------------------------------------------------------------ client side
+
+    async def deltas(self) -> AsyncIterator[tuple[Choice, TokenDelta]]:
+        """Deltas of all choices as they come, with each choice's text, tokens and timing updated."""
+        metrics = self.state.metrics
+        remaining = sum(choice.finish_reason is None for choice in self.choices)
+        while remaining:
+            choice, delta = await self._queue.get()
+            now = time.perf_counter()
+            if delta.token_ids:
+                if choice.first_token_at is None:
+                    choice.first_token_at = now
+                    metrics.ttft.labels(self.model).observe(now - self.started)
+                elif choice.last_token_at is not None:
+                    gap = (now - choice.last_token_at) / len(delta.token_ids)
+                    for _ in delta.token_ids:
+                        metrics.inter_token.labels(self.model).observe(gap)
+                choice.last_token_at = now
+                choice.tokens += len(delta.token_ids)
+            choice.parts.append(delta.text)
+            if delta.finished:
+                remaining -= 1
+                choice.finish_reason = delta.finish_reason or "stop"
+                if self.error is None and choice.finish_reason in ("error", "abort"):
+                    self.error = _finish_error(choice.finish_reason, delta.error)
+            yield choice, delta
+
+    async def run_to_end(self, receive: Receive) -> bool:
+        """Consume every delta; False when the client disconnected first."""
+
+        async def consume() -> None:
+            async for _ in self.deltas():
+                pass
+
+        return await until_disconnect(consume(), receive)
+
+    # ------------------------------------------------------------ bookkeeping
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(choice.prompt_tokens for choice in self.choices if choice.counts_prompt)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(choice.tokens for choice in self.choices)
+
+    @property
+    def ttft(self) -> float | None:
+        firsts = [c.first_token_at for c in self.choices if c.first_token_at is not None]
+        return min(firsts) - self.started if firsts else None
+
+    def close(self, status: int | None = None, client_gone: bool = False) -> None:
+        """Free everything this job holds and record how it ended (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.abort()
+        for pump in self._pumps:
+            pump.cancel()
+        if client_gone:
+            status = CLIENT_GONE
+        elif status is None:
+            status = self.error.status if self.error is not None else 200
+        state, sequences = self.state, len(self.choices)
+        prompt_tokens, completion_tokens = self.prompt_tokens, self.completion_tokens
+        state.admission.release(self.key, sequences, prompt_tokens + completion_tokens)
+        state.jobs.discard(self)
+        latency = time.perf_counter() - self.started
+        metrics = state.metrics
+        metrics.in_flight.dec(sequences)
+        metrics.requests.labels(self.model, str(status)).inc()
+        metrics.prompt_tokens.labels(self.model).inc(prompt_tokens)
+        metrics.generation_tokens.labels(self.model).inc(completion_tokens)
+        if status == 200:
+            metrics.latency.labels(self.model).observe(latency)
+        error = None if status in (200, CLIENT_GONE) else (self.error.message if self.error else None)
+        state.request_log.add(
+            RequestRecord(
+                self.arrival,
+                self.id,
+                self.route,
+                self.model,
+                self.adapter,
+                self.key,
+                status,
+                self.stream,
+                prompt_tokens,
+                completion_tokens,
+                latency,
+                self.ttft,
+                error,
+            )
+        )
+
+
+def _finish_error(reason: str, message: str | None) -> ApiError:
+    if reason == "abort":
+        return ApiError(503, f"the request was aborted: {message or 'the server is stopping'}", "aborted")
+    return ApiError(500, message or "the engine failed to run this request", "engine_error")
+
+
+async def until_disconnect(work: Awaitable[None], receive: Receive) -> bool:
+    """Run ``work`` until it ends (True) or the client disconnects (False, ``work`` cancelled)."""
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        task.result()
+        return True
+    return False
+
+
+def record_rejection(
+    state: ServerState, route: str, model: str, key: str, stream: bool, error: ApiError
+) -> None:
+    """Log a request refused before any engine work (unknown model, limits, bad options)."""
+    state.metrics.requests.labels(model if error.status != 404 else "unknown", str(error.status)).inc()
+    state.request_log.add(
+        RequestRecord(
+            time.time(),
+            f"rejected-{uuid.uuid4().hex[:12]}",
+            route,
+            model,
+            None,
+            key,
+            error.status,
+            stream,
+            0,
+            0,
+            0.0,
+            None,
+            error.message,
+        )
+    )

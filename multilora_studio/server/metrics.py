@@ -1,0 +1,123 @@
+"""Prometheus metrics: per-adapter request series from the server, engine state from its snapshot."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from multilora_studio.engine import Engine
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class EngineCollector(Collector):
+    """Reads ``engine.metrics()`` at scrape time (the same snapshot the GUI shows)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.engine.metrics()
+        if snap is None:
+            return
+        hits = CounterMetricFamily(
+            "multilora_adapter_cache_hits", "Adapter lookups served by a tier", labels=["tier"]
+        )
+        misses = CounterMetricFamily(
+            "multilora_adapter_cache_misses", "Adapter lookups a tier had to load", labels=["tier"]
+        )
+        for tier, hit, miss in (
+            ("gpu", snap.gpu_hits, snap.gpu_misses),
+            ("cpu", snap.cpu_hits, snap.cpu_misses),
+        ):
+            hits.add_metric([tier], hit)
+            misses.add_metric([tier], miss)
+        yield hits
+        yield misses
+        cold = GaugeMetricFamily(
+            "multilora_adapter_cold_load_seconds", "Adapter load latency from disk", labels=["quantile"]
+        )
+        for quantile, value in (("0.5", snap.cold_load_p50_s), ("0.95", snap.cold_load_p95_s)):
+            if value is not None:
+                cold.add_metric([quantile], value)
+        yield cold
+        gauges = (
+            ("multilora_num_requests_waiting", "Requests queued in the engine", snap.waiting),
+            ("multilora_num_requests_running", "Requests in the running batch", snap.running),
+            ("multilora_batch_size", "Requests in the last step", snap.batch_size),
+            ("multilora_batch_tokens", "Tokens in the last step", snap.batch_tokens),
+            (
+                "multilora_batch_distinct_adapters",
+                "Distinct adapters in the last step",
+                snap.distinct_adapters,
+            ),
+            ("multilora_generation_tokens_per_second", "Recent generation rate", snap.tokens_per_second),
+            ("multilora_kv_blocks_free", "Free KV cache blocks", snap.kv_blocks_free),
+            ("multilora_kv_blocks_total", "KV cache blocks", snap.kv_blocks_total),
+            (
+                "multilora_gpu_slots_used",
+                "Adapter slots holding an adapter",
+                sum(s.adapter is not None for s in snap.slots),
+            ),
+            ("multilora_gpu_slots_total", "Adapter slots", len(snap.slots)),
+            ("multilora_cpu_adapters", "Adapters held in host RAM", len(snap.cpu_adapters)),
+            ("multilora_device_memory_bytes", "Device memory allocated", snap.device_memory_bytes),
+        )
+        for name, documentation, value in gauges:
+            yield GaugeMetricFamily(name, documentation, value=value)
+        yield CounterMetricFamily("multilora_engine_steps", "Engine steps run", value=snap.steps)
+        yield CounterMetricFamily(
+            "multilora_preemptions", "Requests preempted for KV space", value=snap.preemptions
+        )
+
+
+class ServerMetrics:
+    """One registry per server, so several servers (tests, GUI restarts) never share series."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["adapter"]
+        self.requests = Counter(
+            "multilora_requests",
+            "Generation requests answered",
+            ["adapter", "status"],
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "multilora_prompt_tokens", "Prompt tokens processed", labels, registry=self.registry
+        )
+        self.generation_tokens = Counter(
+            "multilora_generation_tokens", "Tokens generated", labels, registry=self.registry
+        )
+        self.ttft = Histogram(
+            "multilora_time_to_first_token_seconds",
+            "Arrival at the server to first token",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.inter_token = Histogram(
+            "multilora_inter_token_latency_seconds",
+            "Time between consecutive tokens of one request",
+            labels,
+            buckets=TOKEN_BUCKETS,
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "multilora_request_latency_seconds",
+            "Arrival to last byte",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "multilora_server_in_flight", "Engine requests the server has in flight", registry=self.registry
+        )
+        self.registry.register(EngineCollector(engine))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,80 @@
+"""Models, adapter loading (vLLM's routes), health and Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from multilora_studio.server.errors import ApiError
+from multilora_studio.server.schemas import LoadLoraRequest, UnloadLoraRequest
+from multilora_studio.server.state import ServerState, server_state
+
+router = APIRouter()
+OWNER = "multilora-studio"
+
+
+def model_cards(state: ServerState) -> list[dict[str, Any]]:
+    """The base model and every adapter; adapters name the base as ``parent`` (vLLM's shape)."""
+    engine = state.engine
+    base = engine.model_name
+    common = {"object": "model", "created": state.created, "owned_by": OWNER}
+    max_len = engine.config.max_model_len
+    cards = [{"id": base, **common, "root": base, "parent": None, "max_model_len": max_len}]
+    for info in sorted(engine.list_adapters(), key=lambda a: a.name):
+        cards.append(
+            {"id": info.name, **common, "root": str(info.path), "parent": base, "max_model_len": max_len}
+        )
+    return cards
+
+
+@router.get("/health")
+async def health() -> JSONResponse:
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    return JSONResponse({"object": "list", "data": model_cards(server_state(request))})
+
+
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, request: Request) -> JSONResponse:
+    for card in model_cards(server_state(request)):
+        if card["id"] == model:
+            return JSONResponse(card)
+    raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
+
+
+@router.post("/v1/load_lora_adapter")
+async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> PlainTextResponse:
+    engine = server_state(request).engine
+    try:
+        await asyncio.to_thread(engine.add_adapter, body.lora_name, body.lora_path)
+    except (ValueError, OSError) as error:
+        raise ApiError(
+            400, f"could not load adapter {body.lora_name!r}: {error}", "invalid_adapter"
+        ) from None
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+
+@router.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter(body: UnloadLoraRequest, request: Request) -> PlainTextResponse:
+    engine = server_state(request).engine
+    if not any(info.name == body.lora_name for info in engine.list_adapters()):
+        raise ApiError(404, f"The adapter `{body.lora_name}` does not exist.", "model_not_found", "lora_name")
+    try:
+        await asyncio.to_thread(engine.remove_adapter, body.lora_name)
+    except ValueError as error:  # still in use by queued or running requests
+        raise ApiError(
+            409, f"could not unload adapter {body.lora_name!r}: {error}", "adapter_in_use"
+        ) from None
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)

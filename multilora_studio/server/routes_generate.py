@@ -1,0 +1,90 @@
+"""``/v1/completions`` and ``/v1/chat/completions``, streaming and not."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from multilora_studio.engine import SamplingParams
+from multilora_studio.engine.engine import Prompt
+from multilora_studio.server.errors import ApiError
+from multilora_studio.server.generation import CLIENT_GONE, Job, record_rejection
+from multilora_studio.server.responses import (
+    EventStream,
+    chat_body,
+    chat_events,
+    completion_body,
+    completion_events,
+)
+from multilora_studio.server.sampling import (
+    chat_max_tokens,
+    chat_prompt,
+    check_supported,
+    completion_prompts,
+    sampling_params,
+)
+from multilora_studio.server.schemas import ChatCompletionRequest, CompletionRequest
+from multilora_studio.server.state import api_key_label, server_state
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
+        prompts = completion_prompts(body)
+        params = [sampling_params(body, body.max_tokens or 16, i) for i in range(body.n)]
+        return prompts, params
+
+    return await _generate(request, "completions", body, prepare, completion_body, completion_events)
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
+        max_tokens = chat_max_tokens(body, server_state(request).engine.config.max_model_len)
+        return [chat_prompt(body)], [sampling_params(body, max_tokens, i) for i in range(body.n)]
+
+    return await _generate(request, "chat", body, prepare, chat_body, chat_events)
+
+
+async def _generate(
+    request: Request,
+    route: str,
+    body: CompletionRequest | ChatCompletionRequest,
+    prepare: Callable[[], tuple[list[Prompt], list[SamplingParams]]],
+    build_body: Callable[[Job], dict[str, Any]],
+    build_events: Callable[[Job, bool], AsyncIterator[bytes]],
+) -> Response:
+    state, key = server_state(request), api_key_label(request)
+    try:
+        adapter = state.resolve_model(body.model)
+        check_supported(body)
+        prompts, params = prepare()
+        job = Job(state, route, body.model, adapter, key, body.stream, prompts, params)
+    except ApiError as error:
+        record_rejection(state, route, body.model, key, body.stream, error)
+        raise
+    try:
+        await job.submit()
+    except ApiError as error:
+        job.close(status=error.status)
+        raise
+    except BaseException:
+        job.close(status=500)
+        raise
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return EventStream(build_events(job, include_usage), job.close)
+    try:
+        if not await job.run_to_end(request.receive):
+            job.close(client_gone=True)
+            return Response(status_code=CLIENT_GONE)
+        if job.error is not None:
+            raise job.error
+        return JSONResponse(build_body(job))
+    finally:
+        job.close()

@@ -1,0 +1,175 @@
+"""Run the endpoint in-process: uvicorn on its own thread and event loop, started and stopped at will.
+
+The engine keeps running across start/stop (the GUI's toggle); stop aborts the
+requests in flight, closes every connection and frees the port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import socket
+import threading
+import time
+
+import uvicorn
+
+from multilora_studio.engine import Engine
+from multilora_studio.server.app import create_app
+from multilora_studio.server.config import ServerConfig
+from multilora_studio.server.limits import Admission
+from multilora_studio.server.metrics import ServerMetrics
+from multilora_studio.server.request_log import RequestLog
+from multilora_studio.server.state import ServerState
+
+log = logging.getLogger(__name__)
+
+EXTRA_CONNECTIONS = 64  # beyond max_in_flight, for /health, /metrics and idle keep-alive connections
+
+
+class PortInUseError(RuntimeError):
+    """The address is taken by another process (or another server of ours)."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``; a taken port raises PortInUseError with a clear message."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as error:
+        raise ValueError(f"cannot resolve host {host!r}: {error}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        if os.name == "nt":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)  # type: ignore[attr-defined]
+        else:
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+            )  # rebind over TIME_WAIT, not a listener
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError as error:
+        sock.close()
+        if error.errno == errno.EADDRINUSE:
+            raise PortInUseError(
+                f"{host}:{port} is already in use (is another server running?); "
+                "choose another port with --port"
+            ) from None
+        raise RuntimeError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return sock
+
+
+class ApiServer:
+    """The OpenAI-compatible endpoint over ``engine``; ``start()``/``stop()`` from any thread."""
+
+    def __init__(
+        self, engine: Engine, config: ServerConfig | None = None, request_log: RequestLog | None = None
+    ):
+        self.engine = engine
+        self.config = config or ServerConfig()
+        self.request_log = request_log or RequestLog(self.config.request_log_size)
+        self.metrics = ServerMetrics(engine)
+        admission = Admission(
+            self.config.max_in_flight,
+            self.config.max_concurrent_per_key,
+            self.config.tokens_per_minute_per_key,
+        )
+        self.state = ServerState(
+            engine, self.config, admission, self.metrics, self.request_log, int(time.time())
+        )
+        self.app = create_app(self.state)
+        self._lock = threading.Lock()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._failure: BaseException | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the running server (the bound port when ``port=0``)."""
+        if self._sock is None:
+            raise RuntimeError("the server is not running")
+        host, port = self._sock.getsockname()[:2]
+        host = self.config.host if self.config.host not in ("0.0.0.0", "::") else host
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def start(self, sock: socket.socket | None = None, timeout: float = 15.0) -> str:
+        """Bind (or take ``sock``), serve on a new thread, return the URL once it accepts connections."""
+        with self._lock:
+            if self.running:
+                return self.url
+            sock = sock or bind_socket(self.config.host, self.config.port)
+            config = uvicorn.Config(
+                self.app,
+                http="h11",
+                lifespan="off",
+                log_config=None,
+                log_level="warning",
+                access_log=False,
+                server_header=False,
+                timeout_graceful_shutdown=self.config.graceful_shutdown_s,
+                limit_concurrency=self.config.max_in_flight + EXTRA_CONNECTIONS,
+                timeout_keep_alive=5,
+            )
+            server = uvicorn.Server(config)
+            self._failure = None
+            thread = threading.Thread(target=self._serve, args=(server, sock), name="api-server", daemon=True)
+            self._server, self._sock, self._thread = server, sock, thread
+            thread.start()
+            deadline = time.monotonic() + timeout
+            while not server.started and thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if not server.started:
+                self._halt(timeout)
+                raise RuntimeError(f"the API server did not start: {self._failure or 'timed out'}")
+            log.info("API server listening on %s", self.url)
+            return self.url
+
+    def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            await server.serve(sockets=[sock])
+
+        try:
+            asyncio.run(main())
+        except BaseException as error:  # uvicorn exits with SystemExit when startup fails
+            self._failure = error
+            log.exception("API server stopped with an error")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Abort requests in flight, close connections and free the port; the engine keeps running."""
+        with self._lock:
+            self._halt(timeout)
+
+    def _halt(self, timeout: float) -> None:
+        server, thread, loop = self._server, self._thread, self._loop
+        if server is not None and thread is not None:
+            if loop is not None and thread.is_alive():
+                with contextlib.suppress(RuntimeError):  # the loop already closed
+                    loop.call_soon_threadsafe(self.state.abort_all)
+            server.should_exit = True
+            thread.join(timeout)
+            if thread.is_alive():
+                server.force_exit = True
+                thread.join(timeout)
+        if self._sock is not None:
+            self._sock.close()
+        self._server = self._thread = self._sock = self._loop = None
+        if server is not None:
+            log.info("API server stopped")
+
+    def __enter__(self) -> ApiServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

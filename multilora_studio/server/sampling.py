@@ -1,0 +1,102 @@
+"""OpenAI request fields -> engine prompts and SamplingParams; unsupported options are refused clearly."""
+
+from __future__ import annotations
+
+from multilora_studio.engine import SamplingParams
+from multilora_studio.engine.engine import Prompt
+from multilora_studio.server.errors import ApiError
+from multilora_studio.server.schemas import ChatCompletionRequest, CompletionRequest
+
+GREEDY_BELOW = 1e-5  # temperatures this small sample greedily, as in vLLM
+PARAM_NAMES = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids")
+
+
+def _refuse(param: str, message: str) -> ApiError:
+    return ApiError(400, message, "unsupported_parameter", param)
+
+
+def check_supported(body: CompletionRequest | ChatCompletionRequest) -> None:
+    """Options we cannot honour are a 400, never silently ignored."""
+    if body.logprobs or getattr(body, "top_logprobs", None):
+        raise _refuse("logprobs", "logprobs are not supported by this server yet")
+    if body.presence_penalty or body.frequency_penalty:
+        param = "presence_penalty" if body.presence_penalty else "frequency_penalty"
+        raise _refuse(param, f"{param} is not supported; leave it at 0")
+    if body.logit_bias:
+        raise _refuse("logit_bias", "logit_bias is not supported")
+    if isinstance(body, CompletionRequest):
+        if body.echo:
+            raise _refuse("echo", "echo is not supported")
+        if body.suffix:
+            raise _refuse("suffix", "suffix is not supported")
+        if body.best_of is not None and body.best_of != body.n:
+            raise _refuse("best_of", "best_of is not supported; use n")
+    else:
+        if body.tools:
+            raise _refuse("tools", "tool calling is not supported")
+        if body.tool_choice not in (None, "none", "auto"):
+            raise _refuse("tool_choice", "tool calling is not supported")
+        if body.response_format and body.response_format.get("type", "text") != "text":
+            raise _refuse("response_format", "only response_format type 'text' is supported")
+
+
+def sampling_params(
+    body: CompletionRequest | ChatCompletionRequest, max_tokens: int, choice: int
+) -> SamplingParams:
+    """Parameters of choice ``choice`` (0..n-1); a given seed becomes ``seed + choice``."""
+    temperature = 1.0 if body.temperature is None else body.temperature
+    seed = None if body.seed is None else (body.seed + choice) % (1 << 63)
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0 if temperature < GREEDY_BELOW else temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=max(0, body.top_k or 0),
+            seed=seed,
+            stop=body.stop or (),
+            stop_token_ids=body.stop_token_ids or (),
+            ignore_eos=body.ignore_eos,
+        )
+    except ValueError as error:
+        first = str(error).split(" ", 1)[0]
+        raise ApiError(400, str(error), "invalid_value", first if first in PARAM_NAMES else None) from None
+
+
+def completion_prompts(body: CompletionRequest) -> list[Prompt]:
+    """``prompt`` as a list of engine prompts (one per prompt in a batch)."""
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise ApiError(400, "prompt must not be empty", "invalid_value", "prompt")
+    if all(isinstance(item, int) for item in prompt):
+        return [list(prompt)]
+    return list(prompt)  # several texts or several token lists
+
+
+def chat_prompt(body: ChatCompletionRequest) -> list[dict[str, str]]:
+    """Messages as the chat template expects them: role and plain-text content."""
+    messages = []
+    for position, message in enumerate(body.messages):
+        content = message.content
+        if content is None:
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        else:
+            if any(part.type != "text" or part.text is None for part in content):
+                raise ApiError(
+                    400,
+                    "only text content parts are supported",
+                    "invalid_value",
+                    f"messages.{position}.content",
+                )
+            text = "\n".join(part.text or "" for part in content)
+        role = "system" if message.role == "developer" else message.role
+        messages.append({"role": role, "content": text})
+    return messages
+
+
+def chat_max_tokens(body: ChatCompletionRequest, max_model_len: int) -> int:
+    """The requested cap, or as many tokens as the context allows (the engine stops at max_model_len)."""
+    return body.max_completion_tokens or body.max_tokens or max_model_len

@@ -1,0 +1,52 @@
+"""What the routes share: the engine, the limits, the metrics, the request log and the live jobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+
+from multilora_studio.engine import Engine
+from multilora_studio.server.config import ServerConfig
+from multilora_studio.server.errors import ApiError
+from multilora_studio.server.limits import Admission
+from multilora_studio.server.metrics import ServerMetrics
+from multilora_studio.server.request_log import RequestLog
+
+if TYPE_CHECKING:
+    from multilora_studio.server.generation import Job
+
+API_KEY_SCOPE = "multilora.api_key"  # set by the auth middleware: the caller's key label
+
+
+@dataclass
+class ServerState:
+    engine: Engine
+    config: ServerConfig
+    admission: Admission
+    metrics: ServerMetrics
+    request_log: RequestLog
+    created: int
+    jobs: set[Job] = field(default_factory=set)
+
+    def resolve_model(self, model: str) -> str | None:
+        """The adapter that ``model`` names (None: the base model); 404 for anything else."""
+        if model == self.engine.model_name:
+            return None
+        if any(info.name == model for info in self.engine.list_adapters()):
+            return model
+        raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
+
+    def abort_all(self) -> None:
+        """End every job's engine requests (the server is stopping); call on the server's loop."""
+        for job in list(self.jobs):
+            job.abort()
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.studio
+
+
+def api_key_label(request: Request) -> str:
+    return request.scope.get(API_KEY_SCOPE, "anonymous")
