@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from multilora_studio import __version__
 from multilora_studio.compare import add_compare_command
+from multilora_studio.library_cli import add_library_commands
 
 log = logging.getLogger("multilora_studio")
 
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_model_command(subparsers)
     add_compare_command(subparsers)
+    add_library_commands(subparsers)
     return parser
 
 

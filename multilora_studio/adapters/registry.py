@@ -1,0 +1,374 @@
+"""The adapter library: one SQLite file in the user data directory and the imported folders.
+
+Layout under ``root`` (the user data directory by default)::
+
+    library.sqlite3          adapters, aliases, base models pulled from the Hub
+    adapters/<id>/           imported adapter folders (copies; Hub pulls stay in the HF cache)
+    adapters/.tmp-<id>/      an import in progress, renamed to <id> as its row commits
+    adapters/.trash-<id>/    a removal in progress, deleted once its row is gone
+
+Every operation opens its own connection (WAL journal, busy timeout), and every
+write is one ``BEGIN IMMEDIATE`` transaction, so GUI, server and engine threads and
+other processes can share the library. A failed import or pull leaves no row and
+no folder; a crash between the rename and the commit leaves an orphan folder that
+the next start sweeps away.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from multilora_studio.adapters.adapter_config import CONFIG_FILE, AdapterError
+from multilora_studio.adapters.base_model import BaseModelRef
+from multilora_studio.adapters.peft_adapter import ADDED_TOKENS_FILE, WEIGHTS_FILE, load_peft_adapter
+from multilora_studio.adapters.registry_schema import AdapterRecord, BaseModelRecord, migrate
+from multilora_studio.paths import data_dir
+
+log = logging.getLogger(__name__)
+
+DB_FILE = "library.sqlite3"
+ADAPTERS_DIR = "adapters"
+COPIED_FILES = (CONFIG_FILE, WEIGHTS_FILE, "README.md", ADDED_TOKENS_FILE)
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")  # the engine's adapter-name rule
+RESERVED_NAMES = ("base",)
+DEFAULT_MAX_RANK = 64
+BUSY_TIMEOUT_S = 30.0
+STALE_AFTER_S = 3600.0
+
+
+class LibraryError(ValueError):
+    """A library operation that cannot be done, with the reason."""
+
+
+class BaseMismatchError(LibraryError):
+    """The adapter was validated against a base model with other weights."""
+
+
+class Registry:
+    """The adapter library (see the module docstring); safe to share between threads."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = Path(root) if root is not None else data_dir()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.db_path = self.root / DB_FILE
+        self.adapters_dir = self.root / ADAPTERS_DIR
+        self.adapters_dir.mkdir(exist_ok=True)
+        with self._connect() as conn:
+            conn.execute("PRAGMA journal_mode = WAL")
+        with self._write() as conn:
+            migrate(conn)
+        self._sweep()
+
+    # ---------------------------------------------------------------- reading
+
+    def list_adapters(self) -> list[AdapterRecord]:
+        with self._connect() as conn:
+            rows = conn.execute("SELECT * FROM adapters ORDER BY name").fetchall()
+            return [self._record(conn, row) for row in rows]
+
+    def find(self, name: str) -> AdapterRecord | None:
+        """The adapter called ``name`` (or with that alias), or None."""
+        with self._connect() as conn:
+            row = self._row(conn, name)
+            return None if row is None else self._record(conn, row)
+
+    def get(self, name: str) -> AdapterRecord:
+        record = self.find(name)
+        if record is None:
+            raise LibraryError(
+                f"no adapter named {name!r} in the library (see: multilora-studio adapters list)"
+            )
+        return record
+
+    def find_hub(self, repo_id: str, revision: str) -> AdapterRecord | None:
+        """The adapter pulled from ``repo_id`` at commit ``revision``, or None."""
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT * FROM adapters WHERE source_kind = 'hub' AND source = ? AND revision = ?",
+                (repo_id, revision),
+            ).fetchone()
+            return None if row is None else self._record(conn, row)
+
+    def list_base_models(self) -> list[BaseModelRecord]:
+        with self._connect() as conn:
+            rows = conn.execute("SELECT * FROM base_models ORDER BY repo_id, created").fetchall()
+            return [BaseModelRecord.from_row(row) for row in rows]
+
+    # ---------------------------------------------------------------- adding and removing
+
+    def import_folder(
+        self,
+        folder: Path,
+        base: BaseModelRef,
+        *,
+        name: str | None = None,
+        aliases: Sequence[str] = (),
+        notes: str = "",
+        max_rank: int = DEFAULT_MAX_RANK,
+    ) -> AdapterRecord:
+        """Validate a PEFT folder against ``base`` and copy it into the library as ``name``."""
+        source = Path(folder).expanduser().resolve()
+        if not source.is_dir():
+            raise LibraryError(f"{source} is not a folder")
+        name = name or source.name
+        names = self.check_names(name, aliases)
+        adapter_id = uuid.uuid4().hex
+        staging = self.adapters_dir / f".tmp-{adapter_id}"
+        final = self.adapters_dir / adapter_id
+        try:
+            staging.mkdir()
+            for file in COPIED_FILES:
+                if (source / file).is_file():
+                    shutil.copyfile(source / file, staging / file)
+            try:
+                row = self._validated_row(staging, base, name, max_rank)
+            except AdapterError as error:  # name the user's folder, not the staging copy
+                raise AdapterError(str(error).replace(str(staging), str(source))) from None
+            row.update(id=adapter_id, source_kind="local", source=str(source), path=str(final), notes=notes)
+            with self._write() as conn:
+                self._insert(conn, row, names)
+                os.replace(staging, final)  # inside the transaction: a failed commit undoes it below
+        except BaseException:
+            for leftover in (staging, final):
+                shutil.rmtree(leftover, ignore_errors=True)
+            raise
+        log.info("imported %s as %r", source, name)
+        return self.get(name)
+
+    def register_hub(
+        self,
+        folder: Path,
+        base: BaseModelRef,
+        *,
+        repo_id: str,
+        revision: str,
+        requested_revision: str | None,
+        name: str | None = None,
+        aliases: Sequence[str] = (),
+        notes: str = "",
+        max_rank: int = DEFAULT_MAX_RANK,
+    ) -> AdapterRecord:
+        """Validate a downloaded snapshot (left where it is, in the HF cache) and register it."""
+        name = name or repo_id
+        names = self.check_names(name, aliases)
+        row = self._validated_row(Path(folder), base, name, max_rank)
+        row.update(
+            id=uuid.uuid4().hex,
+            source_kind="hub",
+            source=repo_id,
+            revision=revision,
+            requested_revision=requested_revision,
+            path=str(folder),
+            notes=notes,
+        )
+        with self._write() as conn:
+            self._insert(conn, row, names)
+        log.info("registered %s@%s as %r", repo_id, revision, name)
+        return self.get(name)
+
+    def register_base_model(
+        self, repo_id: str, revision: str, requested_revision: str | None, path: Path, digest: str
+    ) -> BaseModelRecord:
+        """Record a base model pulled into the HF cache (once per repo and commit)."""
+        with self._write() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO base_models VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (uuid.uuid4().hex, repo_id, revision, requested_revision, str(path), digest, time.time()),
+            )
+            row = conn.execute(
+                "SELECT * FROM base_models WHERE repo_id = ? AND revision = ?", (repo_id, revision)
+            ).fetchone()
+        return BaseModelRecord.from_row(row)
+
+    def remove(self, name: str) -> AdapterRecord:
+        """Forget an adapter; an imported copy is deleted, a Hub snapshot stays in the shared HF cache."""
+        record = self.get(name)
+        trash = self.adapters_dir / f".trash-{record.id}"
+        moved = False
+        try:
+            with self._write() as conn:
+                if conn.execute("DELETE FROM adapters WHERE id = ?", (record.id,)).rowcount != 1:
+                    raise LibraryError(f"{name!r} was removed meanwhile")
+                if record.source_kind == "local" and record.path.parent == self.adapters_dir:
+                    os.replace(record.path, trash)
+                    moved = True
+        except BaseException:
+            if moved:
+                os.replace(trash, record.path)
+            raise
+        shutil.rmtree(trash, ignore_errors=True)
+        log.info("removed %r", record.name)
+        return record
+
+    # ---------------------------------------------------------------- small updates
+
+    def set_pinned(self, name: str, pinned: bool = True) -> AdapterRecord:
+        """Pinned adapters keep their GPU slot once loaded."""
+        return self._update(name, "pinned = ?", int(pinned))
+
+    def set_notes(self, name: str, notes: str) -> AdapterRecord:
+        return self._update(name, "notes = ?", notes)
+
+    def touch(self, name: str) -> AdapterRecord:
+        """Record that the adapter was used now."""
+        return self._update(name, "last_used = ?", time.time())
+
+    def add_alias(self, name: str, alias: str) -> AdapterRecord:
+        (checked,) = self.check_names(alias, ())
+        with self._write() as conn:
+            row = self._row(conn, name)
+            if row is None:
+                raise LibraryError(f"no adapter named {name!r} in the library")
+            self._ensure_free(conn, [checked])
+            conn.execute("INSERT INTO aliases VALUES (?, ?)", (checked, row["id"]))
+        return self.get(name)
+
+    def remove_alias(self, alias: str) -> None:
+        with self._write() as conn:
+            if conn.execute("DELETE FROM aliases WHERE alias = ?", (alias,)).rowcount != 1:
+                raise LibraryError(f"no alias {alias!r} in the library")
+
+    # ---------------------------------------------------------------- the loaded base model
+
+    def check_base(self, name: str, digest: str, override: bool = False) -> AdapterRecord:
+        """The record, unless it was validated against other base weights and ``override`` is off."""
+        record = self.get(name)
+        if record.base_status(digest) == "mismatch" and not override:
+            raise BaseMismatchError(
+                f"adapter {record.name!r} was validated against base {record.base_name} "
+                f"(sha256 {record.base_digest[:12]}), the loaded base has sha256 {digest[:12]}; its "
+                "outputs may be wrong. Override to load it anyway"
+            )
+        return record
+
+    def load_into(self, engine: Any, name: str, override: bool = False) -> AdapterRecord:
+        """Add a library adapter to a running engine (checked against its base), pin it if pinned."""
+        record = self.check_base(name, engine.base_digest, override)
+        engine.add_adapter(record.name, record.path)
+        if record.pinned:
+            engine.pin_adapter(record.name)
+        return self.touch(record.name)
+
+    # ---------------------------------------------------------------- internals
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            yield conn
+        finally:
+            conn.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: committed when the block ends, rolled back if it raises."""
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _row(self, conn: sqlite3.Connection, name: str) -> sqlite3.Row | None:
+        return conn.execute(
+            "SELECT * FROM adapters WHERE name = ? OR id = (SELECT adapter_id FROM aliases WHERE alias = ?)",
+            (name, name),
+        ).fetchone()
+
+    def _record(self, conn: sqlite3.Connection, row: sqlite3.Row) -> AdapterRecord:
+        aliases = conn.execute(
+            "SELECT alias FROM aliases WHERE adapter_id = ? ORDER BY alias", (row["id"],)
+        ).fetchall()
+        return AdapterRecord.from_row(row, tuple(a[0] for a in aliases))
+
+    def _update(self, name: str, assignment: str, value: object) -> AdapterRecord:
+        with self._write() as conn:
+            row = self._row(conn, name)
+            if row is None:
+                raise LibraryError(f"no adapter named {name!r} in the library")
+            conn.execute(f"UPDATE adapters SET {assignment} WHERE id = ?", (value, row["id"]))
+        return self.get(name)
+
+    def check_names(self, name: str, aliases: Sequence[str] = ()) -> list[str]:
+        """``[name, *aliases]`` if all are valid and free; LibraryError otherwise."""
+        names = [name, *aliases]
+        for item in names:
+            if not isinstance(item, str) or not NAME.match(item) or item in RESERVED_NAMES:
+                raise LibraryError(
+                    f"invalid adapter name {item!r}: use 1-128 letters, digits or ._:/@+- "
+                    f"(not {', '.join(RESERVED_NAMES)}); choose one with --name"
+                )
+        if len(set(names)) != len(names):
+            raise LibraryError(f"the names {', '.join(names)} repeat one another")
+        with self._connect() as conn:
+            self._ensure_free(conn, names)
+        return names
+
+    def _ensure_free(self, conn: sqlite3.Connection, names: Sequence[str]) -> None:
+        for item in names:
+            taken = conn.execute(
+                "SELECT 1 FROM adapters WHERE name = ? UNION SELECT 1 FROM aliases WHERE alias = ?",
+                (item, item),
+            ).fetchone()
+            if taken:
+                raise LibraryError(
+                    f"the library already has an adapter or alias named {item!r}; choose another with --name"
+                )
+
+    def _validated_row(self, folder: Path, base: BaseModelRef, name: str, max_rank: int) -> dict:
+        host = load_peft_adapter(name, folder, base.num_layers, base.shape_of, max_rank, base.vocab_size)
+        return dict(
+            name=name,
+            revision=None,
+            requested_revision=None,
+            declared_base=host.base_model,
+            base_name=base.name,
+            base_digest=base.digest,
+            rank=host.rank,
+            alpha=host.alpha,
+            targets=",".join(host.targets),
+            size_bytes=(folder / WEIGHTS_FILE).stat().st_size,
+            created=time.time(),
+            last_used=None,
+            pinned=0,
+        )
+
+    def _insert(self, conn: sqlite3.Connection, row: dict, names: Sequence[str]) -> None:
+        self._ensure_free(conn, names)
+        columns = ", ".join(row)
+        conn.execute(
+            f"INSERT INTO adapters ({columns}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
+        )
+        conn.executemany("INSERT INTO aliases VALUES (?, ?)", [(alias, row["id"]) for alias in names[1:]])
+
+    def _sweep(self) -> None:
+        """Delete staging and trash folders, and folders without a row, left by a crash long ago."""
+        with self._connect() as conn:
+            known = {row[0] for row in conn.execute("SELECT id FROM adapters")}
+        cutoff = time.time() - STALE_AFTER_S
+        for entry in self.adapters_dir.iterdir():
+            if entry.name in known or not entry.is_dir():
+                continue
+            try:
+                stale = entry.stat().st_mtime < cutoff
+            except FileNotFoundError:
+                continue
+            if stale:
+                log.info("removing leftover %s", entry)
+                shutil.rmtree(entry, ignore_errors=True)

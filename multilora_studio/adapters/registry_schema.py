@@ -1,0 +1,149 @@
+"""The adapter library's SQLite schema, its migrations and the records read from it."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+# Migration n brings a database from user_version n-1 to n.
+MIGRATIONS = {
+    1: """
+    CREATE TABLE adapters (
+        id TEXT PRIMARY KEY,                -- folder name under adapters/ for imports
+        name TEXT NOT NULL UNIQUE,
+        source_kind TEXT NOT NULL CHECK (source_kind IN ('local', 'hub')),
+        source TEXT NOT NULL,               -- the imported folder, or the Hub repo id
+        revision TEXT,                      -- Hub commit sha the files are pinned to
+        requested_revision TEXT,            -- what was asked for: a tag, branch or sha
+        path TEXT NOT NULL,                 -- where the files are now
+        declared_base TEXT,                 -- base_model_name_or_path in adapter_config.json
+        base_name TEXT NOT NULL,            -- the base model it was validated against
+        base_digest TEXT NOT NULL,          -- SHA-256 of that base's weights ('' = unknown)
+        rank INTEGER NOT NULL,
+        alpha REAL NOT NULL,
+        targets TEXT NOT NULL,              -- comma-separated module names
+        size_bytes INTEGER NOT NULL,
+        created REAL NOT NULL,              -- unix time
+        last_used REAL,
+        pinned INTEGER NOT NULL DEFAULT 0,
+        notes TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX adapters_source ON adapters (source_kind, source, revision);
+    CREATE TABLE aliases (
+        alias TEXT PRIMARY KEY,
+        adapter_id TEXT NOT NULL REFERENCES adapters (id) ON DELETE CASCADE
+    );
+    CREATE TABLE base_models (
+        id TEXT PRIMARY KEY,
+        repo_id TEXT NOT NULL,
+        revision TEXT NOT NULL,
+        requested_revision TEXT,
+        path TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        created REAL NOT NULL,
+        UNIQUE (repo_id, revision)
+    );
+    """,
+}
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring the schema to ``SCHEMA_VERSION`` (the caller holds a write transaction)."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise RuntimeError(
+            f"the adapter library was written by a newer MultiLoRA Studio (schema {version}); upgrade"
+        )
+    for step in range(version + 1, SCHEMA_VERSION + 1):
+        for statement in MIGRATIONS[step].split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {step}")
+
+
+@dataclass(frozen=True)
+class AdapterRecord:
+    """One adapter of the library."""
+
+    id: str
+    name: str
+    aliases: tuple[str, ...]
+    source_kind: str
+    source: str
+    revision: str | None
+    requested_revision: str | None
+    path: Path
+    declared_base: str | None
+    base_name: str
+    base_digest: str
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+    size_bytes: int
+    created: float
+    last_used: float | None
+    pinned: bool
+    notes: str
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row, aliases: tuple[str, ...]) -> AdapterRecord:
+        return cls(
+            id=row["id"],
+            name=row["name"],
+            aliases=aliases,
+            source_kind=row["source_kind"],
+            source=row["source"],
+            revision=row["revision"],
+            requested_revision=row["requested_revision"],
+            path=Path(row["path"]),
+            declared_base=row["declared_base"],
+            base_name=row["base_name"],
+            base_digest=row["base_digest"],
+            rank=row["rank"],
+            alpha=row["alpha"],
+            targets=tuple(t for t in row["targets"].split(",") if t),
+            size_bytes=row["size_bytes"],
+            created=row["created"],
+            last_used=row["last_used"],
+            pinned=bool(row["pinned"]),
+            notes=row["notes"],
+        )
+
+    def base_status(self, digest: str) -> str:
+        """'ok', 'mismatch' (trained on another base) or 'unknown' (a digest is missing)."""
+        if not digest or not self.base_digest:
+            return "unknown"
+        return "ok" if digest == self.base_digest else "mismatch"
+
+    @property
+    def source_label(self) -> str:
+        if self.source_kind == "hub":
+            return f"{self.source}@{self.revision}"
+        return self.source
+
+
+@dataclass(frozen=True)
+class BaseModelRecord:
+    """A base model pulled from the Hub into the HF cache."""
+
+    id: str
+    repo_id: str
+    revision: str
+    requested_revision: str | None
+    path: Path
+    digest: str
+    created: float
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> BaseModelRecord:
+        return cls(
+            id=row["id"],
+            repo_id=row["repo_id"],
+            revision=row["revision"],
+            requested_revision=row["requested_revision"],
+            path=Path(row["path"]),
+            digest=row["digest"],
+            created=row["created"],
+        )

@@ -1,0 +1,254 @@
+"""``multilora-studio pull`` and ``multilora-studio adapters ...``: the library on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from multilora_studio.adapters.base_model import BaseModelRef
+from multilora_studio.adapters.peft_adapter import SUPPORTED_TARGETS
+from multilora_studio.adapters.registry import DEFAULT_MAX_RANK, Registry
+from multilora_studio.adapters.registry_schema import AdapterRecord
+
+DEFAULT_SEARCH_BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded default model on the Hub
+
+
+def describe_base(model: str | None) -> BaseModelRef:
+    """The base model adapters are checked against: a HF folder, or the embedded default model.
+
+    Name and digest follow the engine's rule: the folder's name and the SHA-256 of its
+    ``model.safetensors`` ("" for sharded weights).
+    """
+    from multilora_studio.cli import print_progress
+    from multilora_studio.default_model import ensure_default_model, sha256_file
+    from multilora_studio.engine.model_spec import load_spec
+
+    if model is None:
+        default = ensure_default_model(progress=print_progress)
+        folder, name, digest = default.path, default.name, default.digest
+    else:
+        folder = Path(model).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"model folder {folder} does not exist")
+        weights = folder / "model.safetensors"
+        name, digest = folder.name, (sha256_file(weights) if weights.is_file() else "")
+    spec = load_spec(folder)
+    return BaseModelRef(
+        name=name,
+        digest=digest,
+        num_layers=spec.num_layers,
+        vocab_size=spec.vocab_size,
+        shapes={module: spec.projection_shape(module) for module in SUPPORTED_TARGETS},
+    )
+
+
+def add_library_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``pull`` and ``adapters``."""
+    pull = subparsers.add_parser(
+        "pull",
+        help="pull an adapter (or a base model) from the Hugging Face Hub",
+        description="Download ORG/NAME[@REVISION] into the Hugging Face cache, validate it against the "
+        "base model and add it to the adapter library. The revision (branch, tag or commit) is pinned "
+        "to its commit. HF_ENDPOINT, HF_HUB_CACHE and HF_HUB_OFFLINE=1 (use the cache only) apply.",
+    )
+    pull.add_argument(
+        "repo", metavar="REPO_ID[@REV]", help="Hub repository, optionally @branch, @tag or @sha"
+    )
+    _add_naming(pull)
+    _add_base(pull)
+    pull.set_defaults(handler=run_pull)
+
+    adapters = subparsers.add_parser(
+        "adapters",
+        help="list, add, remove, pin and inspect the adapters of the library",
+        description="The adapter library: one SQLite file in the user data directory.",
+    )
+    actions = adapters.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="list the library", description="List the library's adapters.")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.add_argument("--model", default=None, help="flag adapters validated against another base")
+    listing.set_defaults(handler=run_list)
+
+    add = actions.add_parser(
+        "add",
+        help="validate a PEFT folder and copy it into the library",
+        description="Validate a PEFT adapter folder against the base model and copy it into the library.",
+    )
+    add.add_argument("path", type=Path, help="PEFT folder (adapter_config.json + adapter_model.safetensors)")
+    _add_naming(add)
+    _add_base(add)
+    add.set_defaults(handler=run_add)
+
+    for action, text, handler in (
+        ("remove", "remove an adapter (an imported copy is deleted)", run_remove),
+        ("pin", "keep the adapter in its GPU slot once loaded", run_pin),
+        ("unpin", "let the adapter's GPU slot be reused again", run_unpin),
+        ("show", "show everything the library records about an adapter", run_show),
+    ):
+        parser = actions.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
+        parser.add_argument("name", help="adapter name or alias")
+        if action == "show":
+            parser.add_argument("--json", action="store_true", help="print JSON")
+            parser.add_argument("--model", default=None, help="check against this base model folder")
+        parser.set_defaults(handler=handler)
+
+    search = actions.add_parser(
+        "search",
+        help="search the Hub for adapters of a base model",
+        description="Search the Hugging Face Hub for adapters of a base model (its base_model:adapter: tag).",
+    )
+    search.add_argument("text", nargs="?", default=None, help="words the repository id contains")
+    search.add_argument("--base", default=DEFAULT_SEARCH_BASE, help="base model repository id on the Hub")
+    search.add_argument("--limit", type=int, default=20)
+    search.set_defaults(handler=run_search)
+
+
+def _add_naming(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", default=None, help="library name (default: folder name / repo id)")
+    parser.add_argument("--alias", action="append", default=[], help="another name for it (repeatable)")
+    parser.add_argument("--notes", default="", help="free text kept with the adapter")
+
+
+def _add_base(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="base model folder (default: the embedded model)")
+    parser.add_argument(
+        "--max-lora-rank", type=int, default=DEFAULT_MAX_RANK, help="largest adapter rank accepted"
+    )
+
+
+def run_pull(args: argparse.Namespace) -> int:
+    from multilora_studio.adapters.pull import pull
+    from multilora_studio.cli import print_progress
+
+    result = pull(
+        args.repo,
+        Registry(),
+        lambda: describe_base(args.model),
+        name=args.name,
+        aliases=args.alias,
+        notes=args.notes,
+        max_rank=args.max_lora_rank,
+        progress=print_progress,
+    )
+    if result.adapter is not None:
+        state = "already in the library as" if result.already_registered else "added to the library as"
+        print(f"{result.repo_id}@{result.revision}: {state} {result.adapter.name!r}")
+    else:
+        print(f"base model {result.repo_id}@{result.revision} in {result.path}")
+        print(f"use it with: --model {result.path}")
+    return 0
+
+
+def run_add(args: argparse.Namespace) -> int:
+    registry = Registry()
+    registry.check_names(args.name or args.path.expanduser().resolve().name, args.alias)
+    record = registry.import_folder(
+        args.path,
+        describe_base(args.model),
+        name=args.name,
+        aliases=args.alias,
+        notes=args.notes,
+        max_rank=args.max_lora_rank,
+    )
+    print(
+        f"added {record.name!r}: rank {record.rank}, {', '.join(record.targets)}, {_size(record.size_bytes)}"
+    )
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    records = Registry().list_adapters()
+    digest = describe_base(args.model).digest if args.model else None
+    if args.json:
+        print(json.dumps([_as_json(r, digest) for r in records], indent=2))
+        return 0
+    if not records:
+        print("the library is empty; add adapters with: multilora-studio adapters add PATH | pull REPO_ID")
+        return 0
+    rows = [("NAME", "RANK", "TARGETS", "SIZE", "PIN", "BASE", "SOURCE")]
+    for r in records:
+        flag = (
+            "" if digest is None else {"ok": "", "mismatch": " (!)", "unknown": " (?)"}[r.base_status(digest)]
+        )
+        rows.append(
+            (r.name, str(r.rank), ",".join(r.targets), _size(r.size_bytes), "yes" if r.pinned else "",
+             r.base_name + flag, r.source_label)
+        )  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    if digest is not None and any(r.base_status(digest) == "mismatch" for r in records):
+        print("(!) validated against other base weights: refused unless overridden")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    record = Registry().get(args.name)
+    digest = describe_base(args.model).digest if args.model else None
+    data = _as_json(record, digest)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    for key, value in data.items():
+        shown = ", ".join(value) if isinstance(value, list) else ("" if value is None else value)
+        print(f"{key + ':':20} {shown}")
+    return 0
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    record = Registry().remove(args.name)
+    print(f"removed {record.name!r}")
+    return 0
+
+
+def run_pin(args: argparse.Namespace) -> int:
+    record = Registry().set_pinned(args.name, True)
+    print(f"pinned {record.name!r}")
+    return 0
+
+
+def run_unpin(args: argparse.Namespace) -> int:
+    record = Registry().set_pinned(args.name, False)
+    print(f"unpinned {record.name!r}")
+    return 0
+
+
+def run_search(args: argparse.Namespace) -> int:
+    from multilora_studio.adapters.hub import search_adapters
+
+    if args.limit < 1:
+        raise ValueError("--limit must be at least 1")
+    found = search_adapters(args.base, args.text, args.limit)
+    if not found:
+        print(f"no adapters of {args.base} found" + (f" matching {args.text!r}" if args.text else ""))
+    for model in found:
+        print(f"{model.repo_id}  downloads={model.downloads or 0}  likes={model.likes or 0}")
+    return 0
+
+
+def _as_json(record: AdapterRecord, digest: str | None) -> dict:
+    data = dataclasses.asdict(record)
+    data["path"] = str(record.path)
+    data["aliases"] = list(record.aliases)
+    data["targets"] = list(record.targets)
+    data["created"] = _time(record.created)
+    data["last_used"] = _time(record.last_used) if record.last_used else None
+    if digest is not None:
+        data["base_status"] = record.base_status(digest)
+    return data
+
+
+def _time(stamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
+def _size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
