@@ -174,6 +174,7 @@ def fetch(
                 tqdm_class=meter.bar_class(),
             )
         meter.finish_file(snapshot.files.get(file) or 0)
+    _record_ref(snapshot, settings)
     meter.report(f"downloaded {snapshot.repo_id}@{snapshot.revision[:12]}", done=True)
     return folder
 
@@ -204,6 +205,22 @@ def cache_transaction(repo_id: str, settings: HubSettings) -> Iterator[None]:
                         path.unlink(missing_ok=True)
             log.info("removed the partial pull of %s from the HF cache", repo_id)
             raise
+
+
+def _record_ref(snapshot: Snapshot, settings: HubSettings) -> None:
+    """Write ``refs/<branch or tag>`` (the HF cache's record of which commit a name meant).
+
+    Files are fetched by commit so a moving branch cannot mix two commits; the ref
+    is what lets offline mode find the snapshot by the name that was asked for.
+    """
+    name = snapshot.requested or "main"
+    if COMMIT.match(name):
+        return
+    ref = repo_cache_dir(snapshot.repo_id, settings.cache_dir) / "refs" / name
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    staging = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
+    staging.write_text(snapshot.revision)
+    os.replace(staging, ref)
 
 
 def snapshot_folder(snapshot: Snapshot, settings: HubSettings) -> Path:

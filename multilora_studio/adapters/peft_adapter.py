@@ -94,7 +94,7 @@ def load_peft_adapter(
     """
     folder = Path(folder)
     config = parse_adapter_config(read_adapter_config(folder), folder, max_rank)
-    weights_path = _weights_file(folder)
+    weights_path = weights_file(folder)
     if vocab_size is not None:
         _check_added_tokens(folder, vocab_size)
     factors = _plan_factors(folder, read_header(weights_path), config, num_layers, shape_of, max_rank)
@@ -116,7 +116,8 @@ def load_peft_adapter(
     )
 
 
-def _weights_file(folder: Path) -> Path:
+def weights_file(folder: Path) -> Path:
+    """The folder's safetensors weights; AdapterError if missing (naming pickles), or too large."""
     path = folder / WEIGHTS_FILE
     if not path.is_file():
         pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)

@@ -30,7 +30,13 @@ from typing import Any
 
 from multilora_studio.adapters.adapter_config import CONFIG_FILE, AdapterError
 from multilora_studio.adapters.base_model import BaseModelRef
-from multilora_studio.adapters.peft_adapter import ADDED_TOKENS_FILE, WEIGHTS_FILE, load_peft_adapter
+from multilora_studio.adapters.peft_adapter import (
+    ADDED_TOKENS_FILE,
+    WEIGHTS_FILE,
+    load_peft_adapter,
+    read_adapter_config,
+    weights_file,
+)
 from multilora_studio.adapters.registry_schema import AdapterRecord, BaseModelRecord, migrate
 from multilora_studio.paths import data_dir
 
@@ -120,6 +126,8 @@ class Registry:
         source = Path(folder).expanduser().resolve()
         if not source.is_dir():
             raise LibraryError(f"{source} is not a folder")
+        read_adapter_config(source)
+        weights_file(source)  # refuses pickle-only folders by name before anything is copied
         name = name or source.name
         names = self.check_names(name, aliases)
         adapter_id = uuid.uuid4().hex

@@ -1,0 +1,284 @@
+"""Every bad adapter is refused with a message naming the problem, and leaves the library as it was."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter
+from tests.adapters.conftest import edit_config, edit_tensors
+
+GOOD = "tiny-r8-all"  # rank 8 on all seven projections
+FIRST_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+FIRST_B = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+
+
+def weights(folder: Path) -> Path:
+    return folder / "adapter_model.safetensors"
+
+
+def rewrite_header(folder: Path, change) -> None:
+    """Edit the JSON header of the safetensors file in place (data bytes untouched)."""
+    raw = weights(folder).read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + length])
+    change(header)
+    encoded = json.dumps(header).encode()
+    weights(folder).write_bytes(struct.pack("<Q", len(encoded)) + encoded + raw[8 + length :])
+
+
+def truncate(folder: Path) -> None:
+    data = weights(folder).read_bytes()
+    weights(folder).write_bytes(data[: len(data) // 2])
+
+
+def set_value(key: str, value: float):
+    def change(tensors: dict) -> None:
+        tensors[key][0, 0] = value
+
+    return change
+
+
+def add_tensor(key: str, shape: tuple[int, ...]):
+    def change(tensors: dict) -> None:
+        tensors[key] = torch.randn(shape)
+
+    return change
+
+
+def drop_tensor(key: str):
+    def change(tensors: dict) -> None:
+        del tensors[key]
+
+    return change
+
+
+def rename_tensor(old: str, new: str):
+    def change(tensors: dict) -> None:
+        tensors[new] = tensors.pop(old)
+
+    return change
+
+
+def reshape_first_a(tensors: dict) -> None:
+    tensors[FIRST_A] = tensors[FIRST_A].repeat(1, 2)
+
+
+def widen_first_b(tensors: dict) -> None:
+    tensors[FIRST_B] = tensors[FIRST_B].repeat(2, 1)
+
+
+def int_first_a(tensors: dict) -> None:
+    tensors[FIRST_A] = tensors[FIRST_A].to(torch.int32)
+
+
+CASES = {
+    # files and their bytes
+    "truncated": (truncate, "corrupt or truncated"),
+    "shorter_than_header": (
+        lambda f: weights(f).write_bytes(b"\x10\x00"),
+        "shorter than a safetensors header",
+    ),
+    "huge_header_length": (
+        lambda f: weights(f).write_bytes(struct.pack("<Q", 1 << 60) + weights(f).read_bytes()[8:]),
+        r"declares a \d+-byte header",
+    ),
+    "header_not_json": (
+        lambda f: weights(f).write_bytes(struct.pack("<Q", 4) + b"{no}" + b"\x00" * 64),
+        "header is not valid JSON",
+    ),
+    "huge_declared_shape": (
+        lambda f: rewrite_header(f, lambda h: h[FIRST_A].update(shape=[1 << 40, 64])),
+        "declares shape",
+    ),
+    "offsets_past_the_end": (
+        lambda f: rewrite_header(f, lambda h: h[FIRST_A].update(data_offsets=[0, 1 << 33])),
+        "corrupt or truncated",
+    ),
+    "unknown_dtype": (
+        lambda f: rewrite_header(f, lambda h: h[FIRST_A].update(dtype="Q4")),
+        "unknown dtype",
+    ),
+    "no_weights": (lambda f: weights(f).unlink(), "has no adapter_model.safetensors"),
+    "pickle_only": (lambda f: weights(f).rename(f / "adapter_model.bin"), "pickle files can run code"),
+    "no_tensors": (lambda f: save_file({}, str(weights(f))), "holds no LoRA tensors"),
+    # tensor values and names
+    "nan": (lambda f: edit_tensors(f, set_value(FIRST_A, math.nan)), "NaN or Inf"),
+    "inf": (lambda f: edit_tensors(f, set_value(FIRST_B, math.inf)), "NaN or Inf"),
+    "integer_factors": (lambda f: edit_tensors(f, int_first_a), "LoRA factors are floats"),
+    "dora_tensors": (
+        lambda f: edit_tensors(
+            f, add_tensor("base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector", (64,))
+        ),
+        "DoRA",
+    ),
+    "lm_head_weights": (
+        lambda f: edit_tensors(f, add_tensor("base_model.model.lm_head.weight", (8, 64))),
+        "lm_head weights",
+    ),
+    "resized_embeddings": (
+        lambda f: edit_tensors(f, add_tensor("base_model.model.model.embed_tokens.weight", (8, 64))),
+        "embed_tokens weights",
+    ),
+    "bias_terms": (
+        lambda f: edit_tensors(f, add_tensor("base_model.model.model.layers.0.self_attn.q_proj.bias", (64,))),
+        "trained bias terms",
+    ),
+    "missing_lora_b": (lambda f: edit_tensors(f, drop_tensor(FIRST_B)), "lacks its lora_B"),
+    "rank_differs_from_config": (lambda f: edit_config(f, r=4), "declares r=4"),
+    "wrong_in_features": (lambda f: edit_tensors(f, reshape_first_a), "different base model"),
+    "wrong_out_features": (lambda f: edit_tensors(f, widen_first_b), "different base model"),
+    "more_layers_than_base": (
+        lambda f: edit_tensors(f, rename_tensor(FIRST_A, FIRST_A.replace("layers.0.", "layers.7."))),
+        "another base model",
+    ),
+    "tensor_outside_target_modules": (
+        lambda f: edit_config(f, target_modules=["q_proj"]),
+        "not in target_modules",
+    ),
+    "added_tokens": (
+        lambda f: (f / "added_tokens.json").write_text(json.dumps({"<new>": 49152})),
+        "adds tokens the base model lacks",
+    ),
+    # adapter_config.json schema
+    "config_bad_json": (lambda f: (f / "adapter_config.json").write_text("{"), "not valid JSON"),
+    "config_not_object": (lambda f: (f / "adapter_config.json").write_text("[1]"), "must hold a JSON object"),
+    "config_missing": (lambda f: (f / "adapter_config.json").unlink(), "has no adapter_config.json"),
+    "config_huge": (
+        lambda f: (f / "adapter_config.json").write_text(" " * (2 << 20) + "{}"),
+        "larger than 1 MiB",
+    ),
+    "r_not_integer": (lambda f: edit_config(f, r="8"), "'r' must be a positive integer"),
+    "r_zero": (lambda f: edit_config(f, r=0), "'r' must be a positive integer"),
+    "alpha_nan": (lambda f: edit_config(f, lora_alpha=math.nan), "'lora_alpha' must be a finite number"),
+    "alpha_bool": (lambda f: edit_config(f, lora_alpha=True), "'lora_alpha' must be a finite number"),
+    "targets_empty": (lambda f: edit_config(f, target_modules=[]), "non-empty list"),
+    "targets_bad_regex": (lambda f: edit_config(f, target_modules="(q_proj"), "not a valid regex"),
+    "target_unsupported": (
+        lambda f: edit_config(f, target_modules=["q_proj", "conv1d"]),
+        "conv1d is not supported",
+    ),
+    "rank_pattern_not_mapping": (lambda f: edit_config(f, rank_pattern=[8]), "'rank_pattern' must map"),
+    "alpha_pattern_text": (
+        lambda f: edit_config(f, alpha_pattern={"q_proj": "x"}),
+        "'alpha_pattern' must map",
+    ),
+    "prefix_tuning": (lambda f: edit_config(f, peft_type="PREFIX_TUNING"), "only LoRA adapters"),
+    "classification_task": (lambda f: edit_config(f, task_type="SEQ_CLS"), "task_type SEQ_CLS"),
+    "rslora_text": (lambda f: edit_config(f, use_rslora="yes"), "'use_rslora' must be true or false"),
+    "fan_in_fan_out": (lambda f: edit_config(f, fan_in_fan_out=True), "fan_in_fan_out"),
+    "layers_to_transform_text": (
+        lambda f: edit_config(f, layers_to_transform="all"),
+        "'layers_to_transform'",
+    ),
+    "dora_flag": (lambda f: edit_config(f, use_dora=True), "DoRA"),
+    "modules_to_save_flag": (lambda f: edit_config(f, modules_to_save=["lm_head"]), "modules_to_save"),
+    "embedding_target": (
+        lambda f: edit_config(f, target_modules=["q_proj", "embed_tokens"]),
+        "embedding LoRA",
+    ),
+    "rank_pattern_too_large": (
+        lambda f: edit_config(f, rank_pattern={"q_proj": 128}),
+        "rank 128 exceeds max_lora_rank=64",
+    ),
+}
+
+PEFT_CASES = {
+    "dora": "DoRA",
+    "modules_to_save": "modules_to_save",
+    "embedding": r"embed_tokens is not supported \(embedding LoRA\)",
+    "lm_head": r"lm_head is not supported \(lm_head LoRA\)",
+    "trainable_tokens": "trainable token embeddings",
+}
+
+
+def assert_refused(registry, folder: Path, base, message: str, **options) -> None:
+    """The import fails with ``message`` and the library holds exactly what it held before."""
+    before = registry.list_adapters()
+    folders_before = sorted(registry.adapters_dir.iterdir())
+    with pytest.raises(AdapterError, match=message) as caught:
+        registry.import_folder(folder, base, name="candidate", **options)
+    assert str(folder) in str(caught.value)
+    assert registry.list_adapters() == before
+    assert sorted(registry.adapters_dir.iterdir()) == folders_before
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_adapter_is_refused_and_nothing_is_registered(case, registry, tiny_adapters, tiny_base, tmp_path):
+    kept = registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="kept")
+    mutate, message = CASES[case]
+    folder = shutil.copytree(tiny_adapters[GOOD], tmp_path / case)
+    mutate(folder)
+    assert_refused(registry, folder, tiny_base, message)
+    assert registry.get("kept") == kept
+    assert (kept.path / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("case", sorted(PEFT_CASES))
+def test_peft_saved_unsupported_contents_are_named(case, registry, peft_variants, tiny_base):
+    assert_refused(registry, peft_variants[case], tiny_base, PEFT_CASES[case])
+
+
+def test_rank_above_the_limit_is_refused(registry, tiny_adapters, tiny_base):
+    assert_refused(
+        registry, tiny_adapters["tiny-r32-ko-down"], tiny_base, "exceeds max_lora_rank=16", max_rank=16
+    )
+    record = registry.import_folder(tiny_adapters["tiny-r32-ko-down"], tiny_base, max_rank=32)
+    assert record.rank == 32
+
+
+def test_pickle_next_to_safetensors_is_ignored_and_not_copied(registry, tiny_adapters, tiny_base, tmp_path):
+    folder = shutil.copytree(tiny_adapters["tiny-r4-qv"], tmp_path / "with-pickle")
+    (folder / "training_args.bin").write_bytes(b"\x80\x04not loaded")
+    record = registry.import_folder(folder, tiny_base)
+    assert sorted(p.name for p in record.path.iterdir()) == [
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+
+
+def raw_factors(folder: Path) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    tensors = load_file(str(weights(folder)))
+    out = {}
+    for key, a in tensors.items():
+        if ".lora_A." in key:
+            parts = key.split(".")
+            layer, module = int(parts[parts.index("layers") + 1]), parts[-3]
+            out[(layer, module)] = (a, tensors[key.replace(".lora_A.", ".lora_B.")])
+    return out
+
+
+@pytest.mark.parametrize(
+    ("case", "targets", "scales"),
+    [
+        ("regex_targets", ("q_proj", "v_proj"), {"q_proj": 2.0, "v_proj": 2.0}),
+        ("alpha_pattern", ("q_proj", "o_proj"), {"q_proj": 2.0, "o_proj": 8.0}),
+        ("rslora", ("up_proj",), {"up_proj": 4.0}),
+        ("rank_pattern", ("q_proj", "v_proj"), {"q_proj": 2.0, "v_proj": 1.0}),
+        ("some_layers", ("down_proj",), {"down_proj": 2.0}),
+    ],
+)
+def test_accepted_peft_variants_fold_peft_scales(case, targets, scales, peft_variants, tiny_base):
+    folder = peft_variants[case]
+    host = load_peft_adapter(case, folder, tiny_base.num_layers, tiny_base.shape_of, 16, tiny_base.vocab_size)
+    assert host.targets == targets
+    raw = raw_factors(folder)
+    assert set(host.weights) == set(raw)
+    for (layer, module), (a, b_scaled) in host.weights.items():
+        raw_a, raw_b = raw[(layer, module)]
+        torch.testing.assert_close(a, raw_a)
+        torch.testing.assert_close(b_scaled, raw_b * scales[module])
+    if case == "rank_pattern":
+        assert host.rank == 8 and {
+            a.shape[0] for (_, m), (a, _) in host.weights.items() if m == "q_proj"
+        } == {4}
+    if case == "some_layers":
+        assert {layer for layer, _ in host.weights} == {1}
