@@ -68,7 +68,7 @@ class Job:
         params: Sequence[SamplingParams],
     ) -> None:
         sequences = len(prompts) * len(params)
-        limit = state.config.max_sequences_per_request
+        limit = min(state.config.max_sequences_per_request, state.config.max_in_flight)
         if sequences > limit:
             raise ApiError(
                 400,

@@ -37,7 +37,7 @@ def engine(tiny_model_dir, server_adapters, engine_device):
         max_loras=8,
         max_lora_rank=32,
         max_num_seqs=64,
-        max_model_len=256,
+        max_model_len=1024,
         max_num_batched_tokens=1024,
     )
     with Engine(config) as built:

@@ -142,7 +142,7 @@ def test_unknown_model_is_404_never_the_base(serve):
         ({"top_p": 0}, "top_p"),
         ({"n": 40}, "n"),
         ({"echo": True}, "echo"),
-        ({"prompt": "word " * 400}, "prompt"),
+        ({"prompt": "word " * 1100}, "prompt"),
         ({"prompt": [10**9]}, "prompt"),
     ],
 )
