@@ -63,8 +63,9 @@ class BaseMismatchError(LibraryError):
 class Registry:
     """The adapter library (see the module docstring); safe to share between threads."""
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         self.root = Path(root) if root is not None else data_dir()
+        self.busy_timeout_s = busy_timeout_s
         self.root.mkdir(parents=True, exist_ok=True)
         self.db_path = self.root / DB_FILE
         self.adapters_dir = self.root / ADAPTERS_DIR
@@ -271,12 +272,19 @@ class Registry:
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        conn = sqlite3.connect(self.db_path, timeout=self.busy_timeout_s, isolation_level=None)
         try:
             conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             conn.execute("PRAGMA foreign_keys = ON")
             yield conn
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) and "busy" not in str(error):
+                raise
+            raise LibraryError(
+                f"the adapter library {self.db_path} stayed locked by another writer for "
+                f"{self.busy_timeout_s:g} s; try again"
+            ) from error
         finally:
             conn.close()
 

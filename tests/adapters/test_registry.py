@@ -1,0 +1,194 @@
+"""The library on a real SQLite file: records, names, transactions, leftovers, base digests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from multilora_studio.adapters.registry import BaseMismatchError, LibraryError, Registry
+from multilora_studio.adapters.registry_schema import SCHEMA_VERSION
+from multilora_studio.library_cli import describe_base
+
+
+def test_import_copies_the_folder_and_records_everything(registry, tiny_adapters, tiny_base):
+    source = tiny_adapters["tiny-r8-attn"]
+    started = time.time()
+    record = registry.import_folder(source, tiny_base, notes="first try")
+    assert record.name == "tiny-r8-attn"
+    assert (record.source_kind, record.source, record.revision) == ("local", str(source.resolve()), None)
+    assert record.path == registry.adapters_dir / record.id
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        assert (record.path / name).read_bytes() == (source / name).read_bytes()
+    assert (record.rank, record.alpha) == (8, 32.0)
+    assert record.targets == ("q_proj", "k_proj", "v_proj", "o_proj")
+    assert record.size_bytes == (source / "adapter_model.safetensors").stat().st_size
+    assert (record.base_name, record.base_digest) == (tiny_base.name, tiny_base.digest)
+    assert record.declared_base is not None and record.declared_base.endswith(tiny_base.name)
+    assert started <= record.created <= time.time()
+    assert (record.last_used, record.pinned, record.notes) == (None, False, "first try")
+    assert Registry(registry.root).get("tiny-r8-attn") == record  # another instance reads the same file
+
+
+def test_names_and_aliases_share_one_namespace(registry, tiny_adapters, tiny_base):
+    first = registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="pirate", aliases=["arr"])
+    assert registry.get("arr") == first and first.aliases == ("arr",)
+    for name, aliases in (("pirate", ()), ("arr", ()), ("other", ["pirate"]), ("other", ["arr"])):
+        with pytest.raises(LibraryError, match="already has an adapter or alias named"):
+            registry.import_folder(tiny_adapters["tiny-r8-all"], tiny_base, name=name, aliases=aliases)
+    for bad in ("base", "has space", "", "-dash-first", "x" * 129):
+        with pytest.raises(LibraryError, match="invalid adapter name"):
+            registry.import_folder(tiny_adapters["tiny-r8-all"], tiny_base, name=bad or None, aliases=[bad])
+    with pytest.raises(LibraryError, match="repeat"):
+        registry.import_folder(tiny_adapters["tiny-r8-all"], tiny_base, name="same", aliases=["same"])
+    assert [r.name for r in registry.list_adapters()] == ["pirate"]
+    assert [p.name for p in registry.adapters_dir.iterdir()] == [first.id]
+
+
+def test_pin_notes_aliases_and_last_used_persist(registry, tiny_adapters, tiny_base):
+    registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="a")
+    assert registry.set_pinned("a").pinned
+    assert registry.set_notes("a", "good at sea shanties").notes == "good at sea shanties"
+    before = time.time()
+    assert registry.touch("a").last_used >= before
+    assert registry.add_alias("a", "alpha").aliases == ("alpha",)
+    reopened = Registry(registry.root)
+    assert reopened.get("alpha").pinned
+    assert not reopened.set_pinned("alpha", False).pinned
+    reopened.remove_alias("alpha")
+    assert reopened.find("alpha") is None and reopened.get("a").aliases == ()
+    for call in (
+        lambda: reopened.set_pinned("nope"),
+        lambda: reopened.touch("nope"),
+        lambda: reopened.add_alias("nope", "x"),
+        lambda: reopened.remove_alias("nope"),
+        lambda: reopened.remove("nope"),
+    ):
+        with pytest.raises(LibraryError, match=r"no (adapter named|alias) 'nope'"):
+            call()
+
+
+def test_remove_deletes_the_copy_row_and_aliases_but_not_the_source(registry, tiny_adapters, tiny_base):
+    source = tiny_adapters["tiny-r4-qv"]
+    record = registry.import_folder(source, tiny_base, name="gone", aliases=["g"])
+    registry.import_folder(tiny_adapters["tiny-r8-all"], tiny_base, name="stays")
+    assert registry.remove("g") == record
+    assert not record.path.exists() and registry.find("gone") is None
+    assert [r.name for r in registry.list_adapters()] == ["stays"]
+    assert [p.name for p in registry.adapters_dir.iterdir()] == [registry.get("stays").id]
+    assert (source / "adapter_model.safetensors").is_file()
+    assert registry.import_folder(source, tiny_base, name="g").name == "g"  # the alias is free again
+
+
+def test_a_locked_library_fails_the_import_and_leaves_nothing(tmp_path, tiny_adapters, tiny_base):
+    registry = Registry(tmp_path / "library", busy_timeout_s=0.2)
+    registry.import_folder(tiny_adapters["tiny-r8-all"], tiny_base, name="kept")
+    other = sqlite3.connect(registry.db_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+    try:
+        with pytest.raises(LibraryError, match="locked by another writer"):
+            registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="blocked")
+        with pytest.raises(LibraryError, match="locked by another writer"):
+            registry.remove("kept")
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert [r.name for r in registry.list_adapters()] == ["kept"]
+    kept = registry.get("kept")
+    assert [p.name for p in registry.adapters_dir.iterdir()] == [kept.id]
+    assert (kept.path / "adapter_model.safetensors").is_file()
+    assert registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="blocked").name == "blocked"
+
+
+def test_leftovers_of_a_crash_are_swept_at_the_next_start(registry, tiny_adapters, tiny_base):
+    kept = registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base)
+    old = time.time() - 2 * 3600
+    leftovers = [registry.adapters_dir / n for n in (".tmp-old", ".trash-old", "0123orphan")]
+    for folder in leftovers:
+        folder.mkdir()
+        (folder / "adapter_model.safetensors").write_bytes(b"partial")
+        os.utime(folder, (old, old))
+    os.utime(kept.path, (old, old))
+    recent = registry.adapters_dir / ".tmp-running-import"
+    recent.mkdir()
+    Registry(registry.root)
+    assert not any(folder.exists() for folder in leftovers)
+    assert recent.is_dir() and kept.path.is_dir()
+
+
+def test_schema_version_and_wal_journal(registry, tmp_path):
+    conn = sqlite3.connect(registry.db_path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    conn = sqlite3.connect(newer / "library.sqlite3")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(RuntimeError, match="newer MultiLoRA Studio"):
+        Registry(newer)
+
+
+@pytest.fixture(scope="module")
+def retrained_base(tmp_path_factory, tiny_model_dir) -> Path:
+    """The tiny model with one weight changed: same shapes, other digest (another base revision)."""
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path_factory.mktemp("retrained") / "tiny-llama"))
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * 1.01
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def test_adapter_of_another_base_revision_is_flagged_and_refused_unless_overridden(
+    registry, tiny_adapters, tiny_base, retrained_base
+):
+    record = registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="a")
+    other = describe_base(str(retrained_base))
+    assert other.digest != tiny_base.digest and other.shapes == tiny_base.shapes
+    assert record.base_status(tiny_base.digest) == "ok"
+    assert record.base_status(other.digest) == "mismatch"
+    assert record.base_status("") == "unknown"
+    assert registry.check_base("a", tiny_base.digest) == record
+    with pytest.raises(BaseMismatchError, match=f"validated against base {tiny_base.name}"):
+        registry.check_base("a", other.digest)
+    assert registry.check_base("a", other.digest, override=True) == record
+
+
+def test_load_into_a_running_engine_checks_the_base_pins_and_records_use(
+    registry, tiny_adapters, tiny_base, retrained_base
+):
+    from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+
+    registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="qv")
+    registry.set_pinned("qv")
+    config = EngineConfig(
+        model=str(retrained_base),
+        device="cpu",
+        dtype="float32",
+        max_loras=2,
+        max_lora_rank=8,
+        max_model_len=128,
+    )
+    with Engine(config) as engine:
+        with pytest.raises(BaseMismatchError):
+            registry.load_into(engine, "qv")
+        assert engine.list_adapters() == []
+        record = registry.load_into(engine, "qv", override=True)
+        assert record.last_used is not None
+        assert [a.name for a in engine.list_adapters()] == ["qv"]
+        out = engine.generate(["Hello"], ["qv"], SamplingParams(max_tokens=3, temperature=0.0))[0]
+        assert len(out.token_ids) == 3
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            metrics = engine.metrics()
+            slots = [s for s in metrics.slots if s.adapter == "qv"] if metrics else []
+            if slots:
+                break
+            time.sleep(0.05)
+        assert slots and slots[0].pinned
