@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from multilora_studio import __version__
 from multilora_studio.compare import add_compare_command
 from multilora_studio.library_cli import add_library_commands
+from multilora_studio.serve import add_serve_command
 
 log = logging.getLogger("multilora_studio")
 
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_command(subparsers)
     add_compare_command(subparsers)
     add_library_commands(subparsers)
+    add_serve_command(subparsers)
     return parser
 
 

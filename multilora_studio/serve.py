@@ -1,0 +1,97 @@
+"""``multilora-studio serve``: the OpenAI-compatible endpoint without the window (vLLM-style flags)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+
+from multilora_studio.compare import add_engine_arguments, engine_config, parse_lora_modules
+
+log = logging.getLogger(__name__)
+
+API_KEY_ENV = "MULTILORA_STUDIO_API_KEY"
+
+
+def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve the base model and adapters over an OpenAI-compatible HTTP API",
+        description="Serve the base model and its LoRA adapters over an OpenAI-compatible HTTP API; "
+        "the request's `model` field picks the adapter. Stop with Ctrl+C.",
+    )
+    add_engine_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help=f"require this bearer key (repeatable; default: ${API_KEY_ENV}, comma-separated)",
+    )
+    parser.add_argument("--max-concurrent-per-key", type=int, default=None, help="open requests per key")
+    parser.add_argument("--tokens-per-minute", type=int, default=None, help="token budget per key")
+    parser.add_argument("--max-in-flight", type=int, default=256, help="engine requests the server holds")
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body")
+    parser.add_argument(
+        "--allowed-hosts", nargs="*", default=[], metavar="HOST", help="extra Host header names to accept"
+    )
+    parser.add_argument(
+        "--allowed-origins", nargs="*", default=[], metavar="ORIGIN", help="enable CORS for these origins"
+    )
+    parser.set_defaults(handler=run_serve)
+
+
+def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    given = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV, "").split(",")
+    return tuple(key.strip() for key in given if key.strip())
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from multilora_studio.cli import print_progress
+    from multilora_studio.engine import Engine
+    from multilora_studio.server import ApiServer, ServerConfig, bind_socket
+
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        api_keys=api_keys(args),
+        max_concurrent_per_key=args.max_concurrent_per_key,
+        tokens_per_minute_per_key=args.tokens_per_minute,
+        max_in_flight=args.max_in_flight,
+        max_body_bytes=args.max_body_bytes,
+        allowed_hosts=tuple(args.allowed_hosts),
+        cors_origins=tuple(args.allowed_origins),
+    )
+    modules = parse_lora_modules(args.lora_modules)
+    if not config.loopback and not config.api_keys:
+        log.warning("serving on %s without an API key: anyone who can reach it can use it", config.host)
+    listener = bind_socket(config.host, config.port)  # a busy port fails now, not after the model loads
+    try:
+        with Engine(engine_config(args), progress=print_progress) as engine:
+            for name, path in modules.items():
+                engine.add_adapter(name, path)
+            server = ApiServer(engine, config)
+            url = server.start(sock=listener)
+            names = ", ".join([engine.model_name, *sorted(modules)])
+            print(f"serving {names} at {url}/v1", flush=True)
+            wait_for_stop_signal()
+            server.stop()
+    finally:
+        listener.close()
+    return 0
+
+
+def wait_for_stop_signal() -> None:
+    """Block until Ctrl+C or SIGTERM."""
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
