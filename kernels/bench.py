@@ -1,7 +1,6 @@
 """Benchmark and GPU checks of the multi-LoRA kernels.
 
     python -m multilora_studio.kernels.bench            # on a CUDA GPU (about 5 minutes)
-    python -m multilora_studio.kernels.bench --tune     # also sweep tile configurations
     python -m multilora_studio.kernels.bench --cpu      # torch path on CPU, 135M shapes
 
 GPU sections, in order: (1) the device's ceilings (device-to-device copy bandwidth, bf16
@@ -25,7 +24,6 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -57,15 +55,6 @@ SMOL_135M = {
 }
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
 PATTERNS = ("distinct", "uniform", "zipf", "identical", "all_none", "base_mixed")
-
-
-@dataclass
-class Proj:
-    lora_a: torch.Tensor  # [L, S, R, K]
-    lora_b: torch.Tensor  # [L, N, R]
-    offsets: tuple[int, ...]
-    x: torch.Tensor  # [T, K]
-    y: torch.Tensor  # [T, N]
 
 
 def make_weights(
@@ -221,7 +210,10 @@ def section_ceilings(rep: Report) -> None:
 
 
 def check_case(weights, slots, rank_t, num_slots, gen) -> tuple[bool, float]:
-    """add_lora (and, for qkv, shrink + expand) on every projection vs the reference."""
+    """add_lora (single launch), the two-launch path and, for qkv, the public shrink +
+    expand on every projection vs the reference."""
+    from . import lora_triton as lt
+
     batch = build_lora_batch(slots, rank_t, num_slots)
     t = slots.shape[0]
     keep = slots < 0  # rows that must stay bit for bit (poisoned with NaN)
@@ -233,6 +225,8 @@ def check_case(weights, slots, rank_t, num_slots, gen) -> tuple[bool, float]:
         y0[keep] = float("nan")
         ref = reference_lora(y0, x, a, b, slots, offs)
         outs = [add_lora(y0.clone(), x, a, b, batch, offs)]
+        outs.append(lt.add_two_launches(y0.clone(), x, a, b, batch, offs))
+        assert not batch.sync.any(), "single-launch counters not back at zero"
         if name == "qkv":
             buf = lora_shrink(x, a, batch)
             outs.append(lora_expand(y0.clone(), buf, b, batch, offs))
@@ -430,18 +424,8 @@ def section_update_graph(rep: Report) -> None:
     rep.summary.append(f"update() + kernels in one graph, replay == eager bitwise: {ok}")
 
 
-def time_layer(
-    weights,
-    t: int,
-    slots: torch.Tensor,
-    rank_t: torch.Tensor,
-    num_slots: int,
-    baseline: bool,
-    use_graph: bool,
-    gen: torch.Generator,
-) -> dict[str, float]:
+def layer_inputs(weights, t: int, gen: torch.Generator):
     dtype = next(iter(weights.values()))[0].dtype
-    batch = build_lora_batch(slots, rank_t, num_slots)
     xs = {
         n: torch.randn(t, a.shape[3], device="cuda", generator=gen).to(dtype)
         for n, (a, _, _) in weights.items()
@@ -449,75 +433,151 @@ def time_layer(
     ys = {
         n: torch.randn(t, o[-1], device="cuda", generator=gen).to(dtype) for n, (_, _, o) in weights.items()
     }
+    return xs, ys
+
+
+def steady_us(layer_fns: list[Callable[[], None]], reps: int) -> float:
+    """GPU time of one layer in steady state: one graph replays ``reps`` rounds over the
+    layers (each on its own weight copy, so the 60 MB L2 does not hold them), as a
+    whole-model decode graph would; graph launch cost is spread over all layers."""
+
+    def body() -> None:
+        for _ in range(reps):
+            for fn in layer_fns:
+                fn()
+
+    graph = capture(body)
+    us = bench_ms(graph.replay) * 1e3 / (reps * len(layer_fns))
+    del graph
+    return us
+
+
+def layer_runners(copies, t: int, slots: torch.Tensor, rank_t, num_slots: int, gen, kind: str, **cfg):
+    """One callable per weight copy running a layer's four LoRA projections."""
+    from . import lora_triton as lt
+
+    batch = build_lora_batch(slots, rank_t, num_slots)
     slots_long = slots.long()
+    fns = []
+    for weights in copies:
+        xs, ys = layer_inputs(weights, t, gen)
 
-    def ours() -> None:
-        for n, (a, b, offs) in weights.items():
-            add_lora(ys[n], xs[n], a, b, batch, offs)
+        def fn(weights=weights, xs=xs, ys=ys) -> None:
+            for n, (a, b, offs) in weights.items():
+                if kind == "fused":
+                    lt.add_fused(ys[n], xs[n], a, b, batch, offs, **cfg)
+                elif kind == "two":
+                    lt.add_two_launches(ys[n], xs[n], a, b, batch, offs)
+                elif kind == "api":
+                    add_lora(ys[n], xs[n], a, b, batch, offs)
+                else:
+                    gather_bmm(ys[n], xs[n], a, b, slots_long, offs)
 
-    def base() -> None:
-        for n, (a, b, offs) in weights.items():
-            gather_bmm(ys[n], xs[n], a, b, slots_long, offs)
-
-    out = {"ours_eager_ms": bench_ms(ours)}
-    if use_graph:
-        g = capture(ours)
-        out["ours_graph_ms"] = bench_ms(g.replay)
-        del g
-    if baseline:
-        out["base_eager_ms"] = bench_ms(base)
-        if use_graph:
-            g = capture(base)
-            out["base_graph_ms"] = bench_ms(g.replay)
-            del g
-    return out
+        fns.append(fn)
+    return fns
 
 
-def section_target(rep: Report) -> None:
+def section_target(rep: Report, deadline: float) -> None:
     """Decode batch 32, 32 distinct rank-16 adapters, all seven projections of one layer."""
+    from . import lora_triton as lt
+
     gen = torch.Generator(device="cuda").manual_seed(4)
     cpu_gen = torch.Generator().manual_seed(4)
-    num_slots, t, r = 32, 32, 16
+    num_slots, t, r, ncopy, reps = 32, 32, 16, 3, 4
     ranks = [r] * num_slots
-    weights = make_weights(LLAMA3_8B, num_slots, r, ranks, torch.bfloat16, "cuda", gen)
+    copies = [make_weights(LLAMA3_8B, num_slots, r, ranks, torch.bfloat16, "cuda", gen) for _ in range(ncopy)]
     rank_t = torch.tensor(ranks, dtype=torch.int32, device="cuda")
     slots = make_slots("distinct", t, list(range(num_slots)), cpu_gen).cuda()
-    times = time_layer(weights, t, slots, rank_t, num_slots, True, True, gen)
-    nbytes = layer_bytes(LLAMA3_8B, t, [r] * 32, 2)
-    flops = layer_flops(LLAMA3_8B, [r] * t)
+    nbytes = layer_bytes(LLAMA3_8B, t, [r] * num_slots, 2)
     bw = rep.data.get("ceilings", {}).get("copy_bw_TBs", 4.3) * 1e12
-    res = dict(times)
-    res["bytes"] = nbytes
-    res["flops"] = flops
-    for k in ("ours_graph_ms", "ours_eager_ms"):
-        res[k.replace("_ms", "_bw_pct")] = 100 * nbytes / (times[k] * 1e-3) / bw
-    res["speedup_graph"] = times["base_graph_ms"] / times["ours_graph_ms"]
-    res["speedup_eager"] = times["base_eager_ms"] / times["ours_eager_ms"]
-    # Per projection, graph replay (shrink + expand of one projection).
+
+    def run(kind: str, **cfg) -> float:
+        return steady_us(layer_runners(copies, t, slots, rank_t, num_slots, gen, kind, **cfg), reps)
+
+    res: dict[str, object] = {"bytes": nbytes, "flops": layer_flops(LLAMA3_8B, [r] * t)}
+    res["fused_us"] = run("api")
+    res["two_launch_us"] = run("two")
+    res["gather_bmm_us"] = run("gather_bmm")
+    # Eager (host-bound: Python + launch cost of 4 add_lora calls per layer).
     batch = build_lora_batch(slots, rank_t, num_slots)
+    xs, ys = layer_inputs(copies[0], t, gen)
+    res["fused_eager_us"] = 1e3 * bench_ms(
+        lambda: [add_lora(ys[n], xs[n], a, b, batch, o) for n, (a, b, o) in copies[0].items()]
+    )
+    for key in ("fused", "two_launch", "gather_bmm"):
+        res[f"{key}_bw_pct"] = 100 * nbytes / (res[f"{key}_us"] * 1e-6) / bw
+    res["speedup_fused"] = res["gather_bmm_us"] / res["fused_us"]
+    res["speedup_two_launch"] = res["gather_bmm_us"] / res["two_launch_us"]
+    # Per projection (single launch, steady state).
     per = {}
-    for n, (a, b, offs) in weights.items():
-        x = torch.randn(t, a.shape[3], device="cuda", generator=gen).bfloat16()
-        y = torch.randn(t, offs[-1], device="cuda", generator=gen).bfloat16()
-        g = capture(lambda a=a, b=b, offs=offs, x=x, y=y: add_lora(y, x, a, b, batch, offs))
-        ms = bench_ms(g.replay)
-        pb = layer_bytes({n: LLAMA3_8B[n]}, t, [r] * 32, 2)
-        per[n] = {"graph_ms": ms, "bytes": pb, "bw_pct": 100 * pb / (ms * 1e-3) / bw}
+    for n, shape in LLAMA3_8B.items():
+        sub = [{n: w[n]} for w in copies]
+        fns = layer_runners(sub, t, slots, rank_t, num_slots, gen, "fused")
+        us = steady_us(fns, reps)
+        pb = layer_bytes({n: shape}, t, [r] * num_slots, 2)
+        per[n] = {"us": us, "bytes": pb, "bw_pct": 100 * pb / (us * 1e-6) / bw}
     res["per_projection"] = per
     rep.data["target"] = res
     log.info("target: %s", res)
     rep.summary.append(
-        f"TARGET decode T=32, 32 x rank-16, 7 projections: graph {times['ours_graph_ms'] * 1e3:.1f} us "
-        f"= {res['ours_graph_bw_pct']:.0f}% of copy bandwidth ({nbytes / 1e6:.1f} MB), "
-        f"{res['speedup_graph']:.1f}x gather+bmm (graph); eager {times['ours_eager_ms'] * 1e3:.1f} us, "
-        f"{res['speedup_eager']:.1f}x gather+bmm (eager)"
+        f"TARGET decode T=32, 32 distinct rank-16, 7 projections ({nbytes / 1e6:.1f} MB): "
+        f"single launch {res['fused_us']:.1f} us = {res['fused_bw_pct']:.0f}% of copy bandwidth, "
+        f"{res['speedup_fused']:.1f}x gather+bmm ({res['gather_bmm_us']:.1f} us); two launches "
+        f"{res['two_launch_us']:.1f} us = {res['two_launch_bw_pct']:.0f}%; eager single launch "
+        f"{res['fused_eager_us']:.1f} us (host-bound)"
     )
+    rep.summary.append(
+        "  per projection: " + ", ".join(f"{n} {v['us']:.1f} us {v['bw_pct']:.0f}%" for n, v in per.items())
+    )
+    # Tile configurations of the single launch around the defaults (same measurement).
+    sweep = []
+    for sbm in (16, 32):
+        for ebm, ebn, nw in ((16, 256, 4), (16, 128, 4), (16, 256, 8), (32, 128, 4)):
+            for split_mul in (1, 2):
+                if time.monotonic() > deadline:
+                    break
+                cfgs = {}
+                for n, (k, widths) in LLAMA3_8B.items():
+                    base = lt.shrink_config(t, k, len(widths) * r)
+                    cfgs[n] = lt.ShrinkConfig(
+                        sbm, base.block_n, base.block_k, min(32, base.split_k * split_mul)
+                    )
+
+                def fused_cfg(weights, xs, ys, batch, cfgs=cfgs, ebm=ebm, ebn=ebn, nw=nw):
+                    for n, (a, b, offs) in weights.items():
+                        lt.add_fused(ys[n], xs[n], a, b, batch, offs, cfgs[n], lt.ExpandConfig(ebm, ebn), nw)
+
+                batch = build_lora_batch(slots, rank_t, num_slots)
+                fns = []
+                for w in copies:
+                    xs, ys = layer_inputs(w, t, gen)
+                    fns.append(lambda w=w, xs=xs, ys=ys, batch=batch: fused_cfg(w, xs, ys, batch))
+                try:
+                    us = steady_us(fns, reps)
+                except Exception as exc:
+                    log.info("sweep config failed: %s", exc)
+                    continue
+                row = {
+                    "shrink_bm": sbm,
+                    "expand_bm": ebm,
+                    "expand_bn": ebn,
+                    "num_warps": nw,
+                    "split_mul": split_mul,
+                    "us": us,
+                    "bw_pct": 100 * nbytes / (us * 1e-6) / bw,
+                }
+                sweep.append(row)
+                log.info("target sweep %s", row)
+    res["sweep"] = sweep
+    if sweep:
+        best = min(sweep, key=lambda row: row["us"])
+        rep.summary.append(f"  best single-launch config in sweep: {best}")
 
 
 def section_matrix(rep: Report, quick: bool, deadline: float) -> None:
     gen = torch.Generator(device="cuda").manual_seed(5)
     cpu_gen = torch.Generator().manual_seed(5)
-    num_slots = 64
+    num_slots, ncopy, reps = 64, 2, 2
     bw = rep.data.get("ceilings", {}).get("copy_bw_TBs", 4.3) * 1e12
     peak = rep.data.get("ceilings", {}).get("bf16_mm_TFLOPs", 790.0) * 1e12
     tokens = (1, 8, 32, 64, 128, 256, 512, 2048, 8192)
@@ -525,147 +585,44 @@ def section_matrix(rep: Report, quick: bool, deadline: float) -> None:
     distincts = (1, 8, 32, 64)
     if quick:
         tokens, ranks_list, distincts = (1, 32, 256, 2048), (16,), (1, 32)
-    rows = []
+    rows: list[dict[str, object]] = []
+    rep.data["matrix"] = rows
+    sets = {}
     for r in (*ranks_list, "mixed"):
-        if r == "mixed":
-            ranks = [8, 16, 32, 64] * (num_slots // 4)
-            max_rank = 64
-        else:
-            ranks = [r] * num_slots
-            max_rank = r
-        weights = make_weights(LLAMA3_8B, num_slots, max_rank, ranks, torch.bfloat16, "cuda", gen)
-        rank_t = torch.tensor(ranks, dtype=torch.int32, device="cuda")
-        for t in tokens:
+        ranks = [8, 16, 32, 64] * (num_slots // 4) if r == "mixed" else [r] * num_slots
+        copies = [
+            make_weights(LLAMA3_8B, num_slots, max(ranks), ranks, torch.bfloat16, "cuda", gen)
+            for _ in range(ncopy)
+        ]
+        sets[r] = (ranks, copies, torch.tensor(ranks, dtype=torch.int32, device="cuda"))
+    for t in tokens:
+        for r, (ranks, copies, rank_t) in sets.items():
             for d in distincts:
                 if d > t or (r == "mixed" and d < 8):
                     continue
                 if time.monotonic() > deadline:
                     log.warning("matrix: time budget reached, stopping")
-                    rep.data["matrix"] = rows
                     return
                 decode = t <= 256
-                pattern = "distinct" if decode else "blocks"
-                slots = make_slots(pattern, t, list(range(d)), cpu_gen).cuda()
-                times = time_layer(weights, t, slots, rank_t, num_slots, decode, decode, gen)
+                slots = make_slots("distinct" if decode else "blocks", t, list(range(d)), cpu_gen).cuda()
+                row: dict[str, object] = {"rank": r, "tokens": t, "distinct": d}
+                if decode:
+                    for kind in ("api", "gather_bmm"):
+                        fns = layer_runners(copies, t, slots, rank_t, num_slots, gen, kind)
+                        row[f"{kind}_us"] = steady_us(fns, reps)
+                    row["speedup"] = row["gather_bmm_us"] / row["api_us"]
+                else:
+                    fns = layer_runners(copies[:1], t, slots, rank_t, num_slots, gen, "api")
+                    row["api_us"] = 1e3 * bench_ms(fns[0])
                 used = [ranks[i] for i in range(d)]
                 nbytes = layer_bytes(LLAMA3_8B, t, used, 2)
                 flops = layer_flops(LLAMA3_8B, [ranks[int(s)] for s in slots.tolist()])
-                best = times.get("ours_graph_ms", times["ours_eager_ms"])
-                row = {
-                    "rank": r,
-                    "tokens": t,
-                    "distinct": d,
-                    **times,
-                    "bytes": nbytes,
-                    "flops": flops,
-                    "bw_pct": 100 * nbytes / (best * 1e-3) / bw,
-                    "flop_pct": 100 * flops / (best * 1e-3) / peak,
-                }
-                if "base_graph_ms" in times:
-                    row["speedup_graph"] = times["base_graph_ms"] / times["ours_graph_ms"]
+                row["bytes"] = nbytes
+                row["flops"] = flops
+                row["bw_pct"] = 100 * nbytes / (row["api_us"] * 1e-6) / bw
+                row["flop_pct"] = 100 * flops / (row["api_us"] * 1e-6) / peak
                 rows.append(row)
                 log.info("matrix %s", row)
-    rep.data["matrix"] = rows
-
-
-def tune_configs(decode: bool, k: int):
-    from . import lora_triton as lt
-
-    if decode:
-        shrink = [
-            lt.ShrinkConfig(16, bn, bk, sk, nw, ns)
-            for bn in (16, 64)
-            for bk in (64, 128, 256)
-            for sk in (4, 8, 16, 32)
-            for nw, ns in ((4, 3), (4, 4), (8, 3))
-            if k // sk >= bk
-        ]
-        expand = [
-            lt.ExpandConfig(16, bn, it, nw, ns)
-            for bn in (64, 128, 256)
-            for it in (1, 4)
-            for nw, ns in ((4, 2), (4, 3), (2, 2), (8, 2))
-        ]
-    else:
-        shrink = [
-            lt.ShrinkConfig(bm, bn, bk, sk, nw, ns)
-            for bm in (64, 128)
-            for bn in (16, 64)
-            for bk in (64, 128)
-            for sk in (1, 2)
-            for nw, ns in ((4, 3), (8, 3))
-        ]
-        expand = [
-            lt.ExpandConfig(bm, bn, 1, nw, ns)
-            for bm in (32, 64, 128)
-            for bn in (64, 128, 256)
-            for nw, ns in ((4, 2), (8, 2), (8, 3))
-        ]
-    return shrink, expand
-
-
-def section_tune(rep: Report, deadline: float) -> None:
-    """Sweep tile configurations per kernel, each launch on its own copy of the weights."""
-    from . import lora_triton as lt
-
-    gen = torch.Generator(device="cuda").manual_seed(6)
-    cpu_gen = torch.Generator().manual_seed(6)
-    results: list[dict[str, object]] = []
-    rep.data["tune"] = results
-    num_slots, r, ncopy = 32, 16, 4
-    ranks = [r] * num_slots
-    rank_t = torch.tensor(ranks, dtype=torch.int32, device="cuda")
-    for case, t, d in (("decode32", 32, 32), ("prefill2048", 2048, 4)):
-        copies = [
-            make_weights(LLAMA3_8B, num_slots, r, ranks, torch.bfloat16, "cuda", gen) for _ in range(ncopy)
-        ]
-        slots = make_slots("distinct" if t <= 256 else "blocks", t, list(range(d)), cpu_gen)
-        batch = build_lora_batch(slots.cuda(), rank_t, num_slots)
-        for name, (k, widths) in LLAMA3_8B.items():
-            offs = copies[0][name][2]
-            xs = [torch.randn(t, k, device="cuda", generator=gen).bfloat16() for _ in copies]
-            ys = [torch.randn(t, offs[-1], device="cuda", generator=gen).bfloat16() for _ in copies]
-            default_s = lt.shrink_config(t, k, len(widths) * r, num_slots)
-            default_e = lt.expand_config(t, offs[-1], r)
-            parts = [
-                lt.shrink_partials(xs[j], copies[j][name][0], batch, config=default_s) for j in range(ncopy)
-            ]
-            shrink_cfgs, expand_cfgs = tune_configs(t <= 256, k)
-
-            def run_shrink(cfg, name=name, xs=xs, copies=copies, batch=batch):
-                for j in range(ncopy):
-                    lt.shrink_partials(xs[j], copies[j][name][0], batch, config=cfg)
-
-            def run_expand(cfg, name=name, ys=ys, parts=parts, offs=offs, copies=copies, batch=batch):
-                for j in range(ncopy):
-                    lt.expand(ys[j], parts[j], copies[j][name][1], batch, offs, config=cfg)
-
-            for kind, cfgs, runner in (
-                ("shrink", [default_s, *shrink_cfgs], run_shrink),
-                ("expand", [default_e, *expand_cfgs], run_expand),
-            ):
-                timed = []
-                for cfg in cfgs:
-                    if time.monotonic() > deadline:
-                        log.warning("tune: time budget reached")
-                        return
-                    try:
-                        graph = capture(lambda cfg=cfg, runner=runner: runner(cfg))
-                        us = bench_ms(graph.replay, rep=25) * 1e3 / ncopy
-                        del graph
-                    except Exception as exc:
-                        log.info("tune %s %s %s %s failed: %s", case, name, kind, cfg, exc)
-                        continue
-                    timed.append((us, cfg))
-                    results.append({"case": case, "proj": name, "kind": kind, "cfg": repr(cfg), "us": us})
-                if timed:
-                    best = min(timed, key=lambda item: item[0])
-                    line = (
-                        f"tune {case} {name} {kind}: best {best[0]:.1f} us {best[1]}; "
-                        f"default {timed[0][0]:.1f} us"
-                    )
-                    log.info(line)
-                    rep.summary.append(line)
 
 
 def run_gpu(args: argparse.Namespace, rep: Report) -> None:
@@ -675,12 +632,10 @@ def run_gpu(args: argparse.Namespace, rep: Report) -> None:
         ("ceilings", lambda: section_ceilings(rep)),
         ("correctness", lambda: section_correctness(rep)),
         ("graph", lambda: section_graph(rep)),
-        ("target", lambda: section_target(rep)),
+        ("target", lambda: section_target(rep, start + args.budget * 0.55)),
+        ("matrix", lambda: section_matrix(rep, args.quick, start + args.budget)),
+        ("update_graph", lambda: section_update_graph(rep)),
     ]
-    if args.tune:
-        sections.append(("tune", lambda: section_tune(rep, start + args.budget * 0.75)))
-    sections.append(("matrix", lambda: section_matrix(rep, args.quick, start + args.budget)))
-    sections.append(("update_graph", lambda: section_update_graph(rep)))
     for name, fn in sections:
         t0 = time.monotonic()
         try:
@@ -692,17 +647,13 @@ def run_gpu(args: argparse.Namespace, rep: Report) -> None:
         rep.save()
     rows = rep.data.get("matrix", [])
     if rows:
-        lines = ["rank tokens distinct | ours graph/eager us | base graph us | speedup | bw% flop%"]
+        lines = ["rank tokens distinct | ours us | gather+bmm us | speedup | bw% of copy | flop%"]
         for r in rows:
-            if r["distinct"] not in (1, 32, 64) and r["rank"] != "mixed":
-                continue
-            ours = r.get("ours_graph_ms", r["ours_eager_ms"]) * 1e3
-            base = r.get("base_graph_ms")
-            eager = r["ours_eager_ms"] * 1e3
+            base = r.get("gather_bmm_us")
             lines.append(
-                f"{r['rank']!s:>5} {r['tokens']:>6} {r['distinct']:>3} | {ours:8.1f} / {eager:8.1f} | "
-                + (f"{base * 1e3:8.1f} | {r['speedup_graph']:5.1f}x" if base else "       - |     -")
-                + f" | {r['bw_pct']:4.0f} {r['flop_pct']:5.1f}"
+                f"{r['rank']!s:>5} {r['tokens']:>6} {r['distinct']:>3} | {r['api_us']:8.1f} | "
+                + (f"{base:8.1f} | {r['speedup']:5.1f}x" if base else "       - |     -")
+                + f" | {r['bw_pct']:4.0f} | {r['flop_pct']:5.1f}"
             )
         rep.summary.extend(lines)
 
@@ -764,10 +715,9 @@ def run_cpu(rep: Report) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tune", action="store_true", help="sweep tile configurations")
     parser.add_argument("--quick", action="store_true", help="a smaller timing matrix")
     parser.add_argument("--cpu", action="store_true", help="time the torch path on the CPU")
-    parser.add_argument("--budget", type=float, default=270.0, help="seconds for timing sections")
+    parser.add_argument("--budget", type=float, default=280.0, help="seconds for all GPU sections")
     args = parser.parse_args(argv)
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
     handlers: list[logging.Handler] = [logging.StreamHandler()]

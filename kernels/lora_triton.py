@@ -3,19 +3,30 @@
 Model code never imports this module: it calls the wrappers in ``lora``, which check
 shapes, dtypes and devices and then call the launchers here.
 
-Both kernels run on a fixed grid that depends only on tensor shapes (never on which slots
-the tokens use), so one CUDA graph per batch-size bucket replays any adapter mix:
+Every kernel runs on a fixed grid that depends only on tensor shapes (never on which
+slots the tokens use), so one CUDA graph per batch-size bucket replays any adapter mix:
 
-* grid axis 2 walks the slots; a program whose slot has no token in its row block, or
-  whose rank block lies beyond the slot's rank, returns at once;
-* tokens of a slot are read through ``LoRABatch.sorted_tokens`` (SGMV-style groups: a
-  prefill request's tokens share a tile; in decode each token is its own group, BGMV);
+* a program owns one slot and one block of that slot's tokens, read through
+  ``LoRABatch.sorted_tokens`` (SGMV-style groups: a prefill request's tokens share a
+  tile; in decode each token is its own group, BGMV-style); programs whose slot has no
+  token in their block, or whose rank block lies beyond the slot's rank, do nothing;
 * ``tl.dot`` tiles are at least 16 wide; small ranks (4, 8) and short token groups are
-  padded inside the kernel by masks, never by padding weights.
+  padded inside the kernel by masks, never by padding weights;
+* weight tiles (the bytes that matter in decode) are requested before anything that
+  waits on the token list, so their latency overlaps the metadata lookups.
 
 Shrink splits ``in_features`` across programs (split-K: decode has few tokens, a large K
-and a small rank) and writes one float32 partial per split; expand sums the partials as it
-loads them. No atomics, so results are bitwise reproducible and graph replay equals eager.
+and a small rank) and writes one float32 partial per split; expand loads all partials of
+its rows in one tile and sums them. No atomics touch data, so results are bitwise
+reproducible and graph replay equals eager.
+
+``add_lora`` runs shrink and expand in ONE launch (``_lora_fused_kernel``): programs
+take a ticket from an atomic counter; the first tickets do shrink tiles, the rest expand
+tiles. An expand program loads its B tile, then waits until every shrink tile of its
+slot has published its partials (release/acquire counters). Tickets are taken by
+running programs in order, so every shrink tile an expand program waits for is already
+running: no deadlock whatever order the hardware schedules programs in. The counters
+live in ``LoRABatch.sync`` and are returned to zero by the last program that uses them.
 """
 
 from __future__ import annotations
@@ -28,6 +39,10 @@ import triton
 import triton.language as tl
 
 from .lora import MAX_SLICES, LoRABatch, _interpreting
+
+# Bound on the expand programs' wait (each poll is one L2 round trip, so about 0.1 s): a
+# safety net against a miscounted wait; never reached when the counts are right.
+MAX_SPINS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -44,9 +59,237 @@ class ShrinkConfig:
 class ExpandConfig:
     block_m: int
     block_n: int
-    n_iters: int = 1
     num_warps: int = 4
     num_stages: int = 2
+
+
+# ------------------------------------------------------------------------- tile helpers
+
+
+@triton.jit
+def _shrink_tile(
+    x_ptr,
+    a_ptr,
+    out_ptr,
+    sorted_ptr,
+    slot,
+    split,
+    m_block,
+    n_block,
+    count,
+    rank,
+    start,
+    num_tokens,
+    in_features,
+    max_rank,
+    num_cols,
+    k_per_split,
+    stride_xt,
+    stride_xk,
+    stride_al,
+    stride_as,
+    stride_ar,
+    stride_ak,
+    stride_op,
+    stride_os,
+    stride_ot,
+    stride_or,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """partial[split, s, t, r] = x[t, k-chunk] @ a[slot, s, r, k-chunk] for one tile.
+
+    Columns are (slice, rank) pairs, col = s * max_rank + r, so all slices of a fused
+    projection share one pass over x. Tiles whose columns all lie beyond the slot's rank
+    do nothing.
+    """
+    cols = n_block * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    sl = cols // max_rank
+    r = cols % max_rank
+    col_in = cols < num_cols
+    col_ok = col_in & (r < rank)
+    if tl.max(col_ok.to(tl.int32), axis=0) > 0:
+        offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+        m_ok = offs_m < count
+        tok = tl.load(sorted_ptr + start + offs_m, mask=m_ok, other=0)
+        k_start = split * k_per_split
+        offs_k = k_start + tl.arange(0, BLOCK_K)  # [BK]
+        a_ptrs = (
+            a_ptr
+            + slot.to(tl.int64) * stride_al
+            + sl[None, :] * stride_as
+            + r[None, :] * stride_ar
+            + offs_k[:, None] * stride_ak
+        )  # [BK, BN]
+        m_ok = m_ok & (tok < num_tokens)
+        tok = tok.to(tl.int64)
+        x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :] * stride_xk  # [BM, BK]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, k_per_split, BLOCK_K):
+            # A first: its address does not wait for the token list.
+            if EVEN_K:
+                at = tl.load(a_ptrs, mask=col_ok[None, :], other=0.0)
+                xt = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+            else:
+                k_ok = offs_k + k < in_features
+                at = tl.load(a_ptrs, mask=col_ok[None, :] & k_ok[:, None], other=0.0)
+                xt = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if UPCAST:
+                xt = xt.to(tl.float32)
+                at = at.to(tl.float32)
+            acc += tl.dot(xt, at, input_precision=DOT_PRECISION)
+            x_ptrs += BLOCK_K * stride_xk
+            a_ptrs += BLOCK_K * stride_ak
+        out_ptrs = (
+            out_ptr
+            + split * stride_op
+            + sl[None, :] * stride_os
+            + tok[:, None] * stride_ot
+            + r[None, :] * stride_or
+        )  # [BM, BN]
+        tl.store(out_ptrs, acc, mask=m_ok[:, None] & col_in[None, :])
+
+
+@triton.jit
+def _expand_w(
+    b_ptr,
+    slot,
+    n0,
+    hi,
+    r0,
+    rank,
+    stride_wl,
+    stride_wn,
+    stride_wr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """B tile ``[BLOCK_R, BLOCK_N]``: rank rows r0.., output columns n0.. of one slot."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_r = r0 + tl.arange(0, BLOCK_R)
+    ptrs = b_ptr + slot.to(tl.int64) * stride_wl + offs_n[None, :] * stride_wn + offs_r[:, None] * stride_wr
+    return tl.load(ptrs, mask=(offs_r < rank)[:, None] & (offs_n < hi)[None, :], other=0.0)
+
+
+@triton.jit
+def _expand_h(
+    buf_ptr,
+    s,
+    tok,
+    m_ok,
+    r0,
+    rank,
+    num_splits,
+    stride_bp,
+    stride_bs,
+    stride_bt,
+    stride_br,
+    SPLIT_BLOCK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """Sum of the split-K partials ``[BLOCK_M, BLOCK_R]`` (float32), loaded as one tile."""
+    offs_p = tl.arange(0, SPLIT_BLOCK)
+    offs_r = r0 + tl.arange(0, BLOCK_R)
+    ptrs = (
+        buf_ptr
+        + s * stride_bs
+        + offs_p[:, None, None] * stride_bp
+        + tok[None, :, None] * stride_bt
+        + offs_r[None, None, :] * stride_br
+    )  # [P, BM, BR]
+    mask = (offs_p < num_splits)[:, None, None] & m_ok[None, :, None] & (offs_r < rank)[None, None, :]
+    # .cg: partials written by other programs of the same launch bypass L1.
+    part = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+    return tl.sum(part, axis=0)
+
+
+@triton.jit
+def _expand_tile(
+    w0,
+    buf_ptr,
+    b_ptr,
+    y_ptr,
+    sorted_ptr,
+    slot,
+    s,
+    m_block,
+    n0,
+    hi,
+    count,
+    rank,
+    start,
+    num_tokens,
+    num_splits,
+    stride_bp,
+    stride_bs,
+    stride_bt,
+    stride_br,
+    stride_wl,
+    stride_wn,
+    stride_wr,
+    stride_yt,
+    stride_yn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """y[tok, n0:n0+BN] += h[tok] @ B^T for one tile; ``w0`` is its first B rank block."""
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    m_ok = offs_m < count
+    tok = tl.load(sorted_ptr + start + offs_m, mask=m_ok, other=0)
+    m_ok = m_ok & (tok < num_tokens)
+    tok = tok.to(tl.int64)
+    h = _expand_h(
+        buf_ptr, s, tok, m_ok, 0, rank, num_splits,
+        stride_bp, stride_bs, stride_bt, stride_br, SPLIT_BLOCK, BLOCK_R,
+    )  # fmt: skip
+    h = h.to(w0.dtype)
+    w = w0
+    if UPCAST:
+        h = h.to(tl.float32)
+        w = w.to(tl.float32)
+    acc = tl.dot(h, w, input_precision=DOT_PRECISION)  # [BM, BN]
+    for r0 in range(BLOCK_R, rank, BLOCK_R):  # ranks beyond one block (max_rank > 64)
+        w = _expand_w(b_ptr, slot, n0, hi, r0, rank, stride_wl, stride_wn, stride_wr, BLOCK_N, BLOCK_R)
+        h = _expand_h(
+            buf_ptr, s, tok, m_ok, r0, rank, num_splits,
+            stride_bp, stride_bs, stride_bt, stride_br, SPLIT_BLOCK, BLOCK_R,
+        )  # fmt: skip
+        h = h.to(w.dtype)
+        if UPCAST:
+            h = h.to(tl.float32)
+            w = w.to(tl.float32)
+        acc += tl.dot(h, w, input_precision=DOT_PRECISION)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    y_ptrs = y_ptr + tok[:, None] * stride_yt + offs_n[None, :] * stride_yn  # [BM, BN]
+    mask = m_ok[:, None] & (offs_n < hi)[None, :]
+    y_old = tl.load(y_ptrs, mask=mask, other=0.0)
+    # y += delta.to(y.dtype); the sum in float32, rounded once (as a bf16/fp16 add does).
+    delta = acc.to(y_old.dtype).to(tl.float32)
+    tl.store(y_ptrs, (y_old.to(tl.float32) + delta).to(y_old.dtype), mask=mask)
+
+
+@triton.jit
+def _slice_of(n_prog, c1, c2, c3, off0, off1, off2, off3, off4, BLOCK_N: tl.constexpr):
+    """Program index within a token block -> (slice, first column, slice end).
+
+    ``c1..c3`` are the cumulative program counts of slices 0..2, ``off*`` the offsets.
+    """
+    s = (n_prog >= c1).to(tl.int32) + (n_prog >= c2).to(tl.int32) + (n_prog >= c3).to(tl.int32)
+    first = tl.where(s == 0, 0, tl.where(s == 1, c1, tl.where(s == 2, c2, c3)))
+    lo = tl.where(s == 0, off0, tl.where(s == 1, off1, tl.where(s == 2, off2, off3)))
+    hi = tl.where(s == 0, off1, tl.where(s == 1, off2, tl.where(s == 2, off3, off4)))
+    return s, lo + (n_prog - first) * BLOCK_N, hi
+
+
+# ------------------------------------------------------------------------------ kernels
 
 
 @triton.jit
@@ -81,65 +324,22 @@ def _lora_shrink_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    # Output columns are (slice, rank) pairs: col = s * max_rank + r, num_cols = S * R,
-    # so all slices of a fused projection share one pass over x.
     pid = tl.program_id(0)
     split = tl.program_id(1)
     slot = tl.program_id(2)
     count = tl.load(counts_ptr + slot)
     rank = tl.load(ranks_ptr + slot)
+    start = tl.load(starts_ptr + slot)
     m_block = pid // n_blocks
     n_block = pid % n_blocks
-    if m_block * BLOCK_M >= count:
-        return
-    cols = n_block * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-    sl = cols // max_rank
-    r = cols % max_rank
-    col_in = cols < num_cols
-    col_ok = col_in & (r < rank)
-    if tl.max(col_ok.to(tl.int32), axis=0) == 0:
-        return  # rank block beyond this slot's rank
-    start = tl.load(starts_ptr + slot)
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
-    m_ok = offs_m < count
-    tok = tl.load(sorted_ptr + start + offs_m, mask=m_ok, other=0)
-    m_ok = m_ok & (tok < num_tokens)
-    tok = tok.to(tl.int64)
-
-    k_start = split * k_per_split
-    offs_k = k_start + tl.arange(0, BLOCK_K)  # [BK]
-    x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :] * stride_xk  # [BM, BK]
-    a_ptrs = (
-        a_ptr
-        + slot.to(tl.int64) * stride_al
-        + sl[None, :] * stride_as
-        + r[None, :] * stride_ar
-        + offs_k[:, None] * stride_ak
-    )  # [BK, BN]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, k_per_split, BLOCK_K):
-        if EVEN_K:
-            xt = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
-            at = tl.load(a_ptrs, mask=col_ok[None, :], other=0.0)
-        else:
-            k_ok = offs_k + k < in_features
-            xt = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            at = tl.load(a_ptrs, mask=col_ok[None, :] & k_ok[:, None], other=0.0)
-        if UPCAST:
-            xt = xt.to(tl.float32)
-            at = at.to(tl.float32)
-        acc += tl.dot(xt, at, input_precision=DOT_PRECISION)
-        x_ptrs += BLOCK_K * stride_xk
-        a_ptrs += BLOCK_K * stride_ak
-
-    out_ptrs = (
-        out_ptr
-        + split * stride_op
-        + sl[None, :] * stride_os
-        + tok[:, None] * stride_ot
-        + r[None, :] * stride_or
-    )  # [BM, BN]
-    tl.store(out_ptrs, acc, mask=m_ok[:, None] & col_in[None, :])
+    if (m_block * BLOCK_M < count) & (rank > 0):
+        _shrink_tile(
+            x_ptr, a_ptr, out_ptr, sorted_ptr, slot, split, m_block, n_block, count, rank,
+            start, num_tokens, in_features, max_rank, num_cols, k_per_split,
+            stride_xt, stride_xk, stride_al, stride_as, stride_ar, stride_ak,
+            stride_op, stride_os, stride_ot, stride_or,
+            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DOT_PRECISION, UPCAST,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -154,7 +354,9 @@ def _lora_expand_kernel(
     num_tokens,
     num_splits,
     n_progs,
-    n_iters,
+    c1,
+    c2,
+    c3,
     off0,
     off1,
     off2,
@@ -172,67 +374,146 @@ def _lora_expand_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    # Each program: one slot, one slice, BLOCK_M of the slot's tokens and n_iters
-    # consecutive BLOCK_N-wide column tiles of the slice (the rank-r rows of h stay in
-    # L1 across the tiles).
     pid = tl.program_id(0)
-    s = tl.program_id(1)
-    slot = tl.program_id(2)
+    slot = tl.program_id(1)
     count = tl.load(counts_ptr + slot)
     rank = tl.load(ranks_ptr + slot)
+    start = tl.load(starts_ptr + slot)
     m_block = pid // n_progs
     n_prog = pid % n_progs
-    if (m_block * BLOCK_M >= count) | (rank == 0):
-        return
-    # Output columns of slice s: [lo, hi) (slice offsets are launch constants).
-    lo = tl.where(s == 0, off0, tl.where(s == 1, off1, tl.where(s == 2, off2, off3)))
-    hi = tl.where(s == 0, off1, tl.where(s == 1, off2, tl.where(s == 2, off3, off4)))
-    n_first = lo + n_prog * n_iters * BLOCK_N
-    if n_first >= hi:
-        return
-    start = tl.load(starts_ptr + slot)
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
-    m_ok = offs_m < count
-    tok = tl.load(sorted_ptr + start + offs_m, mask=m_ok, other=0)
-    m_ok = m_ok & (tok < num_tokens)
-    tok = tok.to(tl.int64)
-    offs_r = tl.arange(0, BLOCK_R)  # [BR]
-    buf_base = buf_ptr + s * stride_bs + tok[:, None] * stride_bt + offs_r[None, :] * stride_br
-    w_base = b_ptr + slot.to(tl.int64) * stride_wl + offs_r[:, None] * stride_wr  # [BR, 1]
-    y_base = y_ptr + tok[:, None] * stride_yt  # [BM, 1]
+    if (m_block * BLOCK_M < count) & (rank > 0):
+        s, n0, hi = _slice_of(n_prog, c1, c2, c3, off0, off1, off2, off3, off4, BLOCK_N)
+        w0 = _expand_w(b_ptr, slot, n0, hi, 0, rank, stride_wl, stride_wn, stride_wr, BLOCK_N, BLOCK_R)
+        _expand_tile(
+            w0, buf_ptr, b_ptr, y_ptr, sorted_ptr, slot, s, m_block, n0, hi, count, rank,
+            start, num_tokens, num_splits,
+            stride_bp, stride_bs, stride_bt, stride_br, stride_wl, stride_wn, stride_wr,
+            stride_yt, stride_yn,
+            BLOCK_M, BLOCK_N, BLOCK_R, SPLIT_BLOCK, DOT_PRECISION, UPCAST,
+        )  # fmt: skip
 
-    for it in range(0, n_iters):
-        offs_n = n_first + it * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-        n_ok = offs_n < hi
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for r0 in range(0, rank, BLOCK_R):  # only the slot's rank blocks
-            r_ok = offs_r + r0 < rank
-            h = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-            for p in range(0, num_splits):  # sum the shrink's split-K partials
-                h += tl.load(
-                    buf_base + p * stride_bp + r0 * stride_br,
-                    mask=m_ok[:, None] & r_ok[None, :],
-                    other=0.0,
-                )
-            w = tl.load(
-                w_base + r0 * stride_wr + offs_n[None, :] * stride_wn,
-                mask=r_ok[:, None] & n_ok[None, :],
-                other=0.0,
-            )  # [BR, BN]
-            h = h.to(w.dtype)
-            if UPCAST:
-                h = h.to(tl.float32)
-                w = w.to(tl.float32)
-            acc += tl.dot(h, w, input_precision=DOT_PRECISION)
-        y_ptrs = y_base + offs_n[None, :] * stride_yn  # [BM, BN]
-        mask = m_ok[:, None] & n_ok[None, :]
-        y_old = tl.load(y_ptrs, mask=mask, other=0.0)
-        # y += delta.to(y.dtype); the sum in float32, rounded once (as a bf16/fp16 add does).
-        delta = acc.to(y_old.dtype).to(tl.float32)
-        tl.store(y_ptrs, (y_old.to(tl.float32) + delta).to(y_old.dtype), mask=mask)
+
+@triton.jit
+def _lora_fused_kernel(
+    x_ptr,
+    a_ptr,
+    b_ptr,
+    y_ptr,
+    part_ptr,
+    sync_ptr,
+    sorted_ptr,
+    starts_ptr,
+    counts_ptr,
+    ranks_ptr,
+    num_slots,
+    num_tokens,
+    in_features,
+    max_rank,
+    num_cols,
+    k_per_split,
+    num_splits,
+    n_shrink,
+    n_total,
+    s_mblocks,
+    s_nblocks,
+    e_mblocks,
+    e_nprogs,
+    c1,
+    c2,
+    c3,
+    off0,
+    off1,
+    off2,
+    off3,
+    off4,
+    stride_xt,
+    stride_xk,
+    stride_al,
+    stride_as,
+    stride_ar,
+    stride_ak,
+    stride_bp,
+    stride_bs,
+    stride_bt,
+    stride_br,
+    stride_wl,
+    stride_wn,
+    stride_wr,
+    stride_yt,
+    stride_yn,
+    S_BM: tl.constexpr,
+    S_BN: tl.constexpr,
+    S_BK: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    E_BM: tl.constexpr,
+    E_BN: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    SPIN_LIMIT: tl.constexpr,
+):
+    # sync: [ticket, published[num_slots], finished[num_slots]], all zero between launches.
+    vid = tl.atomic_add(sync_ptr, 1)
+    if vid == n_total - 1:
+        tl.atomic_xchg(sync_ptr, 0)  # every ticket is taken: reset for the next launch
+    if vid < n_shrink:
+        # Shrink tile: vid = ((slot * s_mblocks + m_block) * s_nblocks + n_block) * splits + split
+        split = vid % num_splits
+        rest = vid // num_splits
+        n_block = rest % s_nblocks
+        rest = rest // s_nblocks
+        m_block = rest % s_mblocks
+        slot = rest // s_mblocks
+        count = tl.load(counts_ptr + slot)
+        rank = tl.load(ranks_ptr + slot)
+        start = tl.load(starts_ptr + slot)
+        if (m_block * S_BM < count) & (rank > 0):
+            _shrink_tile(
+                x_ptr, a_ptr, part_ptr, sorted_ptr, slot, split, m_block, n_block, count, rank,
+                start, num_tokens, in_features, max_rank, num_cols, k_per_split,
+                stride_xt, stride_xk, stride_al, stride_as, stride_ar, stride_ak,
+                stride_bp, stride_bs, stride_bt, stride_br,
+                S_BM, S_BN, S_BK, EVEN_K, DOT_PRECISION, UPCAST,
+            )  # fmt: skip
+            tl.debug_barrier()  # every thread's partials stored before publishing
+            tl.atomic_add(sync_ptr + 1 + slot, 1, sem="release")
+    else:
+        # Expand tile: e = (slot * e_mblocks + m_block) * e_nprogs + n_prog
+        e = vid - n_shrink
+        n_prog = e % e_nprogs
+        rest = e // e_nprogs
+        m_block = rest % e_mblocks
+        slot = rest // e_mblocks
+        count = tl.load(counts_ptr + slot)
+        rank = tl.load(ranks_ptr + slot)
+        start = tl.load(starts_ptr + slot)
+        if (m_block * E_BM < count) & (rank > 0):
+            s, n0, hi = _slice_of(n_prog, c1, c2, c3, off0, off1, off2, off3, off4, E_BN)
+            w0 = _expand_w(b_ptr, slot, n0, hi, 0, rank, stride_wl, stride_wn, stride_wr, E_BN, BLOCK_R)
+            # Wait for every shrink tile of this slot (B is already on its way).
+            needed = tl.cdiv(count, S_BM) * s_nblocks * num_splits
+            done = tl.atomic_add(sync_ptr + 1 + slot, 0, sem="acquire")
+            spins = 0
+            while (done < needed) & (spins < SPIN_LIMIT):
+                done = tl.atomic_add(sync_ptr + 1 + slot, 0, sem="acquire")
+                spins += 1
+            _expand_tile(
+                w0, part_ptr, b_ptr, y_ptr, sorted_ptr, slot, s, m_block, n0, hi, count, rank,
+                start, num_tokens, num_splits,
+                stride_bp, stride_bs, stride_bt, stride_br, stride_wl, stride_wn, stride_wr,
+                stride_yt, stride_yn,
+                E_BM, E_BN, BLOCK_R, SPLIT_BLOCK, DOT_PRECISION, UPCAST,
+            )  # fmt: skip
+            # The last expand program of the slot returns its counters to zero.
+            fin = tl.atomic_add(sync_ptr + 1 + num_slots + slot, 1, sem="acq_rel")
+            if fin == tl.cdiv(count, E_BM) * e_nprogs - 1:
+                tl.atomic_xchg(sync_ptr + 1 + slot, 0)
+                tl.atomic_xchg(sync_ptr + 1 + num_slots + slot, 0)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -240,6 +521,10 @@ def _lora_expand_kernel(
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def _prev_pow2(n: int) -> int:
+    return 1 << max(0, n.bit_length() - 1)
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -252,38 +537,50 @@ def _upcast(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and _interpreting()
 
 
-def shrink_config(num_tokens: int, in_features: int, num_cols: int, num_slots: int) -> ShrinkConfig:
-    """Tile sizes for a shrink launch, from shapes only (so graphs stay valid)."""
+def _block_r(max_rank: int) -> int:
+    return min(64, max(16, _next_pow2(max_rank)))
+
+
+def shrink_config(num_tokens: int, in_features: int, num_cols: int) -> ShrinkConfig:
+    """Tile sizes for a shrink, from shapes only (so captured graphs stay valid)."""
+    block_m = 16 if num_tokens <= 16 else 32 if num_tokens <= 128 else 64
     block_n = min(64, max(16, _next_pow2(num_cols)))
-    if num_tokens <= 16:
-        block_m = 16
-    elif num_tokens <= 256:
-        block_m = 32
-    else:
-        block_m = 64
     block_k = 128 if block_m <= 32 else 64
-    # Split K so that decode (few tokens, few rows of A per slot) still has enough
-    # programs in flight; each split reads at least 512 columns.
-    m_blocks = max(1, min(num_slots, num_tokens))
-    n_blocks = triton.cdiv(num_cols, block_n)
-    want = 1024
-    split_k = 1
-    while (
-        m_blocks * n_blocks * split_k < want
-        and in_features // (split_k * 2) >= max(512, block_k)
-        and split_k < 32
-    ):
-        split_k *= 2
+    # Split K so that each program reads about 512 columns of A (decode: few tokens,
+    # large K, small rank); fewer splits for many tokens (expand re-reads partials).
+    split_k = min(32, _prev_pow2(max(1, in_features // 512)), _prev_pow2(max(1, 8192 // num_tokens)))
     return ShrinkConfig(block_m, block_n, block_k, split_k)
 
 
-def expand_config(num_tokens: int, out_total: int, max_rank: int) -> ExpandConfig:
-    """Tile sizes for an expand launch, from shapes only."""
-    if num_tokens <= 16:
-        return ExpandConfig(block_m=16, block_n=128)
+def expand_config(num_tokens: int) -> ExpandConfig:
+    """Tile sizes for an expand, from shapes only."""
+    if num_tokens <= 64:  # decode: mostly one token per adapter
+        return ExpandConfig(block_m=16, block_n=256)
     if num_tokens <= 256:
-        return ExpandConfig(block_m=32, block_n=128)
-    return ExpandConfig(block_m=64, block_n=128, num_warps=8)
+        return ExpandConfig(block_m=32, block_n=256)
+    return ExpandConfig(block_m=64, block_n=256, num_warps=8)
+
+
+def _split_layout(in_features: int, cfg: ShrinkConfig) -> tuple[int, int]:
+    """(k_per_split, number of splits) with k_per_split a multiple of block_k."""
+    k_per_split = triton.cdiv(triton.cdiv(in_features, cfg.split_k), cfg.block_k) * cfg.block_k
+    return k_per_split, triton.cdiv(in_features, k_per_split)
+
+
+def _slice_programs(slice_offsets: tuple[int, ...], block_n: int) -> tuple[list[int], int]:
+    """Cumulative program counts c1..c3 per slice (padded) and the total per token block."""
+    counts = [triton.cdiv(b - a, block_n) for a, b in pairwise(slice_offsets)]
+    cum = []
+    total = 0
+    for c in counts:
+        total += c
+        cum.append(total)
+    cum = cum[:-1] + [total] * (MAX_SLICES - len(counts))
+    return cum[: MAX_SLICES - 1], total
+
+
+def _padded_offsets(slice_offsets: tuple[int, ...]) -> list[int]:
+    return list(slice_offsets) + [slice_offsets[-1]] * (MAX_SLICES + 1 - len(slice_offsets))
 
 
 def shrink_partials(
@@ -293,25 +590,25 @@ def shrink_partials(
     out: torch.Tensor | None = None,
     config: ShrinkConfig | None = None,
 ) -> torch.Tensor:
-    """Launch the shrink kernel; returns float32 partials ``[split_k, S, T, R]``.
+    """Launch the shrink kernel; returns float32 partials ``[splits, S, T, R]``.
 
-    ``out`` (when given, split_k must be 1) is ``[S, T, R]`` and is filled directly.
+    ``out`` (when given, the config must have split_k == 1) is ``[S, T, R]``, filled directly.
     """
     num_tokens, in_features = x.shape
     num_slots, num_slices, max_rank, _ = lora_a.shape
     num_cols = num_slices * max_rank
-    cfg = config or shrink_config(num_tokens, in_features, num_cols, num_slots)
-    split_k = cfg.split_k if out is None else 1
-    k_per_split = triton.cdiv(triton.cdiv(in_features, split_k), cfg.block_k) * cfg.block_k
-    split_k = triton.cdiv(in_features, k_per_split)
+    cfg = config or shrink_config(num_tokens, in_features, num_cols)
+    k_per_split, splits = _split_layout(in_features, cfg)
     if out is None:
-        part = torch.empty((split_k, num_slices, num_tokens, max_rank), dtype=torch.float32, device=x.device)
+        part = torch.empty((splits, num_slices, num_tokens, max_rank), dtype=torch.float32, device=x.device)
     else:
+        if splits != 1:
+            raise ValueError("shrink into out= needs a configuration without split-K")
         part = out.unsqueeze(0)
     if num_tokens == 0:
         return part
     n_blocks = triton.cdiv(num_cols, cfg.block_n)
-    grid = (triton.cdiv(num_tokens, cfg.block_m) * n_blocks, split_k, num_slots)
+    grid = (triton.cdiv(num_tokens, cfg.block_m) * n_blocks, splits, num_slots)
     _lora_shrink_kernel[grid](
         x,
         lora_a,
@@ -342,11 +639,10 @@ def shrink_partials(
 
 
 def shrink(x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch, out: torch.Tensor) -> torch.Tensor:
-    """Shrink into ``out [S, T, R]``: split-K partials are summed by one torch op."""
+    """Shrink into ``out [S, T, R]``; split-K partials are summed by one torch op."""
     num_tokens, in_features = x.shape
-    num_slots, num_slices, max_rank, _ = lora_a.shape
-    cfg = shrink_config(num_tokens, in_features, num_slices * max_rank, num_slots)
-    if cfg.split_k == 1:
+    cfg = shrink_config(num_tokens, in_features, lora_a.shape[1] * lora_a.shape[2])
+    if _split_layout(in_features, cfg)[1] == 1:
         shrink_partials(x, lora_a, batch, out=out, config=cfg)
         return out
     part = shrink_partials(x, lora_a, batch, config=cfg)
@@ -361,19 +657,14 @@ def expand(
     slice_offsets: tuple[int, ...],
     config: ExpandConfig | None = None,
 ) -> torch.Tensor:
-    """Launch the expand kernel: ``buf`` is float32 partials ``[split, S, T, R]``."""
-    split, num_slices, num_tokens, max_rank = buf.shape
-    if num_slices > MAX_SLICES:
-        raise ValueError(f"at most {MAX_SLICES} slices per launch, got {num_slices}")
+    """Launch the expand kernel: ``buf`` is float32 partials ``[splits, S, T, R]``."""
+    splits, _, num_tokens, max_rank = buf.shape
     num_slots, out_total, _ = lora_b.shape
     if num_tokens == 0 or out_total == 0:
         return y
-    cfg = config or expand_config(num_tokens, out_total, max_rank)
-    widths = [b - a for a, b in pairwise(slice_offsets)]
-    n_progs = triton.cdiv(triton.cdiv(max(widths), cfg.block_n), cfg.n_iters)
-    offs = list(slice_offsets) + [slice_offsets[-1]] * (MAX_SLICES + 1 - len(slice_offsets))
-    block_r = min(64, max(16, _next_pow2(max_rank)))
-    grid = (triton.cdiv(num_tokens, cfg.block_m) * n_progs, num_slices, num_slots)
+    cfg = config or expand_config(num_tokens)
+    cum, n_progs = _slice_programs(slice_offsets, cfg.block_n)
+    grid = (triton.cdiv(num_tokens, cfg.block_m) * n_progs, num_slots)
     _lora_expand_kernel[grid](
         buf,
         lora_b,
@@ -383,19 +674,111 @@ def expand(
         batch.slot_counts,
         batch.slot_ranks,
         num_tokens,
-        split,
+        splits,
         n_progs,
-        cfg.n_iters,
-        *offs,
+        *cum,
+        *_padded_offsets(slice_offsets),
         *buf.stride(),
         *lora_b.stride(),
         *y.stride(),
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
-        BLOCK_R=block_r,
+        BLOCK_R=_block_r(max_rank),
+        SPLIT_BLOCK=_next_pow2(splits),
         DOT_PRECISION=_precision(y.dtype),
         UPCAST=_upcast(y.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+    )
+    return y
+
+
+def add_two_launches(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    slice_offsets: tuple[int, ...],
+) -> torch.Tensor:
+    """``y += LoRA(x)`` as a shrink launch then an expand launch (no counters)."""
+    part = shrink_partials(x, lora_a, batch)
+    return expand(y, part, lora_b, batch, slice_offsets)
+
+
+def add_fused(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    slice_offsets: tuple[int, ...],
+    shrink_cfg: ShrinkConfig | None = None,
+    expand_cfg: ExpandConfig | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """``y += LoRA(x)`` in one launch (see the module docstring)."""
+    num_tokens, in_features = x.shape
+    num_slots, num_slices, max_rank, _ = lora_a.shape
+    out_total = lora_b.shape[1]
+    if num_tokens == 0 or out_total == 0:
+        return y
+    num_cols = num_slices * max_rank
+    scfg = shrink_cfg or shrink_config(num_tokens, in_features, num_cols)
+    ecfg = expand_cfg or expand_config(num_tokens)
+    k_per_split, splits = _split_layout(in_features, scfg)
+    part = torch.empty(
+        (splits, num_slices, num_tokens, max_rank), dtype=torch.float32, device=x.device
+    )  # [splits, S, T, R] float32 partials
+    s_mblocks = triton.cdiv(num_tokens, scfg.block_m)
+    s_nblocks = triton.cdiv(num_cols, scfg.block_n)
+    e_mblocks = triton.cdiv(num_tokens, ecfg.block_m)
+    cum, e_nprogs = _slice_programs(slice_offsets, ecfg.block_n)
+    n_shrink = num_slots * s_mblocks * s_nblocks * splits
+    n_total = n_shrink + num_slots * e_mblocks * e_nprogs
+    _lora_fused_kernel[(n_total,)](
+        x,
+        lora_a,
+        lora_b,
+        y,
+        part,
+        batch.sync,
+        batch.sorted_tokens,
+        batch.slot_starts,
+        batch.slot_counts,
+        batch.slot_ranks,
+        num_slots,
+        num_tokens,
+        in_features,
+        max_rank,
+        num_cols,
+        k_per_split,
+        splits,
+        n_shrink,
+        n_total,
+        s_mblocks,
+        s_nblocks,
+        e_mblocks,
+        e_nprogs,
+        *cum,
+        *_padded_offsets(slice_offsets),
+        *x.stride(),
+        *lora_a.stride(),
+        *part.stride(),
+        *lora_b.stride(),
+        *y.stride(),
+        S_BM=scfg.block_m,
+        S_BN=scfg.block_n,
+        S_BK=scfg.block_k,
+        EVEN_K=in_features % k_per_split == 0,
+        E_BM=ecfg.block_m,
+        E_BN=ecfg.block_n,
+        BLOCK_R=_block_r(max_rank),
+        SPLIT_BLOCK=_next_pow2(splits),
+        DOT_PRECISION=_precision(x.dtype),
+        UPCAST=_upcast(x.dtype),
+        SPIN_LIMIT=MAX_SPINS,
+        num_warps=num_warps or ecfg.num_warps,
+        num_stages=scfg.num_stages,
     )
     return y

@@ -262,22 +262,30 @@ def test_triton_never_reads_rank_padding(dtype):
 
 @pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
 @pytest.mark.parametrize("split_k", [1, 3])
-def test_triton_split_k_and_tiles(split_k):
-    """Split-K partials (in_features not a multiple of the split) and explicit tile shapes."""
+@pytest.mark.parametrize("launch", ["two", "fused"])
+def test_triton_split_k_and_tiles(split_k, launch):
+    """Split-K partials (in_features not a multiple of the split), explicit tile shapes,
+    the two-launch and the single-launch paths; the launch leaves its counters at zero."""
     from multilora_studio.kernels import lora_triton
 
-    gen = torch.Generator().manual_seed(seed_of("split", split_k))
+    gen = torch.Generator().manual_seed(seed_of("split", split_k, launch))
     dtype = torch.float16
-    case = make_case(dtype, 19, "qkv", "zipf", gen)
-    batch = case.batch
-    cfg = lora_triton.ShrinkConfig(block_m=16, block_n=32, block_k=16, split_k=split_k)
-    part = lora_triton.shrink_partials(case.x, case.lora_a, batch, config=cfg)
-    assert part.shape[0] == split_k
-    y = case.y.clone()
-    lora_triton.expand(
-        y, part, case.lora_b, batch, case.offsets, config=lora_triton.ExpandConfig(16, 32, n_iters=3)
-    )
-    check_y(y, case, dtype)
+    for pattern in ("zipf", "base_mixed"):
+        case = make_case(dtype, 19, "qkv", pattern, gen)
+        batch = case.batch
+        scfg = lora_triton.ShrinkConfig(block_m=16, block_n=32, block_k=16, split_k=split_k)
+        ecfg = lora_triton.ExpandConfig(block_m=16, block_n=32)
+        y = case.y.clone()
+        for _ in range(2):  # twice on one batch: counters must be back at zero in between
+            y = case.y.clone()
+            if launch == "two":
+                part = lora_triton.shrink_partials(case.x, case.lora_a, batch, config=scfg)
+                assert part.shape[0] == split_k
+                lora_triton.expand(y, part, case.lora_b, batch, case.offsets, config=ecfg)
+            else:
+                lora_triton.add_fused(y, case.x, case.lora_a, case.lora_b, batch, case.offsets, scfg, ecfg)
+            assert not batch.sync.any()
+        check_y(y, case, dtype)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
