@@ -270,9 +270,12 @@ def _hub_errors(repo_id: str, revision: str | None, settings: HubSettings) -> It
     except OfflineModeIsEnabled:
         raise HubError(f"{where}: the Hub client is in offline mode (HF_HUB_OFFLINE)") from None
     except Exception as error:  # network and server errors of whichever HTTP stack the client uses
-        raise HubError(
-            f"{where}: could not reach {settings.endpoint} ({type(error).__name__}: {error})"
-        ) from error
+        kind = type(error).__name__
+        if isinstance(error, OSError) or any(
+            w in kind for w in ("Connect", "Timeout", "Network", "Protocol")
+        ):
+            raise HubError(f"{where}: could not reach {settings.endpoint} ({kind}: {error})") from error
+        raise HubError(f"{where}: unexpected answer from {settings.endpoint} ({kind}: {error})") from error
 
 
 class _Meter:

@@ -21,7 +21,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
+
+from starlette.requests import Request
 
 READY_TIMEOUT_S = 60.0
 
@@ -105,6 +108,11 @@ def _card(repo: Path) -> dict:
     return card if isinstance(card, dict) else {}
 
 
+def _hub_time(stamp: int) -> str:
+    """The Hub's timestamp format (UTC, milliseconds, Z)."""
+    return datetime.fromtimestamp(stamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+
 def list_local_models(mirrors: Path) -> list[dict]:
     """The Hub's listing fields for every repository under ``mirrors/models``."""
     models = []
@@ -130,7 +138,7 @@ def list_local_models(mirrors: Path) -> list[dict]:
                 "modelId": repo_id,
                 "author": repo.parent.name,
                 "sha": _git(repo, "rev-parse", "HEAD").strip(),
-                "lastModified": _git(repo, "log", "-1", "--format=%cI").strip(),
+                "lastModified": _hub_time(int(_git(repo, "log", "-1", "--format=%ct"))),
                 "tags": tags,
                 "library_name": library,
                 "downloads": 0,
@@ -145,7 +153,6 @@ def main(config: str, log_dir: str) -> None:
     os.environ["OLAH_CONFIG"] = config  # olah's server module reads its config from here on import
     os.environ["OLAH_LOG_PATH"] = log_dir
     import uvicorn
-    from fastapi import Request
     from fastapi.responses import JSONResponse
     from olah import server
 
