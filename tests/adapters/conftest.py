@@ -33,6 +33,16 @@ def tiny_base(tiny_model_dir: Path) -> BaseModelRef:
     return describe_base(str(tiny_model_dir))
 
 
+@pytest.fixture(scope="session")
+def retrained_base(tmp_path_factory, tiny_model_dir) -> Path:
+    """The tiny model with one weight changed: same shapes, other digest (another base revision)."""
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path_factory.mktemp("retrained") / "tiny-llama"))
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * 1.01
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
 @pytest.fixture
 def registry(tmp_path: Path) -> Registry:
     """A fresh library on a real SQLite file."""

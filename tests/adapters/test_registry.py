@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sqlite3
 import time
-from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file, save_file
 
 from multilora_studio.adapters.registry import BaseMismatchError, LibraryError, Registry
 from multilora_studio.adapters.registry_schema import SCHEMA_VERSION
@@ -133,16 +130,6 @@ def test_schema_version_and_wal_journal(registry, tmp_path):
     conn.close()
     with pytest.raises(RuntimeError, match="newer MultiLoRA Studio"):
         Registry(newer)
-
-
-@pytest.fixture(scope="module")
-def retrained_base(tmp_path_factory, tiny_model_dir) -> Path:
-    """The tiny model with one weight changed: same shapes, other digest (another base revision)."""
-    folder = Path(shutil.copytree(tiny_model_dir, tmp_path_factory.mktemp("retrained") / "tiny-llama"))
-    tensors = load_file(str(folder / "model.safetensors"))
-    tensors["model.norm.weight"] = tensors["model.norm.weight"] * 1.01
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    return folder
 
 
 def test_adapter_of_another_base_revision_is_flagged_and_refused_unless_overridden(
