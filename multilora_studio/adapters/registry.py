@@ -111,6 +111,21 @@ class Registry:
             rows = conn.execute("SELECT * FROM base_models ORDER BY repo_id, created").fetchall()
             return [BaseModelRecord.from_row(row) for row in rows]
 
+    def check_names(self, name: str, aliases: Sequence[str] = ()) -> list[str]:
+        """``[name, *aliases]`` if all are valid and free; LibraryError otherwise."""
+        names = [name, *aliases]
+        for item in names:
+            if not isinstance(item, str) or not NAME.match(item) or item in RESERVED_NAMES:
+                raise LibraryError(
+                    f"invalid adapter name {item!r}: use 1-128 letters, digits or ._:/@+- "
+                    f"(not {', '.join(RESERVED_NAMES)}); choose one with --name"
+                )
+        if len(set(names)) != len(names):
+            raise LibraryError(f"the names {', '.join(names)} repeat one another")
+        with self._connect() as conn:
+            self._ensure_free(conn, names)
+        return names
+
     # ---------------------------------------------------------------- adding and removing
 
     def import_folder(
@@ -320,21 +335,6 @@ class Registry:
                 raise LibraryError(f"no adapter named {name!r} in the library")
             conn.execute(f"UPDATE adapters SET {assignment} WHERE id = ?", (value, row["id"]))
         return self.get(name)
-
-    def check_names(self, name: str, aliases: Sequence[str] = ()) -> list[str]:
-        """``[name, *aliases]`` if all are valid and free; LibraryError otherwise."""
-        names = [name, *aliases]
-        for item in names:
-            if not isinstance(item, str) or not NAME.match(item) or item in RESERVED_NAMES:
-                raise LibraryError(
-                    f"invalid adapter name {item!r}: use 1-128 letters, digits or ._:/@+- "
-                    f"(not {', '.join(RESERVED_NAMES)}); choose one with --name"
-                )
-        if len(set(names)) != len(names):
-            raise LibraryError(f"the names {', '.join(names)} repeat one another")
-        with self._connect() as conn:
-            self._ensure_free(conn, names)
-        return names
 
     def _ensure_free(self, conn: sqlite3.Connection, names: Sequence[str]) -> None:
         for item in names:
