@@ -197,6 +197,7 @@ def cache_transaction(repo_id: str, settings: HubSettings) -> Iterator[None]:
         except BaseException:
             if not existed:
                 shutil.rmtree(repo_dir, ignore_errors=True)
+                shutil.rmtree(settings.cache_dir / ".locks" / repo_dir.name, ignore_errors=True)
             else:
                 for path in sorted(set(_entries(repo_dir)) - before, reverse=True):
                     if path.is_dir() and not path.is_symlink():

@@ -49,6 +49,7 @@ def cache_of(settings: HubSettings, repo_id: str) -> Path:
 def assert_nothing_left(registry: Registry, settings: HubSettings, repo_id: str) -> None:
     assert registry.list_adapters() == []
     assert not cache_of(settings, repo_id).exists()
+    assert not (settings.cache_dir / ".locks" / cache_of(settings, repo_id).name).exists()
 
 
 def test_pull_registers_the_snapshot_in_the_standard_cache(hub, hub_env, registry, tiny_base, tiny_adapters):
