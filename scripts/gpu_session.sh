@@ -21,7 +21,7 @@ for step in $steps; do
   start=$(date +%s)
   case $step in
     engine-tests)
-      MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
+      TRITON_INTERPRET=0 MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
         timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_fidelity.py \
         tests/engine/test_model_families.py tests/engine/test_engine_behaviour.py 2>&1 | tee "$OUT/engine-tests.log" | tail -25 ;;
     engine-bench)
