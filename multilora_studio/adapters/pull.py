@@ -160,7 +160,8 @@ def _pull_model(
         config = _model_config(folder / MODEL_CONFIG, snapshot.repo_id)
         if progress is not None:
             progress(0.95, "computing the weights digest")
-        digest = sha256_file(folder / weights[0]) if len(weights) == 1 else ""
+        single = folder / "model.safetensors"  # the engine's rule: sharded weights have no digest
+        digest = sha256_file(single) if single.is_file() else ""
         record = registry.register_base_model(
             snapshot.repo_id, snapshot.revision, snapshot.requested, folder, digest
         )
