@@ -210,10 +210,8 @@ def section_ceilings(rep: Report) -> None:
 
 
 def check_case(weights, slots, rank_t, num_slots, gen) -> tuple[bool, float]:
-    """add_lora (single launch), the two-launch path and, for qkv, the public shrink +
-    expand on every projection vs the reference."""
-    from . import lora_triton as lt
-
+    """add_lora and, for qkv, the public shrink + expand on every projection vs the
+    reference."""
     batch = build_lora_batch(slots, rank_t, num_slots)
     t = slots.shape[0]
     keep = slots < 0  # rows that must stay bit for bit (poisoned with NaN)
@@ -225,8 +223,6 @@ def check_case(weights, slots, rank_t, num_slots, gen) -> tuple[bool, float]:
         y0[keep] = float("nan")
         ref = reference_lora(y0, x, a, b, slots, offs)
         outs = [add_lora(y0.clone(), x, a, b, batch, offs)]
-        outs.append(lt.add_two_launches(y0.clone(), x, a, b, batch, offs))
-        assert not batch.sync.any(), "single-launch counters not back at zero"
         if name == "qkv":
             buf = lora_shrink(x, a, batch)
             outs.append(lora_expand(y0.clone(), buf, b, batch, offs))
@@ -452,8 +448,12 @@ def steady_us(layer_fns: list[Callable[[], None]], reps: int) -> float:
     return us
 
 
-def layer_runners(copies, t: int, slots: torch.Tensor, rank_t, num_slots: int, gen, kind: str, **cfg):
-    """One callable per weight copy running a layer's four LoRA projections."""
+def layer_runners(copies, t: int, slots: torch.Tensor, rank_t, num_slots: int, gen, kind: str, cfg=None):
+    """One callable per weight copy running a layer's four LoRA projections.
+
+    kind: "api" (add_lora), "tiles" (the Triton launchers with ``cfg(name) -> (shrink
+    config, expand config)``) or "gather_bmm" (the torch baseline).
+    """
     from . import lora_triton as lt
 
     batch = build_lora_batch(slots, rank_t, num_slots)
@@ -464,12 +464,12 @@ def layer_runners(copies, t: int, slots: torch.Tensor, rank_t, num_slots: int, g
 
         def fn(weights=weights, xs=xs, ys=ys) -> None:
             for n, (a, b, offs) in weights.items():
-                if kind == "fused":
-                    lt.add_fused(ys[n], xs[n], a, b, batch, offs, **cfg)
-                elif kind == "two":
-                    lt.add_two_launches(ys[n], xs[n], a, b, batch, offs)
-                elif kind == "api":
+                if kind == "api":
                     add_lora(ys[n], xs[n], a, b, batch, offs)
+                elif kind == "tiles":
+                    scfg, ecfg = cfg(n)
+                    part = lt.shrink_partials(xs[n], a, batch, config=scfg)
+                    lt.expand(ys[n], part, b, batch, offs, config=ecfg)
                 else:
                     gather_bmm(ys[n], xs[n], a, b, slots_long, offs)
 
@@ -491,29 +491,25 @@ def section_target(rep: Report, deadline: float) -> None:
     nbytes = layer_bytes(LLAMA3_8B, t, [r] * num_slots, 2)
     bw = rep.data.get("ceilings", {}).get("copy_bw_TBs", 4.3) * 1e12
 
-    def run(kind: str, **cfg) -> float:
-        return steady_us(layer_runners(copies, t, slots, rank_t, num_slots, gen, kind, **cfg), reps)
+    def run(kind: str, cfg=None) -> float:
+        return steady_us(layer_runners(copies, t, slots, rank_t, num_slots, gen, kind, cfg), reps)
 
     res: dict[str, object] = {"bytes": nbytes, "flops": layer_flops(LLAMA3_8B, [r] * t)}
-    res["fused_us"] = run("api")
-    res["two_launch_us"] = run("two")
+    res["ours_us"] = run("api")
     res["gather_bmm_us"] = run("gather_bmm")
     # Eager (host-bound: Python + launch cost of 4 add_lora calls per layer).
     batch = build_lora_batch(slots, rank_t, num_slots)
     xs, ys = layer_inputs(copies[0], t, gen)
-    res["fused_eager_us"] = 1e3 * bench_ms(
+    res["ours_eager_us"] = 1e3 * bench_ms(
         lambda: [add_lora(ys[n], xs[n], a, b, batch, o) for n, (a, b, o) in copies[0].items()]
     )
-    for key in ("fused", "two_launch", "gather_bmm"):
+    for key in ("ours", "gather_bmm"):
         res[f"{key}_bw_pct"] = 100 * nbytes / (res[f"{key}_us"] * 1e-6) / bw
-    res["speedup_fused"] = res["gather_bmm_us"] / res["fused_us"]
-    res["speedup_two_launch"] = res["gather_bmm_us"] / res["two_launch_us"]
-    # Per projection (single launch, steady state).
+    res["speedup"] = res["gather_bmm_us"] / res["ours_us"]
     per = {}
     for n, shape in LLAMA3_8B.items():
         sub = [{n: w[n]} for w in copies]
-        fns = layer_runners(sub, t, slots, rank_t, num_slots, gen, "fused")
-        us = steady_us(fns, reps)
+        us = steady_us(layer_runners(sub, t, slots, rank_t, num_slots, gen, "api"), reps)
         pb = layer_bytes({n: shape}, t, [r] * num_slots, 2)
         per[n] = {"us": us, "bytes": pb, "bw_pct": 100 * pb / (us * 1e-6) / bw}
     res["per_projection"] = per
@@ -521,57 +517,46 @@ def section_target(rep: Report, deadline: float) -> None:
     log.info("target: %s", res)
     rep.summary.append(
         f"TARGET decode T=32, 32 distinct rank-16, 7 projections ({nbytes / 1e6:.1f} MB): "
-        f"single launch {res['fused_us']:.1f} us = {res['fused_bw_pct']:.0f}% of copy bandwidth, "
-        f"{res['speedup_fused']:.1f}x gather+bmm ({res['gather_bmm_us']:.1f} us); two launches "
-        f"{res['two_launch_us']:.1f} us = {res['two_launch_bw_pct']:.0f}%; eager single launch "
-        f"{res['fused_eager_us']:.1f} us (host-bound)"
+        f"{res['ours_us']:.1f} us = {res['ours_bw_pct']:.0f}% of copy bandwidth, "
+        f"{res['speedup']:.1f}x gather+bmm ({res['gather_bmm_us']:.1f} us); eager "
+        f"{res['ours_eager_us']:.1f} us (host-bound)"
     )
     rep.summary.append(
         "  per projection: " + ", ".join(f"{n} {v['us']:.1f} us {v['bw_pct']:.0f}%" for n, v in per.items())
     )
-    # Tile configurations of the single launch around the defaults (same measurement).
+    # Tile configurations around the defaults (same measurement), for tuning.
     sweep = []
-    for sbm in (16, 32):
-        for ebm, ebn, nw in ((16, 256, 4), (16, 128, 4), (16, 256, 8), (32, 128, 4)):
-            for split_mul in (1, 2):
-                if time.monotonic() > deadline:
-                    break
-                cfgs = {}
-                for n, (k, widths) in LLAMA3_8B.items():
-                    base = lt.shrink_config(t, k, len(widths) * r)
-                    cfgs[n] = lt.ShrinkConfig(
-                        sbm, base.block_n, base.block_k, min(32, base.split_k * split_mul)
-                    )
+    for ebn, nw in ((128, 4), (256, 4), (256, 8)):
+        for split_mul in (1, 2):
+            if time.monotonic() > deadline:
+                break
 
-                def fused_cfg(weights, xs, ys, batch, cfgs=cfgs, ebm=ebm, ebn=ebn, nw=nw):
-                    for n, (a, b, offs) in weights.items():
-                        lt.add_fused(ys[n], xs[n], a, b, batch, offs, cfgs[n], lt.ExpandConfig(ebm, ebn), nw)
+            def cfg(n, ebn=ebn, nw=nw, split_mul=split_mul):
+                k, widths = LLAMA3_8B[n]
+                base = lt.shrink_config(t, k, len(widths), r)
+                scfg = lt.ShrinkConfig(
+                    base.block_m, base.block_n, base.block_k, min(32, base.split_k * split_mul)
+                )
+                return scfg, lt.ExpandConfig(16, ebn, nw)
 
-                batch = build_lora_batch(slots, rank_t, num_slots)
-                fns = []
-                for w in copies:
-                    xs, ys = layer_inputs(w, t, gen)
-                    fns.append(lambda w=w, xs=xs, ys=ys, batch=batch: fused_cfg(w, xs, ys, batch))
-                try:
-                    us = steady_us(fns, reps)
-                except Exception as exc:
-                    log.info("sweep config failed: %s", exc)
-                    continue
-                row = {
-                    "shrink_bm": sbm,
-                    "expand_bm": ebm,
-                    "expand_bn": ebn,
-                    "num_warps": nw,
-                    "split_mul": split_mul,
-                    "us": us,
-                    "bw_pct": 100 * nbytes / (us * 1e-6) / bw,
-                }
-                sweep.append(row)
-                log.info("target sweep %s", row)
+            try:
+                us = run("tiles", cfg)
+            except Exception as exc:
+                log.info("sweep config failed: %s", exc)
+                continue
+            row = {
+                "expand_bn": ebn,
+                "expand_warps": nw,
+                "split_mul": split_mul,
+                "us": us,
+                "bw_pct": 100 * nbytes / (us * 1e-6) / bw,
+            }
+            sweep.append(row)
+            log.info("target sweep %s", row)
     res["sweep"] = sweep
     if sweep:
         best = min(sweep, key=lambda row: row["us"])
-        rep.summary.append(f"  best single-launch config in sweep: {best}")
+        rep.summary.append(f"  best tile configuration in sweep: {best}")
 
 
 def section_matrix(rep: Report, quick: bool, deadline: float) -> None:

@@ -97,9 +97,6 @@ class LoRABatch:
     * ``slot_counts``   ``[num_slots]``: number of tokens using each slot.
     * ``slot_ranks``    ``[num_slots]``: rank of the adapter in each slot, 0 = empty.
     * ``num_tokens``    ``[1]``: T of the last update (tokens ``>= T`` count as -1).
-    * ``sync``          ``[1 + 2 * num_slots]``: counters of the single-launch
-      ``add_lora`` kernel; zero between launches (``update`` zeroes them too). One
-      stream at a time may run kernels on a batch.
 
     The kernels also bound every token index by ``x.shape[0]``, so an ``x`` with fewer
     rows than the last update never reads out of bounds.
@@ -113,7 +110,6 @@ class LoRABatch:
     slot_counts: torch.Tensor
     slot_ranks: torch.Tensor
     num_tokens: torch.Tensor
-    sync: torch.Tensor
     _boundaries: torch.Tensor  # [num_slots + 1] int32: 0..num_slots, for searchsorted
     _num_tokens_host: int = 0
     _host: _HostGroups | None = field(default=None, repr=False)
@@ -139,7 +135,6 @@ class LoRABatch:
             slot_counts=torch.zeros(num_slots, **i32),  # [num_slots]
             slot_ranks=torch.zeros(num_slots, **i32),  # [num_slots]
             num_tokens=torch.zeros(1, **i32),  # [1]
-            sync=torch.zeros(1 + 2 * num_slots, **i32),  # [ticket, published[L], finished[L]]
             _boundaries=torch.arange(num_slots + 1, **i32),  # [num_slots + 1]
         )
         return batch
@@ -183,7 +178,6 @@ class LoRABatch:
         self.slot_counts.copy_(bounds[1:] - bounds[:-1])
         self.slot_ranks.copy_(slot_ranks)
         self.num_tokens.fill_(t)
-        self.sync.zero_()
         self._num_tokens_host = t
         self._host = None
         return self
@@ -451,7 +445,8 @@ def add_lora(
     if _backend_of(backend, x.device) == "triton":
         from . import lora_triton
 
-        lora_triton.add_fused(y, x, lora_a, lora_b, batch, offs)
+        buf = lora_triton.shrink_partials(x, lora_a, batch)  # [splits, S, T, R] float32
+        lora_triton.expand(y, buf, lora_b, batch, offs)
         return y
     _torch_add_lora(y, x, lora_a, lora_b, batch, offs)
     return y

@@ -20,13 +20,9 @@ and a small rank) and writes one float32 partial per split; expand loads all par
 its rows in one tile and sums them. No atomics touch data, so results are bitwise
 reproducible and graph replay equals eager.
 
-``add_lora`` runs shrink and expand in ONE launch (``_lora_fused_kernel``): programs
-take a ticket from an atomic counter; the first tickets do shrink tiles, the rest expand
-tiles. An expand program loads its B tile, then waits until every shrink tile of its
-slot has published its partials (release/acquire counters). Tickets are taken by
-running programs in order, so every shrink tile an expand program waits for is already
-running: no deadlock whatever order the hardware schedules programs in. The counters
-live in ``LoRABatch.sync`` and are returned to zero by the last program that uses them.
+``add_lora`` is one shrink launch then one expand launch. (A single-launch variant, in
+which expand programs waited on per-slot counters published by the shrink programs, was
+measured slower on an H200: docs/kernels.md.)
 """
 
 from __future__ import annotations
@@ -39,10 +35,6 @@ import triton
 import triton.language as tl
 
 from .lora import MAX_SLICES, LoRABatch, _interpreting
-
-# Bound on the expand programs' wait (each poll is one L2 round trip, so about 0.1 s): a
-# safety net against a miscounted wait; never reached when the counts are right.
-MAX_SPINS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -202,7 +194,7 @@ def _expand_h(
         + offs_r[None, None, :] * stride_br
     )  # [P, BM, BR]
     mask = (offs_p < num_splits)[:, None, None] & m_ok[None, :, None] & (offs_r < rank)[None, None, :]
-    # .cg: partials written by other programs of the same launch bypass L1.
+    # .cg: each partial is read once, by this program; keep it out of L1.
     part = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
     return tl.sum(part, axis=0)
 
@@ -397,125 +389,6 @@ def _lora_expand_kernel(
         )  # fmt: skip
 
 
-@triton.jit
-def _lora_fused_kernel(
-    x_ptr,
-    a_ptr,
-    b_ptr,
-    y_ptr,
-    part_ptr,
-    sync_ptr,
-    sorted_ptr,
-    starts_ptr,
-    counts_ptr,
-    ranks_ptr,
-    num_slots,
-    num_tokens,
-    in_features,
-    max_rank,
-    num_cols,
-    k_per_split,
-    num_splits,
-    n_shrink,
-    n_total,
-    s_mblocks,
-    s_nblocks,
-    e_mblocks,
-    e_nprogs,
-    c1,
-    c2,
-    c3,
-    off0,
-    off1,
-    off2,
-    off3,
-    off4,
-    stride_xt,
-    stride_xk,
-    stride_al,
-    stride_as,
-    stride_ar,
-    stride_ak,
-    stride_bp,
-    stride_bs,
-    stride_bt,
-    stride_br,
-    stride_wl,
-    stride_wn,
-    stride_wr,
-    stride_yt,
-    stride_yn,
-    S_BM: tl.constexpr,
-    S_BN: tl.constexpr,
-    S_BK: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    E_BM: tl.constexpr,
-    E_BN: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    SPIN_LIMIT: tl.constexpr,
-):
-    # sync: [ticket, published[num_slots], finished[num_slots]], all zero between launches.
-    vid = tl.atomic_add(sync_ptr, 1)
-    if vid == n_total - 1:
-        tl.atomic_xchg(sync_ptr, 0)  # every ticket is taken: reset for the next launch
-    if vid < n_shrink:
-        # Shrink tile: vid = ((slot * s_mblocks + m_block) * s_nblocks + n_block) * splits + split
-        split = vid % num_splits
-        rest = vid // num_splits
-        n_block = rest % s_nblocks
-        rest = rest // s_nblocks
-        m_block = rest % s_mblocks
-        slot = rest // s_mblocks
-        count = tl.load(counts_ptr + slot)
-        rank = tl.load(ranks_ptr + slot)
-        start = tl.load(starts_ptr + slot)
-        if (m_block * S_BM < count) & (rank > 0):
-            _shrink_tile(
-                x_ptr, a_ptr, part_ptr, sorted_ptr, slot, split, m_block, n_block, count, rank,
-                start, num_tokens, in_features, max_rank, num_cols, k_per_split,
-                stride_xt, stride_xk, stride_al, stride_as, stride_ar, stride_ak,
-                stride_bp, stride_bs, stride_bt, stride_br,
-                S_BM, S_BN, S_BK, EVEN_K, DOT_PRECISION, UPCAST,
-            )  # fmt: skip
-            tl.debug_barrier()  # every thread's partials stored before publishing
-            tl.atomic_add(sync_ptr + 1 + slot, 1, sem="release")
-    else:
-        # Expand tile: e = (slot * e_mblocks + m_block) * e_nprogs + n_prog
-        e = vid - n_shrink
-        n_prog = e % e_nprogs
-        rest = e // e_nprogs
-        m_block = rest % e_mblocks
-        slot = rest // e_mblocks
-        count = tl.load(counts_ptr + slot)
-        rank = tl.load(ranks_ptr + slot)
-        start = tl.load(starts_ptr + slot)
-        if (m_block * E_BM < count) & (rank > 0):
-            s, n0, hi = _slice_of(n_prog, c1, c2, c3, off0, off1, off2, off3, off4, E_BN)
-            w0 = _expand_w(b_ptr, slot, n0, hi, 0, rank, stride_wl, stride_wn, stride_wr, E_BN, BLOCK_R)
-            # Wait for every shrink tile of this slot (B is already on its way).
-            needed = tl.cdiv(count, S_BM) * s_nblocks * num_splits
-            done = tl.atomic_add(sync_ptr + 1 + slot, 0, sem="acquire")
-            spins = 0
-            while (done < needed) & (spins < SPIN_LIMIT):
-                done = tl.atomic_add(sync_ptr + 1 + slot, 0, sem="acquire")
-                spins += 1
-            _expand_tile(
-                w0, part_ptr, b_ptr, y_ptr, sorted_ptr, slot, s, m_block, n0, hi, count, rank,
-                start, num_tokens, num_splits,
-                stride_bp, stride_bs, stride_bt, stride_br, stride_wl, stride_wn, stride_wr,
-                stride_yt, stride_yn,
-                E_BM, E_BN, BLOCK_R, SPLIT_BLOCK, DOT_PRECISION, UPCAST,
-            )  # fmt: skip
-            # The last expand program of the slot returns its counters to zero.
-            fin = tl.atomic_add(sync_ptr + 1 + num_slots + slot, 1, sem="acq_rel")
-            if fin == tl.cdiv(count, E_BM) * e_nprogs - 1:
-                tl.atomic_xchg(sync_ptr + 1 + slot, 0)
-                tl.atomic_xchg(sync_ptr + 1 + num_slots + slot, 0)
-
-
 # --------------------------------------------------------------------------- launchers
 
 
@@ -541,24 +414,35 @@ def _block_r(max_rank: int) -> int:
     return min(64, max(16, _next_pow2(max_rank)))
 
 
-def shrink_config(num_tokens: int, in_features: int, num_cols: int) -> ShrinkConfig:
-    """Tile sizes for a shrink, from shapes only (so captured graphs stay valid)."""
-    block_m = 16 if num_tokens <= 16 else 32 if num_tokens <= 128 else 64
-    block_n = min(64, max(16, _next_pow2(num_cols)))
-    block_k = 128 if block_m <= 32 else 64
-    # Split K so that each program reads about 512 columns of A (decode: few tokens,
-    # large K, small rank); fewer splits for many tokens (expand re-reads partials).
-    split_k = min(32, _prev_pow2(max(1, in_features // 512)), _prev_pow2(max(1, 8192 // num_tokens)))
-    return ShrinkConfig(block_m, block_n, block_k, split_k)
-
-
 def expand_config(num_tokens: int) -> ExpandConfig:
-    """Tile sizes for an expand, from shapes only."""
+    """Tile sizes for an expand, from shapes only (so captured graphs stay valid)."""
     if num_tokens <= 64:  # decode: mostly one token per adapter
         return ExpandConfig(block_m=16, block_n=256)
     if num_tokens <= 256:
         return ExpandConfig(block_m=32, block_n=256)
     return ExpandConfig(block_m=64, block_n=256, num_warps=8)
+
+
+# Largest partial tile (splits x token rows x rank columns, float32) one expand program
+# loads at once: bounds its registers and shared memory.
+_PARTIAL_TILE = 4096
+
+
+def shrink_config(num_tokens: int, in_features: int, num_slices: int, max_rank: int) -> ShrinkConfig:
+    """Tile sizes for a shrink, from shapes only (so captured graphs stay valid)."""
+    block_m = 16 if num_tokens <= 16 else 32 if num_tokens <= 128 else 64
+    block_n = min(64, max(16, _next_pow2(num_slices * max_rank)))
+    block_k = 128 if block_m <= 32 else 64
+    # Split K so that each program reads about 512 columns of A (decode: few tokens,
+    # large K, small rank), within what one expand program sums in one tile.
+    rows = expand_config(num_tokens).block_m * _block_r(max_rank)
+    split_k = min(
+        32,
+        _prev_pow2(max(1, in_features // 512)),
+        _prev_pow2(max(1, 8192 // num_tokens)),
+        _prev_pow2(max(1, _PARTIAL_TILE // rows)),
+    )
+    return ShrinkConfig(block_m, block_n, block_k, split_k)
 
 
 def _split_layout(in_features: int, cfg: ShrinkConfig) -> tuple[int, int]:
@@ -597,7 +481,7 @@ def shrink_partials(
     num_tokens, in_features = x.shape
     num_slots, num_slices, max_rank, _ = lora_a.shape
     num_cols = num_slices * max_rank
-    cfg = config or shrink_config(num_tokens, in_features, num_cols)
+    cfg = config or shrink_config(num_tokens, in_features, num_slices, max_rank)
     k_per_split, splits = _split_layout(in_features, cfg)
     if out is None:
         part = torch.empty((splits, num_slices, num_tokens, max_rank), dtype=torch.float32, device=x.device)
@@ -641,7 +525,7 @@ def shrink_partials(
 def shrink(x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch, out: torch.Tensor) -> torch.Tensor:
     """Shrink into ``out [S, T, R]``; split-K partials are summed by one torch op."""
     num_tokens, in_features = x.shape
-    cfg = shrink_config(num_tokens, in_features, lora_a.shape[1] * lora_a.shape[2])
+    cfg = shrink_config(num_tokens, in_features, lora_a.shape[1], lora_a.shape[2])
     if _split_layout(in_features, cfg)[1] == 1:
         shrink_partials(x, lora_a, batch, out=out, config=cfg)
         return out
@@ -689,96 +573,5 @@ def expand(
         UPCAST=_upcast(y.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-    )
-    return y
-
-
-def add_two_launches(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: torch.Tensor,
-    lora_b: torch.Tensor,
-    batch: LoRABatch,
-    slice_offsets: tuple[int, ...],
-) -> torch.Tensor:
-    """``y += LoRA(x)`` as a shrink launch then an expand launch (no counters)."""
-    part = shrink_partials(x, lora_a, batch)
-    return expand(y, part, lora_b, batch, slice_offsets)
-
-
-def add_fused(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: torch.Tensor,
-    lora_b: torch.Tensor,
-    batch: LoRABatch,
-    slice_offsets: tuple[int, ...],
-    shrink_cfg: ShrinkConfig | None = None,
-    expand_cfg: ExpandConfig | None = None,
-    num_warps: int | None = None,
-) -> torch.Tensor:
-    """``y += LoRA(x)`` in one launch (see the module docstring)."""
-    num_tokens, in_features = x.shape
-    num_slots, num_slices, max_rank, _ = lora_a.shape
-    out_total = lora_b.shape[1]
-    if num_tokens == 0 or out_total == 0:
-        return y
-    num_cols = num_slices * max_rank
-    scfg = shrink_cfg or shrink_config(num_tokens, in_features, num_cols)
-    ecfg = expand_cfg or expand_config(num_tokens)
-    k_per_split, splits = _split_layout(in_features, scfg)
-    part = torch.empty(
-        (splits, num_slices, num_tokens, max_rank), dtype=torch.float32, device=x.device
-    )  # [splits, S, T, R] float32 partials
-    s_mblocks = triton.cdiv(num_tokens, scfg.block_m)
-    s_nblocks = triton.cdiv(num_cols, scfg.block_n)
-    e_mblocks = triton.cdiv(num_tokens, ecfg.block_m)
-    cum, e_nprogs = _slice_programs(slice_offsets, ecfg.block_n)
-    n_shrink = num_slots * s_mblocks * s_nblocks * splits
-    n_total = n_shrink + num_slots * e_mblocks * e_nprogs
-    _lora_fused_kernel[(n_total,)](
-        x,
-        lora_a,
-        lora_b,
-        y,
-        part,
-        batch.sync,
-        batch.sorted_tokens,
-        batch.slot_starts,
-        batch.slot_counts,
-        batch.slot_ranks,
-        num_slots,
-        num_tokens,
-        in_features,
-        max_rank,
-        num_cols,
-        k_per_split,
-        splits,
-        n_shrink,
-        n_total,
-        s_mblocks,
-        s_nblocks,
-        e_mblocks,
-        e_nprogs,
-        *cum,
-        *_padded_offsets(slice_offsets),
-        *x.stride(),
-        *lora_a.stride(),
-        *part.stride(),
-        *lora_b.stride(),
-        *y.stride(),
-        S_BM=scfg.block_m,
-        S_BN=scfg.block_n,
-        S_BK=scfg.block_k,
-        EVEN_K=in_features % k_per_split == 0,
-        E_BM=ecfg.block_m,
-        E_BN=ecfg.block_n,
-        BLOCK_R=_block_r(max_rank),
-        SPLIT_BLOCK=_next_pow2(splits),
-        DOT_PRECISION=_precision(x.dtype),
-        UPCAST=_upcast(x.dtype),
-        SPIN_LIMIT=MAX_SPINS,
-        num_warps=num_warps or ecfg.num_warps,
-        num_stages=scfg.num_stages,
     )
     return y

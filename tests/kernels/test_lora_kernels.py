@@ -102,7 +102,7 @@ def poison_rows(y: torch.Tensor, rows: torch.Tensor, gen: torch.Generator) -> No
     p = (torch.randn(int(rows.sum()), y.shape[1], generator=gen) * 1e4).to(y.dtype)
     p[:, ::3] = float("nan")  # set in y's dtype: a round trip through float32 changes the bits
     p[:, 1::3] = -0.0
-    y[rows] = p
+    y[rows] = p.to(y.device)
 
 
 def make_case(
@@ -262,29 +262,21 @@ def test_triton_never_reads_rank_padding(dtype):
 
 @pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
 @pytest.mark.parametrize("split_k", [1, 3])
-@pytest.mark.parametrize("launch", ["two", "fused"])
-def test_triton_split_k_and_tiles(split_k, launch):
-    """Split-K partials (in_features not a multiple of the split), explicit tile shapes,
-    the two-launch and the single-launch paths; the launch leaves its counters at zero."""
+def test_triton_split_k_and_tiles(split_k):
+    """Split-K partials (in_features not a multiple of the split) and explicit tile shapes."""
     from multilora_studio.kernels import lora_triton
 
-    gen = torch.Generator().manual_seed(seed_of("split", split_k, launch))
+    gen = torch.Generator().manual_seed(seed_of("split", split_k))
     dtype = torch.float16
     for pattern in ("zipf", "base_mixed"):
         case = make_case(dtype, 19, "qkv", pattern, gen)
         batch = case.batch
         scfg = lora_triton.ShrinkConfig(block_m=16, block_n=32, block_k=16, split_k=split_k)
-        ecfg = lora_triton.ExpandConfig(block_m=16, block_n=32)
+        part = lora_triton.shrink_partials(case.x, case.lora_a, batch, config=scfg)
+        assert part.shape[0] == split_k
         y = case.y.clone()
-        for _ in range(2):  # twice on one batch: counters must be back at zero in between
-            y = case.y.clone()
-            if launch == "two":
-                part = lora_triton.shrink_partials(case.x, case.lora_a, batch, config=scfg)
-                assert part.shape[0] == split_k
-                lora_triton.expand(y, part, case.lora_b, batch, case.offsets, config=ecfg)
-            else:
-                lora_triton.add_fused(y, case.x, case.lora_a, case.lora_b, batch, case.offsets, scfg, ecfg)
-            assert not batch.sync.any()
+        ecfg = lora_triton.ExpandConfig(block_m=16, block_n=32)
+        lora_triton.expand(y, part, case.lora_b, batch, case.offsets, config=ecfg)
         check_y(y, case, dtype)
 
 
