@@ -23,18 +23,11 @@ def describe_base(model: str | None) -> BaseModelRef:
     ``model.safetensors`` ("" for sharded weights).
     """
     from multilora_studio.cli import print_progress
-    from multilora_studio.default_model import ensure_default_model, sha256_file
+    from multilora_studio.engine.model_source import describe_model
     from multilora_studio.engine.model_spec import load_spec
 
-    if model is None:
-        default = ensure_default_model(progress=print_progress)
-        folder, name, digest = default.path, default.name, default.digest
-    else:
-        folder = Path(model).expanduser()
-        if not folder.is_dir():
-            raise FileNotFoundError(f"model folder {folder} does not exist")
-        weights = folder / "model.safetensors"
-        name, digest = folder.name, (sha256_file(weights) if weights.is_file() else "")
+    identity = describe_model(model, progress=print_progress)
+    folder, name, digest = identity.folder, identity.name, identity.digest
     spec = load_spec(folder)
     return BaseModelRef(
         name=name,

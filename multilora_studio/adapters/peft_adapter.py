@@ -116,6 +116,43 @@ def load_peft_adapter(
     )
 
 
+@dataclass(frozen=True)
+class AdapterSummary:
+    """What validation learns from the config and the safetensors header, without the weights."""
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+    size_bytes: int
+    base_model: str | None
+
+
+def inspect_peft_adapter(
+    folder: Path,
+    num_layers: int,
+    shape_of: ShapeOf,
+    max_rank: int,
+    vocab_size: int | None = None,
+) -> AdapterSummary:
+    """Every check of ``load_peft_adapter`` that needs no tensor data (NaN/Inf is checked at load)."""
+    folder = Path(folder)
+    config = parse_adapter_config(read_adapter_config(folder), folder, max_rank)
+    weights_path = weights_file(folder)
+    if vocab_size is not None:
+        _check_added_tokens(folder, vocab_size)
+    header = read_header(weights_path)
+    factors = _plan_factors(folder, header, config, num_layers, shape_of, max_rank)
+    ranks = [header[key].shape[0] for key, (_, _, which) in factors.items() if which == "A"]
+    modules = {module for _, module, _ in factors.values()}
+    return AdapterSummary(
+        rank=max(ranks),
+        alpha=config.alpha,
+        targets=tuple(sorted(modules, key=SUPPORTED_TARGETS.index)),
+        size_bytes=weights_path.stat().st_size,
+        base_model=config.base_model,
+    )
+
+
 def weights_file(folder: Path) -> Path:
     """The folder's safetensors weights; AdapterError if missing (naming pickles), or too large."""
     path = folder / WEIGHTS_FILE

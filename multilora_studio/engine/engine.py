@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from multilora_studio.adapters.host_cache import HostAdapterCache
-from multilora_studio.adapters.peft_adapter import HostAdapter, load_peft_adapter
+from multilora_studio.adapters.peft_adapter import HostAdapter, inspect_peft_adapter, load_peft_adapter
 from multilora_studio.adapters.slot_table import SlotTable
 from multilora_studio.default_model import ProgressCallback
 from multilora_studio.engine.block_manager import BlockManager, blocks_needed
@@ -185,8 +185,9 @@ class Engine:
     # ---------------------------------------------------------------- adapters (any thread)
 
     def _read_adapter(self, name: str, path: Path) -> HostAdapter:
+        spec = self.spec
         return load_peft_adapter(
-            name, path, self.spec.num_layers, self.spec.projection_shape, self.config.max_lora_rank
+            name, path, spec.num_layers, spec.projection_shape, self.config.max_lora_rank, spec.vocab_size
         )
 
     def _load_adapter(self, name: str, path: Path) -> PackedAdapter:
@@ -196,8 +197,13 @@ class Engine:
     def _pack(self, adapter: HostAdapter) -> PackedAdapter:
         return pack_adapter(adapter, self.spec, self.dtype, pin=self.device.type == "cuda")
 
-    def add_adapter(self, name: str, path: str | Path) -> AdapterInfo:
-        """Validate the PEFT folder at ``path`` and make it servable as ``name``."""
+    def add_adapter(self, name: str, path: str | Path, preload: bool = True) -> AdapterInfo:
+        """Validate the PEFT folder at ``path`` and make it servable as ``name``.
+
+        ``preload=False`` checks the config and the safetensors header only and reads the
+        weights on first use (for libraries of many adapters); a problem only the weights can
+        show (NaN/Inf) then fails that adapter's requests with the validation message.
+        """
         if not isinstance(name, str) or not ADAPTER_NAME.match(name) or name in ("base", self.model_name):
             raise ValueError(
                 f"invalid adapter name {name!r}: use 1-128 letters, digits or ._:/@+- "
@@ -206,14 +212,24 @@ class Engine:
         with self._lock:
             if name in self._adapters:
                 raise ValueError(f"an adapter named {name!r} already exists; remove it first")
-        host = self._read_adapter(name, Path(path))
-        info = AdapterInfo(name, Path(path), host.rank, host.alpha, host.targets, host.nbytes)
-        packed = self._pack(host)
+        path = Path(path)
+        packed = None
+        if preload:
+            host = self._read_adapter(name, path)
+            info = AdapterInfo(name, path, host.rank, host.alpha, host.targets, host.nbytes)
+            packed = self._pack(host)
+        else:
+            spec = self.spec
+            summary = inspect_peft_adapter(
+                path, spec.num_layers, spec.projection_shape, self.config.max_lora_rank, spec.vocab_size
+            )
+            info = AdapterInfo(name, path, summary.rank, summary.alpha, summary.targets, summary.size_bytes)
         with self._lock:
             if name in self._adapters:
                 raise ValueError(f"an adapter named {name!r} already exists; remove it first")
             self._adapters[name] = info
-        self.host_cache.put(packed)
+        if packed is not None:
+            self.host_cache.put(packed)
         return info
 
     def remove_adapter(self, name: str) -> None:
@@ -342,8 +358,14 @@ class Engine:
             if not finished:
                 self.abort(handle.request_id)
 
-    def metrics(self) -> EngineMetrics | None:
-        """The latest metrics snapshot (refreshed at most every 100 ms while the engine works)."""
+    def metrics(self, fresh: bool = False) -> EngineMetrics | None:
+        """The latest metrics snapshot (refreshed at most every 100 ms while the engine works).
+
+        ``fresh=True`` asks the worker for a snapshot of this moment (it waits for the step in
+        flight to end).
+        """
+        if fresh:
+            return self._call("metrics", None)
         return self._metrics
 
     def shutdown(self) -> None:
@@ -515,6 +537,9 @@ class Engine:
             return None
         if command == "remove_adapter":
             return self._remove_adapter(payload)
+        if command == "metrics":
+            self._publish_metrics(force=True)
+            return self._metrics
         if command == "time_graph":
             if self.runner.graphs is None:
                 raise ValueError("decode graphs are not in use (CPU device or enforce_eager)")

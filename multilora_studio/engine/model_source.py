@@ -69,6 +69,31 @@ def load_tokenizer(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(folder))
 
 
+@dataclass(frozen=True)
+class ModelIdentity:
+    """Where a base model's folder is, its name, and the SHA-256 of its weights.
+
+    The digest is that of ``model.safetensors`` ("" for sharded checkpoints); the embedded
+    model's digest is recorded when it is converted.
+    """
+
+    folder: Path
+    name: str
+    digest: str
+
+
+def describe_model(model: str | None, progress: ProgressCallback | None = None) -> ModelIdentity:
+    """Identify a HF model folder, or the embedded default model when ``model`` is None."""
+    if model is None:
+        default = ensure_default_model(progress)
+        return ModelIdentity(default.path, default.name, default.digest)
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model folder {folder} does not exist")
+    weights_file = folder / "model.safetensors"
+    return ModelIdentity(folder, folder.name, sha256_file(weights_file) if weights_file.is_file() else "")
+
+
 def resolve_model(
     model: str | None, dtype: torch.dtype, device: torch.device, progress: ProgressCallback | None
 ) -> BaseModel:
@@ -79,18 +104,9 @@ def resolve_model(
             raise ValueError(f"unknown random model shape {shape!r}; known: {', '.join(RANDOM_SHAPES)}")
         spec = RANDOM_SHAPES[shape]
         return BaseModel(model, spec, random_weights(spec, dtype, device), None, f"random-{shape}", None)
-    if model is None:
-        default = ensure_default_model(progress)
-        folder, name, digest = default.path, default.name, default.digest
-    else:
-        folder = Path(model).expanduser()
-        if not folder.is_dir():
-            raise FileNotFoundError(f"model folder {folder} does not exist")
-        name, digest = folder.name, ""
+    identity = describe_model(model, progress)
+    folder, name, digest = identity.folder, identity.name, identity.digest
     spec = load_spec(folder)
-    if not digest:
-        weights_file = folder / "model.safetensors"
-        digest = sha256_file(weights_file) if weights_file.is_file() else ""
     tokenizer = load_tokenizer(folder)
     eos = set(spec.eos_token_ids)
     if getattr(tokenizer, "eos_token_id", None) is not None:

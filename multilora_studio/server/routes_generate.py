@@ -71,7 +71,8 @@ async def _generate(
     try:
         await job.submit()
     except ApiError as error:
-        job.close(status=error.status)
+        job.error = error
+        job.close()
         raise
     except BaseException:
         job.close(status=500)

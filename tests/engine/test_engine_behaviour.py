@@ -84,8 +84,7 @@ def test_abort_ends_request_and_frees_its_blocks(make_engine):
     rest = list(iterator)
     assert rest[-1].finished and rest[-1].finish_reason == "abort"
     assert len(stream.output.token_ids) < 200
-    engine.generate(["x"], [None], SamplingParams(max_tokens=1))  # let the worker publish idle metrics
-    metrics = engine.metrics()
+    metrics = engine.metrics(fresh=True)
     assert metrics.kv_blocks_free == metrics.kv_blocks_total
     assert all(slot.in_use == 0 for slot in metrics.slots)
 
@@ -99,10 +98,10 @@ def test_preemption_keeps_greedy_outputs(make_engine):
     # 20 blocks of 16 tokens: room for a few of the 8 requests of ~75 tokens each
     block_bytes = kv_bytes_per_block(roomy.spec, roomy.config.block_size, torch.float32)
     tight = make_engine(kv_cache_memory_gb=20 * block_bytes / 2**30)
-    assert tight.metrics().kv_blocks_total == 20
+    assert tight.metrics(fresh=True).kv_blocks_total == 20
     outputs = tight.generate(prompts, adapters, params)
     assert [o.token_ids for o in outputs] == expected
-    assert tight.metrics().preemptions > 0
+    assert tight.metrics(fresh=True).preemptions > 0
 
 
 def test_async_stream_matches_generate(make_engine):
@@ -228,3 +227,35 @@ def test_remove_adapter_refused_while_in_use_then_succeeds(make_engine):
     engine.remove_adapter("tiny-r4-qv")
     with pytest.raises(ValueError, match="unknown adapter"):
         engine.submit("Hello", "tiny-r4-qv")
+
+
+def test_lazily_registered_adapters_load_on_first_use_and_match(make_engine, tiny_adapters, tmp_path):
+    eager = make_engine(adapters=["tiny-r8-all", "tiny-r16-mlp"])
+    lazy = make_engine(adapters=[])
+    for name in ("tiny-r8-all", "tiny-r16-mlp"):
+        info = lazy.add_adapter(name, tiny_adapters[name], preload=False)
+        assert info.rank == {"tiny-r8-all": 8, "tiny-r16-mlp": 16}[name]
+    assert lazy.metrics(fresh=True).cpu_adapters == ()
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    prompts, names = ["Hello", "Hello", "Hi"], ["tiny-r8-all", "tiny-r16-mlp", None]
+    expected = [o.token_ids for o in eager.generate(prompts, names, params)]
+    assert [o.token_ids for o in lazy.generate(prompts, names, params)] == expected
+    assert set(lazy.metrics(fresh=True).cpu_adapters) == {"tiny-r8-all", "tiny-r16-mlp"}
+
+
+def test_lazy_adapter_with_bad_weights_fails_its_requests_only(make_engine, tiny_adapters, tmp_path):
+    engine = make_engine(adapters=["tiny-r4-qv"])
+
+    def nan(folder):
+        tensors = load_file(str(folder / "adapter_model.safetensors"))
+        first = sorted(tensors)[0]
+        tensors[first][0, 0] = float("nan")
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+
+    folder = broken_copy(tiny_adapters["tiny-r8-all"], tmp_path / "nan", nan)
+    engine.add_adapter("nan-later", folder, preload=False)  # header and shapes are fine
+    bad, good = engine.generate(
+        ["Hello", "Hello"], ["nan-later", "tiny-r4-qv"], SamplingParams(max_tokens=6, **GREEDY)
+    )
+    assert bad.finish_reason == "error" and "NaN or Inf" in bad.error
+    assert good.finish_reason == "length" and len(good.token_ids) == 6

@@ -77,7 +77,7 @@ def test_more_adapters_than_slots_evicts_and_reloads_correctly(make_engine, peft
     outputs = engine.generate([p for p, _ in requests], [a for _, a in requests], GREEDY)
     for (prompt_ids, adapter), output in zip(requests, outputs, strict=True):
         assert output.token_ids == expected(peft_reference, expected_cache, prompt_ids, adapter), adapter
-    metrics = engine.metrics()
+    metrics = engine.metrics(fresh=True)
     assert metrics is not None
     assert metrics.gpu_misses > len(TINY_ADAPTERS), "adapters must have been evicted and reloaded"
     assert metrics.cpu_misses > 0, "the CPU tier must have been too small to hold them all"
