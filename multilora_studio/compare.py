@@ -9,6 +9,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
+from multilora_studio.adapters.registry import Registry
 from multilora_studio.engine import Engine, EngineConfig, RequestOutput, SamplingParams
 
 BASE = "base"
@@ -73,6 +74,11 @@ def add_compare_command(subparsers: argparse._SubParsersAction) -> None:
         "--layout", choices=["columns", "rows"], default=None, help="default: fit the terminal"
     )
     parser.add_argument("--json", action="store_true", help="print the outputs as JSON")
+    parser.add_argument(
+        "--allow-other-base",
+        action="store_true",
+        help="use library adapters recorded against other base weights",
+    )
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_compare)
 
@@ -84,17 +90,23 @@ def run_compare(args: argparse.Namespace) -> int:
     choices = [name.strip() for name in args.adapters.split(",") if name.strip()]
     if not choices:
         raise ValueError("--adapters names at least one adapter or 'base'")
-    unknown = [name for name in choices if name != BASE and name not in modules]
+    from_library = [name for name in dict.fromkeys(choices) if name != BASE and name not in modules]
+    registry = Registry() if from_library else None
+    unknown = [name for name in from_library if registry is not None and registry.find(name) is None]
     if unknown:
         raise ValueError(
-            f"unknown adapters {', '.join(unknown)}; give their folders with --lora-modules NAME=PATH"
+            f"unknown adapters {', '.join(unknown)}: not in the library (multilora-studio adapters "
+            "list); give their folders with --lora-modules NAME=PATH"
         )
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
     )
     with Engine(engine_config(args), progress=print_progress) as engine:
-        for name in {c for c in choices if c != BASE}:
-            engine.add_adapter(name, modules[name])
+        for name in dict.fromkeys(c for c in choices if c != BASE):
+            if name in modules:
+                engine.add_adapter(name, modules[name])
+            elif registry is not None:
+                registry.load_into(engine, name, override=args.allow_other_base)
         prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
         adapters = [None if name == BASE else name for name in choices]
         outputs = engine.generate([prompt] * len(choices), adapters, params)
