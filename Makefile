@@ -8,7 +8,7 @@ RUN_ARGS ?= compare --prompt "In one sentence, what is a LoRA adapter?" --adapte
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: run test lint venv clean
+.PHONY: run test lint venv clean system-deps
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -33,12 +33,19 @@ venv: $(VENV)/.app
 run: $(VENV)/.app
 	$(VENV)/bin/multilora-studio $(RUN_ARGS)
 
-test: $(VENV)/.test
-	$(PY) -m ruff check multilora_studio kernels tests
+# System tools the tests use (the installer test validates the desktop entry).
+system-deps:
+	@command -v desktop-file-validate >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q desktop-file-utils; \
+	  elif sudo -n true 2>/dev/null; then sudo apt-get update -q && sudo apt-get install -y -q desktop-file-utils; \
+	  else echo "install desktop-file-utils (sudo apt install desktop-file-utils) for the installer test"; fi; }
+
+test: $(VENV)/.test system-deps
+	$(PY) -m ruff check multilora_studio kernels resources tests
 	QT_QPA_PLATFORM=offscreen TRITON_INTERPRET=1 $(PY) -m pytest -q tests
 
 lint: $(VENV)/.test
-	$(PY) -m ruff check multilora_studio kernels tests
+	$(PY) -m ruff check multilora_studio kernels resources tests
 	$(PY) -m mypy
 
 clean:
