@@ -12,11 +12,12 @@ Storage layout (allocated by the engine, one set per targeted projection and lay
 
 * ``lora_a``: ``[num_slots, num_slices, max_rank, in_features]``. Slice ``s`` is the A
   matrix of the ``s``-th fused projection (q/k/v, gate/up; one slice otherwise). Rank rows
-  ``r >= slot_ranks[slot]`` are zero; the kernels never read them.
+  ``r >= slot_ranks[slot]`` must be zero: the Triton kernels never read them, the torch
+  backend's decode path may.
 * ``lora_b``: ``[num_slots, out_total, max_rank]``. Slice ``s`` occupies output rows
   ``slice_offsets[s]:slice_offsets[s+1]`` (slices may differ in width: q/k/v with GQA,
-  gate/up). The LoRA scale is folded into B. Rank columns beyond the slot's rank are zero
-  and never read.
+  gate/up). The LoRA scale is folded into B. Rank columns beyond the slot's rank must be
+  zero, as in lora_a.
 * ``slot_ranks``: ``[num_slots]`` int32 on the device: the true rank of each slot's
   adapter, 0 for an empty slot. Kernels skip rank blocks beyond it, so a batch that mixes
   rank 8 and rank 64 adapters does not pay rank 64 for every token.
@@ -57,9 +58,10 @@ MAX_SLICES = 4
 
 
 # The torch backend's decode path multiplies every token by every active adapter
-# ("stacked"): a few large ops instead of a few small ops per adapter. It wins on CPU up
-# to this many tokens (measured on the 135M default model, docs/kernels.md).
-_STACKED_MAX_TOKENS = 64
+# ("stacked"): a few large ops instead of a few small ops per adapter. On CPU it wins
+# from 3 adapters up to this many tokens (135M default model, docs/kernels.md).
+_STACKED_MAX_TOKENS = 32
+_STACKED_MIN_GROUPS = 3
 
 
 @dataclass(eq=False)
@@ -482,7 +484,7 @@ def _host_groups(batch: LoRABatch, num_tokens: int) -> _HostGroups:
         group_tokens.append(toks)
     span = mask = valid = None
     if (
-        len(groups) >= 2
+        len(groups) >= _STACKED_MIN_GROUPS
         and num_tokens <= _STACKED_MAX_TOKENS
         and groups[-1][0] - groups[0][0] == len(groups) - 1
     ):
