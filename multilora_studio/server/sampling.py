@@ -8,6 +8,7 @@ from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import ChatCompletionRequest, CompletionRequest
 
 GREEDY_BELOW = 1e-5  # temperatures this small sample greedily, as in vLLM
+MIN_TOP_P = 1e-6  # smaller values round to 0 in float32 and empty the distribution; same choice as 1e-6
 PARAM_NAMES = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids")
 
 
@@ -50,7 +51,7 @@ def sampling_params(
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=0.0 if temperature < GREEDY_BELOW else temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
+            top_p=1.0 if body.top_p is None else max(body.top_p, MIN_TOP_P),
             top_k=max(0, body.top_k or 0),
             seed=seed,
             stop=body.stop or (),

@@ -188,7 +188,11 @@ def test_cors_is_off_unless_configured(serve):
 
 @pytest.mark.parametrize(
     "options",
-    [{"temperature": 1e-30}, {"top_p": 1e-9, "temperature": 1.5}, {"temperature": 1.0, "top_k": 1 << 20}],
+    [
+        {"temperature": 1e-30},
+        {"top_p": 5e-324, "temperature": 1.5},
+        {"temperature": 1.0, "top_k": 1 << 20, "seed": (1 << 63) - 1},
+    ],
 )
 def test_extreme_sampling_values_never_break_the_engine(serve, options):
     server = serve()
