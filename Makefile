@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-RUN_ARGS ?= compare --prompt "In one sentence, what is a LoRA adapter?" --adapters base --max-tokens 96
+RUN_ARGS ?= gui
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 

@@ -12,7 +12,9 @@ import sys
 from collections.abc import Sequence
 
 from multilora_studio import __version__
+from multilora_studio.bench.cli import add_bench_command
 from multilora_studio.compare import add_compare_command
+from multilora_studio.gui.command import add_gui_command
 from multilora_studio.library_cli import add_library_commands
 from multilora_studio.serve import add_serve_command
 
@@ -51,16 +53,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_gui_command(subparsers)
     add_model_command(subparsers)
     add_compare_command(subparsers)
     add_library_commands(subparsers)
     add_serve_command(subparsers)
+    add_bench_command(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # no subcommand: open the window
+        args = parser.parse_args([*(sys.argv[1:] if argv is None else argv), "gui"])
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

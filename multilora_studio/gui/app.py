@@ -1,0 +1,45 @@
+"""Start the desktop application: the QApplication, its theme and the main window."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QApplication
+
+from multilora_studio.adapters.registry import Registry
+from multilora_studio.gui.main_window import MainWindow
+from multilora_studio.gui.preferences import Preferences
+from multilora_studio.gui.theme import apply_theme
+
+ORGANIZATION = "MultiLoRA Studio"
+APPLICATION = "multilora-studio"
+
+
+def application(argv: list[str] | None = None) -> QApplication:
+    """The process's QApplication (created once), themed after the OS color scheme."""
+    existing = QApplication.instance()
+    if isinstance(existing, QApplication):
+        return existing
+    app = QApplication(argv or [sys.argv[0]])
+    app.setOrganizationName(ORGANIZATION)
+    app.setApplicationName(APPLICATION)
+    app.setApplicationDisplayName("MultiLoRA Studio")
+    apply_theme(app)
+    app.styleHints().colorSchemeChanged.connect(lambda scheme: apply_theme(app))
+    return app
+
+
+def preferences(settings_file: Path | None) -> Preferences:
+    if settings_file is None:
+        return Preferences(QSettings())
+    return Preferences(QSettings(str(settings_file), QSettings.Format.IniFormat))
+
+
+def run(settings_file: Path | None = None) -> int:
+    """Open the window and run until it is closed."""
+    app = application()
+    window = MainWindow(preferences(settings_file), Registry())
+    window.show()
+    return app.exec()

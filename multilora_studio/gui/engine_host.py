@@ -1,0 +1,151 @@
+"""The bridge between the engine and the window: starts, restarts and stops the engine off the GUI thread.
+
+The engine runs its own worker thread; building it (model conversion, weight
+loading) happens on a task thread, and every result reaches the window as a
+queued signal. Views read ``host.engine`` only while ``host.state == "ready"``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from PySide6.QtCore import QObject, Signal
+
+from multilora_studio.adapters.registry import Registry
+from multilora_studio.engine import Engine
+from multilora_studio.gui.library_ops import LoadResult, load_library
+from multilora_studio.gui.preferences import EngineChoice
+from multilora_studio.gui.tasks import Cancelled, Task, TaskRunner
+
+log = logging.getLogger(__name__)
+
+STOPPED, LOADING, READY, FAILED = "stopped", "loading", "ready", "failed"
+
+
+class EngineHost(QObject):
+    """Owns the one Engine of the window (see the module docstring)."""
+
+    stateChanged = Signal(str)
+    progress = Signal(float, str)
+    ready = Signal()
+    failed = Signal(str)
+    adaptersChanged = Signal()
+
+    def __init__(self, registry: Registry, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.registry = registry
+        self.tasks = TaskRunner(self)
+        self._engine: Engine | None = None
+        self._boot: Task | None = None
+        self.state = STOPPED
+        self.error = ""
+        self.choice: EngineChoice | None = None
+        self.skipped: dict[str, str] = {}
+
+    @property
+    def engine(self) -> Engine | None:
+        """The running engine, or None while it loads, failed or is stopped."""
+        return self._engine if self.state == READY else None
+
+    def start(self, choice: EngineChoice) -> None:
+        """(Re)start the engine with ``choice``; a start in progress is cancelled first."""
+        if self._boot is not None:
+            self._boot.cancel()
+        old, self._engine = self._engine, None
+        self.choice = choice
+        self._set_state(LOADING)
+        task = self.tasks.run(
+            "engine-start",
+            lambda t: self._build(t, old, choice),
+            lambda value: self._on_ready(task, value),
+            lambda message: self._on_failed(task, message),
+            self.progress.emit,
+        )
+        self._boot = task
+
+    def cancel_start(self) -> None:
+        """Stop a start in progress where it can be stopped (conversion, Hub download, adapters)."""
+        if self._boot is not None:
+            self._boot.cancel()
+
+    def reload_adapters(self) -> None:
+        """Tell the views that the served adapters changed."""
+        self.adaptersChanged.emit()
+
+    def shutdown(self) -> None:
+        """Stop the engine now (on window close); requests in flight end with 'abort'."""
+        if self._boot is not None:
+            self._boot.cancel()
+            self._boot.wait(30)
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
+        self._set_state(STOPPED)
+
+    # ---------------------------------------------------------------- worker side
+
+    def _build(self, task: Task, old: Engine | None, choice: EngineChoice) -> tuple[Engine, LoadResult]:
+        if old is not None:
+            task.report(0.0, "stopping the running engine")
+            old.shutdown()
+        model = self._resolve_model(task, choice)
+        task.report(0.05, f"loading {choice.label}")
+        engine = Engine(choice.engine_config(model), progress=task.report)
+        try:
+            task.report(0.9, "registering the library's adapters")
+            result = load_library(self.registry, engine, lambda f, m: task.report(0.9 + 0.1 * f, m))
+            task.report(1.0, "ready")
+        except BaseException:
+            engine.shutdown()
+            raise
+        return engine, result
+
+    def _resolve_model(self, task: Task, choice: EngineChoice) -> str | None:
+        if choice.model_source == "embedded":
+            return None
+        if choice.model_source == "folder":
+            return choice.model
+        from multilora_studio.adapters.pull import pull
+
+        def not_a_model() -> None:
+            raise ValueError(f"{choice.model} is an adapter, not a base model; pull it in the Library")
+
+        result = pull(
+            choice.model,
+            self.registry,
+            not_a_model,  # type: ignore[arg-type]
+            progress=lambda f, m: task.notify(0.05 * f, m),
+            cancel=task.cancel_event,
+        )
+        if result.model is None:
+            raise ValueError(f"{choice.model} is an adapter, not a base model")
+        if task.cancelled:
+            raise Cancelled
+        return str(result.path)
+
+    # ---------------------------------------------------------------- GUI side
+
+    def _on_ready(self, task: Task, value: tuple[Engine, LoadResult]) -> None:
+        engine, result = value
+        if task is not self._boot:  # a newer start replaced this one
+            engine.shutdown()
+            return
+        self._boot = None
+        self._engine = engine
+        self.skipped = dict(result.skipped)
+        self.error = ""
+        self._set_state(READY)
+        self.ready.emit()
+        self.adaptersChanged.emit()
+
+    def _on_failed(self, task: Task, message: str) -> None:
+        if task is not self._boot:
+            return
+        self._boot = None
+        self.error = message
+        self._set_state(FAILED)
+        self.failed.emit(message)
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        self.stateChanged.emit(state)

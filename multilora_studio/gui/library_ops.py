@@ -1,0 +1,91 @@
+"""Library operations that touch both the registry and the running engine (run inside Tasks)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from multilora_studio.adapters.base_model import BaseModelRef
+from multilora_studio.adapters.registry import LibraryError, Registry
+from multilora_studio.adapters.registry_schema import AdapterRecord
+from multilora_studio.engine import Engine
+
+log = logging.getLogger(__name__)
+
+Report = Callable[[float, str], None]
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Which library adapters the engine serves now, and why the others are not served."""
+
+    loaded: tuple[str, ...]
+    skipped: dict[str, str]
+
+
+def load_library(registry: Registry, engine: Engine, report: Report | None = None) -> LoadResult:
+    """Register every library adapter with the engine (weights are read on first use)."""
+    records = registry.list_adapters()
+    served = {info.name for info in engine.list_adapters()}
+    loaded: list[str] = []
+    skipped: dict[str, str] = {}
+    for index, record in enumerate(records):
+        if report is not None:
+            report(index / max(1, len(records)), f"registering adapter {record.name}")
+        if record.name in served:
+            loaded.append(record.name)
+            continue
+        try:
+            add_to_engine(registry, engine, record)
+        except (ValueError, OSError) as error:
+            skipped[record.name] = str(error)
+            log.info("not serving %s: %s", record.name, error)
+        else:
+            loaded.append(record.name)
+    return LoadResult(tuple(loaded), skipped)
+
+
+def add_to_engine(registry: Registry, engine: Engine, record: AdapterRecord) -> None:
+    """Serve ``record`` (refused if it was validated against other base weights); pin it if pinned."""
+    registry.check_base(record.name, engine.base_digest)
+    engine.add_adapter(record.name, record.path, preload=False)
+    if record.pinned:
+        engine.pin_adapter(record.name, True)
+
+
+def import_adapter(registry: Registry, engine: Engine, folder: Path, name: str | None) -> AdapterRecord:
+    """Validate ``folder`` against the engine's base, copy it into the library and serve it."""
+    record = registry.import_folder(
+        folder, BaseModelRef.of_engine(engine), name=name or None, max_rank=engine.config.max_lora_rank
+    )
+    try:
+        add_to_engine(registry, engine, record)
+    except ValueError:
+        registry.remove(record.name)
+        raise
+    return record
+
+
+def remove_adapter(registry: Registry, engine: Engine | None, name: str) -> AdapterRecord:
+    """Stop serving ``name`` (refused while requests use it) and remove it from the library."""
+    record = registry.get(name)
+    if engine is not None and any(info.name == record.name for info in engine.list_adapters()):
+        engine.remove_adapter(record.name)
+    return registry.remove(record.name)
+
+
+def set_pinned(registry: Registry, engine: Engine | None, name: str, pinned: bool) -> AdapterRecord:
+    """Pin or unpin in the engine first (it may refuse: every slot pinned), then in the library."""
+    record = registry.get(name)
+    if engine is not None and any(info.name == record.name for info in engine.list_adapters()):
+        engine.pin_adapter(record.name, pinned)
+    return registry.set_pinned(record.name, pinned)
+
+
+def add_alias(registry: Registry, name: str, alias: str) -> AdapterRecord:
+    alias = alias.strip()
+    if not alias:
+        raise LibraryError("type an alias")
+    return registry.add_alias(name, alias)

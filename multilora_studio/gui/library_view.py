@@ -1,0 +1,274 @@
+"""Library view: the adapter table with sort and filter, and import, pull, pin, alias, remove, details."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from PySide6.QtCore import QSortFilterProxyModel, Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QInputDialog,
+    QLineEdit,
+    QMessageBox,
+    QPushButton,
+    QSplitter,
+    QTableView,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from multilora_studio.adapters.registry_schema import AdapterRecord
+from multilora_studio.engine import EngineMetrics
+from multilora_studio.gui import library_ops
+from multilora_studio.gui.engine_host import EngineHost
+from multilora_studio.gui.library_model import SORT_ROLE, LibraryModel, tiers_of
+from multilora_studio.gui.tasks import Task
+from multilora_studio.gui.widgets import MessageBanner, format_bytes, format_time
+
+
+class LibraryView(QWidget):
+    """The adapter library (see the module docstring); every change runs off the GUI thread."""
+
+    pullRequested = Signal()
+
+    def __init__(self, host: EngineHost, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.host = host
+        self.registry = host.registry
+        self.banner = MessageBanner()
+        self.model = LibraryModel()
+        self.proxy = QSortFilterProxyModel(self)
+        self.proxy.setSourceModel(self.model)
+        self.proxy.setSortRole(SORT_ROLE)
+        self.proxy.setFilterKeyColumn(-1)
+        self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+
+        self.filter = QLineEdit(placeholderText="Filter by name, source, base, targets…")
+        self.filter.setClearButtonEnabled(True)
+        self.filter.textChanged.connect(self.proxy.setFilterFixedString)
+        self.import_button = QPushButton("Import folder…")
+        self.pull_button = QPushButton("Pull from Hub…")
+        self.pin_button = QPushButton("Pin")
+        self.alias_button = QPushButton("Add alias…")
+        self.remove_button = QPushButton("Remove")
+        self.import_button.clicked.connect(self._choose_folder)
+        self.pull_button.clicked.connect(self.pullRequested)
+        self.pin_button.clicked.connect(self._toggle_pin)
+        self.alias_button.clicked.connect(self._ask_alias)
+        self.remove_button.clicked.connect(self._confirm_remove)
+        buttons = QHBoxLayout()
+        for button in (self.import_button, self.pull_button, self.pin_button, self.alias_button):
+            buttons.addWidget(button)
+        buttons.addWidget(self.remove_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.filter, 2)
+
+        self.table = QTableView()
+        self.table.setModel(self.proxy)
+        self.table.setSortingEnabled(True)
+        self.table.sortByColumn(0, Qt.SortOrder.AscendingOrder)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setAlternatingRowColors(True)
+        self.table.verticalHeader().hide()
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.selectionModel().selectionChanged.connect(self._selection_changed)
+        self.details = QTextBrowser()
+        self.details.setOpenLinks(False)
+        splitter = QSplitter()
+        splitter.addWidget(self.table)
+        splitter.addWidget(self.details)
+        splitter.setStretchFactor(0, 3)
+        splitter.setStretchFactor(1, 1)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.banner)
+        layout.addLayout(buttons)
+        layout.addWidget(splitter, 1)
+        host.adaptersChanged.connect(self.refresh)
+        self._selection_changed()
+
+    # ---------------------------------------------------------------- reading
+
+    def refresh(self) -> None:
+        """Re-read the library (a quick SQLite read) and keep the selection."""
+        selected = self.selected_name()
+        try:
+            records = self.registry.list_adapters()
+        except ValueError as error:
+            self.banner.show_message(str(error))
+            return
+        self.model.set_records(records, self.host.skipped)
+        engine = self.host.engine
+        served = [info.name for info in engine.list_adapters()] if engine is not None else []
+        self.model.set_tiers(tiers_of(engine.metrics() if engine is not None else None, served))
+        if selected is not None:
+            self.select(selected)
+        self._selection_changed()
+
+    def update_metrics(self, metrics: EngineMetrics | None) -> None:
+        engine = self.host.engine
+        served = [info.name for info in engine.list_adapters()] if engine is not None else []
+        self.model.set_tiers(tiers_of(metrics, served))
+
+    def names(self) -> list[str]:
+        """Adapter names in table order (after sorting and filtering)."""
+        return [self.proxy.index(row, 0).data() for row in range(self.proxy.rowCount())]
+
+    def row_of(self, name: str) -> dict[str, str]:
+        """The displayed cells of ``name``'s row, by column title."""
+        for row in range(self.model.rowCount()):
+            if self.model.record(row).name == name:
+                return {
+                    self.model.headerData(c, Qt.Orientation.Horizontal, Qt.ItemDataRole.DisplayRole): str(
+                        self.model.index(row, c).data()
+                    )
+                    for c in range(self.model.columnCount())
+                }
+        raise KeyError(name)
+
+    def selected_name(self) -> str | None:
+        rows = self.table.selectionModel().selectedRows()
+        if not rows:
+            return None
+        return self.model.record(self.proxy.mapToSource(rows[0]).row()).name
+
+    def select(self, name: str) -> bool:
+        for row in range(self.proxy.rowCount()):
+            if self.proxy.index(row, 0).data() == name:
+                self.table.selectRow(row)
+                return True
+        return False
+
+    def _selection_changed(self, *args: object) -> None:
+        name = self.selected_name()
+        record = self.registry.find(name) if name else None
+        for button in (self.pin_button, self.alias_button, self.remove_button):
+            button.setEnabled(record is not None)
+        self.pin_button.setText("Unpin" if record is not None and record.pinned else "Pin")
+        self.details.setHtml(self._details_html(record) if record is not None else self._empty_html())
+
+    def _empty_html(self) -> str:
+        if self.model.rowCount():
+            return "<p>Select an adapter to see its details.</p>"
+        return (
+            "<p>The library is empty.</p><p>Import a PEFT folder (adapter_config.json + "
+            "adapter_model.safetensors) or pull an adapter from the Hugging Face Hub.</p>"
+        )
+
+    def _details_html(self, record: AdapterRecord) -> str:
+        rows = [
+            ("Name", record.name),
+            ("Aliases", ", ".join(record.aliases) or "-"),
+            ("Tier now", self.model.tier(record.name)),
+            ("Source", record.source_label),
+            ("Path", str(record.path)),
+            ("Base", f"{record.base_name} (sha256 {record.base_digest[:12] or 'unknown'})"),
+            ("Declared base", record.declared_base or "-"),
+            ("Rank / alpha", f"{record.rank} / {record.alpha:g}"),
+            ("Targets", ", ".join(record.targets)),
+            ("Size", format_bytes(record.size_bytes)),
+            ("Pinned", "yes" if record.pinned else "no"),
+            ("Created", format_time(record.created)),
+            ("Last used", format_time(record.last_used) or "never"),
+            ("Notes", record.notes or "-"),
+        ]
+        if record.name in self.host.skipped:
+            rows.insert(2, ("Not served", self.host.skipped[record.name]))
+        cells = "".join(
+            f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(v)}</td></tr>" for k, v in rows
+        )
+        return f"<h3>{html.escape(record.name)}</h3><table cellspacing='4'>{cells}</table>"
+
+    # ---------------------------------------------------------------- actions
+
+    def import_folder(self, folder: str | Path, name: str | None = None) -> Task | None:
+        """Validate and import a PEFT folder, then serve it; problems show in the banner."""
+        engine = self.host.engine
+        if engine is None:
+            self.banner.show_message("The engine is not ready yet; import once it has loaded.", "warning")
+            return None
+        path = Path(folder)
+        return self._run(
+            f"import {path.name}",
+            lambda task: library_ops.import_adapter(self.registry, engine, path, name),
+            lambda record: f"Imported {record.name!r} (rank {record.rank}, {', '.join(record.targets)}).",
+        )
+
+    def remove(self, name: str) -> Task:
+        engine = self.host.engine
+        return self._run(
+            f"remove {name}",
+            lambda task: library_ops.remove_adapter(self.registry, engine, name),
+            lambda record: f"Removed {record.name!r}.",
+        )
+
+    def set_pinned(self, name: str, pinned: bool) -> Task:
+        engine = self.host.engine
+        return self._run(
+            f"pin {name}",
+            lambda task: library_ops.set_pinned(self.registry, engine, name, pinned),
+            lambda record: f"{'Pinned' if record.pinned else 'Unpinned'} {record.name!r}.",
+        )
+
+    def add_alias(self, name: str, alias: str) -> Task:
+        return self._run(
+            f"alias {name}",
+            lambda task: library_ops.add_alias(self.registry, name, alias),
+            lambda record: f"{record.name!r} is now also called {alias.strip()!r}.",
+        )
+
+    def _run(self, title: str, work, describe) -> Task:  # type: ignore[no-untyped-def]
+        def succeeded(record: AdapterRecord) -> None:
+            self.banner.show_message(describe(record), "success")
+            self.host.reload_adapters()
+
+        def failed(message: str) -> None:
+            self.banner.show_message(message)
+            self.refresh()
+
+        self.banner.show_message(f"{title[0].upper()}{title[1:]}…", "info")
+        return self.host.tasks.run(title, work, succeeded, failed)
+
+    def _choose_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Import a PEFT adapter folder")
+        if not folder:
+            return
+        name, ok = QInputDialog.getText(
+            self, "Import adapter", "Name in the library:", text=Path(folder).name
+        )
+        if ok:
+            self.import_folder(folder, name.strip() or None)
+
+    def _toggle_pin(self) -> None:
+        name = self.selected_name()
+        record = self.registry.find(name) if name else None
+        if record is not None:
+            self.set_pinned(record.name, not record.pinned)
+
+    def _ask_alias(self) -> None:
+        name = self.selected_name()
+        if name is None:
+            return
+        alias, ok = QInputDialog.getText(self, "Add alias", f"Another name for {name}:")
+        if ok:
+            self.add_alias(name, alias)
+
+    def _confirm_remove(self) -> None:
+        name = self.selected_name()
+        if name is None:
+            return
+        answer = QMessageBox.question(
+            self,
+            "Remove adapter",
+            f"Remove {name!r} from the library? An imported copy is deleted; a Hub download stays in "
+            "the Hugging Face cache.",
+        )
+        if answer == QMessageBox.StandardButton.Yes:
+            self.remove(name)

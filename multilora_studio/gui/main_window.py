@@ -1,0 +1,150 @@
+"""The main window: a sidebar of views (Library, Compare, Monitor, Server, Settings) and the status bar."""
+
+from __future__ import annotations
+
+import logging
+
+from PySide6.QtCore import QTimer
+from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtWidgets import QHBoxLayout, QListWidget, QMainWindow, QStackedWidget, QWidget
+
+from multilora_studio.adapters.registry import Registry
+from multilora_studio.gui.compare_view import CompareView
+from multilora_studio.gui.engine_host import READY, EngineHost
+from multilora_studio.gui.library_view import LibraryView
+from multilora_studio.gui.monitor_view import MonitorView
+from multilora_studio.gui.preferences import EngineChoice, Preferences
+from multilora_studio.gui.pull_dialog import PullDialog
+from multilora_studio.gui.server_control import ON, ServerControl
+from multilora_studio.gui.server_view import ServerView
+from multilora_studio.gui.settings_view import SettingsView
+from multilora_studio.gui.status_bar import StudioStatusBar
+
+log = logging.getLogger(__name__)
+
+METRICS_INTERVAL_MS = 200  # 5 Hz
+PAGES = ("Library", "Compare", "Monitor", "Server", "Settings")
+DEFAULT_HUB_BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+class MainWindow(QMainWindow):
+    """Owns the engine host and the server control; views only read them and ask for work."""
+
+    def __init__(self, prefs: Preferences, registry: Registry, start_engine: bool = True) -> None:
+        super().__init__()
+        self.setWindowTitle("MultiLoRA Studio")
+        self.prefs = prefs
+        self.host = EngineHost(registry, self)
+        self.control = ServerControl(self)
+        self.library = LibraryView(self.host)
+        self.compare = CompareView(self.host)
+        self.monitor = MonitorView(self.host)
+        self.server = ServerView(self.host, self.control)
+        self.settings = SettingsView(self.host, prefs)
+        self.pull_dialog: PullDialog | None = None
+        self._serve_after_restart = False
+
+        self.sidebar = QListWidget()
+        self.sidebar.addItems(list(PAGES))
+        self.sidebar.setFixedWidth(130)
+        self.stack = QStackedWidget()
+        for view in (self.library, self.compare, self.monitor, self.server, self.settings):
+            self.stack.addWidget(view)
+        self.sidebar.currentRowChanged.connect(self.stack.setCurrentIndex)
+        central = QWidget()
+        layout = QHBoxLayout(central)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.sidebar)
+        layout.addWidget(self.stack, 1)
+        self.setCentralWidget(central)
+        self.status = StudioStatusBar(self.host, self.control)
+        self.setStatusBar(self.status)
+
+        self.library.pullRequested.connect(self.open_pull_dialog)
+        self.settings.applied.connect(self.restart_engine)
+        self.host.ready.connect(self._engine_ready)
+        self.metrics_timer = QTimer(self)
+        self.metrics_timer.setInterval(METRICS_INTERVAL_MS)
+        self.metrics_timer.timeout.connect(self.poll_metrics)
+        self.metrics_timer.start()
+        self._shortcuts()
+        self._restore()
+        if start_engine:
+            self.host.start(prefs.engine_choice())
+
+    def show_page(self, name: str) -> None:
+        self.sidebar.setCurrentRow(PAGES.index(name))
+
+    @property
+    def page(self) -> str:
+        return PAGES[self.stack.currentIndex()]
+
+    def poll_metrics(self) -> None:
+        """Read the engine's latest snapshot (no call into the worker) and hand it to the views."""
+        engine = self.host.engine
+        metrics = engine.metrics() if engine is not None else None
+        self.monitor.update_metrics(metrics)
+        self.library.update_metrics(metrics)
+        self.status.refresh(metrics)
+
+    def restart_engine(self, choice: EngineChoice) -> None:
+        """Restart with new settings; a compare run stops, a running server restarts on the new engine."""
+        self.compare.stop()
+        self._serve_after_restart = self.control.state == ON
+        self.control.stop()
+        self.host.start(choice)
+
+    def open_pull_dialog(self) -> None:
+        if self.pull_dialog is None:
+            choice = self.host.choice
+            base = DEFAULT_HUB_BASE
+            if choice is not None and choice.model_source == "hub":
+                base = choice.model.partition("@")[0]
+            elif choice is not None and choice.model_source == "folder":
+                base = ""
+            self.pull_dialog = PullDialog(self.host, base, self)
+            self.pull_dialog.pulled.connect(lambda name: self.host.reload_adapters())
+        self.pull_dialog.show()
+        self.pull_dialog.raise_()
+
+    def _engine_ready(self) -> None:
+        if self._serve_after_restart and self.host.state == READY:
+            self._serve_after_restart = False
+            self.server.start()
+
+    def _shortcuts(self) -> None:
+        for keys in ("Ctrl+Return", "Ctrl+Enter"):
+            QShortcut(QKeySequence(keys), self, activated=self._run_shortcut)
+        QShortcut(QKeySequence("Escape"), self, activated=self.compare.stop)
+        for index, name in enumerate(PAGES):
+            QShortcut(QKeySequence(f"Ctrl+{index + 1}"), self, activated=lambda n=name: self.show_page(n))
+
+    def _run_shortcut(self) -> None:
+        self.show_page("Compare")
+        self.compare.start()
+
+    def _restore(self) -> None:
+        geometry = self.prefs.geometry("window/geometry")
+        if geometry is None or not self.restoreGeometry(geometry):
+            self.resize(1280, 820)
+        page = self.prefs.get("window/page", "Compare")
+        self.show_page(page if page in PAGES else "Compare")
+        self.compare.restore_state(self.prefs)
+        self.server.restore_state(self.prefs)
+
+    def save_state(self) -> None:
+        self.prefs.set("window/geometry", self.saveGeometry())
+        self.prefs.set("window/page", self.page)
+        self.compare.save_state(self.prefs)
+        self.server.save_state(self.prefs)
+        self.prefs.sync()
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.save_state()
+        self.metrics_timer.stop()
+        if self.pull_dialog is not None:
+            self.pull_dialog.cancel()
+        self.compare.stop()
+        self.control.shutdown()
+        self.host.shutdown()
+        super().closeEvent(event)

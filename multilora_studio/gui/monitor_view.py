@@ -1,0 +1,183 @@
+"""Monitor view: GPU slots, the CPU tier, disk counts, counters and live plots from the metrics snapshot."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+import psutil
+import pyqtgraph as pg
+from PySide6.QtWidgets import (
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from multilora_studio.engine import EngineMetrics
+from multilora_studio.gui.engine_host import EngineHost
+from multilora_studio.gui.slot_grid import SlotGrid
+from multilora_studio.gui.widgets import format_bytes, format_ms
+
+HISTORY_S = 120.0
+SERIES = (
+    "tokens_per_second",
+    "batch_size",
+    "distinct_adapters",
+    "gpu_hit_rate",
+    "cpu_hit_rate",
+    "p50",
+    "p95",
+)
+PLOTS = (  # title, unit, series and pen colors
+    ("Tokens / s", "tok/s", (("tokens_per_second", "#1e88e5"),)),
+    (
+        "Batch size and distinct adapters per step",
+        "",
+        (("batch_size", "#43a047"), ("distinct_adapters", "#fb8c00")),
+    ),
+    ("Hit rate (GPU slots, CPU tier)", "%", (("gpu_hit_rate", "#8e24aa"), ("cpu_hit_rate", "#00897b"))),
+    ("Cold-load latency p50 / p95", "ms", (("p50", "#6d4c41"), ("p95", "#e53935"))),
+)
+
+
+def hit_rate(hits: int, misses: int) -> float:
+    """Percent of lookups that hit (NaN before the first lookup)."""
+    total = hits + misses
+    return math.nan if total == 0 else 100.0 * hits / total
+
+
+class MonitorView(QWidget):
+    """Fed by ``update_metrics`` (the window's timer, ~5 Hz); plots redraw only while visible."""
+
+    def __init__(self, host: EngineHost, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.host = host
+        self.process = psutil.Process()
+        self.times: deque[float] = deque()
+        self.history: dict[str, deque[float]] = {name: deque() for name in SERIES}
+        self.last: EngineMetrics | None = None
+        self.slots = SlotGrid()
+        self.cpu_list = QListWidget()
+        self.cpu_list.setMaximumHeight(160)
+        self.counts = QLabel()
+        self.counts.setWordWrap(True)
+        self.stats = QLabel("waiting for the engine…")
+        self.stats.setWordWrap(True)
+
+        slots_box = QGroupBox("GPU adapter slots (max_loras)")
+        QVBoxLayout(slots_box).addWidget(self.slots)
+        cpu_box = QGroupBox("CPU RAM tier (max_cpu_loras), most recent last")
+        cpu_layout = QVBoxLayout(cpu_box)
+        cpu_layout.addWidget(self.cpu_list)
+        cpu_layout.addWidget(self.counts)
+        stats_box = QGroupBox("Engine")
+        QVBoxLayout(stats_box).addWidget(self.stats)
+        row = QHBoxLayout()
+        row.addWidget(cpu_box, 1)
+        row.addWidget(stats_box, 1)
+
+        self.curves: dict[str, pg.PlotDataItem] = {}
+        self.plots: list[pg.PlotWidget] = []
+        plots = QGridLayout()
+        for index, (title, unit, series) in enumerate(PLOTS):
+            plot = pg.PlotWidget(title=title)
+            plot.setMinimumHeight(140)
+            plot.showGrid(x=True, y=True, alpha=0.2)
+            plot.setLabel("bottom", "seconds ago")
+            if unit:
+                plot.setLabel("left", unit)
+            plot.setMouseEnabled(x=False, y=False)
+            plot.hideButtons()
+            if len(series) > 1:
+                plot.addLegend(offset=(-4, 4))
+            for name, color in series:
+                self.curves[name] = plot.plot(
+                    [], [], pen=pg.mkPen(color, width=2), name=name.replace("_", " ")
+                )
+            self.plots.append(plot)
+            plots.addWidget(plot, index // 2, index % 2)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(slots_box)
+        layout.addLayout(row)
+        layout.addLayout(plots, 1)
+
+    def update_metrics(self, metrics: EngineMetrics | None) -> None:
+        """Record a snapshot and refresh what is visible (GUI thread)."""
+        if metrics is None:
+            self.stats.setText("waiting for the engine…" if self.host.state == "loading" else "no engine")
+            self.slots.show_slots(())
+            return
+        self.last = metrics
+        now = time.monotonic()
+        values = {
+            "tokens_per_second": metrics.tokens_per_second,
+            "batch_size": float(metrics.batch_size if metrics.running else 0),
+            "distinct_adapters": float(metrics.distinct_adapters if metrics.running else 0),
+            "gpu_hit_rate": hit_rate(metrics.gpu_hits, metrics.gpu_misses),
+            "cpu_hit_rate": hit_rate(metrics.cpu_hits, metrics.cpu_misses),
+            "p50": math.nan if metrics.cold_load_p50_s is None else metrics.cold_load_p50_s * 1000,
+            "p95": math.nan if metrics.cold_load_p95_s is None else metrics.cold_load_p95_s * 1000,
+        }
+        self.times.append(now)
+        for name, value in values.items():
+            self.history[name].append(value)
+        while self.times and now - self.times[0] > HISTORY_S:
+            self.times.popleft()
+            for series in self.history.values():
+                series.popleft()
+        if self.isVisible():
+            self._redraw(now)
+        self.slots.show_slots(metrics.slots)
+        self._show_tiers(metrics)
+        self._show_stats(metrics, values)
+
+    def series(self, name: str) -> list[float]:
+        return list(self.history[name])
+
+    def _redraw(self, now: float) -> None:
+        ages = [t - now for t in self.times]
+        for name, curve in self.curves.items():
+            curve.setData(ages, list(self.history[name]), connect="finite")
+
+    def _show_tiers(self, metrics: EngineMetrics) -> None:
+        names = list(metrics.cpu_adapters)
+        if [self.cpu_list.item(i).text() for i in range(self.cpu_list.count())] != names:
+            self.cpu_list.clear()
+            self.cpu_list.addItems(names)
+        engine = self.host.engine
+        served = {info.name for info in engine.list_adapters()} if engine is not None else set()
+        on_gpu = {s.adapter for s in metrics.slots if s.adapter is not None}
+        disk_only = served - on_gpu - set(names)
+        cpu_only = set(names) - on_gpu
+        self.counts.setText(
+            f"{len(served)} adapters served: {len(on_gpu)} in GPU slots, {len(cpu_only)} only in CPU RAM, "
+            f"{len(disk_only)} only on disk; {len(self.host.skipped)} in the library not served"
+        )
+
+    def _show_stats(self, metrics: EngineMetrics, values: dict[str, float]) -> None:
+        used = metrics.kv_blocks_total - metrics.kv_blocks_free
+        rss = self.process.memory_info().rss
+
+        def percent(value: float) -> str:
+            return "-" if math.isnan(value) else f"{value:.0f}%"
+
+        lines = [
+            f"state: <b>{metrics.state}</b> on {metrics.device} · steps {metrics.steps}",
+            f"requests: {metrics.running} running, {metrics.waiting} waiting · "
+            f"preemptions {metrics.preemptions}",
+            f"tokens/s: <b>{metrics.tokens_per_second:.1f}</b> · batch {metrics.batch_size} seqs / "
+            f"{metrics.batch_tokens} tokens · distinct adapters {metrics.distinct_adapters}",
+            f"GPU slot hits {metrics.gpu_hits} / misses {metrics.gpu_misses} "
+            f"({percent(values['gpu_hit_rate'])}) · CPU tier hits {metrics.cpu_hits} / misses "
+            f"{metrics.cpu_misses} ({percent(values['cpu_hit_rate'])})",
+            f"cold load p50 {format_ms(metrics.cold_load_p50_s)} · p95 {format_ms(metrics.cold_load_p95_s)}",
+            f"KV cache: {used} / {metrics.kv_blocks_total} blocks used",
+            f"device memory {format_bytes(metrics.device_memory_bytes)} · host RSS {format_bytes(rss)}",
+        ]
+        self.stats.setText("<br>".join(lines))

@@ -1,0 +1,113 @@
+"""What the window remembers between starts (QSettings): engine settings, geometry, last choices."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QSettings
+
+from multilora_studio.engine import EngineConfig
+
+MODEL_SOURCES = ("embedded", "folder", "hub")
+ENGINE_GROUP = "engine"
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine settings a person picks in Settings.
+
+    ``model_source`` is ``embedded`` (the default model), ``folder`` (a HF folder at
+    ``model``) or ``hub`` (a Hub repo id in ``model``, pulled into the HF cache first).
+    ``max_cpu_loras = 0`` means twice ``max_loras``.
+    """
+
+    model_source: str = "embedded"
+    model: str = ""
+    device: str = "auto"
+    dtype: str = "auto"
+    max_loras: int = 8
+    max_lora_rank: int = 64
+    max_cpu_loras: int = 0
+
+    def check(self) -> None:
+        """ValueError with a clear message for settings the engine would refuse."""
+        if self.model_source not in MODEL_SOURCES:
+            raise ValueError(f"model source must be one of {', '.join(MODEL_SOURCES)}")
+        if self.model_source != "embedded" and not self.model.strip():
+            what = "a model folder" if self.model_source == "folder" else "a Hub repository id"
+            raise ValueError(f"choose {what} or the embedded default model")
+        self.engine_config(None if self.model_source == "embedded" else self.model)
+
+    def engine_config(self, model: str | None) -> EngineConfig:
+        """The EngineConfig for these settings with ``model`` resolved to a folder (None: embedded)."""
+        return EngineConfig(
+            model=model,
+            device=self.device,
+            dtype=self.dtype,
+            max_loras=self.max_loras,
+            max_lora_rank=self.max_lora_rank,
+            max_cpu_loras=self.max_cpu_loras or None,
+        )
+
+    @property
+    def label(self) -> str:
+        return "embedded default model" if self.model_source == "embedded" else self.model
+
+
+class Preferences:
+    """Typed access to a QSettings store (the user's, or an INI file in tests and smoke runs)."""
+
+    def __init__(self, settings: QSettings | None = None) -> None:
+        self.store = settings if settings is not None else QSettings()
+
+    def engine_choice(self) -> EngineChoice:
+        default = EngineChoice()
+        values: dict[str, Any] = {}
+        for item in fields(EngineChoice):
+            fallback = getattr(default, item.name)
+            raw = self.store.value(f"{ENGINE_GROUP}/{item.name}", fallback)
+            try:
+                values[item.name] = type(fallback)(raw)
+            except (TypeError, ValueError):
+                values[item.name] = fallback
+        choice = EngineChoice(**values)
+        try:
+            choice.check()
+        except ValueError:
+            return default
+        return choice
+
+    def set_engine_choice(self, choice: EngineChoice) -> None:
+        for key, value in asdict(choice).items():
+            self.store.setValue(f"{ENGINE_GROUP}/{key}", value)
+        self.store.sync()
+
+    def get(self, key: str, default: Any) -> Any:
+        """A stored value of the same type as ``default`` (the default if missing or unreadable)."""
+        raw = self.store.value(key, None)
+        if raw is None:
+            return default
+        if isinstance(default, bool):
+            return raw if isinstance(raw, bool) else str(raw).lower() in ("true", "1")
+        if isinstance(default, (list, dict)):
+            try:
+                value = json.loads(raw) if isinstance(raw, str) else raw
+            except json.JSONDecodeError:
+                return default
+            return value if isinstance(value, type(default)) else default
+        try:
+            return type(default)(raw)
+        except (TypeError, ValueError):
+            return default
+
+    def set(self, key: str, value: Any) -> None:
+        self.store.setValue(key, json.dumps(value) if isinstance(value, (list, dict)) else value)
+
+    def geometry(self, key: str) -> QByteArray | None:
+        value = self.store.value(key, None)
+        return value if isinstance(value, QByteArray) else None
+
+    def sync(self) -> None:
+        self.store.sync()

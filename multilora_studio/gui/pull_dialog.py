@@ -1,0 +1,176 @@
+"""Pull from the Hub: search adapters of the loaded base, pull one with progress, cancel at any time."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from multilora_studio.adapters.base_model import BaseModelRef
+from multilora_studio.adapters.hub import HubModel, search_adapters
+from multilora_studio.adapters.pull import PullResult, pull
+from multilora_studio.gui.engine_host import EngineHost
+from multilora_studio.gui.library_ops import add_to_engine
+from multilora_studio.gui.tasks import Task
+from multilora_studio.gui.widgets import MessageBanner
+
+SEARCH_LIMIT = 50
+
+
+class PullDialog(QDialog):
+    """A non-modal dialog; ``pulled(name)`` fires when an adapter was added and is served."""
+
+    pulled = Signal(str)
+
+    def __init__(self, host: EngineHost, base_repo: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Pull an adapter from the Hugging Face Hub")
+        self.resize(640, 480)
+        self.host = host
+        self.task: Task | None = None
+        self.banner = MessageBanner()
+        self.base = QLineEdit(base_repo, placeholderText="base model repo id, e.g. ORG/NAME")
+        self.query = QLineEdit(placeholderText="words in the adapter's repo id (optional)")
+        self.search_button = QPushButton("Search")
+        self.results = QListWidget()
+        self.repo = QLineEdit(placeholderText="ORG/NAME[@REVISION]")
+        self.name = QLineEdit(placeholderText="library name (default: the repo id)")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.status = QLabel()
+        self.pull_button = QPushButton("Pull")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(False)
+        close = QPushButton("Close")
+
+        search_row = QHBoxLayout()
+        search_row.addWidget(self.query, 1)
+        search_row.addWidget(self.search_button)
+        form = QFormLayout()
+        form.addRow("Base model", self.base)
+        form.addRow("Search", search_row)
+        form.addRow("Repository", self.repo)
+        form.addRow("Name", self.name)
+        actions = QHBoxLayout()
+        actions.addWidget(self.progress, 1)
+        actions.addWidget(self.pull_button)
+        actions.addWidget(self.cancel_button)
+        actions.addWidget(close)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.banner)
+        layout.addLayout(form)
+        layout.addWidget(self.results, 1)
+        layout.addWidget(self.status)
+        layout.addLayout(actions)
+
+        self.search_button.clicked.connect(self.search)
+        self.query.returnPressed.connect(self.search)
+        self.results.currentItemChanged.connect(self._pick)
+        self.pull_button.clicked.connect(lambda: self.start_pull(self.repo.text(), self.name.text()))
+        self.cancel_button.clicked.connect(self.cancel)
+        close.clicked.connect(self.close)
+
+    def search(self) -> Task:
+        base, text = self.base.text().strip(), self.query.text().strip()
+        self.results.clear()
+        self.status.setText(f"Searching adapters of {base}…")
+        self.banner.clear()
+        self.search_button.setEnabled(False)
+
+        def found(models: list[HubModel]) -> None:
+            self.search_button.setEnabled(True)
+            for model in models:
+                item = QListWidgetItem(f"{model.repo_id}    ↓{model.downloads or 0}  ♥{model.likes or 0}")
+                item.setData(Qt.ItemDataRole.UserRole, model.repo_id)
+                self.results.addItem(item)
+            self.status.setText(f"{len(models)} adapters of {base}" + (f" matching {text!r}" if text else ""))
+
+        def failed(message: str) -> None:
+            self.search_button.setEnabled(True)
+            self.status.clear()
+            self.banner.show_message(message)
+
+        return self.host.tasks.run(
+            "hub-search", lambda task: search_adapters(base, text or None, SEARCH_LIMIT), found, failed
+        )
+
+    def start_pull(self, ref: str, name: str = "") -> Task | None:
+        engine = self.host.engine
+        if engine is None:
+            self.banner.show_message("The engine is not ready yet; pull once it has loaded.", "warning")
+            return None
+        if not ref.strip():
+            self.banner.show_message("Choose a search result or type a repository id.", "warning")
+            return None
+        registry = self.host.registry
+        base = BaseModelRef.of_engine(engine)
+
+        def work(task: Task) -> PullResult:
+            result = pull(
+                ref.strip(),
+                registry,
+                base,
+                name=name.strip() or None,
+                max_rank=engine.config.max_lora_rank,
+                progress=task.notify,
+                cancel=task.cancel_event,
+            )
+            if result.adapter is None:
+                raise ValueError(f"{ref.strip()} is a base model; choose it in Settings to use it")
+            if result.adapter.name not in {info.name for info in engine.list_adapters()}:
+                add_to_engine(registry, engine, result.adapter)
+            return result
+
+        self.banner.clear()
+        self._busy(True)
+        self.task = self.host.tasks.run("hub-pull", work, self._pulled, self._failed, self._progress)
+        return self.task
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            self.status.setText("Cancelling…")
+
+    def closeEvent(self, event) -> None:  # type: ignore[no-untyped-def]
+        self.cancel()
+        super().closeEvent(event)
+
+    def _pick(self, item: QListWidgetItem | None) -> None:
+        if item is not None:
+            self.repo.setText(item.data(Qt.ItemDataRole.UserRole))
+
+    def _progress(self, fraction: float, message: str) -> None:
+        self.progress.setValue(int(fraction * 1000))
+        self.status.setText(message)
+
+    def _pulled(self, result: PullResult) -> None:
+        self._busy(False)
+        name = result.adapter.name if result.adapter is not None else result.repo_id
+        state = "was already in the library as" if result.already_registered else "was added as"
+        self.banner.show_message(f"{result.repo_id}@{result.revision[:12]} {state} {name!r}.", "success")
+        self.progress.setValue(1000)
+        self.pulled.emit(name)
+
+    def _failed(self, message: str) -> None:
+        cancelled = self.task is not None and self.task.cancelled
+        self._busy(False)
+        self.progress.setValue(0)
+        self.status.clear()
+        self.banner.show_message("Pull cancelled; nothing was added." if cancelled else message)
+
+    def _busy(self, busy: bool) -> None:
+        self.pull_button.setEnabled(not busy)
+        self.cancel_button.setEnabled(busy)
+        if not busy:
+            self.task = None

@@ -1,0 +1,240 @@
+"""Server view: toggle the OpenAI-compatible endpoint, its address and key, examples, the live request log."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QApplication,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from multilora_studio.gui.engine_host import EngineHost
+from multilora_studio.gui.preferences import Preferences
+from multilora_studio.gui.server_control import OFF, ON, ServerControl
+from multilora_studio.gui.widgets import MessageBanner, format_ms
+from multilora_studio.server import RequestRecord, ServerConfig
+
+LOG_COLUMNS = (
+    "Time",
+    "Route",
+    "Model",
+    "Key",
+    "Status",
+    "Prompt tok",
+    "Completion tok",
+    "Latency",
+    "TTFT",
+    "Error",
+)
+MAX_LOG_ROWS = 1000
+
+
+def curl_example(url: str, model: str, api_key: str) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64}
+    auth = f' \\\n  -H "Authorization: Bearer {api_key}"' if api_key else ""
+    return (
+        f"curl {url}/v1/chat/completions \\\n"
+        f'  -H "Content-Type: application/json"{auth} \\\n'
+        f"  -d '{json.dumps(body)}'"
+    )
+
+
+def python_example(url: str, model: str, api_key: str) -> str:
+    return (
+        "from openai import OpenAI\n\n"
+        f'client = OpenAI(base_url="{url}/v1", api_key="{api_key or "unused"}")\n'
+        "reply = client.chat.completions.create(\n"
+        f'    model="{model}",\n'
+        '    messages=[{"role": "user", "content": "Hello!"}],\n'
+        "    max_tokens=64,\n"
+        ")\n"
+        "print(reply.choices[0].message.content)\n"
+    )
+
+
+class ServerView(QWidget):
+    """See the module docstring; the server runs over the window's engine."""
+
+    def __init__(self, host: EngineHost, control: ServerControl, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.host = host
+        self.control = control
+        self.banner = MessageBanner()
+        self.host_edit = QLineEdit("127.0.0.1")
+        self.port = QSpinBox(minimum=0, maximum=65535, value=8000)
+        self.port.setSpecialValueText("any free port")
+        self.api_key = QLineEdit(placeholderText="optional; at least 8 characters")
+        self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
+        generate = QPushButton("Generate")
+        generate.clicked.connect(lambda: self.api_key.setText("sk-studio-" + secrets.token_urlsafe(18)))
+        key_row = QHBoxLayout()
+        key_row.addWidget(self.api_key, 1)
+        key_row.addWidget(generate)
+        self.toggle = QPushButton("Start server")
+        self.toggle.setCheckable(True)
+        self.toggle.clicked.connect(self._toggled)
+        self.state_label = QLabel("stopped")
+        self.url = QLineEdit(readOnly=True)
+        copy_url = QPushButton("Copy")
+        copy_url.clicked.connect(lambda: QApplication.clipboard().setText(self.url.text()))
+        url_row = QHBoxLayout()
+        url_row.addWidget(self.url, 1)
+        url_row.addWidget(copy_url)
+        form = QFormLayout()
+        form.addRow("Host", self.host_edit)
+        form.addRow("Port", self.port)
+        form.addRow("API key", key_row)
+        form.addRow(self.toggle, self.state_label)
+        form.addRow("Base URL", url_row)
+
+        self.curl = QPlainTextEdit(readOnly=True)
+        self.python = QPlainTextEdit(readOnly=True)
+        examples = QHBoxLayout()
+        for title, editor in (("curl", self.curl), ("Python (openai)", self.python)):
+            box = QGroupBox(title)
+            box_layout = QVBoxLayout(box)
+            box_layout.addWidget(editor)
+            copy = QPushButton("Copy")
+            copy.clicked.connect(
+                lambda checked=False, e=editor: QApplication.clipboard().setText(e.toPlainText())
+            )
+            box_layout.addWidget(copy, 0, Qt.AlignmentFlag.AlignRight)
+            examples.addWidget(box)
+
+        self.log = QTableWidget(0, len(LOG_COLUMNS))
+        self.log.setHorizontalHeaderLabels(LOG_COLUMNS)
+        self.log.verticalHeader().hide()
+        self.log.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.log.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.log.horizontalHeader().setStretchLastSection(True)
+        log_box = QGroupBox("Requests (newest first)")
+        QVBoxLayout(log_box).addWidget(self.log)
+
+        top = QHBoxLayout()
+        top.addLayout(form, 1)
+        top.addLayout(examples, 2)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.banner)
+        layout.addLayout(top)
+        layout.addWidget(log_box, 1)
+
+        control.stateChanged.connect(self._state_changed)
+        control.failed.connect(self.banner.show_message)
+        control.requestLogged.connect(self.add_record)
+        host.adaptersChanged.connect(self._show_examples)
+        host.stateChanged.connect(lambda state: self._state_changed(control.state))
+        for edit in (self.host_edit, self.api_key):
+            edit.textChanged.connect(self._show_examples)
+        self.port.valueChanged.connect(self._show_examples)
+        self._state_changed(control.state)
+
+    def server_config(self) -> ServerConfig:
+        keys = (self.api_key.text().strip(),) if self.api_key.text().strip() else ()
+        config = ServerConfig(host=self.host_edit.text().strip(), port=self.port.value(), api_keys=keys)
+        if not config.loopback and not config.api_keys:
+            raise ValueError(
+                f"{config.host} can be reached from other machines: set an API key first (or use 127.0.0.1)"
+            )
+        return config
+
+    def start(self) -> bool:
+        engine = self.host.engine
+        if engine is None:
+            self.banner.show_message("The engine is not ready yet (see the status bar).", "warning")
+            return False
+        try:
+            config = self.server_config()
+        except ValueError as error:
+            self.banner.show_message(str(error))
+            return False
+        self.banner.clear()
+        return self.control.start(engine, config) is not None
+
+    def stop(self) -> bool:
+        return self.control.stop() is not None
+
+    def _toggled(self, checked: bool) -> None:
+        started = self.start() if checked else self.stop()
+        if not started:
+            self._state_changed(self.control.state)
+
+    def _state_changed(self, state: str) -> None:
+        on = state == ON
+        self.toggle.setChecked(state != OFF)
+        self.toggle.setText("Stop server" if state != OFF else "Start server")
+        self.toggle.setEnabled(state in (ON, OFF) and (on or self.host.engine is not None))
+        for edit in (self.host_edit, self.port, self.api_key):
+            edit.setEnabled(state == OFF)
+        texts = {"off": "stopped", "starting": "starting…", "on": "serving", "stopping": "stopping…"}
+        self.state_label.setText(texts.get(state, state))
+        self.url.setText(f"{self.control.url}/v1" if on else "")
+        self._show_examples()
+
+    def _base_url(self) -> str:
+        if self.control.url:
+            return self.control.url
+        host = self.host_edit.text().strip() or "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port.value() or 8000}"
+
+    def _show_examples(self) -> None:
+        engine = self.host.engine
+        model = "ADAPTER"
+        if engine is not None:
+            names = sorted(info.name for info in engine.list_adapters())
+            model = names[0] if names else engine.model_name
+        key = self.api_key.text().strip()
+        self.curl.setPlainText(curl_example(self._base_url(), model, key))
+        self.python.setPlainText(python_example(self._base_url(), model, key))
+
+    def add_record(self, record: RequestRecord) -> None:
+        """Show one served request at the top of the log (GUI thread)."""
+        cells = (
+            time.strftime("%H:%M:%S", time.localtime(record.time)),
+            record.route + (" (stream)" if record.stream else ""),
+            record.model if record.adapter is None else record.adapter,
+            record.api_key,
+            str(record.status),
+            str(record.prompt_tokens),
+            str(record.completion_tokens),
+            format_ms(record.latency_s),
+            format_ms(record.ttft_s),
+            record.error or "",
+        )
+        self.log.insertRow(0)
+        for column, text in enumerate(cells):
+            self.log.setItem(0, column, QTableWidgetItem(text))
+        if self.log.rowCount() > MAX_LOG_ROWS:
+            self.log.removeRow(self.log.rowCount() - 1)
+
+    def log_rows(self) -> list[dict[str, str]]:
+        return [
+            {LOG_COLUMNS[c]: self.log.item(r, c).text() for c in range(len(LOG_COLUMNS))}
+            for r in range(self.log.rowCount())
+        ]
+
+    def save_state(self, prefs: Preferences) -> None:
+        prefs.set("server/host", self.host_edit.text().strip())
+        prefs.set("server/port", self.port.value())
+        prefs.set("server/api_key", self.api_key.text().strip())
+
+    def restore_state(self, prefs: Preferences) -> None:
+        self.host_edit.setText(prefs.get("server/host", "127.0.0.1"))
+        self.port.setValue(prefs.get("server/port", 8000))
+        self.api_key.setText(prefs.get("server/api_key", ""))

@@ -1,0 +1,176 @@
+"""Settings view: base model, device, dtype and adapter slots; applying restarts the engine with progress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QRadioButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from multilora_studio.engine.config import MAX_SLOTS, SUPPORTED_DTYPES
+from multilora_studio.gui.engine_host import LOADING, EngineHost
+from multilora_studio.gui.preferences import EngineChoice, Preferences
+from multilora_studio.gui.widgets import MessageBanner
+
+
+def device_names() -> list[str]:
+    import torch
+
+    return ["auto", "cpu"] + (
+        ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available()
+        else []
+    )
+
+
+class SettingsView(QWidget):
+    """Edits an EngineChoice; ``applied(choice)`` asks the window to restart the engine with it."""
+
+    applied = Signal(object)
+
+    def __init__(self, host: EngineHost, prefs: Preferences, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.host = host
+        self.prefs = prefs
+        self.banner = MessageBanner()
+        self.embedded = QRadioButton("Embedded default model (SmolLM2-135M-Instruct, works offline)")
+        self.folder = QRadioButton("Local Hugging Face folder")
+        self.hub = QRadioButton("Hugging Face Hub repository (pulled into the HF cache)")
+        self.sources = QButtonGroup(self)
+        for index, button in enumerate((self.embedded, self.folder, self.hub)):
+            self.sources.addButton(button, index)
+        self.model = QLineEdit(placeholderText="folder path, or ORG/NAME[@REVISION] for the Hub")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        model_row = QHBoxLayout()
+        model_row.addWidget(self.model, 1)
+        model_row.addWidget(browse)
+        self.sources.idToggled.connect(lambda *_: self.model.setEnabled(not self.embedded.isChecked()))
+
+        self.device = QComboBox()
+        self.device.setEditable(True)
+        self.device.addItems(device_names())
+        self.dtype = QComboBox()
+        self.dtype.addItems(list(SUPPORTED_DTYPES))
+        self.max_loras = QSpinBox(minimum=1, maximum=MAX_SLOTS)
+        self.max_lora_rank = QSpinBox(minimum=1, maximum=512)
+        self.max_cpu_loras = QSpinBox(minimum=0, maximum=1 << 16)
+        self.max_cpu_loras.setSpecialValueText("2 × max_loras")
+
+        model_box = QGroupBox("Base model")
+        model_layout = QVBoxLayout(model_box)
+        for button in (self.embedded, self.folder, self.hub):
+            model_layout.addWidget(button)
+        model_layout.addLayout(model_row)
+        engine_box = QGroupBox("Engine")
+        form = QFormLayout(engine_box)
+        form.addRow("Device", self.device)
+        form.addRow("Data type", self.dtype)
+        form.addRow("GPU adapter slots (max_loras)", self.max_loras)
+        form.addRow("Largest adapter rank (max_lora_rank)", self.max_lora_rank)
+        form.addRow("Adapters kept in CPU RAM (max_cpu_loras)", self.max_cpu_loras)
+
+        self.apply_button = QPushButton("Apply and restart the engine")
+        self.apply_button.clicked.connect(self.apply)
+        self.revert_button = QPushButton("Revert")
+        self.revert_button.clicked.connect(lambda: self.show_choice(self.prefs.engine_choice()))
+        self.cancel_button = QPushButton("Cancel loading")
+        self.cancel_button.clicked.connect(host.cancel_start)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.apply_button)
+        buttons.addWidget(self.revert_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.cancel_button)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.banner)
+        layout.addWidget(model_box)
+        layout.addWidget(engine_box)
+        layout.addLayout(buttons)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addStretch(1)
+        host.progress.connect(self._progress)
+        host.stateChanged.connect(self._state_changed)
+        host.failed.connect(lambda message: self.banner.show_message(f"The engine did not start: {message}"))
+        self.show_choice(prefs.engine_choice())
+        self._state_changed(host.state)
+
+    def show_choice(self, choice: EngineChoice) -> None:
+        button = {"embedded": self.embedded, "folder": self.folder, "hub": self.hub}[choice.model_source]
+        button.setChecked(True)
+        self.model.setText(choice.model)
+        self.model.setEnabled(choice.model_source != "embedded")
+        self.device.setCurrentText(choice.device)
+        self.dtype.setCurrentText(choice.dtype)
+        self.max_loras.setValue(choice.max_loras)
+        self.max_lora_rank.setValue(choice.max_lora_rank)
+        self.max_cpu_loras.setValue(choice.max_cpu_loras)
+
+    def choice(self) -> EngineChoice:
+        source = ("embedded", "folder", "hub")[max(0, self.sources.checkedId())]
+        return EngineChoice(
+            model_source=source,
+            model="" if source == "embedded" else self.model.text().strip(),
+            device=self.device.currentText().strip(),
+            dtype=self.dtype.currentText(),
+            max_loras=self.max_loras.value(),
+            max_lora_rank=self.max_lora_rank.value(),
+            max_cpu_loras=self.max_cpu_loras.value(),
+        )
+
+    def apply(self) -> bool:
+        """Check the settings, persist them and ask for an engine restart; problems show in the banner."""
+        choice = self.choice()
+        try:
+            choice.check()
+            if choice.model_source == "folder" and not Path(choice.model).expanduser().is_dir():
+                raise ValueError(f"model folder {choice.model} does not exist")
+        except ValueError as error:
+            self.banner.show_message(str(error))
+            return False
+        self.banner.clear()
+        self.prefs.set_engine_choice(choice)
+        self.applied.emit(choice)
+        return True
+
+    def _browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Choose a Hugging Face model folder")
+        if folder:
+            self.folder.setChecked(True)
+            self.model.setText(folder)
+
+    def _progress(self, fraction: float, message: str) -> None:
+        self.progress.setValue(int(fraction * 1000))
+        self.status.setText(message)
+
+    def _state_changed(self, state: str) -> None:
+        loading = state == LOADING
+        self.cancel_button.setEnabled(loading)
+        self.apply_button.setEnabled(not loading)
+        if state == "ready":
+            self.progress.setValue(1000)
+            choice = self.host.choice
+            self.status.setText(f"Engine ready: {choice.label if choice else ''}")
+        elif state == "failed":
+            self.progress.setValue(0)
+            self.status.setText(self.host.error)

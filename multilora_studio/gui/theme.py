@@ -1,0 +1,55 @@
+"""Light and dark palettes that follow the operating system's color scheme."""
+
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QApplication
+
+DARK = {
+    QPalette.ColorRole.Window: "#202124",
+    QPalette.ColorRole.WindowText: "#e8eaed",
+    QPalette.ColorRole.Base: "#171717",
+    QPalette.ColorRole.AlternateBase: "#26282b",
+    QPalette.ColorRole.ToolTipBase: "#303134",
+    QPalette.ColorRole.ToolTipText: "#e8eaed",
+    QPalette.ColorRole.PlaceholderText: "#9aa0a6",
+    QPalette.ColorRole.Text: "#e8eaed",
+    QPalette.ColorRole.Button: "#2d2f31",
+    QPalette.ColorRole.ButtonText: "#e8eaed",
+    QPalette.ColorRole.BrightText: "#ff5252",
+    QPalette.ColorRole.Highlight: "#2f6fd6",
+    QPalette.ColorRole.HighlightedText: "#ffffff",
+    QPalette.ColorRole.Link: "#8ab4f8",
+    QPalette.ColorRole.Mid: "#5f6368",
+}
+
+
+def is_dark(app: QApplication) -> bool:
+    return app.styleHints().colorScheme() == Qt.ColorScheme.Dark
+
+
+def apply_theme(app: QApplication) -> bool:
+    """Fusion style with a palette matching the OS scheme; returns True for dark."""
+    app.setStyle("Fusion")
+    dark = is_dark(app)
+    palette = app.style().standardPalette()
+    if dark:
+        for role, color in DARK.items():
+            palette.setColor(role, QColor(color))
+        palette.setColor(QPalette.ColorGroup.Disabled, QPalette.ColorRole.Text, QColor("#6f7378"))
+        palette.setColor(QPalette.ColorGroup.Disabled, QPalette.ColorRole.ButtonText, QColor("#6f7378"))
+    app.setPalette(palette)
+    pg.setConfigOptions(
+        antialias=True, background=plot_background(palette), foreground=plot_foreground(palette)
+    )
+    return dark
+
+
+def plot_background(palette: QPalette) -> QColor:
+    return palette.color(QPalette.ColorRole.Base)
+
+
+def plot_foreground(palette: QPalette) -> QColor:
+    return palette.color(QPalette.ColorRole.Text)

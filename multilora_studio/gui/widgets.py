@@ -1,0 +1,68 @@
+"""Small shared widgets and formatting: the message banner, sizes and times."""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QWidget
+
+KIND_COLORS = {"error": "#c62828", "warning": "#b26a00", "info": "#1565c0", "success": "#2e7d32"}
+
+
+class MessageBanner(QWidget):
+    """A dismissable one-line message at the top of a view (errors are shown here, never as tracebacks)."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.kind = ""
+        self.label = QLabel()
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        close = QToolButton()
+        close.setText("✕")
+        close.setAutoRaise(True)
+        close.clicked.connect(self.clear)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(8, 4, 4, 4)
+        layout.addWidget(self.label, 1)
+        layout.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        self.hide()
+
+    @property
+    def text(self) -> str:
+        return self.label.text()
+
+    def show_message(self, text: str, kind: str = "error") -> None:
+        self.kind = kind
+        color = KIND_COLORS.get(kind, KIND_COLORS["info"])
+        self.setStyleSheet(
+            f"MessageBanner {{ border: 1px solid {color}; border-radius: 4px; }} QLabel {{ color: {color}; }}"
+        )
+        self.label.setText(text)
+        self.show()
+
+    def clear(self) -> None:
+        self.kind = ""
+        self.label.clear()
+        self.hide()
+
+
+def format_bytes(size: float | None) -> str:
+    if size is None:
+        return "-"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def format_time(stamp: float | None) -> str:
+    return "" if not stamp else time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp))
+
+
+def format_ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
