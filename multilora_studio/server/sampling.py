@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from multilora_studio.engine import SamplingParams
 from multilora_studio.engine.engine import Prompt
 from multilora_studio.server.errors import ApiError
@@ -71,8 +73,8 @@ def completion_prompts(body: CompletionRequest) -> list[Prompt]:
     if not prompt:
         raise ApiError(400, "prompt must not be empty", "invalid_value", "prompt")
     if all(isinstance(item, int) for item in prompt):
-        return [list(prompt)]
-    return list(prompt)  # several texts or several token lists
+        return [cast(list[int], list(prompt))]
+    return cast(list[Prompt], list(prompt))  # several texts or several token lists
 
 
 def chat_prompt(body: ChatCompletionRequest) -> list[dict[str, str]]:

@@ -89,7 +89,7 @@ def test_client_disconnect_while_waiting_for_a_whole_answer(serve, engine):
 
 
 def test_stop_aborts_requests_in_flight(serve, engine):
-    server = serve(graceful_shutdown_s=5.0)
+    server = serve(graceful_shutdown_s=5)
     stream = client(server).completions.create(model="tiny-r16-mlp", prompt="Hi", stream=True, **LONG)
     pieces = iter(stream)
     next(pieces)
