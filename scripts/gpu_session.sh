@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft.
-# Usage: scripts/gpu_session.sh [engine-tests] [engine-bench] [kernel-bench] [attention-bench]
+# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [tier-bench] [kernel-bench] [attention-bench]
 set -u
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
@@ -27,6 +27,13 @@ for step in $steps; do
     engine-bench)
       timeout 400 python3 -m multilora_studio.bench.engine_gpu --json "$OUT/engine_gpu.json" 2>&1 \
         | tee "$OUT/engine-bench.log" | grep -v "^INFO" | tail -30 ;;
+    tier-bench)
+      timeout 200 python3 -m multilora_studio.bench.tiers_gpu --json "$OUT/tiers_gpu.json" 2>&1 \
+        | tee "$OUT/tier-bench.log" | grep -v "^INFO" | tail -30 ;;
+    engine-fidelity)
+      TRITON_INTERPRET=0 MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
+        timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_fidelity.py \
+        tests/engine/test_model_families.py 2>&1 | tee "$OUT/engine-fidelity.log" | tail -8 ;;
     kernel-bench)
       timeout 300 python3 -m multilora_studio.kernels.bench 2>&1 | tee "$OUT/kernel-bench.log" | tail -30 ;;
     attention-bench)

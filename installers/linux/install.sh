@@ -118,7 +118,7 @@ cat > "$BIN_DIR/$APP" <<LAUNCH
 exec "$VENV/bin/multilora-studio" "\$@"
 LAUNCH
 chmod +x "$BIN_DIR/$APP"
-resources=$("$VENV/bin/python" -c "from multilora_studio.resources import resource_path; print(resource_path())")
+resources=$("$VENV/bin/python" -I -c "from multilora_studio.resources import resource_path; print(resource_path())")
 cp "$resources/icons/$APP.svg" "$ICON_DIR/$APP.svg"
 sed -e "s|@LAUNCHER@|$BIN_DIR/$APP|" -e "s|@ICON@|$APP|" "$resources/desktop/$APP.desktop.in" > "$APPS_DIR/$APP.desktop"
 command -v update-desktop-database >/dev/null && update-desktop-database "$APPS_DIR" 2>/dev/null || true

@@ -105,7 +105,7 @@ $userPath = [Environment]::GetEnvironmentVariable("Path", "User")
 if (-not (($userPath -split ";") -contains $BinDir)) {
   [Environment]::SetEnvironmentVariable("Path", (@($userPath, $BinDir) | Where-Object { $_ }) -join ";", "User")
 }
-$Resources = & $VenvPython -c "from multilora_studio.resources import resource_path; print(resource_path())"
+$Resources = & $VenvPython -I -c "from multilora_studio.resources import resource_path; print(resource_path())"
 $Shell = New-Object -ComObject WScript.Shell
 $Link = $Shell.CreateShortcut($Shortcut)
 $Link.TargetPath = Join-Path $Venv "Scripts\pythonw.exe"

@@ -300,8 +300,11 @@ class Engine:
         if adapter is not None:
             with self._lock:
                 if adapter not in self._adapters:
-                    known = ", ".join(sorted(self._adapters)) or "none"
-                    raise ValueError(f"unknown adapter {adapter!r} (known: {known})")
+                    names = sorted(self._adapters)
+                    known = ", ".join(names[:20]) + (
+                        f" and {len(names) - 20} more" if len(names) > 20 else ""
+                    )
+                    raise ValueError(f"unknown adapter {adapter!r} (known: {known or 'none'})")
         request_id = request_id or f"req-{next(self._request_counter)}-{uuid.uuid4().hex[:8]}"
         output = RequestOutput(request_id, adapter, token_ids, arrival_time=time.monotonic())
         stream = RequestStream(output, loop)
@@ -463,6 +466,39 @@ class Engine:
         """Device milliseconds of one replay of the decode graph for ``batch`` (CUDA only)."""
         return self._call("time_graph", (batch, uses_lora, iters))
 
+    def time_slot_upload(self, name: str) -> dict[str, float]:
+        """Re-upload a resident, idle adapter into its own slot and time it (CUDA only).
+
+        Returns the upload's device milliseconds, those of one plain pinned host-to-device
+        copy of the same number of bytes, and the bytes.
+        """
+        return self._call("time_upload", name)
+
+    def _time_upload(self, name: str) -> dict[str, float]:
+        slot, packed = self.slots.slot_of(name), self.host_cache.get(name)
+        if self._upload_stream is None or slot is None or packed is None or self.slots.in_use(name):
+            raise ValueError(f"{name!r} must be resident in a GPU slot and host RAM, idle, on CUDA")
+        stream = self._upload_stream
+
+        def timed(work: Callable[[], None]) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(stream):
+                start.record(stream)
+                work()
+                end.record(stream)
+            end.synchronize()
+            return start.elapsed_time(end)
+
+        source = torch.empty(packed.nbytes, dtype=torch.uint8).pin_memory()
+        target = torch.empty(packed.nbytes, dtype=torch.uint8, device=self.device)
+        timed(lambda: target.copy_(source, non_blocking=True))  # warm-up
+        timed(lambda: self.runner.lora.upload(slot, packed))
+        return {
+            "upload_ms": timed(lambda: self.runner.lora.upload(slot, packed)),
+            "pinned_copy_ms": timed(lambda: target.copy_(source, non_blocking=True)),
+            "bytes": float(packed.nbytes),
+        }
+
     def _append_token(self, active: _Active, token: int, now: float) -> None:
         seq, output = active.seq, active.stream.output
         seq.output_token_ids.append(token)
@@ -540,6 +576,8 @@ class Engine:
         if command == "metrics":
             self._publish_metrics(force=True)
             return self._metrics
+        if command == "time_upload":
+            return self._time_upload(payload)
         if command == "time_graph":
             if self.runner.graphs is None:
                 raise ValueError("decode graphs are not in use (CPU device or enforce_eager)")

@@ -159,10 +159,13 @@ class CompareView(QWidget):
 
     def set_checked(self, names: list[str]) -> None:
         self._wanted = set(names)
+        self.adapters.blockSignals(True)
         for i in range(self.adapters.count()):
             item = self.adapters.item(i)
             name = item.data(Qt.ItemDataRole.UserRole)
             item.setCheckState(Qt.CheckState.Checked if name in self._wanted else Qt.CheckState.Unchecked)
+        self.adapters.blockSignals(False)
+        self.adapters.viewport().update()
 
     def _tick_all(self, checked: bool) -> None:
         state = Qt.CheckState.Checked if checked else Qt.CheckState.Unchecked

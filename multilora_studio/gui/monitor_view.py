@@ -116,7 +116,7 @@ class MonitorView(QWidget):
         self.last = metrics
         now = time.monotonic()
         values = {
-            "tokens_per_second": metrics.tokens_per_second,
+            "tokens_per_second": metrics.tokens_per_second if metrics.state == "running" else 0.0,
             "batch_size": float(metrics.batch_size if metrics.running else 0),
             "distinct_adapters": float(metrics.distinct_adapters if metrics.running else 0),
             "gpu_hit_rate": hit_rate(metrics.gpu_hits, metrics.gpu_misses),

@@ -11,6 +11,7 @@ COLUMNS = 8
 STYLES = {
     "empty": "border: 1px dashed palette(mid);",
     "loaded": "border: 1px solid #1e88e5; background: rgba(30, 136, 229, 40);",
+    "pinned": "border: 2px solid #8e24aa; background: rgba(142, 36, 170, 40);",
     "busy": "border: 2px solid #43a047; background: rgba(67, 160, 71, 70);",
 }
 
@@ -38,11 +39,14 @@ class SlotCell(QFrame):
         self._style()
 
     def show_state(self, state: SlotState) -> None:
-        kind = "empty" if state.adapter is None else ("busy" if state.in_use else "loaded")
+        if state.adapter is None:
+            kind = "empty"
+        else:
+            kind = "busy" if state.in_use else "pinned" if state.pinned else "loaded"
         self.adapter.setText(state.adapter or "empty")
         details = []
         if state.pinned:
-            details.append("📌 pinned")
+            details.append("pinned")
         if state.in_use:
             details.append(f"busy ×{state.in_use}")
         self.detail.setText("  ".join(details))

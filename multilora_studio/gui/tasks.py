@@ -47,6 +47,8 @@ class Task(QObject):
         self._work = work
         self._cancel = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"gui-task-{name}", daemon=True)
+        self.delivered = False  # True once ``done`` reached the GUI thread (after the result signals)
+        self.done.connect(self._mark_delivered)
 
     @property
     def cancel_event(self) -> threading.Event:
@@ -76,6 +78,9 @@ class Task(QObject):
     def wait(self, timeout: float | None = None) -> bool:
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+    def _mark_delivered(self) -> None:
+        self.delivered = True
 
     def _run(self) -> None:
         try:

@@ -1,0 +1,148 @@
+"""``multilora-studio bench``: the Punica and S-LoRA workloads in-process or against an endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from pathlib import Path
+
+from multilora_studio.bench.adapter_pool import parse_targets
+from multilora_studio.bench.cases import BenchOptions
+from multilora_studio.bench.stats import Slo
+from multilora_studio.bench.workloads import PATTERNS, parse_range
+
+log = logging.getLogger(__name__)
+
+
+def parse_list(text: str, kind: type, name: str) -> tuple:
+    try:
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"{name} takes a comma-separated list, got {text!r}") from None
+    if not values:
+        raise ValueError(f"{name} takes a comma-separated list, got {text!r}")
+    return values
+
+
+def parse_patterns(text: str) -> tuple[str, ...]:
+    return PATTERNS if text.strip() == "all" else parse_list(text, str, "--pattern")
+
+
+def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark the engine (or an endpoint) on the Punica and S-LoRA workloads",
+        description="Measure throughput, latency and adapter caching on Punica's batch popularity "
+        "patterns and S-LoRA's online workload, in-process or against any OpenAI-compatible "
+        "endpoint. Without --pattern, --online or --sweep-adapters it runs all patterns. "
+        "Details: docs/bench.md.",
+    )
+    setup = parser.add_argument_group("model and engine")
+    setup.add_argument("--model", default=None, help="HF folder, random:llama3-8b, ... (default: embedded)")
+    setup.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    setup.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    setup.add_argument("--max-loras", type=int, default=8, help="GPU adapter slots")
+    setup.add_argument(
+        "--max-cpu-loras", type=int, default=None, help="adapters in host RAM (default 2x slots)"
+    )
+    setup.add_argument("--max-num-seqs", type=int, default=None, help="running requests (default: --batch)")
+    setup.add_argument("--kv-cache-gb", type=float, default=None, help="KV cache size (default: automatic)")
+    adapters = parser.add_argument_group("random adapters")
+    adapters.add_argument("--rank", type=int, default=16)
+    adapters.add_argument("--targets", default="all", help="'all' or e.g. q_proj,v_proj")
+    adapters.add_argument("--num-adapters", type=int, default=32, help="adapters of the online workload")
+    adapters.add_argument(
+        "--distinct-weights", type=int, default=8, help="weight files written; other adapters link to them"
+    )
+    adapters.add_argument("--adapter-dir", type=Path, default=None, help="keep the adapters here")
+    work = parser.add_argument_group("workloads")
+    work.add_argument("--batch", type=int, default=8, help="batch size of the patterns")
+    work.add_argument("--pattern", default=None, help=f"'all' or a list of {', '.join(PATTERNS)}")
+    work.add_argument("--online", action="store_true", help="S-LoRA's online workload at each --rate")
+    work.add_argument("--rate", default=None, help="requests/s of the online workload, e.g. 2,8")
+    work.add_argument("--cv", type=float, default=1.0, help="burstiness: CV of the gaps (1 = Poisson)")
+    work.add_argument("--alpha", type=float, default=1.0, help="power-law exponent of adapter popularity")
+    work.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals per online case")
+    work.add_argument("--input-len", default="64", help="prompt tokens: N or LOW:HIGH")
+    work.add_argument("--output-len", default="32", help="output tokens: N or LOW:HIGH")
+    work.add_argument("--sweep-adapters", default=None, help="numbers of adapters, e.g. 1,8,32,128")
+    work.add_argument("--sweep-rate", default="inf", help="rate of the sweep (inf: all at once)")
+    work.add_argument("--requests", type=int, default=None, help="requests per inf-rate case (4x batch)")
+    work.add_argument("--seed", type=int, default=0)
+    work.add_argument("--no-warmup", action="store_true", help="measure the first batch too")
+    measure = parser.add_argument_group("measurement and output")
+    measure.add_argument("--ttft-slo-ms", type=float, default=6000.0, help="TTFT target (0: none)")
+    measure.add_argument("--tpot-slo-ms", type=float, default=0.0, help="TPOT target (0: none)")
+    measure.add_argument("--baseline", choices=["peft"], default=None, help="same patterns through PEFT")
+    measure.add_argument("--baseline-output-len", type=int, default=None, help="PEFT output tokens")
+    measure.add_argument(
+        "--bandwidth-gbps", type=float, default=None, help="memory bandwidth (default: measured)"
+    )
+    measure.add_argument("--endpoint", default=None, help="base URL of an OpenAI-compatible server")
+    measure.add_argument("--api-key", default=None, help="bearer key for --endpoint")
+    measure.add_argument("--json", type=Path, default=None, help="write the report here")
+    measure.add_argument("--plot", type=Path, default=None, help="write PNG charts into this folder")
+    measure.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run_bench_command)
+
+
+def options_from_args(args: argparse.Namespace) -> BenchOptions:
+    return BenchOptions(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        rank=args.rank,
+        targets=parse_targets(args.targets),
+        num_adapters=args.num_adapters,
+        distinct_weights=args.distinct_weights,
+        max_loras=args.max_loras,
+        max_cpu_loras=args.max_cpu_loras,
+        max_num_seqs=args.max_num_seqs,
+        kv_cache_gb=args.kv_cache_gb,
+        batch=args.batch,
+        patterns=parse_patterns(args.pattern) if args.pattern else (),
+        online=args.online,
+        rates=parse_list(args.rate, float, "--rate") if args.rate else (),
+        cv=args.cv,
+        alpha=args.alpha,
+        duration=args.duration,
+        input_len=parse_range(args.input_len),
+        output_len=parse_range(args.output_len),
+        sweep_adapters=parse_list(args.sweep_adapters, int, "--sweep-adapters")
+        if args.sweep_adapters
+        else (),
+        sweep_rate=parse_list(args.sweep_rate, float, "--sweep-rate")[0],
+        requests=args.requests,
+        seed=args.seed,
+        slo=Slo(args.ttft_slo_ms / 1e3 or None, args.tpot_slo_ms / 1e3 or None),
+        baseline=args.baseline,
+        baseline_output_len=args.baseline_output_len,
+        bandwidth_gbps=args.bandwidth_gbps,
+        endpoint=args.endpoint,
+        api_key=args.api_key,
+        adapter_dir=args.adapter_dir,
+        warmup=not args.no_warmup,
+        progress=not args.no_progress,
+    )
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    from multilora_studio.bench.plots import require_matplotlib, write_plots
+    from multilora_studio.bench.report import render, write_json
+    from multilora_studio.bench.suite import run_bench
+
+    options = options_from_args(args)
+    if args.plot is not None:
+        require_matplotlib()
+    if math.isinf(options.sweep_rate) and options.sweep_adapters:
+        log.info("sweep: %d requests per case, all at once", options.requests)
+    report = run_bench(options)
+    if args.json is not None:
+        write_json(report, args.json)
+        log.info("wrote %s", args.json)
+    if args.plot is not None:
+        write_plots(report, args.plot)
+    print(render(report), flush=True)
+    failed = sum(case["errors"] for case in report["cases"])
+    return 1 if failed else 0

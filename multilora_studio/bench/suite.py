@@ -1,0 +1,305 @@
+"""Run a bench: build the engine (or reach the endpoint), run every case, return the report dict."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import math
+import platform
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from multilora_studio.bench.adapter_pool import adapter_name, make_adapter_pool
+from multilora_studio.bench.cases import BenchOptions, Case, build_cases
+from multilora_studio.bench.ceiling import Ceiling, adapter_bytes, copy_bandwidth, step_weight_bytes
+from multilora_studio.bench.drive import Backend, run_requests
+from multilora_studio.bench.engine_backend import EngineBackend
+from multilora_studio.bench.stats import summarize
+from multilora_studio.bench.workloads import BenchRequest, prompt_token_ids
+from multilora_studio.engine import Engine, EngineConfig, EngineMetrics
+from multilora_studio.engine.engine import resolve_device, resolve_dtype
+
+log = logging.getLogger(__name__)
+WARMUP_TOKENS = 2
+
+
+def run_bench(options: BenchOptions) -> dict[str, Any]:
+    """Run every case of ``options``; the report (see docs/bench.md) as a JSON-ready dict."""
+    report: dict[str, Any] = {"options": _jsonable(vars(options)), "environment": _environment()}
+    if options.endpoint:
+        report["cases"] = _run_endpoint(options, report)
+        return report
+    with contextlib.ExitStack() as stack:
+        workdir = options.adapter_dir
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mls-bench-")))
+        cases, pool = _run_in_process(options, report, workdir)
+        if options.baseline == "peft":
+            report["baseline"] = _run_peft(options, report, cases, pool)
+    return report
+
+
+# ---------------------------------------------------------------- in-process
+
+
+def engine_config(options: BenchOptions) -> EngineConfig:
+    input_high, output_high = options.input_len[1], options.output_len[1]
+    seqs = options.seqs
+    return EngineConfig(
+        model=options.model,
+        device=options.device,
+        dtype=options.dtype,
+        max_loras=options.max_loras,
+        max_lora_rank=options.rank,
+        max_cpu_loras=options.max_cpu_loras,
+        max_num_seqs=seqs,
+        max_model_len=max(16, input_high + output_high + 16),
+        max_num_batched_tokens=max(2048, seqs, min(seqs * input_high, 8192)),
+        kv_cache_memory_gb=options.kv_cache_gb,
+        seed=options.seed,
+    )
+
+
+def _run_in_process(
+    options: BenchOptions, report: dict[str, Any], workdir: Path
+) -> tuple[list[Case], dict[str, Path]]:
+    """Cases and adapter folders of the run; fills ``report`` with the engine's side."""
+    config = engine_config(options)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    if options.bandwidth_gbps is not None:
+        bandwidth = (options.bandwidth_gbps * 1e9, "given")
+    else:  # measured before the engine sizes its KV cache from the free memory
+        bandwidth = (copy_bandwidth(device, (2 << 30) if device.type == "cuda" else (256 << 20)), "measured")
+    started = time.perf_counter()
+    with Engine(config) as engine:
+        info: dict[str, Any] = {
+            "model": engine.model_name,
+            "device": str(engine.device),
+            "dtype": str(engine.dtype).removeprefix("torch."),
+            "startup_s": time.perf_counter() - started,
+        }
+        report["engine"] = info
+        spec = engine.spec
+        ceiling = Ceiling(
+            step_weight_bytes(spec, dtype),
+            adapter_bytes(spec, options.rank, options.targets, dtype),
+            *bandwidth,
+        )
+        report["ceiling"] = _ceiling_report(ceiling, options)
+        cases = build_cases(options, spec.vocab_size)
+        count = max([c.pool_size for c in cases] + [1])
+        started = time.perf_counter()
+        pool = make_adapter_pool(
+            spec, workdir, count, options.distinct_weights, options.rank, options.targets, dtype, options.seed
+        )
+        info["adapters_written_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        for name, folder in pool.items():
+            engine.add_adapter(name, folder, preload=False)
+        info["adapters_registered_s"] = time.perf_counter() - started
+        names = [adapter_name(i) for i in range(count)]
+        backend = EngineBackend(engine)
+        report["cases"] = asyncio.run(_run_cases(backend, cases, names, options, engine, ceiling))
+    return cases, pool
+
+
+def _ceiling_report(ceiling: Ceiling, options: BenchOptions) -> dict[str, Any]:
+    return {
+        "weight_bytes_per_step": ceiling.base_bytes,
+        "adapter_bytes": ceiling.adapter_bytes,
+        "bandwidth_GBps": ceiling.bandwidth_bytes_s / 1e9 if ceiling.bandwidth_bytes_s else None,
+        "bandwidth_source": ceiling.bandwidth_source,
+        "batch": options.batch,
+        "base_tok_s": ceiling.tokens_per_second(options.batch),
+        "distinct_tok_s": ceiling.tokens_per_second(options.batch, options.batch),
+    }
+
+
+# ---------------------------------------------------------------- endpoint
+
+
+def _run_endpoint(options: BenchOptions, report: dict[str, Any]) -> list[dict[str, Any]]:
+    from multilora_studio.bench.http_backend import EndpointBackend, served_models
+
+    assert options.endpoint is not None
+    url = options.endpoint.rstrip("/")
+    served = served_models(url, options.api_key)
+    report["engine"] = {"endpoint": url, "model": served.base, "adapters_served": len(served.adapters)}
+    cases = build_cases(options)
+    needed = max([c.pool_size for c in cases] + [0])
+    if needed > len(served.adapters):
+        raise ValueError(
+            f"the workloads need {needed} adapters but {url} serves {len(served.adapters)}; "
+            "load more adapters on the server or lower --batch / --num-adapters / --sweep-adapters"
+        )
+
+    async def run() -> list[dict[str, Any]]:
+        backend = EndpointBackend(url, served.base, options.api_key)
+        try:
+            return await _run_cases(backend, cases, list(served.adapters), options, None, None)
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(run())
+
+
+# ---------------------------------------------------------------- cases
+
+
+async def _run_cases(
+    backend: Backend,
+    cases: Sequence[Case],
+    names: Sequence[str],
+    options: BenchOptions,
+    engine: Engine | None,
+    ceiling: Ceiling | None,
+) -> list[dict[str, Any]]:
+    if options.warmup:
+        await _warmup(backend, options, names if any(c.pool_size for c in cases) else [])
+    results = []
+    for case in cases:
+        before = engine.metrics(fresh=True) if engine is not None else None
+        mapped = [None if r.adapter is None else names[r.adapter] for r in case.requests]
+        with tqdm(total=len(case.requests), desc=case.name, leave=False, disable=not options.progress) as bar:
+            outcome, started = await run_requests(backend, case.requests, case.prompts, mapped, bar)
+        summary = summarize(outcome, started, options.slo)
+        if case.kind != "pattern":
+            summary["decode_tok_s"] = None
+        record: dict[str, Any] = {
+            "name": case.name,
+            "kind": case.kind,
+            **case.params,
+            "distinct_adapters": case.distinct_adapters,
+            **summary,
+            "ttft_samples_ms": sorted(round(r.ttft * 1e3, 3) for r in outcome if r.ok and r.ttft),
+        }
+        if engine is not None and before is not None:
+            record["engine"] = engine_deltas(before, engine.metrics(fresh=True), engine.device)
+        if ceiling is not None and case.kind == "pattern":
+            record["ceiling_tok_s"] = ceiling.tokens_per_second(len(case.requests), case.distinct_adapters)
+        if summary["errors"]:
+            log.warning("%s: %d requests failed: %s", case.name, summary["errors"], summary["first_error"])
+        results.append(record)
+    return results
+
+
+async def _warmup(backend: Backend, options: BenchOptions, names: Sequence[str]) -> None:
+    """One unmeasured batch (base and the first adapter) so compilation is not measured."""
+    size = min(options.batch, options.seqs)
+    adapters = [names[0] if names and i % 2 else None for i in range(size)]
+    requests = [BenchRequest(0.0, None, options.input_len[1], WARMUP_TOKENS) for _ in range(size)]
+    prompt_rng = np.random.default_rng(options.seed)
+    prompts = [prompt_token_ids(r.input_len, prompt_rng) for r in requests]
+    outcome, _ = await run_requests(backend, requests, prompts, adapters)
+    failed = [r.error for r in outcome if r.error]
+    if failed:
+        raise RuntimeError(f"the warm-up requests failed: {failed[0]}")
+
+
+def engine_deltas(before: EngineMetrics, after: EngineMetrics, device: torch.device) -> dict[str, Any]:
+    """Tier counters over one case (the engine's counters are cumulative)."""
+    gpu_hits = after.gpu_hits - before.gpu_hits
+    gpu_misses = after.gpu_misses - before.gpu_misses
+    cpu_hits = after.cpu_hits - before.cpu_hits
+    cpu_misses = after.cpu_misses - before.cpu_misses
+    return {
+        "gpu_hits": gpu_hits,
+        "gpu_misses": gpu_misses,
+        "gpu_hit_rate": gpu_hits / (gpu_hits + gpu_misses) if gpu_hits + gpu_misses else None,
+        "cpu_hits": cpu_hits,
+        "cpu_misses": cpu_misses,
+        "cpu_hit_rate": cpu_hits / (cpu_hits + cpu_misses) if cpu_hits + cpu_misses else None,
+        "cold_loads": cpu_misses,
+        "cold_load_p50_ms": _ms(after.cold_load_p50_s),
+        "cold_load_p95_ms": _ms(after.cold_load_p95_s),
+        "preemptions": after.preemptions - before.preemptions,
+        "device_memory_bytes": after.device_memory_bytes,
+        "peak_device_memory_bytes": torch.cuda.max_memory_allocated(device)
+        if device.type == "cuda"
+        else None,
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+# ---------------------------------------------------------------- PEFT baseline
+
+
+def _run_peft(
+    options: BenchOptions, report: dict[str, Any], cases: Sequence[Case], pool: dict[str, Path]
+) -> dict[str, Any]:
+    """The pattern cases again through HF + PEFT, after the engine has freed the device."""
+    from multilora_studio.bench.peft_baseline import PeftBaseline
+
+    patterns = [c for c in cases if c.kind == "pattern"]
+    gc.collect()
+    device = resolve_device(options.device)
+    dtype = resolve_dtype(options.dtype, device)
+    started = time.perf_counter()
+    baseline = PeftBaseline(options.model, dtype, device)
+    try:
+        needed = max(c.pool_size for c in patterns)
+        baseline.load_adapters({adapter_name(i): pool[adapter_name(i)] for i in range(needed)})
+        results: dict[str, Any] = {"setup_s": time.perf_counter() - started, "cases": []}
+        engine_rates = {c["name"]: c["output_tok_s"] for c in report["cases"]}
+        for index, case in enumerate(patterns):
+            adapters = [None if r.adapter is None else adapter_name(r.adapter) for r in case.requests]
+            lengths = [options.baseline_output_len or r.output_len for r in case.requests]
+            if index == 0:
+                baseline.run_batch(case.prompts, adapters, [WARMUP_TOKENS] * len(lengths))
+            with tqdm(total=1, desc=f"PEFT {case.name}", leave=False, disable=not options.progress) as bar:
+                measured: dict[str, Any] = {
+                    "name": case.name,
+                    **baseline.run_batch(case.prompts, adapters, lengths),
+                }
+                bar.update(1)
+            engine_rate = engine_rates[case.name]
+            measured["engine_over_peft"] = engine_rate / measured["output_tok_s"] if engine_rate else None
+            results["cases"].append(measured)
+        return results
+    finally:
+        baseline.close()
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _environment() -> dict[str, Any]:
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu_threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+    }
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+    return env
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    """Options as JSON values: paths as text, nested dataclasses as dicts, inf as "inf", no keys."""
+    return {key: _json_value(key, value) for key, value in values.items()}
+
+
+def _json_value(key: str, value: Any) -> Any:
+    if key == "api_key" and value:
+        return "***"
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "__dataclass_fields__"):
+        return _jsonable(vars(value))
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return value
