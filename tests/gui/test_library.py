@@ -1,0 +1,88 @@
+"""Library view on a real registry and engine: import, pin, alias, remove, filter, sort, bad adapters."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+
+from tests.gui.conftest import save_screenshot, wait_task
+
+
+def test_import_pin_alias_remove_through_the_view(qtbot, open_window, registry, tiny_adapters):
+    window = open_window()
+    library = window.library
+    window.show_page("Library")
+    for name in ("tiny-r4-qv", "tiny-r16-mlp", "tiny-r8-attn"):
+        wait_task(qtbot, library.import_folder(tiny_adapters[name]))
+        assert library.banner.kind == "success", library.banner.text
+    engine = window.host.engine
+    assert sorted(library.names()) == ["tiny-r16-mlp", "tiny-r4-qv", "tiny-r8-attn"]
+    assert {info.name for info in engine.list_adapters()} == set(library.names())
+    row = library.row_of("tiny-r16-mlp")
+    assert row["Rank"] == "16"
+    assert row["Targets"] == "gate_proj, up_proj, down_proj"
+    assert row["Tier"] == "disk"  # served, weights not read yet
+    assert row["Base"] == Path(window.host.choice.model).name
+
+    library.table.sortByColumn(4, Qt.SortOrder.DescendingOrder)  # Rank
+    assert library.names() == ["tiny-r16-mlp", "tiny-r8-attn", "tiny-r4-qv"]
+    library.filter.setText("MLP")  # case-insensitive, any column
+    assert library.names() == ["tiny-r16-mlp"]
+    library.filter.clear()
+
+    wait_task(qtbot, library.set_pinned("tiny-r4-qv", True))
+    assert registry.get("tiny-r4-qv").pinned
+    assert library.row_of("tiny-r4-qv")["Pinned"] == "yes"
+    assert library.select("tiny-r4-qv")
+    assert library.pin_button.text() == "Unpin"
+    assert "tiny-r4-qv" in library.details.toPlainText()
+
+    wait_task(qtbot, library.add_alias("tiny-r8-attn", "attention-only"))
+    assert registry.get("attention-only").name == "tiny-r8-attn"
+    assert library.row_of("tiny-r8-attn")["Aliases"] == "attention-only"
+    wait_task(qtbot, library.add_alias("tiny-r4-qv", "attention-only"))
+    assert library.banner.kind == "error" and "attention-only" in library.banner.text
+
+    save_screenshot(window, "library")
+    copied = registry.get("tiny-r16-mlp").path
+    wait_task(qtbot, library.remove("tiny-r16-mlp"))
+    assert library.banner.kind == "success"
+    assert registry.find("tiny-r16-mlp") is None and not copied.exists()
+    assert "tiny-r16-mlp" not in {info.name for info in engine.list_adapters()}
+    assert sorted(library.names()) == ["tiny-r4-qv", "tiny-r8-attn"]
+
+
+def test_bad_adapters_show_the_validation_message_and_change_nothing(
+    qtbot, open_window, registry, tiny_adapters, tmp_path
+):
+    window = open_window()
+    library = window.library
+    window.show_page("Library")
+    dora = Path(shutil.copytree(tiny_adapters["tiny-r4-qv"], tmp_path / "dora-adapter"))
+    config = json.loads((dora / "adapter_config.json").read_text())
+    (dora / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    shutil.copy(dora / "adapter_config.json", pickled / "adapter_config.json")
+    (pickled / "adapter_model.bin").write_bytes(b"not loaded")
+
+    cases = [
+        (dora, "DoRA"),
+        (pickled, "pickle"),
+        (tmp_path / "missing", "not a folder"),
+        (tiny_adapters["tiny-r4-qv"], "invalid adapter name"),  # with the name given below
+    ]
+    for folder, expected in cases:
+        name = "bad name!" if expected == "invalid adapter name" else None
+        wait_task(qtbot, library.import_folder(folder, name))
+        assert library.banner.kind == "error"
+        assert expected.lower() in library.banner.text.lower(), library.banner.text
+        assert "Traceback" not in library.banner.text
+        assert registry.list_adapters() == [] and library.names() == []
+    assert window.host.engine.list_adapters() == []
+    save_screenshot(window, "library-validation-message")
+    engine = window.host.engine  # the engine thread is unharmed
+    assert engine.generate(["Hello"], [None], None)[0].finish_reason in ("stop", "length")

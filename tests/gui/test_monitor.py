@@ -1,0 +1,54 @@
+"""Monitor view fed by the real engine's metrics: slots, CPU tier, counters and plots around a run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tests.gui.conftest import save_screenshot, wait_task
+
+ADAPTERS = ("tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp")
+
+
+def test_monitor_shows_slots_tiers_and_live_plots(
+    qtbot, open_window, make_prefs, tiny_choice, registry, tiny_base, tiny_adapters
+):
+    for name in ADAPTERS:
+        registry.import_folder(tiny_adapters[name], tiny_base, max_rank=32)
+    make_prefs().set_engine_choice(replace(tiny_choice, max_loras=2))  # fewer slots than adapters
+    window = open_window()
+    monitor = window.monitor
+    window.show_page("Monitor")
+    qtbot.waitUntil(lambda: len(monitor.slots.cells) == 2, timeout=5000)
+    assert [cell.adapter.text() for cell in monitor.slots.cells] == ["empty", "empty"]
+    wait_task(qtbot, window.library.set_pinned("tiny-r4-qv", True))
+
+    compare = window.compare
+    compare.set_checked(["base", *ADAPTERS])
+    compare.max_tokens.setValue(48)
+    compare.ignore_eos.setChecked(True)
+    busy_seen: list[int] = []
+    window.metrics_timer.timeout.connect(
+        lambda: busy_seen.append(sum(1 for c in monitor.slots.cells if c.state == "busy"))
+    )
+    with qtbot.waitSignal(compare.runFinished, timeout=120_000):
+        assert compare.start()
+    qtbot.waitUntil(lambda: monitor.last is not None and monitor.last.state == "idle", timeout=5000)
+
+    metrics = monitor.last
+    assert max(busy_seen) >= 1  # the grid showed slots in use while the run went on
+    held = [cell.adapter.text() for cell in monitor.slots.cells]
+    assert "tiny-r4-qv" in held and set(held) <= set(ADAPTERS)
+    pinned_cell = monitor.slots.cells[held.index("tiny-r4-qv")]
+    assert "pinned" in pinned_cell.detail.text()
+    assert metrics.gpu_misses >= 3  # three adapters through two slots
+    cpu = [monitor.cpu_list.item(i).text() for i in range(monitor.cpu_list.count())]
+    assert sorted(cpu) == sorted(ADAPTERS) == sorted(metrics.cpu_adapters)
+    assert "3 adapters served: 2 in GPU slots, 1 only in CPU RAM, 0 only on disk" in monitor.counts.text()
+    assert max(monitor.series("tokens_per_second")) > 0
+    assert max(monitor.series("batch_size")) >= 2
+    assert max(monitor.series("distinct_adapters")) >= 2
+    xs, ys = monitor.curves["tokens_per_second"].getData()
+    assert len(xs) == len(monitor.series("tokens_per_second")) > 3 and max(ys) > 0
+    assert "tokens/s" in monitor.stats.text() and "GPU slot hits" in monitor.stats.text()
+    assert window.library.row_of("tiny-r4-qv")["Tier"].startswith("GPU slot")
+    save_screenshot(window, "monitor")

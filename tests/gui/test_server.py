@@ -1,0 +1,82 @@
+"""Server view: the toggle starts a real endpoint on a free loopback port; real requests show in the log."""
+
+from __future__ import annotations
+
+import socket
+
+import openai
+import pytest
+
+from tests.gui.conftest import save_screenshot
+
+KEY = "sk-studio-test-key-123"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_toggle_serves_the_engine_and_logs_requests(qtbot, open_window, registry, tiny_base, tiny_adapters):
+    registry.import_folder(tiny_adapters["tiny-r8-attn"], tiny_base, max_rank=32)
+    window = open_window()
+    view = window.server
+    window.show_page("Server")
+    port = free_port()
+    view.port.setValue(port)
+    view.api_key.setText(KEY)
+    view.toggle.click()
+    qtbot.waitUntil(lambda: window.control.state == "on", timeout=30_000)
+    url = f"http://127.0.0.1:{port}"
+    assert view.url.text() == f"{url}/v1"
+    assert view.toggle.text() == "Stop server" and not view.port.isEnabled()
+    assert f"{url}/v1/chat/completions" in view.curl.toPlainText() and KEY in view.curl.toPlainText()
+    assert f'base_url="{url}/v1"' in view.python.toPlainText()
+    assert f"endpoint: {url}/v1" in window.status.endpoint.text()
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=60)
+    assert {m.id for m in client.models.list().data} == {"tiny-llama0", "tiny-r8-attn"}
+    reply = client.chat.completions.create(
+        model="tiny-r8-attn", messages=[{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0
+    )
+    assert reply.usage.completion_tokens == 5
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong-key-000", max_retries=0).completions.create(
+            model="tiny-r8-attn", prompt="Hi", max_tokens=2
+        )
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-adapter", prompt="Hi", max_tokens=2)
+    qtbot.waitUntil(lambda: any(r["Status"] == "200" for r in view.log_rows()), timeout=10_000)
+    served = next(r for r in view.log_rows() if r["Status"] == "200")
+    assert served["Model"] == "tiny-r8-attn" and served["Completion tok"] == "5"
+    assert served["Route"].startswith("chat") and served["Latency"].endswith("ms")
+    qtbot.waitUntil(lambda: any(r["Status"] == "404" for r in view.log_rows()), timeout=10_000)
+    save_screenshot(window, "server")
+
+    view.toggle.click()
+    qtbot.waitUntil(lambda: window.control.state == "off", timeout=30_000)
+    assert view.url.text() == "" and view.port.isEnabled()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2)
+
+
+def test_bad_server_settings_show_a_message(qtbot, open_window):
+    window = open_window()
+    view = window.server
+    view.api_key.setText("short")
+    assert not view.start()
+    assert "at least 8 characters" in view.banner.text
+    view.api_key.clear()
+    view.host_edit.setText("0.0.0.0")
+    assert not view.start()
+    assert "API key" in view.banner.text
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        view.host_edit.setText("127.0.0.1")
+        view.port.setValue(busy.getsockname()[1])
+        assert view.start()
+        qtbot.waitUntil(lambda: bool(view.banner.text), timeout=30_000)
+    assert "already in use" in view.banner.text
+    assert window.control.state == "off" and view.toggle.text() == "Start server"

@@ -1,0 +1,81 @@
+"""Settings: applying restarts the engine with progress; settings, geometry and last choices persist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QRect
+
+from tests.gui.conftest import save_screenshot, wait_ready
+
+
+def test_apply_restarts_the_engine_and_everything_persists(qtbot, open_window, make_prefs):
+    window = open_window()
+    settings = window.settings
+    window.show_page("Settings")
+    first_engine = window.host.engine
+    assert settings.folder.isChecked() and settings.max_loras.value() == 4
+    settings.max_loras.setValue(3)
+    settings.max_cpu_loras.setValue(5)
+    messages: list[str] = []
+    window.host.progress.connect(lambda fraction, message: messages.append(message))
+    assert settings.apply()
+    assert window.host.state == "loading" and not settings.apply_button.isEnabled()
+    wait_ready(qtbot, window)
+    engine = window.host.engine
+    assert engine is not first_engine and first_engine._stopping
+    assert engine.config.max_loras == 3 and engine.config.max_cpu_loras == 5
+    assert len(engine.metrics(fresh=True).slots) == 3
+    assert any("stopping" in m for m in messages) and any("loading" in m for m in messages)
+    assert settings.progress.value() == 1000 and "ready" in settings.status.text().lower()
+    save_screenshot(window, "settings")
+
+    window.compare.prompt.setPlainText("Remember this prompt")
+    window.compare.set_checked(["base"])
+    window.compare.max_tokens.setValue(77)
+    window.server.port.setValue(8123)
+    window.setGeometry(QRect(0, 0, 900, 640))  # the offscreen screen is 800x800: the height fits
+    window.show_page("Monitor")
+    window.close()
+
+    again = open_window()
+    assert again.settings.max_loras.value() == 3 and again.settings.max_cpu_loras.value() == 5
+    assert again.host.engine.config.max_loras == 3
+    assert again.compare.prompt.toPlainText() == "Remember this prompt"
+    assert again.compare.checked_names() == ["base"] and again.compare.max_tokens.value() == 77
+    assert again.server.port.value() == 8123
+    assert again.page == "Monitor"
+    assert again.height() == 640
+
+
+def test_bad_settings_show_a_message_and_a_failed_start_can_be_fixed(qtbot, open_window, tmp_path: Path):
+    window = open_window()
+    settings = window.settings
+    settings.folder.setChecked(True)
+    settings.model.setText(str(tmp_path / "missing"))
+    assert not settings.apply()
+    assert "does not exist" in settings.banner.text
+    assert window.host.state == "ready"  # nothing restarted
+    settings.hub.setChecked(True)
+    settings.model.clear()
+    assert not settings.apply()
+    assert "Hub repository id" in settings.banner.text
+    settings.device.setCurrentText("gpu0")
+    settings.embedded.setChecked(True)
+    assert not settings.apply()
+    assert "device must be" in settings.banner.text
+
+    good = settings.prefs.engine_choice()
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    settings.show_choice(good)
+    settings.model.setText(str(empty))
+    assert settings.apply()
+    qtbot.waitUntil(lambda: window.host.state == "failed", timeout=60_000)
+    assert "not-a-model" in settings.banner.text or "config.json" in settings.banner.text
+    assert "Traceback" not in settings.banner.text
+    assert window.host.engine is None and not window.compare.start()
+    settings.show_choice(good)
+    assert settings.apply()
+    wait_ready(qtbot, window)
+    assert window.host.engine.generate(["Hi"], [None], None)[0].token_ids
