@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import math
 from pathlib import Path
@@ -135,6 +136,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     if args.plot is not None:
         require_matplotlib()
+    if options.baseline == "peft" and importlib.util.find_spec("peft") is None:
+        raise ValueError("--baseline peft needs peft: pip install 'multilora-studio[bench]'")
     if math.isinf(options.sweep_rate) and options.sweep_adapters:
         log.info("sweep: %d requests per case, all at once", options.requests)
     report = run_bench(options)

@@ -47,13 +47,15 @@ def load_hf_model(model: str | None, dtype: torch.dtype, device: torch.device) -
     """The HF model for ``model`` (a folder, None = embedded, or random:<shape> with random weights)."""
     from transformers import AutoModelForCausalLM
 
+    built: Any
     if model is not None and model.startswith(RANDOM_PREFIX):
         spec = RANDOM_SHAPES[model[len(RANDOM_PREFIX) :]]
         with torch.device(device):
             built = AutoModelForCausalLM.from_config(hf_config(spec), dtype=dtype)
     else:
         folder = describe_model(model).folder
-        built = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device)
+        built = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+        built = built.to(device)
     return built.eval()
 
 

@@ -129,7 +129,10 @@ def _ceiling_report(ceiling: Ceiling, options: BenchOptions) -> dict[str, Any]:
 
 
 def _run_endpoint(options: BenchOptions, report: dict[str, Any]) -> list[dict[str, Any]]:
-    from multilora_studio.bench.http_backend import EndpointBackend, served_models
+    try:
+        from multilora_studio.bench.http_backend import EndpointBackend, served_models
+    except ImportError:
+        raise ValueError("--endpoint needs httpx: pip install 'multilora-studio[bench]'") from None
 
     assert options.endpoint is not None
     url = options.endpoint.rstrip("/")
@@ -183,8 +186,9 @@ async def _run_cases(
             **summary,
             "ttft_samples_ms": sorted(round(r.ttft * 1e3, 3) for r in outcome if r.ok and r.ttft),
         }
-        if engine is not None and before is not None:
-            record["engine"] = engine_deltas(before, engine.metrics(fresh=True), engine.device)
+        after = engine.metrics(fresh=True) if engine is not None else None
+        if engine is not None and before is not None and after is not None:
+            record["engine"] = engine_deltas(before, after, engine.device)
         if ceiling is not None and case.kind == "pattern":
             record["ceiling_tok_s"] = ceiling.tokens_per_second(len(case.requests), case.distinct_adapters)
         if summary["errors"]:

@@ -1,0 +1,158 @@
+"""``multilora-studio bench`` in-process on the tiny model: every workload kind, JSON, plots, PEFT."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from multilora_studio.bench.cases import BenchOptions
+from multilora_studio.bench.suite import run_bench
+from multilora_studio.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def check_case(case: dict) -> None:
+    """All requests complete with exactly their tokens; percentiles in order; times consistent."""
+    assert case["errors"] == 0 and case["completed"] == case["requests"] > 0
+    assert case["output_tokens"] == case["expected_output_tokens"]
+    assert case["output_tok_s"] > 0 and case["requests_s"] > 0
+    for metric in ("ttft_ms", "tpot_ms"):
+        values = case[metric]
+        assert 0 < values["p50"] <= values["p90"] <= values["p99"]
+    assert case["ttft_ms"]["p99"] <= case["duration_s"] * 1e3
+    assert len(case["ttft_samples_ms"]) == case["requests"]
+    assert case["slo_attainment"]["both"] == 1.0  # 60 s TTFT target
+
+
+def test_in_process_run_json_table_and_plots(capsys, tiny_model_dir, tmp_path):
+    report_path, plots = tmp_path / "report.json", tmp_path / "plots"
+    code = main(
+        [
+            "bench",
+            "--model",
+            str(tiny_model_dir),
+            "--device",
+            "cpu",
+            "--rank",
+            "4",
+            "--targets",
+            "q_proj,v_proj,down_proj",
+            "--batch",
+            "4",
+            "--max-loras",
+            "4",
+            "--max-cpu-loras",
+            "6",
+            "--distinct-weights",
+            "2",
+            "--input-len",
+            "5:9",
+            "--output-len",
+            "3:6",
+            "--pattern",
+            "all",
+            "--online",
+            "--rate",
+            "40",
+            "--duration",
+            "0.3",
+            "--num-adapters",
+            "6",
+            "--sweep-adapters",
+            "1,12",
+            "--requests",
+            "8",
+            "--ttft-slo-ms",
+            "60000",
+            "--bandwidth-gbps",
+            "10",
+            "--no-progress",
+            "--json",
+            str(report_path),
+            "--plot",
+            str(plots),
+        ]
+    )
+    assert code == 0
+    table = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    cases = {c["name"]: c for c in report["cases"]}
+    assert list(cases) == [
+        "distinct b=4",
+        "uniform b=4",
+        "skewed b=4",
+        "identical b=4",
+        "base b=4",
+        "online n=6 rate=40",
+        "sweep n=1",
+        "sweep n=12",
+    ]
+    for case in cases.values():
+        check_case(case)
+        assert case["name"] in table
+    assert cases["distinct b=4"]["distinct_adapters"] == 4
+    assert cases["uniform b=4"]["distinct_adapters"] == 2
+    assert cases["identical b=4"]["distinct_adapters"] == 1
+    assert cases["sweep n=1"]["distinct_adapters"] == 1
+    # tiers: the warm-up loaded bench-0, so the distinct batch reads the other three from disk
+    assert cases["distinct b=4"]["engine"]["cold_loads"] == 3
+    assert cases["distinct b=4"]["engine"]["gpu_misses"] == 3
+    assert cases["identical b=4"]["engine"]["cold_loads"] == 0
+    assert cases["identical b=4"]["engine"]["gpu_hit_rate"] == 1.0
+    base = cases["base b=4"]["engine"]
+    assert base["gpu_hits"] + base["gpu_misses"] == 0 and base["gpu_hit_rate"] is None
+    sweep = cases["sweep n=12"]
+    if sweep["distinct_adapters"] > 4:  # more adapters than slots: some must be uploaded
+        assert sweep["engine"]["gpu_misses"] > 0
+    for case in cases.values():
+        if case["kind"] == "pattern":
+            assert case["decode_tok_s"] > 0 and case["ceiling_tok_s"] > 0
+        else:
+            assert case["decode_tok_s"] is None
+    ceiling = report["ceiling"]
+    assert ceiling["bandwidth_GBps"] == 10 and ceiling["bandwidth_source"] == "given"
+    assert ceiling["base_tok_s"] > ceiling["distinct_tok_s"] > 0
+    assert "weights per decode step" in table and "TTFT ms p50/p90/p99" in table
+    written = sorted(p.name for p in plots.iterdir())
+    assert written == ["throughput_vs_adapters.png", "ttft_cdf_online.png", "ttft_cdf_pattern.png"]
+    for png in plots.iterdir():
+        data = png.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000
+
+
+def test_peft_baseline_on_the_tiny_model(tiny_model_dir):
+    options = BenchOptions(
+        model=str(tiny_model_dir),
+        device="cpu",
+        rank=8,
+        batch=3,
+        max_loras=4,
+        distinct_weights=3,
+        patterns=("distinct", "base"),
+        input_len=(4, 8),
+        output_len=(5, 5),
+        baseline="peft",
+        bandwidth_gbps=10,
+        progress=False,
+    )
+    report = run_bench(options)
+    baseline = {c["name"]: c for c in report["baseline"]["cases"]}
+    assert list(baseline) == ["distinct b=3", "base b=3"]
+    engine = {c["name"]: c for c in report["cases"]}
+    for name, case in baseline.items():
+        assert case["output_tokens"] == 3 * 5
+        assert case["output_tok_s"] > 0
+        assert case["engine_over_peft"] == pytest.approx(engine[name]["output_tok_s"] / case["output_tok_s"])
+
+
+def test_bad_options_are_refused_with_a_message(capsys, tiny_model_dir):
+    assert main(["bench", "--online", "--model", str(tiny_model_dir)]) == 1
+    assert "--online needs --rate" in capsys.readouterr().err
+    assert main(["bench", "--pattern", "zipf"]) == 1
+    assert "unknown pattern 'zipf'" in capsys.readouterr().err
+    assert main(["bench", "--baseline", "peft", "--endpoint", "http://127.0.0.1:9"]) == 1
+    assert "--baseline runs in-process" in capsys.readouterr().err
+    assert main(["bench", "--input-len", "9:3"]) == 1
+    assert "length range" in capsys.readouterr().err

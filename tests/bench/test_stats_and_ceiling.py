@@ -1,0 +1,58 @@
+"""Summaries of request timings, SLO attainment and the weight-bandwidth ceiling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multilora_studio.bench.ceiling import Ceiling, adapter_bytes, copy_bandwidth, step_weight_bytes
+from multilora_studio.bench.stats import RequestResult, Slo, attainment, percentiles, summarize
+from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.engine.model_spec import PROJECTIONS
+
+
+def result(start: float, first: float, end: float, tokens: int, error: str | None = None) -> RequestResult:
+    return RequestResult("a", 10, tokens, tokens, start, first, end, error)
+
+
+def test_request_timings():
+    done = result(1.0, 1.5, 3.5, 5)
+    assert done.ok and done.ttft == pytest.approx(0.5) and done.tpot == pytest.approx(0.5)
+    assert result(0, 1, 1, 1).tpot is None
+    assert not result(0, 1, 2, 3, error="boom").ok
+
+
+def test_summary_throughput_percentiles_and_slo():
+    results = [result(0.0, 0.1 * (i + 1), 1.0 + 0.1 * i, 10) for i in range(10)]
+    results.append(result(0.0, None, None, 0, error="adapter failed"))  # type: ignore[arg-type]
+    summary = summarize(results, 0.0, Slo(ttft_s=0.55, tpot_s=0.2))
+    assert summary["requests"] == 11 and summary["completed"] == 10 and summary["errors"] == 1
+    assert summary["first_error"] == "adapter failed"
+    assert summary["output_tokens"] == 100
+    assert summary["duration_s"] == pytest.approx(1.9)
+    assert summary["output_tok_s"] == pytest.approx(100 / 1.9)
+    ttft = summary["ttft_ms"]
+    assert ttft["p50"] == pytest.approx(550.0) and ttft["p50"] <= ttft["p90"] <= ttft["p99"] <= 1000.0
+    # first 5 meet the TTFT target; every TPOT is 0.1 s, under 0.2 s; the failed one counts as missed
+    assert summary["slo_attainment"] == {"ttft": 5 / 11, "tpot": 10 / 11, "both": 5 / 11}
+    assert attainment(results, Slo()) == {"ttft": None, "tpot": None, "both": None}
+    assert percentiles([]) == {"p50": None, "p90": None, "p99": None}
+
+
+def test_ceiling_of_the_llama3_8b_shape():
+    spec = RANDOM_SHAPES["llama3-8b"]
+    # 8.03 B parameters less the 0.525 B embedding rows a decode step does not read, in bf16
+    assert step_weight_bytes(spec, torch.bfloat16) == (spec.num_parameters() - 128256 * 4096) * 2
+    assert step_weight_bytes(spec, torch.bfloat16) == pytest.approx(15.01e9, rel=1e-3)
+    # rank 16 on all seven projections: 32 layers x 16 x 81920 (in + out summed) x 2 bytes
+    assert adapter_bytes(spec, 16, PROJECTIONS, torch.bfloat16) == 83_886_080
+    ceiling = Ceiling(15_000_000_000, 84_000_000, 4.5e12, "given")
+    assert ceiling.tokens_per_second(32) == pytest.approx(32 * 300.0)
+    assert ceiling.tokens_per_second(32, 32) < ceiling.tokens_per_second(32)
+    assert Ceiling(1, 1, None, "unknown").tokens_per_second(32) is None
+    tied = RANDOM_SHAPES["smollm2-135m"]  # tied head: the table is read once per step
+    assert step_weight_bytes(tied, torch.float32) == tied.num_parameters() * 4
+
+
+def test_host_copy_bandwidth_is_measured():
+    assert 1e8 < copy_bandwidth(torch.device("cpu"), 16 << 20, iters=3) < 1e13
