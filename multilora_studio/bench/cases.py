@@ -52,6 +52,7 @@ class BenchOptions:
     slo: Slo = field(default_factory=Slo)
     baseline: str | None = None
     baseline_output_len: int | None = None
+    baseline_patterns: tuple[str, ...] = ()
     bandwidth_gbps: float | None = None
     endpoint: str | None = None
     api_key: str | None = None
@@ -63,7 +64,7 @@ class BenchOptions:
         for name in ("rank", "num_adapters", "distinct_weights", "max_loras", "batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        unknown = [p for p in self.patterns if p not in PATTERNS]
+        unknown = [p for p in (*self.patterns, *self.baseline_patterns) if p not in PATTERNS]
         if unknown:
             raise ValueError(f"unknown pattern {unknown[0]!r}; known: {', '.join(PATTERNS)}, all")
         if self.online and not self.rates:
@@ -82,6 +83,11 @@ class BenchOptions:
             raise ValueError("--baseline runs in-process; leave out --endpoint")
         if self.baseline and not self.patterns:
             raise ValueError("--baseline compares the batch patterns; give --pattern too")
+        if not self.baseline_patterns:
+            self.baseline_patterns = self.patterns
+        missing = [p for p in self.baseline_patterns if p not in self.patterns]
+        if missing:
+            raise ValueError(f"--baseline-patterns {', '.join(missing)} must also be in --pattern")
 
     @property
     def seqs(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import math
 from pathlib import Path
@@ -77,6 +78,7 @@ def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
     measure.add_argument("--tpot-slo-ms", type=float, default=0.0, help="TPOT target (0: none)")
     measure.add_argument("--baseline", choices=["peft"], default=None, help="same patterns through PEFT")
     measure.add_argument("--baseline-output-len", type=int, default=None, help="PEFT output tokens")
+    measure.add_argument("--baseline-patterns", default=None, help="patterns to run through PEFT (all)")
     measure.add_argument(
         "--bandwidth-gbps", type=float, default=None, help="memory bandwidth (default: measured)"
     )
@@ -85,6 +87,9 @@ def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
     measure.add_argument("--json", type=Path, default=None, help="write the report here")
     measure.add_argument("--plot", type=Path, default=None, help="write PNG charts into this folder")
     measure.add_argument("--no-progress", action="store_true", help="no progress bar")
+    measure.add_argument(
+        "--from-json", type=Path, default=None, help="print (and --plot) a report saved with --json; no run"
+    )
     parser.set_defaults(handler=run_bench_command)
 
 
@@ -119,6 +124,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         slo=Slo(args.ttft_slo_ms / 1e3 or None, args.tpot_slo_ms / 1e3 or None),
         baseline=args.baseline,
         baseline_output_len=args.baseline_output_len,
+        baseline_patterns=parse_patterns(args.baseline_patterns) if args.baseline_patterns else (),
         bandwidth_gbps=args.bandwidth_gbps,
         endpoint=args.endpoint,
         api_key=args.api_key,
@@ -133,17 +139,21 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from multilora_studio.bench.report import render, write_json
     from multilora_studio.bench.suite import run_bench
 
-    options = options_from_args(args)
     if args.plot is not None:
         require_matplotlib()
-    if options.baseline == "peft" and importlib.util.find_spec("peft") is None:
-        raise ValueError("--baseline peft needs peft: pip install 'multilora-studio[bench]'")
-    if math.isinf(options.sweep_rate) and options.sweep_adapters:
-        log.info("sweep: %d requests per case, all at once", options.requests)
-    report = run_bench(options)
-    if args.json is not None:
-        write_json(report, args.json)
-        log.info("wrote %s", args.json)
+    if args.from_json is not None:
+        report = json.loads(args.from_json.read_text())
+    else:
+        options = options_from_args(args)
+        if options.baseline == "peft" and importlib.util.find_spec("peft") is None:
+            raise ValueError("--baseline peft needs peft: pip install 'multilora-studio[bench]'")
+        if math.isinf(options.sweep_rate) and options.sweep_adapters:
+            log.info("sweep: %d requests per case, all at once", options.requests)
+        checkpoint = (lambda partial: write_json(partial, args.json)) if args.json is not None else None
+        report = run_bench(options, checkpoint)
+        if args.json is not None:
+            write_json(report, args.json)
+            log.info("wrote %s", args.json)
     if args.plot is not None:
         write_plots(report, args.plot)
     print(render(report), flush=True)

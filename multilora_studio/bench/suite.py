@@ -10,7 +10,7 @@ import math
 import platform
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,11 @@ log = logging.getLogger(__name__)
 WARMUP_TOKENS = 2
 
 
-def run_bench(options: BenchOptions) -> dict[str, Any]:
-    """Run every case of ``options``; the report (see docs/bench.md) as a JSON-ready dict."""
+def run_bench(options: BenchOptions, checkpoint: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Run every case of ``options``; the report (see docs/bench.md) as a JSON-ready dict.
+
+    ``checkpoint`` gets the report once the engine's cases are done, before the baseline.
+    """
     report: dict[str, Any] = {"options": _jsonable(vars(options)), "environment": _environment()}
     if options.endpoint:
         report["cases"] = _run_endpoint(options, report)
@@ -44,6 +47,8 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mls-bench-")))
         cases, pool = _run_in_process(options, report, workdir)
         if options.baseline == "peft":
+            if checkpoint is not None:
+                checkpoint(report)
             report["baseline"] = _run_peft(options, report, cases, pool)
     return report
 
@@ -247,7 +252,7 @@ def _run_peft(
     """The pattern cases again through HF + PEFT, after the engine has freed the device."""
     from multilora_studio.bench.peft_baseline import PeftBaseline
 
-    patterns = [c for c in cases if c.kind == "pattern"]
+    patterns = [c for c in cases if c.kind == "pattern" and c.params["pattern"] in options.baseline_patterns]
     gc.collect()
     device = resolve_device(options.device)
     dtype = resolve_dtype(options.dtype, device)

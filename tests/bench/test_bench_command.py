@@ -120,6 +120,11 @@ def test_in_process_run_json_table_and_plots(capsys, tiny_model_dir, tmp_path):
     for png in plots.iterdir():
         data = png.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    # a saved report prints the same table and draws the same charts without running again
+    replots = tmp_path / "replots"
+    assert main(["bench", "--from-json", str(report_path), "--plot", str(replots)]) == 0
+    assert capsys.readouterr().out == table
+    assert sorted(p.name for p in replots.iterdir()) == written
 
 
 def test_peft_baseline_on_the_tiny_model(tiny_model_dir):
@@ -130,10 +135,11 @@ def test_peft_baseline_on_the_tiny_model(tiny_model_dir):
         batch=3,
         max_loras=4,
         distinct_weights=3,
-        patterns=("distinct", "base"),
+        patterns=("distinct", "identical", "base"),
         input_len=(4, 8),
         output_len=(5, 5),
         baseline="peft",
+        baseline_patterns=("distinct", "base"),
         bandwidth_gbps=10,
         progress=False,
     )
@@ -156,3 +162,5 @@ def test_bad_options_are_refused_with_a_message(capsys, tiny_model_dir):
     assert "--baseline runs in-process" in capsys.readouterr().err
     assert main(["bench", "--input-len", "9:3"]) == 1
     assert "length range" in capsys.readouterr().err
+    assert main(["bench", "--pattern", "base", "--baseline", "peft", "--baseline-patterns", "distinct"]) == 1
+    assert "--baseline-patterns distinct must also be in --pattern" in capsys.readouterr().err
