@@ -6,12 +6,14 @@ import sys
 from pathlib import Path
 
 from PySide6.QtCore import QSettings
+from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.gui.main_window import MainWindow
 from multilora_studio.gui.preferences import Preferences
-from multilora_studio.gui.theme import apply_theme
+from multilora_studio.gui.theme import follow_os_theme
+from multilora_studio.resources import resource_path
 
 ORGANIZATION = "MultiLoRA Studio"
 APPLICATION = "multilora-studio"
@@ -26,8 +28,8 @@ def application(argv: list[str] | None = None) -> QApplication:
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
     app.setApplicationDisplayName("MultiLoRA Studio")
-    apply_theme(app)
-    app.styleHints().colorSchemeChanged.connect(lambda scheme: apply_theme(app))
+    app.setWindowIcon(QIcon(str(resource_path("icons", "multilora-studio.svg"))))
+    follow_os_theme(app)
     return app
 
 

@@ -30,6 +30,8 @@ from multilora_studio.gui.library_model import SORT_ROLE, LibraryModel, tiers_of
 from multilora_studio.gui.tasks import Task
 from multilora_studio.gui.widgets import MessageBanner, format_bytes, format_time
 
+MAX_COLUMN_WIDTH = 220
+
 
 class LibraryView(QWidget):
     """The adapter library (see the module docstring); every change runs off the GUI thread."""
@@ -76,8 +78,10 @@ class LibraryView(QWidget):
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setAlternatingRowColors(True)
         self.table.verticalHeader().hide()
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self.table.setWordWrap(False)
         self.table.selectionModel().selectionChanged.connect(self._selection_changed)
         self.details = QTextBrowser()
         self.details.setOpenLinks(False)
@@ -105,12 +109,18 @@ class LibraryView(QWidget):
             self.banner.show_message(str(error))
             return
         self.model.set_records(records, self.host.skipped)
+        self._fit_columns()
         engine = self.host.engine
         served = [info.name for info in engine.list_adapters()] if engine is not None else []
         self.model.set_tiers(tiers_of(engine.metrics() if engine is not None else None, served))
         if selected is not None:
             self.select(selected)
         self._selection_changed()
+
+    def _fit_columns(self) -> None:
+        self.table.resizeColumnsToContents()
+        for column in range(self.model.columnCount()):
+            self.table.setColumnWidth(column, min(self.table.columnWidth(column), MAX_COLUMN_WIDTH))
 
     def update_metrics(self, metrics: EngineMetrics | None) -> None:
         engine = self.host.engine

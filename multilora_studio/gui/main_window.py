@@ -6,7 +6,7 @@ import logging
 
 from PySide6.QtCore import QTimer
 from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
-from PySide6.QtWidgets import QHBoxLayout, QListWidget, QMainWindow, QStackedWidget, QWidget
+from PySide6.QtWidgets import QApplication, QHBoxLayout, QListWidget, QMainWindow, QStackedWidget, QWidget
 
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.gui.compare_view import CompareView
@@ -19,6 +19,7 @@ from multilora_studio.gui.server_control import ON, ServerControl
 from multilora_studio.gui.server_view import ServerView
 from multilora_studio.gui.settings_view import SettingsView
 from multilora_studio.gui.status_bar import StudioStatusBar
+from multilora_studio.gui.theme import set_theme
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,13 @@ class MainWindow(QMainWindow):
 
         self.sidebar = QListWidget()
         self.sidebar.addItems(list(PAGES))
-        self.sidebar.setFixedWidth(130)
+        self.sidebar.setFixedWidth(140)
+        self.sidebar.setObjectName("sidebar")
+        self.sidebar.setStyleSheet(
+            "#sidebar { font-size: 11pt; border: none; background: transparent; }"
+            "#sidebar::item { padding: 9px 10px; border-radius: 6px; }"
+            "#sidebar::item:selected { background: palette(highlight); color: palette(highlighted-text); }"
+        )
         self.stack = QStackedWidget()
         for view in (self.library, self.compare, self.monitor, self.server, self.settings):
             self.stack.addWidget(view)
@@ -131,6 +138,9 @@ class MainWindow(QMainWindow):
         self.show_page(page if page in PAGES else "Compare")
         self.compare.restore_state(self.prefs)
         self.server.restore_state(self.prefs)
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            set_theme(app, self.prefs.get("window/theme", "system"))
 
     def save_state(self) -> None:
         self.prefs.set("window/geometry", self.saveGeometry())

@@ -8,6 +8,7 @@ from collections import deque
 
 import psutil
 import pyqtgraph as pg
+from PySide6.QtCore import QEvent
 from PySide6.QtWidgets import (
     QGridLayout,
     QGroupBox,
@@ -21,6 +22,7 @@ from PySide6.QtWidgets import (
 from multilora_studio.engine import EngineMetrics
 from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.slot_grid import SlotGrid
+from multilora_studio.gui.theme import plot_background, plot_foreground
 from multilora_studio.gui.widgets import format_bytes, format_ms
 
 HISTORY_S = 120.0
@@ -102,10 +104,26 @@ class MonitorView(QWidget):
             self.plots.append(plot)
             plots.addWidget(plot, index // 2, index % 2)
 
+        self._style_plots()
         layout = QVBoxLayout(self)
         layout.addWidget(slots_box)
         layout.addLayout(row)
         layout.addLayout(plots, 1)
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() == QEvent.Type.PaletteChange:  # the OS switched light/dark
+            self._style_plots()
+        super().changeEvent(event)
+
+    def _style_plots(self) -> None:
+        background, foreground = plot_background(self.palette()), plot_foreground(self.palette())
+        for plot in self.plots:
+            plot.setBackground(background)
+            plot.setTitle(plot.plotItem.titleLabel.text, color=foreground)
+            for side in ("left", "bottom"):
+                axis = plot.getAxis(side)
+                axis.setPen(foreground)
+                axis.setTextPen(foreground)
 
     def update_metrics(self, metrics: EngineMetrics | None) -> None:
         """Record a snapshot and refresh what is visible (GUI thread)."""

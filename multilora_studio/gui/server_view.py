@@ -7,6 +7,7 @@ import secrets
 import time
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QApplication,
     QFormLayout,
@@ -105,6 +106,10 @@ class ServerView(QWidget):
 
         self.curl = QPlainTextEdit(readOnly=True)
         self.python = QPlainTextEdit(readOnly=True)
+        mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+        for editor in (self.curl, self.python):
+            editor.setFont(mono)
+            editor.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
         examples = QHBoxLayout()
         for title, editor in (("curl", self.curl), ("Python (openai)", self.python)):
             box = QGroupBox(title)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
+    QApplication,
     QButtonGroup,
     QComboBox,
     QFileDialog,
@@ -25,6 +26,7 @@ from PySide6.QtWidgets import (
 from multilora_studio.engine.config import MAX_SLOTS, SUPPORTED_DTYPES
 from multilora_studio.gui.engine_host import LOADING, EngineHost
 from multilora_studio.gui.preferences import EngineChoice, Preferences
+from multilora_studio.gui.theme import THEMES, set_theme
 from multilora_studio.gui.widgets import MessageBanner
 
 
@@ -85,6 +87,14 @@ class SettingsView(QWidget):
         form.addRow("Largest adapter rank (max_lora_rank)", self.max_lora_rank)
         form.addRow("Adapters kept in CPU RAM (max_cpu_loras)", self.max_cpu_loras)
 
+        self.theme = QComboBox()
+        self.theme.addItems(["Follow the system", "Light", "Dark"])
+        theme = prefs.get("window/theme", "system")
+        self.theme.setCurrentIndex(THEMES.index(theme) if theme in THEMES else 0)
+        self.theme.currentIndexChanged.connect(self._theme_changed)
+        appearance = QGroupBox("Appearance (applies at once)")
+        QFormLayout(appearance).addRow("Theme", self.theme)
+
         self.apply_button = QPushButton("Apply and restart the engine")
         self.apply_button.clicked.connect(self.apply)
         self.revert_button = QPushButton("Revert")
@@ -101,13 +111,20 @@ class SettingsView(QWidget):
         buttons.addStretch(1)
         buttons.addWidget(self.cancel_button)
 
-        layout = QVBoxLayout(self)
+        content = QWidget()
+        content.setMaximumWidth(820)
+        outer = QHBoxLayout(self)
+        outer.addWidget(content)
+        outer.addStretch(1)
+        layout = QVBoxLayout(content)
+        layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.banner)
         layout.addWidget(model_box)
         layout.addWidget(engine_box)
         layout.addLayout(buttons)
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
+        layout.addWidget(appearance)
         layout.addStretch(1)
         host.progress.connect(self._progress)
         host.stateChanged.connect(self._state_changed)
@@ -152,6 +169,13 @@ class SettingsView(QWidget):
         self.prefs.set_engine_choice(choice)
         self.applied.emit(choice)
         return True
+
+    def _theme_changed(self, index: int) -> None:
+        mode = THEMES[index]
+        self.prefs.set("window/theme", mode)
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            set_theme(app, mode)
 
     def _browse(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Choose a Hugging Face model folder")

@@ -1,14 +1,24 @@
-"""The status bar: device, base model, device memory and host RAM, engine state, endpoint URL."""
+"""The status bar: engine state (with load progress and Cancel), device, base model, memory, endpoint URL."""
 
 from __future__ import annotations
 
 import psutil
-from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
+from PySide6.QtWidgets import QFrame, QLabel, QProgressBar, QStatusBar, QToolButton, QWidget
 
 from multilora_studio.engine import EngineMetrics
-from multilora_studio.gui.engine_host import EngineHost
+from multilora_studio.gui.engine_host import LOADING, EngineHost
 from multilora_studio.gui.server_control import ServerControl
 from multilora_studio.gui.widgets import format_bytes
+
+STATE_LABELS = {"ready": "idle", "loading": "loading…", "failed": "failed", "stopped": "stopped"}
+
+
+def separator() -> QFrame:
+    line = QFrame()
+    line.setFrameShape(QFrame.Shape.VLine)
+    line.setFrameShadow(QFrame.Shadow.Plain)
+    line.setStyleSheet("color: palette(mid);")
+    return line
 
 
 class StudioStatusBar(QStatusBar):
@@ -17,30 +27,49 @@ class StudioStatusBar(QStatusBar):
         self.host = host
         self.control = control
         self.process = psutil.Process()
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setMaximumWidth(160)
+        self.progress.setTextVisible(False)
+        self.cancel = QToolButton()
+        self.cancel.setText("Cancel")
+        self.cancel.clicked.connect(host.cancel_start)
         self.state = QLabel()
         self.device = QLabel()
         self.model = QLabel()
         self.memory = QLabel()
         self.endpoint = QLabel()
-        for label in (self.state, self.device, self.model, self.memory, self.endpoint):
+        self.addPermanentWidget(self.progress)
+        self.addPermanentWidget(self.cancel)
+        for index, label in enumerate((self.state, self.device, self.model, self.memory, self.endpoint)):
+            if index:
+                self.addPermanentWidget(separator())
             self.addPermanentWidget(label)
         host.stateChanged.connect(lambda state: self.refresh(None))
-        host.progress.connect(lambda fraction, message: self.showMessage(message, 5000))
+        host.progress.connect(self._progress)
+        host.failed.connect(lambda message: self.showMessage(f"The engine did not start: {message}"))
         control.stateChanged.connect(lambda state: self.refresh(None))
         self.refresh(None)
 
+    def _progress(self, fraction: float, message: str) -> None:
+        self.progress.setValue(int(fraction * 1000))
+        self.showMessage(message, 10_000)
+
     def refresh(self, metrics: EngineMetrics | None) -> None:
+        loading = self.host.state == LOADING
+        self.progress.setVisible(loading)
+        self.cancel.setVisible(loading)
         engine = self.host.engine
-        labels = {"ready": "idle", "loading": "loading…", "failed": "failed", "stopped": "stopped"}
-        state = metrics.state if metrics is not None and engine is not None else labels[self.host.state]
-        self.state.setText(f"engine: {state}")
+        live = metrics is not None and engine is not None
+        self.state.setText(f"engine: {metrics.state if live else STATE_LABELS[self.host.state]}")
         self.device.setText(f"device: {engine.device}" if engine is not None else "device: -")
         self.model.setText(f"base: {engine.model_name}" if engine is not None else "base: -")
-        device_memory = format_bytes(metrics.device_memory_bytes) if metrics is not None else "-"
+        if engine is not None and engine.device.type == "cuda":
+            vram = format_bytes(metrics.device_memory_bytes) if metrics is not None else "-"
+        else:
+            vram = "n/a"
         ram = psutil.virtual_memory()
         self.memory.setText(
-            f"VRAM: {device_memory} · RAM: {format_bytes(self.process.memory_info().rss)} "
-            f"of {format_bytes(ram.total)}"
+            f"VRAM: {vram} · RAM: {format_bytes(self.process.memory_info().rss)} of {format_bytes(ram.total)}"
         )
-        url = f"{self.control.url}/v1" if self.control.url else "off"
-        self.endpoint.setText(f"endpoint: {url}")
+        self.endpoint.setText(f"endpoint: {self.control.url}/v1" if self.control.url else "endpoint: off")

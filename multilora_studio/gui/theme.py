@@ -1,4 +1,4 @@
-"""Light and dark palettes that follow the operating system's color scheme."""
+"""Light and dark palettes: follow the operating system's color scheme, or a choice made in Settings."""
 
 from __future__ import annotations
 
@@ -26,12 +26,26 @@ DARK = {
 }
 
 
+THEMES = ("system", "light", "dark")
+THEME_PROPERTY = "studioTheme"
+
+
 def is_dark(app: QApplication) -> bool:
-    return app.styleHints().colorScheme() == Qt.ColorScheme.Dark
+    """Whether the theme chosen (``system`` by default: the OS scheme) is dark."""
+    mode = app.property(THEME_PROPERTY) or "system"
+    if mode == "system":
+        return app.styleHints().colorScheme() == Qt.ColorScheme.Dark
+    return mode == "dark"
+
+
+def set_theme(app: QApplication, mode: str) -> bool:
+    """Choose ``system``, ``light`` or ``dark`` and apply it; returns True for dark."""
+    app.setProperty(THEME_PROPERTY, mode if mode in THEMES else "system")
+    return apply_theme(app)
 
 
 def apply_theme(app: QApplication) -> bool:
-    """Fusion style with a palette matching the OS scheme; returns True for dark."""
+    """Fusion style with the chosen palette; returns True for dark."""
     app.setStyle("Fusion")
     dark = is_dark(app)
     palette = app.style().standardPalette()
@@ -45,6 +59,12 @@ def apply_theme(app: QApplication) -> bool:
         antialias=True, background=plot_background(palette), foreground=plot_foreground(palette)
     )
     return dark
+
+
+def follow_os_theme(app: QApplication) -> None:
+    """Apply the theme now and again whenever the OS switches between light and dark."""
+    apply_theme(app)
+    app.styleHints().colorSchemeChanged.connect(lambda scheme: apply_theme(app))
 
 
 def plot_background(palette: QPalette) -> QColor:

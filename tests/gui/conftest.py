@@ -17,7 +17,7 @@ from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.gui.main_window import MainWindow
 from multilora_studio.gui.preferences import EngineChoice, Preferences
-from multilora_studio.gui.theme import apply_theme
+from multilora_studio.gui.theme import apply_theme, set_theme
 from multilora_studio.library_cli import describe_base
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
@@ -91,6 +91,7 @@ def open_window(qtbot, qapp, registry: Registry, make_prefs) -> Iterator[Callabl
     yield open_
     for window in windows:
         window.close()
+    set_theme(qapp, "system")
 
 
 def wait_ready(qtbot, window: MainWindow) -> None:

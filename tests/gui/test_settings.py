@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QRect
+from PySide6.QtGui import QPalette
 
 from tests.gui.conftest import save_screenshot, wait_ready
 
@@ -29,6 +30,10 @@ def test_apply_restarts_the_engine_and_everything_persists(qtbot, open_window, m
     assert any("stopping" in m for m in messages) and any("loading" in m for m in messages)
     assert settings.progress.value() == 1000 and "ready" in settings.status.text().lower()
     save_screenshot(window, "settings")
+    settings.theme.setCurrentText("Dark")
+    qtbot.waitUntil(lambda: window.palette().color(QPalette.ColorRole.Window).lightness() < 60, timeout=2000)
+    window.show_page("Compare")
+    save_screenshot(window, "compare-dark")
 
     window.compare.prompt.setPlainText("Remember this prompt")
     window.compare.set_checked(["base"])
@@ -46,6 +51,10 @@ def test_apply_restarts_the_engine_and_everything_persists(qtbot, open_window, m
     assert again.server.port.value() == 8123
     assert again.page == "Monitor"
     assert again.height() == 640
+    assert again.settings.theme.currentText() == "Dark"
+    qtbot.waitUntil(lambda: again.palette().color(QPalette.ColorRole.Window).lightness() < 60, timeout=2000)
+    again.settings.theme.setCurrentText("Follow the system")  # offscreen reports no scheme: light
+    qtbot.waitUntil(lambda: again.palette().color(QPalette.ColorRole.Window).lightness() > 200, timeout=2000)
 
 
 def test_bad_settings_show_a_message_and_a_failed_start_can_be_fixed(qtbot, open_window, tmp_path: Path):
