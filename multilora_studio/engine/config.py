@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "auto")
 MAX_SLOTS = 1024
+MAX_SEED = 2**63 - 1  # torch.Generator seeds are signed 64-bit
+GREEDY_BELOW = 1e-5
 DEVICE_NAME = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -111,7 +113,7 @@ class SamplingParams:
         _check_number("top_p", self.top_p, 0, 1, low_inclusive=False)
         _check_int("top_k", self.top_k, 0)
         if self.seed is not None:
-            _check_int("seed", self.seed, 0)
+            _check_int("seed", self.seed, 0, MAX_SEED)
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
         self.stop = _as_tuple("stop", self.stop, "non-empty strings")
@@ -125,4 +127,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperatures below ``GREEDY_BELOW`` are the greedy limit (dividing by them overflows)."""
+        return self.temperature < GREEDY_BELOW

@@ -371,6 +371,11 @@ class Engine:
             return self._call("metrics", None)
         return self._metrics
 
+    @property
+    def running(self) -> bool:
+        """True until ``shutdown`` (or a failure of the worker thread)."""
+        return not self._stopping and self._thread.is_alive()
+
     def shutdown(self) -> None:
         """Finish the worker: outstanding requests end with reason 'abort'."""
         if self._stopping:

@@ -27,6 +27,7 @@ def _filter(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_logits, order = torch.sort(logits, descending=True)
         cumulative = sorted_logits.softmax(-1).cumsum(-1)
         drop = cumulative - sorted_logits.softmax(-1) >= params.top_p  # keep the token that crosses top_p
+        drop[0] = False  # the most likely token always stays, however small top_p is
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     return logits
 
@@ -42,5 +43,9 @@ def sample(
     chosen = greedy.clone()
     for row in sampled_rows:
         probs = _filter(logits[row], params[row]).softmax(-1)  # [V]
+        # A numerically degenerate row (non-finite logits) samples its greedy token instead of
+        # failing; decided on the device, without a host sync.
+        fallback = torch.nn.functional.one_hot(greedy[row], probs.shape[-1]).to(probs.dtype)
+        probs = torch.where(torch.isfinite(probs).all(), probs, fallback)
         chosen[row] = torch.multinomial(probs, 1, generator=generators[row])[0]
     return chosen.tolist()

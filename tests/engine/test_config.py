@@ -146,7 +146,7 @@ def test_valid_sampling_settings_are_accepted(settings):
         (dict(top_p="1"), "top_p must be a number"),
         (dict(top_k=-1), "top_k must be >= 0, got -1"),
         (dict(top_k=1.0), "top_k must be an integer"),
-        (dict(seed=-5), "seed must be >= 0"),
+        (dict(seed=-5), "seed must be between 0 and 9223372036854775807"),
         (dict(seed="7"), "seed must be an integer"),
         (dict(stop=[""]), "stop must be a list of non-empty strings"),
         (dict(stop=["ok", 3]), "stop must be a list of non-empty strings"),

@@ -259,3 +259,34 @@ def test_lazy_adapter_with_bad_weights_fails_its_requests_only(make_engine, tiny
     )
     assert bad.finish_reason == "error" and "NaN or Inf" in bad.error
     assert good.finish_reason == "length" and len(good.token_ids) == 6
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_tokens=6, temperature=1e-30, seed=1, ignore_eos=True),
+        SamplingParams(max_tokens=6, temperature=0.7, top_p=5e-324, seed=1, ignore_eos=True),
+    ],
+)
+def test_extreme_sampling_values_do_not_fail_the_batch(make_engine, params):
+    engine = make_engine(adapters=["tiny-r4-qv"])
+    greedy = SamplingParams(max_tokens=6, **GREEDY)
+    extreme, neighbour = engine.generate(["Hello", "Other"], [None, "tiny-r4-qv"], [params, greedy])
+    assert extreme.finish_reason == "length" and len(extreme.token_ids) == 6
+    assert neighbour.finish_reason == "length"
+    expected = engine.generate(["Hello"], [None], greedy)[0].token_ids
+    assert extreme.token_ids == expected  # the greedy limit of a vanishing temperature / top_p
+
+
+def test_seed_outside_the_generator_range_is_refused():
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(seed=2**63)
+
+
+def test_running_is_false_after_shutdown(make_engine):
+    engine = make_engine(adapters=[])
+    assert engine.running
+    engine.shutdown()
+    assert not engine.running
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.submit("Hello")
