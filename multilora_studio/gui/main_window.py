@@ -50,7 +50,7 @@ class MainWindow(QMainWindow):
         self.sidebar.setFixedWidth(140)
         self.sidebar.setObjectName("sidebar")
         self.sidebar.setStyleSheet(
-            "#sidebar { font-size: 11pt; border: none; background: transparent; }"
+            "#sidebar { font-size: 11pt; border: none; background: transparent; outline: 0; }"
             "#sidebar::item { padding: 9px 10px; border-radius: 6px; }"
             "#sidebar::item:selected { background: palette(highlight); color: palette(highlighted-text); }"
         )
