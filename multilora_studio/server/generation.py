@@ -129,7 +129,7 @@ class Job:
                 param = "messages" if self.route == "chat" else "prompt"  # the prompt is all submit checks
                 raise ApiError(400, str(error), "invalid_value", param) from None
             except RuntimeError as error:
-                if "shut down" in str(error):
+                if not engine.running:
                     raise ApiError(503, f"the engine is not running: {error}", "engine_unavailable") from None
                 raise ApiError(500, f"the prompt could not be prepared: {error}", "engine_error") from None
             except Exception as error:  # the chat template can refuse a conversation (jinja errors)
