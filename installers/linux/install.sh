@@ -46,6 +46,12 @@ remove_all() {
     rm -f "$BIN_DIR/$APP"
   fi
   command -v update-desktop-database >/dev/null && update-desktop-database "$APPS_DIR" 2>/dev/null || true
+  # the menu cache update-desktop-database keeps is all that is left in a folder only we used
+  [ "$(ls -A "$APPS_DIR" 2>/dev/null)" = mimeinfo.cache ] && rm -f "$APPS_DIR/mimeinfo.cache"
+  # folders the install created, if nothing else lives in them now
+  for dir in "$ICON_DIR" "$APPS_DIR" "$BIN_DIR" "$DATA_HOME/$APP"; do
+    while [ "$dir" != "$HOME" ] && [ "$dir" != / ] && rmdir "$dir" 2>/dev/null; do dir=$(dirname "$dir"); done
+  done
 }
 
 if [ "$uninstall" = 1 ]; then
@@ -54,7 +60,6 @@ if [ "$uninstall" = 1 ]; then
     rm -rf "${MULTILORA_STUDIO_HOME:-$DATA_HOME/$APP}"
     say "MultiLoRA Studio and its data (models, adapters, library) were removed."
   else
-    rmdir "$DATA_HOME/$APP" 2>/dev/null || true
     say "MultiLoRA Studio was removed; your data stays in ${MULTILORA_STUDIO_HOME:-$DATA_HOME/$APP} (--purge removes it)."
   fi
   exit 0
