@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft.
-# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [tier-bench] [kernel-bench] [attention-bench]
+# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [tier-bench] [bench-suite] [bench-peft]
+#        [kernel-bench] [attention-bench]
 set -u
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
@@ -30,6 +31,21 @@ for step in $steps; do
     tier-bench)
       timeout 200 python3 -m multilora_studio.bench.tiers_gpu --json "$OUT/tiers_gpu.json" 2>&1 \
         | tee "$OUT/tier-bench.log" | grep -v "^INFO" | tail -30 ;;
+    bench-suite)
+      # multilora-studio bench at the Llama-3-8B shape, rank 16 on all projections, 32 slots: Punica's
+      # patterns + base at batch 32, S-LoRA's online workload at two rates (Zipf 1.0 over 128
+      # adapters), throughput vs 1..1000 adapters under Zipf 1.0 (128 requests at once each)
+      timeout 300 python3 -m multilora_studio bench --model random:llama3-8b --device cuda --dtype bfloat16 \
+        --rank 16 --targets all --batch 32 --max-loras 32 --input-len 64 --output-len 32 --pattern all \
+        --online --rate 16,48 --duration 5 --num-adapters 128 --alpha 1.0 \
+        --sweep-adapters 1,8,32,128,1000 --requests 128 --no-progress --json "$OUT/bench_suite.json" 2>&1 \
+        | tee "$OUT/bench-suite.log" | grep -v " INFO " | tail -20 ;;
+    bench-peft)
+      # the distinct pattern at batch 32 through the engine and through HF + PEFT (8 PEFT tokens)
+      timeout 300 python3 -m multilora_studio bench --model random:llama3-8b --device cuda --dtype bfloat16 \
+        --rank 16 --targets all --batch 32 --max-loras 32 --input-len 64 --output-len 32 --pattern distinct \
+        --baseline peft --baseline-output-len 8 --no-progress --json "$OUT/bench_peft.json" 2>&1 \
+        | tee "$OUT/bench-peft.log" | grep -v " INFO " | tail -10 ;;
     engine-fidelity)
       TRITON_INTERPRET=0 MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
         timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_fidelity.py \

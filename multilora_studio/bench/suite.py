@@ -24,8 +24,9 @@ from multilora_studio.bench.ceiling import Ceiling, adapter_bytes, copy_bandwidt
 from multilora_studio.bench.drive import Backend, run_requests
 from multilora_studio.bench.engine_backend import EngineBackend
 from multilora_studio.bench.stats import summarize
+from multilora_studio.bench.tiers import tier_stats
 from multilora_studio.bench.workloads import BenchRequest, prompt_token_ids
-from multilora_studio.engine import Engine, EngineConfig, EngineMetrics
+from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.engine.engine import resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -193,7 +194,8 @@ async def _run_cases(
         }
         after = engine.metrics(fresh=True) if engine is not None else None
         if engine is not None and before is not None and after is not None:
-            record["engine"] = engine_deltas(before, after, engine.device)
+            adapter_requests = sum(r.adapter is not None for r in case.requests)
+            record["engine"] = tier_stats(before, after, adapter_requests, engine.device)
         if ceiling is not None and case.kind == "pattern":
             record["ceiling_tok_s"] = ceiling.tokens_per_second(len(case.requests), case.distinct_adapters)
         if summary["errors"]:
@@ -213,34 +215,6 @@ async def _warmup(backend: Backend, options: BenchOptions, names: Sequence[str])
     failed = [r.error for r in outcome if r.error]
     if failed:
         raise RuntimeError(f"the warm-up requests failed: {failed[0]}")
-
-
-def engine_deltas(before: EngineMetrics, after: EngineMetrics, device: torch.device) -> dict[str, Any]:
-    """Tier counters over one case (the engine's counters are cumulative)."""
-    gpu_hits = after.gpu_hits - before.gpu_hits
-    gpu_misses = after.gpu_misses - before.gpu_misses
-    cpu_hits = after.cpu_hits - before.cpu_hits
-    cpu_misses = after.cpu_misses - before.cpu_misses
-    return {
-        "gpu_hits": gpu_hits,
-        "gpu_misses": gpu_misses,
-        "gpu_hit_rate": gpu_hits / (gpu_hits + gpu_misses) if gpu_hits + gpu_misses else None,
-        "cpu_hits": cpu_hits,
-        "cpu_misses": cpu_misses,
-        "cpu_hit_rate": cpu_hits / (cpu_hits + cpu_misses) if cpu_hits + cpu_misses else None,
-        "cold_loads": cpu_misses,
-        "cold_load_p50_ms": _ms(after.cold_load_p50_s),
-        "cold_load_p95_ms": _ms(after.cold_load_p95_s),
-        "preemptions": after.preemptions - before.preemptions,
-        "device_memory_bytes": after.device_memory_bytes,
-        "peak_device_memory_bytes": torch.cuda.max_memory_allocated(device)
-        if device.type == "cuda"
-        else None,
-    }
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1e3
 
 
 # ---------------------------------------------------------------- PEFT baseline

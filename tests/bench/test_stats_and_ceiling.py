@@ -7,6 +7,8 @@ import torch
 
 from multilora_studio.bench.ceiling import Ceiling, adapter_bytes, copy_bandwidth, step_weight_bytes
 from multilora_studio.bench.stats import RequestResult, Slo, attainment, percentiles, summarize
+from multilora_studio.bench.tiers import tier_stats
+from multilora_studio.engine import EngineMetrics
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 from multilora_studio.engine.model_spec import PROJECTIONS
 
@@ -56,3 +58,22 @@ def test_ceiling_of_the_llama3_8b_shape():
 
 def test_host_copy_bandwidth_is_measured():
     assert 1e8 < copy_bandwidth(torch.device("cpu"), 16 << 20, iters=3) < 1e13
+
+
+def metrics(**counters: int) -> EngineMetrics:
+    fields = dict.fromkeys(EngineMetrics.__dataclass_fields__, 0) | {"slots": (), "cpu_adapters": ()}
+    fields |= {"cold_load_p50_s": 0.1, "cold_load_p95_s": 0.2, "state": "idle", "device": "cpu"}
+    return EngineMetrics(**(fields | counters))
+
+
+def test_tier_rates_count_what_had_to_move():
+    before = metrics(gpu_hits=10, gpu_misses=4, cpu_hits=6, cpu_misses=2)
+    # 20 adapter requests: 5 slot uploads, 2 of them read from disk (each load is then a host hit)
+    after = metrics(gpu_hits=30, gpu_misses=9, cpu_hits=11, cpu_misses=4, preemptions=1)
+    stats = tier_stats(before, after, 20, torch.device("cpu"))
+    assert stats["slot_uploads"] == 5 and stats["cold_loads"] == 2
+    assert stats["gpu_hit_rate"] == pytest.approx(0.75)
+    assert stats["cpu_hit_rate"] == pytest.approx(0.6)
+    assert stats["engine_counters"] == {"gpu_hits": 20, "gpu_misses": 5, "cpu_hits": 5, "cpu_misses": 2}
+    assert stats["cold_load_p95_ms"] == pytest.approx(200.0) and stats["preemptions"] == 1
+    assert tier_stats(before, before, 0, torch.device("cpu"))["gpu_hit_rate"] is None
