@@ -1,0 +1,72 @@
+"""Pull dialog against a Hub-compatible server (olah) on loopback: search, pull with progress, offline."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.adapters.hub_repos import LocalRepos
+from tests.adapters.hub_server import HubServer
+from tests.gui.conftest import save_screenshot, wait_task
+
+BASE_REPO = "studio-tests/tiny-llama"
+
+
+def point_client_at(monkeypatch: pytest.MonkeyPatch, endpoint: str, cache: Path, offline: bool) -> None:
+    """Aim the real huggingface_hub client at ``endpoint`` (it keeps an import-time offline flag)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+
+
+@pytest.fixture
+def hub(tmp_path: Path, tiny_adapters: dict[str, Path]) -> Iterator[HubServer]:
+    repos = LocalRepos(tmp_path / "mirrors")
+    repos.add_adapter("studio-tests/tiny-lora", "v1", tiny_adapters["tiny-r4-qv"], BASE_REPO, tag="v1")
+    repos.add_adapter("studio-tests/tiny-mlp", "v1", tiny_adapters["tiny-r16-mlp"], "other-org/other-base")
+    server = HubServer(repos.mirrors, tmp_path / "hub-server").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_search_and_pull_an_adapter_for_the_loaded_base(
+    qtbot, open_window, registry, hub, tmp_path, monkeypatch
+):
+    point_client_at(monkeypatch, hub.endpoint, tmp_path / "hf-cache", offline=False)
+    window = open_window()
+    window.show_page("Library")
+    window.library.pull_button.click()
+    dialog = window.pull_dialog
+    assert dialog is not None and dialog.isVisible()
+    dialog.base.setText(BASE_REPO)
+    wait_task(qtbot, dialog.search())
+    assert dialog.results.count() == 1  # only the adapter of this base
+    dialog.results.setCurrentRow(0)
+    assert dialog.repo.text() == "studio-tests/tiny-lora"
+    fractions: list[float] = []
+    task = dialog.start_pull(dialog.repo.text() + "@v1", "hub-lora")
+    task.progressed.connect(lambda fraction, message: fractions.append(fraction))
+    wait_task(qtbot, task)
+    assert dialog.banner.kind == "success", dialog.banner.text
+    assert dialog.progress.value() == 1000 and fractions and fractions == sorted(fractions)
+    record = registry.get("hub-lora")
+    assert record.source_kind == "hub" and record.source == "studio-tests/tiny-lora" and record.rank == 4
+    qtbot.waitUntil(lambda: "hub-lora" in window.library.names(), timeout=5000)
+    assert window.library.row_of("hub-lora")["Source"].startswith("Hub studio-tests/tiny-lora@")
+    assert "hub-lora" in {info.name for info in window.host.engine.list_adapters()}
+    save_screenshot(dialog, "pull-dialog")
+
+    point_client_at(monkeypatch, hub.endpoint, tmp_path / "hf-cache", offline=True)
+    wait_task(qtbot, dialog.search())
+    assert "HF_HUB_OFFLINE" in dialog.banner.text
+    wait_task(qtbot, dialog.start_pull("studio-tests/not-there"))
+    assert dialog.banner.kind == "error" and "not-there" in dialog.banner.text
+    assert [r.name for r in registry.list_adapters()] == ["hub-lora"]
