@@ -142,6 +142,10 @@ class EngineHost(QObject):
         if task is not self._boot:
             return
         self._boot = None
+        if task.cancelled:
+            self.error = "loading was cancelled; apply the settings again to start the engine"
+            self._set_state(STOPPED)
+            return
         self.error = message
         self._set_state(FAILED)
         self.failed.emit(message)

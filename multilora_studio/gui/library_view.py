@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QSortFilterProxyModel, Qt, Signal
@@ -96,7 +97,7 @@ class LibraryView(QWidget):
         layout.addLayout(buttons)
         layout.addWidget(splitter, 1)
         host.adaptersChanged.connect(self.refresh)
-        self._selection_changed()
+        self.refresh()
 
     # ---------------------------------------------------------------- reading
 
@@ -234,7 +235,9 @@ class LibraryView(QWidget):
             lambda record: f"{record.name!r} is now also called {alias.strip()!r}.",
         )
 
-    def _run(self, title: str, work, describe) -> Task:  # type: ignore[no-untyped-def]
+    def _run(
+        self, title: str, work: Callable[[Task], AdapterRecord], describe: Callable[[AdapterRecord], str]
+    ) -> Task:
         def succeeded(record: AdapterRecord) -> None:
             self.banner.show_message(describe(record), "success")
             self.host.reload_adapters()

@@ -121,10 +121,10 @@ class MainWindow(QMainWindow):
 
     def _shortcuts(self) -> None:
         for keys in ("Ctrl+Return", "Ctrl+Enter"):
-            QShortcut(QKeySequence(keys), self, activated=self._run_shortcut)
-        QShortcut(QKeySequence("Escape"), self, activated=self.compare.stop)
+            QShortcut(QKeySequence(keys), self, self._run_shortcut)
+        QShortcut(QKeySequence("Escape"), self, self.compare.stop)
         for index, name in enumerate(PAGES):
-            QShortcut(QKeySequence(f"Ctrl+{index + 1}"), self, activated=lambda n=name: self.show_page(n))
+            QShortcut(QKeySequence(f"Ctrl+{index + 1}"), self, lambda n=name: self.show_page(n))
 
     def _run_shortcut(self) -> None:
         self.show_page("Compare")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
     QDialog,
     QFormLayout,
@@ -142,7 +143,7 @@ class PullDialog(QDialog):
             self.task.cancel()
             self.status.setText("Cancelling…")
 
-    def closeEvent(self, event) -> None:  # type: ignore[no-untyped-def]
+    def closeEvent(self, event: QCloseEvent) -> None:
         self.cancel()
         super().closeEvent(event)
 

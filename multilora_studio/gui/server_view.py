@@ -229,10 +229,14 @@ class ServerView(QWidget):
             self.log.removeRow(self.log.rowCount() - 1)
 
     def log_rows(self) -> list[dict[str, str]]:
-        return [
-            {LOG_COLUMNS[c]: self.log.item(r, c).text() for c in range(len(LOG_COLUMNS))}
-            for r in range(self.log.rowCount())
-        ]
+        """The log's cells by column title, newest first."""
+        rows = []
+        for row in range(self.log.rowCount()):
+            items = [self.log.item(row, column) for column in range(len(LOG_COLUMNS))]
+            rows.append(
+                {title: item.text() if item else "" for title, item in zip(LOG_COLUMNS, items, strict=True)}
+            )
+        return rows
 
     def save_state(self, prefs: Preferences) -> None:
         prefs.set("server/host", self.host_edit.text().strip())

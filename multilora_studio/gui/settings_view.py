@@ -195,6 +195,6 @@ class SettingsView(QWidget):
             self.progress.setValue(1000)
             choice = self.host.choice
             self.status.setText(f"Engine ready: {choice.label if choice else ''}")
-        elif state == "failed":
+        elif state in ("failed", "stopped"):
             self.progress.setValue(0)
             self.status.setText(self.host.error)

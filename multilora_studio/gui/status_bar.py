@@ -60,8 +60,8 @@ class StudioStatusBar(QStatusBar):
         self.progress.setVisible(loading)
         self.cancel.setVisible(loading)
         engine = self.host.engine
-        live = metrics is not None and engine is not None
-        self.state.setText(f"engine: {metrics.state if live else STATE_LABELS[self.host.state]}")
+        state = metrics.state if metrics is not None and engine is not None else STATE_LABELS[self.host.state]
+        self.state.setText(f"engine: {state}")
         self.device.setText(f"device: {engine.device}" if engine is not None else "device: -")
         self.model.setText(f"base: {engine.model_name}" if engine is not None else "base: -")
         if engine is not None and engine.device.type == "cuda":

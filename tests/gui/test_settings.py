@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from PySide6.QtCore import QRect
@@ -85,6 +86,11 @@ def test_bad_settings_show_a_message_and_a_failed_start_can_be_fixed(qtbot, open
     assert "Traceback" not in settings.banner.text
     assert window.host.engine is None and not window.compare.start()
     settings.show_choice(good)
+    assert settings.apply()
+    window.host.cancel_start()  # the tiny model loads in about a second; registration then stops
+    qtbot.waitUntil(lambda: window.host.state == "stopped", timeout=60_000)
+    assert "cancelled" in settings.status.text() and window.host.engine is None
+    qtbot.waitUntil(lambda: not any(t.name == "engine-worker" for t in threading.enumerate()), timeout=10_000)
     assert settings.apply()
     wait_ready(qtbot, window)
     assert window.host.engine.generate(["Hi"], [None], None)[0].token_ids
