@@ -8,7 +8,7 @@ from collections import deque
 
 import psutil
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import (
     QGridLayout,
     QGroupBox,
@@ -70,6 +70,7 @@ class MonitorView(QWidget):
         self.counts.setWordWrap(True)
         self.stats = QLabel("waiting for the engine…")
         self.stats.setWordWrap(True)
+        self.stats.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
 
         slots_box = QGroupBox("GPU adapter slots (max_loras)")
         QVBoxLayout(slots_box).addWidget(self.slots)
@@ -189,8 +190,8 @@ class MonitorView(QWidget):
             f"state: <b>{metrics.state}</b> on {metrics.device} · steps {metrics.steps}",
             f"requests: {metrics.running} running, {metrics.waiting} waiting · "
             f"preemptions {metrics.preemptions}",
-            f"tokens/s: <b>{metrics.tokens_per_second:.1f}</b> · batch {metrics.batch_size} seqs / "
-            f"{metrics.batch_tokens} tokens · distinct adapters {metrics.distinct_adapters}",
+            f"tokens/s: <b>{values['tokens_per_second']:.1f}</b> · last step: {metrics.batch_size} seqs, "
+            f"{metrics.batch_tokens} tokens, {metrics.distinct_adapters} distinct adapters",
             f"GPU slot hits {metrics.gpu_hits} / misses {metrics.gpu_misses} "
             f"({percent(values['gpu_hit_rate'])}) · CPU tier hits {metrics.cpu_hits} / misses "
             f"{metrics.cpu_misses} ({percent(values['cpu_hit_rate'])})",
