@@ -163,6 +163,6 @@ def _online_case(options: BenchOptions, name: str, kind: str, count: int, rate: 
         "alpha": options.alpha,
         "rate": None if math.isinf(rate) else rate,
         "cv": None if math.isinf(rate) else options.cv,
-        "duration_s": None if math.isinf(rate) else options.duration,
+        "arrival_window_s": None if math.isinf(rate) else options.duration,
     }
     return _case(name, kind, requests, rng, params, vocab)

@@ -114,6 +114,8 @@ def test_in_process_run_json_table_and_plots(capsys, tiny_model_dir, tmp_path):
             assert case["decode_tok_s"] > 0 and case["ceiling_tok_s"] > 0
         else:
             assert case["decode_tok_s"] is None
+    online = cases["online n=6 rate=40"]
+    assert (online["rate"], online["cv"], online["arrival_window_s"]) == (40, 1.0, 0.3)
     ceiling = report["ceiling"]
     assert ceiling["bandwidth_GBps"] == 10 and ceiling["bandwidth_source"] == "given"
     assert ceiling["base_tok_s"] > ceiling["distinct_tok_s"] > 0
