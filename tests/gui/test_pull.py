@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.adapters.hub_repos import LocalRepos
+from tests.adapters.hub_repos import LocalRepos, model_card
 from tests.adapters.hub_server import HubServer
-from tests.gui.conftest import save_screenshot, wait_task
+from tests.gui.conftest import save_screenshot, wait_ready, wait_task
 
 BASE_REPO = "studio-tests/tiny-llama"
 
@@ -26,8 +26,11 @@ def point_client_at(monkeypatch: pytest.MonkeyPatch, endpoint: str, cache: Path,
 
 
 @pytest.fixture
-def hub(tmp_path: Path, tiny_adapters: dict[str, Path]) -> Iterator[HubServer]:
+def hub(tmp_path: Path, tiny_model_dir: Path, tiny_adapters: dict[str, Path]) -> Iterator[HubServer]:
     repos = LocalRepos(tmp_path / "mirrors")
+    model_files: dict[str, str | bytes | Path] = {"README.md": model_card(None, library="transformers")}
+    model_files.update({p.name: p for p in tiny_model_dir.iterdir() if p.is_file()})
+    repos.commit(BASE_REPO, "v1", model_files)
     repos.add_adapter("studio-tests/tiny-lora", "v1", tiny_adapters["tiny-r4-qv"], BASE_REPO, tag="v1")
     repos.add_adapter("studio-tests/tiny-mlp", "v1", tiny_adapters["tiny-r16-mlp"], "other-org/other-base")
     server = HubServer(repos.mirrors, tmp_path / "hub-server").start()
@@ -70,3 +73,28 @@ def test_search_and_pull_an_adapter_for_the_loaded_base(
     wait_task(qtbot, dialog.start_pull("studio-tests/not-there"))
     assert dialog.banner.kind == "error" and "not-there" in dialog.banner.text
     assert [r.name for r in registry.list_adapters()] == ["hub-lora"]
+
+
+def test_settings_start_the_engine_on_a_base_model_pulled_from_the_hub(
+    qtbot, open_window, registry, hub, tmp_path, monkeypatch, tiny_model_dir
+):
+    point_client_at(monkeypatch, hub.endpoint, tmp_path / "hf-cache", offline=False)
+    window = open_window()
+    settings = window.settings
+    local_digest = window.host.engine.base_digest
+    messages: list[str] = []
+    window.host.progress.connect(lambda fraction, message: messages.append(message))
+    settings.hub.setChecked(True)
+    settings.model.setText(BASE_REPO)
+    assert settings.apply()
+    wait_ready(qtbot, window)
+    engine = window.host.engine
+    assert engine.base_digest == local_digest  # the same weights, now from the HF cache
+    assert str(tmp_path / "hf-cache") in str(engine.base.folder)
+    assert [m.repo_id for m in registry.list_base_models()] == [BASE_REPO]
+    assert any("model.safetensors" in m or "pulled base model" in m for m in messages)
+
+    settings.model.setText("studio-tests/tiny-lora")  # an adapter is not a base model
+    assert settings.apply()
+    qtbot.waitUntil(lambda: window.host.state == "failed", timeout=60_000)
+    assert "adapter, not a base model" in settings.banner.text
