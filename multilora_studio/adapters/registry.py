@@ -275,10 +275,15 @@ class Registry:
             )
         return record
 
-    def load_into(self, engine: Any, name: str, override: bool = False) -> AdapterRecord:
-        """Add a library adapter to a running engine (checked against its base), pin it if pinned."""
+    def load_into(
+        self, engine: Any, name: str, override: bool = False, preload: bool = True
+    ) -> AdapterRecord:
+        """Add a library adapter to a running engine (checked against its base), pin it if pinned.
+
+        ``preload=False`` registers it without reading its weights (they load on first use).
+        """
         record = self.check_base(name, engine.base_digest, override)
-        engine.add_adapter(record.name, record.path)
+        engine.add_adapter(record.name, record.path, preload=preload)
         if record.pinned:
             engine.pin_adapter(record.name)
         return self.touch(record.name)

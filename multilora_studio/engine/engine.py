@@ -681,6 +681,8 @@ class Engine:
         self._rate_window = [(t, n) for t, n in self._rate_window if now - t <= 2.0]
         span = now - self._rate_window[0][0] if len(self._rate_window) > 1 else 0.0
         rate = sum(n for _, n in self._rate_window[1:]) / span if span > 0 else 0.0
+        if not self.scheduler.has_work:
+            rate = 0.0  # idle: nothing is being generated now
         counters = self.host_cache.counters
         memory = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         tokens, size, distinct = self._last_batch

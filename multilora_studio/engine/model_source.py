@@ -91,7 +91,16 @@ def describe_model(model: str | None, progress: ProgressCallback | None = None) 
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder {folder} does not exist")
     weights_file = folder / "model.safetensors"
-    return ModelIdentity(folder, folder.name, sha256_file(weights_file) if weights_file.is_file() else "")
+    digest = sha256_file(weights_file) if weights_file.is_file() else ""
+    return ModelIdentity(folder, display_name(folder), digest)
+
+
+def display_name(folder: Path) -> str:
+    """The folder's name, or ``org/name`` for a snapshot in the Hugging Face cache."""
+    repo = folder.parent.parent.name  # .../models--org--name/snapshots/<sha>
+    if folder.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo[len("models--") :].replace("--", "/")
+    return folder.name
 
 
 def resolve_model(

@@ -49,10 +49,7 @@ def load_library(registry: Registry, engine: Engine, report: Report | None = Non
 
 def add_to_engine(registry: Registry, engine: Engine, record: AdapterRecord) -> None:
     """Serve ``record`` (refused if it was validated against other base weights); pin it if pinned."""
-    registry.check_base(record.name, engine.base_digest)
-    engine.add_adapter(record.name, record.path, preload=False)
-    if record.pinned:
-        engine.pin_adapter(record.name, True)
+    registry.load_into(engine, record.name, preload=False)
 
 
 def import_adapter(registry: Registry, engine: Engine, folder: Path, name: str | None) -> AdapterRecord:
