@@ -62,6 +62,7 @@ class HostAdapterCache(Generic[AdapterT]):
         self._entries: OrderedDict[str, AdapterT] = OrderedDict()
         self._pending: dict[str, object] = {}  # name -> ticket of its load in flight
         self._errors: dict[str, Exception] = {}
+        self._fresh: set[str] = set()  # loaded after a miss and not looked up since
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="adapter-loader")
         self.counters = TierCounters()
@@ -99,7 +100,10 @@ class HostAdapterCache(Generic[AdapterT]):
             adapter = self._entries.get(name)
             if adapter is not None:
                 self._entries.move_to_end(name)
-                self.counters.hits += 1
+                if name in self._fresh:
+                    self._fresh.discard(name)  # the end of the miss that loaded it, not a hit
+                else:
+                    self.counters.hits += 1
                 return adapter
             if name in self._pending or name in self._errors:
                 return None
@@ -121,12 +125,14 @@ class HostAdapterCache(Generic[AdapterT]):
             with self._lock:
                 if self._pending.get(name) is ticket:
                     self._insert(adapter)
+                    self._fresh.add(name)
                     self.counters.bytes_loaded += adapter.nbytes
                     self.counters.load_seconds.append(time.perf_counter() - start)
         self._on_ready()
 
     def discard(self, name: str) -> None:
         with self._lock:
+            self._fresh.discard(name)
             self._entries.pop(name, None)
             self._errors.pop(name, None)
             self._pending.pop(name, None)

@@ -287,6 +287,31 @@ class Engine:
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> RequestStream:
         """Queue one request; returns its stream at once."""
+        seq, stream = self._prepare(prompt, adapter, params, request_id, loop)
+        self._post("add", [(seq, stream)])
+        return stream
+
+    def submit_many(
+        self, requests: Sequence[tuple[Prompt, str | None, SamplingParams | None]]
+    ) -> list[RequestStream]:
+        """Queue several requests at once: they reach the scheduler together (one batch).
+
+        All are validated first; if one is refused (ValueError), none is queued.
+        """
+        prepared = [
+            self._prepare(prompt, adapter, params, None, None) for prompt, adapter, params in requests
+        ]
+        self._post("add", prepared)
+        return [stream for _, stream in prepared]
+
+    def _prepare(
+        self,
+        prompt: Prompt,
+        adapter: str | None,
+        params: SamplingParams | None,
+        request_id: str | None,
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> tuple[Seq, RequestStream]:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
@@ -309,8 +334,7 @@ class Engine:
         output = RequestOutput(request_id, adapter, token_ids, arrival_time=time.monotonic())
         stream = RequestStream(output, loop)
         seq = Seq(request_id, token_ids, adapter, params, arrival_step=0)
-        self._post("add", (seq, stream))
-        return stream
+        return seq, stream
 
     def abort(self, request_id: str) -> None:
         """Stop a request; it finishes with reason 'abort' and its KV blocks are freed."""
@@ -330,7 +354,7 @@ class Engine:
         per_request = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(per_request) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(per_request)} sampling params")
-        streams = [self.submit(p, a, s) for p, a, s in zip(prompts, names, per_request, strict=True)]
+        streams = self.submit_many(list(zip(prompts, names, per_request, strict=True)))
         return [stream.result() for stream in streams]
 
     def stream(
@@ -566,12 +590,12 @@ class Engine:
 
     def _handle(self, command: str, payload: Any) -> Any:
         if command == "add":
-            seq, stream = payload
-            seq.arrival_step = self.scheduler.step_count
-            detok = IncrementalDetokenizer(self.tokenizer, seq.params.stop) if self.tokenizer else None
-            generator = make_generator(seq.params, self.device, random.getrandbits(63))
-            self._active[seq.request_id] = _Active(seq, stream, detok, generator)
-            self.scheduler.add(seq)
+            for seq, stream in payload:
+                seq.arrival_step = self.scheduler.step_count
+                detok = IncrementalDetokenizer(self.tokenizer, seq.params.stop) if self.tokenizer else None
+                generator = make_generator(seq.params, self.device, random.getrandbits(63))
+                self._active[seq.request_id] = _Active(seq, stream, detok, generator)
+                self.scheduler.add(seq)
             return None
         if command == "abort":
             self._finish(payload, "abort", None)
@@ -629,9 +653,10 @@ class Engine:
             if upload is not None:
                 if not upload.query():
                     return False
-                del self._uploads[name]
+                del self._uploads[name]  # the end of a miss, counted when the upload started
                 self.slots.release(name)
-            self._gpu_hits += 1
+            else:
+                self._gpu_hits += 1
             return self.slots.acquire(name) is not None
         if not self.slots.can_acquire(name):
             return False

@@ -110,6 +110,8 @@ def test_miss_loads_in_the_background_and_calls_on_ready(cache, loader, ready):
     assert adapter is not None and adapter.name == "x" and adapter.path == path
     assert loader.calls == [("x", path)]
     counters = cache.counters
+    assert (counters.hits, counters.misses) == (0, 1), "taking the loaded adapter ends the miss"
+    assert cache.lookup("x", path) is adapter
     assert (counters.hits, counters.misses) == (1, 1)
     assert counters.bytes_loaded == adapter.nbytes > 0
     assert len(counters.load_seconds) == 1 and counters.load_seconds[0] > 0
