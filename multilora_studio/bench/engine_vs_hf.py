@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from multilora_studio.bench.peft_baseline import PeftBaseline
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.default_model import ensure_default_model
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
@@ -34,38 +35,6 @@ PROMPTS = [
     "List five capital cities in Europe.",
     "How does a bicycle stay upright?",
 ]
-
-
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-    )
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
-
-
-def hf_generate_rate(
-    model, tokenizer, prompts: list[list[int]], new_tokens: int, adapter_names=None
-) -> float:
-    """Output tokens/s of one left-padded ``generate`` call (greedy, exactly ``new_tokens`` each)."""
-    width = max(len(p) for p in prompts)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    extra = {"adapter_names": adapter_names} if adapter_names is not None else {}
-    start = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-            **extra,
-        )
-    elapsed = time.perf_counter() - start
-    assert out.shape[1] == width + new_tokens
-    return len(prompts) * new_tokens / elapsed
 
 
 def engine_rate(
@@ -134,25 +103,18 @@ def main() -> None:
         )
 
     if not args.skip_hf:
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        hf = PeftBaseline(str(folder), torch.float32, torch.device("cpu"))
 
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-        results["HF generate single stream"] = best(
-            lambda: hf_generate_rate(model, tokenizer, prompts[:1], args.new_tokens)
-        )
+        def hf_rate(batch: list[list[int]], adapters: list[str | None]) -> float:
+            return hf.run_batch(batch, adapters, [args.new_tokens] * len(batch))["output_tok_s"]
+
+        results["HF generate single stream"] = best(lambda: hf_rate(prompts[:1], [None]))
         results[f"HF generate base batch {args.batch}"] = best(
-            lambda: hf_generate_rate(model, tokenizer, batch_prompts, args.new_tokens)
+            lambda: hf_rate(batch_prompts, [None] * args.batch)
         )
-        peft_model = PeftModel.from_pretrained(model, str(adapter_dirs[names[0]]), adapter_name=names[0])
-        for name in names[1:]:
-            peft_model.load_adapter(str(adapter_dirs[name]), adapter_name=name)
-        peft_model.eval()
+        hf.load_adapters(adapter_dirs)
         results[f"PEFT {args.batch} req / {args.adapters} adapters"] = best(
-            lambda: hf_generate_rate(
-                peft_model, tokenizer, batch_prompts, args.new_tokens, adapter_names=mixed
-            )
+            lambda: hf_rate(batch_prompts, list(mixed))
         )
         results["ratio single stream (engine / HF)"] = (
             results["engine single stream"] / results["HF generate single stream"]
