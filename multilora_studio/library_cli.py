@@ -88,6 +88,13 @@ def add_library_commands(subparsers: argparse._SubParsersAction) -> None:
             parser.add_argument("--model", default=None, help="check against this base model folder")
         parser.set_defaults(handler=handler)
 
+    rename = actions.add_parser(
+        "rename", help="give an adapter a new name", description="Give an adapter a new name (aliases stay)."
+    )
+    rename.add_argument("name", help="adapter name or alias")
+    rename.add_argument("new_name", help="the new name")
+    rename.set_defaults(handler=run_rename)
+
     search = actions.add_parser(
         "search",
         help="search the Hub for adapters of a base model",
@@ -194,6 +201,12 @@ def run_show(args: argparse.Namespace) -> int:
 def run_remove(args: argparse.Namespace) -> int:
     record = Registry().remove(args.name)
     print(f"removed {record.name!r}")
+    return 0
+
+
+def run_rename(args: argparse.Namespace) -> int:
+    record = Registry().rename(args.name, args.new_name)
+    print(f"{args.name!r} is now called {record.name!r}")
     return 0
 
 

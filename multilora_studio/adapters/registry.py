@@ -247,6 +247,18 @@ class Registry:
         """Record that the adapter was used now."""
         return self._update(name, "last_used = ?", time.time())
 
+    def rename(self, name: str, new_name: str) -> AdapterRecord:
+        """Give ``name`` a new name (its aliases, files and history stay)."""
+        (checked,) = self.check_names(new_name, ())
+        with self._write() as conn:
+            row = self._row(conn, name)
+            if row is None:
+                raise LibraryError(f"no adapter named {name!r} in the library")
+            if checked != row["name"]:
+                self._ensure_free(conn, [checked])
+                conn.execute("UPDATE adapters SET name = ? WHERE id = ?", (checked, row["id"]))
+        return self.get(checked)
+
     def add_alias(self, name: str, alias: str) -> AdapterRecord:
         (checked,) = self.check_names(alias, ())
         with self._write() as conn:

@@ -81,6 +81,24 @@ def set_pinned(registry: Registry, engine: Engine | None, name: str, pinned: boo
     return registry.set_pinned(record.name, pinned)
 
 
+def rename_adapter(registry: Registry, engine: Engine | None, name: str, new_name: str) -> AdapterRecord:
+    """Rename in the library, and serve it under the new name (refused while requests use it)."""
+    new_name = new_name.strip()
+    if not new_name:
+        raise LibraryError("type a new name")
+    record = registry.get(name)
+    served = engine is not None and any(info.name == record.name for info in engine.list_adapters())
+    if engine is not None and served:
+        engine.remove_adapter(record.name)
+    current = record
+    try:
+        current = registry.rename(record.name, new_name)
+    finally:
+        if engine is not None and served:
+            add_to_engine(registry, engine, current)  # under the new name, or the old one if refused
+    return current
+
+
 def add_alias(registry: Registry, name: str, alias: str) -> AdapterRecord:
     alias = alias.strip()
     if not alias:

@@ -1,4 +1,4 @@
-"""Library view: the adapter table with sort and filter, and import, pull, pin, alias, remove, details."""
+"""Library view: the adapter table with sort and filter; import, pull, pin, rename, alias, remove, details."""
 
 from __future__ import annotations
 
@@ -57,15 +57,23 @@ class LibraryView(QWidget):
         self.import_button = QPushButton("Import folder…")
         self.pull_button = QPushButton("Pull from Hub…")
         self.pin_button = QPushButton("Pin")
+        self.rename_button = QPushButton("Rename…")
         self.alias_button = QPushButton("Add alias…")
         self.remove_button = QPushButton("Remove")
         self.import_button.clicked.connect(self._choose_folder)
         self.pull_button.clicked.connect(self.pullRequested)
         self.pin_button.clicked.connect(self._toggle_pin)
+        self.rename_button.clicked.connect(self._ask_rename)
         self.alias_button.clicked.connect(self._ask_alias)
         self.remove_button.clicked.connect(self._confirm_remove)
         buttons = QHBoxLayout()
-        for button in (self.import_button, self.pull_button, self.pin_button, self.alias_button):
+        for button in (
+            self.import_button,
+            self.pull_button,
+            self.pin_button,
+            self.rename_button,
+            self.alias_button,
+        ):
             buttons.addWidget(button)
         buttons.addWidget(self.remove_button)
         buttons.addStretch(1)
@@ -160,7 +168,7 @@ class LibraryView(QWidget):
     def _selection_changed(self, *args: object) -> None:
         name = self.selected_name()
         record = self.registry.find(name) if name else None
-        for button in (self.pin_button, self.alias_button, self.remove_button):
+        for button in (self.pin_button, self.rename_button, self.alias_button, self.remove_button):
             button.setEnabled(record is not None)
         self.pin_button.setText("Unpin" if record is not None and record.pinned else "Pin")
         self.details.setHtml(self._details_html(record) if record is not None else self._empty_html())
@@ -228,6 +236,14 @@ class LibraryView(QWidget):
             lambda record: f"{'Pinned' if record.pinned else 'Unpinned'} {record.name!r}.",
         )
 
+    def rename(self, name: str, new_name: str) -> Task:
+        engine = self.host.engine
+        return self._run(
+            f"rename {name}",
+            lambda task: library_ops.rename_adapter(self.registry, engine, name, new_name),
+            lambda record: f"{name!r} is now called {record.name!r}.",
+        )
+
     def add_alias(self, name: str, alias: str) -> Task:
         return self._run(
             f"alias {name}",
@@ -264,6 +280,14 @@ class LibraryView(QWidget):
         record = self.registry.find(name) if name else None
         if record is not None:
             self.set_pinned(record.name, not record.pinned)
+
+    def _ask_rename(self) -> None:
+        name = self.selected_name()
+        if name is None:
+            return
+        new_name, ok = QInputDialog.getText(self, "Rename adapter", f"New name for {name}:", text=name)
+        if ok:
+            self.rename(name, new_name)
 
     def _ask_alias(self) -> None:
         name = self.selected_name()

@@ -179,3 +179,18 @@ def test_load_into_a_running_engine_checks_the_base_pins_and_records_use(
                 break
             time.sleep(0.05)
         assert slots and slots[0].pinned
+
+
+def test_rename_keeps_aliases_and_refuses_taken_or_bad_names(registry, tiny_adapters, tiny_base):
+    registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="a", aliases=["alpha"])
+    registry.import_folder(tiny_adapters["tiny-r8-all"], tiny_base, name="b")
+    renamed = registry.rename("alpha", "first")
+    assert renamed.name == "first" and renamed.aliases == ("alpha",)
+    assert registry.find("a") is None and registry.get("alpha").name == "first"
+    with pytest.raises(LibraryError, match="b"):
+        registry.rename("first", "b")
+    with pytest.raises(LibraryError):
+        registry.rename("first", "bad name with spaces")
+    with pytest.raises(LibraryError, match="no adapter named 'zzz'"):
+        registry.rename("zzz", "x")
+    assert sorted(r.name for r in registry.list_adapters()) == ["b", "first"]

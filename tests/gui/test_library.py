@@ -8,10 +8,11 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt
 
+from multilora_studio.engine import SamplingParams
 from tests.gui.conftest import save_screenshot, wait_task
 
 
-def test_import_pin_alias_remove_through_the_view(qtbot, open_window, registry, tiny_adapters):
+def test_import_pin_rename_alias_remove_through_the_view(qtbot, open_window, registry, tiny_adapters):
     window = open_window()
     library = window.library
     window.show_page("Library")
@@ -46,13 +47,26 @@ def test_import_pin_alias_remove_through_the_view(qtbot, open_window, registry, 
     wait_task(qtbot, library.add_alias("tiny-r4-qv", "attention-only"))
     assert library.banner.kind == "error" and "attention-only" in library.banner.text
 
+    wait_task(qtbot, library.rename("tiny-r8-attn", "attention-lora"))
+    assert library.banner.kind == "success", library.banner.text
+    assert registry.get("attention-lora").aliases == ("attention-only",)
+    assert registry.find("tiny-r8-attn") is None
+    served = {info.name for info in engine.list_adapters()}
+    assert "attention-lora" in served and "tiny-r8-attn" not in served
+    out = engine.generate(["Hello"], ["attention-lora"], SamplingParams(max_tokens=3, temperature=0))[0]
+    assert out.finish_reason == "length"
+    wait_task(qtbot, library.rename("attention-lora", "tiny-r4-qv"))  # taken
+    assert library.banner.kind == "error" and "tiny-r4-qv" in library.banner.text
+    assert registry.find("attention-lora") is not None
+    assert "attention-lora" in {info.name for info in engine.list_adapters()}
+
     save_screenshot(window, "library")
     copied = registry.get("tiny-r16-mlp").path
     wait_task(qtbot, library.remove("tiny-r16-mlp"))
     assert library.banner.kind == "success"
     assert registry.find("tiny-r16-mlp") is None and not copied.exists()
     assert "tiny-r16-mlp" not in {info.name for info in engine.list_adapters()}
-    assert sorted(library.names()) == ["tiny-r4-qv", "tiny-r8-attn"]
+    assert sorted(library.names()) == ["attention-lora", "tiny-r4-qv"]
 
 
 def test_bad_adapters_show_the_validation_message_and_change_nothing(
