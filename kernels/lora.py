@@ -38,6 +38,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 import torch
 
@@ -127,7 +128,7 @@ class LoRABatch:
         if not isinstance(num_slots, int) or num_slots < 1:
             raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
         device = torch.device(device)
-        i32 = dict(dtype=torch.int32, device=device)
+        i32: dict[str, Any] = dict(dtype=torch.int32, device=device)
         batch = cls(
             max_tokens=max_tokens,
             num_slots=num_slots,

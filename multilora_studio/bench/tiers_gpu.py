@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from multilora_studio.bench.random_adapters import write_random_adapter
-from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+from multilora_studio.engine import Engine, EngineConfig, EngineMetrics, SamplingParams
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 
 
@@ -46,6 +46,13 @@ def adapter_farm(root: Path, count: int, distinct: int, rank: int, shape: str) -
         os.link(source / "adapter_model.safetensors", folder / "adapter_model.safetensors")
         folders.append(folder)
     return folders
+
+
+def snapshot(engine: Engine) -> EngineMetrics:
+    metrics = engine.metrics(fresh=True)
+    if metrics is None:
+        raise RuntimeError("the engine published no metrics")
+    return metrics
 
 
 def decode_rate(outputs) -> float:
@@ -117,7 +124,7 @@ def main() -> None:
         results["decode_ratio"] = results["decode_during_cold_loads_tok_s"] / results["decode_alone_tok_s"]
         results["cold_requests_done"] = sum(o.finish_reason == "length" for o in cold_outputs)
 
-        before = engine.metrics(fresh=True)
+        before = snapshot(engine)
         ranks = np.arange(1, args.adapters + 1)
         weights = 1.0 / ranks
         picks = rng.choice(args.adapters, size=96, p=weights / weights.sum())
@@ -128,8 +135,8 @@ def main() -> None:
             SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
         )
         elapsed = time.perf_counter() - start
-        after = engine.metrics(fresh=True)
-        ttft = sorted(o.ttft for o in zipf)
+        after = snapshot(engine)
+        ttft = sorted(o.ttft or 0.0 for o in zipf)
         gpu = (after.gpu_hits - before.gpu_hits, after.gpu_misses - before.gpu_misses)
         cpu = (after.cpu_hits - before.cpu_hits, after.cpu_misses - before.cpu_misses)
         results["zipf"] = {

@@ -509,7 +509,7 @@ class Engine:
             raise ValueError(f"{name!r} must be resident in a GPU slot and host RAM, idle, on CUDA")
         stream = self._upload_stream
 
-        def timed(work: Callable[[], None]) -> float:
+        def timed(work: Callable[[], object]) -> float:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.cuda.stream(stream):
                 start.record(stream)
