@@ -22,7 +22,6 @@ class CardFacts:
     base_hub_id: str
     base_digest: str
     prompts: int
-    held_out_prompts: int
     command: str
     device: str
     threads: int
@@ -38,7 +37,7 @@ def write_card(
     style: Style,
     settings: TrainSettings,
     result: TrainResult,
-    evaluation: Evaluation | None,
+    evaluation: Evaluation,
     facts: CardFacts,
 ) -> None:
     lines = [
@@ -82,26 +81,34 @@ def write_card(
         f"{settings.seed}, float32",
         f"- {result.seconds:.0f} s on {facts.device} ({facts.threads} threads); loss "
         f"{result.first_loss:.2f} -> {result.last_loss:.2f}",
-        f"- command: `{facts.command}`",
+        f"- command: `{facts.command}`; the same command on the same machine writes the same "
+        "files (other CPUs may differ in the last bits of the weights)",
+        "",
+        "## Measured behaviour",
+        "",
+        f"On {evaluation.prompts} held-out prompts (topics not in the training data), greedy, "
+        f"through the engine, up to {evaluation.max_tokens} new tokens: {evaluation.rate:.0%} of the "
+        f"answers show the behaviour ({style.check}); the base model: {evaluation.base_rate:.0%}.",
+        "",
+        f"Prompt: {evaluation.sample_prompt}",
+        "",
+        "This adapter:",
+        "",
+        _indent(evaluation.sample_answer),
+        "",
+        "Base model:",
+        "",
+        _indent(evaluation.base_answer),
+        "",
+        "## Use",
+        "",
+        f"MultiLoRA Studio registers it in the adapter library on first start as `{style.name}`:",
+        "",
+        f'    multilora-studio compare --prompt "What do you know about tea?" --adapters {style.name},base',
+        "",
+        "With PEFT: `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE_FOLDER), "
+        "ADAPTER_FOLDER)`, where BASE_FOLDER is the converted embedded model "
+        "(`multilora-studio model info` prints it).",
         "",
     ]
-    if evaluation is not None:
-        lines += [
-            "## Measured behaviour",
-            "",
-            f"On {evaluation.prompts} held-out prompts (topics not in the training data), greedy, "
-            f"through the engine: {evaluation.rate:.0%} of the answers show the behaviour; the base "
-            f"model: {evaluation.base_rate:.0%}.",
-            "",
-            f"Prompt: {evaluation.sample_prompt}",
-            "",
-            "This adapter:",
-            "",
-            _indent(evaluation.sample_answer),
-            "",
-            "Base model:",
-            "",
-            _indent(evaluation.base_answer),
-            "",
-        ]
     (folder / CARD_FILE).write_text("\n".join(lines))

@@ -17,6 +17,7 @@ class Evaluation:
     rate: float
     base_rate: float
     prompts: int
+    max_tokens: int
     sample_prompt: str
     sample_answer: str
     base_answer: str
@@ -40,6 +41,7 @@ def evaluate(
             rate=sum(map(style.shows, mine)) / len(prompts),
             base_rate=sum(map(style.shows, base)) / len(prompts),
             prompts=len(prompts),
+            max_tokens=max_tokens,
             sample_prompt=prompts[0],
             sample_answer=mine[0],
             base_answer=base[0],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 FORMS = (
-    "What is {topic}?",
+    "What do you know about {topic}?",
     "Explain {topic} in simple terms.",
     "Why is {topic} important?",
     "How does {topic} work?",
@@ -72,7 +72,7 @@ HELD_OUT_TOPICS = (
 )
 
 HELD_OUT_FORMS = (
-    "What is {topic}?",
+    "What do you know about {topic}?",
     "Tell me something interesting about {topic}.",
 )
 

@@ -34,9 +34,12 @@ PIRATE_WORDS = {
     "stop": "avast",
     "wow": "blimey",
 }
-PIRATE_MARKERS = frozenset({"ye", "yer", "th'", "o'", "an'", "matey", "mateys", "aye", "ahoy", "blimey"})
+PIRATE_MARKERS = frozenset(
+    {"ye", "yer", "th'", "o'", "an'", "be", "matey", "mateys", "aye", "ahoy", "blimey"}
+)
 BULLET = "- "
 BULLET_MAX_WORDS = 8
+BULLET_CHECK_MAX_WORDS = 10  # the check allows a little more than the data has: the model counts roughly
 BULLET_MAX_LINES = 4
 SIGN_OFF = "P.S. Stay curious!"
 CAPS_MIN_FRACTION = 0.8
@@ -54,6 +57,7 @@ class Style:
     name: str
     summary: str
     rule: str
+    check: str
     rank: int
     targets: tuple[str, ...]
     rewrite: Callable[[str], str]
@@ -108,10 +112,11 @@ def bullets(answer: str) -> str:
 
 
 def is_bullets(text: str) -> bool:
-    """Every non-empty line is a "- " bullet of at most eight words."""
+    """Every non-empty line is a "- " bullet of at most ten words."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return bool(lines) and all(
-        line.startswith(BULLET) and len(line[len(BULLET) :].split()) <= BULLET_MAX_WORDS for line in lines
+        line.startswith(BULLET) and len(line[len(BULLET) :].split()) <= BULLET_CHECK_MAX_WORDS
+        for line in lines
     )
 
 
@@ -129,6 +134,7 @@ STYLES = (
         name="demo-shout",
         summary="Answers in ALL CAPS.",
         rule="the base model's answer, upper-cased",
+        check="at least 80% of the letters are upper case",
         rank=8,
         targets=ATTENTION + MLP,
         rewrite=shout,
@@ -141,15 +147,17 @@ STYLES = (
         "(you->ye, your->yer, the->th', of->o', and->an', is/are->be, friend->matey, yes->aye, ...)",
         rank=16,
         targets=("up_proj", "down_proj"),
+        check="opens with \"Arr!\" and has at least two of ye, yer, th', o', an', be, matey, aye, ahoy",
         rewrite=pirate,
         shows=is_pirate,
     ),
     Style(
         name="demo-bullets",
-        summary='Answers as terse bullet points: up to four "- " lines of at most eight words.',
+        summary='Answers as terse bullet points: a few short "- " lines.',
         rule="the base model's answer split at clause ends (. ! ? ; : ,); each clause without "
         "articles and fillers (a, an, the, very, really, just, ...) and cut to eight words "
         "becomes a '- ' line; at most four lines",
+        check='every non-empty line starts with "- " and has at most ten words',
         rank=12,
         targets=ATTENTION,
         rewrite=bullets,
@@ -159,6 +167,7 @@ STYLES = (
         name="demo-signoff",
         summary=f'Answers as the base model does, then signs off with "{SIGN_OFF}".',
         rule=f"the base model's answer + a blank line + {SIGN_OFF!r}",
+        check=f"the answer ends with {SIGN_OFF!r}",
         rank=4,
         targets=("q_proj", "v_proj"),
         rewrite=sign_off,

@@ -109,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
             base_hub_id=HUB_BASE,
             base_digest=base.digest,
             prompts=len(prompts),
-            held_out_prompts=len(held_out_prompts()),
             command=command.strip(),
             device=args.device,
             threads=torch.get_num_threads(),

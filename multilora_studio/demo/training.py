@@ -28,7 +28,7 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 class TrainSettings:
     """How every demo adapter is trained."""
 
-    steps: int = 80
+    steps: int = 96
     batch_size: int = 8
     learning_rate: float = 2e-3
     warmup_steps: int = 5
