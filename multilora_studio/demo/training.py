@@ -48,8 +48,10 @@ class TrainResult:
 
 def batch_order(examples: Sequence[Example], settings: TrainSettings) -> list[list[int]]:
     """Indices of ``settings.steps`` batches: seeded epochs, similar lengths grouped to save padding."""
-    rng = random.Random(settings.seed)
     size = settings.batch_size
+    if len(examples) < size:
+        raise ValueError(f"{len(examples)} training examples are fewer than one batch of {size}")
+    rng = random.Random(settings.seed)
     batches: list[list[int]] = []
     while len(batches) < settings.steps:
         order = list(range(len(examples)))
