@@ -479,8 +479,6 @@ def layer_runners(copies, t: int, slots: torch.Tensor, rank_t, num_slots: int, g
 
 def section_target(rep: Report, deadline: float) -> None:
     """Decode batch 32, 32 distinct rank-16 adapters, all seven projections of one layer."""
-    from . import lora_triton as lt
-
     gen = torch.Generator(device="cuda").manual_seed(4)
     cpu_gen = torch.Generator().manual_seed(4)
     num_slots, t, r, ncopy, reps = 32, 32, 16, 3, 4
@@ -524,39 +522,111 @@ def section_target(rep: Report, deadline: float) -> None:
     rep.summary.append(
         "  per projection: " + ", ".join(f"{n} {v['us']:.1f} us {v['bw_pct']:.0f}%" for n, v in per.items())
     )
-    # Tile configurations around the defaults (same measurement), for tuning.
-    sweep = []
-    for ebn, nw in ((128, 4), (256, 4), (256, 8)):
-        for split_mul in (1, 2):
+    # Variants of the same measurement: without programmatic dependent launch, and the
+    # slot-grouped kernels that serve token counts above DECODE_MAX_TOKENS.
+    for name, env, decode_max in (("no_pdl", "0", None), ("grouped", None, 0)):
+        with decode_settings(pdl=env, DECODE_MAX_TOKENS=decode_max):
+            try:
+                us = run("api")
+            except Exception as exc:
+                log.info("variant %s failed: %s", name, exc)
+                continue
+        res[f"{name}_us"] = us
+        res[f"{name}_bw_pct"] = 100 * nbytes / (us * 1e-6) / bw
+        rep.summary.append(f"  variant {name}: {us:.1f} us = {res[f'{name}_bw_pct']:.0f}% of copy bandwidth")
+    # Tile sweep of the token-major kernels (same measurement), expand first, then shrink.
+    sweep: list[dict[str, object]] = []
+    res["sweep"] = sweep
+    best: dict[str, object] = {}
+    stages = (
+        [{"EXPAND_BLOCK_N": bn, "EXPAND_WARPS": w} for bn in (128, 256, 512, 1024) for w in (4, 8)],
+        [{"SHRINK_TILE": tile, "SHRINK_WARPS": w} for tile in (4096, 8192, 16384) for w in (4, 8)],
+    )
+    for stage in stages:
+        stage_best: tuple[float, dict[str, object]] | None = None
+        for settings in stage:
             if time.monotonic() > deadline:
                 break
-
-            def cfg(n, ebn=ebn, nw=nw, split_mul=split_mul):
-                k, widths = LLAMA3_8B[n]
-                base = lt.shrink_config(t, k, len(widths), r)
-                scfg = lt.ShrinkConfig(
-                    base.block_m, base.block_n, base.block_k, min(32, base.split_k * split_mul)
-                )
-                return scfg, lt.ExpandConfig(16, ebn, nw)
-
-            try:
-                us = run("tiles", cfg)
-            except Exception as exc:
-                log.info("sweep config failed: %s", exc)
-                continue
-            row = {
-                "expand_bn": ebn,
-                "expand_warps": nw,
-                "split_mul": split_mul,
-                "us": us,
-                "bw_pct": 100 * nbytes / (us * 1e-6) / bw,
-            }
+            trial = {**best, **settings}
+            with decode_settings(**trial):
+                try:
+                    us = run("api")
+                except Exception as exc:
+                    log.info("sweep config %s failed: %s", trial, exc)
+                    continue
+            row = {**trial, "us": us, "bw_pct": 100 * nbytes / (us * 1e-6) / bw}
             sweep.append(row)
             log.info("target sweep %s", row)
-    res["sweep"] = sweep
+            if stage_best is None or us < stage_best[0]:
+                stage_best = (us, settings)
+        if stage_best is not None:
+            best.update(stage_best[1])
     if sweep:
-        best = min(sweep, key=lambda row: row["us"])
-        rep.summary.append(f"  best tile configuration in sweep: {best}")
+        top = min(sweep, key=lambda row: float(row["us"]))  # type: ignore[arg-type]
+        res["best"] = top
+        rep.summary.append(f"  best token-major tiles in sweep: {top}")
+
+
+class decode_settings:
+    """Temporarily set module constants of ``lora_decode`` (and MULTILORA_PDL when ``pdl``
+    is not None); constants given as None are left alone."""
+
+    def __init__(self, pdl: str | None = None, **constants: object) -> None:
+        self.pdl = pdl
+        self.constants = {k: v for k, v in constants.items() if v is not None}
+
+    def __enter__(self) -> None:
+        from . import lora_decode
+
+        self.saved = {k: getattr(lora_decode, k) for k in self.constants}
+        self.saved_env = os.environ.get("MULTILORA_PDL")
+        for k, v in self.constants.items():
+            setattr(lora_decode, k, v)
+        if self.pdl is not None:
+            os.environ["MULTILORA_PDL"] = self.pdl
+
+    def __exit__(self, *exc: object) -> None:
+        from . import lora_decode
+
+        for k, v in self.saved.items():
+            setattr(lora_decode, k, v)
+        if self.saved_env is None:
+            os.environ.pop("MULTILORA_PDL", None)
+        else:
+            os.environ["MULTILORA_PDL"] = self.saved_env
+
+
+def section_decode_paths(rep: Report, deadline: float) -> None:
+    """Token-major vs slot-grouped kernels at decode sizes, distinct and identical adapters
+    (where the token-major kernels re-read one adapter's tiles from L2): sets the crossover
+    DECODE_MAX_TOKENS."""
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    cpu_gen = torch.Generator().manual_seed(6)
+    num_slots, r, ncopy, reps = 64, 16, 2, 2
+    ranks = [r] * num_slots
+    copies = [make_weights(LLAMA3_8B, num_slots, r, ranks, torch.bfloat16, "cuda", gen) for _ in range(ncopy)]
+    rank_t = torch.tensor(ranks, dtype=torch.int32, device="cuda")
+    rows: list[dict[str, object]] = []
+    rep.data["decode_paths"] = rows
+    for t in (1, 8, 32, 64, 128, 256):
+        for pattern in ("distinct", "uniform", "identical"):
+            if time.monotonic() > deadline:
+                return
+            slots = make_slots(pattern, t, list(range(min(t, num_slots))), cpu_gen).cuda()
+            row: dict[str, object] = {"tokens": t, "pattern": pattern}
+            for path, decode_max in (("token_major", 1 << 20), ("grouped", 0)):
+                with decode_settings(DECODE_MAX_TOKENS=decode_max):
+                    fns = layer_runners(copies, t, slots, rank_t, num_slots, gen, "api")
+                    row[f"{path}_us"] = steady_us(fns, reps)
+            rows.append(row)
+            log.info("decode paths %s", row)
+    rep.summary.append(
+        "decode paths (us/layer token-major | grouped): "
+        + "; ".join(
+            f"T={row['tokens']} {row['pattern']} {row['token_major_us']:.1f} | {row['grouped_us']:.1f}"
+            for row in rows
+        )
+    )
 
 
 def section_matrix(rep: Report, quick: bool, deadline: float) -> None:
@@ -617,7 +687,8 @@ def run_gpu(args: argparse.Namespace, rep: Report) -> None:
         ("ceilings", lambda: section_ceilings(rep)),
         ("correctness", lambda: section_correctness(rep)),
         ("graph", lambda: section_graph(rep)),
-        ("target", lambda: section_target(rep, start + args.budget * 0.55)),
+        ("target", lambda: section_target(rep, start + args.budget * 0.45)),
+        ("decode_paths", lambda: section_decode_paths(rep, start + args.budget * 0.65)),
         ("matrix", lambda: section_matrix(rep, args.quick, start + args.budget)),
         ("update_graph", lambda: section_update_graph(rep)),
     ]

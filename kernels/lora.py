@@ -92,6 +92,8 @@ class LoRABatch:
 
     * ``token_slots``   ``[max_tokens]``: slot of each token; positions ``>= T`` of the
       last update, and slot values outside ``[0, num_slots)``, hold -1.
+    * ``token_ranks``   ``[max_tokens]``: rank of each token's adapter, 0 for -1 tokens
+      and empty slots (the token-major decode kernels read it next to ``token_slots``).
     * ``sorted_tokens`` ``[max_tokens]``: token indices stably sorted by slot; tokens
       without an adapter come last. Tokens of slot ``l`` are
       ``sorted_tokens[slot_starts[l] : slot_starts[l] + slot_counts[l]]``, ascending.
@@ -108,6 +110,7 @@ class LoRABatch:
     max_tokens: int
     num_slots: int
     token_slots: torch.Tensor
+    token_ranks: torch.Tensor
     sorted_tokens: torch.Tensor
     slot_starts: torch.Tensor
     slot_counts: torch.Tensor
@@ -133,6 +136,7 @@ class LoRABatch:
             max_tokens=max_tokens,
             num_slots=num_slots,
             token_slots=torch.full((max_tokens,), -1, **i32),  # [max_tokens]
+            token_ranks=torch.zeros(max_tokens, **i32),  # [max_tokens]
             sorted_tokens=torch.arange(max_tokens, **i32),  # [max_tokens]
             slot_starts=torch.zeros(num_slots, **i32),  # [num_slots]
             slot_counts=torch.zeros(num_slots, **i32),  # [num_slots]
@@ -172,6 +176,9 @@ class LoRABatch:
         ids[t:].fill_(-1)
         invalid = (ids < 0) | (ids >= self.num_slots)  # [max_tokens]
         ids.masked_fill_(invalid, -1)
+        self.slot_ranks.copy_(slot_ranks)
+        torch.index_select(self.slot_ranks, 0, ids.clamp(min=0), out=self.token_ranks)
+        self.token_ranks.masked_fill_(invalid, 0)
         # Sort key: the slot, with "no adapter" mapped past the last slot.
         key = ids.masked_fill(invalid, self.num_slots)  # [max_tokens]
         sorted_key, order = torch.sort(key, stable=True)
@@ -179,7 +186,8 @@ class LoRABatch:
         bounds = torch.searchsorted(sorted_key, self._boundaries)  # [num_slots + 1] int64
         self.slot_starts.copy_(bounds[:-1])
         self.slot_counts.copy_(bounds[1:] - bounds[:-1])
-        self.slot_ranks.copy_(slot_ranks)
+        # Written last: kernels launched with programmatic dependent launch read the
+        # buffers above before waiting on the previous kernel, never num_tokens.
         self.num_tokens.fill_(t)
         self._num_tokens_host = t
         self._host = None

@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import lora_decode
 from .lora import MAX_SLICES, LoRABatch, _interpreting
 
 
@@ -159,12 +160,19 @@ def _expand_w(
     stride_wr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    RANK_ALIGN: tl.constexpr,
 ):
-    """B tile ``[BLOCK_R, BLOCK_N]``: rank rows r0.., output columns n0.. of one slot."""
+    """B tile ``[BLOCK_R, BLOCK_N]``: rank rows r0.., output columns n0.. of one slot.
+
+    Rank is B's contiguous dimension: whole RANK_ALIGN-element vectors are loaded (up to the
+    rank rounded up) and rows at or beyond the rank are zeroed in registers.
+    """
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_r = r0 + tl.arange(0, BLOCK_R)
     ptrs = b_ptr + slot.to(tl.int64) * stride_wl + offs_n[None, :] * stride_wn + offs_r[:, None] * stride_wr
-    return tl.load(ptrs, mask=(offs_r < rank)[:, None] & (offs_n < hi)[None, :], other=0.0)
+    rank_ld = tl.multiple_of((rank + RANK_ALIGN - 1) // RANK_ALIGN * RANK_ALIGN, RANK_ALIGN)
+    w = tl.load(ptrs, mask=(offs_r < rank_ld)[:, None] & (offs_n < hi)[None, :], other=0.0)
+    return tl.where((offs_r < rank)[:, None], w, 0.0)
 
 
 @triton.jit
@@ -229,6 +237,7 @@ def _expand_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     SPLIT_BLOCK: tl.constexpr,
+    RANK_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -249,7 +258,9 @@ def _expand_tile(
         w = w.to(tl.float32)
     acc = tl.dot(h, w, input_precision=DOT_PRECISION)  # [BM, BN]
     for r0 in range(BLOCK_R, rank, BLOCK_R):  # ranks beyond one block (max_rank > 64)
-        w = _expand_w(b_ptr, slot, n0, hi, r0, rank, stride_wl, stride_wn, stride_wr, BLOCK_N, BLOCK_R)
+        w = _expand_w(
+            b_ptr, slot, n0, hi, r0, rank, stride_wl, stride_wn, stride_wr, BLOCK_N, BLOCK_R, RANK_ALIGN
+        )
         h = _expand_h(
             buf_ptr, s, tok, m_ok, r0, rank, num_splits,
             stride_bp, stride_bs, stride_bt, stride_br, SPLIT_BLOCK, BLOCK_R,
@@ -367,6 +378,7 @@ def _lora_expand_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     SPLIT_BLOCK: tl.constexpr,
+    RANK_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -379,13 +391,15 @@ def _lora_expand_kernel(
     n_prog = pid % n_progs
     if (m_block * BLOCK_M < count) & (rank > 0):
         s, n0, hi = _slice_of(n_prog, c1, c2, c3, off0, off1, off2, off3, off4, BLOCK_N)
-        w0 = _expand_w(b_ptr, slot, n0, hi, 0, rank, stride_wl, stride_wn, stride_wr, BLOCK_N, BLOCK_R)
+        w0 = _expand_w(
+            b_ptr, slot, n0, hi, 0, rank, stride_wl, stride_wn, stride_wr, BLOCK_N, BLOCK_R, RANK_ALIGN
+        )
         _expand_tile(
             w0, buf_ptr, b_ptr, y_ptr, sorted_ptr, slot, s, m_block, n0, hi, count, rank,
             start, num_tokens, num_splits,
             stride_bp, stride_bs, stride_bt, stride_br, stride_wl, stride_wn, stride_wr,
             stride_yt, stride_yn,
-            BLOCK_M, BLOCK_N, BLOCK_R, SPLIT_BLOCK, DOT_PRECISION, UPCAST,
+            BLOCK_M, BLOCK_N, BLOCK_R, SPLIT_BLOCK, RANK_ALIGN, DOT_PRECISION, UPCAST,
         )  # fmt: skip
 
 
@@ -480,6 +494,8 @@ def shrink_partials(
     """
     num_tokens, in_features = x.shape
     num_slots, num_slices, max_rank, _ = lora_a.shape
+    if config is None and out is None and num_tokens <= lora_decode.DECODE_MAX_TOKENS:
+        return lora_decode.shrink_partials(x, lora_a, batch)
     num_cols = num_slices * max_rank
     cfg = config or shrink_config(num_tokens, in_features, num_slices, max_rank)
     k_per_split, splits = _split_layout(in_features, cfg)
@@ -526,6 +542,8 @@ def shrink(x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch, out: torch.T
     """Shrink into ``out [S, T, R]``; split-K partials are summed by one torch op."""
     num_tokens, in_features = x.shape
     cfg = shrink_config(num_tokens, in_features, lora_a.shape[1], lora_a.shape[2])
+    if num_tokens <= lora_decode.DECODE_MAX_TOKENS:
+        return torch.sum(lora_decode.shrink_partials(x, lora_a, batch), dim=0, out=out)
     if _split_layout(in_features, cfg)[1] == 1:
         shrink_partials(x, lora_a, batch, out=out, config=cfg)
         return out
@@ -546,6 +564,8 @@ def expand(
     num_slots, out_total, _ = lora_b.shape
     if num_tokens == 0 or out_total == 0:
         return y
+    if config is None and num_tokens <= lora_decode.DECODE_MAX_TOKENS:
+        return lora_decode.expand(y, buf, lora_b, batch, slice_offsets)
     cfg = config or expand_config(num_tokens)
     cum, n_progs = _slice_programs(slice_offsets, cfg.block_n)
     grid = (triton.cdiv(num_tokens, cfg.block_m) * n_progs, num_slots)
@@ -569,6 +589,7 @@ def expand(
         BLOCK_N=cfg.block_n,
         BLOCK_R=_block_r(max_rank),
         SPLIT_BLOCK=_next_pow2(splits),
+        RANK_ALIGN=lora_decode.rank_align(lora_b),
         DOT_PRECISION=_precision(y.dtype),
         UPCAST=_upcast(y.dtype),
         num_warps=cfg.num_warps,

@@ -28,10 +28,15 @@ from multilora_studio.kernels import lora as lora_mod
 
 TRITON_OK = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
+NEEDS_TRITON = pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
+# "triton" takes the token-major (BGMV) kernels up to DECODE_MAX_TOKENS tokens and the
+# slot-grouped (SGMV) ones above; "triton-grouped" forces the slot-grouped kernels.
 BACKENDS = [
-    pytest.param("triton", marks=pytest.mark.skipif(not TRITON_OK, reason="needs Triton")),
+    pytest.param("triton", marks=NEEDS_TRITON, id="triton"),
+    pytest.param("triton", marks=[NEEDS_TRITON, pytest.mark.grouped_kernels], id="triton-grouped"),
     "torch",
 ]
+TRITON_PATHS = BACKENDS[:2]
 
 # ||out - ref|| / ||ref|| against the float64 reference, per dtype. bf16/fp16 round the
 # rank-r intermediate to the weight dtype before expand (as the GPU kernel does) and y's sum.
@@ -50,6 +55,14 @@ SHAPES = {
     "single": (40, (56,)),
 }
 PATTERNS = ["distinct", "uniform", "zipf", "identical", "all_none", "base_mixed"]
+
+
+@pytest.fixture(autouse=True)
+def _kernel_path(request, monkeypatch):
+    if request.node.get_closest_marker("grouped_kernels"):
+        from multilora_studio.kernels import lora_decode
+
+        monkeypatch.setattr(lora_decode, "DECODE_MAX_TOKENS", 0)
 
 
 def seed_of(*parts: object) -> int:
@@ -242,9 +255,9 @@ def test_torch_paths(monkeypatch, stacked_max, pattern):
         check_y(y, case, dtype)
 
 
-@pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
+@pytest.mark.parametrize("backend", TRITON_PATHS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_triton_never_reads_rank_padding(dtype):
+def test_triton_never_reads_rank_padding(backend, dtype):
     """NaN beyond each slot's rank (and in the empty slot) must not reach the output."""
     gen = torch.Generator().manual_seed(seed_of("pad", dtype))
     case = make_case(dtype, 21, "qkv", "uniform", gen, pad=float("nan"))
@@ -252,7 +265,7 @@ def test_triton_never_reads_rank_padding(dtype):
     case.y = torch.randn(21, case.offsets[-1], generator=gen).to(dtype).to(DEVICE)
     poison_rows(case.y, case.slot_ids == 5, gen)
     y = case.y.clone()
-    add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend="triton")
+    add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend=backend)
     a, b = zero_padded(case)
     empty = case.slot_ids == 5
     assert torch.equal(y[empty].view(torch.int8), case.y[empty].view(torch.int8))
@@ -335,14 +348,14 @@ def test_batch_metadata():
     assert batch.sorted_tokens[:5].tolist() == [2, 5, 0, 3, 6]
     assert sorted(batch.sorted_tokens.tolist()) == list(range(16))
     assert batch.slot_ranks.tolist() == [8, 0, 16, 4]
+    assert batch.token_ranks.tolist() == [16, 0, 8, 16, 0, 8, 16] + [0] * 9
     assert batch.num_tokens.tolist() == [7]
-    assert all(
-        t.dtype == torch.int32
-        for t in (batch.token_slots, batch.sorted_tokens, batch.slot_starts, batch.slot_counts)
-    )
+    buffers = (batch.token_slots, batch.token_ranks, batch.sorted_tokens, batch.slot_starts)
+    assert all(t.dtype == torch.int32 for t in buffers)
     batch.update(torch.tensor([3], dtype=torch.int64), ranks)
     assert batch.slot_counts.tolist() == [0, 0, 0, 1]
     assert batch.token_slots[:2].tolist() == [3, -1]
+    assert batch.token_ranks[:2].tolist() == [4, 0]
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="CPU tensors only")
@@ -449,3 +462,29 @@ def test_batch_rejects_bad_input():
         batch.update(torch.zeros(2, dtype=torch.int32, device="meta"), ranks)
     with pytest.raises(ValueError, match="1-D"):
         build_lora_batch(torch.zeros(2, 2, dtype=torch.int32), ranks, 3)
+
+
+@pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
+@pytest.mark.parametrize(("block_k", "block_n"), [(16, 32), (32, 64), (128, 16)])
+def test_token_major_kernels_tiles(block_k, block_n):
+    """Token-major kernels with explicit tiles: several K chunks (one uneven), narrow B tiles."""
+    from multilora_studio.kernels import lora_decode
+
+    gen = torch.Generator().manual_seed(seed_of("decode-tiles", block_k, block_n))
+    for dtype, pattern in ((torch.float16, "zipf"), (torch.float32, "base_mixed")):
+        case = make_case(dtype, 19, "qkv", pattern, gen)
+        batch = case.batch
+        part = lora_decode.shrink_partials(case.x, case.lora_a, batch, block_k=block_k)
+        assert part.shape[0] == -(-case.x.shape[1] // block_k)
+        y = case.y.clone()
+        lora_decode.expand(y, part, case.lora_b, batch, case.offsets, block_n=block_n)
+        check_y(y, case, dtype)
+
+
+def test_programmatic_dependent_launch_only_on_capable_gpus(monkeypatch):
+    from multilora_studio.kernels import lora_decode
+
+    assert not lora_decode.use_pdl(torch.device("cpu"))
+    if torch.cuda.is_available():
+        monkeypatch.setenv("MULTILORA_PDL", "0")
+        assert not lora_decode.use_pdl(torch.device("cuda"))
