@@ -539,8 +539,8 @@ def section_target(rep: Report, deadline: float) -> None:
     res["sweep"] = sweep
     best: dict[str, object] = {}
     stages = (
-        [{"EXPAND_BLOCK_N": bn, "EXPAND_WARPS": w} for bn in (128, 256, 512, 1024) for w in (4, 8)],
-        [{"SHRINK_TILE": tile, "SHRINK_WARPS": w} for tile in (4096, 8192, 16384) for w in (4, 8)],
+        [{"EXPAND_TILE": tile, "EXPAND_WARPS": w} for tile in (8192, 16384, 32768) for w in (4, 8)],
+        [{"SHRINK_TILE": tile, "SHRINK_WARPS": w} for tile in (8192, 16384, 32768) for w in (4, 8)],
     )
     for stage in stages:
         stage_best: tuple[float, dict[str, object]] | None = None
@@ -639,7 +639,7 @@ def section_matrix(rep: Report, quick: bool, deadline: float) -> None:
     ranks_list = (8, 16, 64)
     distincts = (1, 8, 32, 64)
     if quick:
-        tokens, ranks_list, distincts = (1, 32, 256, 2048), (16,), (1, 32)
+        tokens, ranks_list, distincts = (1, 32, 128, 256, 2048), (16, 64), (1, 32)
     rows: list[dict[str, object]] = []
     rep.data["matrix"] = rows
     sets = {}
@@ -692,6 +692,9 @@ def run_gpu(args: argparse.Namespace, rep: Report) -> None:
         ("matrix", lambda: section_matrix(rep, args.quick, start + args.budget)),
         ("update_graph", lambda: section_update_graph(rep)),
     ]
+    if args.sections:
+        wanted = set(args.sections.split(","))
+        sections = [(name, fn) for name, fn in sections if name in wanted or name in ("env", "ceilings")]
     for name, fn in sections:
         t0 = time.monotonic()
         try:
@@ -773,6 +776,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smaller timing matrix")
     parser.add_argument("--cpu", action="store_true", help="time the torch path on the CPU")
+    parser.add_argument(
+        "--sections",
+        default="",
+        help="comma-separated GPU sections to run (correctness, graph, target, decode_paths, matrix, "
+        "update_graph); default all",
+    )
     parser.add_argument("--budget", type=float, default=280.0, help="seconds for all GPU sections")
     args = parser.parse_args(argv)
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None

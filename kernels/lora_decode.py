@@ -55,15 +55,23 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 
 
 # Tokens up to which add_lora uses these kernels; above it the slot-grouped (SGMV) kernels
-# of lora_triton, which read each adapter's tiles once per token block.
-DECODE_MAX_TOKENS = 64
-# Rank rows per tile; larger ranks loop over blocks up to each slot's rank.
-BLOCK_R = 16
-# Elements of one shrink tile (BLOCK_R x BLOCK_K) and one expand tile (BLOCK_N x BLOCK_R).
-SHRINK_TILE = 8192
+# of lora_triton, which read each adapter's tiles once per token block. On the H200 the
+# token-major kernels were 2x faster with 32-128 distinct adapters and within 25% with all
+# tokens on one adapter up to 128 tokens (docs/kernels.md).
+DECODE_MAX_TOKENS = 128
+# Tile sizes in elements (rank rows x K columns for shrink, output columns x rank rows for
+# expand); the rank block is max_rank rounded up to a power of two, 16..64, and larger
+# ranks loop over rank blocks up to each slot's rank. Chosen by the tile sweep of
+# kernels/bench.py on the H200 (decode, batch 32, 32 distinct rank-16 adapters).
+SHRINK_TILE = 16384
 SHRINK_WARPS = 4
-EXPAND_BLOCK_N = 256
-EXPAND_WARPS = 4
+EXPAND_TILE = 16384
+EXPAND_WARPS = 8
+
+
+def block_r(max_rank: int) -> int:
+    """Rank rows per tile: max_rank rounded up to a power of two, within 16..64."""
+    return min(64, max(16, triton.next_power_of_2(max_rank)))
 
 
 @cache
@@ -99,9 +107,13 @@ def rank_align(lora_b: torch.Tensor) -> int:
 
 
 def shrink_block_k(max_rank: int, in_features: int) -> int:
-    """K columns per shrink program: a BLOCK_R x BLOCK_K tile of about SHRINK_TILE elements."""
-    block_k = SHRINK_TILE // BLOCK_R
-    return min(block_k, max(16, triton.next_power_of_2(in_features)))
+    """K columns per shrink program: a rank-block x BLOCK_K tile of about SHRINK_TILE elements."""
+    return min(SHRINK_TILE // block_r(max_rank), max(16, triton.next_power_of_2(in_features)))
+
+
+def expand_block_n(max_rank: int) -> int:
+    """Output columns per expand program: a BLOCK_N x rank-block tile of EXPAND_TILE elements."""
+    return max(16, EXPAND_TILE // block_r(max_rank))
 
 
 @triton.jit
@@ -231,9 +243,12 @@ def _bgmv_expand_kernel(
         gdc_wait()
         gdc_launch_dependents()
     if active:
-        w = tl.where((offs_r < rank)[None, :], w, 0.0)
+        # Activations now, all at once: y and the token's partials.
+        y_ptrs = y_ptr + t.to(tl.int64) * stride_yt + offs_n * stride_yn  # [BN]
+        y_old = tl.load(y_ptrs, mask=n_ok, other=0.0)
         p_ptrs = part_ptr + s * stride_ps + t.to(tl.int64) * stride_pt + offs_r[None, :] * stride_pr
         h = _sum_partials(p_ptrs, offs_r, rank, num_splits, stride_pp, SPLIT_BLOCK)  # [BR]
+        w = tl.where((offs_r < rank)[None, :], w, 0.0)
         acc = tl.sum(w.to(tl.float32) * h[None, :], axis=1)  # [BN]
         for r0 in range(BLOCK_R, rank, BLOCK_R):  # ranks above one block
             rows = r0 + offs_r
@@ -243,8 +258,6 @@ def _bgmv_expand_kernel(
             w = tl.where((rows < rank)[None, :], w, 0.0)
             h = _sum_partials(p_ptrs + r0 * stride_pr, rows, rank, num_splits, stride_pp, SPLIT_BLOCK)
             acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
-        y_ptrs = y_ptr + t.to(tl.int64) * stride_yt + offs_n * stride_yn  # [BN]
-        y_old = tl.load(y_ptrs, mask=n_ok, other=0.0)
         # y += delta.to(y.dtype): the sum in float32, rounded once.
         delta = acc.to(y_old.dtype).to(tl.float32)
         tl.store(y_ptrs, (y_old.to(tl.float32) + delta).to(y_old.dtype), mask=n_ok)
@@ -264,6 +277,7 @@ def shrink_partials(
     num_tokens, in_features = x.shape
     _, num_slices, max_rank, _ = lora_a.shape
     bk = block_k or shrink_block_k(max_rank, in_features)
+    br = block_r(max_rank)
     splits = triton.cdiv(in_features, bk)
     part = torch.empty((splits, num_slices, num_tokens, max_rank), dtype=torch.float32, device=x.device)
     if num_tokens == 0:
@@ -279,7 +293,7 @@ def shrink_partials(
         *x.stride(),
         *lora_a.stride(),
         *part.stride(),
-        BLOCK_R=BLOCK_R,
+        BLOCK_R=br,
         BLOCK_K=bk,
         EVEN_K=in_features % bk == 0,
         **_launch_options(use_pdl(x.device), num_warps or SHRINK_WARPS),
@@ -299,11 +313,11 @@ def expand(
     """Launch the token-major expand: ``part`` is float32 partials ``[splits, S, T, R]``."""
     from .lora_triton import _padded_offsets, _slice_programs
 
-    splits, _, num_tokens, _ = part.shape
+    splits, _, num_tokens, max_rank = part.shape
     out_total = lora_b.shape[1]
     if num_tokens == 0 or out_total == 0:
         return y
-    bn = block_n or EXPAND_BLOCK_N
+    bn = block_n or expand_block_n(max_rank)
     cum, n_progs = _slice_programs(slice_offsets, bn)
     _bgmv_expand_kernel[(num_tokens, n_progs)](
         part,
@@ -318,7 +332,7 @@ def expand(
         *lora_b.stride(),
         *y.stride(),
         BLOCK_N=bn,
-        BLOCK_R=BLOCK_R,
+        BLOCK_R=block_r(max_rank),
         SPLIT_BLOCK=triton.next_power_of_2(splits),
         RANK_ALIGN=rank_align(lora_b),
         **_launch_options(use_pdl(y.device), num_warps or EXPAND_WARPS),

@@ -51,7 +51,7 @@ for step in $steps; do
         timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_fidelity.py \
         tests/engine/test_model_families.py 2>&1 | tee "$OUT/engine-fidelity.log" | tail -8 ;;
     kernel-bench)
-      timeout 300 python3 -m multilora_studio.kernels.bench 2>&1 | tee "$OUT/kernel-bench.log" | tail -30 ;;
+      OUT=$OUT timeout 420 python3 -m multilora_studio.kernels.bench --budget ${KERNEL_BUDGET:-240} 2>&1 | tee "$OUT/kernel-bench.log" | grep -v "^INFO" | tail -40 ;;
     attention-bench)
       timeout 240 python3 -m multilora_studio.kernels.paged_attention_bench 2>&1 | tee "$OUT/attention-bench.log" | tail -30 ;;
   esac

@@ -488,3 +488,27 @@ def test_programmatic_dependent_launch_only_on_capable_gpus(monkeypatch):
     if torch.cuda.is_available():
         monkeypatch.setenv("MULTILORA_PDL", "0")
         assert not lora_decode.use_pdl(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("backend", TRITON_PATHS)
+def test_ranks_above_one_rank_block(backend):
+    """Ranks 96 and 128 (max_rank 128) loop over rank blocks; padding (NaN) is not used."""
+    gen = torch.Generator().manual_seed(seed_of("big-rank", backend))
+    ranks, max_rank, in_features = [96, 128, 20], 128, 48
+    offsets = (0, 40, 64)  # two slices, 40 and 24 columns
+    lora_a = torch.randn(3, 2, max_rank, in_features, generator=gen) / in_features**0.5
+    lora_b = torch.randn(3, 64, max_rank, generator=gen) / 8.0
+    for slot, rank in enumerate(ranks):
+        lora_a[slot, :, rank:] = float("nan")
+        lora_b[slot, :, rank:] = float("nan")
+    slot_ids = torch.tensor([1, 0, -1, 2, 1, 0, 0], dtype=torch.int32)
+    x = torch.randn(7, in_features, generator=gen)
+    y = torch.randn(7, 64, generator=gen)
+    rank_t = torch.tensor(ranks, dtype=torch.int32)
+    batch = build_lora_batch(slot_ids.to(DEVICE), rank_t.to(DEVICE), 3)
+    out = y.to(DEVICE).clone()
+    add_lora(out, x.to(DEVICE), lora_a.to(DEVICE), lora_b.to(DEVICE), batch, offsets, backend=backend)
+    clean_a, clean_b = lora_a.nan_to_num(0.0), lora_b.nan_to_num(0.0)
+    ref = reference_lora(y, x, clean_a, clean_b, slot_ids, offsets)
+    assert torch.equal(out[2].cpu(), y[2])
+    assert rel_err(out.cpu(), ref) < TOL[torch.float32]
