@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.engine import Engine, EngineConfig, RequestOutput, SamplingParams
+from multilora_studio.library_cli import add_demo_adapters_flag, describe_base
 
 BASE = "base"
 
@@ -80,6 +82,7 @@ def add_compare_command(subparsers: argparse._SubParsersAction) -> None:
         help="use library adapters recorded against other base weights",
     )
     add_engine_arguments(parser)
+    add_demo_adapters_flag(parser)
     parser.set_defaults(handler=run_compare)
 
 
@@ -90,8 +93,11 @@ def run_compare(args: argparse.Namespace) -> int:
     choices = [name.strip() for name in args.adapters.split(",") if name.strip()]
     if not choices:
         raise ValueError("--adapters names at least one adapter or 'base'")
+    offer = args.model is None and not args.no_demo_adapters  # the demo adapters are for the embedded model
     from_library = [name for name in dict.fromkeys(choices) if name != BASE and name not in modules]
-    registry = Registry() if from_library else None
+    registry = Registry() if from_library or offer else None
+    if offer and registry is not None:
+        offer_demo_adapters(registry, lambda: describe_base(None))
     unknown = [name for name in from_library if registry is not None and registry.find(name) is None]
     if unknown:
         raise ValueError(

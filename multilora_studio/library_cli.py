@@ -12,6 +12,7 @@ from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.peft_adapter import SUPPORTED_TARGETS
 from multilora_studio.adapters.registry import DEFAULT_MAX_RANK, Registry
 from multilora_studio.adapters.registry_schema import AdapterRecord
+from multilora_studio.demo import SKIP_ENV, offer_demo_adapters
 
 DEFAULT_SEARCH_BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded default model on the Hub
 
@@ -35,6 +36,16 @@ def describe_base(model: str | None) -> BaseModelRef:
         num_layers=spec.num_layers,
         vocab_size=spec.vocab_size,
         shapes={module: spec.projection_shape(module) for module in SUPPORTED_TARGETS},
+    )
+
+
+def add_demo_adapters_flag(parser: argparse.ArgumentParser) -> None:
+    """``--no-demo-adapters`` for the commands that offer the demo adapters at start."""
+    parser.add_argument(
+        "--no-demo-adapters",
+        action="store_true",
+        help="do not add the shipped demo adapters to the library at this start "
+        f"(also: {SKIP_ENV}=1); they are added once, on the embedded model",
     )
 
 
@@ -63,6 +74,7 @@ def add_library_commands(subparsers: argparse._SubParsersAction) -> None:
     listing = actions.add_parser("list", help="list the library", description="List the library's adapters.")
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.add_argument("--model", default=None, help="flag adapters validated against another base")
+    add_demo_adapters_flag(listing)
     listing.set_defaults(handler=run_list)
 
     add = actions.add_parser(
@@ -160,8 +172,12 @@ def run_add(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    records = Registry().list_adapters()
-    digest = describe_base(args.model).digest if args.model else None
+    registry = Registry()
+    base = describe_base(args.model) if args.model else None
+    if not args.no_demo_adapters:
+        offer_demo_adapters(registry, base or (lambda: describe_base(None)))
+    records = registry.list_adapters()
+    digest = base.digest if base is not None else None
     if args.json:
         print(json.dumps([_as_json(r, digest) for r in records], indent=2))
         return 0

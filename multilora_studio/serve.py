@@ -6,9 +6,15 @@ import argparse
 import logging
 import os
 import signal
+import sqlite3
 import threading
 
+from multilora_studio.adapters.base_model import BaseModelRef
+from multilora_studio.adapters.registry import Registry
 from multilora_studio.compare import add_engine_arguments, engine_config, parse_lora_modules
+from multilora_studio.demo import offer_demo_adapters
+from multilora_studio.engine import Engine
+from multilora_studio.library_cli import add_demo_adapters_flag
 
 log = logging.getLogger(__name__)
 
@@ -19,10 +25,17 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="serve the base model and adapters over an OpenAI-compatible HTTP API",
-        description="Serve the base model and its LoRA adapters over an OpenAI-compatible HTTP API; "
-        "the request's `model` field picks the adapter. Stop with Ctrl+C.",
+        description="Serve the base model and its LoRA adapters (--lora-modules and the adapter "
+        "library) over an OpenAI-compatible HTTP API; the request's `model` field picks the adapter. "
+        "Stop with Ctrl+C.",
     )
     add_engine_arguments(parser)
+    parser.add_argument(
+        "--no-library",
+        action="store_true",
+        help="serve only --lora-modules, not the adapters of the library",
+    )
+    add_demo_adapters_flag(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
     parser.add_argument(
@@ -49,9 +62,38 @@ def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(key.strip() for key in given if key.strip())
 
 
+def serve_library(engine: Engine, demo_adapters: bool = True) -> list[str]:
+    """Serve the library's adapters next to those already served; returns the names added.
+
+    First offers the demo adapters (``offer_demo_adapters``: once per library, on their base
+    model) unless ``demo_adapters`` is off. An adapter validated against other base weights,
+    or whose name is already served (``--lora-modules``), is skipped with a log line; the
+    weights are read on first use. A library that cannot be opened is logged and skipped.
+    """
+    try:
+        registry = Registry()
+    except (OSError, sqlite3.Error, ValueError) as error:
+        log.warning("serving without the adapter library: %s", error)
+        return []
+    if demo_adapters:
+        offer_demo_adapters(registry, BaseModelRef.of_engine(engine))
+    served = {info.name for info in engine.list_adapters()}
+    added = []
+    for record in registry.list_adapters():
+        if record.name in served:
+            log.info("library adapter %s not served: --lora-modules uses that name", record.name)
+            continue
+        try:
+            registry.load_into(engine, record.name, preload=False)
+        except (ValueError, OSError) as error:
+            log.info("library adapter %s not served: %s", record.name, error)
+        else:
+            added.append(record.name)
+    return added
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from multilora_studio.cli import print_progress
-    from multilora_studio.engine import Engine
     from multilora_studio.server import ApiServer, ServerConfig, bind_socket
 
     config = ServerConfig(
@@ -73,9 +115,11 @@ def run_serve(args: argparse.Namespace) -> int:
         with Engine(engine_config(args), progress=print_progress) as engine:
             for name, path in modules.items():
                 engine.add_adapter(name, path)
+            if not args.no_library:
+                serve_library(engine, demo_adapters=not args.no_demo_adapters)
             server = ApiServer(engine, config)
             url = server.start(sock=listener)
-            names = ", ".join([engine.model_name, *sorted(modules)])
+            names = ", ".join([engine.model_name, *sorted(info.name for info in engine.list_adapters())])
             print(f"serving {names} at {url}/v1", flush=True)
             wait_for_stop_signal()
             server.stop()

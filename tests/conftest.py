@@ -16,9 +16,14 @@ from tests.fixtures import TINY_ADAPTERS, build_adapter, build_tiny_model, extra
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every test session gets its own user data directory."""
+    """Every test session gets its own user data directory.
+
+    The demo adapters are not offered at start-up (``MULTILORA_STUDIO_NO_DEMO_ADAPTERS``),
+    so every test sees only the library it builds; the first-start tests clear the variable.
+    """
     home = tmp_path_factory.mktemp("studio-home")
     os.environ["MULTILORA_STUDIO_HOME"] = str(home)
+    os.environ["MULTILORA_STUDIO_NO_DEMO_ADAPTERS"] = "1"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return home
@@ -72,3 +77,14 @@ def tiny_family_models(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: 
         )
         models[architecture] = folder
     return models
+
+
+@pytest.fixture
+def new_user_home(default_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A new user's empty data directory (the embedded model already converted), demo adapters on."""
+    home = tmp_path / "new-user-home"
+    home.mkdir()
+    (home / "models").symlink_to(default_model.path.parent, target_is_directory=True)
+    monkeypatch.setenv("MULTILORA_STUDIO_HOME", str(home))
+    monkeypatch.delenv("MULTILORA_STUDIO_NO_DEMO_ADAPTERS")
+    return home

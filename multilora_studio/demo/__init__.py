@@ -1,7 +1,10 @@
 """Demo adapters trained on the embedded model, shipped in ``resources/demo_adapters``.
 
-``register_demo_adapters`` adds them to the library on first start; an adapter the user
-removes later is not added again.
+``register_demo_adapters`` adds them to the library once; an adapter the user removes
+later is not added again. ``offer_demo_adapters`` is what every start calls (the window's
+engine start, ``serve``, ``compare``, ``adapters list``): skipped when
+``$MULTILORA_STUDIO_NO_DEMO_ADAPTERS`` is set, a no-op once all were offered, and it
+never raises.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +25,7 @@ log = logging.getLogger(__name__)
 
 INDEX_FILE = "index.json"
 OFFERED_FILE = "demo_adapters_offered.json"  # in the library's root: names registered once
+SKIP_ENV = "MULTILORA_STUDIO_NO_DEMO_ADAPTERS"  # set (not "", "0", "false", "no"): never offer them
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,44 @@ def demo_adapter_dirs(root: Path | None = None) -> dict[str, Path]:
     return {adapter.name: adapter.folder for adapter in demo_adapters(root)}
 
 
+def offered_names(registry: Registry) -> set[str]:
+    """The demo adapter names this library was offered already (registered, or left alone)."""
+    marker = registry.root / OFFERED_FILE
+    return set(json.loads(marker.read_text())) if marker.is_file() else set()
+
+
+def skip_requested() -> bool:
+    """True when ``$MULTILORA_STUDIO_NO_DEMO_ADAPTERS`` asks not to offer the demo adapters."""
+    return os.environ.get(SKIP_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def offer_demo_adapters(
+    registry: Registry,
+    base: BaseModelRef | Callable[[], BaseModelRef],
+    root: Path | None = None,
+) -> list[AdapterRecord]:
+    """The start-up call: ``register_demo_adapters`` unless skipped; returns those added.
+
+    ``base`` may be a function, called only when a demo adapter has not been offered yet
+    (so a second start neither describes the base model nor writes anything). Any error
+    is logged as a warning and the start goes on without the demo adapters.
+    """
+    if skip_requested():
+        log.debug("demo adapters not offered: $%s is set", SKIP_ENV)
+        return []
+    try:
+        names = {adapter.name for adapter in demo_adapters(root)}
+        if names <= offered_names(registry):
+            return []
+        added = register_demo_adapters(registry, base if isinstance(base, BaseModelRef) else base(), root)
+    except Exception as error:  # a start never fails because of the demo adapters
+        log.warning("the demo adapters were not added to the library: %s", error)
+        return []
+    if added:
+        log.info("added the demo adapters to the library: %s", ", ".join(r.name for r in added))
+    return added
+
+
 def register_demo_adapters(
     registry: Registry, base: BaseModelRef, root: Path | None = None
 ) -> list[AdapterRecord]:
@@ -70,7 +113,7 @@ def register_demo_adapters(
         log.info("demo adapters are for %s, not %s: not registered", index["base_model"], base.name)
         return []
     marker = registry.root / OFFERED_FILE
-    offered = set(json.loads(marker.read_text())) if marker.is_file() else set()
+    offered = offered_names(registry)
     added = []
     for adapter in demo_adapters(root):
         if adapter.name in offered:

@@ -39,9 +39,9 @@ def preferences(settings_file: Path | None) -> Preferences:
     return Preferences(QSettings(str(settings_file), QSettings.Format.IniFormat))
 
 
-def run(settings_file: Path | None = None) -> int:
-    """Open the window and run until it is closed."""
+def run(settings_file: Path | None = None, demo_adapters: bool = True) -> int:
+    """Open the window and run until it is closed (``demo_adapters``: offer them at engine starts)."""
     app = application()
-    window = MainWindow(preferences(settings_file), Registry())
+    window = MainWindow(preferences(settings_file), Registry(), demo_adapters=demo_adapters)
     window.show()
     return app.exec()

@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from multilora_studio.library_cli import add_demo_adapters_flag
+
 
 def has_display() -> bool:
     """False on a Linux machine without X11 or Wayland (or where Qt was told to render offscreen)."""
@@ -35,6 +37,7 @@ def add_gui_command(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--settings", type=Path, default=None, help="INI file for the window's settings (default: the user's)"
     )
+    add_demo_adapters_flag(parser)
     parser.set_defaults(handler=run_gui)
 
 
@@ -54,7 +57,7 @@ def run_gui(args: argparse.Namespace) -> int:
     if args.smoke_test:
         from multilora_studio.gui.smoke import run_smoke_test
 
-        return run_smoke_test(args.screenshot, device=args.device)
+        return run_smoke_test(args.screenshot, device=args.device, demo_adapters=not args.no_demo_adapters)
     from multilora_studio.gui.app import run
 
-    return run(args.settings)
+    return run(args.settings, demo_adapters=not args.no_demo_adapters)

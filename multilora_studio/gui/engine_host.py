@@ -11,7 +11,9 @@ import logging
 
 from PySide6.QtCore import QObject, Signal
 
+from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.engine import Engine
 from multilora_studio.gui.library_ops import LoadResult, load_library
 from multilora_studio.gui.preferences import EngineChoice
@@ -23,7 +25,11 @@ STOPPED, LOADING, READY, FAILED = "stopped", "loading", "ready", "failed"
 
 
 class EngineHost(QObject):
-    """Owns the one Engine of the window (see the module docstring)."""
+    """Owns the one Engine of the window (see the module docstring).
+
+    Each engine start first offers the demo adapters to the library (``offer_demo_adapters``:
+    once per library, only on the model they were trained on) unless ``demo_adapters`` is off.
+    """
 
     stateChanged = Signal(str)
     progress = Signal(float, str)
@@ -31,9 +37,10 @@ class EngineHost(QObject):
     failed = Signal(str)
     adaptersChanged = Signal()
 
-    def __init__(self, registry: Registry, parent: QObject | None = None) -> None:
+    def __init__(self, registry: Registry, parent: QObject | None = None, demo_adapters: bool = True) -> None:
         super().__init__(parent)
         self.registry = registry
+        self.demo_adapters = demo_adapters
         self.tasks = TaskRunner(self)
         self._engine: Engine | None = None
         self._boot: Task | None = None
@@ -92,6 +99,9 @@ class EngineHost(QObject):
         task.report(0.05, f"loading {choice.label}")
         engine = Engine(choice.engine_config(model), progress=task.report)
         try:
+            if self.demo_adapters:
+                task.report(0.9, "adding the demo adapters")
+                offer_demo_adapters(self.registry, BaseModelRef.of_engine(engine))
             task.report(0.9, "registering the library's adapters")
             result = load_library(self.registry, engine, lambda f, m: task.report(0.9 + 0.1 * f, m))
             task.report(1.0, "ready")

@@ -31,11 +31,13 @@ DEFAULT_HUB_BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 class MainWindow(QMainWindow):
     """Owns the engine host and the server control; views only read them and ask for work."""
 
-    def __init__(self, prefs: Preferences, registry: Registry, start_engine: bool = True) -> None:
+    def __init__(
+        self, prefs: Preferences, registry: Registry, start_engine: bool = True, demo_adapters: bool = True
+    ) -> None:
         super().__init__()
         self.setWindowTitle("MultiLoRA Studio")
         self.prefs = prefs
-        self.host = EngineHost(registry, self)
+        self.host = EngineHost(registry, self, demo_adapters=demo_adapters)
         self.control = ServerControl(self)
         self.library = LibraryView(self.host)
         self.compare = CompareView(self.host)

@@ -82,13 +82,15 @@ class SmokeTest(QObject):
         application().exit(self.exit_code)
 
 
-def run_smoke_test(screenshot: Path | None = None, timeout_s: float = 600.0, device: str = "auto") -> int:
+def run_smoke_test(
+    screenshot: Path | None = None, timeout_s: float = 600.0, device: str = "auto", demo_adapters: bool = True
+) -> int:
     """See the module docstring; the user's settings are left untouched (a temporary INI file is used)."""
     app = application()
     with tempfile.TemporaryDirectory(prefix="multilora-smoke-") as folder:
         prefs = Preferences(QSettings(str(Path(folder) / "settings.ini"), QSettings.Format.IniFormat))
         prefs.set_engine_choice(replace(EngineChoice(), device=device))
-        window = MainWindow(prefs, Registry())
+        window = MainWindow(prefs, Registry(), demo_adapters=demo_adapters)
         smoke = SmokeTest(window, screenshot, timeout_s)
         window.show()
         app.exec()
