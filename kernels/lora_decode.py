@@ -56,22 +56,22 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 
 # Tokens up to which add_lora uses these kernels; above it the slot-grouped (SGMV) kernels
 # of lora_triton, which read each adapter's tiles once per token block. On the H200 the
-# token-major kernels were 2x faster with 32-128 distinct adapters and within 25% with all
-# tokens on one adapter up to 128 tokens (docs/kernels.md).
-DECODE_MAX_TOKENS = 128
+# token-major kernels were 1.8-2.5x faster with 8-256 distinct adapters and as fast or
+# faster with all tokens on one adapter, up to 256 tokens (docs/kernels.md).
+DECODE_MAX_TOKENS = 256
 # Tile sizes in elements (rank rows x K columns for shrink, output columns x rank rows for
-# expand); the rank block is max_rank rounded up to a power of two, 16..64, and larger
+# expand); the rank block is max_rank rounded up to a power of two, 8..64, and larger
 # ranks loop over rank blocks up to each slot's rank. Chosen by the tile sweep of
 # kernels/bench.py on the H200 (decode, batch 32, 32 distinct rank-16 adapters).
 SHRINK_TILE = 16384
 SHRINK_WARPS = 4
 EXPAND_TILE = 16384
-EXPAND_WARPS = 8
+EXPAND_WARPS = 4
 
 
 def block_r(max_rank: int) -> int:
-    """Rank rows per tile: max_rank rounded up to a power of two, within 16..64."""
-    return min(64, max(16, triton.next_power_of_2(max_rank)))
+    """Rank rows per tile: max_rank rounded up to a power of two, within 8..64."""
+    return min(64, max(8, triton.next_power_of_2(max_rank)))
 
 
 @cache

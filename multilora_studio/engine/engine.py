@@ -30,9 +30,10 @@ from multilora_studio.default_model import ProgressCallback
 from multilora_studio.engine.block_manager import BlockManager, blocks_needed
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
-from multilora_studio.engine.lora_weights import PackedAdapter, pack_adapter
+from multilora_studio.engine.lora_weights import LORA_GROUPS, PackedAdapter, pack_adapter, packed_shapes
 from multilora_studio.engine.model_source import BaseModel, resolve_model
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, SlotState, TokenDelta
+from multilora_studio.engine.pinned_arena import PinnedArena, carved_bytes
 from multilora_studio.engine.requests import RequestStream
 from multilora_studio.engine.runner import ModelRunner, kv_bytes_per_block
 from multilora_studio.engine.sampler import make_generator
@@ -153,6 +154,10 @@ class Engine:
         )
         self._upload_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._uploads: dict[str, torch.cuda.Event] = {}
+        # Host copies that uploads in flight read: kept alive (and their pinned blocks
+        # taken) until the copies have completed.
+        self._upload_sources: dict[str, PackedAdapter] = {}
+        self._arena = self._pinned_arena(config.max_cpu_loras)
         self.scheduler = Scheduler(
             self.blocks,
             config.max_num_seqs,
@@ -195,7 +200,15 @@ class Engine:
         return self._pack(self._read_adapter(name, path))
 
     def _pack(self, adapter: HostAdapter) -> PackedAdapter:
-        return pack_adapter(adapter, self.spec, self.dtype, pin=self.device.type == "cuda")
+        return pack_adapter(adapter, self.spec, self.dtype, pin=self.device.type == "cuda", arena=self._arena)
+
+    def _pinned_arena(self, host_slots: int) -> PinnedArena | None:
+        """Pinned blocks for the host tier on CUDA: one per host slot plus two for uploads in
+        flight, each the size of an adapter of max_lora_rank on every projection."""
+        if self.device.type != "cuda":
+            return None
+        shapes = packed_shapes(self.spec, self.config.max_lora_rank, list(LORA_GROUPS))
+        return PinnedArena.for_tier(carved_bytes(shapes, self.dtype), host_slots + 2)
 
     def add_adapter(self, name: str, path: str | Path, preload: bool = True) -> AdapterInfo:
         """Validate the PEFT folder at ``path`` and make it servable as ``name``.
@@ -630,6 +643,7 @@ class Engine:
         upload = self._uploads.pop(name, None)
         if upload is not None:
             upload.synchronize()
+            self._upload_sources.pop(name, None)
             self.slots.release(name)
         slot = self.slots.evict(name)
         if slot is not None:
@@ -654,6 +668,7 @@ class Engine:
                 if not upload.query():
                     return False
                 del self._uploads[name]  # the end of a miss, counted when the upload started
+                self._upload_sources.pop(name, None)
                 self.slots.release(name)
             else:
                 self._gpu_hits += 1
@@ -681,6 +696,7 @@ class Engine:
             done = torch.cuda.Event()
             done.record(self._upload_stream)
         self._uploads[name] = done  # keeps the slot until the copy has landed
+        self._upload_sources[name] = packed  # and the host copy it reads
         return False
 
     def _release_adapter(self, name: str | None) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from multilora_studio.adapters.peft_adapter import HostAdapter
 from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.pinned_arena import PinnedArena, carve, carved_bytes
 
 # projection group (one kernel launch) -> the HF modules that are its slices, in row order
 LORA_GROUPS: dict[str, tuple[str, ...]] = {
@@ -107,25 +108,54 @@ class PackedAdapter:
         return sum(t.nbytes for t in itertools.chain(self.a.values(), self.b.values()))
 
 
-def pack_adapter(adapter: HostAdapter, spec: ModelSpec, dtype: torch.dtype, pin: bool) -> PackedAdapter:
-    """Lay ``adapter``'s factors out as its slot will hold them (done once, off the worker thread)."""
+def packed_shapes(spec: ModelSpec, rank: int, groups: list[str]) -> list[tuple[int, ...]]:
+    """Shapes of a packed adapter's tensors, a then b per group, in ``groups`` order."""
+    shapes: list[tuple[int, ...]] = []
+    for group in groups:
+        modules = LORA_GROUPS[group]
+        in_features = spec.projection_shape(modules[0])[1]
+        out_total = sum(spec.projection_shape(module)[0] for module in modules)
+        shapes += [(spec.num_layers, len(modules), rank, in_features), (spec.num_layers, out_total, rank)]
+    return shapes
+
+
+def pack_adapter(
+    adapter: HostAdapter,
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    pin: bool,
+    arena: PinnedArena | None = None,
+) -> PackedAdapter:
+    """Lay ``adapter``'s factors out as its slot will hold them (done once, off the worker thread).
+
+    With ``arena``, the tensors live in one of its pinned blocks (no page-locking now);
+    when the arena has no free block they are pinned on their own if ``pin``.
+    """
     rank = adapter.rank
     by_group: dict[str, list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
     for (layer, module), (a, b) in adapter.weights.items():
         group, index = GROUP_OF[module]
         by_group.setdefault(group, []).append((layer, index, a, b))
-    packed_a, packed_b = {}, {}
-    for group, entries in by_group.items():
+    groups = list(by_group)
+    shapes = packed_shapes(spec, rank, groups)
+    packed = PackedAdapter(adapter.name, rank, {}, {})
+    block = None
+    if arena is not None and carved_bytes(shapes, dtype) <= arena.block_bytes:
+        block = arena.take(packed)  # given back when ``packed`` is collected
+    if block is not None:
+        tensors = carve(block, shapes, dtype)
+    else:
+        tensors = [torch.zeros(shape, dtype=dtype) for shape in shapes]
+    for g, group in enumerate(groups):
         modules = LORA_GROUPS[group]
-        in_features = spec.projection_shape(modules[0])[1]
-        widths = [spec.projection_shape(module)[0] for module in modules]
-        offsets = (0, *itertools.accumulate(widths))
-        a_all = torch.zeros((spec.num_layers, len(modules), rank, in_features), dtype=dtype)
-        b_all = torch.zeros((spec.num_layers, offsets[-1], rank), dtype=dtype)
-        for layer, index, a, b in entries:
+        offsets = (0, *itertools.accumulate(spec.projection_shape(m)[0] for m in modules))
+        a_all, b_all = tensors[2 * g], tensors[2 * g + 1]  # [L, S, r, in], [L, out_total, r]
+        for layer, index, a, b in by_group[group]:
             r = a.shape[0]
             a_all[layer, index, :r] = a
             b_all[layer, offsets[index] : offsets[index + 1], :r] = b
-        packed_a[group] = a_all.pin_memory() if pin else a_all
-        packed_b[group] = b_all.pin_memory() if pin else b_all
-    return PackedAdapter(adapter.name, rank, packed_a, packed_b)
+        if block is None and pin:
+            a_all, b_all = a_all.pin_memory(), b_all.pin_memory()
+        packed.a[group] = a_all
+        packed.b[group] = b_all
+    return packed

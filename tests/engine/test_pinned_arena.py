@@ -1,0 +1,85 @@
+"""Host-tier arena: packed adapters in borrowed blocks, blocks back when the adapter is gone."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from multilora_studio.adapters.peft_adapter import load_peft_adapter
+from multilora_studio.bench.random_adapters import write_random_adapter
+from multilora_studio.engine.lora_weights import LORA_GROUPS, pack_adapter, packed_shapes
+from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.engine.pinned_arena import PinnedArena, carve, carved_bytes
+
+SPEC = RANDOM_SHAPES["smollm2-135m"]
+
+
+@pytest.fixture(scope="module")
+def host_adapters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("arena-adapters")
+    out = []
+    for seed, rank in ((1, 8), (2, 16), (3, 4)):
+        folder = write_random_adapter(SPEC, root / f"a{seed}", rank, seed=seed, dtype=torch.float32)
+        out.append(load_peft_adapter(f"a{seed}", folder, SPEC.num_layers, SPEC.projection_shape, 16))
+    return out
+
+
+def block_bytes(max_rank: int = 16) -> int:
+    return carved_bytes(packed_shapes(SPEC, max_rank, list(LORA_GROUPS)), torch.float32)
+
+
+def test_packed_in_a_block_equals_packed_alone(host_adapters):
+    arena = PinnedArena(block_bytes(), 2, pin=False)
+    for host in host_adapters[:2]:
+        alone = pack_adapter(host, SPEC, torch.float32, pin=False)
+        # Dirty the arena first: carved tensors must come out zeroed, then filled.
+        arena._memory.fill_(0xFF)
+        in_block = pack_adapter(host, SPEC, torch.float32, pin=False, arena=arena)
+        base = arena._memory.data_ptr()
+        for group in alone.a:
+            assert torch.equal(in_block.a[group], alone.a[group])
+            assert torch.equal(in_block.b[group], alone.b[group])
+            ptr = in_block.a[group].data_ptr()
+            assert base <= ptr < base + arena._memory.numel(), "not carved from the arena"
+        assert arena.free_blocks == 1
+        del in_block
+        gc.collect()
+        assert arena.free_blocks == 2
+
+
+def test_blocks_stay_taken_while_referenced_and_exhaustion_falls_back(host_adapters):
+    arena = PinnedArena(block_bytes(), 2, pin=False)
+    first = pack_adapter(host_adapters[0], SPEC, torch.float32, pin=False, arena=arena)
+    second = pack_adapter(host_adapters[1], SPEC, torch.float32, pin=False, arena=arena)
+    assert arena.free_blocks == 0
+    third = pack_adapter(host_adapters[2], SPEC, torch.float32, pin=False, arena=arena)
+    lo, hi = arena._memory.data_ptr(), arena._memory.data_ptr() + arena._memory.numel()
+    assert not lo <= third.a["qkv"].data_ptr() < hi, "an exhausted arena must not hand out a block"
+    expected = pack_adapter(host_adapters[0], SPEC, torch.float32, pin=False)
+    # Packing the third adapter did not touch the first two.
+    assert all(torch.equal(first.a[g], expected.a[g]) for g in expected.a)
+    del second
+    gc.collect()
+    fourth = pack_adapter(host_adapters[2], SPEC, torch.float32, pin=False, arena=arena)
+    assert lo <= fourth.a["qkv"].data_ptr() < hi
+    assert all(torch.equal(first.b[g], expected.b[g]) for g in expected.b)
+
+
+def test_carve_rejects_what_does_not_fit_and_arena_rejects_empty():
+    block = torch.empty(1024, dtype=torch.uint8)
+    a, b = carve(block, [(4, 8), (2, 3)], torch.float32)
+    assert a.shape == (4, 8) and b.shape == (2, 3) and not a.any() and not b.any()
+    assert b.data_ptr() - a.data_ptr() == 256, "tensors start on 256-byte boundaries"
+    with pytest.raises(ValueError, match="do not fit"):
+        carve(block, [(300,)], torch.float32)
+    with pytest.raises(ValueError, match="needs blocks"):
+        PinnedArena(0, 4, pin=False)
+
+
+def test_an_adapter_larger_than_a_block_is_packed_outside(host_adapters):
+    arena = PinnedArena(block_bytes(max_rank=4), 1, pin=False)  # rank-16 adapter does not fit
+    packed = pack_adapter(host_adapters[1], SPEC, torch.float32, pin=False, arena=arena)
+    assert arena.free_blocks == 1
+    assert packed.rank == 16 and packed.a["qkv"].shape[2] == 16
