@@ -87,10 +87,13 @@ def load_peft_adapter(
     shape_of: ShapeOf,
     max_rank: int,
     vocab_size: int | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> HostAdapter:
-    """Validate the PEFT folder and return its factors (float32, scale folded into B).
+    """Validate the PEFT folder and return its factors (scale folded into B).
 
-    ``vocab_size``, when given, also refuses adapters that add tokens the base lacks.
+    Factors stored in ``dtype`` stay in it (the scale multiplies in float32 and rounds once,
+    as it would through float32); others are returned as float32. ``vocab_size``, when
+    given, also refuses adapters that add tokens the base lacks.
     """
     folder = Path(folder)
     config = parse_adapter_config(read_adapter_config(folder), folder, max_rank)
@@ -98,7 +101,7 @@ def load_peft_adapter(
     if vocab_size is not None:
         _check_added_tokens(folder, vocab_size)
     factors = _plan_factors(folder, read_header(weights_path), config, num_layers, shape_of, max_rank)
-    tensors = _read_factors(weights_path, factors)
+    tensors = _read_factors(weights_path, factors, dtype)
     weights = {}
     for (layer, module), (a, b) in sorted(tensors.items()):
         if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
@@ -272,13 +275,16 @@ def _describe_unsupported(key: str) -> str:
 
 
 def _read_factors(
-    path: Path, factors: dict[str, Factor]
+    path: Path, factors: dict[str, Factor], dtype: torch.dtype
 ) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
     found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     try:
         with safe_open(str(path), framework="pt") as handle:
             for key, (layer, module, which) in factors.items():
-                found.setdefault((layer, module), {})[which] = handle.get_tensor(key).to(torch.float32)
+                tensor = handle.get_tensor(key)
+                if tensor.dtype != dtype:
+                    tensor = tensor.to(torch.float32)
+                found.setdefault((layer, module), {})[which] = tensor
     except SafetensorError as error:
         raise AdapterError(f"{path} is corrupt or truncated: {error}") from None
     return {pair: (tensors["A"], tensors["B"]) for pair, tensors in found.items()}

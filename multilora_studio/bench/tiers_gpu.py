@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -72,9 +73,22 @@ def main() -> None:
         "--device", default="cuda", help="cuda; cpu runs the same flow without the upload timing"
     )
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--cpu-threads", type=int, default=None, help="torch.set_num_threads for the process")
+    parser.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval (s)")
+    parser.add_argument("--skip-zipf", action="store_true", help="stop after the cold-load phase")
     args = parser.parse_args()
+    if args.cpu_threads:
+        torch.set_num_threads(args.cpu_threads)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     spec = RANDOM_SHAPES[args.shape]
-    results: dict = {"shape": args.shape, "adapters": args.adapters, "slots": args.slots}
+    results: dict = {
+        "shape": args.shape,
+        "adapters": args.adapters,
+        "slots": args.slots,
+        "cpu_threads": torch.get_num_threads(),
+        "switch_interval_s": sys.getswitchinterval(),
+    }
     root = Path(tempfile.mkdtemp(prefix="mls-tiers-"))
     folders = adapter_farm(root, args.adapters, 8, 16, args.shape)
     config = EngineConfig(
@@ -124,6 +138,10 @@ def main() -> None:
         results["decode_ratio"] = results["decode_during_cold_loads_tok_s"] / results["decode_alone_tok_s"]
         results["cold_requests_done"] = sum(o.finish_reason == "length" for o in cold_outputs)
 
+        results["cold_load_p50_s"] = snapshot(engine).cold_load_p50_s
+        if args.skip_zipf:
+            engine_done(results, args, root)
+            return
         before = snapshot(engine)
         ranks = np.arange(1, args.adapters + 1)
         weights = 1.0 / ranks
@@ -150,6 +168,10 @@ def main() -> None:
             "cold_load_p50_s": after.cold_load_p50_s,
             "cold_load_p95_s": after.cold_load_p95_s,
         }
+    engine_done(results, args, root)
+
+
+def engine_done(results: dict, args: argparse.Namespace, root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(results, indent=2))
     if args.json:

@@ -192,7 +192,13 @@ class Engine:
     def _read_adapter(self, name: str, path: Path) -> HostAdapter:
         spec = self.spec
         return load_peft_adapter(
-            name, path, spec.num_layers, spec.projection_shape, self.config.max_lora_rank, spec.vocab_size
+            name,
+            path,
+            spec.num_layers,
+            spec.projection_shape,
+            self.config.max_lora_rank,
+            spec.vocab_size,
+            dtype=self.dtype,
         )
 
     def _load_adapter(self, name: str, path: Path) -> PackedAdapter:
