@@ -121,11 +121,11 @@ def main() -> None:
         next(iter(streams[0]))
         cold = []
 
+        first_cold = args.adapters // 2
+        last_cold = min(args.adapters, first_cold + 24)
+
         def cold_traffic() -> None:
-            first = args.adapters // 2
-            for index in range(
-                first, min(args.adapters, first + 24)
-            ):  # not used before: disk -> host -> slot
+            for index in range(first_cold, last_cold):  # not used before: disk -> host -> slot
                 cold.append(engine.submit(prompt(16), f"a{index}", SamplingParams(max_tokens=1)))
                 time.sleep(0.02)
 
@@ -137,6 +137,33 @@ def main() -> None:
         results["decode_during_cold_loads_tok_s"] = decode_rate(outputs)
         results["decode_ratio"] = results["decode_during_cold_loads_tok_s"] / results["decode_alone_tok_s"]
         results["cold_requests_done"] = sum(o.finish_reason == "length" for o in cold_outputs)
+        # Control: short requests for adapters already in GPU slots (the last ones loaded),
+        # answered at the same offsets into the decode as the cold ones were: the same
+        # prefills join the decode steps, nothing is loaded.
+        start = min(o.first_token_time or 0.0 for o in outputs)
+        offsets = sorted(o.first_token_time - start for o in cold_outputs if o.first_token_time)
+        warm_names = [f"a{index}" for index in range(max(first_cold, last_cold - args.slots), last_cold)]
+        streams = [engine.submit(p, None, base) for p in running]
+        next(iter(streams[0]))
+        warm_start = time.monotonic()
+        warm = []
+
+        def warm_traffic() -> None:
+            for index, offset in enumerate(offsets):
+                time.sleep(max(0.0, warm_start + offset - time.monotonic()))
+                name = warm_names[index % len(warm_names)]
+                warm.append(engine.submit(prompt(16), name, SamplingParams(max_tokens=1)))
+
+        feeder = threading.Thread(target=warm_traffic)
+        feeder.start()
+        outputs = [s.result() for s in streams]
+        feeder.join()
+        for stream in warm:
+            stream.result()
+        results["decode_during_warm_requests_tok_s"] = decode_rate(outputs)
+        results["decode_ratio_vs_warm_requests"] = (
+            results["decode_during_cold_loads_tok_s"] / results["decode_during_warm_requests_tok_s"]
+        )
 
         results["cold_load_p50_s"] = snapshot(engine).cold_load_p50_s
         if args.skip_zipf:

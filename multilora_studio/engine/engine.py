@@ -30,6 +30,7 @@ from multilora_studio.default_model import ProgressCallback
 from multilora_studio.engine.block_manager import BlockManager, blocks_needed
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
+from multilora_studio.engine.host_threads import quiet_host_threads
 from multilora_studio.engine.lora_weights import LORA_GROUPS, PackedAdapter, pack_adapter, packed_shapes
 from multilora_studio.engine.model_source import BaseModel, resolve_model
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, SlotState, TokenDelta
@@ -132,6 +133,7 @@ class Engine:
         config = self.config
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            quiet_host_threads()
         base: BaseModel = resolve_model(config.model, self.dtype, self.device, progress)
         self.base = base
         self.spec = base.spec
