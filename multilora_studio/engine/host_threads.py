@@ -1,12 +1,14 @@
 """Host-side threading for an engine that drives a CUDA device.
 
 While adapters load on the loader thread (safetensors reads, validation, packing: torch
-CPU ops and Python), the worker thread must keep launching decode steps. On the H200 host
-(16 cores) two defaults let the loader slow decoding down to 23-65% of its rate during a
-stream of cold loads (docs/BENCHMARKS.md): torch's intra-op pool of one thread per core,
-whose busy threads the loader's CPU ops wake, and Python's 5 ms GIL switch interval, which
-the worker can wait out each time it needs the GIL back. Either change alone brought the
-rate to 58%.
+CPU ops and Python), the worker thread must keep launching decode steps, and it needs the
+GIL between launches. With Python's default 5 ms switch interval the worker can wait that
+long each time the loader holds the GIL; the engine lowers it to 0.5 ms. On the H200 host
+(16 cores) decode during a stream of cold loads ran at 23-65% of its rate with the default
+and at 58-71% with 0.5 ms (docs/BENCHMARKS.md; the runs vary a lot between machines).
+
+Capping torch's CPU threads (``MULTILORA_HOST_THREADS=N``) was measured too: 4 threads gave
+57-58% during cold loads and cost 3-7% of base decode throughput, so it is off by default.
 """
 
 from __future__ import annotations
@@ -19,16 +21,15 @@ import torch
 
 log = logging.getLogger(__name__)
 
-CUDA_HOST_THREADS = 4
 SWITCH_INTERVAL_S = 0.0005
 
 
 def quiet_host_threads() -> None:
-    """At most ``CUDA_HOST_THREADS`` torch CPU threads (``MULTILORA_HOST_THREADS`` overrides)
-    and a GIL switch interval of at most 0.5 ms, for this process."""
-    threads = int(os.environ.get("MULTILORA_HOST_THREADS", CUDA_HOST_THREADS))
-    if threads > 0 and torch.get_num_threads() > threads:
-        log.info("torch CPU threads %d -> %d (the device does the math)", torch.get_num_threads(), threads)
-        torch.set_num_threads(threads)
+    """A GIL switch interval of at most 0.5 ms for this process, and at most
+    ``MULTILORA_HOST_THREADS`` torch CPU threads when that variable is set."""
     if sys.getswitchinterval() > SWITCH_INTERVAL_S:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
+    threads = int(os.environ.get("MULTILORA_HOST_THREADS", "0") or 0)
+    if threads > 0 and torch.get_num_threads() > threads:
+        log.info("torch CPU threads %d -> %d (MULTILORA_HOST_THREADS)", torch.get_num_threads(), threads)
+        torch.set_num_threads(threads)
