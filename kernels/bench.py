@@ -25,6 +25,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -164,7 +165,7 @@ def layer_flops(shapes, token_ranks: list[int]) -> float:
 class Report:
     def __init__(self, out_dir: Path | None):
         self.out_dir = out_dir
-        self.data: dict[str, object] = {}
+        self.data: dict[str, Any] = {}
         self.summary: list[str] = []
 
     def save(self) -> None:
@@ -257,7 +258,7 @@ def section_correctness(rep: Report) -> None:
         (torch.float16, "llama3_8b", LLAMA3_8B, (5, 64)),
         (torch.float32, "llama3_8b", LLAMA3_8B, (5, 64)),
     ]
-    results = []
+    results: list[dict[str, Any]] = []
     failures = 0
     for dtype, shapes_name, shapes, token_counts in plan:
         weights = make_weights(shapes, num_slots, 64, ranks, dtype, "cuda", gen)
@@ -294,15 +295,15 @@ def section_correctness(rep: Report) -> None:
         add_lora(y, x, pad_a, pad_b, batch, offs)
         nan_ok = nan_ok and rel_err(y, ref) < TOL[torch.bfloat16]
     failures += not nan_ok
-    worst = {str(d): max(r["rel_err"] for r in results if r["dtype"] == str(d)) for d in TOL}
+    worst_of = {str(d): max(r["rel_err"] for r in results if r["dtype"] == str(d)) for d in TOL}
     rep.data["correctness"] = {
         "cases": len(results),
         "failures": failures,
-        "worst_rel_err": worst,
+        "worst_rel_err": worst_of,
         "rank_padding_never_read": nan_ok,
         "results": results,
     }
-    log.info("correctness: %d cases, %d failures, worst %s", len(results), failures, worst)
+    log.info("correctness: %d cases, %d failures, worst %s", len(results), failures, worst_of)
     rep.summary.append(
         f"correctness: {len(results)} cases x 4 projections, {failures} failures, "
         f"rank padding never read: {nan_ok}"
@@ -492,7 +493,7 @@ def section_target(rep: Report, deadline: float) -> None:
     def run(kind: str, cfg=None) -> float:
         return steady_us(layer_runners(copies, t, slots, rank_t, num_slots, gen, kind, cfg), reps)
 
-    res: dict[str, object] = {"bytes": nbytes, "flops": layer_flops(LLAMA3_8B, [r] * t)}
+    res: dict[str, Any] = {"bytes": nbytes, "flops": layer_flops(LLAMA3_8B, [r] * t)}
     res["ours_us"] = run("api")
     res["gather_bmm_us"] = run("gather_bmm")
     # Eager (host-bound: Python + launch cost of 4 add_lora calls per layer).
@@ -535,20 +536,20 @@ def section_target(rep: Report, deadline: float) -> None:
         res[f"{name}_bw_pct"] = 100 * nbytes / (us * 1e-6) / bw
         rep.summary.append(f"  variant {name}: {us:.1f} us = {res[f'{name}_bw_pct']:.0f}% of copy bandwidth")
     # Tile sweep of the token-major kernels (same measurement), expand first, then shrink.
-    sweep: list[dict[str, object]] = []
+    sweep: list[dict[str, Any]] = []
     res["sweep"] = sweep
-    best: dict[str, object] = {}
+    best: dict[str, Any] = {}
     stages = (
         [{"EXPAND_TILE": tile, "EXPAND_WARPS": w} for tile in (8192, 16384, 32768) for w in (4, 8)],
         [{"SHRINK_TILE": tile, "SHRINK_WARPS": w} for tile in (8192, 16384, 32768) for w in (4, 8)],
     )
     for stage in stages:
-        stage_best: tuple[float, dict[str, object]] | None = None
+        stage_best: tuple[float, dict[str, Any]] | None = None
         for settings in stage:
             if time.monotonic() > deadline:
                 break
             trial = {**best, **settings}
-            with decode_settings(**trial):
+            with decode_settings(None, **trial):
                 try:
                     us = run("api")
                 except Exception as exc:
@@ -562,7 +563,7 @@ def section_target(rep: Report, deadline: float) -> None:
         if stage_best is not None:
             best.update(stage_best[1])
     if sweep:
-        top = min(sweep, key=lambda row: float(row["us"]))  # type: ignore[arg-type]
+        top = min(sweep, key=lambda row: float(row["us"]))
         res["best"] = top
         rep.summary.append(f"  best token-major tiles in sweep: {top}")
 
@@ -571,7 +572,7 @@ class decode_settings:
     """Temporarily set module constants of ``lora_decode`` (and MULTILORA_PDL when ``pdl``
     is not None); constants given as None are left alone."""
 
-    def __init__(self, pdl: str | None = None, **constants: object) -> None:
+    def __init__(self, pdl: str | None = None, **constants: Any) -> None:
         self.pdl = pdl
         self.constants = {k: v for k, v in constants.items() if v is not None}
 
@@ -635,16 +636,17 @@ def section_matrix(rep: Report, quick: bool, deadline: float) -> None:
     num_slots, ncopy, reps = 64, 2, 2
     bw = rep.data.get("ceilings", {}).get("copy_bw_TBs", 4.3) * 1e12
     peak = rep.data.get("ceilings", {}).get("bf16_mm_TFLOPs", 790.0) * 1e12
-    tokens = (1, 8, 32, 64, 128, 256, 512, 2048, 8192)
-    ranks_list = (8, 16, 64)
-    distincts = (1, 8, 32, 64)
+    tokens: tuple[int, ...] = (1, 8, 32, 64, 128, 256, 512, 2048, 8192)
+    ranks_list: tuple[int, ...] = (8, 16, 64)
+    distincts: tuple[int, ...] = (1, 8, 32, 64)
     if quick:
         tokens, ranks_list, distincts = (1, 32, 128, 256, 2048), (16, 64), (1, 32)
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     rep.data["matrix"] = rows
-    sets = {}
-    for r in (*ranks_list, "mixed"):
-        ranks = [8, 16, 32, 64] * (num_slots // 4) if r == "mixed" else [r] * num_slots
+    sets: dict[int | str, tuple[list[int], list, torch.Tensor]] = {}
+    rank_choices: list[int | str] = [*ranks_list, "mixed"]
+    for r in rank_choices:
+        ranks = [8, 16, 32, 64] * (num_slots // 4) if isinstance(r, str) else [r] * num_slots
         copies = [
             make_weights(LLAMA3_8B, num_slots, max(ranks), ranks, torch.bfloat16, "cuda", gen)
             for _ in range(ncopy)
@@ -660,7 +662,7 @@ def section_matrix(rep: Report, quick: bool, deadline: float) -> None:
                     return
                 decode = t <= 256
                 slots = make_slots("distinct" if decode else "blocks", t, list(range(d)), cpu_gen).cuda()
-                row: dict[str, object] = {"rank": r, "tokens": t, "distinct": d}
+                row: dict[str, Any] = {"rank": r, "tokens": t, "distinct": d}
                 if decode:
                     for kind in ("api", "gather_bmm"):
                         fns = layer_runners(copies, t, slots, rank_t, num_slots, gen, kind)
