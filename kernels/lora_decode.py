@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from .lora import LoRABatch, _interpreting
+from .lora_slices import padded_offsets, slice_of, slice_programs
 
 try:  # Triton >= 3.4 (programmatic dependent launch); no-op fallbacks otherwise
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -224,12 +225,8 @@ def _bgmv_expand_kernel(
     n_prog = tl.program_id(1)
     slot = tl.load(slots_ptr + t)
     rank = tl.load(ranks_ptr + t)
-    # Slice of this program: c1..c3 are cumulative program counts, off* the column offsets.
-    s = (n_prog >= c1).to(tl.int32) + (n_prog >= c2).to(tl.int32) + (n_prog >= c3).to(tl.int32)
-    first = tl.where(s == 0, 0, tl.where(s == 1, c1, tl.where(s == 2, c2, c3)))
-    lo = tl.where(s == 0, off0, tl.where(s == 1, off1, tl.where(s == 2, off2, off3)))
-    hi = tl.where(s == 0, off1, tl.where(s == 1, off2, tl.where(s == 2, off3, off4)))
-    offs_n = lo + (n_prog - first) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    s, n0, hi = slice_of(n_prog, c1, c2, c3, off0, off1, off2, off3, off4, BLOCK_N)
+    offs_n = n0 + tl.arange(0, BLOCK_N)  # [BN]
     offs_r = tl.arange(0, BLOCK_R)  # [BR]
     n_ok = offs_n < hi
     active = rank > 0  # token_ranks is 0 for tokens without an adapter
@@ -311,14 +308,12 @@ def expand(
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """Launch the token-major expand: ``part`` is float32 partials ``[splits, S, T, R]``."""
-    from .lora_triton import _padded_offsets, _slice_programs
-
     splits, _, num_tokens, max_rank = part.shape
     out_total = lora_b.shape[1]
     if num_tokens == 0 or out_total == 0:
         return y
     bn = block_n or expand_block_n(max_rank)
-    cum, n_progs = _slice_programs(slice_offsets, bn)
+    cum, n_progs = slice_programs(slice_offsets, bn)
     _bgmv_expand_kernel[(num_tokens, n_progs)](
         part,
         lora_b,
@@ -327,7 +322,7 @@ def expand(
         batch.token_ranks,
         splits,
         *cum,
-        *_padded_offsets(slice_offsets),
+        *padded_offsets(slice_offsets),
         *part.stride(),
         *lora_b.stride(),
         *y.stride(),

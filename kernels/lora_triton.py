@@ -28,14 +28,14 @@ measured slower on an H200: docs/kernels.md.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import pairwise
 
 import torch
 import triton
 import triton.language as tl
 
 from . import lora_decode
-from .lora import MAX_SLICES, LoRABatch, _interpreting
+from .lora import LoRABatch, _interpreting
+from .lora_slices import padded_offsets, slice_of, slice_programs
 
 
 @dataclass(frozen=True)
@@ -279,19 +279,6 @@ def _expand_tile(
     tl.store(y_ptrs, (y_old.to(tl.float32) + delta).to(y_old.dtype), mask=mask)
 
 
-@triton.jit
-def _slice_of(n_prog, c1, c2, c3, off0, off1, off2, off3, off4, BLOCK_N: tl.constexpr):
-    """Program index within a token block -> (slice, first column, slice end).
-
-    ``c1..c3`` are the cumulative program counts of slices 0..2, ``off*`` the offsets.
-    """
-    s = (n_prog >= c1).to(tl.int32) + (n_prog >= c2).to(tl.int32) + (n_prog >= c3).to(tl.int32)
-    first = tl.where(s == 0, 0, tl.where(s == 1, c1, tl.where(s == 2, c2, c3)))
-    lo = tl.where(s == 0, off0, tl.where(s == 1, off1, tl.where(s == 2, off2, off3)))
-    hi = tl.where(s == 0, off1, tl.where(s == 1, off2, tl.where(s == 2, off3, off4)))
-    return s, lo + (n_prog - first) * BLOCK_N, hi
-
-
 # ------------------------------------------------------------------------------ kernels
 
 
@@ -390,7 +377,7 @@ def _lora_expand_kernel(
     m_block = pid // n_progs
     n_prog = pid % n_progs
     if (m_block * BLOCK_M < count) & (rank > 0):
-        s, n0, hi = _slice_of(n_prog, c1, c2, c3, off0, off1, off2, off3, off4, BLOCK_N)
+        s, n0, hi = slice_of(n_prog, c1, c2, c3, off0, off1, off2, off3, off4, BLOCK_N)
         w0 = _expand_w(
             b_ptr, slot, n0, hi, 0, rank, stride_wl, stride_wn, stride_wr, BLOCK_N, BLOCK_R, RANK_ALIGN
         )
@@ -463,22 +450,6 @@ def _split_layout(in_features: int, cfg: ShrinkConfig) -> tuple[int, int]:
     """(k_per_split, number of splits) with k_per_split a multiple of block_k."""
     k_per_split = triton.cdiv(triton.cdiv(in_features, cfg.split_k), cfg.block_k) * cfg.block_k
     return k_per_split, triton.cdiv(in_features, k_per_split)
-
-
-def _slice_programs(slice_offsets: tuple[int, ...], block_n: int) -> tuple[list[int], int]:
-    """Cumulative program counts c1..c3 per slice (padded) and the total per token block."""
-    counts = [triton.cdiv(b - a, block_n) for a, b in pairwise(slice_offsets)]
-    cum = []
-    total = 0
-    for c in counts:
-        total += c
-        cum.append(total)
-    cum = cum[:-1] + [total] * (MAX_SLICES - len(counts))
-    return cum[: MAX_SLICES - 1], total
-
-
-def _padded_offsets(slice_offsets: tuple[int, ...]) -> list[int]:
-    return list(slice_offsets) + [slice_offsets[-1]] * (MAX_SLICES + 1 - len(slice_offsets))
 
 
 def shrink_partials(
@@ -567,7 +538,7 @@ def expand(
     if config is None and num_tokens <= lora_decode.DECODE_MAX_TOKENS:
         return lora_decode.expand(y, buf, lora_b, batch, slice_offsets)
     cfg = config or expand_config(num_tokens)
-    cum, n_progs = _slice_programs(slice_offsets, cfg.block_n)
+    cum, n_progs = slice_programs(slice_offsets, cfg.block_n)
     grid = (triton.cdiv(num_tokens, cfg.block_m) * n_progs, num_slots)
     _lora_expand_kernel[grid](
         buf,
@@ -581,7 +552,7 @@ def expand(
         splits,
         n_progs,
         *cum,
-        *_padded_offsets(slice_offsets),
+        *padded_offsets(slice_offsets),
         *buf.stride(),
         *lora_b.stride(),
         *y.stride(),
