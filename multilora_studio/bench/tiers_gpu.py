@@ -76,6 +76,8 @@ def main() -> None:
     parser.add_argument("--cpu-threads", type=int, default=None, help="torch.set_num_threads for the process")
     parser.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval (s)")
     parser.add_argument("--skip-zipf", action="store_true", help="stop after the cold-load phase")
+    parser.add_argument("--adapter-loader", choices=("thread", "process"), default="thread")
+    parser.add_argument("--rank", type=int, default=16)
     args = parser.parse_args()
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
@@ -88,17 +90,20 @@ def main() -> None:
         "slots": args.slots,
         "cpu_threads": torch.get_num_threads(),
         "switch_interval_s": sys.getswitchinterval(),
+        "adapter_loader": args.adapter_loader,
+        "rank": args.rank,
     }
     root = Path(tempfile.mkdtemp(prefix="mls-tiers-"))
-    folders = adapter_farm(root, args.adapters, 8, 16, args.shape)
+    folders = adapter_farm(root, args.adapters, 8, args.rank, args.shape)
     config = EngineConfig(
         model=f"random:{args.shape}",
         device=args.device,
         dtype="bfloat16" if args.device == "cuda" else "float32",
         max_loras=args.slots,
         max_cpu_loras=64,
-        max_lora_rank=16,
+        max_lora_rank=args.rank,
         max_num_seqs=48,
+        adapter_loader=args.adapter_loader,
         max_model_len=320,
         max_num_batched_tokens=4096,
     )

@@ -40,6 +40,9 @@ def _as_tuple(name: str, value: object, item: str) -> tuple:
     return tuple(value)
 
 
+ADAPTER_LOADERS = ("thread", "process")
+
+
 @dataclass
 class EngineConfig:
     """How the engine is built. ``model=None`` means the embedded default model.
@@ -60,6 +63,9 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = None
     enforce_eager: bool = False
     seed: int = 0
+    # Where adapters are read, validated and packed: "thread" (a loader thread) or
+    # "process" (a spawned child process, so loads never hold the worker's GIL).
+    adapter_loader: str = "thread"
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):
@@ -92,6 +98,10 @@ class EngineConfig:
         if not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         _check_int("seed", self.seed, 0)
+        if self.adapter_loader not in ADAPTER_LOADERS:
+            raise ValueError(
+                f"adapter_loader must be one of {', '.join(ADAPTER_LOADERS)}, got {self.adapter_loader!r}"
+            )
 
 
 @dataclass

@@ -31,10 +31,11 @@ from multilora_studio.engine.block_manager import BlockManager, blocks_needed
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
 from multilora_studio.engine.host_threads import quiet_host_threads
-from multilora_studio.engine.lora_weights import LORA_GROUPS, PackedAdapter, pack_adapter, packed_shapes
+from multilora_studio.engine.loader_process import LoaderProcess
+from multilora_studio.engine.lora_weights import PackedAdapter, max_packed_bytes, pack_adapter
 from multilora_studio.engine.model_source import BaseModel, resolve_model
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, SlotState, TokenDelta
-from multilora_studio.engine.pinned_arena import PinnedArena, carved_bytes
+from multilora_studio.engine.pinned_arena import PinnedArena
 from multilora_studio.engine.requests import RequestStream
 from multilora_studio.engine.runner import ModelRunner, kv_bytes_per_block
 from multilora_studio.engine.sampler import make_generator
@@ -112,6 +113,7 @@ class Engine:
             ("schedule", "prepare", "launch", "sample", "postprocess", "steps"), 0.0
         )
         self._last_batch = (0, 0, 0)
+        self._loader_process: LoaderProcess | None = None
         self._thread = threading.Thread(
             target=self._worker_main, args=(progress,), name="engine-worker", daemon=True
         )
@@ -124,6 +126,9 @@ class Engine:
         try:
             self._setup(progress)
         except BaseException as error:
+            if self._loader_process is not None:
+                self._loader_process.close()
+                self._loader_process = None
             self._ready.set_exception(error)
             return
         self._ready.set_result(None)
@@ -160,6 +165,9 @@ class Engine:
         # taken) until the copies have completed.
         self._upload_sources: dict[str, PackedAdapter] = {}
         self._arena = self._pinned_arena(config.max_cpu_loras)
+        if config.adapter_loader == "process":
+            staging = max_packed_bytes(self.spec, config.max_lora_rank, self.dtype)
+            self._loader_process = LoaderProcess(self.spec, config.max_lora_rank, self.dtype, staging)
         self.scheduler = Scheduler(
             self.blocks,
             config.max_num_seqs,
@@ -205,6 +213,8 @@ class Engine:
 
     def _load_adapter(self, name: str, path: Path) -> PackedAdapter:
         """Disk -> host tier: validate, then lay out in slot format (pinned for fast uploads)."""
+        if self._loader_process is not None:
+            return self._loader_process.load(name, path, self._arena, pin=self.device.type == "cuda")
         return self._pack(self._read_adapter(name, path))
 
     def _pack(self, adapter: HostAdapter) -> PackedAdapter:
@@ -215,8 +225,8 @@ class Engine:
         flight, each the size of an adapter of max_lora_rank on every projection."""
         if self.device.type != "cuda":
             return None
-        shapes = packed_shapes(self.spec, self.config.max_lora_rank, list(LORA_GROUPS))
-        return PinnedArena.for_tier(carved_bytes(shapes, self.dtype), host_slots + 2)
+        block_bytes = max_packed_bytes(self.spec, self.config.max_lora_rank, self.dtype)
+        return PinnedArena.for_tier(block_bytes, host_slots + 2)
 
     def add_adapter(self, name: str, path: str | Path, preload: bool = True) -> AdapterInfo:
         """Validate the PEFT folder at ``path`` and make it servable as ``name``.
@@ -431,6 +441,8 @@ class Engine:
         self._thread.join()
         if hasattr(self, "host_cache"):
             self.host_cache.close()
+        if self._loader_process is not None:
+            self._loader_process.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -119,6 +119,11 @@ def packed_shapes(spec: ModelSpec, rank: int, groups: list[str]) -> list[tuple[i
     return shapes
 
 
+def max_packed_bytes(spec: ModelSpec, max_rank: int, dtype: torch.dtype) -> int:
+    """Host bytes of the largest packed adapter: ``max_rank`` on every projection group."""
+    return carved_bytes(packed_shapes(spec, max_rank, list(LORA_GROUPS)), dtype)
+
+
 def pack_adapter(
     adapter: HostAdapter,
     spec: ModelSpec,

@@ -83,8 +83,11 @@ class PinnedArena:
             self._free.append(index)
 
 
-def carve(block: torch.Tensor, shapes: list[tuple[int, ...]], dtype: torch.dtype) -> list[torch.Tensor]:
-    """Zeroed tensors of ``shapes`` laid out one after another in ``block`` (aligned)."""
+def carve(
+    block: torch.Tensor, shapes: list[tuple[int, ...]], dtype: torch.dtype, zero: bool = True
+) -> list[torch.Tensor]:
+    """Tensors of ``shapes`` laid out one after another in ``block`` (aligned), zeroed
+    unless ``zero=False`` (views of bytes already laid out this way)."""
     out = []
     offset = 0
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -96,7 +99,8 @@ def carve(block: torch.Tensor, shapes: list[tuple[int, ...]], dtype: torch.dtype
         if offset + nbytes > block.numel():
             raise ValueError(f"{shapes} do not fit in a block of {block.numel()} bytes")
         view = block[offset : offset + nbytes].view(dtype).view(shape)
-        view.zero_()
+        if zero:
+            view.zero_()
         out.append(view)
         offset += aligned(nbytes)
     return out

@@ -88,6 +88,7 @@ def test_max_cpu_loras_defaults_to_twice_the_gpu_slots():
         (dict(enforce_eager=1), "enforce_eager must be True or False"),
         (dict(seed=-1), "seed must be >= 0, got -1"),
         (dict(seed=1.0), "seed must be an integer"),
+        (dict(adapter_loader="fork"), "adapter_loader must be one of thread, process, got 'fork'"),
     ],
 )
 def test_bad_engine_settings_raise_value_error_naming_the_setting(settings, message):

@@ -1,0 +1,136 @@
+"""Adapter loads in a child process (``EngineConfig(adapter_loader="process")``).
+
+Reading, validating and packing an adapter is thousands of small torch operations and
+Python between them; on the loader thread they share the GIL with the engine's worker
+thread, which needs it between every launch of a decode step. Here they run in a spawned
+child process that writes the packed adapter into a shared-memory staging buffer; the
+engine's loader thread only copies the buffer's used bytes into the adapter's host memory
+(one copy, during which it does not hold the GIL) and builds views.
+
+One load at a time (the host tier has one loader thread), so one staging buffer serves all
+loads. A child that dies is replaced on the next load; that load fails with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from pathlib import Path
+
+import torch
+
+from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter
+from multilora_studio.engine.lora_weights import PackedAdapter, pack_adapter
+from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.pinned_arena import PinnedArena, carve
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StagedAdapter:
+    """What the child sends back: where each packed tensor lies in the staging buffer."""
+
+    name: str
+    rank: int
+    groups: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]  # a then b per group, in ``groups`` order
+    used_bytes: int
+
+
+class _StagingBlock:
+    """Hands the staging buffer to ``pack_adapter`` as a one-block arena."""
+
+    def __init__(self, block: torch.Tensor) -> None:
+        self.block = block
+        self.block_bytes = block.numel()
+
+    def take(self, owner: object) -> torch.Tensor:
+        return self.block
+
+
+_child: dict[str, object] = {}
+
+
+def _child_init(staging_name: str, spec: ModelSpec, max_rank: int, dtype: torch.dtype) -> None:
+    torch.set_num_threads(1)  # small, memory-bound operations; leave the cores to the engine
+    memory = shared_memory.SharedMemory(name=staging_name)
+    _child.update(memory=memory, spec=spec, max_rank=max_rank, dtype=dtype)
+    _child["block"] = torch.frombuffer(memory.buf, dtype=torch.uint8)
+
+
+def _child_ready() -> bool:
+    return True
+
+
+def _child_load(name: str, path: str) -> StagedAdapter:
+    spec: ModelSpec = _child["spec"]  # type: ignore[assignment]
+    dtype: torch.dtype = _child["dtype"]  # type: ignore[assignment]
+    block: torch.Tensor = _child["block"]  # type: ignore[assignment]
+    host = load_peft_adapter(
+        name,
+        Path(path),
+        spec.num_layers,
+        spec.projection_shape,
+        _child["max_rank"],  # type: ignore[arg-type]
+        spec.vocab_size,
+        dtype=dtype,
+    )
+    packed = pack_adapter(host, spec, dtype, pin=False, arena=_StagingBlock(block))  # type: ignore[arg-type]
+    groups = tuple(packed.a)
+    tensors = [t for g in groups for t in (packed.a[g], packed.b[g])]
+    if any(t.untyped_storage().data_ptr() != block.untyped_storage().data_ptr() for t in tensors):
+        raise AdapterError(f"{path}: the packed adapter does not fit the staging buffer")
+    end = max(t.data_ptr() + t.numel() * t.element_size() for t in tensors) - block.data_ptr()
+    return StagedAdapter(name, packed.rank, groups, tuple(tuple(t.shape) for t in tensors), end)
+
+
+class LoaderProcess:
+    """Loads adapters for one engine in a spawned child; call it like a loader function."""
+
+    def __init__(self, spec: ModelSpec, max_rank: int, dtype: torch.dtype, staging_bytes: int) -> None:
+        self.spec = spec
+        self.max_rank = max_rank
+        self.dtype = dtype
+        self._memory = shared_memory.SharedMemory(create=True, size=staging_bytes)
+        self._staging = torch.frombuffer(self._memory.buf, dtype=torch.uint8)
+        self._pool = self._start()
+
+    def _start(self) -> ProcessPoolExecutor:
+        pool = ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_child_init,
+            initargs=(self._memory.name, self.spec, self.max_rank, self.dtype),
+        )
+        pool.submit(_child_ready)  # start the child (imports torch) before the first load
+        return pool
+
+    def load(self, name: str, path: Path, arena: PinnedArena | None, pin: bool) -> PackedAdapter:
+        """Read, validate and pack ``path`` in the child; the result in ``arena`` (or new memory)."""
+        try:
+            staged = self._pool.submit(_child_load, name, str(path)).result()
+        except BrokenProcessPool:
+            log.warning("the adapter loader process died; starting a new one")
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._start()
+            raise AdapterError(f"{path}: the adapter loader process died while reading it") from None
+        packed = PackedAdapter(staged.name, staged.rank, {}, {})
+        block = arena.take(packed) if arena is not None and staged.used_bytes <= arena.block_bytes else None
+        if block is None:
+            block = torch.empty(staged.used_bytes, dtype=torch.uint8, pin_memory=pin)
+        block[: staged.used_bytes].copy_(self._staging[: staged.used_bytes])
+        tensors = carve(block, list(staged.shapes), self.dtype, zero=False)
+        for g, group in enumerate(staged.groups):
+            packed.a[group], packed.b[group] = tensors[2 * g], tensors[2 * g + 1]
+        return packed
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        del self._staging
+        self._memory.close()
+        self._memory.unlink()

@@ -1,0 +1,78 @@
+"""Adapter loads in a child process: same weights, same tokens, errors and a dead child handled."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter
+from multilora_studio.engine import SamplingParams
+from multilora_studio.engine.loader_process import LoaderProcess
+from multilora_studio.engine.lora_weights import max_packed_bytes, pack_adapter
+from multilora_studio.engine.model_spec import load_spec
+from tests.engine.test_engine_behaviour import broken_copy
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+def test_process_loads_give_the_thread_loads_tokens_through_evictions(make_engine, tiny_adapters):
+    names = sorted(tiny_adapters)
+    prompts = [f"Prompt number {i} about the sea" for i in range(len(names) + 1)]
+    adapters = [*names, None]
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    expected = [o.token_ids for o in make_engine().generate(prompts, adapters, params)]
+    # Two GPU slots and two host slots: adapters are evicted and read again by the child.
+    engine = make_engine(adapters=[], adapter_loader="process", max_loras=2, max_cpu_loras=2)
+    for name in names:
+        engine.add_adapter(name, tiny_adapters[name], preload=False)
+    for _ in range(2):
+        got = engine.generate(prompts, adapters, params)
+        assert [o.finish_reason for o in got] == ["length"] * len(got)
+        assert [o.token_ids for o in got] == expected
+    assert engine.metrics(fresh=True).cpu_misses >= len(names)
+
+
+def test_a_bad_adapter_fails_in_the_child_and_the_next_loads_work(make_engine, tiny_adapters, tmp_path):
+    def nan(folder):
+        tensors = load_file(str(folder / "adapter_model.safetensors"))
+        first = sorted(tensors)[0]
+        tensors[first][0, 0] = float("nan")
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+
+    engine = make_engine(adapters=[], adapter_loader="process")
+    broken = broken_copy(tiny_adapters["tiny-r8-all"], tmp_path / "nan", nan)
+    engine.add_adapter("nan-later", broken, preload=False)
+    engine.add_adapter("good", tiny_adapters["tiny-r4-qv"], preload=False)
+    params = SamplingParams(max_tokens=6, **GREEDY)
+    bad, good = engine.generate(["Hello", "Hello"], ["nan-later", "good"], params)
+    assert bad.finish_reason == "error" and "NaN or Inf" in bad.error
+    assert good.finish_reason == "length" and len(good.token_ids) == 6
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="kills the child with SIGKILL")
+def test_loader_packs_like_the_thread_and_survives_a_killed_child(tiny_model_dir, tiny_adapters):
+    spec = load_spec(tiny_model_dir)
+    loader = LoaderProcess(spec, 32, torch.float32, max_packed_bytes(spec, 32, torch.float32))
+    try:
+        for name in ("tiny-r8-all", "tiny-r16-mlp"):
+            folder = tiny_adapters[name]
+            got = loader.load(name, folder, arena=None, pin=False)
+            layers, shape_of = spec.num_layers, spec.projection_shape
+            host = load_peft_adapter(name, folder, layers, shape_of, 32, spec.vocab_size)
+            want = pack_adapter(host, spec, torch.float32, pin=False)
+            assert got.rank == want.rank and set(got.a) == set(want.a)
+            for group in want.a:
+                assert torch.equal(got.a[group], want.a[group]) and torch.equal(got.b[group], want.b[group])
+        for pid in list(loader._pool._processes):  # the child dies between two loads
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(AdapterError, match="loader process died"):
+            loader.load("tiny-r4-qv", tiny_adapters["tiny-r4-qv"], arena=None, pin=False)
+        again = loader.load("tiny-r4-qv", tiny_adapters["tiny-r4-qv"], arena=None, pin=False)
+        assert again.rank == 4
+    finally:
+        loader.close()
