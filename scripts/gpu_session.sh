@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft.
-# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [tier-bench] [bench-suite] [bench-peft]
+# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [tier-bench] [tier-ab] [bench-suite] [bench-peft]
 #        [kernel-bench] [attention-bench]
 set -u
 OUT=${OUT:-/tmp/gpu-session}
@@ -31,6 +31,12 @@ for step in $steps; do
     tier-bench)
       timeout 200 python3 -m multilora_studio.bench.tiers_gpu --json "$OUT/tiers_gpu.json" 2>&1 \
         | tee "$OUT/tier-bench.log" | grep -v "^INFO" | tail -30 ;;
+    tier-ab)
+      # decode during cold loads with the thread loader and with the process loader
+      for loader in thread process; do
+        timeout 120 python3 -m multilora_studio.bench.tiers_gpu --skip-zipf --adapter-loader $loader \
+          --json "$OUT/tiers_$loader.json" 2>&1 | tee "$OUT/tier-$loader.log" | grep -E "loader|decode|cold"
+      done ;;
     bench-suite)
       # multilora-studio bench at the Llama-3-8B shape, rank 16 on all projections, 32 slots: Punica's
       # patterns + base at batch 32, S-LoRA's online workload at two rates (Zipf 1.0 over 128
