@@ -46,3 +46,16 @@ def test_smoke_test_compares_base_and_library_adapters_on_the_embedded_model(def
     assert "smoke test passed: 2 columns in one batched run" in result.stdout
     assert "[base] 24 tokens" in result.stdout and "[smol-qv] 24 tokens" in result.stdout
     assert Path(shot).stat().st_size > 10_000
+
+
+def test_smoke_test_flag_keeps_the_demo_adapters_out(default_model, tmp_path):
+    """A first start with ``--no-demo-adapters`` (and no environment variable) offers none."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(default_model.path.parent, target_is_directory=True)
+    env = {**os.environ, "MULTILORA_STUDIO_HOME": str(home), "QT_QPA_PLATFORM": "offscreen"}
+    env.pop("MULTILORA_STUDIO_NO_DEMO_ADAPTERS", None)
+    result = studio("gui", "--smoke-test", "--device", "cpu", "--no-demo-adapters", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "smoke test passed: 1 columns in one batched run" in result.stdout  # the base alone
+    assert Registry(home).list_adapters() == []
