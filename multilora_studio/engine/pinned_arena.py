@@ -54,14 +54,20 @@ class PinnedArena:
     @classmethod
     def for_tier(cls, block_bytes: int, blocks: int, ram_fraction: float = 0.25) -> PinnedArena | None:
         """An arena of ``blocks`` blocks, fewer if that would pin more than ``ram_fraction``
-        of physical memory; None when not even one fits."""
+        of physical memory; None when not even one fits or the memory cannot be pinned
+        (adapters are then pinned one by one as they load)."""
         total = _physical_memory_bytes()
         if total is not None:
             blocks = min(blocks, int(total * ram_fraction) // max(1, aligned(block_bytes)))
         if blocks < 1:
             return None
         log.info("pinning %d host blocks of %.1f MB for the adapter tier", blocks, block_bytes / 1e6)
-        return cls(block_bytes, blocks)
+        try:
+            return cls(block_bytes, blocks)
+        except RuntimeError as error:  # e.g. a locked-memory limit
+            mb = block_bytes / 1e6
+            log.warning("could not pin %d x %.1f MB for the adapter tier: %s", blocks, mb, error)
+            return None
 
     @property
     def free_blocks(self) -> int:

@@ -83,3 +83,17 @@ def test_an_adapter_larger_than_a_block_is_packed_outside(host_adapters):
     packed = pack_adapter(host_adapters[1], SPEC, torch.float32, pin=False, arena=arena)
     assert arena.free_blocks == 1
     assert packed.rank == 16 and packed.a["qkv"].shape[2] == 16
+
+
+def test_for_tier_caps_by_memory_and_falls_back_when_pinning_fails(monkeypatch):
+    from multilora_studio.engine import pinned_arena
+
+    monkeypatch.setattr(pinned_arena, "_physical_memory_bytes", lambda: 10 * 1024)
+    assert PinnedArena.for_tier(4096, 8) is None, "a quarter of 10 KiB holds no 4 KiB block"
+    # On a machine without CUDA, pinning raises: the tier then pins adapters one by one.
+    monkeypatch.setattr(pinned_arena, "_physical_memory_bytes", lambda: 1 << 30)
+    if not torch.cuda.is_available():
+        assert PinnedArena.for_tier(4096, 2) is None
+    else:
+        arena = PinnedArena.for_tier(4096, 2)
+        assert arena is not None and arena.free_blocks == 2
