@@ -18,7 +18,7 @@ from multilora_studio.adapters.hub import HubSettings
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.library_cli import describe_base
 from tests.adapters.hub_repos import LocalRepos, model_card
-from tests.adapters.hub_server import HubServer
+from tests.adapters.hub_server import HubServer, point_client_at
 from tests.fixtures import ATTENTION_TARGETS, MLP_TARGETS, AdapterSpec, build_adapter
 
 HUB_ORG = "studio-tests"
@@ -141,22 +141,6 @@ def hub(
         yield Hub(server.endpoint, repos, repos.mirrors, root)
     finally:
         server.stop()
-
-
-def point_client_at(monkeypatch: pytest.MonkeyPatch, endpoint: str, cache: Path, offline: bool) -> None:
-    """Aim the real huggingface_hub client at ``endpoint`` with its own cache.
-
-    The session sets HF_HUB_OFFLINE=1 before huggingface_hub is imported (so nothing
-    else reaches the internet), and the client reads that switch at import; these
-    tests set the variable and the client's import-time copy of it together.
-    """
-    from huggingface_hub import constants
-
-    monkeypatch.setenv("HF_ENDPOINT", endpoint)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
 
 
 @pytest.fixture

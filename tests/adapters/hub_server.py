@@ -24,6 +24,7 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
 from starlette.requests import Request
 
 READY_TIMEOUT_S = 60.0
@@ -179,3 +180,19 @@ def main(config: str, log_dir: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+
+
+def point_client_at(monkeypatch: pytest.MonkeyPatch, endpoint: str, cache: Path, offline: bool) -> None:
+    """Aim the real huggingface_hub client at ``endpoint`` with its own cache.
+
+    The session sets HF_HUB_OFFLINE=1 before huggingface_hub is imported (so nothing
+    else reaches the internet), and the client reads that switch at import; these
+    tests set the variable and the client's import-time copy of it together.
+    """
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)

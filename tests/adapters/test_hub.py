@@ -18,8 +18,8 @@ from multilora_studio.adapters.peft_adapter import AdapterError
 from multilora_studio.adapters.pull import pull
 from multilora_studio.adapters.registry import LibraryError, Registry
 from multilora_studio.library_cli import describe_base
-from tests.adapters.conftest import BASE_REPO, BIG_RANK, HUB_ORG, OTHER_BASE, point_client_at
-from tests.adapters.hub_server import HubServer, free_port
+from tests.adapters.conftest import BASE_REPO, BIG_RANK, HUB_ORG, OTHER_BASE
+from tests.adapters.hub_server import HubServer, free_port, point_client_at
 
 LORA = f"{HUB_ORG}/tiny-lora"  # v1 (tag): rank 4 on q,v; main: rank 8 on attention
 ADAPTERS_OF_BASE = {

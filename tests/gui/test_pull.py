@@ -8,21 +8,10 @@ from pathlib import Path
 import pytest
 
 from tests.adapters.hub_repos import LocalRepos, model_card
-from tests.adapters.hub_server import HubServer
+from tests.adapters.hub_server import HubServer, point_client_at
 from tests.gui.conftest import save_screenshot, wait_ready, wait_task
 
 BASE_REPO = "studio-tests/tiny-llama"
-
-
-def point_client_at(monkeypatch: pytest.MonkeyPatch, endpoint: str, cache: Path, offline: bool) -> None:
-    """Aim the real huggingface_hub client at ``endpoint`` (it keeps an import-time offline flag)."""
-    from huggingface_hub import constants
-
-    monkeypatch.setenv("HF_ENDPOINT", endpoint)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
 
 
 @pytest.fixture
