@@ -23,7 +23,8 @@ import logging
 import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -568,33 +569,28 @@ def section_target(rep: Report, deadline: float) -> None:
         rep.summary.append(f"  best token-major tiles in sweep: {top}")
 
 
-class decode_settings:
+@contextmanager
+def decode_settings(pdl: str | None = None, **constants: Any) -> Iterator[None]:
     """Temporarily set module constants of ``lora_decode`` (and MULTILORA_PDL when ``pdl``
     is not None); constants given as None are left alone."""
+    from . import lora_decode
 
-    def __init__(self, pdl: str | None = None, **constants: Any) -> None:
-        self.pdl = pdl
-        self.constants = {k: v for k, v in constants.items() if v is not None}
-
-    def __enter__(self) -> None:
-        from . import lora_decode
-
-        self.saved = {k: getattr(lora_decode, k) for k in self.constants}
-        self.saved_env = os.environ.get("MULTILORA_PDL")
-        for k, v in self.constants.items():
+    constants = {k: v for k, v in constants.items() if v is not None}
+    saved = {k: getattr(lora_decode, k) for k in constants}
+    saved_env = os.environ.get("MULTILORA_PDL")
+    for k, v in constants.items():
+        setattr(lora_decode, k, v)
+    if pdl is not None:
+        os.environ["MULTILORA_PDL"] = pdl
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
             setattr(lora_decode, k, v)
-        if self.pdl is not None:
-            os.environ["MULTILORA_PDL"] = self.pdl
-
-    def __exit__(self, *exc: object) -> None:
-        from . import lora_decode
-
-        for k, v in self.saved.items():
-            setattr(lora_decode, k, v)
-        if self.saved_env is None:
+        if saved_env is None:
             os.environ.pop("MULTILORA_PDL", None)
         else:
-            os.environ["MULTILORA_PDL"] = self.saved_env
+            os.environ["MULTILORA_PDL"] = saved_env
 
 
 def section_decode_paths(rep: Report, deadline: float) -> None:

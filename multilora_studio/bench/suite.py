@@ -211,12 +211,7 @@ async def _warmup(backend: Backend, options: BenchOptions, names: Sequence[str])
     size = min(options.batch, options.seqs)
     adapters = [names[0] if names and i % 2 else None for i in range(size)]
     requests = [BenchRequest(0.0, None, options.input_len[1], WARMUP_TOKENS) for _ in range(size)]
-    prompt_rng = np.random.default_rng(options.seed)
-    prompts = [prompt_token_ids(r.input_len, prompt_rng) for r in requests]
-    outcome, _ = await run_requests(backend, requests, prompts, adapters)
-    failed = [r.error for r in outcome if r.error]
-    if failed:
-        raise RuntimeError(f"the warm-up requests failed: {failed[0]}")
+    await _run_unmeasured(backend, requests, adapters, options.seed, "the warm-up")
 
 
 async def _warm_adapters(backend: Backend, case: Case, names: Sequence[str], options: BenchOptions) -> None:
@@ -224,15 +219,22 @@ async def _warm_adapters(backend: Backend, case: Case, names: Sequence[str], opt
     runs on resident adapters (Punica's and S-LoRA's batch measurements are steady-state);
     cold loads are measured by the online and sweep cases."""
     adapters = sorted({r.adapter for r in case.requests if r.adapter is not None})
-    if not adapters:
-        return
-    requests = [BenchRequest(0.0, a, min(8, options.input_len[0]), 1) for a in adapters]
-    prompt_rng = np.random.default_rng(options.seed + 1)
+    if adapters:
+        requests = [BenchRequest(0.0, a, min(8, options.input_len[0]), 1) for a in adapters]
+        mapped = [names[a] for a in adapters]
+        what = f"the adapter warm-up of {case.name}"
+        await _run_unmeasured(backend, requests, mapped, options.seed + 1, what)
+
+
+async def _run_unmeasured(
+    backend: Backend, requests: list[BenchRequest], adapters: Sequence[str | None], seed: int, what: str
+) -> None:
+    prompt_rng = np.random.default_rng(seed)
     prompts = [prompt_token_ids(r.input_len, prompt_rng) for r in requests]
-    outcome, _ = await run_requests(backend, requests, prompts, [names[a] for a in adapters])
+    outcome, _ = await run_requests(backend, requests, prompts, list(adapters))
     failed = [r.error for r in outcome if r.error]
     if failed:
-        raise RuntimeError(f"the adapter warm-up of {case.name} failed: {failed[0]}")
+        raise RuntimeError(f"{what} requests failed: {failed[0]}")
 
 
 # ---------------------------------------------------------------- PEFT baseline

@@ -172,7 +172,7 @@ def main() -> None:
 
         results["cold_load_p50_s"] = snapshot(engine).cold_load_p50_s
         if args.skip_zipf:
-            engine_done(results, args, root)
+            write_results(results, args, root)
             return
         before = snapshot(engine)
         ranks = np.arange(1, args.adapters + 1)
@@ -200,10 +200,10 @@ def main() -> None:
             "cold_load_p50_s": after.cold_load_p50_s,
             "cold_load_p95_s": after.cold_load_p95_s,
         }
-    engine_done(results, args, root)
+    write_results(results, args, root)
 
 
-def engine_done(results: dict, args: argparse.Namespace, root: Path) -> None:
+def write_results(results: dict, args: argparse.Namespace, root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(results, indent=2))
     if args.json:

@@ -160,10 +160,9 @@ class Engine:
             config.max_cpu_loras, self._load_adapter, self._wake.set
         )
         self._upload_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._uploads: dict[str, torch.cuda.Event] = {}
-        # Host copies that uploads in flight read: kept alive (and their pinned blocks
-        # taken) until the copies have completed.
-        self._upload_sources: dict[str, PackedAdapter] = {}
+        # Slot uploads in flight: the event that completes them, and the host copy they read
+        # (kept alive, with its pinned block, until the copies have completed).
+        self._uploads: dict[str, tuple[torch.cuda.Event, PackedAdapter]] = {}
         self._arena = self._pinned_arena(config.max_cpu_loras)
         if config.adapter_loader == "process":
             staging = max_packed_bytes(self.spec, config.max_lora_rank, self.dtype)
@@ -662,8 +661,7 @@ class Engine:
             raise ValueError(f"adapter {name!r} is used by {len(users)} queued or running requests")
         upload = self._uploads.pop(name, None)
         if upload is not None:
-            upload.synchronize()
-            self._upload_sources.pop(name, None)
+            upload[0].synchronize()
             self.slots.release(name)
         slot = self.slots.evict(name)
         if slot is not None:
@@ -685,10 +683,9 @@ class Engine:
         if self.slots.slot_of(name) is not None:
             upload = self._uploads.get(name)
             if upload is not None:
-                if not upload.query():
+                if not upload[0].query():
                     return False
                 del self._uploads[name]  # the end of a miss, counted when the upload started
-                self._upload_sources.pop(name, None)
                 self.slots.release(name)
             else:
                 self._gpu_hits += 1
@@ -715,8 +712,7 @@ class Engine:
             self.runner.lora.upload(acquired.slot, packed)
             done = torch.cuda.Event()
             done.record(self._upload_stream)
-        self._uploads[name] = done  # keeps the slot until the copy has landed
-        self._upload_sources[name] = packed  # and the host copy it reads
+        self._uploads[name] = (done, packed)  # keeps the slot until the copy has landed
         return False
 
     def _release_adapter(self, name: str | None) -> None:
