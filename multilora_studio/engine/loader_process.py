@@ -53,14 +53,25 @@ class _StagingBlock:
         return self.block
 
 
-_child: dict[str, object] = {}
+@dataclass
+class _Child:
+    """What the child process keeps between loads (set by its initializer)."""
+
+    memory: shared_memory.SharedMemory
+    staging: _StagingBlock
+    spec: ModelSpec
+    max_rank: int
+    dtype: torch.dtype
+
+
+_CHILD: dict[str, _Child] = {}  # "state" in the child process, set by its initializer
 
 
 def _child_init(staging_name: str, spec: ModelSpec, max_rank: int, dtype: torch.dtype) -> None:
     torch.set_num_threads(1)  # small, memory-bound operations; leave the cores to the engine
     memory = shared_memory.SharedMemory(name=staging_name)
-    _child.update(memory=memory, spec=spec, max_rank=max_rank, dtype=dtype)
-    _child["block"] = torch.frombuffer(memory.buf, dtype=torch.uint8)
+    block = torch.frombuffer(memory.buf, dtype=torch.uint8)
+    _CHILD["state"] = _Child(memory, _StagingBlock(block), spec, max_rank, dtype)
 
 
 def _child_ready() -> bool:
@@ -68,19 +79,11 @@ def _child_ready() -> bool:
 
 
 def _child_load(name: str, path: str) -> StagedAdapter:
-    spec: ModelSpec = _child["spec"]  # type: ignore[assignment]
-    dtype: torch.dtype = _child["dtype"]  # type: ignore[assignment]
-    block: torch.Tensor = _child["block"]  # type: ignore[assignment]
-    host = load_peft_adapter(
-        name,
-        Path(path),
-        spec.num_layers,
-        spec.projection_shape,
-        _child["max_rank"],  # type: ignore[arg-type]
-        spec.vocab_size,
-        dtype=dtype,
-    )
-    packed = pack_adapter(host, spec, dtype, pin=False, arena=_StagingBlock(block))  # type: ignore[arg-type]
+    child = _CHILD["state"]
+    spec, dtype, block = child.spec, child.dtype, child.staging.block
+    layers, shape_of = spec.num_layers, spec.projection_shape
+    host = load_peft_adapter(name, Path(path), layers, shape_of, child.max_rank, spec.vocab_size, dtype=dtype)
+    packed = pack_adapter(host, spec, dtype, pin=False, arena=child.staging)
     groups = tuple(packed.a)
     tensors = [t for g in groups for t in (packed.a[g], packed.b[g])]
     if any(t.untyped_storage().data_ptr() != block.untyped_storage().data_ptr() for t in tensors):

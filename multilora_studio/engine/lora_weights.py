@@ -16,7 +16,7 @@ import torch
 
 from multilora_studio.adapters.peft_adapter import HostAdapter
 from multilora_studio.engine.model_spec import ModelSpec
-from multilora_studio.engine.pinned_arena import PinnedArena, carve, carved_bytes
+from multilora_studio.engine.pinned_arena import BlockSource, carve, carved_bytes
 
 # projection group (one kernel launch) -> the HF modules that are its slices, in row order
 LORA_GROUPS: dict[str, tuple[str, ...]] = {
@@ -129,7 +129,7 @@ def pack_adapter(
     spec: ModelSpec,
     dtype: torch.dtype,
     pin: bool,
-    arena: PinnedArena | None = None,
+    arena: BlockSource | None = None,
 ) -> PackedAdapter:
     """Lay ``adapter``'s factors out as its slot will hold them (done once, off the worker thread).
 

@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import weakref
+from typing import Protocol
 
 import torch
 
@@ -34,6 +35,14 @@ def _physical_memory_bytes() -> int | None:
 
 def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
+
+
+class BlockSource(Protocol):
+    """Where ``pack_adapter`` can take one block of host memory for an adapter."""
+
+    block_bytes: int
+
+    def take(self, owner: object) -> torch.Tensor | None: ...
 
 
 class PinnedArena:
