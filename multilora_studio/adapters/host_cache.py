@@ -1,6 +1,6 @@
 """Host-RAM tier of adapters: an LRU of validated adapters, filled by a background loader.
 
-A miss never blocks the caller: ``lookup`` queues a load on the loader thread and
+A miss never blocks the caller: ``lookup`` queues a load on a loader thread and
 ``on_ready`` is called when it is done (or failed), so the engine keeps stepping. A
 load that ``put`` or ``discard`` overtook while it ran is dropped when it finishes.
 """
@@ -12,10 +12,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
+
+from multilora_studio.adapters.short_lived_workers import ShortLivedWorkers
 
 
 class Cacheable(Protocol):
@@ -49,10 +50,17 @@ class TierCounters:
 
 
 class HostAdapterCache(Generic[AdapterT]):
-    """At most ``capacity`` adapters in host memory, least recently used evicted first."""
+    """At most ``capacity`` adapters in host memory, least recently used evicted first.
+
+    Up to ``load_workers`` loads run at once, on threads that end when none is queued.
+    """
 
     def __init__(
-        self, capacity: int, loader: Callable[[str, Path], AdapterT], on_ready: Callable[[], None]
+        self,
+        capacity: int,
+        loader: Callable[[str, Path], AdapterT],
+        on_ready: Callable[[], None],
+        load_workers: int = 1,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"the host adapter cache needs a capacity >= 1, got {capacity}")
@@ -64,7 +72,7 @@ class HostAdapterCache(Generic[AdapterT]):
         self._errors: dict[str, Exception] = {}
         self._fresh: set[str] = set()  # loaded after a miss and not looked up since
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="adapter-loader")
+        self._workers = ShortLivedWorkers(load_workers, "adapter-loader")
         self.counters = TierCounters()
 
     def get(self, name: str) -> AdapterT | None:
@@ -109,7 +117,7 @@ class HostAdapterCache(Generic[AdapterT]):
                 return None
             self.counters.misses += 1
             ticket = self._pending[name] = object()
-            self._executor.submit(self._load, name, path, ticket)
+            self._workers.submit(self._load, name, path, ticket)
             return None
 
     def _load(self, name: str, path: Path, ticket: object) -> None:
@@ -138,4 +146,4 @@ class HostAdapterCache(Generic[AdapterT]):
             self._pending.pop(name, None)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._workers.shutdown()

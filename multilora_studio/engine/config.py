@@ -66,6 +66,9 @@ class EngineConfig:
     # Where adapters are read, validated and packed: "thread" (a loader thread) or
     # "process" (a spawned child process, so loads never hold the worker's GIL).
     adapter_loader: str = "thread"
+    # Adapter loads from disk at once (threads; "process" loads one at a time). None: 1 on
+    # the CPU (loads compete with decoding for the cores), else min(4, cores // 4), at least 1.
+    adapter_load_workers: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):
@@ -102,6 +105,18 @@ class EngineConfig:
             raise ValueError(
                 f"adapter_loader must be one of {', '.join(ADAPTER_LOADERS)}, got {self.adapter_loader!r}"
             )
+        if self.adapter_load_workers is not None:
+            _check_int("adapter_load_workers", self.adapter_load_workers, 1, 64)
+
+    def load_workers_for(self, device_type: str) -> int:
+        """How many adapter loads run at once on ``device_type`` (see ``adapter_load_workers``)."""
+        if self.adapter_loader == "process":
+            return 1
+        if self.adapter_load_workers is not None:
+            return self.adapter_load_workers
+        if device_type == "cpu":
+            return 1
+        return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
 @dataclass

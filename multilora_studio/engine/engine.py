@@ -25,6 +25,7 @@ import torch
 
 from multilora_studio.adapters.host_cache import HostAdapterCache
 from multilora_studio.adapters.peft_adapter import HostAdapter, inspect_peft_adapter, load_peft_adapter
+from multilora_studio.adapters.short_lived_workers import call_on_short_lived_thread
 from multilora_studio.adapters.slot_table import SlotTable
 from multilora_studio.default_model import ProgressCallback
 from multilora_studio.engine.block_manager import BlockManager, blocks_needed
@@ -156,8 +157,9 @@ class Engine:
         self.blocks = BlockManager(num_blocks, config.block_size)
         self.slots = SlotTable(config.max_loras)
         assert config.max_cpu_loras is not None
+        self._load_workers = config.load_workers_for(self.device.type)
         self.host_cache: HostAdapterCache[PackedAdapter] = HostAdapterCache(
-            config.max_cpu_loras, self._load_adapter, self._wake.set
+            config.max_cpu_loras, self._load_adapter, self._wake.set, self._load_workers
         )
         self._upload_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         # Slot uploads in flight: the event that completes them, and the host copy they read
@@ -216,16 +218,21 @@ class Engine:
             return self._loader_process.load(name, path, self._arena, pin=self.device.type == "cuda")
         return self._pack(self._read_adapter(name, path))
 
+    def _read_and_pack(self, name: str, path: Path) -> tuple[HostAdapter, PackedAdapter]:
+        host = self._read_adapter(name, path)
+        return host, self._pack(host)
+
     def _pack(self, adapter: HostAdapter) -> PackedAdapter:
         return pack_adapter(adapter, self.spec, self.dtype, pin=self.device.type == "cuda", arena=self._arena)
 
     def _pinned_arena(self, host_slots: int) -> PinnedArena | None:
-        """Pinned blocks for the host tier on CUDA: one per host slot plus two for uploads in
-        flight, each the size of an adapter of max_lora_rank on every projection."""
+        """Pinned blocks for the host tier on CUDA: one per host slot, one per load in flight
+        and one more for an upload in flight, each the size of an adapter of max_lora_rank
+        on every projection."""
         if self.device.type != "cuda":
             return None
         block_bytes = max_packed_bytes(self.spec, self.config.max_lora_rank, self.dtype)
-        return PinnedArena.for_tier(block_bytes, host_slots + 2)
+        return PinnedArena.for_tier(block_bytes, host_slots + self._load_workers + 1)
 
     def add_adapter(self, name: str, path: str | Path, preload: bool = True) -> AdapterInfo:
         """Validate the PEFT folder at ``path`` and make it servable as ``name``.
@@ -245,9 +252,9 @@ class Engine:
         path = Path(path)
         packed = None
         if preload:
-            host = self._read_adapter(name, path)
+            # On a thread that ends with the load: see adapters/short_lived_workers.py.
+            host, packed = call_on_short_lived_thread(lambda: self._read_and_pack(name, path))
             info = AdapterInfo(name, path, host.rank, host.alpha, host.targets, host.nbytes)
-            packed = self._pack(host)
         else:
             spec = self.spec
             summary = inspect_peft_adapter(

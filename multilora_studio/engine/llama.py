@@ -16,6 +16,7 @@ from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.rope import cos_sin_cache
 from multilora_studio.engine.weights import ModelWeights
+from multilora_studio.kernels.cpu_linear import packed_linear
 from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, rope_, silu_and_mul
 from multilora_studio.kernels.lora import LoRABatch, add_lora
 from multilora_studio.kernels.paged_attention import paged_attention, write_kv
@@ -56,6 +57,7 @@ class LlamaModel:
         device = weights.embed.device
         self.rope = cos_sin_cache(spec.rope, spec.head_dim, max_positions, device)  # [P, D]
         self.scale = spec.head_dim**-0.5
+        self.linear = packed_linear if weights.onednn_packed else F.linear
 
     def _add_lora(
         self, group: str, layer: int, y: torch.Tensor, x: torch.Tensor, step: LoRAStep | None
@@ -82,7 +84,7 @@ class LlamaModel:
         residual = F.embedding(input_ids, self.weights.embed)  # [T, H], the residual stream
         h = rms_norm(residual, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)  # [T, q + 2 kv]
+            qkv = self.linear(h, layer.qkv, layer.qkv_bias)  # [T, q + 2 kv]
             self._add_lora("qkv", index, qkv, h, lora)
             q = qkv[:, :q_size].view(tokens, spec.num_heads, spec.head_dim)
             k = qkv[:, q_size : q_size + kv_size].view(tokens, spec.num_kv_heads, spec.head_dim)
@@ -101,13 +103,13 @@ class LlamaModel:
                 self.scale,
                 max_query_len=attn.max_query_len,
             ).view(tokens, q_size)  # [T, q]
-            o = F.linear(context, layer.o)  # [T, H]
+            o = self.linear(context, layer.o)  # [T, H]
             self._add_lora("o", index, o, context, lora)
             h = add_rms_norm(o, residual, layer.post_norm, eps)  # residual += o
-            gate_up = F.linear(h, layer.gate_up)  # [T, 2 I]
+            gate_up = self.linear(h, layer.gate_up)  # [T, 2 I]
             self._add_lora("gate_up", index, gate_up, h, lora)
             act = silu_and_mul(gate_up)  # [T, I]
-            down = F.linear(act, layer.down)  # [T, H]
+            down = self.linear(act, layer.down)  # [T, H]
             self._add_lora("down", index, down, act, lora)
             next_norm = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.final_norm
             h = add_rms_norm(down, residual, next_norm, eps)  # residual += down
@@ -115,4 +117,4 @@ class LlamaModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, V] float32 logits of the given hidden rows."""
-        return F.linear(hidden, self.weights.lm_head).float()
+        return self.linear(hidden, self.weights.lm_head).float()

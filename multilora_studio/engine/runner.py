@@ -7,6 +7,7 @@ engine's worker thread.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +20,8 @@ from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.sampler import sample
 from multilora_studio.engine.scheduler import StepPlan
-from multilora_studio.engine.weights import ModelWeights
+from multilora_studio.engine.weights import ModelWeights, pack_for_onednn
+from multilora_studio.kernels.cpu_linear import onednn_packing_available
 from multilora_studio.kernels.lora import LoRABatch
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,11 @@ class StepInputs:
     slot_ids: torch.Tensor  # [T] int32, -1 = base model
     logits_rows: torch.Tensor  # [N] int64: rows of the hidden states to sample from
     lora_groups: frozenset[str]
+
+
+def cpu_packing_enabled(dtype: torch.dtype) -> bool:
+    """Whether the CPU base GEMMs run on oneDNN-packed weights (``MULTILORA_CPU_ONEDNN=0`` turns it off)."""
+    return os.environ.get("MULTILORA_CPU_ONEDNN", "1") != "0" and onednn_packing_available(dtype)
 
 
 def kv_bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
@@ -57,6 +64,8 @@ class ModelRunner:
         self.spec = spec
         self.device = device
         self.dtype = dtype
+        if device.type == "cpu" and cpu_packing_enabled(dtype):
+            pack_for_onednn(weights)  # in place: ~1.7x faster decode GEMMs on the CPU
         self.lora = LoRASlotWeights(spec, config.max_loras, config.max_lora_rank, dtype, device)
         max_positions = max(config.max_model_len, 16)
         self.model = LlamaModel(spec, weights, self.lora, max_positions)

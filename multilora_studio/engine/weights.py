@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.kernels.cpu_linear import pack_weight
 
 # fused name -> its HF parts in row order
 PACKED_MODULES = {
@@ -41,6 +42,21 @@ class ModelWeights:
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # [H]
     lm_head: torch.Tensor  # [V, H] (the embedding itself when tied)
+    onednn_packed: bool = False  # GEMM weights in oneDNN's blocked layout (CPU): read by packed_linear only
+
+
+def pack_for_onednn(weights: ModelWeights) -> None:
+    """Reorder every GEMM weight (qkv, o, gate_up, down, lm_head) into oneDNN's layout, in place.
+
+    The embedding stays row-major for lookups; a tied lm_head gets its own packed copy.
+    """
+    for layer in weights.layers:
+        layer.qkv = pack_weight(layer.qkv)
+        layer.o = pack_weight(layer.o)
+        layer.gate_up = pack_weight(layer.gate_up)
+        layer.down = pack_weight(layer.down)
+    weights.lm_head = pack_weight(weights.lm_head)
+    weights.onednn_packed = True
 
 
 def _shard_files(folder: Path) -> list[Path]:

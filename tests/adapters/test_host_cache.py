@@ -229,3 +229,22 @@ def test_percentile_is_nearest_rank(samples, q, expected):
 
 def test_percentile_without_loads_is_none():
     assert TierCounters().percentile(0.5) is None
+
+
+def test_several_load_workers_load_at_once(ready):
+    # Three loads that each wait for the other two: only parallel workers can finish them.
+    barrier = threading.Barrier(3, timeout=WAIT_S)
+
+    def loader(name: str, path: Path) -> HostAdapter:
+        barrier.wait()
+        return make_adapter(name, path=path)
+
+    cache = HostAdapterCache(4, loader, ready, load_workers=3)
+    try:
+        for name in ("a", "b", "c"):
+            assert cache.lookup(name, Path(f"/adapters/{name}")) is None
+        ready.wait_for(3)
+        assert sorted(cache.names()) == ["a", "b", "c"]
+        assert cache.counters.misses == 3 and len(cache.counters.load_seconds) == 3
+    finally:
+        cache.close()

@@ -89,11 +89,20 @@ def test_max_cpu_loras_defaults_to_twice_the_gpu_slots():
         (dict(seed=-1), "seed must be >= 0, got -1"),
         (dict(seed=1.0), "seed must be an integer"),
         (dict(adapter_loader="fork"), "adapter_loader must be one of thread, process, got 'fork'"),
+        (dict(adapter_load_workers=0), "adapter_load_workers must be between 1 and 64, got 0"),
+        (dict(adapter_load_workers=2.5), "adapter_load_workers must be an integer"),
     ],
 )
 def test_bad_engine_settings_raise_value_error_naming_the_setting(settings, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**settings)
+
+
+def test_adapter_load_workers_by_device_and_loader():
+    assert EngineConfig().load_workers_for("cpu") == 1
+    assert 1 <= EngineConfig().load_workers_for("cuda") <= 4
+    assert EngineConfig(adapter_load_workers=6).load_workers_for("cpu") == 6
+    assert EngineConfig(adapter_load_workers=6, adapter_loader="process").load_workers_for("cuda") == 1
 
 
 def test_sampling_defaults():

@@ -290,3 +290,21 @@ def test_running_is_false_after_shutdown(make_engine):
     assert not engine.running
     with pytest.raises(RuntimeError, match="shut down"):
         engine.submit("Hello")
+
+
+def test_cpu_gemm_packing_is_on_by_default_and_can_be_turned_off(make_engine, monkeypatch):
+    from multilora_studio.kernels.cpu_linear import onednn_packing_available
+
+    if not onednn_packing_available(torch.float32):
+        pytest.skip("this torch build has no oneDNN linear packing")
+    prompts = ["The capital of France is", [5, 9, 14, 3, 3, 8]]
+    adapters = [None, "tiny-r8-all"]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    packed = make_engine(adapters=["tiny-r8-all"], device="cpu")
+    assert packed.runner.model.weights.onednn_packed
+    monkeypatch.setenv("MULTILORA_CPU_ONEDNN", "0")
+    plain = make_engine(adapters=["tiny-r8-all"], device="cpu")
+    assert not plain.runner.model.weights.onednn_packed
+    got = [o.token_ids for o in packed.generate(prompts, adapters, params)]
+    assert got == [o.token_ids for o in plain.generate(prompts, adapters, params)]
+    assert all(len(ids) == 24 for ids in got)
