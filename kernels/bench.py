@@ -524,10 +524,16 @@ def section_target(rep: Report, deadline: float) -> None:
     rep.summary.append(
         "  per projection: " + ", ".join(f"{n} {v['us']:.1f} us {v['bw_pct']:.0f}%" for n, v in per.items())
     )
-    # Variants of the same measurement: without programmatic dependent launch, and the
-    # slot-grouped kernels that serve token counts above DECODE_MAX_TOKENS.
-    for name, env, decode_max in (("no_pdl", "0", None), ("grouped", None, 0)):
-        with decode_settings(pdl=env, DECODE_MAX_TOKENS=decode_max):
+    # Variants of the same measurement: shrink and expand as two launches per projection,
+    # without programmatic dependent launch, and the slot-grouped kernels that serve token
+    # counts above DECODE_MAX_TOKENS.
+    variants: tuple[tuple[str, dict[str, str] | None, int | None], ...] = (
+        ("two_launch", {"MULTILORA_FUSED_DECODE": "0"}, None),
+        ("no_pdl", {"MULTILORA_PDL": "0"}, None),
+        ("grouped", None, 0),
+    )
+    for name, env, decode_max in variants:
+        with decode_settings(env, DECODE_MAX_TOKENS=decode_max):
             try:
                 us = run("api")
             except Exception as exc:
@@ -570,27 +576,27 @@ def section_target(rep: Report, deadline: float) -> None:
 
 
 @contextmanager
-def decode_settings(pdl: str | None = None, **constants: Any) -> Iterator[None]:
-    """Temporarily set module constants of ``lora_decode`` (and MULTILORA_PDL when ``pdl``
-    is not None); constants given as None are left alone."""
+def decode_settings(env: dict[str, str] | None = None, **constants: Any) -> Iterator[None]:
+    """Temporarily set module constants of ``lora_decode`` and environment variables
+    (MULTILORA_PDL, MULTILORA_FUSED_DECODE); constants given as None are left alone."""
     from . import lora_decode
 
     constants = {k: v for k, v in constants.items() if v is not None}
     saved = {k: getattr(lora_decode, k) for k in constants}
-    saved_env = os.environ.get("MULTILORA_PDL")
+    saved_env = {k: os.environ.get(k) for k in env or {}}
     for k, v in constants.items():
         setattr(lora_decode, k, v)
-    if pdl is not None:
-        os.environ["MULTILORA_PDL"] = pdl
+    os.environ.update(env or {})
     try:
         yield
     finally:
         for k, v in saved.items():
             setattr(lora_decode, k, v)
-        if saved_env is None:
-            os.environ.pop("MULTILORA_PDL", None)
-        else:
-            os.environ["MULTILORA_PDL"] = saved_env
+        for k, old in saved_env.items():
+            if old is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old
 
 
 def section_decode_paths(rep: Report, deadline: float) -> None:

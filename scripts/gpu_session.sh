@@ -2,7 +2,7 @@
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft.
 # Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [tier-bench] [tier-ab] [bench-suite] [bench-peft]
-#        [kernel-bench] [attention-bench]
+#        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 set -u
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
@@ -56,8 +56,13 @@ for step in $steps; do
       TRITON_INTERPRET=0 MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
         timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_fidelity.py \
         tests/engine/test_model_families.py 2>&1 | tee "$OUT/engine-fidelity.log" | tail -8 ;;
+    kernel-tests)
+      # the LoRA kernel tests natively on the GPU (fused decode launch and add_lora vs float64)
+      TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_lora_kernels.py \
+        -k "${KERNEL_TESTS:-fused or add_lora_matches_reference or ranks_above}" 2>&1 | tee "$OUT/kernel-tests.log" | tail -5 ;;
     kernel-bench)
-      OUT=$OUT timeout 420 python3 -m multilora_studio.kernels.bench --budget ${KERNEL_BUDGET:-240} 2>&1 | tee "$OUT/kernel-bench.log" | grep -v "^INFO" | tail -40 ;;
+      OUT=$OUT timeout 420 python3 -m multilora_studio.kernels.bench --budget ${KERNEL_BUDGET:-240} \
+        ${KERNEL_SECTIONS:+--sections $KERNEL_SECTIONS} 2>&1 | tee "$OUT/kernel-bench.log" | grep -v "^INFO" | tail -40 ;;
     attention-bench)
       timeout 240 python3 -m multilora_studio.kernels.paged_attention_bench 2>&1 | tee "$OUT/attention-bench.log" | tail -30 ;;
   esac

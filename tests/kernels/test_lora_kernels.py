@@ -512,3 +512,44 @@ def test_ranks_above_one_rank_block(backend):
     ref = reference_lora(y, x, clean_a, clean_b, slot_ids, offsets)
     assert torch.equal(out[2].cpu(), y[2])
     assert rel_err(out.cpu(), ref) < TOL[torch.float32]
+
+
+@pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_decode_launch_equals_two_launches_and_leaves_its_counters_at_zero(dtype, monkeypatch):
+    """One launch (shrink programs, then expand programs waiting on counters) == shrink + expand,
+    bit for bit, call after call on one batch with a changing token count; the counters the
+    expand programs wait on are back at 0 after every call, so the next call cannot pass early."""
+    gen = torch.Generator().manual_seed(seed_of("fused", dtype))
+    batch = LoRABatch.allocate(64, NUM_SLOTS, DEVICE)
+    for num_tokens, shape, pattern in (
+        (9, "qkv", "distinct"),
+        (4, "gate_up", "base_mixed"),
+        (13, "single", "zipf"),
+        (9, "qkv", "identical"),
+    ):
+        case = make_case(dtype, num_tokens, shape, pattern, gen)
+        batch.update(case.slot_ids, case.slot_ranks)
+        monkeypatch.setenv("MULTILORA_FUSED_DECODE", "1")
+        fused = add_lora(
+            case.y.clone(), case.x, case.lora_a, case.lora_b, batch, case.offsets, backend="triton"
+        )
+        assert not batch._decode_sync.any(), "counters not reset"
+        monkeypatch.setenv("MULTILORA_FUSED_DECODE", "0")
+        two = add_lora(
+            case.y.clone(), case.x, case.lora_a, case.lora_b, batch, case.offsets, backend="triton"
+        )
+        assert torch.equal(fused.view(torch.int8), two.view(torch.int8)), (num_tokens, shape, pattern)
+        check_y(fused, case, dtype)
+
+
+@pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
+def test_fused_decode_launch_refuses_more_tokens_than_its_counters():
+    from multilora_studio.kernels import lora_decode
+
+    gen = torch.Generator().manual_seed(seed_of("fused-too-many"))
+    case = make_case(torch.float32, 9, "qkv", "uniform", gen)
+    small = LoRABatch.allocate(2, NUM_SLOTS, DEVICE)  # counters for 2 tokens x 4 slices
+    small.update(case.slot_ids[:2], case.slot_ranks)
+    with pytest.raises(ValueError, match="exceed"):
+        lora_decode.fused_add_lora(case.y.clone(), case.x, case.lora_a, case.lora_b, small, case.offsets)
