@@ -524,11 +524,9 @@ def section_target(rep: Report, deadline: float) -> None:
     rep.summary.append(
         "  per projection: " + ", ".join(f"{n} {v['us']:.1f} us {v['bw_pct']:.0f}%" for n, v in per.items())
     )
-    # Variants of the same measurement: shrink and expand as two launches per projection,
-    # without programmatic dependent launch, and the slot-grouped kernels that serve token
-    # counts above DECODE_MAX_TOKENS.
+    # Variants of the same measurement: without programmatic dependent launch, and the
+    # slot-grouped kernels that serve token counts above DECODE_MAX_TOKENS.
     variants: tuple[tuple[str, dict[str, str] | None, int | None], ...] = (
-        ("two_launch", {"MULTILORA_FUSED_DECODE": "0"}, None),
         ("no_pdl", {"MULTILORA_PDL": "0"}, None),
         ("grouped", None, 0),
     )
@@ -578,7 +576,7 @@ def section_target(rep: Report, deadline: float) -> None:
 @contextmanager
 def decode_settings(env: dict[str, str] | None = None, **constants: Any) -> Iterator[None]:
     """Temporarily set module constants of ``lora_decode`` and environment variables
-    (MULTILORA_PDL, MULTILORA_FUSED_DECODE); constants given as None are left alone."""
+    (such as MULTILORA_PDL); constants given as None are left alone."""
     from . import lora_decode
 
     constants = {k: v for k, v in constants.items() if v is not None}

@@ -117,9 +117,6 @@ class LoRABatch:
     slot_ranks: torch.Tensor
     num_tokens: torch.Tensor
     _boundaries: torch.Tensor  # [num_slots + 1] int32: 0..num_slots, for searchsorted
-    # [2, MAX_SLICES * min(max_tokens, 256)] int32, all 0 between launches: the counters
-    # through which the fused decode kernel's expand programs wait for its shrink programs.
-    _decode_sync: torch.Tensor
     _num_tokens_host: int = 0
     _host: _HostGroups | None = field(default=None, repr=False)
 
@@ -146,7 +143,6 @@ class LoRABatch:
             slot_ranks=torch.zeros(num_slots, **i32),  # [num_slots]
             num_tokens=torch.zeros(1, **i32),  # [1]
             _boundaries=torch.arange(num_slots + 1, **i32),  # [num_slots + 1]
-            _decode_sync=torch.zeros((2, MAX_SLICES * min(max_tokens, 256)), **i32),
         )
         return batch
 
@@ -458,10 +454,8 @@ def add_lora(
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"y has {y.shape[0]} tokens but x has {x.shape[0]}")
     if _backend_of(backend, x.device) == "triton":
-        from . import lora_decode, lora_triton
+        from . import lora_triton
 
-        if x.shape[0] <= lora_decode.DECODE_MAX_TOKENS and lora_decode.use_fused():
-            return lora_decode.fused_add_lora(y, x, lora_a, lora_b, batch, offs)
         buf = lora_triton.shrink_partials(x, lora_a, batch)  # [splits, S, T, R] float32
         lora_triton.expand(y, buf, lora_b, batch, offs)
         return y

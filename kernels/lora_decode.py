@@ -93,11 +93,6 @@ def use_pdl(device: torch.device) -> bool:
     return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def use_fused() -> bool:
-    """Whether add_lora runs decode sizes as one fused launch (``MULTILORA_FUSED_DECODE=0``: two)."""
-    return os.environ.get("MULTILORA_FUSED_DECODE", "1") != "0"
-
-
 def _launch_options(pdl: bool, num_warps: int) -> dict[str, object]:
     opts: dict[str, object] = {"num_warps": num_warps, "USE_PDL": pdl}
     if pdl:
@@ -120,64 +115,6 @@ def shrink_block_k(max_rank: int, in_features: int) -> int:
 def expand_block_n(max_rank: int) -> int:
     """Output columns per expand program: a BLOCK_N x rank-block tile of EXPAND_TILE elements."""
     return max(16, EXPAND_TILE // block_r(max_rank))
-
-
-@triton.jit
-def _shrink_tile(
-    x_ptr,
-    a_ptr,
-    part_ptr,
-    t,
-    s,
-    split,
-    slot,
-    rank,
-    in_features,
-    stride_xt,
-    stride_xk,
-    stride_al,
-    stride_as,
-    stride_ar,
-    stride_ak,
-    stride_pp,
-    stride_ps,
-    stride_pt,
-    stride_pr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    """part[split, s, t, r] = sum_k x[t, k] * A[slot, s, r, k] over one K chunk."""
-    offs_r = tl.arange(0, BLOCK_R)  # [BR]
-    offs_k = split * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
-    k_ok = offs_k < in_features
-    a_ptrs = (
-        a_ptr
-        + slot.to(tl.int64) * stride_al
-        + s * stride_as
-        + offs_r[:, None] * stride_ar
-        + offs_k[None, :] * stride_ak
-    )  # [BR, BK]
-    # token_ranks is 0 for tokens without an adapter: every mask below is then empty.
-    a_mask = (offs_r < rank)[:, None] if EVEN_K else (offs_r < rank)[:, None] & k_ok[None, :]
-    a = tl.load(a_ptrs, mask=a_mask, other=0.0)  # weights first: they do not wait on x
-    if USE_PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    if rank > 0:
-        xk = tl.load(x_ptr + t.to(tl.int64) * stride_xt + offs_k * stride_xk, mask=k_ok, other=0.0)
-        xk = xk.to(tl.float32)  # [BK]
-        p_ptrs = part_ptr + split * stride_pp + s * stride_ps + t.to(tl.int64) * stride_pt
-        acc = tl.sum(a.to(tl.float32) * xk[None, :], axis=1)  # [BR]
-        tl.store(p_ptrs + offs_r * stride_pr, acc, mask=offs_r < rank)
-        for r0 in range(BLOCK_R, rank, BLOCK_R):  # ranks above one block
-            rows = r0 + offs_r
-            a = tl.load(
-                a_ptrs + r0 * stride_ar, mask=(rows < rank)[:, None] & k_ok[None, :], other=0.0
-            )  # [BR, BK]
-            acc = tl.sum(a.to(tl.float32) * xk[None, :], axis=1)  # [BR]
-            tl.store(p_ptrs + rows * stride_pr, acc, mask=rows < rank)
 
 
 @triton.jit
@@ -204,34 +141,43 @@ def _bgmv_shrink_kernel(
     EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """Program (t, s * splits + split): one token's partial for one slice and K chunk."""
+    """part[split, s, t, r] = sum_k x[t, k] * A[slot[t], s, r, k] over one K chunk."""
     t = tl.program_id(0)
     pid = tl.program_id(1)
-    _shrink_tile(
-        x_ptr,
-        a_ptr,
-        part_ptr,
-        t,
-        pid // num_splits,
-        pid % num_splits,
-        tl.load(slots_ptr + t),
-        tl.load(ranks_ptr + t),
-        in_features,
-        stride_xt,
-        stride_xk,
-        stride_al,
-        stride_as,
-        stride_ar,
-        stride_ak,
-        stride_pp,
-        stride_ps,
-        stride_pt,
-        stride_pr,
-        BLOCK_R,
-        BLOCK_K,
-        EVEN_K,
-        USE_PDL,
-    )
+    s = pid // num_splits
+    split = pid % num_splits
+    slot = tl.load(slots_ptr + t)
+    rank = tl.load(ranks_ptr + t)
+    offs_r = tl.arange(0, BLOCK_R)  # [BR]
+    offs_k = split * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
+    k_ok = offs_k < in_features
+    a_ptrs = (
+        a_ptr
+        + slot.to(tl.int64) * stride_al
+        + s * stride_as
+        + offs_r[:, None] * stride_ar
+        + offs_k[None, :] * stride_ak
+    )  # [BR, BK]
+    # token_ranks is 0 for tokens without an adapter: every mask below is then empty.
+    active = rank > 0
+    a_mask = (offs_r < rank)[:, None] if EVEN_K else (offs_r < rank)[:, None] & k_ok[None, :]
+    a = tl.load(a_ptrs, mask=a_mask, other=0.0)  # weights first: they do not wait on x
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    if active:
+        xk = tl.load(x_ptr + t.to(tl.int64) * stride_xt + offs_k * stride_xk, mask=k_ok, other=0.0)
+        xk = xk.to(tl.float32)  # [BK]
+        p_ptrs = part_ptr + split * stride_pp + s * stride_ps + t.to(tl.int64) * stride_pt
+        acc = tl.sum(a.to(tl.float32) * xk[None, :], axis=1)  # [BR]
+        tl.store(p_ptrs + offs_r * stride_pr, acc, mask=offs_r < rank)
+        for r0 in range(BLOCK_R, rank, BLOCK_R):  # ranks above one block
+            rows = r0 + offs_r
+            a = tl.load(
+                a_ptrs + r0 * stride_ar, mask=(rows < rank)[:, None] & k_ok[None, :], other=0.0
+            )  # [BR, BK]
+            acc = tl.sum(a.to(tl.float32) * xk[None, :], axis=1)  # [BR]
+            tl.store(p_ptrs + rows * stride_pr, acc, mask=rows < rank)
 
 
 @triton.jit
@@ -241,82 +187,6 @@ def _sum_partials(p_ptrs, rows, rank, num_splits, stride_pp, SPLIT_BLOCK: tl.con
     ptrs = p_ptrs + offs_p[:, None] * stride_pp  # [P, BR]
     mask = (offs_p < num_splits)[:, None] & (rows < rank)[None, :]
     return tl.sum(tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg"), axis=0)
-
-
-@triton.jit
-def _wait_for_partials(count_ptr, num_splits):
-    """Spin until ``num_splits`` shrink programs have published their partials (acquire)."""
-    published = tl.atomic_add(count_ptr, 0, sem="acquire")
-    while published < num_splits:
-        published = tl.atomic_add(count_ptr, 0, sem="acquire")
-
-
-@triton.jit
-def _expand_tile(
-    part_ptr,
-    b_ptr,
-    y_ptr,
-    count_ptr,
-    t,
-    s,
-    n0,
-    hi,
-    slot,
-    rank,
-    num_splits,
-    stride_pp,
-    stride_ps,
-    stride_pt,
-    stride_pr,
-    stride_wl,
-    stride_wn,
-    stride_wr,
-    stride_yt,
-    stride_yn,
-    BLOCK_N: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr,
-    RANK_ALIGN: tl.constexpr,
-    USE_PDL: tl.constexpr,
-    FUSED: tl.constexpr,
-):
-    """y[t, n0:n0+BLOCK_N] += sum_r h[t, r] * B[slot, n, r], h = sum of the token's partials.
-
-    FUSED: the partials come from shrink programs of the same launch; wait on ``count_ptr``.
-    """
-    offs_n = n0 + tl.arange(0, BLOCK_N)  # [BN]
-    offs_r = tl.arange(0, BLOCK_R)  # [BR]
-    n_ok = offs_n < hi
-    w_ptrs = b_ptr + slot.to(tl.int64) * stride_wl + offs_n[:, None] * stride_wn + offs_r[None, :] * stride_wr
-    # Rank is B's contiguous dimension: load whole RANK_ALIGN-element vectors (up to the
-    # rank rounded up; storage holds at least that many columns) and zero the columns at
-    # or beyond the rank in registers, so padding never reaches the sum.
-    rank_ld = tl.multiple_of((rank + RANK_ALIGN - 1) // RANK_ALIGN * RANK_ALIGN, RANK_ALIGN)
-    w = tl.load(w_ptrs, mask=n_ok[:, None] & (offs_r < rank_ld)[None, :], other=0.0)  # [BN, BR]
-    if USE_PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    if rank > 0:  # token_ranks is 0 for tokens without an adapter
-        if FUSED:
-            _wait_for_partials(count_ptr, num_splits)
-        # Activations now, all at once: y and the token's partials.
-        y_ptrs = y_ptr + t.to(tl.int64) * stride_yt + offs_n * stride_yn  # [BN]
-        y_old = tl.load(y_ptrs, mask=n_ok, other=0.0)
-        p_ptrs = part_ptr + s * stride_ps + t.to(tl.int64) * stride_pt + offs_r[None, :] * stride_pr
-        h = _sum_partials(p_ptrs, offs_r, rank, num_splits, stride_pp, SPLIT_BLOCK)  # [BR]
-        w = tl.where((offs_r < rank)[None, :], w, 0.0)
-        acc = tl.sum(w.to(tl.float32) * h[None, :], axis=1)  # [BN]
-        for r0 in range(BLOCK_R, rank, BLOCK_R):  # ranks above one block
-            rows = r0 + offs_r
-            w = tl.load(
-                w_ptrs + r0 * stride_wr, mask=n_ok[:, None] & (rows < rank_ld)[None, :], other=0.0
-            )  # [BN, BR]
-            w = tl.where((rows < rank)[None, :], w, 0.0)
-            h = _sum_partials(p_ptrs + r0 * stride_pr, rows, rank, num_splits, stride_pp, SPLIT_BLOCK)
-            acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
-        # y += delta.to(y.dtype): the sum in float32, rounded once.
-        delta = acc.to(y_old.dtype).to(tl.float32)
-        tl.store(y_ptrs, (y_old.to(tl.float32) + delta).to(y_old.dtype), mask=n_ok)
 
 
 @triton.jit
@@ -350,175 +220,44 @@ def _bgmv_expand_kernel(
     RANK_ALIGN: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """Program (t, n): one token's output tile of one slice."""
+    """y[t, n-block] += sum_r h[t, r] * B[slot[t], n, r], h = sum of the partials."""
     t = tl.program_id(0)
-    s, n0, hi = slice_of(tl.program_id(1), c1, c2, c3, off0, off1, off2, off3, off4, BLOCK_N)
-    _expand_tile(
-        part_ptr,
-        b_ptr,
-        y_ptr,
-        part_ptr,  # no counter: the partials come from an earlier launch
-        t,
-        s,
-        n0,
-        hi,
-        tl.load(slots_ptr + t),
-        tl.load(ranks_ptr + t),
-        num_splits,
-        stride_pp,
-        stride_ps,
-        stride_pt,
-        stride_pr,
-        stride_wl,
-        stride_wn,
-        stride_wr,
-        stride_yt,
-        stride_yn,
-        BLOCK_N,
-        BLOCK_R,
-        SPLIT_BLOCK,
-        RANK_ALIGN,
-        USE_PDL,
-        False,
-    )
-
-
-@triton.jit
-def _bgmv_fused_kernel(
-    x_ptr,
-    a_ptr,
-    part_ptr,
-    b_ptr,
-    y_ptr,
-    slots_ptr,
-    ranks_ptr,
-    sync_ptr,
-    num_tokens,
-    num_slices,
-    in_features,
-    num_splits,
-    c1,
-    c2,
-    c3,
-    n_progs,
-    off0,
-    off1,
-    off2,
-    off3,
-    off4,
-    stride_xt,
-    stride_xk,
-    stride_al,
-    stride_as,
-    stride_ar,
-    stride_ak,
-    stride_pp,
-    stride_ps,
-    stride_pt,
-    stride_pr,
-    stride_wl,
-    stride_wn,
-    stride_wr,
-    stride_yt,
-    stride_yn,
-    stride_sync,
-    BLOCK_R: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr,
-    RANK_ALIGN: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    """Shrink and expand in one launch: the first T * S * splits programs shrink, the rest expand.
-
-    A shrink program publishes its partial by a release increment of ``published[s, t]``
-    (``sync_ptr`` row 0); an expand program waits for ``splits`` of them (acquire) before
-    it reads the partials. Shrink programs have the lower program ids, which CUDA starts
-    first (and the interpreter runs first), so waiting programs never hold back the
-    programs they wait for. The last expand program of a (slice, token) to finish its wait
-    (counted in ``sync_ptr`` row 1) sets both counters back to 0 for the next launch.
-    """
-    pid = tl.program_id(0)
-    per_token = num_slices * num_splits
-    num_shrink = num_tokens * per_token
-    if pid < num_shrink:
-        t = pid // per_token
-        s = (pid % per_token) // num_splits
-        slot = tl.load(slots_ptr + t)
-        rank = tl.load(ranks_ptr + t)
-        _shrink_tile(
-            x_ptr,
-            a_ptr,
-            part_ptr,
-            t,
-            s,
-            pid % num_splits,
-            slot,
-            rank,
-            in_features,
-            stride_xt,
-            stride_xk,
-            stride_al,
-            stride_as,
-            stride_ar,
-            stride_ak,
-            stride_pp,
-            stride_ps,
-            stride_pt,
-            stride_pr,
-            BLOCK_R,
-            BLOCK_K,
-            EVEN_K,
-            USE_PDL,
-        )
-        if rank > 0:
-            tl.debug_barrier()  # every thread's partial stored before the release below
-            tl.atomic_add(sync_ptr + s * num_tokens + t, 1, sem="release")
-    else:
-        e = pid - num_shrink
-        t = e // n_progs
-        n_prog = e % n_progs
-        s, n0, hi = slice_of(n_prog, c1, c2, c3, off0, off1, off2, off3, off4, BLOCK_N)
-        slot = tl.load(slots_ptr + t)
-        rank = tl.load(ranks_ptr + t)
-        published_ptr = sync_ptr + s * num_tokens + t
-        _expand_tile(
-            part_ptr,
-            b_ptr,
-            y_ptr,
-            published_ptr,
-            t,
-            s,
-            n0,
-            hi,
-            slot,
-            rank,
-            num_splits,
-            stride_pp,
-            stride_ps,
-            stride_pt,
-            stride_pr,
-            stride_wl,
-            stride_wn,
-            stride_wr,
-            stride_yt,
-            stride_yn,
-            BLOCK_N,
-            BLOCK_R,
-            SPLIT_BLOCK,
-            RANK_ALIGN,
-            USE_PDL,
-            True,
-        )
-        if rank > 0:
-            first = tl.where(s == 0, 0, tl.where(s == 1, c1, tl.where(s == 2, c2, c3)))
-            last = tl.where(s == 0, c1, tl.where(s == 1, c2, tl.where(s == 2, c3, n_progs)))
-            done_ptr = published_ptr + stride_sync
-            finished = tl.atomic_add(done_ptr, 1, sem="acq_rel")
-            if finished == last - first - 1:  # every expand program of (s, t) is past its wait
-                tl.atomic_xchg(published_ptr, 0)
-                tl.atomic_xchg(done_ptr, 0)
+    n_prog = tl.program_id(1)
+    slot = tl.load(slots_ptr + t)
+    rank = tl.load(ranks_ptr + t)
+    s, n0, hi = slice_of(n_prog, c1, c2, c3, off0, off1, off2, off3, off4, BLOCK_N)
+    offs_n = n0 + tl.arange(0, BLOCK_N)  # [BN]
+    offs_r = tl.arange(0, BLOCK_R)  # [BR]
+    n_ok = offs_n < hi
+    active = rank > 0  # token_ranks is 0 for tokens without an adapter
+    w_ptrs = b_ptr + slot.to(tl.int64) * stride_wl + offs_n[:, None] * stride_wn + offs_r[None, :] * stride_wr
+    # Rank is B's contiguous dimension: load whole RANK_ALIGN-element vectors (up to the
+    # rank rounded up; storage holds at least that many columns) and zero the columns at
+    # or beyond the rank in registers, so padding never reaches the sum.
+    rank_ld = tl.multiple_of((rank + RANK_ALIGN - 1) // RANK_ALIGN * RANK_ALIGN, RANK_ALIGN)
+    w = tl.load(w_ptrs, mask=n_ok[:, None] & (offs_r < rank_ld)[None, :], other=0.0)  # [BN, BR]
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    if active:
+        # Activations now, all at once: y and the token's partials.
+        y_ptrs = y_ptr + t.to(tl.int64) * stride_yt + offs_n * stride_yn  # [BN]
+        y_old = tl.load(y_ptrs, mask=n_ok, other=0.0)
+        p_ptrs = part_ptr + s * stride_ps + t.to(tl.int64) * stride_pt + offs_r[None, :] * stride_pr
+        h = _sum_partials(p_ptrs, offs_r, rank, num_splits, stride_pp, SPLIT_BLOCK)  # [BR]
+        w = tl.where((offs_r < rank)[None, :], w, 0.0)
+        acc = tl.sum(w.to(tl.float32) * h[None, :], axis=1)  # [BN]
+        for r0 in range(BLOCK_R, rank, BLOCK_R):  # ranks above one block
+            rows = r0 + offs_r
+            w = tl.load(
+                w_ptrs + r0 * stride_wr, mask=n_ok[:, None] & (rows < rank_ld)[None, :], other=0.0
+            )  # [BN, BR]
+            w = tl.where((rows < rank)[None, :], w, 0.0)
+            h = _sum_partials(p_ptrs + r0 * stride_pr, rows, rank, num_splits, stride_pp, SPLIT_BLOCK)
+            acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
+        # y += delta.to(y.dtype): the sum in float32, rounded once.
+        delta = acc.to(y_old.dtype).to(tl.float32)
+        tl.store(y_ptrs, (y_old.to(tl.float32) + delta).to(y_old.dtype), mask=n_ok)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -592,61 +331,5 @@ def expand(
         SPLIT_BLOCK=triton.next_power_of_2(splits),
         RANK_ALIGN=rank_align(lora_b),
         **_launch_options(use_pdl(y.device), num_warps or EXPAND_WARPS),
-    )
-    return y
-
-
-def fused_add_lora(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: torch.Tensor,
-    lora_b: torch.Tensor,
-    batch: LoRABatch,
-    slice_offsets: tuple[int, ...],
-) -> torch.Tensor:
-    """``y += LoRA(x)`` for up to 256 tokens in one launch (shrink and expand programs)."""
-    num_tokens, in_features = x.shape
-    _, num_slices, max_rank, _ = lora_a.shape
-    out_total = lora_b.shape[1]
-    if num_tokens == 0 or out_total == 0:
-        return y
-    sync = batch._decode_sync
-    if num_tokens * num_slices > sync.shape[1]:
-        raise ValueError(f"{num_tokens} tokens exceed the fused decode kernel's {sync.shape[1] // 4}")
-    bk = shrink_block_k(max_rank, in_features)
-    splits = triton.cdiv(in_features, bk)
-    part = torch.empty((splits, num_slices, num_tokens, max_rank), dtype=torch.float32, device=x.device)
-    bn = expand_block_n(max_rank)
-    cum, n_progs = slice_programs(slice_offsets, bn)
-    grid = (num_tokens * (num_slices * splits + n_progs),)
-    _bgmv_fused_kernel[grid](
-        x,
-        lora_a,
-        part,
-        lora_b,
-        y,
-        batch.token_slots,
-        batch.token_ranks,
-        sync,
-        num_tokens,
-        num_slices,
-        in_features,
-        splits,
-        *cum,
-        n_progs,
-        *padded_offsets(slice_offsets),
-        *x.stride(),
-        *lora_a.stride(),
-        *part.stride(),
-        *lora_b.stride(),
-        *y.stride(),
-        sync.stride(0),
-        BLOCK_R=block_r(max_rank),
-        BLOCK_K=bk,
-        EVEN_K=in_features % bk == 0,
-        BLOCK_N=bn,
-        SPLIT_BLOCK=triton.next_power_of_2(splits),
-        RANK_ALIGN=rank_align(lora_b),
-        **_launch_options(use_pdl(x.device), num_warps=EXPAND_WARPS),
     )
     return y
