@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft.
-# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [tier-bench] [tier-ab] [bench-suite] [bench-peft]
+# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [tier-bench] [tier-ab] [tier-workers] [bench-suite] [bench-ranks] [bench-peft]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 set -u
 OUT=${OUT:-/tmp/gpu-session}
@@ -36,6 +36,19 @@ for step in $steps; do
       for loader in thread process; do
         timeout 120 python3 -m multilora_studio.bench.tiers_gpu --skip-zipf --adapter-loader $loader \
           --json "$OUT/tiers_$loader.json" 2>&1 | tee "$OUT/tier-$loader.log" | grep -E "loader|decode|cold"
+      done ;;
+    tier-workers)
+      # decode during cold loads with one loader thread and with four
+      for workers in 1 4; do
+        timeout 150 python3 -m multilora_studio.bench.tiers_gpu --skip-zipf --load-workers $workers \
+          --json "$OUT/tiers_w$workers.json" 2>&1 | tee "$OUT/tier-w$workers.log" | grep -E "loader|decode|cold|upload"
+      done ;;
+    bench-ranks)
+      # Punica's patterns + base at batch 32 with rank-8 and rank-64 adapters on all projections
+      for rank in 8 64; do
+        timeout 200 python3 -m multilora_studio bench --model random:llama3-8b --device cuda --dtype bfloat16 \
+          --rank $rank --targets all --batch 32 --max-loras 32 --input-len 64 --output-len 32 --pattern all \
+          --no-progress --json "$OUT/bench_rank$rank.json" 2>&1 | tee "$OUT/bench-rank$rank.log" | grep -v " INFO " | tail -12
       done ;;
     bench-suite)
       # multilora-studio bench at the Llama-3-8B shape, rank 16 on all projections, 32 slots: Punica's

@@ -34,6 +34,7 @@ class BenchOptions:
     distinct_weights: int = 8
     max_loras: int = 8
     max_cpu_loras: int | None = None
+    load_workers: int | None = None
     max_num_seqs: int | None = None
     kv_cache_gb: float | None = None
     batch: int = 8

@@ -48,6 +48,9 @@ def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
     setup.add_argument(
         "--max-cpu-loras", type=int, default=None, help="adapters in host RAM (default 2x slots)"
     )
+    setup.add_argument(
+        "--load-workers", type=int, default=None, help="adapter loads from disk at once (default: automatic)"
+    )
     setup.add_argument("--max-num-seqs", type=int, default=None, help="running requests (default: --batch)")
     setup.add_argument("--kv-cache-gb", type=float, default=None, help="KV cache size (default: automatic)")
     adapters = parser.add_argument_group("random adapters")
@@ -104,6 +107,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         distinct_weights=args.distinct_weights,
         max_loras=args.max_loras,
         max_cpu_loras=args.max_cpu_loras,
+        load_workers=args.load_workers,
         max_num_seqs=args.max_num_seqs,
         kv_cache_gb=args.kv_cache_gb,
         batch=args.batch,

@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--skip-zipf", action="store_true", help="stop after the cold-load phase")
     parser.add_argument("--adapter-loader", choices=("thread", "process"), default="thread")
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--load-workers", type=int, default=None, help="adapter loads at once")
     args = parser.parse_args()
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
@@ -104,9 +105,11 @@ def main() -> None:
         max_lora_rank=args.rank,
         max_num_seqs=48,
         adapter_loader=args.adapter_loader,
+        adapter_load_workers=args.load_workers,
         max_model_len=320,
         max_num_batched_tokens=4096,
     )
+    results["load_workers"] = config.load_workers_for(torch.device(args.device).type)
     rng = np.random.default_rng(0)
 
     def prompt(length: int) -> list[int]:
