@@ -43,6 +43,12 @@ for step in $steps; do
         timeout 150 python3 -m multilora_studio.bench.tiers_gpu --skip-zipf --load-workers $workers \
           --json "$OUT/tiers_w$workers.json" 2>&1 | tee "$OUT/tier-w$workers.log" | grep -E "loader|decode|cold|upload"
       done ;;
+    bench-sweep-process)
+      # the adapter-count sweep again with the loader process
+      timeout 240 python3 -m multilora_studio bench --model random:llama3-8b --device cuda --dtype bfloat16 \
+        --rank 16 --targets all --batch 32 --max-loras 32 --input-len 64 --output-len 32 --adapter-loader process \
+        --sweep-adapters 1,8,32,128,1000 --requests 128 --no-progress --json "$OUT/bench_sweep_process.json" 2>&1 \
+        | tee "$OUT/bench-sweep-process.log" | grep -v " INFO " | tail -12 ;;
     bench-ranks)
       # Punica's patterns + base at batch 32 with rank-8 and rank-64 adapters on all projections
       for rank in 8 64; do

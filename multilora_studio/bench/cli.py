@@ -51,6 +51,9 @@ def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
     setup.add_argument(
         "--load-workers", type=int, default=None, help="adapter loads from disk at once (default: automatic)"
     )
+    setup.add_argument(
+        "--adapter-loader", choices=("thread", "process"), default="thread", help="where adapters are read"
+    )
     setup.add_argument("--max-num-seqs", type=int, default=None, help="running requests (default: --batch)")
     setup.add_argument("--kv-cache-gb", type=float, default=None, help="KV cache size (default: automatic)")
     adapters = parser.add_argument_group("random adapters")
@@ -108,6 +111,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         max_loras=args.max_loras,
         max_cpu_loras=args.max_cpu_loras,
         load_workers=args.load_workers,
+        adapter_loader=args.adapter_loader,
         max_num_seqs=args.max_num_seqs,
         kv_cache_gb=args.kv_cache_gb,
         batch=args.batch,

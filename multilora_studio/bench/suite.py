@@ -68,6 +68,7 @@ def engine_config(options: BenchOptions) -> EngineConfig:
         max_lora_rank=options.rank,
         max_cpu_loras=options.max_cpu_loras,
         adapter_load_workers=options.load_workers,
+        adapter_loader=options.adapter_loader,
         max_num_seqs=seqs,
         max_model_len=max(16, input_high + output_high + 16),
         max_num_batched_tokens=max(2048, seqs, min(seqs * input_high, 8192)),

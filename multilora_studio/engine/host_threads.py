@@ -33,3 +33,14 @@ def quiet_host_threads() -> None:
     if threads > 0 and torch.get_num_threads() > threads:
         log.info("torch CPU threads %d -> %d (MULTILORA_HOST_THREADS)", torch.get_num_threads(), threads)
         torch.set_num_threads(threads)
+
+
+LOADER_TORCH_THREADS = {"cpu": 1, "cuda": 2}
+
+
+def limit_loader_threads(device_type: str) -> None:
+    """Cap torch's CPU threads for the calling (loader) thread only: OpenMP keeps the thread
+    count per thread, so the worker's own count is untouched. Without the cap each loader
+    thread ran its copies and checks on every core, and its OpenMP workers spinning after
+    each operation took the cores the worker needs to keep decoding."""
+    torch.set_num_threads(LOADER_TORCH_THREADS.get(device_type, 2))
