@@ -35,7 +35,7 @@ class BenchOptions:
     max_loras: int = 8
     max_cpu_loras: int | None = None
     load_workers: int | None = None
-    adapter_loader: str = "thread"
+    adapter_loader: str = "auto"
     max_num_seqs: int | None = None
     kv_cache_gb: float | None = None
     batch: int = 8

@@ -52,7 +52,10 @@ def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
         "--load-workers", type=int, default=None, help="adapter loads from disk at once (default: automatic)"
     )
     setup.add_argument(
-        "--adapter-loader", choices=("thread", "process"), default="thread", help="where adapters are read"
+        "--adapter-loader",
+        choices=("auto", "thread", "process"),
+        default="auto",
+        help="where adapters are read (auto: process on CUDA)",
     )
     setup.add_argument("--max-num-seqs", type=int, default=None, help="running requests (default: --batch)")
     setup.add_argument("--kv-cache-gb", type=float, default=None, help="KV cache size (default: automatic)")

@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--cpu-threads", type=int, default=None, help="torch.set_num_threads for the process")
     parser.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval (s)")
     parser.add_argument("--skip-zipf", action="store_true", help="stop after the cold-load phase")
-    parser.add_argument("--adapter-loader", choices=("thread", "process"), default="thread")
+    parser.add_argument("--adapter-loader", choices=("auto", "thread", "process"), default="auto")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--load-workers", type=int, default=None, help="adapter loads at once")
     args = parser.parse_args()
@@ -109,7 +109,9 @@ def main() -> None:
         max_model_len=320,
         max_num_batched_tokens=4096,
     )
-    results["load_workers"] = config.load_workers_for(torch.device(args.device).type)
+    device_type = torch.device(args.device).type
+    results["adapter_loader"] = config.loader_for(device_type)
+    results["load_workers"] = config.load_workers_for(device_type)
     rng = np.random.default_rng(0)
 
     def prompt(length: int) -> list[int]:

@@ -40,7 +40,7 @@ def _as_tuple(name: str, value: object, item: str) -> tuple:
     return tuple(value)
 
 
-ADAPTER_LOADERS = ("thread", "process")
+ADAPTER_LOADERS = ("auto", "thread", "process")
 
 
 @dataclass
@@ -63,11 +63,12 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = None
     enforce_eager: bool = False
     seed: int = 0
-    # Where adapters are read, validated and packed: "thread" (a loader thread) or
-    # "process" (a spawned child process, so loads never hold the worker's GIL).
-    adapter_loader: str = "thread"
-    # Adapter loads from disk at once (threads; "process" loads one at a time). None: 1 on
-    # the CPU (loads compete with decoding for the cores), else min(4, cores // 4), at least 1.
+    # Where adapters are read, validated and packed: "thread" (loader threads), "process"
+    # (spawned child processes, so loads never hold the worker's GIL) or "auto": process on
+    # CUDA, where the worker must keep launching steps during loads, thread on the CPU.
+    adapter_loader: str = "auto"
+    # Adapter loads from disk at once (loader threads, and as many children with "process").
+    # None: 1 on the CPU (loads compete with decoding for the cores), else min(4, cores // 4).
     adapter_load_workers: int | None = None
 
     def __post_init__(self) -> None:
@@ -108,10 +109,14 @@ class EngineConfig:
         if self.adapter_load_workers is not None:
             _check_int("adapter_load_workers", self.adapter_load_workers, 1, 64)
 
+    def loader_for(self, device_type: str) -> str:
+        """ "thread" or "process" on ``device_type`` (see ``adapter_loader``)."""
+        if self.adapter_loader != "auto":
+            return self.adapter_loader
+        return "process" if device_type == "cuda" else "thread"
+
     def load_workers_for(self, device_type: str) -> int:
         """How many adapter loads run at once on ``device_type`` (see ``adapter_load_workers``)."""
-        if self.adapter_loader == "process":
-            return 1
         if self.adapter_load_workers is not None:
             return self.adapter_load_workers
         if device_type == "cpu":

@@ -32,7 +32,7 @@ from multilora_studio.engine.block_manager import BlockManager, blocks_needed
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
 from multilora_studio.engine.host_threads import limit_loader_threads, quiet_host_threads
-from multilora_studio.engine.loader_process import LoaderProcess
+from multilora_studio.engine.loader_process import LoaderProcess, staging_buffers_that_fit
 from multilora_studio.engine.lora_weights import PackedAdapter, max_packed_bytes, pack_adapter
 from multilora_studio.engine.model_source import BaseModel, resolve_model
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, SlotState, TokenDelta
@@ -158,6 +158,14 @@ class Engine:
         self.slots = SlotTable(config.max_loras)
         assert config.max_cpu_loras is not None
         self._load_workers = config.load_workers_for(self.device.type)
+        loader = config.loader_for(self.device.type)
+        staging = max_packed_bytes(self.spec, config.max_lora_rank, self.dtype)
+        if loader == "process":
+            self._load_workers = staging_buffers_that_fit(staging, self._load_workers)
+            if self._load_workers == 0:
+                log.warning("no room in shared memory for an adapter staging buffer; loading on threads")
+                loader, self._load_workers = "thread", config.load_workers_for(self.device.type)
+        self.adapter_loader = loader
         self.host_cache: HostAdapterCache[PackedAdapter] = HostAdapterCache(
             config.max_cpu_loras, self._load_adapter, self._wake.set, self._load_workers
         )
@@ -166,9 +174,10 @@ class Engine:
         # (kept alive, with its pinned block, until the copies have completed).
         self._uploads: dict[str, tuple[torch.cuda.Event, PackedAdapter]] = {}
         self._arena = self._pinned_arena(config.max_cpu_loras)
-        if config.adapter_loader == "process":
-            staging = max_packed_bytes(self.spec, config.max_lora_rank, self.dtype)
-            self._loader_process = LoaderProcess(self.spec, config.max_lora_rank, self.dtype, staging)
+        if loader == "process":
+            self._loader_process = LoaderProcess(
+                self.spec, config.max_lora_rank, self.dtype, staging, self._load_workers
+            )
         self.scheduler = Scheduler(
             self.blocks,
             config.max_num_seqs,

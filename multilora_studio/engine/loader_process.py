@@ -7,14 +7,18 @@ child process that writes the packed adapter into a shared-memory staging buffer
 engine's loader thread only copies the buffer's used bytes into the adapter's host memory
 (one copy, during which it does not hold the GIL) and builds views.
 
-One load at a time (the host tier has one loader thread), so one staging buffer serves all
-loads. A child that dies is replaced on the next load; that load fails with a clear error.
+Up to ``workers`` loads at once (one per loader thread of the host tier), in as many
+children, each load in a staging buffer of its own taken from a free list. A child that
+dies fails the loads it was running with a clear error; the next load starts new children.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import queue
+import shutil
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -57,8 +61,8 @@ class _StagingBlock:
 class _Child:
     """What the child process keeps between loads (set by its initializer)."""
 
-    memory: shared_memory.SharedMemory
-    staging: _StagingBlock
+    memories: list[shared_memory.SharedMemory]
+    staging: list[_StagingBlock]
     spec: ModelSpec
     max_rank: int
     dtype: torch.dtype
@@ -67,23 +71,24 @@ class _Child:
 _CHILD: dict[str, _Child] = {}  # "state" in the child process, set by its initializer
 
 
-def _child_init(staging_name: str, spec: ModelSpec, max_rank: int, dtype: torch.dtype) -> None:
+def _child_init(staging_names: tuple[str, ...], spec: ModelSpec, max_rank: int, dtype: torch.dtype) -> None:
     torch.set_num_threads(1)  # small, memory-bound operations; leave the cores to the engine
-    memory = shared_memory.SharedMemory(name=staging_name)
-    block = torch.frombuffer(memory.buf, dtype=torch.uint8)
-    _CHILD["state"] = _Child(memory, _StagingBlock(block), spec, max_rank, dtype)
+    memories = [shared_memory.SharedMemory(name=name) for name in staging_names]
+    staging = [_StagingBlock(torch.frombuffer(memory.buf, dtype=torch.uint8)) for memory in memories]
+    _CHILD["state"] = _Child(memories, staging, spec, max_rank, dtype)
 
 
 def _child_ready() -> bool:
     return True
 
 
-def _child_load(name: str, path: str) -> StagedAdapter:
+def _child_load(name: str, path: str, index: int) -> StagedAdapter:
     child = _CHILD["state"]
-    spec, dtype, block = child.spec, child.dtype, child.staging.block
+    spec, dtype, staging = child.spec, child.dtype, child.staging[index]
+    block = staging.block
     layers, shape_of = spec.num_layers, spec.projection_shape
     host = load_peft_adapter(name, Path(path), layers, shape_of, child.max_rank, spec.vocab_size, dtype=dtype)
-    packed = pack_adapter(host, spec, dtype, pin=False, arena=child.staging)
+    packed = pack_adapter(host, spec, dtype, pin=False, arena=staging)
     groups = tuple(packed.a)
     tensors = [t for g in groups for t in (packed.a[g], packed.b[g])]
     if any(t.untyped_storage().data_ptr() != block.untyped_storage().data_ptr() for t in tensors):
@@ -92,41 +97,71 @@ def _child_load(name: str, path: str) -> StagedAdapter:
     return StagedAdapter(name, packed.rank, groups, tuple(tuple(t.shape) for t in tensors), end)
 
 
-class LoaderProcess:
-    """Loads adapters for one engine in a spawned child; call it like a loader function."""
+def staging_buffers_that_fit(nbytes: int, wanted: int) -> int:
+    """How many of ``wanted`` staging buffers of ``nbytes`` fit in free shared memory (/dev/shm
+    in containers is often small; a child writing past it would die of SIGBUS)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        return wanted
+    free = shutil.disk_usage(shm).free
+    return max(0, min(wanted, (free - (64 << 20)) // max(1, nbytes)))
 
-    def __init__(self, spec: ModelSpec, max_rank: int, dtype: torch.dtype, staging_bytes: int) -> None:
+
+class LoaderProcess:
+    """Loads adapters for one engine in spawned children; call ``load`` from up to ``workers``
+    threads at once."""
+
+    def __init__(
+        self, spec: ModelSpec, max_rank: int, dtype: torch.dtype, staging_bytes: int, workers: int = 1
+    ) -> None:
         self.spec = spec
         self.max_rank = max_rank
         self.dtype = dtype
-        self._memory = shared_memory.SharedMemory(create=True, size=staging_bytes)
-        self._staging = torch.frombuffer(self._memory.buf, dtype=torch.uint8)
+        self.workers = workers
+        self._memories = [shared_memory.SharedMemory(create=True, size=staging_bytes) for _ in range(workers)]
+        self._staging = [torch.frombuffer(m.buf, dtype=torch.uint8) for m in self._memories]
+        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()  # staging buffers not in use
+        for index in range(workers):
+            self._free.put(index)
+        self._restart_lock = threading.Lock()
         self._pool = self._start()
 
     def _start(self) -> ProcessPoolExecutor:
         pool = ProcessPoolExecutor(
-            max_workers=1,
+            max_workers=self.workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_child_init,
-            initargs=(self._memory.name, self.spec, self.max_rank, self.dtype),
+            initargs=(tuple(m.name for m in self._memories), self.spec, self.max_rank, self.dtype),
         )
-        pool.submit(_child_ready)  # start the child (imports torch) before the first load
+        pool.submit(_child_ready)  # start a child (imports torch) before the first load
         return pool
 
     def load(self, name: str, path: Path, arena: PinnedArena | None, pin: bool) -> PackedAdapter:
-        """Read, validate and pack ``path`` in the child; the result in ``arena`` (or new memory)."""
+        """Read, validate and pack ``path`` in a child; the result in ``arena`` (or new memory)."""
+        index = self._free.get()
         try:
-            staged = self._pool.submit(_child_load, name, str(path)).result()
+            return self._load_in(index, name, path, arena, pin)
+        finally:
+            self._free.put(index)
+
+    def _load_in(
+        self, index: int, name: str, path: Path, arena: PinnedArena | None, pin: bool
+    ) -> PackedAdapter:
+        pool = self._pool
+        try:
+            staged = pool.submit(_child_load, name, str(path), index).result()
         except BrokenProcessPool:
-            log.warning("the adapter loader process died; starting a new one")
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = self._start()
+            with self._restart_lock:
+                if self._pool is pool:  # the first of the loads that saw it die restarts
+                    log.warning("an adapter loader process died; starting new ones")
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    self._pool = self._start()
             raise AdapterError(f"{path}: the adapter loader process died while reading it") from None
         packed = PackedAdapter(staged.name, staged.rank, {}, {})
         block = arena.take(packed) if arena is not None and staged.used_bytes <= arena.block_bytes else None
         if block is None:
             block = torch.empty(staged.used_bytes, dtype=torch.uint8, pin_memory=pin)
-        block[: staged.used_bytes].copy_(self._staging[: staged.used_bytes])
+        block[: staged.used_bytes].copy_(self._staging[index][: staged.used_bytes])
         tensors = carve(block, list(staged.shapes), self.dtype, zero=False)
         for g, group in enumerate(staged.groups):
             packed.a[group], packed.b[group] = tensors[2 * g], tensors[2 * g + 1]
@@ -134,6 +169,7 @@ class LoaderProcess:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        del self._staging
-        self._memory.close()
-        self._memory.unlink()
+        self._staging.clear()
+        for memory in self._memories:
+            memory.close()
+            memory.unlink()

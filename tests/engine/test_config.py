@@ -88,7 +88,7 @@ def test_max_cpu_loras_defaults_to_twice_the_gpu_slots():
         (dict(enforce_eager=1), "enforce_eager must be True or False"),
         (dict(seed=-1), "seed must be >= 0, got -1"),
         (dict(seed=1.0), "seed must be an integer"),
-        (dict(adapter_loader="fork"), "adapter_loader must be one of thread, process, got 'fork'"),
+        (dict(adapter_loader="fork"), "adapter_loader must be one of auto, thread, process, got 'fork'"),
         (dict(adapter_load_workers=0), "adapter_load_workers must be between 1 and 64, got 0"),
         (dict(adapter_load_workers=2.5), "adapter_load_workers must be an integer"),
     ],
@@ -102,7 +102,14 @@ def test_adapter_load_workers_by_device_and_loader():
     assert EngineConfig().load_workers_for("cpu") == 1
     assert 1 <= EngineConfig().load_workers_for("cuda") <= 4
     assert EngineConfig(adapter_load_workers=6).load_workers_for("cpu") == 6
-    assert EngineConfig(adapter_load_workers=6, adapter_loader="process").load_workers_for("cuda") == 1
+    assert EngineConfig(adapter_load_workers=6, adapter_loader="process").load_workers_for("cuda") == 6
+
+
+def test_auto_adapter_loader_is_a_process_on_cuda_and_a_thread_on_the_cpu():
+    assert EngineConfig().loader_for("cuda") == "process"
+    assert EngineConfig().loader_for("cpu") == "thread"
+    assert EngineConfig(adapter_loader="thread").loader_for("cuda") == "thread"
+    assert EngineConfig(adapter_loader="process").loader_for("cpu") == "process"
 
 
 def test_sampling_defaults():

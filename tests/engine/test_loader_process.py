@@ -76,3 +76,42 @@ def test_loader_packs_like_the_thread_and_survives_a_killed_child(tiny_model_dir
         assert again.rank == 4
     finally:
         loader.close()
+
+
+def test_several_children_load_at_once_each_into_its_own_staging_buffer(tiny_model_dir, tiny_adapters):
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec = load_spec(tiny_model_dir)
+    names = sorted(tiny_adapters)
+    loader = LoaderProcess(spec, 32, torch.float32, max_packed_bytes(spec, 32, torch.float32), workers=3)
+    try:
+        with ThreadPoolExecutor(3) as threads:  # as the host tier's three loader threads would
+            got = list(
+                threads.map(lambda n: loader.load(n, tiny_adapters[n], arena=None, pin=False), names * 2)
+            )
+        layers, shape_of = spec.num_layers, spec.projection_shape
+        for name, packed in zip(names * 2, got, strict=True):
+            host = load_peft_adapter(name, tiny_adapters[name], layers, shape_of, 32, spec.vocab_size)
+            want = pack_adapter(host, spec, torch.float32, pin=False)
+            assert packed.name == name and packed.rank == want.rank and set(packed.a) == set(want.a)
+            for group in want.a:
+                assert torch.equal(packed.a[group], want.a[group]) and torch.equal(
+                    packed.b[group], want.b[group]
+                )
+        assert sorted(loader._free.get() for _ in range(3)) == [0, 1, 2]  # every buffer given back
+    finally:
+        loader.close()
+
+
+def test_process_loader_with_several_workers_serves_the_same_tokens(make_engine, tiny_adapters):
+    names = sorted(tiny_adapters)
+    prompts = [f"Tell me about ship {i}" for i in range(len(names))]
+    params = SamplingParams(max_tokens=10, **GREEDY)
+    expected = [o.token_ids for o in make_engine().generate(prompts, names, params)]
+    engine = make_engine(
+        adapters=[], adapter_loader="process", adapter_load_workers=2, max_loras=2, max_cpu_loras=2
+    )
+    assert engine.adapter_loader == "process"
+    for name in names:
+        engine.add_adapter(name, tiny_adapters[name], preload=False)
+    assert [o.token_ids for o in engine.generate(prompts, names, params)] == expected
