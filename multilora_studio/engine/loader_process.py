@@ -133,7 +133,8 @@ class LoaderProcess:
             initializer=_child_init,
             initargs=(tuple(m.name for m in self._memories), self.spec, self.max_rank, self.dtype),
         )
-        pool.submit(_child_ready)  # start a child (imports torch) before the first load
+        for _ in range(self.workers):  # start every child now (each imports torch, ~3 s), not
+            pool.submit(_child_ready)  # during the first burst of loads
         return pool
 
     def load(self, name: str, path: Path, arena: PinnedArena | None, pin: bool) -> PackedAdapter:
