@@ -31,7 +31,7 @@ from multilora_studio.default_model import ProgressCallback
 from multilora_studio.engine.block_manager import BlockManager, blocks_needed
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
-from multilora_studio.engine.host_threads import limit_loader_threads, quiet_host_threads
+from multilora_studio.engine.host_threads import loader_threads, quiet_host_threads
 from multilora_studio.engine.loader_process import LoaderProcess, staging_buffers_that_fit
 from multilora_studio.engine.lora_weights import PackedAdapter, max_packed_bytes, pack_adapter
 from multilora_studio.engine.model_source import BaseModel, resolve_model
@@ -223,15 +223,15 @@ class Engine:
 
     def _load_adapter(self, name: str, path: Path) -> PackedAdapter:
         """Disk -> host tier: validate, then lay out in slot format (pinned for fast uploads)."""
-        limit_loader_threads(self.device.type)
-        if self._loader_process is not None:
-            return self._loader_process.load(name, path, self._arena, pin=self.device.type == "cuda")
-        return self._pack(self._read_adapter(name, path))
+        with loader_threads(self.device.type):
+            if self._loader_process is not None:
+                return self._loader_process.load(name, path, self._arena, pin=self.device.type == "cuda")
+            return self._pack(self._read_adapter(name, path))
 
     def _read_and_pack(self, name: str, path: Path) -> tuple[HostAdapter, PackedAdapter]:
-        limit_loader_threads(self.device.type)
-        host = self._read_adapter(name, path)
-        return host, self._pack(host)
+        with loader_threads(self.device.type):
+            host = self._read_adapter(name, path)
+            return host, self._pack(host)
 
     def _pack(self, adapter: HostAdapter) -> PackedAdapter:
         return pack_adapter(adapter, self.spec, self.dtype, pin=self.device.type == "cuda", arena=self._arena)

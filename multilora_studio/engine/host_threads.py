@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -38,9 +40,19 @@ def quiet_host_threads() -> None:
 LOADER_TORCH_THREADS = {"cpu": 1, "cuda": 2}
 
 
-def limit_loader_threads(device_type: str) -> None:
-    """Cap torch's CPU threads for the calling (loader) thread only: OpenMP keeps the thread
-    count per thread, so the worker's own count is untouched. Without the cap each loader
-    thread ran its copies and checks on every core, and its OpenMP workers spinning after
-    each operation took the cores the worker needs to keep decoding."""
+@contextmanager
+def loader_threads(device_type: str) -> Iterator[None]:
+    """Cap torch's CPU threads while the calling (loader) thread loads an adapter.
+
+    Without the cap each loader thread ran its copies and checks on every core, and its
+    OpenMP workers spinning after each operation took the cores the worker needs to keep
+    decoding. OpenMP keeps the count per thread, so threads already running torch keep
+    theirs; torch also uses the last count set as the default of threads that have not run
+    a parallel operation yet, which is why the previous count is set back afterwards.
+    """
+    previous = torch.get_num_threads()
     torch.set_num_threads(LOADER_TORCH_THREADS.get(device_type, 2))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

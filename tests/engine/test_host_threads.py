@@ -1,0 +1,40 @@
+"""Loader threads cap their own torch CPU threads and leave everyone else's alone."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from multilora_studio.adapters.short_lived_workers import call_on_short_lived_thread
+from multilora_studio.engine.host_threads import LOADER_TORCH_THREADS, loader_threads
+
+
+def threads_of_a_new_thread() -> int:
+    seen: list[int] = []
+    thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    return seen[0]
+
+
+def test_loader_cap_holds_inside_and_is_undone_for_other_threads():
+    before_main, before_new = torch.get_num_threads(), threads_of_a_new_thread()
+    inside: list[int] = []
+
+    def load() -> None:
+        with loader_threads("cpu"):
+            inside.append(torch.get_num_threads())
+            torch.ones(1 << 16).sum()  # a parallel region under the cap
+
+    call_on_short_lived_thread(load)
+    assert inside == [LOADER_TORCH_THREADS["cpu"]]
+    assert torch.get_num_threads() == before_main
+    assert threads_of_a_new_thread() == before_new  # torch's default for fresh threads restored
+
+
+def test_cpu_engine_keeps_its_threads_after_adapter_loads(make_engine, tiny_adapters):
+    before = threads_of_a_new_thread()
+    engine = make_engine(device="cpu")  # adds every fixture adapter (read and packed on loader threads)
+    assert len(engine.list_adapters()) == len(tiny_adapters)
+    assert threads_of_a_new_thread() == before
