@@ -59,6 +59,7 @@ class PinnedArena:
         self._memory = torch.empty((num_blocks, self.block_bytes), dtype=torch.uint8, pin_memory=pin)
         self._free = list(range(num_blocks))
         self._lock = threading.Lock()
+        self.exhausted = 0  # takes that found no free block (each then pinned its adapter alone)
 
     @classmethod
     def for_tier(cls, block_bytes: int, blocks: int, ram_fraction: float = 0.25) -> PinnedArena | None:
@@ -88,6 +89,12 @@ class PinnedArena:
         None when every block is taken."""
         with self._lock:
             if not self._free:
+                self.exhausted += 1
+                log.warning(
+                    "all %d pinned adapter blocks are in use; this adapter is pinned on its own "
+                    "(slow, and it holds the CUDA driver's lock meanwhile)",
+                    self.num_blocks,
+                )
                 return None
             index = self._free.pop()
         weakref.finalize(owner, self._give, index)

@@ -57,6 +57,7 @@ def test_blocks_stay_taken_while_referenced_and_exhaustion_falls_back(host_adapt
     third = pack_adapter(host_adapters[2], SPEC, torch.float32, pin=False, arena=arena)
     lo, hi = arena._memory.data_ptr(), arena._memory.data_ptr() + arena._memory.numel()
     assert not lo <= third.a["qkv"].data_ptr() < hi, "an exhausted arena must not hand out a block"
+    assert arena.exhausted == 1  # counted (and logged as a warning)
     expected = pack_adapter(host_adapters[0], SPEC, torch.float32, pin=False)
     # Packing the third adapter did not touch the first two.
     assert all(torch.equal(first.a[g], expected.a[g]) for g in expected.a)
