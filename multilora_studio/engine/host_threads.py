@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -38,6 +39,8 @@ def quiet_host_threads() -> None:
 
 
 LOADER_TORCH_THREADS = {"cpu": 1, "cuda": 2}
+_cap_lock = threading.Lock()
+_cap_state = {"loads": 0, "saved": 0}  # loads under the cap now; torch's count before the first
 
 
 @contextmanager
@@ -48,11 +51,18 @@ def loader_threads(device_type: str) -> Iterator[None]:
     OpenMP workers spinning after each operation took the cores the worker needs to keep
     decoding. OpenMP keeps the count per thread, so threads already running torch keep
     theirs; torch also uses the last count set as the default of threads that have not run
-    a parallel operation yet, which is why the previous count is set back afterwards.
+    a parallel operation yet, so the count from before the first of overlapping loads is
+    set back when the last of them ends.
     """
-    previous = torch.get_num_threads()
+    with _cap_lock:
+        if _cap_state["loads"] == 0:
+            _cap_state["saved"] = torch.get_num_threads()
+        _cap_state["loads"] += 1
     torch.set_num_threads(LOADER_TORCH_THREADS.get(device_type, 2))
     try:
         yield
     finally:
-        torch.set_num_threads(previous)
+        with _cap_lock:
+            _cap_state["loads"] -= 1
+            if _cap_state["loads"] == 0:
+                torch.set_num_threads(_cap_state["saved"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from multilora_studio.adapters.short_lived_workers import call_on_short_lived_thread
@@ -31,6 +32,33 @@ def test_loader_cap_holds_inside_and_is_undone_for_other_threads():
     assert inside == [LOADER_TORCH_THREADS["cpu"]]
     assert torch.get_num_threads() == before_main
     assert threads_of_a_new_thread() == before_new  # torch's default for fresh threads restored
+
+
+def test_overlapping_loads_set_the_count_back_once_the_last_ends():
+    before_new = threads_of_a_new_thread()
+    if before_new == LOADER_TORCH_THREADS["cpu"]:
+        pytest.skip("one CPU thread: the cap changes nothing to observe")
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with loader_threads("cpu"):
+            first_in.set()
+            assert second_in.wait(10)
+        first_out.set()
+
+    def second() -> None:
+        assert first_in.wait(10)
+        with loader_threads("cpu"):  # starts while the first holds the cap
+            second_in.set()
+            assert first_out.wait(10)
+            assert torch.get_num_threads() == LOADER_TORCH_THREADS["cpu"]
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert threads_of_a_new_thread() == before_new
 
 
 def test_cpu_engine_keeps_its_threads_after_adapter_loads(make_engine, tiny_adapters):
