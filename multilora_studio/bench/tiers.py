@@ -39,6 +39,8 @@ def tier_stats(
         "cold_load_p50_ms": None if after.cold_load_p50_s is None else after.cold_load_p50_s * 1e3,
         "cold_load_p95_ms": None if after.cold_load_p95_s is None else after.cold_load_p95_s * 1e3,
         "preemptions": after.preemptions - before.preemptions,
+        "pinned_blocks_exhausted": after.pinned_blocks_exhausted - before.pinned_blocks_exhausted,
+        "adapter_loader": f"{after.adapter_loader} x{after.adapter_load_workers}",
         "device_memory_bytes": after.device_memory_bytes,
         "peak_device_memory_bytes": torch.cuda.max_memory_allocated(device)
         if device.type == "cuda"

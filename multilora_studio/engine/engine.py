@@ -784,4 +784,7 @@ class Engine:
             cold_load_p50_s=counters.percentile(0.5),
             cold_load_p95_s=counters.percentile(0.95),
             device_memory_bytes=memory,
+            adapter_loader=self.adapter_loader,
+            adapter_load_workers=self._load_workers,
+            pinned_blocks_exhausted=0 if self._arena is None else self._arena.exhausted,
         )

@@ -78,3 +78,6 @@ class EngineMetrics:
     cold_load_p50_s: float | None
     cold_load_p95_s: float | None
     device_memory_bytes: int
+    adapter_loader: str = "thread"  # "thread" or "process": where adapters are read
+    adapter_load_workers: int = 1  # adapter loads at once
+    pinned_blocks_exhausted: int = 0  # loads that found every pinned host block taken

@@ -115,3 +115,41 @@ def test_process_loader_with_several_workers_serves_the_same_tokens(make_engine,
     for name in names:
         engine.add_adapter(name, tiny_adapters[name], preload=False)
     assert [o.token_ids for o in engine.generate(prompts, names, params)] == expected
+    snapshot = engine.metrics(fresh=True)
+    assert (snapshot.adapter_loader, snapshot.adapter_load_workers) == ("process", 2)
+    assert snapshot.pinned_blocks_exhausted == 0  # no pinned arena on the CPU
+
+
+SCRIPT = """
+import sys
+from pathlib import Path
+import torch
+from multilora_studio.engine.loader_process import LoaderProcess
+from multilora_studio.engine.lora_weights import max_packed_bytes
+from multilora_studio.engine.model_spec import load_spec
+
+with open(sys.argv[1], "a") as runs:  # one line each time this script's body runs
+    runs.write("ran\\n")
+spec = load_spec(Path(sys.argv[2]))
+loader = LoaderProcess(spec, 32, torch.float32, max_packed_bytes(spec, 32, torch.float32), workers=2)
+print("rank", loader.load("a", Path(sys.argv[3]), arena=None, pin=False).rank)
+loader.close()
+"""
+
+
+@pytest.mark.parametrize("how", ["script without a main guard", "stdin"])
+def test_children_never_rerun_the_parents_main_script(how, tmp_path, tiny_model_dir, tiny_adapters):
+    import subprocess
+
+    runs = tmp_path / "runs.txt"
+    args = [str(runs), str(tiny_model_dir), str(tiny_adapters["tiny-r8-all"])]
+    if how == "stdin":
+        command, stdin = [sys.executable, "-", *args], SCRIPT
+    else:
+        script = tmp_path / "serve_adapters.py"
+        script.write_text(SCRIPT)
+        command, stdin = [sys.executable, str(script), *args], None
+    done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rank 8" in done.stdout
+    assert runs.read_text().splitlines() == ["ran"]  # the children did not run it again
