@@ -138,7 +138,8 @@ def staging_buffers_that_fit(nbytes: int, wanted: int) -> int:
     if not shm.is_dir():
         return wanted
     free = shutil.disk_usage(shm).free
-    return max(0, min(wanted, (free - (64 << 20)) // max(1, nbytes)))
+    usable = free - min(64 << 20, free // 8)  # room left for everyone else
+    return max(0, min(wanted, usable // max(1, nbytes)))
 
 
 class LoaderProcess:

@@ -153,3 +153,20 @@ def test_children_never_rerun_the_parents_main_script(how, tmp_path, tiny_model_
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rank 8" in done.stdout
     assert runs.read_text().splitlines() == ["ran"]  # the children did not run it again
+
+
+def test_staging_buffers_are_limited_by_free_shared_memory():
+    import shutil
+    from pathlib import Path
+
+    from multilora_studio.engine.loader_process import staging_buffers_that_fit
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        assert staging_buffers_that_fit(1 << 40, 3) == 3  # nothing to measure: as many as wanted
+        return
+    free = shutil.disk_usage(shm).free
+    usable = free - min(64 << 20, free // 8)
+    assert staging_buffers_that_fit(free + (1 << 30), 4) == 0  # more than /dev/shm holds
+    assert staging_buffers_that_fit(max(1, int(usable / 2.5)), 5) == 2
+    assert staging_buffers_that_fit(max(1, usable // 100), 3) == 3
