@@ -64,8 +64,10 @@ class LlamaModel:
     ) -> None:
         if step is None or group not in step.groups or self.lora is None:
             return
+        lora = self.lora
+        # The slot buffers and activations are consistent by construction: no argument checks.
         add_lora(
-            y, x, self.lora.a[group][layer], self.lora.b[group][layer], step.batch, self.lora.offsets[group]
+            y, x, lora.a[group][layer], lora.b[group][layer], step.batch, lora.offsets[group], validate=False
         )
 
     def forward(

@@ -512,3 +512,25 @@ def test_ranks_above_one_rank_block(backend):
     ref = reference_lora(y, x, clean_a, clean_b, slot_ids, offsets)
     assert torch.equal(out[2].cpu(), y[2])
     assert rel_err(out.cpu(), ref) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unvalidated_call_computes_the_same(backend):
+    """validate=False (the engine's calls) skips only the checks: same bits as the checked call."""
+    gen = torch.Generator().manual_seed(seed_of("unvalidated", backend))
+    case = make_case(torch.float32, 9, "qkv", "base_mixed", gen)
+    checked = add_lora(
+        case.y.clone(), case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend=backend
+    )
+    unchecked = add_lora(
+        case.y.clone(),
+        case.x,
+        case.lora_a,
+        case.lora_b,
+        case.batch,
+        case.offsets,
+        backend=backend,
+        validate=False,
+    )
+    assert torch.equal(checked.view(torch.int8), unchecked.view(torch.int8))
+    check_y(unchecked, case, torch.float32)
