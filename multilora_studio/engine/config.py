@@ -110,7 +110,7 @@ class EngineConfig:
             _check_int("adapter_load_workers", self.adapter_load_workers, 1, 64)
 
     def loader_for(self, device_type: str) -> str:
-        """ "thread" or "process" on ``device_type`` (see ``adapter_loader``)."""
+        """The adapter loader used on ``device_type``, "thread" or "process" (see ``adapter_loader``)."""
         if self.adapter_loader != "auto":
             return self.adapter_loader
         return "process" if device_type == "cuda" else "thread"
