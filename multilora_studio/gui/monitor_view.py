@@ -186,6 +186,8 @@ class MonitorView(QWidget):
         def percent(value: float) -> str:
             return "-" if math.isnan(value) else f"{value:.0f}%"
 
+        runs_out = metrics.pinned_blocks_exhausted
+        exhausted = f" · pinned host blocks ran out {runs_out}x" if runs_out else ""
         lines = [
             f"state: <b>{metrics.state}</b> on {metrics.device} · steps {metrics.steps}",
             f"requests: {metrics.running} running, {metrics.waiting} waiting · "
@@ -195,7 +197,8 @@ class MonitorView(QWidget):
             f"GPU slot hits {metrics.gpu_hits} / misses {metrics.gpu_misses} "
             f"({percent(values['gpu_hit_rate'])}) · CPU tier hits {metrics.cpu_hits} / misses "
             f"{metrics.cpu_misses} ({percent(values['cpu_hit_rate'])})",
-            f"cold load p50 {format_ms(metrics.cold_load_p50_s)} · p95 {format_ms(metrics.cold_load_p95_s)}",
+            f"cold load p50 {format_ms(metrics.cold_load_p50_s)} · p95 {format_ms(metrics.cold_load_p95_s)}"
+            f" · loader {metrics.adapter_loader} x{metrics.adapter_load_workers}{exhausted}",
             f"KV cache: {used} / {metrics.kv_blocks_total} blocks used",
             f"device memory {format_bytes(metrics.device_memory_bytes)} · host RSS {format_bytes(rss)}",
         ]
