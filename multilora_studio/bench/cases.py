@@ -36,6 +36,7 @@ class BenchOptions:
     max_cpu_loras: int | None = None
     load_workers: int | None = None
     adapter_loader: str = "auto"
+    prefetch_host: bool = False
     max_num_seqs: int | None = None
     kv_cache_gb: float | None = None
     batch: int = 8

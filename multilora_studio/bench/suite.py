@@ -181,6 +181,9 @@ async def _run_cases(
     for case in cases:
         if options.warmup and case.kind == "pattern":
             await _warm_adapters(backend, case, names, options)
+        prefetched = 0
+        if options.prefetch_host and engine is not None and case.kind != "pattern":
+            prefetched = _prefetch_host(engine, case, names)
         before = engine.metrics(fresh=True) if engine is not None else None
         mapped = [None if r.adapter is None else names[r.adapter] for r in case.requests]
         with tqdm(total=len(case.requests), desc=case.name, leave=False, disable=not options.progress) as bar:
@@ -193,6 +196,7 @@ async def _run_cases(
             "kind": case.kind,
             **case.params,
             "distinct_adapters": case.distinct_adapters,
+            "prefetched_to_host": prefetched,
             **summary,
             "ttft_samples_ms": sorted(round(r.ttft * 1e3, 3) for r in outcome if r.ok and r.ttft),
         }
@@ -206,6 +210,17 @@ async def _run_cases(
             log.warning("%s: %d requests failed: %s", case.name, summary["errors"], summary["first_error"])
         results.append(record)
     return results
+
+
+def _prefetch_host(engine: Engine, case: Case, names: Sequence[str]) -> int:
+    """Read the case's most popular adapters into host RAM before it runs, as many as the
+    host tier holds (S-LoRA measures with every adapter in host memory); returns how many."""
+    count = min(case.pool_size, engine.config.max_cpu_loras or 0)
+    wanted = [names[k] for k in reversed(range(count))]  # the most popular loaded last: kept longest
+    failed = {name: error for name, error in engine.prefetch_adapters(wanted).items() if error}
+    if failed:
+        raise RuntimeError(f"prefetching adapters for {case.name} failed: {next(iter(failed.values()))}")
+    return count
 
 
 async def _warmup(backend: Backend, options: BenchOptions, names: Sequence[str]) -> None:

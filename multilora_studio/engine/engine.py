@@ -284,6 +284,40 @@ class Engine:
         """Forget ``name``; refused while requests for it are queued or running."""
         self._call("remove_adapter", name)
 
+    def prefetch_adapters(self, names: Sequence[str], timeout: float | None = None) -> dict[str, str | None]:
+        """Read ``names`` into the host tier ahead of their first request and wait for them.
+
+        Loads run as requests' loads do (``adapter_load_workers`` at once). Returns each
+        name's load error, or None once it is in host RAM. Raises ValueError for a name never
+        added or more names than ``max_cpu_loras``, and TimeoutError when ``timeout``
+        seconds pass first. Host-tier hits are not counted for the prefetch itself.
+        """
+        capacity = self.host_cache.capacity
+        if len(names) > capacity:
+            raise ValueError(f"{len(names)} adapters do not fit the host tier of {capacity} (max_cpu_loras)")
+        with self._lock:
+            unknown = [name for name in names if name not in self._adapters]
+            paths = {name: self._adapters[name].path for name in names if name not in unknown}
+        if unknown:
+            raise ValueError(f"unknown adapters: {', '.join(unknown[:5])}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        outcome: dict[str, str | None] = {}
+        while len(outcome) < len(paths):
+            for name, path in paths.items():
+                if name in outcome:
+                    continue
+                if self.host_cache.get(name) is not None:
+                    outcome[name] = None
+                elif (error := self.host_cache.error_of(name)) is not None:
+                    outcome[name] = str(error)
+                else:
+                    self.host_cache.lookup(name, path)  # starts its load unless one is running
+            if len(outcome) < len(paths):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"prefetching {len(paths)} adapters took longer than {timeout} s")
+                time.sleep(0.005)
+        return outcome
+
     def pin_adapter(self, name: str, pinned: bool = True) -> None:
         """Keep ``name`` in its GPU slot once loaded (or let it be evicted again)."""
         self._call("pin_adapter", (name, pinned))

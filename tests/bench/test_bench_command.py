@@ -7,6 +7,7 @@ import json
 import pytest
 
 from multilora_studio.bench.cases import BenchOptions
+from multilora_studio.bench.stats import Slo
 from multilora_studio.bench.suite import run_bench
 from multilora_studio.cli import main
 
@@ -156,6 +157,39 @@ def test_peft_baseline_on_the_tiny_model(tiny_model_dir):
         assert case["output_tokens"] == 3 * 5
         assert case["output_tok_s"] > 0
         assert case["engine_over_peft"] == pytest.approx(engine[name]["output_tok_s"] / case["output_tok_s"])
+
+
+def test_prefetch_host_reads_the_popular_adapters_before_each_sweep_case(tiny_model_dir):
+    def run(prefetch: bool) -> dict[str, dict]:
+        options = BenchOptions(
+            model=str(tiny_model_dir),
+            device="cpu",
+            rank=4,
+            batch=4,
+            max_loras=2,
+            max_cpu_loras=5,
+            distinct_weights=2,
+            input_len=(4, 6),
+            output_len=(2, 2),
+            sweep_adapters=(3, 12),
+            requests=12,
+            prefetch_host=prefetch,
+            slo=Slo(ttft_s=60.0),
+            bandwidth_gbps=10,
+            progress=False,
+        )
+        return {c["name"]: c for c in run_bench(options)["cases"]}
+
+    cases, plain = run(True), run(False)
+    small, large = cases["sweep n=3"], cases["sweep n=12"]
+    for case in (small, large):
+        check_case(case)
+    assert (small["prefetched_to_host"], large["prefetched_to_host"]) == (3, 5)
+    assert plain["sweep n=3"]["prefetched_to_host"] == 0
+    assert small["engine"]["cold_loads"] == 0 < plain["sweep n=3"]["engine"]["cold_loads"]
+    # the same requests (seeded) read fewer adapters from disk with the 5 most popular in RAM
+    assert large["distinct_adapters"] == plain["sweep n=12"]["distinct_adapters"]
+    assert large["engine"]["cold_loads"] < plain["sweep n=12"]["engine"]["cold_loads"]
 
 
 def test_bad_options_are_refused_with_a_message(capsys, tiny_model_dir):

@@ -308,3 +308,35 @@ def test_cpu_gemm_packing_is_on_by_default_and_can_be_turned_off(make_engine, mo
     got = [o.token_ids for o in packed.generate(prompts, adapters, params)]
     assert got == [o.token_ids for o in plain.generate(prompts, adapters, params)]
     assert all(len(ids) == 24 for ids in got)
+
+
+def test_prefetch_reads_adapters_into_host_ram_before_their_requests(make_engine, tiny_adapters, tmp_path):
+    names = sorted(tiny_adapters)[:3]
+    prompts = [f"Ship number {i}" for i in range(len(names))]
+    params = SamplingParams(max_tokens=8, **GREEDY)
+    expected = [o.token_ids for o in make_engine(adapters=names).generate(prompts, names, params)]
+
+    def nan(folder):
+        tensors = load_file(str(folder / "adapter_model.safetensors"))
+        first = sorted(tensors)[0]
+        tensors[first][0, 0] = float("nan")
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+
+    engine = make_engine(adapters=[], max_loras=2, max_cpu_loras=4)
+    for name in names:
+        engine.add_adapter(name, tiny_adapters[name], preload=False)
+    engine.add_adapter(
+        "nan-inside", broken_copy(tiny_adapters[names[0]], tmp_path / "nan", nan), preload=False
+    )
+    outcome = engine.prefetch_adapters([*names, "nan-inside"], timeout=60)
+    assert [outcome[name] for name in names] == [None] * len(names)
+    assert "NaN or Inf" in outcome["nan-inside"]
+    before = engine.metrics(fresh=True)
+    assert set(names) <= set(before.cpu_adapters) and before.cpu_misses == len(names) + 1
+    got = engine.generate(prompts, names, params)
+    assert [o.token_ids for o in got] == expected
+    assert engine.metrics(fresh=True).cpu_misses == before.cpu_misses  # nothing read from disk again
+    with pytest.raises(ValueError, match="unknown adapters: nope"):
+        engine.prefetch_adapters(["nope"])
+    with pytest.raises(ValueError, match="do not fit the host tier of 4"):
+        engine.prefetch_adapters([*names, "nan-inside", names[0]])
