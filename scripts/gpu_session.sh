@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft.
-# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [tier-bench] [tier-ab] [tier-workers] [bench-suite] [bench-ranks] [bench-peft]
+# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [tier-bench] [tier-ab] [tier-workers] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 set -u
 OUT=${OUT:-/tmp/gpu-session}
@@ -49,6 +49,13 @@ for step in $steps; do
         --rank 16 --targets all --batch 32 --max-loras 32 --input-len 64 --output-len 32 --adapter-loader process \
         --sweep-adapters 1,8,32,128,1000 --requests 128 --no-progress --json "$OUT/bench_sweep_process.json" 2>&1 \
         | tee "$OUT/bench-sweep-process.log" | grep -v " INFO " | tail -12 ;;
+    bench-sweep-prefetch)
+      # S-LoRA's setting for the adapter-count sweep: the most popular adapters in host RAM
+      # (384 of them, about 32 GB pinned) before each case, and a longer run per case
+      timeout 500 python3 -m multilora_studio bench --model random:llama3-8b --device cuda --dtype bfloat16 \
+        --rank 16 --targets all --batch 32 --max-loras 32 --max-cpu-loras 384 --prefetch-host \
+        --input-len 64 --output-len 32 --sweep-adapters 1,1000 --requests 512 --no-progress \
+        --json "$OUT/bench_sweep_prefetch.json" 2>&1 | tee "$OUT/bench-sweep-prefetch.log" | grep -v " INFO " | tail -8 ;;
     bench-ranks)
       # Punica's patterns + base at batch 32 with rank-8 and rank-64 adapters on all projections
       for rank in 8 64; do
