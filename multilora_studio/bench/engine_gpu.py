@@ -61,6 +61,12 @@ def run_batch(
     }
 
 
+def phase_ms_per_step(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Milliseconds per step by phase between two ``Engine.step_profile()`` snapshots."""
+    steps = max(1.0, after["steps"] - before["steps"])
+    return {k: round(1e3 * (after[k] - before.get(k, 0.0)) / steps, 4) for k in after if k != "steps"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -123,8 +129,14 @@ def main() -> None:
             results["add_adapter_s_each"] = (time.perf_counter() - start) / len(adapter_dirs)
             run_batch(engine, prompts, distinct, 8)  # warm-up: adapters into slots, kernels compiled
             run_batch(engine, prompts, base_only, 8)
+            before_base = engine.step_profile()
             base = run_batch(engine, prompts, base_only, args.new_tokens)
+            before_mixed = engine.step_profile()
             mixed = run_batch(engine, prompts, distinct, args.new_tokens)
+            after_mixed = engine.step_profile()
+            # host ms per step of each run (its prefill step and decode steps), by phase
+            results[f"{mode}_base_run_step_ms"] = phase_ms_per_step(before_base, before_mixed)
+            results[f"{mode}_distinct_run_step_ms"] = phase_ms_per_step(before_mixed, after_mixed)
             results[f"{mode}_base_decode_tok_s"] = base["decode_tok_s"]
             results[f"{mode}_base_end_to_end_tok_s"] = base["end_to_end_tok_s"]
             results[f"{mode}_distinct_decode_tok_s"] = mixed["decode_tok_s"]

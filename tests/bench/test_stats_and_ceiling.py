@@ -77,3 +77,27 @@ def test_tier_rates_count_what_had_to_move():
     assert stats["engine_counters"] == {"gpu_hits": 20, "gpu_misses": 5, "cpu_hits": 5, "cpu_misses": 2}
     assert stats["cold_load_p95_ms"] == pytest.approx(200.0) and stats["preemptions"] == 1
     assert tier_stats(before, before, 0, torch.device("cpu"))["gpu_hit_rate"] is None
+
+
+def test_phase_ms_per_step_splits_a_run_of_the_real_engine(tiny_model_dir):
+    import time
+
+    from multilora_studio.bench.engine_gpu import phase_ms_per_step
+    from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+
+    config = EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="float32", max_model_len=64)
+    with Engine(config) as engine:
+        engine.generate([[3, 4, 5]], [None], SamplingParams(max_tokens=2, temperature=0))
+        before = engine.step_profile()
+        start = time.perf_counter()
+        engine.generate(
+            [[3, 4, 5], [6, 7]], [None, None], SamplingParams(max_tokens=9, temperature=0, ignore_eos=True)
+        )
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        after = engine.step_profile()
+    per_step = phase_ms_per_step(before, after)
+    steps = after["steps"] - before["steps"]
+    assert steps >= 9  # one prefill step, then a decode step per new token
+    assert set(per_step) >= {"schedule", "prepare", "launch", "sample", "postprocess"}
+    assert all(v >= 0 for v in per_step.values())
+    assert 0 < sum(per_step.values()) * steps <= elapsed_ms * 1.05
