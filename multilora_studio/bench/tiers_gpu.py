@@ -91,7 +91,6 @@ def main() -> None:
         "slots": args.slots,
         "cpu_threads": torch.get_num_threads(),
         "switch_interval_s": sys.getswitchinterval(),
-        "adapter_loader": args.adapter_loader,
         "rank": args.rank,
     }
     root = Path(tempfile.mkdtemp(prefix="mls-tiers-"))

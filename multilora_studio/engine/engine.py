@@ -157,15 +157,9 @@ class Engine:
         self.blocks = BlockManager(num_blocks, config.block_size)
         self.slots = SlotTable(config.max_loras)
         assert config.max_cpu_loras is not None
-        self._load_workers = config.load_workers_for(self.device.type)
-        loader = config.loader_for(self.device.type)
-        staging = max_packed_bytes(self.spec, config.max_lora_rank, self.dtype)
-        if loader == "process":
-            self._load_workers = staging_buffers_that_fit(staging, self._load_workers)
-            if self._load_workers == 0:
-                log.warning("no room in shared memory for an adapter staging buffer; loading on threads")
-                loader, self._load_workers = "thread", config.load_workers_for(self.device.type)
-        self.adapter_loader = loader
+        # host bytes of one adapter of max_lora_rank on every projection: a pinned block, a staging buffer
+        block_bytes = max_packed_bytes(self.spec, config.max_lora_rank, self.dtype)
+        self.adapter_loader, self._load_workers = self._choose_loader(block_bytes)
         self.host_cache: HostAdapterCache[PackedAdapter] = HostAdapterCache(
             config.max_cpu_loras, self._load_adapter, self._wake.set, self._load_workers
         )
@@ -173,10 +167,10 @@ class Engine:
         # Slot uploads in flight: the event that completes them, and the host copy they read
         # (kept alive, with its pinned block, until the copies have completed).
         self._uploads: dict[str, tuple[torch.cuda.Event, PackedAdapter]] = {}
-        self._arena = self._pinned_arena(config.max_cpu_loras)
-        if loader == "process":
+        self._arena = self._pinned_arena(block_bytes, config.max_cpu_loras)
+        if self.adapter_loader == "process":
             self._loader_process = LoaderProcess(
-                self.spec, config.max_lora_rank, self.dtype, staging, self._load_workers
+                self.spec, config.max_lora_rank, self.dtype, block_bytes, self._load_workers
             )
         self.scheduler = Scheduler(
             self.blocks,
@@ -236,13 +230,23 @@ class Engine:
     def _pack(self, adapter: HostAdapter) -> PackedAdapter:
         return pack_adapter(adapter, self.spec, self.dtype, pin=self.device.type == "cuda", arena=self._arena)
 
-    def _pinned_arena(self, host_slots: int) -> PinnedArena | None:
-        """Pinned blocks for the host tier on CUDA: one per host slot, one per load in flight
-        and one more for an upload in flight, each the size of an adapter of max_lora_rank
-        on every projection."""
+    def _choose_loader(self, staging_bytes: int) -> tuple[str, int]:
+        """("thread" or "process", loads at once): as configured, with no more loader children
+        than staging buffers fit in shared memory (none: threads)."""
+        config, device_type = self.config, self.device.type
+        loader, workers = config.loader_for(device_type), config.load_workers_for(device_type)
+        if loader == "process":
+            fitting = staging_buffers_that_fit(staging_bytes, workers)
+            if fitting > 0:
+                return loader, fitting
+            log.warning("no room in shared memory for an adapter staging buffer; loading on threads")
+        return "thread", workers
+
+    def _pinned_arena(self, block_bytes: int, host_slots: int) -> PinnedArena | None:
+        """Pinned blocks of ``block_bytes`` for the host tier on CUDA: one per host slot, one
+        per load in flight and one more for an upload in flight."""
         if self.device.type != "cuda":
             return None
-        block_bytes = max_packed_bytes(self.spec, self.config.max_lora_rank, self.dtype)
         return PinnedArena.for_tier(block_bytes, host_slots + self._load_workers + 1)
 
     def add_adapter(self, name: str, path: str | Path, preload: bool = True) -> AdapterInfo:
