@@ -146,6 +146,71 @@ class LoRABatch:
         )
         return batch
 
+    @staticmethod
+    def storage_layout(max_tokens: int, num_slots: int) -> dict[str, tuple[int, int]]:
+        """Offset and length (int32 words) of each buffer when they share one storage.
+
+        Every buffer starts on a 16-byte boundary. Used by :meth:`on_storage` and by
+        :func:`~multilora_studio.kernels.lora_host.fill_lora_metadata`, which builds the
+        same words on the host so that one copy refreshes them all.
+        """
+        layout: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, length in (
+            ("token_slots", max_tokens),
+            ("token_ranks", max_tokens),
+            ("sorted_tokens", max_tokens),
+            ("slot_starts", num_slots),
+            ("slot_counts", num_slots),
+            ("slot_ranks", num_slots),
+            ("num_tokens", 1),
+        ):
+            layout[name] = (offset, length)
+            offset += -(-length // 4) * 4
+        layout["total"] = (0, offset)
+        return layout
+
+    @classmethod
+    def on_storage(cls, storage: torch.Tensor, max_tokens: int, num_slots: int) -> LoRABatch:
+        """A batch whose buffers are views of ``storage`` (1-D int32, contiguous, at least
+        ``storage_layout(...)["total"]`` words), laid out by :meth:`storage_layout`.
+
+        The views start as ``storage`` holds them; fill it (on the host, then one copy)
+        and call :meth:`mark_filled`, or call :meth:`update`.
+        """
+        layout = cls.storage_layout(max_tokens, num_slots)
+        total = layout["total"][1]
+        if (
+            not isinstance(storage, torch.Tensor)
+            or storage.dtype != torch.int32
+            or storage.dim() != 1
+            or not storage.is_contiguous()
+            or storage.numel() < total
+        ):
+            raise ValueError(f"storage must be a contiguous 1-D int32 tensor of at least {total} elements")
+
+        def view(name: str) -> torch.Tensor:
+            offset, length = layout[name]
+            return storage[offset : offset + length]
+
+        return cls(
+            max_tokens=max_tokens,
+            num_slots=num_slots,
+            token_slots=view("token_slots"),
+            token_ranks=view("token_ranks"),
+            sorted_tokens=view("sorted_tokens"),
+            slot_starts=view("slot_starts"),
+            slot_counts=view("slot_counts"),
+            slot_ranks=view("slot_ranks"),
+            num_tokens=view("num_tokens"),
+            _boundaries=torch.arange(num_slots + 1, dtype=torch.int32, device=storage.device),
+        )
+
+    def mark_filled(self, num_tokens: int) -> None:
+        """Record that the buffers were rewritten outside :meth:`update` for ``num_tokens`` tokens."""
+        self._num_tokens_host = num_tokens
+        self._host = None
+
     @property
     def device(self) -> torch.device:
         return self.token_slots.device

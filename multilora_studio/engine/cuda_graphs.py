@@ -1,7 +1,7 @@
 """CUDA graphs for decode steps, one per batch-size bucket and LoRA/no-LoRA.
 
-A decode step (one token per sequence, every sequence sampling) is copied into
-static buffers padded to the next bucket and replayed. Padding rows write no KV
+A decode step (one token per sequence, every sequence sampling) is written into
+static buffers padded to the next bucket (one host-to-device copy) and replayed. Padding rows write no KV
 (slot -1), attend to nothing (seq_len 0) and use no adapter (slot -1). Steps
 whose rows use no adapter replay a graph captured without any LoRA work.
 """
@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from multilora_studio.engine.decode_staging import DecodeStaging, StagedDecode
 from multilora_studio.engine.llama import AttentionMetadata, LoRAStep
 from multilora_studio.engine.lora_weights import LORA_GROUPS
 
 if TYPE_CHECKING:
-    from multilora_studio.engine.runner import ModelRunner, StepInputs
+    from multilora_studio.engine.runner import ModelRunner
+    from multilora_studio.engine.scheduler import StepPlan
 
 log = logging.getLogger(__name__)
 
@@ -33,45 +35,52 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
     return sorted(set(sizes))
 
 
+def forward_staged(runner: ModelRunner, staging: DecodeStaging, batch: int, uses_lora: bool) -> torch.Tensor:
+    """Logits [batch, V] float32 of the first ``batch`` staged rows, padding rows included.
+
+    What a decode graph captures; on the CPU it runs eagerly (tests compare it with the
+    eager path).
+    """
+    attn = AttentionMetadata(
+        slot_mapping=staging.slot_mapping[:batch],
+        block_tables=staging.block_tables[:batch],
+        seq_lens=staging.seq_lens[:batch],
+        query_start_loc=staging.query_start_loc[: batch + 1],
+        max_query_len=1,
+    )
+    lora = LoRAStep(staging.lora_batch, frozenset(LORA_GROUPS)) if uses_lora else None
+    hidden = runner.model.forward(
+        staging.input_ids[:batch], staging.positions[:batch], attn, runner.kv_caches, lora
+    )
+    return runner.model.logits(hidden)
+
+
 class DecodeGraphs:
-    """Captured decode steps of a ``ModelRunner``, keyed by (bucket, uses_lora)."""
+    """Captured decode steps of a ``ModelRunner``, keyed by (bucket, uses_lora).
+
+    Inputs come from a :class:`DecodeStaging` (one host-to-device copy a step, LoRA
+    metadata included); the LoRA graphs read its ``lora_batch``.
+    """
 
     def __init__(self, runner: ModelRunner, max_num_seqs: int) -> None:
         self.runner = runner
         self.buckets = batch_buckets(max_num_seqs)
-        size, device = self.buckets[-1], runner.device
-        width = runner.max_blocks_per_seq
-        self.input_ids = torch.zeros(size, dtype=torch.int64, device=device)  # [B]
-        self.positions = torch.zeros(size, dtype=torch.int64, device=device)  # [B]
-        self.slot_mapping = torch.full((size,), -1, dtype=torch.int64, device=device)  # [B]
-        self.block_tables = torch.zeros((size, width), dtype=torch.int32, device=device)  # [B, W]
-        self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)  # [B]
-        self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=device)  # [B + 1]
-        self.slot_ids = torch.full((size,), -1, dtype=torch.int32, device=device)  # [B]
-        self.logits = torch.zeros((size, runner.spec.vocab_size), dtype=torch.float32, device=device)
+        size = self.buckets[-1]
+        self.staging = DecodeStaging(
+            size, runner.max_blocks_per_seq, runner.lora.num_slots, runner.block_size, runner.device
+        )
+        self.logits = torch.zeros((size, runner.spec.vocab_size), dtype=torch.float32, device=runner.device)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle()
         self.capture_all()
 
     def _forward(self, batch: int, uses_lora: bool) -> None:
-        runner = self.runner
-        attn = AttentionMetadata(
-            slot_mapping=self.slot_mapping[:batch],
-            block_tables=self.block_tables[:batch],
-            seq_lens=self.seq_lens[:batch],
-            query_start_loc=self.query_start_loc[: batch + 1],
-            max_query_len=1,
-        )
-        lora = LoRAStep(runner.lora_batch, frozenset(LORA_GROUPS)) if uses_lora else None
-        hidden = runner.model.forward(
-            self.input_ids[:batch], self.positions[:batch], attn, runner.kv_caches, lora
-        )
-        self.logits[:batch] = runner.model.logits(hidden)
+        self.logits[:batch] = forward_staged(self.runner, self.staging, batch, uses_lora)
 
     @torch.inference_mode()
     def capture_all(self) -> None:
         runner = self.runner
-        runner.lora_batch.update(self.slot_ids, runner.lora.slot_ranks)
+        self.staging.clear()  # padding rows only: captures write no KV and use no adapter
         for batch in reversed(self.buckets):
             for uses_lora in (False, True):
                 self._forward(batch, uses_lora)  # warm-up: compiles kernels outside the capture
@@ -83,32 +92,19 @@ class DecodeGraphs:
         torch.cuda.synchronize(runner.device)
         log.info("captured %d decode graphs (buckets %s)", len(self.graphs), self.buckets)
 
-    def can_run(self, inputs: StepInputs) -> bool:
-        tokens = inputs.input_ids.shape[0]
-        return (
-            inputs.attn.max_query_len == 1
-            and inputs.attn.seq_lens.shape[0] == tokens
-            and inputs.logits_rows.shape[0] == tokens
-            and tokens <= self.buckets[-1]
-        )
+    def accepts(self, plan: StepPlan) -> bool:
+        """Whether ``plan`` is a decode step a captured graph can run."""
+        return self.staging.accepts(plan.chunks)
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        tokens = inputs.input_ids.shape[0]
+    def stage(self, plan: StepPlan, slot_of: dict[str | None, int]) -> StagedDecode:
+        """Write ``plan``'s inputs to the staging buffers (one copy enqueued)."""
+        return self.staging.stage(plan.chunks, slot_of, self.runner.lora.slot_ranks_host)
+
+    def run(self, staged: StagedDecode) -> torch.Tensor:
+        """Replay the graph of the step's bucket; logits [N, V] float32 (a view of a static buffer)."""
+        tokens = staged.num_tokens
         batch = self.buckets[bisect.bisect_left(self.buckets, tokens)]
-        width = inputs.attn.block_tables.shape[1]
-        self.input_ids[:tokens].copy_(inputs.input_ids)
-        self.positions[:tokens].copy_(inputs.positions)
-        self.slot_mapping[:tokens].copy_(inputs.attn.slot_mapping)
-        self.slot_mapping[tokens:batch].fill_(-1)
-        self.block_tables[:tokens, :width].copy_(inputs.attn.block_tables)
-        self.seq_lens[:tokens].copy_(inputs.attn.seq_lens)
-        self.seq_lens[tokens:batch].fill_(0)
-        uses_lora = bool(inputs.lora_groups)
-        if uses_lora:
-            self.slot_ids[:tokens].copy_(inputs.slot_ids)
-            self.slot_ids[tokens:batch].fill_(-1)
-            self.runner.lora_batch.update(self.slot_ids[:batch], self.runner.lora.slot_ranks)
-        self.graphs[(batch, uses_lora)].replay()
+        self.graphs[(batch, staged.uses_lora)].replay()
         return self.logits[:tokens]
 
     def time_replay(self, batch: int, uses_lora: bool, iters: int) -> float:

@@ -52,6 +52,7 @@ class LoRASlotWeights:
                 (spec.num_layers, num_slots, sum(widths), max_rank), dtype=dtype, device=device
             )
         self.slot_ranks = torch.zeros(num_slots, dtype=torch.int32, device=device)  # [slots]
+        self.slot_ranks_host = [0] * num_slots  # the same ranks, for metadata built on the host
         self.slot_groups: list[frozenset[str]] = [frozenset()] * num_slots
         self.slot_adapter: list[str | None] = [None] * num_slots
 
@@ -64,6 +65,7 @@ class LoRASlotWeights:
             self.a[group][:, slot].zero_()
             self.b[group][:, slot].zero_()
         self.slot_ranks[slot] = 0
+        self.slot_ranks_host[slot] = 0
         self.slot_groups[slot] = frozenset()
         self.slot_adapter[slot] = None
 
@@ -85,6 +87,7 @@ class LoRASlotWeights:
                 a_slot.zero_()
                 b_slot.zero_()
         self.slot_ranks[slot] = rank
+        self.slot_ranks_host[slot] = rank
         self.slot_groups[slot] = frozenset(packed.a)
         self.slot_adapter[slot] = packed.name
 

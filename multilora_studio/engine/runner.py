@@ -15,6 +15,7 @@ import torch
 from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.cuda_graphs import DecodeGraphs
+from multilora_studio.engine.decode_staging import StagedDecode
 from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
 from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
@@ -83,8 +84,15 @@ class ModelRunner:
         if device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs(self, config.max_num_seqs)
 
-    def prepare(self, plan: StepPlan, blocks: BlockManager, slot_of: dict[str | None, int]) -> StepInputs:
-        """Flatten the plan's chunks into the step's token, position and cache-slot arrays."""
+    def prepare(
+        self, plan: StepPlan, blocks: BlockManager, slot_of: dict[str | None, int]
+    ) -> StepInputs | StagedDecode:
+        """Flatten the plan's chunks into the step's token, position and cache-slot arrays.
+
+        Decode steps that a captured graph can run go to its staging buffers instead.
+        """
+        if self.graphs is not None and self.graphs.accepts(plan):
+            return self.graphs.stage(plan, slot_of)
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
@@ -133,9 +141,10 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, inputs: StepInputs) -> torch.Tensor:
+    def run(self, inputs: StepInputs | StagedDecode) -> torch.Tensor:
         """Logits [N, V] float32 of the rows that sample this step."""
-        if self.graphs is not None and self.graphs.can_run(inputs):
+        if isinstance(inputs, StagedDecode):
+            assert self.graphs is not None
             return self.graphs.run(inputs)
         lora = None
         if inputs.lora_groups:

@@ -44,7 +44,9 @@ class Sequence:
         prompt_len = len(self.prompt_token_ids)
         if stop <= prompt_len:
             return self.prompt_token_ids[start:stop]
-        return (self.prompt_token_ids + self.output_token_ids)[start:stop]
+        if start >= prompt_len:
+            return self.output_token_ids[start - prompt_len : stop - prompt_len]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: stop - prompt_len]
 
     @property
     def num_uncomputed_tokens(self) -> int:

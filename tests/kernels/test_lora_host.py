@@ -1,0 +1,66 @@
+"""LoRA batch metadata built on the host equals what ``LoRABatch.update`` builds on the device."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from multilora_studio.kernels.lora import LoRABatch
+from multilora_studio.kernels.lora_host import fill_lora_metadata
+
+FIELDS = (
+    "token_slots",
+    "token_ranks",
+    "sorted_tokens",
+    "slot_starts",
+    "slot_counts",
+    "slot_ranks",
+    "num_tokens",
+)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_host_fill_equals_update(seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(30):
+        max_tokens = int(torch.randint(1, 70, (1,), generator=g))
+        num_slots = int(torch.randint(1, 12, (1,), generator=g))
+        t = int(torch.randint(0, max_tokens + 1, (1,), generator=g))
+        # out-of-range slots count as "no adapter", like -1
+        slot_ids = torch.randint(-2, num_slots + 2, (t,), generator=g, dtype=torch.int32)
+        ranks = torch.randint(0, 65, (num_slots,), generator=g, dtype=torch.int32)
+        total = LoRABatch.storage_layout(max_tokens, num_slots)["total"][1]
+        words = np.full(total, 12345, dtype=np.int32)  # poisoned
+        fill_lora_metadata(words, max_tokens, num_slots, slot_ids.numpy(), ranks.numpy())
+        host = LoRABatch.on_storage(torch.from_numpy(words), max_tokens, num_slots)
+        device = LoRABatch.on_storage(torch.full((total,), -7, dtype=torch.int32), max_tokens, num_slots)
+        device.update(slot_ids, ranks)
+        plain = LoRABatch.allocate(max_tokens, num_slots).update(slot_ids, ranks)
+        for field in FIELDS:
+            assert torch.equal(getattr(host, field), getattr(plain, field)), field
+            assert torch.equal(getattr(device, field), getattr(plain, field)), field
+
+
+def test_storage_views_are_aligned_and_disjoint():
+    layout = LoRABatch.storage_layout(33, 5)
+    spans = sorted((off, off + n) for name, (off, n) in layout.items() if name != "total")
+    assert all(off % 4 == 0 for off, _ in spans)
+    assert all(end <= nxt for (_, end), (nxt, _) in itertools.pairwise(spans))
+    assert spans[-1][1] <= layout["total"][1]
+
+
+def test_bad_arguments_are_refused():
+    total = LoRABatch.storage_layout(4, 2)["total"][1]
+    with pytest.raises(ValueError, match="int32"):
+        fill_lora_metadata(np.zeros(total, dtype=np.int64), 4, 2, [0], [8, 8])
+    with pytest.raises(ValueError, match="at most max_tokens"):
+        fill_lora_metadata(np.zeros(total, dtype=np.int32), 4, 2, [0] * 5, [8, 8])
+    with pytest.raises(ValueError, match="one rank per slot"):
+        fill_lora_metadata(np.zeros(total, dtype=np.int32), 4, 2, [0], [8])
+    with pytest.raises(ValueError, match="at least"):
+        LoRABatch.on_storage(torch.zeros(total - 1, dtype=torch.int32), 4, 2)
+    with pytest.raises(ValueError, match="int32"):
+        LoRABatch.on_storage(torch.zeros(total, dtype=torch.int64), 4, 2)
