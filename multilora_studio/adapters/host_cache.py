@@ -82,6 +82,21 @@ class HostAdapterCache(Generic[AdapterT]):
                 self._entries.move_to_end(name)
             return adapter
 
+    def holds(self, name: str) -> bool:
+        """Whether ``name`` is resident (no hit counted, LRU order unchanged)."""
+        with self._lock:
+            return name in self._entries
+
+    def loading(self, name: str) -> bool:
+        """Whether a load of ``name`` is in flight."""
+        with self._lock:
+            return name in self._pending
+
+    @property
+    def loads_in_flight(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
     def names(self) -> list[str]:
         with self._lock:
             return list(self._entries)

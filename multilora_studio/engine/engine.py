@@ -40,7 +40,7 @@ from multilora_studio.engine.pinned_arena import PinnedArena
 from multilora_studio.engine.requests import RequestStream
 from multilora_studio.engine.runner import ModelRunner, kv_bytes_per_block
 from multilora_studio.engine.sampler import make_generator
-from multilora_studio.engine.scheduler import Scheduler, StepPlan
+from multilora_studio.engine.scheduler import Admission, Scheduler, StepPlan
 from multilora_studio.engine.sequence import Sequence as Seq
 
 log = logging.getLogger(__name__)
@@ -728,48 +728,59 @@ class Engine:
 
     # ---------------------------------------------------------------- adapter residency (worker)
 
-    def _acquire_adapter(self, name: str | None) -> bool:
-        """Give a request its adapter's slot; False while the adapter is not on the device yet.
+    def _acquire_adapter(self, name: str | None) -> Admission:
+        """Give a request its adapter's slot, or say why it must wait.
 
-        A slot miss starts an upload from the host tier (on a side CUDA stream, so running
-        requests keep decoding); the upload holds the slot until its event has completed.
+        A disk load starts as soon as a request for the adapter waits, also while no slot
+        is free (then at most ``load_workers`` such loads at once). A slot miss starts an upload from
+        the host tier (on a side CUDA stream, so running requests keep decoding); the upload
+        holds the slot until its event has completed.
         """
         if name is None:
-            return True
+            return Admission.READY
         if self.slots.slot_of(name) is not None:
             upload = self._uploads.get(name)
             if upload is not None:
                 if not upload[0].query():
-                    return False
+                    return Admission.LOADING
                 del self._uploads[name]  # the end of a miss, counted when the upload started
                 self.slots.release(name)
             else:
                 self._gpu_hits += 1
-            return self.slots.acquire(name) is not None
-        if not self.slots.can_acquire(name):
-            return False
+            return Admission.READY if self.slots.acquire(name) is not None else Admission.NO_SLOT
         with self._lock:
             info = self._adapters.get(name)
         if info is None:
-            return False
+            return Admission.LOADING  # being removed; _fail_unloadable_adapters ends the request
+        if not self.slots.can_acquire(name):
+            # No slot now: read the adapter into host RAM meanwhile, a few loads at a time
+            # (the same number the loader runs at once), so the upload can start as soon as
+            # a slot frees.
+            host = self.host_cache
+            if host.loading(name):
+                return Admission.LOADING
+            if host.holds(name) or host.loads_in_flight >= self._load_workers:
+                return Admission.NO_SLOT
+            host.lookup(name, info.path)
+            return Admission.LOADING
         packed = self.host_cache.lookup(name, info.path)
         if packed is None:
-            return False
+            return Admission.LOADING
         acquired = self.slots.acquire(name)
         if acquired is None:
-            return False
+            return Admission.NO_SLOT
         self._gpu_misses += 1
         if acquired.evicted is not None:
             log.debug("slot %d: %s evicted for %s", acquired.slot, acquired.evicted, name)
         if self._upload_stream is None:
             self.runner.lora.upload(acquired.slot, packed)
-            return True
+            return Admission.READY
         with torch.cuda.stream(self._upload_stream):
             self.runner.lora.upload(acquired.slot, packed)
             done = torch.cuda.Event()
             done.record(self._upload_stream)
         self._uploads[name] = (done, packed)  # keeps the slot until the copy has landed
-        return False
+        return Admission.LOADING
 
     def _release_adapter(self, name: str | None) -> None:
         if name is not None:

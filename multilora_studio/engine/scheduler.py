@@ -3,14 +3,21 @@
 Plain Python. Each step first advances running sequences (a decode token, or the
 next chunk of a prompt), preempting the newest ones by recompute when KV blocks
 run out, then admits waiting sequences while the token budget, ``max_num_seqs``,
-free KV blocks and adapter slots allow. A waiting sequence whose adapter cannot
-get a GPU slot is skipped, so it does not hold up the requests behind it; once it
-has been skipped for ``starvation_steps`` steps, nothing behind it is admitted
-until it is, so every adapter eventually runs.
+free KV blocks and adapter slots allow. A waiting sequence whose adapter is not
+on the device yet is skipped, so it does not hold up the requests behind it. Only
+refusals for want of a free GPU slot count towards starvation: once a sequence has
+been refused a slot ``starvation_steps`` times, nothing behind it is admitted until
+it is, so slots drain for it and every adapter eventually runs. Waiting for a load
+(disk to host RAM, host RAM to the slot) never counts: the slot contention it would
+relieve is not the reason it waits, and holding the queue would leave the batch
+half empty while loads are in flight. A step looks at most ``max_skipped`` waiting
+sequences past the ones it admits, which bounds its cost and the adapters it asks to
+load ahead of time.
 """
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +25,16 @@ from dataclasses import dataclass, field
 from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.sequence import Sequence, SequenceStatus
 
-AdapterGate = Callable[[str | None], bool]
+
+class Admission(enum.Enum):
+    """What the adapter gate says about a waiting sequence's adapter."""
+
+    READY = "ready"  # the adapter holds a slot for this sequence: admit it
+    LOADING = "loading"  # on its way (disk -> host RAM -> slot): skip, not starving
+    NO_SLOT = "no_slot"  # every slot is in use by running sequences: skip, counts as starving
+
+
+AdapterGate = Callable[[str | None], Admission]
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,7 @@ class Scheduler:
         acquire_adapter: AdapterGate,
         release_adapter: Callable[[str | None], None],
         starvation_steps: int = 32,
+        max_skipped: int = 128,
     ) -> None:
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
@@ -63,6 +80,7 @@ class Scheduler:
         self.acquire_adapter = acquire_adapter
         self.release_adapter = release_adapter
         self.starvation_steps = starvation_steps
+        self.max_skipped = max_skipped  # waiting sequences skipped per step before admission stops
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.skipped_steps: dict[str, int] = {}
@@ -132,14 +150,20 @@ class Scheduler:
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
         admitted: list[Sequence] = []
+        skipped_now = 0
         for seq in list(self.waiting):
-            if budget == 0 or len(self.running) >= self.max_num_seqs:
+            if budget == 0 or len(self.running) >= self.max_num_seqs or skipped_now >= self.max_skipped:
                 break
             count = min(seq.num_uncomputed_tokens, budget)
             end = seq.num_computed_tokens + count
             if not self.blocks.can_grow(seq, end):
                 break
-            if not self.acquire_adapter(seq.adapter):
+            admission = self.acquire_adapter(seq.adapter)
+            if admission is not Admission.READY:
+                skipped_now += 1
+            if admission is Admission.LOADING:
+                continue
+            if admission is not Admission.READY:
                 skipped = self.skipped_steps.get(seq.request_id, 0) + 1
                 self.skipped_steps[seq.request_id] = skipped
                 if skipped >= self.starvation_steps:

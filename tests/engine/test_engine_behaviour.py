@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 
 import pytest
 import torch
@@ -340,3 +341,24 @@ def test_prefetch_reads_adapters_into_host_ram_before_their_requests(make_engine
         engine.prefetch_adapters(["nope"])
     with pytest.raises(ValueError, match="do not fit the host tier of 4"):
         engine.prefetch_adapters([*names, "nan-inside", names[0]])
+
+
+def test_adapter_waiting_for_a_slot_is_read_into_host_ram_meanwhile(make_engine, tiny_adapters):
+    a, b = "tiny-r8-all", "tiny-r16-mlp"
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    expected = make_engine(adapters=[b]).generate(["Hi"], [b], params)[0].token_ids
+    engine = make_engine(adapters=[], max_loras=1, max_cpu_loras=4)
+    for name in (a, b):
+        engine.add_adapter(name, tiny_adapters[name], preload=False)
+    long_run = engine.submit("Hello", a, SamplingParams(max_tokens=200, **GREEDY))
+    waiting = engine.submit("Hi", b, params)
+    # the only slot is busy with `a` for 200 tokens; `b` is read from disk in the meantime
+    for _ in range(2000):
+        snapshot = engine.metrics(fresh=True)
+        if b in snapshot.cpu_adapters or long_run.output.finish_reason is not None:
+            break
+        time.sleep(0.005)
+    assert b in snapshot.cpu_adapters
+    assert long_run.output.finish_reason is None, "the host load of b waited for the slot"
+    assert waiting.result(timeout=120).token_ids == expected
+    assert len(long_run.result(timeout=120).token_ids) == 200

@@ -15,7 +15,7 @@ import pytest
 from multilora_studio.adapters.slot_table import SlotTable
 from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.config import SamplingParams
-from multilora_studio.engine.scheduler import ScheduledChunk, Scheduler, StepPlan
+from multilora_studio.engine.scheduler import Admission, ScheduledChunk, Scheduler, StepPlan
 from multilora_studio.engine.sequence import Sequence, SequenceStatus
 
 FAKE_TOKEN = 7
@@ -45,14 +45,17 @@ class Harness:
             self.release,
             starvation_steps,
         )
+        self.loading: set[str] = set()  # adapters the gate reports as still loading
         self.counter = 0
         self.sampled: list[Sequence] = []  # sequences that got a token in the last step
 
-    def acquire(self, name: str | None) -> bool:
+    def acquire(self, name: str | None) -> Admission:
+        if name in self.loading:
+            return Admission.LOADING
         if name is not None and self.slots.acquire(name) is None:
-            return False
+            return Admission.NO_SLOT
         self.acquired[name] += 1
-        return True
+        return Admission.READY
 
     def release(self, name: str | None) -> None:
         self.released[name] += 1
@@ -331,6 +334,48 @@ def test_starved_request_stops_admission_behind_it_until_it_gets_a_slot():
     h.run_until_idle()
     assert h.acquired == h.released
     assert not h.scheduler.skipped_steps
+
+
+def test_waiting_for_a_load_never_counts_as_starving_nor_holds_the_queue():
+    h = Harness(max_loras=2, max_num_seqs=8, max_num_batched_tokens=64, starvation_steps=2)
+    h.loading.add("cold")
+    cold = h.request(2, adapter="cold", max_tokens=2)
+    admitted_behind = 0
+    for _ in range(6):  # three times the starvation threshold
+        h.request(2, adapter="hot", max_tokens=1)
+        plan = h.step()
+        admitted_behind += sum(c.seq.adapter == "hot" and c.start == 0 for c in plan.chunks)
+    assert cold.status is SequenceStatus.WAITING
+    assert cold.request_id not in h.scheduler.skipped_steps, "a load in flight counted as starving"
+    assert admitted_behind == 6, "requests behind a loading adapter were held back"
+    h.loading.clear()  # the load landed: the next step admits it
+    h.step()
+    assert cold.status is SequenceStatus.RUNNING
+    h.run_until_idle()
+    assert h.acquired == h.released
+
+
+def test_admission_looks_at_most_max_skipped_waiting_requests_per_step():
+    h = Harness(max_loras=1, max_num_seqs=8, max_num_batched_tokens=64)
+    h.scheduler.max_skipped = 3
+    h.loading.update(f"cold{i}" for i in range(6))
+    asked: list[str | None] = []
+    gate = h.scheduler.acquire_adapter
+
+    def counting_gate(name: str | None) -> Admission:
+        asked.append(name)
+        return gate(name)
+
+    h.scheduler.acquire_adapter = counting_gate
+    for i in range(6):
+        h.request(2, adapter=f"cold{i}")
+    base = h.request(2)  # behind six loading requests, past the look-ahead
+    h.step()
+    assert asked == ["cold0", "cold1", "cold2"]
+    assert base.status is SequenceStatus.WAITING
+    h.loading.clear()
+    h.run_until_idle()
+    assert base.is_finished
 
 
 def test_without_starvation_pressure_skips_reset_when_the_request_is_admitted():
