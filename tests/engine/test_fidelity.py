@@ -74,10 +74,13 @@ def test_requests_joining_mid_decode_match_peft(make_engine, peft_reference, exp
 def test_more_adapters_than_slots_evicts_and_reloads_correctly(make_engine, peft_reference, expected_cache):
     engine = make_engine(max_loras=2, max_cpu_loras=2, max_num_seqs=4)
     requests = mixed_requests(engine)
-    outputs = engine.generate([p for p, _ in requests], [a for _, a in requests], GREEDY)
-    for (prompt_ids, adapter), output in zip(requests, outputs, strict=True):
-        assert output.token_ids == expected(peft_reference, expected_cache, prompt_ids, adapter), adapter
+    # Two rounds: the second finds at most two of the five adapters still in a slot (and in
+    # host RAM), so at least three are evicted and loaded again, whatever order the first ran in.
+    for _ in range(2):
+        outputs = engine.generate([p for p, _ in requests], [a for _, a in requests], GREEDY)
+        for (prompt_ids, adapter), output in zip(requests, outputs, strict=True):
+            assert output.token_ids == expected(peft_reference, expected_cache, prompt_ids, adapter), adapter
     metrics = engine.metrics(fresh=True)
     assert metrics is not None
-    assert metrics.gpu_misses > len(TINY_ADAPTERS), "adapters must have been evicted and reloaded"
-    assert metrics.cpu_misses > 0, "the CPU tier must have been too small to hold them all"
+    assert metrics.gpu_misses >= len(TINY_ADAPTERS) + 3, "adapters must have been evicted and reloaded"
+    assert metrics.cpu_misses >= len(TINY_ADAPTERS) + 3, "the CPU tier must have been too small to hold them all"
