@@ -92,6 +92,13 @@ class HostAdapterCache(Generic[AdapterT]):
         with self._lock:
             return name in self._pending
 
+    def eviction_candidate(self) -> str | None:
+        """The adapter a new load would evict (least recently used), None while there is room."""
+        with self._lock:
+            if len(self._entries) + len(self._pending) < self.capacity or not self._entries:
+                return None
+            return next(iter(self._entries))
+
     @property
     def loads_in_flight(self) -> int:
         with self._lock:

@@ -95,6 +95,13 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"SLO: {' and '.join(t for t in targets if t) or 'none'}")
     lines.append("")
     lines.append(render_table([case_row(c) for c in report["cases"]]))
+    for case in report["cases"]:
+        compiles = (case.get("engine") or {}).get("kernel_compiles")
+        if compiles:
+            seconds = case["engine"].get("kernel_compile_s", 0.0)
+            lines.append(
+                f"note: {case['name']}: {compiles} kernel compiles ({seconds:.1f} s) stalled the batch"
+            )
     baseline = report.get("baseline")
     if baseline:
         lines.append("")

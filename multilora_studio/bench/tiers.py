@@ -40,6 +40,9 @@ def tier_stats(
         "cold_load_p95_ms": None if after.cold_load_p95_s is None else after.cold_load_p95_s * 1e3,
         "preemptions": after.preemptions - before.preemptions,
         "pinned_blocks_exhausted": after.pinned_blocks_exhausted - before.pinned_blocks_exhausted,
+        # kernel compiles during the case: each one stalled every running request
+        "kernel_compiles": after.kernel_compiles - before.kernel_compiles,
+        "kernel_compile_s": after.kernel_compile_s - before.kernel_compile_s,
         "adapter_loader": f"{after.adapter_loader} x{after.adapter_load_workers}",
         "device_memory_bytes": after.device_memory_bytes,
         "peak_device_memory_bytes": torch.cuda.max_memory_allocated(device)

@@ -15,6 +15,7 @@ import re
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ from multilora_studio.engine.runner import ModelRunner, kv_bytes_per_block
 from multilora_studio.engine.sampler import make_generator
 from multilora_studio.engine.scheduler import Admission, Scheduler, StepPlan
 from multilora_studio.engine.sequence import Sequence as Seq
+from multilora_studio.kernels.jit_watch import compile_count
+from multilora_studio.kernels.jit_watch import install as install_compile_watch
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,7 @@ class Engine:
         self._lock = threading.Lock()
         self._adapters: dict[str, AdapterInfo] = {}
         self._active: dict[str, _Active] = {}
+        self._wanted: Counter[str | None] = Counter()  # adapter -> its queued and running requests
         self._stopping = False
         self._ready: Future[None] = Future()
         self._step_listeners: list[Callable[[EngineMetrics], None]] = []
@@ -140,6 +144,7 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             quiet_host_threads()
+            install_compile_watch()
         base: BaseModel = resolve_model(config.model, self.dtype, self.device, progress)
         self.base = base
         self.spec = base.spec
@@ -172,6 +177,7 @@ class Engine:
             self._loader_process = LoaderProcess(
                 self.spec, config.max_lora_rank, self.dtype, block_bytes, self._load_workers
             )
+        self._compiles_at_start = compile_count()  # after the warm-up and the graph captures
         self.scheduler = Scheduler(
             self.blocks,
             config.max_num_seqs,
@@ -644,6 +650,9 @@ class Engine:
         active = self._active.pop(request_id, None)
         if active is None:
             return
+        self._wanted[active.seq.adapter] -= 1
+        if not self._wanted[active.seq.adapter]:
+            del self._wanted[active.seq.adapter]
         seq, output = active.seq, active.stream.output
         if not seq.is_finished:
             self.scheduler.finish(seq, reason)
@@ -683,6 +692,7 @@ class Engine:
                 detok = IncrementalDetokenizer(self.tokenizer, seq.params.stop) if self.tokenizer else None
                 generator = make_generator(seq.params, self.device, random.getrandbits(63))
                 self._active[seq.request_id] = _Active(seq, stream, detok, generator)
+                self._wanted[seq.adapter] += 1
                 self.scheduler.add(seq)
             return None
         if command == "abort":
@@ -754,13 +764,15 @@ class Engine:
             return Admission.LOADING  # being removed; _fail_unloadable_adapters ends the request
         if not self.slots.can_acquire(name):
             # No slot now: read the adapter into host RAM meanwhile, a few loads at a time
-            # (the same number the loader runs at once), so the upload can start as soon as
-            # a slot frees.
+            # (the same number the loader runs at once) and never in place of an adapter that
+            # another request waits for, so the upload can start as soon as a slot frees.
             host = self.host_cache
             if host.loading(name):
                 return Admission.LOADING
             if host.holds(name) or host.loads_in_flight >= self._load_workers:
                 return Admission.NO_SLOT
+            if host.eviction_candidate() in self._wanted:
+                return Admission.NO_SLOT  # it would push out an adapter that a request waits for
             host.lookup(name, info.path)
             return Admission.LOADING
         packed = self.host_cache.lookup(name, info.path)
@@ -810,6 +822,7 @@ class Engine:
         counters = self.host_cache.counters
         memory = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         tokens, size, distinct = self._last_batch
+        compiled = compile_count()
         self._metrics = EngineMetrics(
             state="running" if self.scheduler.has_work else "idle",
             device=str(self.device),
@@ -836,4 +849,6 @@ class Engine:
             adapter_loader=self.adapter_loader,
             adapter_load_workers=self._load_workers,
             pinned_blocks_exhausted=0 if self._arena is None else self._arena.exhausted,
+            kernel_compiles=compiled.compiles - self._compiles_at_start.compiles,
+            kernel_compile_s=compiled.seconds - self._compiles_at_start.seconds,
         )

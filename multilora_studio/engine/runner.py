@@ -16,6 +16,7 @@ from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.cuda_graphs import DecodeGraphs
 from multilora_studio.engine.decode_staging import StagedDecode
+from multilora_studio.engine.kernel_warmup import warm_up_kernels
 from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
 from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
@@ -83,6 +84,8 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         if device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs(self, config.max_num_seqs)
+        if device.type == "cuda":
+            warm_up_kernels(self)  # Triton compiles now, not in the middle of serving
 
     def prepare(
         self, plan: StepPlan, blocks: BlockManager, slot_of: dict[str | None, int]

@@ -248,3 +248,22 @@ def test_several_load_workers_load_at_once(ready):
         assert cache.counters.misses == 3 and len(cache.counters.load_seconds) == 3
     finally:
         cache.close()
+
+
+def test_holds_loading_and_eviction_candidate_change_nothing(cache, loader, ready):
+    assert cache.eviction_candidate() is None  # room for three
+    cache.put(make_adapter("a"))
+    cache.put(make_adapter("b"))
+    assert cache.eviction_candidate() is None
+    loader.gate.clear()
+    assert cache.lookup("c", Path("/c")) is None
+    assert loader.started.wait(WAIT_S)
+    assert cache.loading("c") and not cache.holds("c") and cache.loads_in_flight == 1
+    assert cache.eviction_candidate() == "a"  # two resident + one in flight fill the tier
+    assert cache.holds("a") and not cache.loading("a")
+    assert (cache.counters.hits, cache.counters.misses) == (0, 1), "peeking counts no hit"
+    assert cache.names() == ["a", "b"], "peeking keeps the LRU order"
+    loader.gate.set()
+    ready.wait_for(1)
+    assert cache.holds("c") and not cache.loading("c") and cache.loads_in_flight == 0
+    assert cache.eviction_candidate() == "a"

@@ -131,6 +131,14 @@ def test_in_process_run_json_table_and_plots(capsys, tiny_model_dir, tmp_path):
     assert main(["bench", "--from-json", str(report_path), "--plot", str(replots)]) == 0
     assert capsys.readouterr().out == table
     assert sorted(p.name for p in replots.iterdir()) == written
+    # kernel compiles during a case (none on the CPU) are named under the table
+    assert all(c["engine"]["kernel_compiles"] == 0 for c in cases.values() if "engine" in c)
+    assert "kernel compiles" not in table
+    report["cases"][0]["engine"].update(kernel_compiles=3, kernel_compile_s=1.5)
+    stalled = tmp_path / "stalled.json"
+    stalled.write_text(json.dumps(report))
+    assert main(["bench", "--from-json", str(stalled)]) == 0
+    assert "note: distinct b=4: 3 kernel compiles (1.5 s) stalled the batch" in capsys.readouterr().out
 
 
 def test_peft_baseline_on_the_tiny_model(tiny_model_dir):

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from multilora_studio.adapters.peft_adapter import load_peft_adapter
 from multilora_studio.engine import Engine, EngineConfig
+from multilora_studio.engine.lora_weights import pack_adapter
+from multilora_studio.engine.model_source import resolve_model
+from multilora_studio.engine.runner import ModelRunner
 from tests.engine.reference import PeftReference
 
 
@@ -39,3 +44,35 @@ def make_engine(tiny_model_dir, tiny_adapters, engine_device):
     yield build
     for engine in engines:
         engine.shutdown()
+
+
+RUNNER_BLOCK = 4  # KV block size of runner_with_adapters
+
+
+@pytest.fixture(scope="module")
+def runner_with_adapters(tiny_model_dir, tiny_adapters):
+    config = EngineConfig(
+        model=str(tiny_model_dir),
+        device="cpu",
+        dtype="float32",
+        max_loras=4,
+        max_lora_rank=32,
+        max_num_seqs=16,
+        max_model_len=64,
+        max_num_batched_tokens=256,
+        block_size=RUNNER_BLOCK,
+    )
+    base = resolve_model(config.model, torch.float32, torch.device("cpu"), None)
+    runner = ModelRunner(config, base.spec, base.weights, 64, torch.device("cpu"), torch.float32)
+    names = ["tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", "tiny-r32-ko-down"]
+    for slot, name in enumerate(names):
+        host = load_peft_adapter(
+            name,
+            tiny_adapters[name],
+            base.spec.num_layers,
+            base.spec.projection_shape,
+            32,
+            dtype=torch.float32,
+        )
+        runner.lora.upload(slot, pack_adapter(host, base.spec, torch.float32, pin=False))
+    return runner, {name: slot for slot, name in enumerate(names)}

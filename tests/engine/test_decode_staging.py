@@ -8,22 +8,16 @@ from __future__ import annotations
 
 import random
 
-import pytest
 import torch
 
-from multilora_studio.adapters.peft_adapter import load_peft_adapter
 from multilora_studio.engine.block_manager import BlockManager
-from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.config import SamplingParams
 from multilora_studio.engine.cuda_graphs import forward_staged
 from multilora_studio.engine.decode_staging import DecodeStaging
-from multilora_studio.engine.lora_weights import pack_adapter
-from multilora_studio.engine.model_source import resolve_model
-from multilora_studio.engine.runner import ModelRunner
 from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
 from multilora_studio.engine.sequence import Sequence
 from multilora_studio.kernels.lora import LoRABatch
-
-BLOCK = 4
+from tests.engine.conftest import RUNNER_BLOCK as BLOCK
 
 
 def make_sequences(count: int, blocks: BlockManager, rng: random.Random) -> list[Sequence]:
@@ -85,35 +79,6 @@ def test_prefill_and_oversized_steps_are_not_staged():
     prefill = ScheduledChunk(seqs[0], 0, seqs[0].num_tokens)
     assert not staging.accepts([prefill])
     assert not staging.accepts([])
-
-
-@pytest.fixture(scope="module")
-def runner_with_adapters(tiny_model_dir, tiny_adapters):
-    config = EngineConfig(
-        model=str(tiny_model_dir),
-        device="cpu",
-        dtype="float32",
-        max_loras=4,
-        max_lora_rank=32,
-        max_num_seqs=16,
-        max_model_len=64,
-        max_num_batched_tokens=256,
-        block_size=BLOCK,
-    )
-    base = resolve_model(config.model, torch.float32, torch.device("cpu"), None)
-    runner = ModelRunner(config, base.spec, base.weights, 64, torch.device("cpu"), torch.float32)
-    names = ["tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", "tiny-r32-ko-down"]
-    for slot, name in enumerate(names):
-        host = load_peft_adapter(
-            name,
-            tiny_adapters[name],
-            base.spec.num_layers,
-            base.spec.projection_shape,
-            32,
-            dtype=torch.float32,
-        )
-        runner.lora.upload(slot, pack_adapter(host, base.spec, torch.float32, pin=False))
-    return runner, {name: slot for slot, name in enumerate(names)}
 
 
 @torch.inference_mode()

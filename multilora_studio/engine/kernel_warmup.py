@@ -1,0 +1,129 @@
+"""Compile, at start-up, the Triton kernel variants that prefill and mixed steps select.
+
+Decode steps are captured in CUDA graphs, which compiles their kernels. Steps with a
+prompt chunk run eagerly, and their kernels pick tile sizes and integer specialisations
+from the token count and the longest query: the first step of a new kind would compile
+(about 0.1-1 s a kernel) while every running request waits. One forward pass per kind,
+with and without LoRA, on scratch KV blocks, compiles them all before the first request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from multilora_studio.engine.llama import AttentionMetadata, LoRAStep
+from multilora_studio.engine.lora_weights import LORA_GROUPS
+from multilora_studio.kernels.lora import LoRABatch
+
+if TYPE_CHECKING:
+    from multilora_studio.engine.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+def warmup_token_counts(max_tokens: int) -> list[int]:
+    """2, 3, 4, 5, 8, 9, ... (each power of two and the count after it), up to ``max_tokens``.
+
+    Powers of two cross every tile-size threshold of the kernels; the odd neighbour gives
+    the integer specialisations of counts that are not multiples of 16.
+    """
+    counts = {max_tokens}
+    power = 2
+    while power <= max_tokens:
+        counts.add(power)
+        if power + 1 <= max_tokens:
+            counts.add(power + 1)
+        power *= 2
+    return sorted(c for c in counts if c >= 2)
+
+
+def prefill_lengths(tokens: int, max_model_len: int) -> list[int]:
+    """``tokens`` prompt tokens as sequences of at most ``max_model_len``."""
+    return [max_model_len] * (tokens // max_model_len) + (
+        [tokens % max_model_len] if tokens % max_model_len else []
+    )
+
+
+def _metadata(runner: ModelRunner, lengths: list[int]) -> AttentionMetadata | None:
+    """Sequences of ``lengths`` prompt tokens on scratch blocks 0.., or None if they do not fit."""
+    block_size = runner.block_size
+    tables: list[list[int]] = []
+    slots: list[int] = []
+    next_block = 0
+    for length in lengths:
+        count = -(-length // block_size)
+        table = list(range(next_block, next_block + count))
+        next_block += count
+        tables.append(table)
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(length))
+    if next_block > runner.kv_cache.shape[2]:
+        return None  # more than the KV cache holds: no step can have them either
+    width = max(len(t) for t in tables)
+    device = runner.device
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        block_tables=torch.tensor(
+            [t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device
+        ),
+        seq_lens=torch.tensor(lengths, dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device),
+        max_query_len=max(lengths),
+    )
+
+
+def warmup_steps(runner: ModelRunner) -> list[list[int]]:
+    """Sequence lengths of each warm-up step: prompt chunks of every token count, and
+    decode steps of every batch size when no CUDA graph runs them."""
+    config = runner.config
+    steps = [
+        prefill_lengths(t, config.max_model_len) for t in warmup_token_counts(config.max_num_batched_tokens)
+    ]
+    if runner.graphs is None:
+        steps += [[1] * n for n in [1, *warmup_token_counts(config.max_num_seqs)]]
+    return steps
+
+
+@torch.inference_mode()
+def warm_up_kernels(runner: ModelRunner) -> tuple[int, float]:
+    """Run the eager forward once per step of :func:`warmup_steps`, with and without LoRA
+    (every token on slot 0). Returns (forward passes, seconds).
+
+    Writes only KV blocks that no sequence owns yet (the cache is empty at start-up) and
+    leaves the LoRA slots and the step buffers as they were.
+    """
+    started = time.perf_counter()
+    config, device = runner.config, runner.device
+    batch = LoRABatch.allocate(config.max_num_batched_tokens, runner.lora.num_slots, device)
+    passes = 0
+    for lengths in warmup_steps(runner):
+        attn = _metadata(runner, lengths)
+        if attn is None:
+            continue
+        tokens = sum(lengths)
+        input_ids = torch.zeros(tokens, dtype=torch.int64, device=device)
+        positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+        batch.update(torch.zeros(tokens, dtype=torch.int32, device=device), runner.lora.slot_ranks)
+        last_rows = torch.tensor(attn_last_rows(lengths), dtype=torch.int64, device=device)
+        for lora in (None, LoRAStep(batch, frozenset(LORA_GROUPS))):
+            hidden = runner.model.forward(input_ids, positions, attn, runner.kv_caches, lora)
+            runner.model.logits(hidden[last_rows])
+            passes += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    log.info("warmed the step kernels: %d forward passes in %.1f s", passes, seconds)
+    return passes, seconds
+
+
+def attn_last_rows(lengths: list[int]) -> list[int]:
+    """Row of each sequence's last token in the flattened step."""
+    rows, end = [], 0
+    for length in lengths:
+        end += length
+        rows.append(end - 1)
+    return rows

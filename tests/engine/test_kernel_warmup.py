@@ -1,0 +1,75 @@
+"""The start-up warm-up: which steps it runs, and that it leaves the runner as it found it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from multilora_studio.engine import SamplingParams
+from multilora_studio.engine.block_manager import BlockManager
+from multilora_studio.engine.kernel_warmup import (
+    prefill_lengths,
+    warm_up_kernels,
+    warmup_steps,
+    warmup_token_counts,
+)
+from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
+from multilora_studio.engine.sequence import Sequence
+from tests.engine.conftest import RUNNER_BLOCK
+
+
+def test_token_counts_cross_every_power_of_two_and_its_odd_neighbour():
+    assert warmup_token_counts(1) == []  # a one-token chunk is a decode-shaped step
+    assert warmup_token_counts(20) == [2, 3, 4, 5, 8, 9, 16, 17, 20]
+    counts = warmup_token_counts(8192)
+    assert counts[-1] == 8192 and 4097 in counts and 8193 not in counts
+    assert prefill_lengths(300, 128) == [128, 128, 44]
+    assert prefill_lengths(256, 128) == [128, 128]
+
+
+def test_warm_up_runs_every_step_kind_and_leaves_slots_and_outputs_unchanged(runner_with_adapters):
+    runner, slots = runner_with_adapters
+    steps = warmup_steps(runner)
+    # prompt chunks up to max_num_batched_tokens (256) in pieces of max_model_len (64),
+    # then decode batches up to max_num_seqs (16): no CUDA graphs on the CPU
+    assert steps[0] == [2] and [64, 64, 64, 64] in steps and [64, 1] in steps
+    assert [1] * 16 in steps and [1] in steps
+    assert all(max(lengths) <= runner.config.max_model_len for lengths in steps)
+
+    def prefill_logits() -> torch.Tensor:
+        blocks = BlockManager(runner.kv_cache.shape[2], RUNNER_BLOCK)
+        seqs = []
+        for i, adapter in enumerate([None, *slots]):
+            seq = Sequence(f"w{i}", [7 + i, 11, 13 + i, 17], adapter, SamplingParams(), 0)
+            blocks.grow(seq, seq.num_tokens)
+            seqs.append(seq)
+        plan = StepPlan([ScheduledChunk(s, 0, s.num_tokens) for s in seqs])
+        return runner.run(runner.prepare(plan, blocks, {None: -1, **slots})).clone()
+
+    before = prefill_logits()
+    ranks = runner.lora.slot_ranks.clone()
+    a_sums = {group: t.sum().item() for group, t in runner.lora.a.items()}
+    passes, seconds = warm_up_kernels(runner)
+    fitting = [s for s in steps if sum(-(-n // RUNNER_BLOCK) for n in s) <= runner.kv_cache.shape[2]]
+    assert passes == 2 * len(fitting) and seconds > 0
+    assert torch.equal(runner.lora.slot_ranks, ranks)
+    assert {group: t.sum().item() for group, t in runner.lora.a.items()} == a_sums
+    torch.testing.assert_close(prefill_logits(), before, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(
+    os.environ.get("MULTILORA_TEST_DEVICE", "cpu") != "cuda", reason="Triton compiles on CUDA"
+)
+def test_no_kernel_compiles_while_serving_after_start_up(make_engine):
+    engine = make_engine()
+    names = ["tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", None]
+    prompts = ["Hi", "Hello there, how are you today?", "A" * 70, "Once upon a time " * 9]
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    for round_size in (1, 3, 4, 7, 16):
+        engine.generate((prompts * 4)[:round_size], (names * 4)[:round_size], params)
+    metrics = engine.metrics(fresh=True)
+    assert metrics.kernel_compiles == 0, (
+        f"{metrics.kernel_compiles} compiles ({metrics.kernel_compile_s:.1f} s)"
+    )
