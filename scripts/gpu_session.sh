@@ -23,8 +23,8 @@ for step in $steps; do
   case $step in
     engine-tests)
       TRITON_INTERPRET=0 MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
-        timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_fidelity.py \
-        tests/engine/test_model_families.py tests/engine/test_engine_behaviour.py 2>&1 | tee "$OUT/engine-tests.log" | tail -25 ;;
+        timeout 420 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_fidelity.py \
+        tests/engine/test_model_families.py tests/engine/test_engine_behaviour.py tests/engine/test_kernel_warmup.py 2>&1 | tee "$OUT/engine-tests.log" | tail -25 ;;
     engine-bench)
       timeout 400 python3 -m multilora_studio.bench.engine_gpu --json "$OUT/engine_gpu.json" 2>&1 \
         | tee "$OUT/engine-bench.log" | grep -v "^INFO" | tail -30 ;;
@@ -80,8 +80,8 @@ for step in $steps; do
         | tee "$OUT/bench-peft.log" | grep -v " INFO " | tail -10 ;;
     engine-fidelity)
       TRITON_INTERPRET=0 MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
-        timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_fidelity.py \
-        tests/engine/test_model_families.py 2>&1 | tee "$OUT/engine-fidelity.log" | tail -8 ;;
+        timeout 300 python3 -m pytest -q -x -p no:cacheprovider --durations=5 tests/engine/test_fidelity.py \
+        tests/engine/test_model_families.py tests/engine/test_kernel_warmup.py 2>&1 | tee "$OUT/engine-fidelity.log" | tail -14 ;;
     kernel-tests)
       # the LoRA kernel tests natively on the GPU (fused decode launch and add_lora vs float64)
       TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_lora_kernels.py \
