@@ -8,10 +8,14 @@ start-up and reports compiles since then, so a stall has a name.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -29,16 +33,19 @@ class _CompileWatch:
         self.count = 0
         self.seconds = 0.0
         self.installed = False
+        self.recent: deque[str] = deque(maxlen=32)  # what compiled last (kernel and argument types)
 
     def before(self) -> None:
         self.started[threading.get_ident()] = time.perf_counter()
 
-    def after(self) -> None:
+    def after(self, what: str) -> None:
         start = self.started.pop(threading.get_ident(), None)
+        took = time.perf_counter() - start if start is not None else 0.0
         with self.lock:
             self.count += 1
-            if start is not None:
-                self.seconds += time.perf_counter() - start
+            self.seconds += took
+            self.recent.append(what)
+        log.info("compiled Triton kernel %s in %.2f s", what, took)
 
 
 _WATCH = _CompileWatch()
@@ -62,7 +69,7 @@ def install() -> bool:
         return bool(previous_cache(**kwargs)) if previous_cache else False
 
     def post_hook(**kwargs: Any) -> None:
-        _WATCH.after()
+        _WATCH.after(str(kwargs.get("repr", "?")))
         if previous_post:
             previous_post(**kwargs)
 
@@ -76,3 +83,9 @@ def compile_count() -> CompileCount:
     """Compiles seen since :func:`install`, and their seconds (cache loads included)."""
     with _WATCH.lock:
         return CompileCount(_WATCH.count, _WATCH.seconds)
+
+
+def recent_compiles() -> list[str]:
+    """The last compiles (oldest first), as Triton describes them: name, options, argument types."""
+    with _WATCH.lock:
+        return list(_WATCH.recent)

@@ -282,7 +282,9 @@ def _expand_tile(
 # ------------------------------------------------------------------------------ kernels
 
 
-@triton.jit
+# Per-step integers are not specialised (Triton would compile a variant for 1, for multiples
+# of 16 and for the rest): a new token count must never compile in the middle of serving.
+@triton.jit(do_not_specialize=["num_tokens"])
 def _lora_shrink_kernel(
     x_ptr,
     a_ptr,
@@ -332,7 +334,7 @@ def _lora_shrink_kernel(
         )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _lora_expand_kernel(
     buf_ptr,
     b_ptr,

@@ -124,7 +124,9 @@ def _attn_tiles(
     return acc, l_i, m_i
 
 
-@triton.jit
+# The sequence count and the block-table width change every step: not specialised, so a
+# new value never compiles a variant in the middle of serving.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _paged_attn_kernel(
     q_ptr,
     k_ptr,
@@ -227,7 +229,7 @@ def _paged_attn_kernel(
         tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _combine_splits_kernel(
     o_ptr,
     qsl_ptr,

@@ -83,4 +83,5 @@ def test_more_adapters_than_slots_evicts_and_reloads_correctly(make_engine, peft
     metrics = engine.metrics(fresh=True)
     assert metrics is not None
     assert metrics.gpu_misses >= len(TINY_ADAPTERS) + 3, "adapters must have been evicted and reloaded"
-    assert metrics.cpu_misses >= len(TINY_ADAPTERS) + 3, "the CPU tier must have been too small for all"
+    # two slots and two host entries hold at most four of the five: one at least is read again
+    assert metrics.cpu_misses > len(TINY_ADAPTERS), "the CPU tier must have been too small for all"
