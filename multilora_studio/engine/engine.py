@@ -771,7 +771,8 @@ class Engine:
                 return Admission.LOADING
             if host.holds(name) or host.loads_in_flight >= self._load_workers:
                 return Admission.NO_SLOT
-            if host.eviction_candidate() in self._wanted:
+            victim = host.eviction_candidate()
+            if victim is not None and victim in self._wanted:
                 return Admission.NO_SLOT  # it would push out an adapter that a request waits for
             host.lookup(name, info.path)
             return Admission.LOADING

@@ -351,6 +351,8 @@ def test_adapter_waiting_for_a_slot_is_read_into_host_ram_meanwhile(make_engine,
     for name in (a, b):
         engine.add_adapter(name, tiny_adapters[name], preload=False)
     long_run = engine.submit("Hello", a, SamplingParams(max_tokens=200, **GREEDY))
+    first = next(iter(long_run))  # `a` holds the only slot from here on
+    base_run = engine.submit("Hello", None, SamplingParams(max_tokens=200, **GREEDY))  # base rows too
     waiting = engine.submit("Hi", b, params)
     # the only slot is busy with `a` for 200 tokens; `b` is read from disk in the meantime
     for _ in range(2000):
@@ -361,4 +363,5 @@ def test_adapter_waiting_for_a_slot_is_read_into_host_ram_meanwhile(make_engine,
     assert b in snapshot.cpu_adapters
     assert long_run.output.finish_reason is None, "the host load of b waited for the slot"
     assert waiting.result(timeout=120).token_ids == expected
-    assert len(long_run.result(timeout=120).token_ids) == 200
+    assert not first.finished and len(long_run.result(timeout=120).token_ids) == 200
+    assert len(base_run.result(timeout=120).token_ids) == 200
