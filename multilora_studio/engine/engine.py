@@ -761,7 +761,7 @@ class Engine:
         with self._lock:
             info = self._adapters.get(name)
         if info is None:
-            return Admission.LOADING  # being removed; _fail_unloadable_adapters ends the request
+            return Admission.LOADING  # not reached: removal is refused while requests for it wait
         if not self.slots.can_acquire(name):
             # No slot now: read the adapter into host RAM meanwhile, a few loads at a time
             # (the same number the loader runs at once) and never in place of an adapter that
