@@ -188,10 +188,16 @@ class MonitorView(QWidget):
 
         runs_out = metrics.pinned_blocks_exhausted
         exhausted = f" · pinned host blocks ran out {runs_out}x" if runs_out else ""
+        compiles = metrics.kernel_compiles
+        stalls = (
+            f" · <b>{compiles} kernel compiles while serving ({metrics.kernel_compile_s:.1f} s of stalls)</b>"
+            if compiles
+            else ""
+        )
         lines = [
             f"state: <b>{metrics.state}</b> on {metrics.device} · steps {metrics.steps}",
             f"requests: {metrics.running} running, {metrics.waiting} waiting · "
-            f"preemptions {metrics.preemptions}",
+            f"preemptions {metrics.preemptions}{stalls}",
             f"tokens/s: <b>{values['tokens_per_second']:.1f}</b> · last step: {metrics.batch_size} seqs, "
             f"{metrics.batch_tokens} tokens, {metrics.distinct_adapters} distinct adapters",
             f"GPU slot hits {metrics.gpu_hits} / misses {metrics.gpu_misses} "

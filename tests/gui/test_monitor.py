@@ -52,5 +52,9 @@ def test_monitor_shows_slots_tiers_and_live_plots(
     assert "tokens/s" in monitor.stats.text() and "GPU slot hits" in monitor.stats.text()
     loader = f"loader {metrics.adapter_loader} x{metrics.adapter_load_workers}"
     assert loader in monitor.stats.text() and metrics.adapter_load_workers >= 1
+    assert metrics.kernel_compiles == 0 and "kernel compiles" not in monitor.stats.text()
+    monitor.update_metrics(replace(metrics, kernel_compiles=2, kernel_compile_s=1.25))
+    assert "2 kernel compiles while serving (1.2 s of stalls)" in monitor.stats.text()
+    monitor.update_metrics(metrics)
     assert window.library.row_of("tiny-r4-qv")["Tier"].startswith("GPU slot")
     save_screenshot(window, "monitor")
