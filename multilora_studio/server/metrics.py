@@ -73,6 +73,11 @@ class EngineCollector(Collector):
         yield CounterMetricFamily(
             "multilora_preemptions", "Requests preempted for KV space", value=snap.preemptions
         )
+        yield CounterMetricFamily(
+            "multilora_kernel_compiles",
+            "Triton kernel compiles after start-up (each stalls the running batch)",
+            value=snap.kernel_compiles,
+        )
 
 
 class ServerMetrics:

@@ -162,6 +162,7 @@ def test_metrics_report_adapters_cache_and_queue(serve):
     for name in ("multilora_num_requests_waiting", "multilora_batch_size", "multilora_kv_blocks_free"):
         assert (name, ()) in samples
     assert ("multilora_adapter_cache_misses_total", (("tier", "cpu"),)) in samples
+    assert samples[("multilora_kernel_compiles_total", ())] == 0  # the CPU engine compiles nothing
 
 
 def test_request_log_is_bounded_and_calls_subscribers(serve):
