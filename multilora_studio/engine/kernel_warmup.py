@@ -108,7 +108,9 @@ def warm_up_kernels(runner: ModelRunner) -> tuple[int, float]:
         input_ids = torch.zeros(tokens, dtype=torch.int64, device=device)
         positions = torch.cat([torch.arange(n, device=device) for n in lengths])
         batch.update(torch.zeros(tokens, dtype=torch.int32, device=device), runner.lora.slot_ranks)
-        last_rows = torch.tensor(attn_last_rows(lengths), dtype=torch.int64, device=device)
+        last_rows = torch.tensor(  # each sequence's last token: the rows a step samples
+            [end - 1 for end in itertools.accumulate(lengths)], dtype=torch.int64, device=device
+        )
         for lora in (None, LoRAStep(batch, frozenset(LORA_GROUPS))):
             hidden = runner.model.forward(input_ids, positions, attn, runner.kv_caches, lora)
             runner.model.logits(hidden[last_rows])
@@ -118,12 +120,3 @@ def warm_up_kernels(runner: ModelRunner) -> tuple[int, float]:
     seconds = time.perf_counter() - started
     log.info("warmed the step kernels: %d forward passes in %.1f s", passes, seconds)
     return passes, seconds
-
-
-def attn_last_rows(lengths: list[int]) -> list[int]:
-    """Row of each sequence's last token in the flattened step."""
-    rows, end = [], 0
-    for length in lengths:
-        end += length
-        rows.append(end - 1)
-    return rows

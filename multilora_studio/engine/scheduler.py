@@ -161,13 +161,11 @@ class Scheduler:
             admission = self.acquire_adapter(seq.adapter)
             if admission is not Admission.READY:
                 skipped_now += 1
-            if admission is Admission.LOADING:
-                continue
-            if admission is not Admission.READY:
-                skipped = self.skipped_steps.get(seq.request_id, 0) + 1
-                self.skipped_steps[seq.request_id] = skipped
-                if skipped >= self.starvation_steps:
-                    break  # this one waited long enough: let slots drain for it
+                if admission is Admission.NO_SLOT:  # a load in flight never counts as starving
+                    skipped = self.skipped_steps.get(seq.request_id, 0) + 1
+                    self.skipped_steps[seq.request_id] = skipped
+                    if skipped >= self.starvation_steps:
+                        break  # this one waited long enough: let slots drain for it
                 continue
             self.skipped_steps.pop(seq.request_id, None)
             self.blocks.grow(seq, end)
