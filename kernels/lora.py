@@ -28,8 +28,10 @@ Per-step metadata lives in a :class:`LoRABatch` (fixed-size device buffers, refi
 place without host synchronisation, so CUDA graphs can capture the kernels that read it).
 
 Backends: ``"triton"`` (the kernels in ``lora_triton``; on CPU only under
-``TRITON_INTERPRET=1``), ``"torch"`` (vectorised torch, the CPU engine's hot path) and
-``"auto"`` (Triton for CUDA tensors, torch otherwise).
+``TRITON_INTERPRET=1``), ``"torch"`` (vectorised torch ops), ``"numba"`` (``add_lora``
+only: the compiled float32 CPU kernel in ``lora_cpu``; shrink and expand alone fall back to
+torch) and ``"auto"`` (Triton for CUDA tensors; on the CPU, numba for float32 batches of up
+to ``lora_cpu.MAX_TOKENS`` tokens and torch otherwise).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from typing import Any
 
 import torch
 
+from . import lora_cpu
+
 __all__ = [
     "LoRABatch",
     "add_lora",
@@ -53,7 +57,7 @@ __all__ = [
 ]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_BACKENDS = ("auto", "triton", "torch")
+_BACKENDS = ("auto", "triton", "torch", "numba")
 # Fused projections in our models have at most 3 slices (q/k/v); the kernels take 4.
 MAX_SLICES = 4
 
@@ -381,6 +385,12 @@ def _backend_of(backend: str, device: torch.device) -> str:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     if backend == "torch":
         return "torch"
+    if backend == "numba":
+        if not lora_cpu.AVAILABLE:
+            raise ValueError("backend='numba' but Numba cannot be imported")
+        if device.type != "cpu":
+            raise ValueError(f"backend='numba' needs CPU tensors, got {device}")
+        return "numba"
     if device.type != "cuda" and not (backend == "triton" and _interpreting()):
         if backend == "triton":
             raise ValueError(f"backend='triton' needs CUDA tensors (got {device}) or TRITON_INTERPRET=1")
@@ -411,7 +421,7 @@ def lora_shrink(
         lora_a: ``[num_slots, num_slices, max_rank, in_features]``, x's dtype.
         batch: the step's :class:`LoRABatch` (``T <= batch.max_tokens``).
         out: optional float32 ``[num_slices, T, max_rank]`` to write into.
-        backend: ``"auto"``, ``"triton"`` or ``"torch"``.
+        backend: ``"auto"``, ``"triton"``, ``"torch"`` (``"numba"`` runs as torch here).
 
     Returns ``buf`` (``out`` when given). Entries of tokens with slot -1, and entries
     ``r >= slot_ranks[slot]`` (rank blocks the kernels skip), are unspecified on the
@@ -469,7 +479,7 @@ def lora_expand(
         lora_b: ``[num_slots, out_total, max_rank]``, y's dtype, scale folded in.
         batch: the step's :class:`LoRABatch`.
         slice_offsets: ``num_slices + 1`` ints; slice ``s`` is ``y[:, off[s]:off[s+1]]``.
-        backend: ``"auto"``, ``"triton"`` or ``"torch"``.
+        backend: ``"auto"``, ``"triton"``, ``"torch"`` (``"numba"`` runs as torch here).
 
     Returns ``y``.
 
@@ -525,11 +535,17 @@ def add_lora(
             raise ValueError(f"y has {y.shape[0]} tokens but x has {x.shape[0]}")
     else:
         offs = tuple(slice_offsets)
-    if _backend_of(backend, x.device) == "triton":
+    kind = _backend_of(backend, x.device)
+    if kind == "triton":
         from . import lora_triton
 
         buf = lora_triton.shrink_partials(x, lora_a, batch)  # [splits, S, T, R] float32
         lora_triton.expand(y, buf, lora_b, batch, offs)
+        return y
+    if kind == "numba" and x.dtype != torch.float32:
+        raise ValueError(f"backend='numba' computes float32 only, got {x.dtype}")
+    if kind == "numba" or (backend == "auto" and lora_cpu.supports(y, x)):
+        lora_cpu.add_lora_cpu(y, x, lora_a, lora_b, batch.token_slots, batch.token_ranks, offs)
         return y
     _torch_add_lora(y, x, lora_a, lora_b, batch, offs)
     return y

@@ -3,6 +3,7 @@
 Storage (allocated once, zeros; see ``multilora_studio.kernels.lora`` for the kernels' view):
     a[group]: [layers, slots, slices, max_rank, in_features]
     b[group]: [layers, slots, out_total, max_rank]   slice s = rows offsets[s]:offsets[s+1]
+              (on the CPU a transposed view of [layers, slots, max_rank, out_total] storage)
     slot_ranks: [slots] int32, 0 = empty slot
 The LoRA scale is folded into B when a slot is filled.
 """
@@ -48,9 +49,16 @@ class LoRASlotWeights:
             self.a[group] = torch.zeros(
                 (spec.num_layers, num_slots, len(modules), max_rank, in_features), dtype=dtype, device=device
             )
-            self.b[group] = torch.zeros(
-                (spec.num_layers, num_slots, sum(widths), max_rank), dtype=dtype, device=device
-            )
+            out_total = sum(widths)
+            if torch.device(device).type == "cpu":
+                # Rank-major storage, handed out as a transposed view: the CPU kernel's
+                # expand then reads each rank's outputs contiguously (kernels/lora_cpu.py).
+                b = torch.zeros((spec.num_layers, num_slots, max_rank, out_total), dtype=dtype)
+                self.b[group] = b.transpose(2, 3)
+            else:
+                self.b[group] = torch.zeros(
+                    (spec.num_layers, num_slots, out_total, max_rank), dtype=dtype, device=device
+                )
         self.slot_ranks = torch.zeros(num_slots, dtype=torch.int32, device=device)  # [slots]
         self.slot_ranks_host = [0] * num_slots  # the same ranks, for metadata built on the host
         self.slot_groups: list[frozenset[str]] = [frozenset()] * num_slots

@@ -23,6 +23,7 @@ from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.sampler import sample
 from multilora_studio.engine.scheduler import StepPlan
 from multilora_studio.engine.weights import ModelWeights, pack_for_onednn
+from multilora_studio.kernels import lora_cpu
 from multilora_studio.kernels.cpu_linear import onednn_packing_available
 from multilora_studio.kernels.lora import LoRABatch
 
@@ -86,6 +87,8 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self, config.max_num_seqs)
         if device.type == "cuda":
             warm_up_kernels(self)  # Triton compiles now, not in the middle of serving
+        elif dtype == torch.float32:
+            lora_cpu.compile_now()  # the CPU LoRA kernel (or Numba's cached build of it)
 
     def prepare(
         self, plan: StepPlan, blocks: BlockManager, slot_of: dict[str | None, int]

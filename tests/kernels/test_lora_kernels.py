@@ -19,6 +19,7 @@ from multilora_studio.kernels import (
     LoRABatch,
     add_lora,
     build_lora_batch,
+    lora_cpu,
     lora_expand,
     lora_shrink,
     reference_lora,
@@ -31,12 +32,16 @@ DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_a
 NEEDS_TRITON = pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
 # "triton" takes the token-major (BGMV) kernels up to DECODE_MAX_TOKENS tokens and the
 # slot-grouped (SGMV) ones above; "triton-grouped" forces the slot-grouped kernels.
+NUMBA_OK = lora_cpu.AVAILABLE and DEVICE == "cpu"
+NEEDS_NUMBA = pytest.mark.skipif(not NUMBA_OK, reason="needs Numba and CPU tensors")
 BACKENDS = [
     pytest.param("triton", marks=NEEDS_TRITON, id="triton"),
     pytest.param("triton", marks=[NEEDS_TRITON, pytest.mark.grouped_kernels], id="triton-grouped"),
     "torch",
+    pytest.param("numba", marks=NEEDS_NUMBA, id="numba"),  # add_lora in float32; shrink/expand run as torch
 ]
 TRITON_PATHS = BACKENDS[:2]
+NUMBA = BACKENDS[3]
 
 # ||out - ref|| / ||ref|| against the float64 reference, per dtype. bf16/fp16 round the
 # rank-r intermediate to the weight dtype before expand (as the GPU kernel does) and y's sum.
@@ -59,6 +64,14 @@ PATTERNS = ["distinct", "uniform", "zipf", "identical", "all_none", "base_mixed"
 
 @pytest.fixture(autouse=True)
 def _kernel_path(request, monkeypatch):
+    params = getattr(request.node, "callspec", None)
+    params = params.params if params is not None else {}
+    if (
+        params.get("backend") == "numba"
+        and params.get("dtype", torch.float32) != torch.float32
+        and request.node.originalname == "test_add_lora_matches_reference"
+    ):
+        pytest.skip("the numba backend computes float32 only (test_numba_refuses_other_dtypes)")
     if request.node.get_closest_marker("grouped_kernels"):
         from multilora_studio.kernels import lora_decode
 
@@ -227,7 +240,7 @@ def test_shrink_then_expand(backend, dtype, pattern):
 def test_prefill_groups(backend):
     """A prefill-like step: long runs of one adapter, a scattered adapter, base rows."""
     gen = torch.Generator().manual_seed(seed_of("prefill", backend))
-    dtype = torch.bfloat16
+    dtype = torch.float32 if backend == "numba" else torch.bfloat16
     case = make_case(dtype, 150, "gate_up", "uniform", gen)
     slots = torch.full((150,), 1, dtype=torch.int32)
     slots[40:100] = 3
@@ -255,10 +268,12 @@ def test_torch_paths(monkeypatch, stacked_max, pattern):
         check_y(y, case, dtype)
 
 
-@pytest.mark.parametrize("backend", TRITON_PATHS)
+@pytest.mark.parametrize("backend", [*TRITON_PATHS, NUMBA])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_triton_never_reads_rank_padding(backend, dtype):
+def test_kernels_never_read_rank_padding(backend, dtype):
     """NaN beyond each slot's rank (and in the empty slot) must not reach the output."""
+    if backend == "numba" and dtype != torch.float32:
+        pytest.skip("float32 only")
     gen = torch.Generator().manual_seed(seed_of("pad", dtype))
     case = make_case(dtype, 21, "qkv", "uniform", gen, pad=float("nan"))
     case.slot_ids[::4] = 5  # tokens on the empty slot: untouched
@@ -359,13 +374,53 @@ def test_batch_metadata():
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="CPU tensors only")
-def test_auto_backend_on_cpu_is_torch():
-    gen = torch.Generator().manual_seed(seed_of("auto"))
-    case = make_case(torch.float32, 6, "gate_up", "uniform", gen)
+@pytest.mark.parametrize(
+    ("dtype", "num_tokens", "expected"),
+    [
+        (torch.float32, 6, "numba"),
+        (torch.float32, lora_cpu.MAX_TOKENS, "numba"),
+        (torch.float32, lora_cpu.MAX_TOKENS + 1, "torch"),
+        (torch.bfloat16, 6, "torch"),
+    ],
+    ids=str,
+)
+def test_auto_backend_on_cpu(dtype, num_tokens, expected):
+    """auto on the CPU: the numba kernel for small float32 batches, torch ops otherwise."""
+    if expected == "numba" and not lora_cpu.AVAILABLE:
+        pytest.skip("needs Numba")
+    gen = torch.Generator().manual_seed(seed_of("auto", dtype, num_tokens))
+    case = make_case(dtype, num_tokens, "gate_up", "uniform", gen)
     y1, y2 = case.y.clone(), case.y.clone()
-    add_lora(y1, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend="torch")
+    add_lora(y1, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend=expected)
     add_lora(y2, case.x, case.lora_a, case.lora_b, case.batch, case.offsets)
-    assert torch.equal(y1, y2)
+    assert torch.equal(y1.view(torch.int8), y2.view(torch.int8))
+    check_y(y2, case, dtype)
+
+
+@NEEDS_NUMBA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_numba_refuses_other_dtypes(dtype):
+    gen = torch.Generator().manual_seed(seed_of("numba-dtype", dtype))
+    case = make_case(dtype, 5, "qkv", "uniform", gen)
+    y = case.y.clone()
+    with pytest.raises(ValueError, match="float32 only"):
+        add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend="numba")
+    assert torch.equal(y.view(torch.int8), case.y.view(torch.int8))
+
+
+@NEEDS_NUMBA
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_numba_engine_layout(pattern):
+    """The engine's CPU slot layout: B stored rank-major, handed over as a transposed view."""
+    gen = torch.Generator().manual_seed(seed_of("numba-layout", pattern))
+    case = make_case(torch.float32, 19, "qkv", pattern, gen)
+    lora_b = case.lora_b.transpose(1, 2).contiguous().transpose(1, 2)  # [slots, N, R] over [slots, R, N]
+    assert lora_b.stride(1) == 1
+    batch = LoRABatch.allocate(32, NUM_SLOTS, DEVICE)
+    batch.update(case.slot_ids, case.slot_ranks)
+    y = case.y.clone()
+    add_lora(y, case.x, case.lora_a, lora_b, batch, case.offsets, backend="numba", validate=False)
+    check_y(y, case, torch.float32)
 
 
 # ------------------------------------------------------------------------------- errors
@@ -376,7 +431,7 @@ def small_case() -> Case:
     return make_case(torch.float32, 5, "qkv", "uniform", gen)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton", "auto"])
+@pytest.mark.parametrize("backend", ["torch", "triton", "auto", "numba"])
 @pytest.mark.parametrize(
     "mutate, message",
     [
@@ -404,6 +459,8 @@ def small_case() -> Case:
 def test_add_lora_rejects_bad_input(backend, mutate, message):
     if backend == "triton" and not TRITON_OK:
         pytest.skip("needs Triton")
+    if backend == "numba" and not NUMBA_OK:
+        pytest.skip("needs Numba and CPU tensors")
     case = small_case()
     args = {
         "y": case.y.clone(),

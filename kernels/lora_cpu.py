@@ -1,0 +1,132 @@
+"""Multi-LoRA ``y += B[slot] @ (A[slot] @ x)`` for float32 batches on the CPU, compiled by Numba.
+
+The torch backend spends its time in per-operation overhead at decode sizes (about 11 small
+operations per projection group, 50-130 us each call at 8 tokens on two cores). This kernel
+walks the tokens once: for each token, its adapter's shrink (``rank`` dot products over
+``in_features``) then, per slice, ``rank`` axpys into the token's output row. It is
+single-threaded, does not hold the GIL, and is used for float32 batches of up to
+:data:`MAX_TOKENS` tokens; larger batches (prefill) keep the torch backend's grouped GEMMs.
+
+The expand is fastest when ``lora_b`` is a transposed view of ``[slots, R, out_total]``
+storage (``lora_b.stride(1) == 1``), as the engine's CPU slot buffers are; any other
+layout is handled too, through Numba's strided arrays.
+
+Numba is optional: :data:`AVAILABLE` is False when it cannot be imported, and callers use
+the torch backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import numpy as np
+import torch
+
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency; a broken install falls back to torch
+    numba = None
+
+log = logging.getLogger(__name__)
+
+AVAILABLE = numba is not None
+# Up to this many tokens the kernel beats the torch backend on the default model's shapes
+# (docs/kernels.md, "CPU kernel"); beyond it the grouped GEMMs use both cores.
+MAX_TOKENS = 64
+
+
+def _add_lora_rows(y, x, a, bt, token_slots, token_ranks, offsets):  # type: ignore[no-untyped-def]
+    """Numba body. Shapes: y [T, N], x [T, K], a [G, S, R, K], bt [G, R, N], offsets [S + 1].
+
+    token_slots / token_ranks [>= T]: slot and rank of each token (-1 / 0: no adapter).
+    Slices index with ranges from 0 (never a possibly negative index), so loops vectorise.
+    """
+    num_tokens = x.shape[0]
+    num_slices = a.shape[1]
+    h = np.empty(a.shape[2], np.float32)  # [R]: one slice's shrink for one token
+    for t in range(num_tokens):
+        slot = token_slots[t]
+        rank = token_ranks[t]
+        if slot < 0 or rank <= 0:
+            continue
+        x_row = x[t]  # [K]
+        y_row = y[t]  # [N]
+        for s in range(num_slices):
+            for r in range(rank):
+                a_row = a[slot, s, r]  # [K]
+                acc = np.float32(0.0)
+                for k in range(x_row.shape[0]):
+                    acc += x_row[k] * a_row[k]
+                h[r] = acc
+            y_slice = y_row[offsets[s] : offsets[s + 1]]  # [n_s]
+            for r in range(rank):
+                h_r = h[r]
+                b_row = bt[slot, r, offsets[s] : offsets[s + 1]]  # [n_s]
+                for j in range(y_slice.shape[0]):
+                    y_slice[j] += h_r * b_row[j]
+
+
+_kernel = numba.njit(fastmath=True, nogil=True, cache=True)(_add_lora_rows) if AVAILABLE else None
+
+
+@functools.lru_cache(maxsize=64)
+def _offsets_array(offsets: tuple[int, ...]) -> np.ndarray:
+    return np.asarray(offsets, dtype=np.int64)
+
+
+def supports(y: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether :func:`add_lora_cpu` takes this call: float32 on the CPU, few tokens."""
+    return (
+        AVAILABLE
+        and x.dtype == torch.float32
+        and y.dtype == torch.float32
+        and x.device.type == "cpu"
+        and x.shape[0] <= MAX_TOKENS
+    )
+
+
+def add_lora_cpu(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    token_slots: torch.Tensor,
+    token_ranks: torch.Tensor,
+    slice_offsets: tuple[int, ...],
+) -> None:
+    """``y[t, lo_s:hi_s] += (x[t] @ A[slot_t, s, :rank_t].T) @ B[slot_t, lo_s:hi_s, :rank_t].T``.
+
+    Shapes: y [T, out_total] and x [T, K] float32; lora_a [slots, S, R, K];
+    lora_b [slots, out_total, R]; token_slots / token_ranks int32 [>= T] (the batch's
+    buffers; slot -1 or rank 0 leaves the row untouched). No checks: the caller's tensors
+    are consistent (``add_lora`` checks them when asked to).
+    """
+    _kernel(
+        y.numpy(),
+        x.numpy(),
+        lora_a.numpy(),
+        lora_b.transpose(1, 2).numpy(),  # [slots, R, out_total]
+        token_slots.numpy(),
+        token_ranks.numpy(),
+        _offsets_array(slice_offsets),
+    )
+
+
+def compile_now() -> float:
+    """Compile (or load from Numba's cache) the kernel for the engine's argument types.
+
+    Returns the seconds it took; the engine calls it at start-up so the first LoRA step
+    does not pay for it.
+    """
+    if not AVAILABLE:
+        return 0.0
+    start = time.perf_counter()
+    y = torch.zeros(1, 2)
+    b = torch.zeros(1, 1, 2).transpose(1, 2)  # [slots, out_total, R] over [slots, R, out_total]
+    slots = torch.zeros(1, dtype=torch.int32)
+    add_lora_cpu(y, torch.zeros(1, 2), torch.zeros(1, 1, 1, 2), b, slots, slots, (0, 2))
+    elapsed = time.perf_counter() - start
+    log.debug("CPU LoRA kernel ready in %.2f s", elapsed)
+    return elapsed
