@@ -545,7 +545,9 @@ def add_lora(
     if kind == "numba" and x.dtype != torch.float32:
         raise ValueError(f"backend='numba' computes float32 only, got {x.dtype}")
     if kind == "numba" or (backend == "auto" and lora_cpu.supports(y, x)):
-        lora_cpu.add_lora_cpu(y, x, lora_a, lora_b, batch.token_slots, batch.token_ranks, offs)
+        lora_cpu.add_lora_cpu(
+            y, x, lora_a, lora_b, batch.token_slots, batch.token_ranks, batch.sorted_tokens, offs
+        )
         return y
     _torch_add_lora(y, x, lora_a, lora_b, batch, offs)
     return y

@@ -37,16 +37,20 @@ AVAILABLE = numba is not None
 MAX_TOKENS = 64
 
 
-def _add_lora_rows(y, x, a, bt, token_slots, token_ranks, offsets):  # type: ignore[no-untyped-def]
+def _add_lora_rows(y, x, a, bt, token_slots, token_ranks, sorted_tokens, offsets):  # type: ignore[no-untyped-def]
     """Numba body. Shapes: y [T, N], x [T, K], a [G, S, R, K], bt [G, R, N], offsets [S + 1].
 
-    token_slots / token_ranks [>= T]: slot and rank of each token (-1 / 0: no adapter).
+    token_slots / token_ranks [>= T]: slot and rank of each token (-1 / 0: no adapter);
+    sorted_tokens: token indices grouped by slot (entries >= T are skipped).
     Slices index with ranges from 0 (never a possibly negative index), so loops vectorise.
     """
     num_tokens = x.shape[0]
     num_slices = a.shape[1]
     h = np.empty(a.shape[2], np.float32)  # [R]: one slice's shrink for one token
-    for t in range(num_tokens):
+    for i in range(sorted_tokens.shape[0]):
+        t = sorted_tokens[i]  # tokens of one adapter in a row: its factors stay in cache
+        if t >= num_tokens:
+            continue
         slot = token_slots[t]
         rank = token_ranks[t]
         if slot < 0 or rank <= 0:
@@ -94,13 +98,14 @@ def add_lora_cpu(
     lora_b: torch.Tensor,
     token_slots: torch.Tensor,
     token_ranks: torch.Tensor,
+    sorted_tokens: torch.Tensor,
     slice_offsets: tuple[int, ...],
 ) -> None:
     """``y[t, lo_s:hi_s] += (x[t] @ A[slot_t, s, :rank_t].T) @ B[slot_t, lo_s:hi_s, :rank_t].T``.
 
     Shapes: y [T, out_total] and x [T, K] float32; lora_a [slots, S, R, K];
-    lora_b [slots, out_total, R]; token_slots / token_ranks int32 [>= T] (the batch's
-    buffers; slot -1 or rank 0 leaves the row untouched). No checks: the caller's tensors
+    lora_b [slots, out_total, R]; token_slots / token_ranks / sorted_tokens int32 [>= T]
+    (the batch's buffers; slot -1 or rank 0 leaves the row untouched). No checks: the caller's tensors
     are consistent (``add_lora`` checks them when asked to).
     """
     _kernel(
@@ -110,6 +115,7 @@ def add_lora_cpu(
         lora_b.transpose(1, 2).numpy(),  # [slots, R, out_total]
         token_slots.numpy(),
         token_ranks.numpy(),
+        sorted_tokens.numpy(),
         _offsets_array(slice_offsets),
     )
 
@@ -126,7 +132,7 @@ def compile_now() -> float:
     y = torch.zeros(1, 2)
     b = torch.zeros(1, 1, 2).transpose(1, 2)  # [slots, out_total, R] over [slots, R, out_total]
     slots = torch.zeros(1, dtype=torch.int32)
-    add_lora_cpu(y, torch.zeros(1, 2), torch.zeros(1, 1, 1, 2), b, slots, slots, (0, 2))
+    add_lora_cpu(y, torch.zeros(1, 2), torch.zeros(1, 1, 1, 2), b, slots, slots, slots, (0, 2))
     elapsed = time.perf_counter() - start
     log.debug("CPU LoRA kernel ready in %.2f s", elapsed)
     return elapsed

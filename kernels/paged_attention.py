@@ -24,10 +24,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from multilora_studio.kernels import paged_attention_cpu
+
 __all__ = ["paged_attention", "reference_paged_attention", "write_kv"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_BACKENDS = ("auto", "torch", "triton")
+_BACKENDS = ("auto", "torch", "triton", "numba")
 _TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
 # F.scaled_dot_product_attention(enable_gqa=...) exists from torch 2.5
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -117,7 +119,11 @@ def _validate_attention(
     if max_query_len is not None and not (isinstance(max_query_len, int) and max_query_len >= 0):
         raise ValueError(f"max_query_len must be a non-negative int or None, got {max_query_len!r}")
     if backend == "auto":
-        return "triton" if device.type == "cuda" else "torch"
+        if device.type == "cuda":
+            return "triton"
+        return "numba" if paged_attention_cpu.supports(q) else "torch"
+    if backend == "numba" and not paged_attention_cpu.supports(q):
+        raise ValueError(f"backend='numba' needs float32 CPU tensors and Numba, q is {q.dtype} on {device}")
     if backend == "triton":
         if not _triton_usable(device):
             raise ValueError(f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1), q is on {device}")
@@ -156,7 +162,9 @@ def paged_attention(
         max_query_len: max over sequences of q_len, as a Python int. Pass it on CUDA to avoid a
             device->host sync (1 for a decode step: the decode kernel then handles sequences
             with q_len 0 or 1 only). None: computed from query_start_loc.
-        backend: "auto" (triton on CUDA, torch elsewhere), "triton" or "torch".
+        backend: "auto" (triton on CUDA; on the CPU numba for float32, torch otherwise),
+            "triton", "torch" or "numba" (decode rows through the Numba kernel in
+            ``paged_attention_cpu``, prefill rows as torch; float32 only).
         num_splits: triton decode only, split-K factor over the context (None: from shapes).
 
     Padding: rows of ``out`` past ``query_start_loc[-1]`` are not written (they keep what
@@ -190,8 +198,10 @@ def paged_attention(
         out = torch.empty_like(q)
     if q.shape[0] == 0 or block_tables.shape[0] == 0:
         return out
-    if backend == "torch":
-        _torch_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
+    if backend in ("torch", "numba"):
+        _torch_paged_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, backend == "numba"
+        )
         return out
     # triton is imported on first use: CPU-only installs (no triton) still run the torch path
     from multilora_studio.kernels.paged_attention_triton import (
@@ -307,8 +317,10 @@ def _torch_paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     out: torch.Tensor,
+    decode_kernel: bool = False,
 ) -> None:
-    """Torch path: one batched masked SDPA for all q_len == 1 sequences, then one SDPA per
+    """Torch path: one batched masked SDPA for all q_len == 1 sequences (or, with
+    ``decode_kernel``, the Numba kernel reading the cache in place), then one SDPA per
     prefill sequence. SDPA keeps bf16/fp16 inputs and accumulates (softmax too) in float32."""
     _, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -330,7 +342,12 @@ def _torch_paged_attention(
         else:
             pre_seqs.append(i)
 
-    if dec_seqs:
+    if dec_seqs and decode_kernel:
+        rows = [qsl[i] for i in dec_seqs]
+        paged_attention_cpu.decode_attention(
+            out, q, k_cache, v_cache, block_tables, seq_lens, dec_seqs, rows, scale
+        )
+    elif dec_seqs:
         num_dec = len(dec_seqs)
         nb = -(-max(lens[i] for i in dec_seqs) // block_size)
         # a plain decode step: sequence i's query is token i

@@ -14,6 +14,7 @@ if "triton" not in sys.modules:
 import pytest
 import torch
 
+from multilora_studio.kernels import paged_attention_cpu
 from multilora_studio.kernels.paged_attention import (
     paged_attention,
     reference_paged_attention,
@@ -88,6 +89,8 @@ def make_case(
 
 
 def run_and_check(case, dtype, backend, max_query_len=None, num_splits=None, scale=None):
+    if backend == "numba" and dtype != torch.float32:
+        pytest.skip("the numba backend computes float32 only")
     q, k_cache, v_cache, tables, seq_lens, qsl = case
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     out = torch.full_like(q, float("nan"))  # poisoned
@@ -105,7 +108,13 @@ def run_and_check(case, dtype, backend, max_query_len=None, num_splits=None, sca
     return out
 
 
-BACKENDS = ["torch", pytest.param("triton", marks=needs_triton)]
+NUMBA_OK = paged_attention_cpu.AVAILABLE and DEVICE == "cpu"
+# "numba": decode rows through the Numba kernel (float32 only), prefill rows as "torch".
+BACKENDS = [
+    "torch",
+    pytest.param("triton", marks=needs_triton),
+    pytest.param("numba", marks=pytest.mark.skipif(not NUMBA_OK, reason="needs Numba")),
+]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -266,6 +275,10 @@ def test_option_errors():
         paged_attention(*args, max_query_len=-1)
     with pytest.raises(ValueError, match="out must be"):
         paged_attention(*args, out=torch.empty_like(args[0]).half())
+    if NUMBA_OK:
+        half = [t.half() if t.is_floating_point() else t for t in args[:6]]
+        with pytest.raises(ValueError, match="backend='numba' needs float32"):
+            paged_attention(*half, args[6], backend="numba")
     q, k_cache, _, tables, seq_lens, qsl, _ = args
     with pytest.raises(ValueError, match="head_dim in"):
         big = torch.randn(*k_cache.shape[:3], 80)
