@@ -27,7 +27,7 @@ import torch
 try:
     import numba
 except ImportError:  # pragma: no cover - numba is a dependency; a broken install falls back to torch
-    numba = None
+    numba = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ AVAILABLE = numba is not None
 MAX_TOKENS = 64
 
 
-def _add_lora_rows(y, x, a, bt, token_slots, token_ranks, sorted_tokens, offsets):  # type: ignore[no-untyped-def]
+def _add_lora_rows(y, x, a, bt, token_slots, token_ranks, sorted_tokens, offsets):
     """Numba body. Shapes: y [T, N], x [T, K], a [G, S, R, K], bt [G, R, N], offsets [S + 1].
 
     token_slots / token_ranks [>= T]: slot and rank of each token (-1 / 0: no adapter);
@@ -108,6 +108,7 @@ def add_lora_cpu(
     (the batch's buffers; slot -1 or rank 0 leaves the row untouched). No checks: the caller's tensors
     are consistent (``add_lora`` checks them when asked to).
     """
+    assert _kernel is not None  # callers check supports() / AVAILABLE
     _kernel(
         y.numpy(),
         x.numpy(),

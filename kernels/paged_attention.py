@@ -343,9 +343,9 @@ def _torch_paged_attention(
             pre_seqs.append(i)
 
     if dec_seqs and decode_kernel:
-        rows = [qsl[i] for i in dec_seqs]
+        query_rows = [qsl[i] for i in dec_seqs]
         paged_attention_cpu.decode_attention(
-            out, q, k_cache, v_cache, block_tables, seq_lens, dec_seqs, rows, scale
+            out, q, k_cache, v_cache, block_tables, seq_lens, dec_seqs, query_rows, scale
         )
     elif dec_seqs:
         num_dec = len(dec_seqs)

@@ -23,7 +23,7 @@ AVAILABLE = lora_cpu.AVAILABLE
 FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 
-def _decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, seqs, rows, scale):  # type: ignore[no-untyped-def]
+def _decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, seqs, rows, scale):
     """Numba body. q / out [T, Hq, D]; k_cache / v_cache [blocks, block_size, Hkv, D].
 
     For n in range(len(seqs)): sequence seqs[n] (its block_tables row and seq_lens entry)
@@ -106,6 +106,7 @@ def decode_attention(
     block_tables [S, max_blocks]; seq_lens [S] (every listed sequence has length >= 1).
     Only the listed rows of ``out`` are written.
     """
+    assert _kernel is not None  # callers check supports()
     _kernel(
         out.numpy(),
         q.numpy(),

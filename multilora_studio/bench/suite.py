@@ -28,6 +28,7 @@ from multilora_studio.bench.tiers import tier_stats
 from multilora_studio.bench.workloads import BenchRequest, prompt_token_ids
 from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.engine.engine import resolve_device, resolve_dtype
+from multilora_studio.engine.step_trace import summarize as summarize_steps
 
 log = logging.getLogger(__name__)
 WARMUP_TOKENS = 2
@@ -185,6 +186,7 @@ async def _run_cases(
         if options.prefetch_host and engine is not None and case.kind != "pattern":
             prefetched = _prefetch_host(engine, case, names)
         before = engine.metrics(fresh=True) if engine is not None else None
+        steps_since = time.perf_counter()
         mapped = [None if r.adapter is None else names[r.adapter] for r in case.requests]
         with tqdm(total=len(case.requests), desc=case.name, leave=False, disable=not options.progress) as bar:
             outcome, started = await run_requests(backend, case.requests, case.prompts, mapped, bar)
@@ -204,6 +206,8 @@ async def _run_cases(
         if engine is not None and before is not None and after is not None:
             adapter_requests = sum(r.adapter is not None for r in case.requests)
             record["engine"] = tier_stats(before, after, adapter_requests, engine.device)
+            # batch occupancy and step times of the case (graph decode vs eager steps)
+            record["engine"]["steps"] = summarize_steps(engine.step_trace.snapshot(since=steps_since))
         if ceiling is not None and case.kind == "pattern":
             record["ceiling_tok_s"] = ceiling.tokens_per_second(len(case.requests), case.distinct_adapters)
         if summary["errors"]:

@@ -29,6 +29,7 @@ import torch
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, EngineMetrics, SamplingParams
 from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.engine.step_trace import records_as_dicts, summarize
 
 
 def adapter_farm(root: Path, count: int, distinct: int, rank: int, shape: str) -> list[Path]:
@@ -125,7 +126,10 @@ def main() -> None:
 
         base = SamplingParams(max_tokens=96, temperature=0, ignore_eos=True)
         running = [prompt(64) for _ in range(16)]
+        window = time.perf_counter()
         results["decode_alone_tok_s"] = decode_rate(engine.generate(running, [None] * 16, base))
+        traces = {"alone": engine.step_trace.snapshot(since=window)}
+        window = time.perf_counter()
         streams = [engine.submit(p, None, base) for p in running]
         next(iter(streams[0]))
         cold = []
@@ -143,6 +147,7 @@ def main() -> None:
         outputs = [s.result() for s in streams]
         feeder.join()
         cold_outputs = [s.result() for s in cold]
+        traces["cold"] = engine.step_trace.snapshot(since=window)
         results["decode_during_cold_loads_tok_s"] = decode_rate(outputs)
         results["decode_ratio"] = results["decode_during_cold_loads_tok_s"] / results["decode_alone_tok_s"]
         results["cold_requests_done"] = sum(o.finish_reason == "length" for o in cold_outputs)
@@ -152,6 +157,7 @@ def main() -> None:
         start = min(o.first_token_time or 0.0 for o in outputs)
         offsets = sorted(o.first_token_time - start for o in cold_outputs if o.first_token_time)
         warm_names = [f"a{index}" for index in range(max(first_cold, last_cold - args.slots), last_cold)]
+        window = time.perf_counter()
         streams = [engine.submit(p, None, base) for p in running]
         next(iter(streams[0]))
         warm_start = time.monotonic()
@@ -169,6 +175,10 @@ def main() -> None:
         feeder.join()
         for stream in warm:
             stream.result()
+        traces["warm"] = engine.step_trace.snapshot(since=window)
+        results["step_trace"] = {name: summarize(records) for name, records in traces.items()}
+        results["step_records"] = {name: records_as_dicts(records) for name, records in traces.items()}
+        print_trace(results["step_trace"])
         results["decode_during_warm_requests_tok_s"] = decode_rate(outputs)
         results["decode_ratio_vs_warm_requests"] = (
             results["decode_during_cold_loads_tok_s"] / results["decode_during_warm_requests_tok_s"]
@@ -207,9 +217,32 @@ def main() -> None:
     write_results(results, args, root)
 
 
+def print_trace(summaries: dict) -> None:
+    """Steps of the three decode phases side by side: where a slower phase lost its time."""
+    print(
+        "step trace      steps  wall s  graph n/p50/p90 ms   eager n/p50/p90 ms   gaps / schedule sum ms"
+        "  prompt tok"
+    )
+    for name, summary in summaries.items():
+        if not summary.get("steps"):
+            continue
+        graph, eager = summary["graph_steps"], summary["eager_steps"]
+        gaps, schedule = summary["gaps"].get("sum_ms", 0.0), summary["schedule"].get("sum_ms", 0.0)
+
+        def cell(stats: dict) -> str:
+            if not stats["count"]:
+                return f"{0:>4} {'-':>6} {'-':>6}"
+            return f"{stats['count']:>4} {stats['p50_ms']:6.2f} {stats['p90_ms']:6.2f}"
+
+        print(
+            f"  {name:<12} {summary['steps']:>5} {summary['wall_s']:7.3f}  {cell(graph)}   {cell(eager)}"
+            f"   {gaps:7.1f} / {schedule:7.1f}      {summary['eager_prompt_tokens']:>10}"
+        )
+
+
 def write_results(results: dict, args: argparse.Namespace, root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps(results, indent=2))
+    print(json.dumps({k: v for k, v in results.items() if k != "step_records"}, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -31,6 +31,7 @@ from multilora_studio.adapters.slot_table import SlotTable
 from multilora_studio.default_model import ProgressCallback
 from multilora_studio.engine.block_manager import BlockManager, blocks_needed
 from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.decode_staging import StagedDecode
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
 from multilora_studio.engine.host_threads import loader_threads, quiet_host_threads
 from multilora_studio.engine.loader_process import LoaderProcess, staging_buffers_that_fit
@@ -43,6 +44,7 @@ from multilora_studio.engine.runner import ModelRunner, kv_bytes_per_block
 from multilora_studio.engine.sampler import make_generator
 from multilora_studio.engine.scheduler import Admission, Scheduler, StepPlan
 from multilora_studio.engine.sequence import Sequence as Seq
+from multilora_studio.engine.step_trace import StepRecord, StepTrace
 from multilora_studio.kernels.jit_watch import compile_count
 from multilora_studio.kernels.jit_watch import install as install_compile_watch
 
@@ -118,6 +120,8 @@ class Engine:
             ("schedule", "prepare", "launch", "sample", "postprocess", "steps"), 0.0
         )
         self._last_batch = (0, 0, 0)
+        self.step_trace = StepTrace()  # the recent steps, for benchmarks and diagnosis
+        self._last_step_end = 0.0
         self._loader_process: LoaderProcess | None = None
         self._thread = threading.Thread(
             target=self._worker_main, args=(progress,), name="engine-worker", daemon=True
@@ -525,15 +529,16 @@ class Engine:
                 continue
             started = time.perf_counter()
             plan = self.scheduler.schedule()
-            self._phase_seconds["schedule"] += time.perf_counter() - started
+            scheduled = time.perf_counter()
+            self._phase_seconds["schedule"] += scheduled - started
             self._preemptions += len(plan.preempted)
             if not plan.chunks:
                 # waiting for an adapter to arrive from disk (the loader wakes us) or to upload
                 self._wake.wait(0.002 if self._uploads else 0.05)
                 continue
-            self._run_step(plan)
+            self._run_step(plan, started, scheduled)
 
-    def _run_step(self, plan: StepPlan) -> None:
+    def _run_step(self, plan: StepPlan, scheduling_started: float, scheduled: float) -> None:
         try:
             slot_of: dict[str | None, int] = {None: -1}
             for chunk in plan.chunks:
@@ -543,17 +548,18 @@ class Engine:
                     if slot is None:
                         raise RuntimeError(f"adapter {name} lost its slot while running")
                     slot_of[name] = slot
-            clock = time.perf_counter()
+            t_prepare = time.perf_counter()
             inputs = self.runner.prepare(plan, self.blocks, slot_of)
-            clock = self._tick("prepare", clock)
+            graph = isinstance(inputs, StagedDecode)
+            t_launch = self._tick("prepare", t_prepare)
             logits = self.runner.run(inputs)
-            clock = self._tick("launch", clock)
+            t_sample = self._tick("launch", t_launch)
             sampling = [c for c in plan.chunks if c.completes]
             actives = [self._active[c.seq.request_id] for c in sampling]
             tokens = self.runner.sample(
                 logits, [a.seq.params for a in actives], [a.generator for a in actives]
             )
-            clock = self._tick("sample", clock)
+            t_post = self._tick("sample", t_sample)
         except Exception as error:
             log.exception("step failed")
             for chunk in plan.chunks:
@@ -569,8 +575,26 @@ class Engine:
         adapters = {c.seq.adapter for c in plan.chunks}
         self._last_batch = (plan.num_tokens, len(plan.chunks), len(adapters - {None}))
         self._publish_metrics()
-        self._tick("postprocess", clock)
+        end = self._tick("postprocess", t_post)
         self._phase_seconds["steps"] += 1
+        self.step_trace.record(
+            StepRecord(
+                start=t_prepare,
+                schedule_s=scheduled - scheduling_started,
+                gap_s=max(0.0, scheduling_started - self._last_step_end),
+                prepare_s=t_launch - t_prepare,
+                launch_s=t_sample - t_launch,
+                sample_s=t_post - t_sample,
+                post_s=end - t_post,
+                tokens=plan.num_tokens,
+                sequences=len(plan.chunks),
+                prompt_tokens=sum(c.num_tokens for c in plan.chunks if c.num_tokens > 1),
+                lora_sequences=sum(c.seq.adapter is not None for c in plan.chunks),
+                graph=graph,
+                uploads_in_flight=len(self._uploads),
+            )
+        )
+        self._last_step_end = end
 
     def _tick(self, phase: str, since: float) -> float:
         now = time.perf_counter()
