@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft.
-# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [tier-bench] [tier-ab] [tier-workers] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
+# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 set -u
 OUT=${OUT:-/tmp/gpu-session}
@@ -37,6 +37,19 @@ for step in $steps; do
         timeout 120 python3 -m multilora_studio.bench.tiers_gpu --skip-zipf --adapter-loader $loader \
           --json "$OUT/tiers_$loader.json" 2>&1 | tee "$OUT/tier-$loader.log" | grep -E "loader|decode|cold"
       done ;;
+    tier-trace)
+      # decode during cold loads with the step trace: four loads at once, then one
+      for workers in 4 1; do
+        timeout 150 python3 -m multilora_studio.bench.tiers_gpu --skip-zipf --load-workers $workers \
+          --json "$OUT/tiers_trace_w$workers.json" 2>&1 | tee "$OUT/tier-trace-w$workers.log" \
+          | grep -E "step trace|alone|cold|warm|ratio|loader|workers" | grep -v INFO
+      done ;;
+    bench-sweep-steps)
+      # 1 and 1000 adapters (Zipf 1.0, 32 slots), 256 requests, host tier empty; batch occupancy per case
+      timeout 300 python3 -m multilora_studio bench --model random:llama3-8b --device cuda --dtype bfloat16 \
+        --rank 16 --targets all --batch 32 --max-loras 32 --input-len 64 --output-len 32 \
+        --sweep-adapters 1,1000 --requests 256 --no-progress --json "$OUT/bench_sweep_steps.json" 2>&1 \
+        | tee "$OUT/bench-sweep-steps.log" | grep -v " INFO " | tail -8 ;;
     tier-workers)
       # decode during cold loads with one loader thread and with four
       for workers in 1 4; do
