@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from . import lora_cpu
 from .lora import (
     LoRABatch,
     add_lora,
@@ -723,7 +724,7 @@ def run_gpu(args: argparse.Namespace, rep: Report) -> None:
 
 
 def run_cpu(rep: Report) -> None:
-    """Torch backend on the CPU at the 135M default model's shapes, per layer."""
+    """Torch and Numba backends on the CPU at the 135M default model's shapes, per layer."""
     gen = torch.Generator().manual_seed(7)
     num_slots, r = 8, 16
     weights = make_weights(SMOL_135M, num_slots, r, [r] * num_slots, torch.float32, "cpu", gen)
@@ -742,7 +743,12 @@ def run_cpu(rep: Report) -> None:
             best = min(best, (time.perf_counter() - t0) / n * 1e6)
         return best
 
-    for t, d in ((1, 1), (4, 4), (8, 1), (8, 8), (256, 1), (256, 4)):
+    # the engine's CPU layout for the Numba kernel: B stored rank-major, passed transposed
+    weights_t = {
+        n: (a, b.transpose(1, 2).contiguous().transpose(1, 2), offs) for n, (a, b, offs) in weights.items()
+    }
+    numba_ok = lora_cpu.AVAILABLE
+    for t, d in ((1, 1), (4, 4), (8, 1), (8, 8), (32, 8), (64, 8), (128, 8), (256, 1), (256, 4)):
         slots = (torch.arange(t) % d).int() if t <= 8 else (torch.arange(t) * d // t).int()
         batch = build_lora_batch(slots, rank_t, num_slots)
         xs = {n: torch.randn(t, k, generator=gen) for n, (k, _) in SMOL_135M.items()}
@@ -754,7 +760,11 @@ def run_cpu(rep: Report) -> None:
 
         def lora(xs=xs, ys=ys, batch=batch) -> None:
             for n, (a, b, offs) in weights.items():
-                add_lora(ys[n], xs[n], a, b, batch, offs)
+                add_lora(ys[n], xs[n], a, b, batch, offs, backend="torch")
+
+        def lora_numba(xs=xs, ys=ys, batch=batch) -> None:
+            for n, (a, b, offs) in weights_t.items():
+                add_lora(ys[n], xs[n], a, b, batch, offs, backend="numba")
 
         def step(slots=slots, batch=batch) -> None:
             batch.update(slots, rank_t)
@@ -764,12 +774,15 @@ def run_cpu(rep: Report) -> None:
             "distinct": d,
             "base_linear_us": best_us(base),
             "lora_us": best_us(lora),
+            "lora_numba_us": best_us(lora_numba) if numba_ok else None,
             "update_us": best_us(step),
         }
         rows.append(row)
+        numba_us = "-" if row["lora_numba_us"] is None else f"{row['lora_numba_us']:6.0f}"
         rep.summary.append(
             f"cpu T={t:>3} distinct={d}: base linears {row['base_linear_us']:7.0f} us/layer, "
-            f"LoRA {row['lora_us']:6.0f} us/layer, batch.update {row['update_us']:4.0f} us/step"
+            f"LoRA torch {row['lora_us']:6.0f} / numba {numba_us} us/layer, "
+            f"batch.update {row['update_us']:4.0f} us/step"
         )
     rep.data["cpu"] = {"threads": torch.get_num_threads(), "rows": rows}
 
