@@ -36,6 +36,7 @@ from multilora_studio.engine.detokenizer import IncrementalDetokenizer
 from multilora_studio.engine.host_threads import loader_threads, quiet_host_threads
 from multilora_studio.engine.loader_process import LoaderProcess, staging_buffers_that_fit
 from multilora_studio.engine.lora_weights import PackedAdapter, max_packed_bytes, pack_adapter
+from multilora_studio.engine.mixed_staging import StagedMixed
 from multilora_studio.engine.model_source import BaseModel, resolve_model
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, SlotState, TokenDelta
 from multilora_studio.engine.pinned_arena import PinnedArena
@@ -550,7 +551,7 @@ class Engine:
                     slot_of[name] = slot
             t_prepare = time.perf_counter()
             inputs = self.runner.prepare(plan, self.blocks, slot_of)
-            graph = isinstance(inputs, StagedDecode)
+            graph = isinstance(inputs, (StagedDecode, StagedMixed))
             t_launch = self._tick("prepare", t_prepare)
             logits = self.runner.run(inputs)
             t_sample = self._tick("launch", t_launch)

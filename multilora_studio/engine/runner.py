@@ -19,6 +19,9 @@ from multilora_studio.engine.decode_staging import StagedDecode
 from multilora_studio.engine.kernel_warmup import warm_up_kernels
 from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
 from multilora_studio.engine.lora_weights import LoRASlotWeights
+from multilora_studio.engine.mixed_graphs import MAX_TOKENS as MIXED_GRAPH_MAX_TOKENS
+from multilora_studio.engine.mixed_graphs import MixedGraphs
+from multilora_studio.engine.mixed_staging import StagedMixed
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.sampler import sample
 from multilora_studio.engine.scheduler import StepPlan
@@ -83,8 +86,11 @@ class ModelRunner:
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(spec.num_layers)]
         self.lora_batch = LoRABatch.allocate(config.max_num_batched_tokens, config.max_loras, device)
         self.graphs: DecodeGraphs | None = None
+        self.mixed_graphs: MixedGraphs | None = None
         if device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs(self, config.max_num_seqs)
+            mixed_tokens = min(MIXED_GRAPH_MAX_TOKENS, config.max_num_batched_tokens)
+            self.mixed_graphs = MixedGraphs(self, config.max_num_seqs, mixed_tokens, self.graphs.pool)
         if device.type == "cuda":
             warm_up_kernels(self)  # Triton compiles now, not in the middle of serving
         elif dtype == torch.float32:
@@ -92,13 +98,16 @@ class ModelRunner:
 
     def prepare(
         self, plan: StepPlan, blocks: BlockManager, slot_of: dict[str | None, int]
-    ) -> StepInputs | StagedDecode:
+    ) -> StepInputs | StagedDecode | StagedMixed:
         """Flatten the plan's chunks into the step's token, position and cache-slot arrays.
 
-        Decode steps that a captured graph can run go to its staging buffers instead.
+        Steps that a captured graph can run (decode steps, and steps with prompt tokens up to
+        the mixed graphs' largest bucket) go to its staging buffers instead.
         """
         if self.graphs is not None and self.graphs.accepts(plan):
             return self.graphs.stage(plan, slot_of)
+        if self.mixed_graphs is not None and self.mixed_graphs.accepts(plan):
+            return self.mixed_graphs.stage(plan, slot_of)
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
@@ -147,11 +156,14 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, inputs: StepInputs | StagedDecode) -> torch.Tensor:
+    def run(self, inputs: StepInputs | StagedDecode | StagedMixed) -> torch.Tensor:
         """Logits [N, V] float32 of the rows that sample this step."""
         if isinstance(inputs, StagedDecode):
             assert self.graphs is not None
             return self.graphs.run(inputs)
+        if isinstance(inputs, StagedMixed):
+            assert self.mixed_graphs is not None
+            return self.mixed_graphs.run(inputs)
         lora = None
         if inputs.lora_groups:
             lora = LoRAStep(self.lora_batch.update(inputs.slot_ids, self.lora.slot_ranks), inputs.lora_groups)

@@ -1,0 +1,180 @@
+"""Inputs of a step with prompt tokens (a prefill, or prompts joining decodes), for CUDA graphs.
+
+Like ``decode_staging`` but for up to ``max_tokens`` tokens over up to ``max_seqs``
+sequences: numpy writes the step into a pinned host mirror and one ``copy_`` sends it into
+the fixed device buffers that the captured graphs read. Tokens past the step's count are
+padding (no cache write, no adapter, after ``query_start_loc[-1]`` so nothing attends to
+them); sequences past its count have no query and length 0.
+
+Device words (one int64 buffer; the int32 arrays reinterpret int64 words):
+    input_ids       [T] int64
+    positions       [T] int64
+    slot_mapping    [T] int64       flat cache slot per token, -1 = padding
+    logits_rows     [S] int64       token row whose hidden state each sampling sequence reads
+    seq_lens        [S] int32       0 = padding sequence
+    query_start_loc [S + 1] int32
+    lora            LoRABatch words (``LoRABatch.storage_layout(T, num_slots)``)
+    block_tables    [S, W] int32    last, so a step copies only the rows it uses
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from multilora_studio.engine.scheduler import ScheduledChunk
+from multilora_studio.kernels.lora import LoRABatch
+from multilora_studio.kernels.lora_host import fill_lora_metadata
+
+
+@dataclass(frozen=True)
+class StagedMixed:
+    """A step with prompt tokens whose inputs are in the staging buffers (copy enqueued)."""
+
+    num_tokens: int
+    num_sampled: int  # sequences that sample a token this step (the first logits rows)
+    uses_lora: bool
+
+
+def _round4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+class MixedStaging:
+    """Fixed device buffers for steps of up to ``max_tokens`` tokens and ``max_seqs`` sequences."""
+
+    def __init__(
+        self,
+        max_tokens: int,
+        max_seqs: int,
+        max_blocks_per_seq: int,
+        num_slots: int,
+        block_size: int,
+        device: torch.device,
+    ) -> None:
+        self.max_tokens = max_tokens
+        self.max_seqs = max_seqs
+        self.width = max_blocks_per_seq
+        self.num_slots = num_slots
+        self.block_size = block_size
+        t, s, w = max_tokens, max_seqs, max_blocks_per_seq
+        lora_words = LoRABatch.storage_layout(t, num_slots)["total"][1]
+        # int32 offsets inside the int32 region (16-byte aligned)
+        self._qsl_at = _round4(s)
+        self._lora_at = self._qsl_at + _round4(s + 1)
+        self._tables_at = self._lora_at + _round4(lora_words)
+        int32_words = self._tables_at + s * w
+        self._int32_from = 3 * t + _round4(s)  # int64 word where the int32 region starts
+        total64 = self._int32_from + -(-int32_words // 2)
+        self.device_words = torch.zeros(total64, dtype=torch.int64, device=device)
+        self.host_words = torch.zeros(total64, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+
+        dev32 = self.device_words[self._int32_from :].view(torch.int32)
+        self.input_ids = self.device_words[0:t]  # [T] int64
+        self.positions = self.device_words[t : 2 * t]  # [T] int64
+        self.slot_mapping = self.device_words[2 * t : 3 * t]  # [T] int64
+        self.logits_rows = self.device_words[3 * t : 3 * t + s]  # [S] int64
+        self.seq_lens = dev32[0:s]  # [S] int32
+        self.query_start_loc = dev32[self._qsl_at : self._qsl_at + s + 1]  # [S + 1] int32
+        self.lora_batch = LoRABatch.on_storage(
+            dev32[self._lora_at : self._lora_at + lora_words], t, num_slots
+        )
+        self.block_tables = dev32[self._tables_at : self._tables_at + s * w].view(s, w)  # [S, W]
+
+        host = self.host_words.numpy()
+        host32 = self.host_words[self._int32_from :].view(torch.int32).numpy()
+        self._h_input_ids = host[0:t]
+        self._h_positions = host[t : 2 * t]
+        self._h_slot_mapping = host[2 * t : 3 * t]
+        self._h_logits_rows = host[3 * t : 3 * t + s]
+        self._h_seq_lens = host32[0:s]
+        self._h_qsl = host32[self._qsl_at : self._qsl_at + s + 1]
+        self._h_lora = host32[self._lora_at : self._lora_at + lora_words]
+        self._h_tables = host32[self._tables_at : self._tables_at + s * w].reshape(s, w)
+        self._token_slots = np.full(t, -1, dtype=np.int64)  # [T] scratch: adapter slot per token
+        self.clear()
+
+    def clear(self) -> None:
+        """An empty step: every token and sequence padding; copied now."""
+        self._wait_for_last_copy()
+        self._h_input_ids[:] = 0
+        self._h_positions[:] = 0
+        self._h_slot_mapping[:] = -1
+        self._h_logits_rows[:] = 0
+        self._h_seq_lens[:] = 0
+        self._h_qsl[:] = 0
+        self._h_tables[:] = 0
+        fill_lora_metadata(self._h_lora, self.max_tokens, self.num_slots, [], [0] * self.num_slots)
+        self._copy(self.max_seqs)
+        self.lora_batch.mark_filled(0)
+
+    def accepts(self, chunks: Sequence[ScheduledChunk]) -> bool:
+        """Whether the step fits the buffers (the caller sends pure decode steps elsewhere)."""
+        return 0 < len(chunks) <= self.max_seqs and sum(c.num_tokens for c in chunks) <= self.max_tokens
+
+    def stage(
+        self,
+        chunks: Sequence[ScheduledChunk],
+        slot_of: dict[str | None, int],
+        slot_ranks: Sequence[int],
+    ) -> StagedMixed:
+        """Write the step's tokens and sequences (then padding) and enqueue their copy.
+
+        ``slot_of`` maps each chunk's adapter to its GPU slot (None -> -1); ``slot_ranks``
+        is the rank held in each slot (the host view of the slot table).
+        """
+        self._wait_for_last_copy()
+        bs, width = self.block_size, self.width
+        token_slots = self._token_slots
+        token_slots[:] = -1
+        t = 0
+        sampled = 0
+        self._h_qsl[0] = 0
+        for i, chunk in enumerate(chunks):
+            seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
+            table = seq.block_table
+            if len(table) > width:
+                raise ValueError(f"request {seq.request_id} has {len(table)} KV blocks, more than {width}")
+            span = np.arange(start, start + n)  # [n] positions
+            self._h_input_ids[t : t + n] = seq.token_slice(start, start + n)
+            self._h_positions[t : t + n] = span
+            self._h_slot_mapping[t : t + n] = np.asarray(table)[span // bs] * bs + span % bs
+            token_slots[t : t + n] = slot_of.get(seq.adapter, -1)
+            self._h_seq_lens[i] = start + n
+            self._h_tables[i, : len(table)] = table
+            t += n
+            self._h_qsl[i + 1] = t
+            if chunk.completes:
+                self._h_logits_rows[sampled] = t - 1
+                sampled += 1
+        count = len(chunks)
+        self._h_input_ids[t:] = 0
+        self._h_positions[t:] = 0
+        self._h_slot_mapping[t:] = -1
+        self._h_seq_lens[count:] = 0
+        self._h_qsl[count + 1 :] = t
+        self._h_logits_rows[sampled:] = 0
+        uses_lora = bool((token_slots[:t] >= 0).any())
+        if uses_lora:
+            fill_lora_metadata(self._h_lora, self.max_tokens, self.num_slots, token_slots[:t], slot_ranks)
+        self._copy(count)
+        if uses_lora:
+            self.lora_batch.mark_filled(t)
+        return StagedMixed(t, sampled, uses_lora)
+
+    def _copy(self, seqs: int) -> None:
+        """Send every word up to the end of block-table row ``seqs`` (padding rows need none)."""
+        end32 = self._tables_at + seqs * self.width
+        end64 = self._int32_from + -(-end32 // 2)
+        self.device_words[:end64].copy_(self.host_words[:end64], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+
+    def _wait_for_last_copy(self) -> None:
+        """The host mirror is rewritten only after the device has read the previous step's words."""
+        if self._copied is not None:
+            self._copied.synchronize()
