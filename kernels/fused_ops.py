@@ -2,7 +2,9 @@
 
 On CUDA each op is one Triton launch (a decode step of a 32-layer model would
 otherwise spend more time launching small elementwise kernels than reading
-weights); elsewhere the torch path computes exactly what HF transformers does.
+weights); on the CPU in float32 one compiled Numba loop (``fused_ops_cpu``); elsewhere the
+torch path computes exactly what HF transformers does. ``backend``: "auto", "triton",
+"torch" or "numba".
 """
 
 from __future__ import annotations
@@ -13,21 +15,34 @@ import torch
 import triton
 import triton.language as tl
 
+from . import fused_ops_cpu
+
 __all__ = ["add_rms_norm", "rms_norm", "rope_", "silu_and_mul"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _use_triton(x: torch.Tensor, backend: str) -> bool:
-    if backend not in ("auto", "triton", "torch"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
-    if backend == "torch":
+    if backend not in ("auto", "triton", "torch", "numba"):
+        raise ValueError(f"backend must be 'auto', 'triton', 'torch' or 'numba', got {backend!r}")
+    if backend in ("torch", "numba"):
         return False
     if backend == "triton":
         if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("the triton backend needs CUDA tensors (or TRITON_INTERPRET=1)")
         return True
     return x.device.type == "cuda"
+
+
+def _use_numba(x: torch.Tensor, backend: str) -> bool:
+    """The compiled CPU kernels: chosen by ``auto`` for float32 CPU tensors, or asked for."""
+    if backend == "numba":
+        if not fused_ops_cpu.supports(x):
+            raise ValueError(
+                f"the numba backend needs float32 CPU tensors and Numba, got {x.dtype} on {x.device}"
+            )
+        return True
+    return backend == "auto" and fused_ops_cpu.supports(x)
 
 
 def _check_rows(name: str, x: torch.Tensor) -> None:
@@ -80,6 +95,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "
         return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     """
     _check_rows("x", x)
+    if _use_numba(x, backend) and weight.dtype == torch.float32:
+        return fused_ops_cpu.rms_norm(x, weight, eps)
     if not _use_triton(x, backend):
         x32 = x.float()
         return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
@@ -103,6 +120,8 @@ def add_rms_norm(
         raise ValueError(
             f"x {tuple(x.shape)} {x.dtype} and residual {tuple(residual.shape)} {residual.dtype} differ"
         )
+    if _use_numba(x, backend) and weight.dtype == torch.float32:
+        return fused_ops_cpu.add_rms_norm(x, residual, weight, eps)
     if not _use_triton(x, backend):
         residual.copy_(residual + x)
         return rms_norm(residual, weight, eps, backend="torch")
@@ -190,6 +209,8 @@ def rope_(
         )
     if positions.shape != (tokens,):
         raise ValueError(f"positions must be [{tokens}], got {tuple(positions.shape)}")
+    if _use_numba(x, backend):
+        return fused_ops_cpu.rope_(x, cos_sin, positions)
     if not _use_triton(x, backend):
         half = dim // 2
         cs = cos_sin[positions][:, None, :]  # [T, 1, D]
@@ -235,6 +256,8 @@ def silu_and_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     _check_rows("gate_up", gate_up)
     if gate_up.shape[1] % 2:
         raise ValueError(f"gate_up must have an even width, got {gate_up.shape[1]}")
+    if _use_numba(gate_up, backend):
+        return fused_ops_cpu.silu_and_mul(gate_up)
     if not _use_triton(gate_up, backend):
         gate, up = gate_up.chunk(2, dim=-1)
         return torch.nn.functional.silu(gate) * up

@@ -26,7 +26,7 @@ from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.sampler import sample
 from multilora_studio.engine.scheduler import StepPlan
 from multilora_studio.engine.weights import ModelWeights, pack_for_onednn
-from multilora_studio.kernels import lora_cpu
+from multilora_studio.kernels import fused_ops_cpu, lora_cpu
 from multilora_studio.kernels.cpu_linear import onednn_packing_available
 from multilora_studio.kernels.lora import LoRABatch
 
@@ -94,7 +94,9 @@ class ModelRunner:
         if device.type == "cuda":
             warm_up_kernels(self)  # Triton compiles now, not in the middle of serving
         elif dtype == torch.float32:
-            lora_cpu.compile_now()  # the CPU LoRA kernel (or Numba's cached build of it)
+            # the CPU kernels compile now (or load Numba's cached build), not in the first step
+            lora_cpu.compile_now()
+            fused_ops_cpu.compile_now()
 
     def prepare(
         self, plan: StepPlan, blocks: BlockManager, slot_of: dict[str | None, int]

@@ -7,11 +7,23 @@ import torch
 
 from multilora_studio.engine.model_spec import RopeSpec
 from multilora_studio.engine.rope import cos_sin_cache
+from multilora_studio.kernels import fused_ops_cpu
 from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, rope_, silu_and_mul
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 DTYPES = list(TOLERANCE)
-BACKENDS = ["torch", "triton"]
+BACKENDS = ["torch", "triton", "numba"]  # numba: float32 on the CPU only
+
+
+@pytest.fixture(autouse=True)
+def _numba_takes_float32_only(request):
+    params = getattr(request.node, "callspec", None)
+    params = params.params if params is not None else {}
+    if params.get("backend") == "numba":
+        if not fused_ops_cpu.AVAILABLE:
+            pytest.skip("needs Numba")
+        if params.get("dtype", torch.float32) != torch.float32:
+            pytest.skip("the numba backend computes float32 only")
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
@@ -96,3 +108,30 @@ def test_bad_inputs_raise_value_errors():
         rope_(torch.randn(2, 1, 8), torch.randn(10, 8), torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="backend"):
         silu_and_mul(torch.randn(2, 4), backend="cuda")
+
+
+@pytest.mark.skipif(not fused_ops_cpu.AVAILABLE, reason="needs Numba")
+def test_numba_backend_checks_what_it_cannot_read_safely():
+    x = torch.randn(3, 8)
+    with pytest.raises(ValueError, match="weight must be"):
+        rms_norm(x, torch.ones(7), 1e-5, backend="numba")
+    with pytest.raises(ValueError, match="weight must be"):
+        add_rms_norm(x, torch.randn(3, 8), torch.ones(9), 1e-5, backend="numba")
+    table = torch.randn(16, 8)
+    q = torch.randn(2, 1, 8)
+    before = q.clone()
+    for bad in ([3, 16], [-1, 2]):
+        with pytest.raises(ValueError, match="positions must lie"):
+            rope_(q, table, torch.tensor(bad), backend="numba")
+    assert torch.equal(q, before)
+    with pytest.raises(ValueError, match="float32 CPU tensors"):
+        silu_and_mul(torch.randn(2, 4, dtype=torch.bfloat16), backend="numba")
+
+
+@pytest.mark.skipif(not fused_ops_cpu.AVAILABLE, reason="needs Numba")
+def test_auto_on_cpu_float32_equals_numba():
+    x, weight = torch.randn(5, 64), torch.rand(64) + 0.5
+    assert torch.equal(rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6, backend="numba"))
+    torch.testing.assert_close(
+        rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6, backend="torch"), rtol=1e-6, atol=1e-6
+    )
