@@ -44,6 +44,11 @@ for step in $steps; do
           --json "$OUT/tiers_trace_w$workers.json" 2>&1 | tee "$OUT/tier-trace-w$workers.log" \
           | grep -E "step trace|alone|cold|warm|ratio|loader|workers" | grep -v INFO
       done ;;
+    tier-stacks)
+      # decode during cold loads (four loads at once) with thread stacks sampled: what the slow steps waited on
+      timeout 150 python3 -m multilora_studio.bench.tiers_gpu --skip-zipf --sample-stacks \
+        --json "$OUT/tiers_stacks.json" 2>&1 | tee "$OUT/tier-stacks.log" | grep -v INFO \
+        | grep -E "step trace|alone|cold|warm|ratio|slow|    |stalls" | head -90 ;;
     bench-sweep-steps)
       # 1 and 1000 adapters (Zipf 1.0, 32 slots), 256 requests, host tier empty; batch occupancy per case
       timeout 300 python3 -m multilora_studio bench --model random:llama3-8b --device cuda --dtype bfloat16 \

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from multilora_studio.bench.random_adapters import write_random_adapter
+from multilora_studio.bench.stack_sampler import StackSampler
 from multilora_studio.engine import Engine, EngineConfig, EngineMetrics, SamplingParams
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 from multilora_studio.engine.step_trace import records_as_dicts, summarize
@@ -80,6 +81,11 @@ def main() -> None:
     parser.add_argument("--adapter-loader", choices=("auto", "thread", "process"), default="auto")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--load-workers", type=int, default=None, help="adapter loads at once")
+    parser.add_argument(
+        "--sample-stacks",
+        action="store_true",
+        help="sample thread stacks in the cold phase; explain slow steps",
+    )
     args = parser.parse_args()
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
@@ -130,6 +136,9 @@ def main() -> None:
         results["decode_alone_tok_s"] = decode_rate(engine.generate(running, [None] * 16, base))
         traces = {"alone": engine.step_trace.snapshot(since=window)}
         window = time.perf_counter()
+        sampler = StackSampler() if args.sample_stacks else None
+        if sampler is not None:
+            sampler.start()
         streams = [engine.submit(p, None, base) for p in running]
         next(iter(streams[0]))
         cold = []
@@ -148,6 +157,9 @@ def main() -> None:
         feeder.join()
         cold_outputs = [s.result() for s in cold]
         traces["cold"] = engine.step_trace.snapshot(since=window)
+        if sampler is not None:
+            sampler.stop()
+            results["slow_steps"] = explain_slow_steps(traces["cold"], sampler)
         results["decode_during_cold_loads_tok_s"] = decode_rate(outputs)
         results["decode_ratio"] = results["decode_during_cold_loads_tok_s"] / results["decode_alone_tok_s"]
         results["cold_requests_done"] = sum(o.finish_reason == "length" for o in cold_outputs)
@@ -215,6 +227,33 @@ def main() -> None:
             "cold_load_p95_s": after.cold_load_p95_s,
         }
     write_results(results, args, root)
+
+
+def explain_slow_steps(records: list, sampler: StackSampler, count: int = 4) -> list[dict]:
+    """The slowest steps (and schedulings) of a window with the thread stacks sampled meanwhile."""
+    explained = []
+    by_total = sorted(records, key=lambda r: r.total_s, reverse=True)[:count]
+    by_schedule = sorted(records, key=lambda r: r.schedule_s, reverse=True)[:count]
+    for kind, picked in (("step", by_total), ("schedule", by_schedule)):
+        for r in picked:
+            start = r.start - r.schedule_s if kind == "schedule" else r.start
+            end = r.start if kind == "schedule" else r.start + r.total_s
+            entry = {
+                "kind": kind,
+                "ms": round((end - start) * 1e3, 2),
+                "record": records_as_dicts([r])[0],
+                "stacks": sampler.during(start, end),
+            }
+            explained.append(entry)
+            print(f"slow {kind} {entry['ms']} ms: graph={r.graph} tokens={r.tokens} seqs={r.sequences}")
+            for thread, stacks in entry["stacks"].items():
+                for stack, hits in stacks:
+                    print(f"    {thread:<24} {hits:>3}  {stack}")
+    stalls = sampler.stalls()
+    print(
+        f"sampler stalls (> 15 ms without a sample): {[(round(s, 3), round(d * 1e3, 1)) for s, d in stalls[:10]]}"
+    )
+    return explained
 
 
 def print_trace(summaries: dict) -> None:

@@ -82,7 +82,7 @@ def summarize(records: list[StepRecord]) -> dict[str, object]:
         "eager_prompt_tokens": sum(r.prompt_tokens for r in eager),
         "eager_host": _stats([r.prepare_s + r.launch_s for r in eager]),
         "schedule": _stats([r.schedule_s for r in records]),
-        "gaps": _stats([r.gap_s for r in records]),
+        "gaps": _stats([r.gap_s for r in records[1:]]),  # the first one reaches back before the window
         "mean_sequences": float(np.mean([r.sequences for r in records])),
         "mean_lora_sequences": float(np.mean([r.lora_sequences for r in records])),
         "steps_with_uploads": sum(r.uploads_in_flight > 0 for r in records),

@@ -1,0 +1,58 @@
+"""Sample every Python thread's stack every few milliseconds, to explain a slow stretch.
+
+A diagnostic for benchmarks: ``during(start, end)`` counts, per thread, the stacks seen in
+a time window (say, a step the engine's step trace shows as slow), and ``stalls`` lists the
+windows where the sampler itself did not run on time (another thread held the GIL).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import Counter
+
+
+def _stack(frame, depth: int) -> str:
+    parts = []
+    while frame is not None and len(parts) < depth:
+        code = frame.f_code
+        parts.append(f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}:{frame.f_lineno}")
+        frame = frame.f_back
+    return " < ".join(parts)
+
+
+class StackSampler(threading.Thread):
+    def __init__(self, interval_s: float = 0.002, depth: int = 5) -> None:
+        super().__init__(name="stack-sampler", daemon=True)
+        self.interval_s = interval_s
+        self.depth = depth
+        self.samples: list[tuple[float, str, str]] = []  # (perf_counter, thread name, stack)
+        self.ticks: list[float] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            now = time.perf_counter()
+            self.ticks.append(now)
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident != self.ident:
+                    self.samples.append((now, names.get(ident, str(ident)), _stack(frame, self.depth)))
+            time.sleep(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+    def during(self, start: float, end: float, top: int = 3) -> dict[str, list[tuple[str, int]]]:
+        """Per thread, its most frequent stacks among the samples taken in [start, end]."""
+        counts: dict[str, Counter[str]] = {}
+        for t, name, stack in self.samples:
+            if start <= t <= end:
+                counts.setdefault(name, Counter())[stack] += 1
+        return {name: c.most_common(top) for name, c in counts.items()}
+
+    def stalls(self, longer_than_s: float = 0.015) -> list[tuple[float, float]]:
+        """(start, seconds) of the gaps between samples longer than ``longer_than_s``."""
+        return [(a, b - a) for a, b in zip(self.ticks, self.ticks[1:], strict=False) if b - a > longer_than_s]
