@@ -249,10 +249,8 @@ def explain_slow_steps(records: list, sampler: StackSampler, count: int = 4) -> 
             for thread, stacks in entry["stacks"].items():
                 for stack, hits in stacks:
                     print(f"    {thread:<24} {hits:>3}  {stack}")
-    stalls = sampler.stalls()
-    print(
-        f"sampler stalls (> 15 ms without a sample): {[(round(s, 3), round(d * 1e3, 1)) for s, d in stalls[:10]]}"
-    )
+    stalls = [(round(start, 3), round(seconds * 1e3, 1)) for start, seconds in sampler.stalls()[:10]]
+    print(f"sampler stalls (> 15 ms without a sample): {stalls}")
     return explained
 
 
