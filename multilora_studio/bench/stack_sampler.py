@@ -14,7 +14,7 @@ from collections import Counter
 
 
 def _stack(frame, depth: int) -> str:
-    parts = []
+    parts: list[str] = []
     while frame is not None and len(parts) < depth:
         code = frame.f_code
         parts.append(f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}:{frame.f_lineno}")
