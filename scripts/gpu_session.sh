@@ -55,6 +55,12 @@ for step in $steps; do
         --rank 16 --targets all --batch 32 --max-loras 32 --input-len 64 --output-len 32 \
         --sweep-adapters 1,1000 --requests 256 --no-progress --json "$OUT/bench_sweep_steps.json" 2>&1 \
         | tee "$OUT/bench-sweep-steps.log" | grep -v " INFO " | tail -8 ;;
+    bench-sweep-w8)
+      # 1 and 1000 adapters, host tier empty, eight disk loads at once (the default on 16 cores is four)
+      timeout 300 python3 -m multilora_studio bench --model random:llama3-8b --device cuda --dtype bfloat16 \
+        --rank 16 --targets all --batch 32 --max-loras 32 --input-len 64 --output-len 32 --load-workers 8 \
+        --sweep-adapters 1,1000 --requests 256 --no-progress --json "$OUT/bench_sweep_w8.json" 2>&1 \
+        | tee "$OUT/bench-sweep-w8.log" | grep -v " INFO " | tail -6 ;;
     tier-workers)
       # decode during cold loads with one loader thread and with four
       for workers in 1 4; do
