@@ -72,7 +72,7 @@ class LoRASlotWeights:
         for group in LORA_GROUPS:
             self.a[group][:, slot].zero_()
             self.b[group][:, slot].zero_()
-        self.slot_ranks[slot] = 0
+        self.slot_ranks[slot].fill_(0)
         self.slot_ranks_host[slot] = 0
         self.slot_groups[slot] = frozenset()
         self.slot_adapter[slot] = None
@@ -94,7 +94,7 @@ class LoRASlotWeights:
             else:
                 a_slot.zero_()
                 b_slot.zero_()
-        self.slot_ranks[slot] = rank
+        self.slot_ranks[slot].fill_(rank)  # a kernel on the current stream, no host sync
         self.slot_ranks_host[slot] = rank
         self.slot_groups[slot] = frozenset(packed.a)
         self.slot_adapter[slot] = packed.name

@@ -12,6 +12,7 @@ from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.kernel_warmup import (
     prefill_lengths,
     warm_up_kernels,
+    warm_up_sampling,
     warmup_steps,
     warmup_token_counts,
 )
@@ -73,3 +74,10 @@ def test_no_kernel_compiles_while_serving_after_start_up(make_engine):
     assert metrics.kernel_compiles == 0, (
         f"{metrics.kernel_compiles} compiles ({metrics.kernel_compile_s:.1f} s)"
     )
+
+
+def test_sampling_warm_up_leaves_the_logits_alone():
+    logits = torch.randn(3, 50)
+    before = logits.clone()
+    warm_up_sampling(logits)
+    assert torch.equal(logits, before)
