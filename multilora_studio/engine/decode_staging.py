@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from multilora_studio.engine.scheduler import ScheduledChunk
+from multilora_studio.engine.staging_words import StagingWords, round4
 from multilora_studio.kernels.lora import LoRABatch
 from multilora_studio.kernels.lora_host import fill_lora_metadata
 
@@ -32,10 +33,6 @@ class StagedDecode:
 
     num_tokens: int
     uses_lora: bool
-
-
-def _round4(n: int) -> int:
-    return -(-n // 4) * 4
 
 
 class DecodeStaging:
@@ -52,20 +49,14 @@ class DecodeStaging:
         b, w = max_batch, max_blocks_per_seq
         lora_words = LoRABatch.storage_layout(b, num_slots)["total"][1]
         # int32 offsets inside the int32 region (16-byte aligned)
-        self._seq_lens_at = 0
-        self._lora_at = _round4(b)
-        self._tables_at = self._lora_at + _round4(lora_words)
-        int32_words = self._tables_at + b * w
-        self._int32_from = 3 * b  # int64 word where the int32 region starts
-        total64 = self._int32_from + -(-int32_words // 2)
-        self.device_words = torch.zeros(total64, dtype=torch.int64, device=device)
-        self.host_words = torch.zeros(total64, dtype=torch.int64, pin_memory=device.type == "cuda")
-        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+        self._lora_at = round4(b)
+        self._tables_at = self._lora_at + round4(lora_words)
+        self.words = StagingWords(3 * b, self._tables_at + b * w, device)
 
-        dev32 = self.device_words[self._int32_from :].view(torch.int32)
-        self.input_ids = self.device_words[0:b]  # [B] int64
-        self.positions = self.device_words[b : 2 * b]  # [B] int64
-        self.slot_mapping = self.device_words[2 * b : 3 * b]  # [B] int64
+        dev64, dev32 = self.words.device64, self.words.device32
+        self.input_ids = dev64[0:b]  # [B] int64
+        self.positions = dev64[b : 2 * b]  # [B] int64
+        self.slot_mapping = dev64[2 * b : 3 * b]  # [B] int64
         self.seq_lens = dev32[0:b]  # [B] int32
         self.lora_batch = LoRABatch.on_storage(
             dev32[self._lora_at : self._lora_at + lora_words], b, num_slots
@@ -73,8 +64,7 @@ class DecodeStaging:
         self.block_tables = dev32[self._tables_at : self._tables_at + b * w].view(b, w)  # [B, W]
         self.query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=device)  # [B + 1]
 
-        host = self.host_words.numpy()
-        host32 = self.host_words[self._int32_from :].view(torch.int32).numpy()
+        host, host32 = self.words.host64, self.words.host32
         self._h_input_ids = host[0:b]
         self._h_positions = host[b : 2 * b]
         self._h_slot_mapping = host[2 * b : 3 * b]
@@ -85,7 +75,7 @@ class DecodeStaging:
 
     def clear(self) -> None:
         """Every row a padding row (no token, no cache write, no adapter); copied now."""
-        self._wait_for_last_copy()
+        self.words.wait_for_last_copy()
         self._h_input_ids[:] = 0
         self._h_positions[:] = 0
         self._h_slot_mapping[:] = -1
@@ -110,7 +100,7 @@ class DecodeStaging:
         ``slot_of`` maps each chunk's adapter to its GPU slot (None -> -1); ``slot_ranks``
         is the rank held in each slot (the host view of the slot table).
         """
-        self._wait_for_last_copy()
+        self.words.wait_for_last_copy()
         n, bs, width = len(chunks), self.block_size, self.width
         slots = [0] * n
         for i, chunk in enumerate(chunks):
@@ -136,13 +126,4 @@ class DecodeStaging:
 
     def _copy(self, rows: int) -> None:
         """Send every word up to the end of block-table row ``rows`` (padding rows need none)."""
-        end32 = self._tables_at + rows * self.width
-        end64 = self._int32_from + -(-end32 // 2)
-        self.device_words[:end64].copy_(self.host_words[:end64], non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
-
-    def _wait_for_last_copy(self) -> None:
-        """The host mirror is rewritten only after the device has read the previous step's words."""
-        if self._copied is not None:
-            self._copied.synchronize()
+        self.words.send(self._tables_at + rows * self.width)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from multilora_studio.engine.scheduler import ScheduledChunk
+from multilora_studio.engine.staging_words import StagingWords, round4
 from multilora_studio.kernels.lora import LoRABatch
 from multilora_studio.kernels.lora_host import fill_lora_metadata
 
@@ -37,10 +38,6 @@ class StagedMixed:
     num_tokens: int
     num_sampled: int  # sequences that sample a token this step (the first logits rows)
     uses_lora: bool
-
-
-def _round4(n: int) -> int:
-    return -(-n // 4) * 4
 
 
 class MixedStaging:
@@ -63,30 +60,23 @@ class MixedStaging:
         t, s, w = max_tokens, max_seqs, max_blocks_per_seq
         lora_words = LoRABatch.storage_layout(t, num_slots)["total"][1]
         # int32 offsets inside the int32 region (16-byte aligned)
-        self._qsl_at = _round4(s)
-        self._lora_at = self._qsl_at + _round4(s + 1)
-        self._tables_at = self._lora_at + _round4(lora_words)
-        int32_words = self._tables_at + s * w
-        self._int32_from = 3 * t + _round4(s)  # int64 word where the int32 region starts
-        total64 = self._int32_from + -(-int32_words // 2)
-        self.device_words = torch.zeros(total64, dtype=torch.int64, device=device)
-        self.host_words = torch.zeros(total64, dtype=torch.int64, pin_memory=device.type == "cuda")
-        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+        self._qsl_at = round4(s)
+        self._lora_at = self._qsl_at + round4(s + 1)
+        self._tables_at = self._lora_at + round4(lora_words)
+        self.words = StagingWords(3 * t + round4(s), self._tables_at + s * w, device)
 
-        dev32 = self.device_words[self._int32_from :].view(torch.int32)
-        self.input_ids = self.device_words[0:t]  # [T] int64
-        self.positions = self.device_words[t : 2 * t]  # [T] int64
-        self.slot_mapping = self.device_words[2 * t : 3 * t]  # [T] int64
-        self.logits_rows = self.device_words[3 * t : 3 * t + s]  # [S] int64
+        dev64, dev32 = self.words.device64, self.words.device32
+        self.input_ids = dev64[0:t]  # [T] int64
+        self.positions = dev64[t : 2 * t]  # [T] int64
+        self.slot_mapping = dev64[2 * t : 3 * t]  # [T] int64
+        self.logits_rows = dev64[3 * t : 3 * t + s]  # [S] int64
         self.seq_lens = dev32[0:s]  # [S] int32
         self.query_start_loc = dev32[self._qsl_at : self._qsl_at + s + 1]  # [S + 1] int32
-        self.lora_batch = LoRABatch.on_storage(
-            dev32[self._lora_at : self._lora_at + lora_words], t, num_slots
-        )
+        lora_words_dev = dev32[self._lora_at : self._lora_at + lora_words]
+        self.lora_batch = LoRABatch.on_storage(lora_words_dev, t, num_slots)
         self.block_tables = dev32[self._tables_at : self._tables_at + s * w].view(s, w)  # [S, W]
 
-        host = self.host_words.numpy()
-        host32 = self.host_words[self._int32_from :].view(torch.int32).numpy()
+        host, host32 = self.words.host64, self.words.host32
         self._h_input_ids = host[0:t]
         self._h_positions = host[t : 2 * t]
         self._h_slot_mapping = host[2 * t : 3 * t]
@@ -100,7 +90,7 @@ class MixedStaging:
 
     def clear(self) -> None:
         """An empty step: every token and sequence padding; copied now."""
-        self._wait_for_last_copy()
+        self.words.wait_for_last_copy()
         self._h_input_ids[:] = 0
         self._h_positions[:] = 0
         self._h_slot_mapping[:] = -1
@@ -127,7 +117,7 @@ class MixedStaging:
         ``slot_of`` maps each chunk's adapter to its GPU slot (None -> -1); ``slot_ranks``
         is the rank held in each slot (the host view of the slot table).
         """
-        self._wait_for_last_copy()
+        self.words.wait_for_last_copy()
         bs, width = self.block_size, self.width
         token_slots = self._token_slots
         token_slots[:] = -1
@@ -168,13 +158,4 @@ class MixedStaging:
 
     def _copy(self, seqs: int) -> None:
         """Send every word up to the end of block-table row ``seqs`` (padding rows need none)."""
-        end32 = self._tables_at + seqs * self.width
-        end64 = self._int32_from + -(-end32 // 2)
-        self.device_words[:end64].copy_(self.host_words[:end64], non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
-
-    def _wait_for_last_copy(self) -> None:
-        """The host mirror is rewritten only after the device has read the previous step's words."""
-        if self._copied is not None:
-            self._copied.synchronize()
+        self.words.send(self._tables_at + seqs * self.width)
