@@ -32,6 +32,16 @@ def make_sequences(count: int, blocks: BlockManager, rng: random.Random) -> list
     return seqs
 
 
+def assert_lora_words(staged: LoRABatch, slots: list[int], ranks: list[int]) -> None:
+    """The staged LoRA metadata equals what ``LoRABatch.update`` computes on the device."""
+    expected = LoRABatch.allocate(staged.max_tokens, len(ranks)).update(
+        torch.tensor(slots, dtype=torch.int32), torch.tensor(ranks, dtype=torch.int32)
+    )
+    for field in ("token_slots", "token_ranks", "sorted_tokens", "slot_starts", "slot_counts"):
+        assert torch.equal(getattr(staged, field), getattr(expected, field)), field
+    assert staged.num_tokens.item() == len(slots)
+
+
 def decode_plan(seqs: list[Sequence]) -> StepPlan:
     return StepPlan([ScheduledChunk(s, s.num_tokens - 1, 1) for s in seqs])
 
@@ -61,12 +71,7 @@ def test_staged_words_match_the_step_tensors():
         for row, seq in enumerate(seqs):
             assert staging.block_tables[row, : len(seq.block_table)].tolist() == seq.block_table
         if staged.uses_lora:
-            expected = LoRABatch.allocate(16, 6).update(
-                torch.tensor(slots, dtype=torch.int32), torch.tensor(ranks, dtype=torch.int32)
-            )
-            for field in ("token_slots", "token_ranks", "sorted_tokens", "slot_starts", "slot_counts"):
-                assert torch.equal(getattr(staging.lora_batch, field), getattr(expected, field)), field
-            assert staging.lora_batch.num_tokens.item() == n
+            assert_lora_words(staging.lora_batch, slots, ranks)
         for seq in seqs:
             blocks.free(seq)
 

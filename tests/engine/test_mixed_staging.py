@@ -15,9 +15,8 @@ from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.mixed_graphs import forward_mixed, token_buckets
 from multilora_studio.engine.mixed_staging import MixedStaging
 from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
-from multilora_studio.kernels.lora import LoRABatch
 from tests.engine.conftest import RUNNER_BLOCK as BLOCK
-from tests.engine.test_decode_staging import make_sequences
+from tests.engine.test_decode_staging import assert_lora_words, make_sequences
 
 
 def mixed_plan(seqs, rng: random.Random) -> StepPlan:
@@ -74,12 +73,7 @@ def test_staged_words_match_the_step():
             table = chunk.seq.block_table
             assert staging.block_tables[row, : len(table)].tolist() == table
         if staged.uses_lora:
-            expected = LoRABatch.allocate(96, 6).update(
-                torch.tensor(token_slots, dtype=torch.int32), torch.tensor(ranks, dtype=torch.int32)
-            )
-            for field in ("token_slots", "token_ranks", "sorted_tokens", "slot_starts", "slot_counts"):
-                assert torch.equal(getattr(staging.lora_batch, field), getattr(expected, field)), field
-            assert staging.lora_batch.num_tokens.item() == t
+            assert_lora_words(staging.lora_batch, token_slots, ranks)
         for seq in seqs:
             blocks.free(seq)
 
