@@ -116,5 +116,10 @@ def compile_now() -> None:
     x = torch.zeros(1, 4)
     rms_norm(x, torch.ones(4), 1e-6)
     add_rms_norm(x, torch.zeros(1, 4), torch.ones(4), 1e-6)
-    rope_(torch.zeros(1, 1, 4), torch.zeros(2, 4), torch.zeros(1, dtype=torch.int64))
+    for tokens in (1, 2):  # the engine rotates views of the fused qkv output (strided above one row)
+        rope_(
+            torch.zeros(tokens, 12)[:, :4].view(tokens, 1, 4),
+            torch.zeros(2, 4),
+            torch.zeros(tokens, dtype=torch.int64),
+        )
     silu_and_mul(x)

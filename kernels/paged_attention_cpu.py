@@ -118,3 +118,16 @@ def decode_attention(
         np.asarray(rows, dtype=np.int64),
         np.float32(scale),
     )
+
+
+def compile_now() -> None:
+    """Compile (or load from Numba's cache) the kernel for the engine's argument types."""
+    if not AVAILABLE:
+        return
+    cache = torch.zeros(1, 2, 1, 4)  # [blocks, block_size, Hkv, D]
+    tables = torch.zeros(2, 1, dtype=torch.int32)
+    lens = torch.ones(2, dtype=torch.int32)
+    for tokens in (1, 2):  # one row is contiguous; more rows of the fused qkv output are strided
+        q = torch.zeros(tokens, 12)[:, :4].view(tokens, 1, 4)
+        out = torch.empty(tokens, 1, 4)
+        decode_attention(out, q, cache, cache, tables, lens, list(range(tokens)), list(range(tokens)), 1.0)

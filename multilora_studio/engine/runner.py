@@ -26,7 +26,7 @@ from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.sampler import sample
 from multilora_studio.engine.scheduler import StepPlan
 from multilora_studio.engine.weights import ModelWeights, pack_for_onednn
-from multilora_studio.kernels import fused_ops_cpu, lora_cpu
+from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
 from multilora_studio.kernels.cpu_linear import onednn_packing_available
 from multilora_studio.kernels.lora import LoRABatch
 
@@ -97,6 +97,7 @@ class ModelRunner:
             # the CPU kernels compile now (or load Numba's cached build), not in the first step
             lora_cpu.compile_now()
             fused_ops_cpu.compile_now()
+            paged_attention_cpu.compile_now()
 
     def prepare(
         self, plan: StepPlan, blocks: BlockManager, slot_of: dict[str | None, int]

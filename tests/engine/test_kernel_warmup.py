@@ -18,6 +18,7 @@ from multilora_studio.engine.kernel_warmup import (
 )
 from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
 from multilora_studio.engine.sequence import Sequence
+from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
 from tests.engine.conftest import RUNNER_BLOCK
 
 
@@ -81,3 +82,23 @@ def test_sampling_warm_up_leaves_the_logits_alone():
     before = logits.clone()
     warm_up_sampling(logits)
     assert torch.equal(logits, before)
+
+
+@pytest.mark.skipif(not lora_cpu.AVAILABLE, reason="needs Numba")
+def test_cpu_kernels_compile_at_start_up_not_while_serving(make_engine):
+    """Every Numba kernel variant the CPU engine calls is compiled when it starts."""
+    kernels = {
+        "lora": lora_cpu._kernel,
+        "attention": paged_attention_cpu._kernel,
+        "norm": fused_ops_cpu._norm,
+        "rope": fused_ops_cpu._rope,
+        "silu": fused_ops_cpu._silu_mul,
+    }
+    engine = make_engine(device="cpu")
+    compiled = {name: len(kernel.signatures) for name, kernel in kernels.items()}
+    assert all(compiled.values()), compiled
+    names = ["tiny-r4-qv", "tiny-r8-all", None]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    for size in (1, 3):
+        engine.generate([[5, 6, 7, 8][: size + 1]] * size, names[:size], params)
+    assert {name: len(kernel.signatures) for name, kernel in kernels.items()} == compiled
