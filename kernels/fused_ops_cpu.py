@@ -15,8 +15,7 @@ from . import lora_cpu
 
 numba = lora_cpu.numba
 AVAILABLE = lora_cpu.AVAILABLE
-# Reassociation for vectorised sums; exp, sqrt, inf and NaN keep IEEE semantics.
-FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+FASTMATH = lora_cpu.FASTMATH  # exp, sqrt, inf and NaN keep IEEE semantics
 
 
 def _norm_rows(x, residual, weight, out, eps, has_residual):

@@ -33,8 +33,10 @@ log = logging.getLogger(__name__)
 
 AVAILABLE = numba is not None
 # Up to this many tokens the kernel beats the torch backend on the default model's shapes
-# (docs/kernels.md, "CPU kernel"); beyond it the grouped GEMMs use both cores.
+# (docs/BENCHMARKS.md, the CPU LoRA kernel timings); beyond it the grouped GEMMs use both cores.
 MAX_TOKENS = 64
+# Reassociation (vectorised sums) without the flags that assume no inf/NaN or approximate maths.
+FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 
 def _add_lora_rows(y, x, a, bt, token_slots, token_ranks, sorted_tokens, offsets):
@@ -72,7 +74,7 @@ def _add_lora_rows(y, x, a, bt, token_slots, token_ranks, sorted_tokens, offsets
                     y_slice[j] += h_r * b_row[j]
 
 
-_kernel = numba.njit(fastmath=True, nogil=True, cache=True)(_add_lora_rows) if AVAILABLE else None
+_kernel = numba.njit(fastmath=FASTMATH, nogil=True, cache=True)(_add_lora_rows) if AVAILABLE else None
 
 
 @functools.lru_cache(maxsize=64)

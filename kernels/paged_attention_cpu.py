@@ -19,8 +19,7 @@ from . import lora_cpu
 
 numba = lora_cpu.numba
 AVAILABLE = lora_cpu.AVAILABLE
-# Reassociation (vectorised sums) without the flags that assume no inf/NaN or approximate exp.
-FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+FASTMATH = lora_cpu.FASTMATH
 
 
 def _decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, seqs, rows, scale):
