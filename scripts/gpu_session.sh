@@ -61,6 +61,9 @@ for step in $steps; do
         --rank 16 --targets all --batch 32 --max-loras 32 --input-len 64 --output-len 32 --load-workers 8 \
         --sweep-adapters 1,1000 --requests 256 --no-progress --json "$OUT/bench_sweep_w8.json" 2>&1 \
         | tee "$OUT/bench-sweep-w8.log" | grep -v " INFO " | tail -6 ;;
+    lora-overlap)
+      # the LoRA shrink on a second stream beside the base GEMM, inside CUDA graphs, against one stream
+      timeout 200 python3 -m multilora_studio.kernels.overlap_bench 2>&1 | tee "$OUT/lora-overlap.log" | tail -8 ;;
     tier-workers)
       # decode during cold loads with one loader thread and with four
       for workers in 1 4; do
