@@ -64,6 +64,12 @@ for step in $steps; do
     lora-overlap)
       # the LoRA shrink on a second stream beside the base GEMM, inside CUDA graphs, against one stream
       timeout 200 python3 -m multilora_studio.kernels.overlap_bench 2>&1 | tee "$OUT/lora-overlap.log" | tail -8 ;;
+    bench-identical)
+      # the identical pattern (every request on one adapter) with thread stacks of its slowest steps
+      timeout 200 python3 -m multilora_studio bench --model random:llama3-8b --device cuda --dtype bfloat16 \
+        --rank 16 --targets all --batch 32 --max-loras 32 --input-len 64 --output-len 32 \
+        --pattern identical,uniform --sample-stacks --no-progress --json "$OUT/bench_identical.json" 2>&1 \
+        | tee "$OUT/bench-identical.log" | grep -v " INFO " | tail -60 ;;
     tier-workers)
       # decode during cold loads with one loader thread and with four
       for workers in 1 4; do

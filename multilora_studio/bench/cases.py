@@ -37,6 +37,7 @@ class BenchOptions:
     load_workers: int | None = None
     adapter_loader: str = "auto"
     prefetch_host: bool = False
+    sample_stacks: bool = False  # diagnostic: thread stacks of each case's slowest steps
     max_num_seqs: int | None = None
     kv_cache_gb: float | None = None
     batch: int = 8

@@ -62,6 +62,11 @@ def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="read each online/sweep case's most popular adapters into host RAM first (S-LoRA's setting)",
     )
+    setup.add_argument(
+        "--sample-stacks",
+        action="store_true",
+        help="sample thread stacks every 2 ms and print what each case's slowest steps waited on",
+    )
     setup.add_argument("--max-num-seqs", type=int, default=None, help="running requests (default: --batch)")
     setup.add_argument("--kv-cache-gb", type=float, default=None, help="KV cache size (default: automatic)")
     adapters = parser.add_argument_group("random adapters")
@@ -121,6 +126,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         load_workers=args.load_workers,
         adapter_loader=args.adapter_loader,
         prefetch_host=args.prefetch_host,
+        sample_stacks=args.sample_stacks,
         max_num_seqs=args.max_num_seqs,
         kv_cache_gb=args.kv_cache_gb,
         batch=args.batch,

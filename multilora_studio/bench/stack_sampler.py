@@ -12,6 +12,8 @@ import threading
 import time
 from collections import Counter
 
+from multilora_studio.engine.step_trace import StepRecord, records_as_dicts
+
 
 def _stack(frame, depth: int) -> str:
     parts: list[str] = []
@@ -56,3 +58,24 @@ class StackSampler(threading.Thread):
     def stalls(self, longer_than_s: float = 0.015) -> list[tuple[float, float]]:
         """(start, seconds) of the gaps between samples longer than ``longer_than_s``."""
         return [(a, b - a) for a, b in zip(self.ticks, self.ticks[1:], strict=False) if b - a > longer_than_s]
+
+
+def explain_slow_steps(records: list[StepRecord], sampler: StackSampler, count: int = 4) -> list[dict]:
+    """The slowest steps (and schedulings) of a window with the thread stacks sampled meanwhile."""
+    explained = []
+    by_total = sorted(records, key=lambda r: r.total_s, reverse=True)[:count]
+    by_schedule = sorted(records, key=lambda r: r.schedule_s, reverse=True)[:count]
+    for kind, picked in (("step", by_total), ("schedule", by_schedule)):
+        for r in picked:
+            start = r.start - r.schedule_s if kind == "schedule" else r.start
+            end = r.start if kind == "schedule" else r.start + r.total_s
+            stacks = sampler.during(start, end)
+            ms = round((end - start) * 1e3, 2)
+            explained.append({"kind": kind, "ms": ms, "record": records_as_dicts([r])[0], "stacks": stacks})
+            print(f"slow {kind} {ms} ms: graph={r.graph} tokens={r.tokens} seqs={r.sequences}")
+            for thread, thread_stacks in stacks.items():
+                for stack, hits in thread_stacks:
+                    print(f"    {thread:<24} {hits:>3}  {stack}")
+    stalls = [(round(start, 3), round(seconds * 1e3, 1)) for start, seconds in sampler.stalls()[:10]]
+    print(f"sampler stalls (> 15 ms without a sample): {stalls}")
+    return explained

@@ -23,6 +23,7 @@ from multilora_studio.bench.cases import BenchOptions, Case, build_cases
 from multilora_studio.bench.ceiling import Ceiling, adapter_bytes, copy_bandwidth, step_weight_bytes
 from multilora_studio.bench.drive import Backend, run_requests
 from multilora_studio.bench.engine_backend import EngineBackend
+from multilora_studio.bench.stack_sampler import StackSampler, explain_slow_steps
 from multilora_studio.bench.stats import summarize
 from multilora_studio.bench.tiers import tier_stats
 from multilora_studio.bench.workloads import BenchRequest, prompt_token_ids
@@ -187,6 +188,9 @@ async def _run_cases(
             prefetched = _prefetch_host(engine, case, names)
         before = engine.metrics(fresh=True) if engine is not None else None
         steps_since = time.perf_counter()
+        sampler = StackSampler() if options.sample_stacks and engine is not None else None
+        if sampler is not None:
+            sampler.start()
         mapped = [None if r.adapter is None else names[r.adapter] for r in case.requests]
         with tqdm(total=len(case.requests), desc=case.name, leave=False, disable=not options.progress) as bar:
             outcome, started = await run_requests(backend, case.requests, case.prompts, mapped, bar)
@@ -207,7 +211,12 @@ async def _run_cases(
             adapter_requests = sum(r.adapter is not None for r in case.requests)
             record["engine"] = tier_stats(before, after, adapter_requests, engine.device)
             # batch occupancy and step times of the case (graph decode vs eager steps)
-            record["engine"]["steps"] = summarize_steps(engine.step_trace.snapshot(since=steps_since))
+            steps = engine.step_trace.snapshot(since=steps_since)
+            record["engine"]["steps"] = summarize_steps(steps)
+            if sampler is not None:
+                sampler.stop()
+                print(f"{case.name}:")
+                record["slow_steps"] = explain_slow_steps(steps, sampler, count=3)
         if ceiling is not None and case.kind == "pattern":
             record["ceiling_tok_s"] = ceiling.tokens_per_second(len(case.requests), case.distinct_adapters)
         if summary["errors"]:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from multilora_studio.bench.random_adapters import write_random_adapter
-from multilora_studio.bench.stack_sampler import StackSampler
+from multilora_studio.bench.stack_sampler import StackSampler, explain_slow_steps
 from multilora_studio.engine import Engine, EngineConfig, EngineMetrics, SamplingParams
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 from multilora_studio.engine.step_trace import records_as_dicts, summarize
@@ -227,31 +227,6 @@ def main() -> None:
             "cold_load_p95_s": after.cold_load_p95_s,
         }
     write_results(results, args, root)
-
-
-def explain_slow_steps(records: list, sampler: StackSampler, count: int = 4) -> list[dict]:
-    """The slowest steps (and schedulings) of a window with the thread stacks sampled meanwhile."""
-    explained = []
-    by_total = sorted(records, key=lambda r: r.total_s, reverse=True)[:count]
-    by_schedule = sorted(records, key=lambda r: r.schedule_s, reverse=True)[:count]
-    for kind, picked in (("step", by_total), ("schedule", by_schedule)):
-        for r in picked:
-            start = r.start - r.schedule_s if kind == "schedule" else r.start
-            end = r.start if kind == "schedule" else r.start + r.total_s
-            entry = {
-                "kind": kind,
-                "ms": round((end - start) * 1e3, 2),
-                "record": records_as_dicts([r])[0],
-                "stacks": sampler.during(start, end),
-            }
-            explained.append(entry)
-            print(f"slow {kind} {entry['ms']} ms: graph={r.graph} tokens={r.tokens} seqs={r.sequences}")
-            for thread, stacks in entry["stacks"].items():
-                for stack, hits in stacks:
-                    print(f"    {thread:<24} {hits:>3}  {stack}")
-    stalls = [(round(start, 3), round(seconds * 1e3, 1)) for start, seconds in sampler.stalls()[:10]]
-    print(f"sampler stalls (> 15 ms without a sample): {stalls}")
-    return explained
 
 
 def print_trace(summaries: dict) -> None:
