@@ -7,17 +7,17 @@ bf16, random weights), batch 32 with every row on its own adapter, captured in C
 three ways and replayed: base GEMMs only; GEMM then shrink then expand on one stream (what
 the engine does); and the shrink forked onto a second stream so that it runs while the base
 GEMM reads the same activations, joined before the expand. Prints the median replay times
-and checks that both LoRA variants give the same outputs. CUDA only.
+(``triton.testing.do_bench``) and checks that both LoRA variants give the same outputs. CUDA only.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
 from . import lora_triton
+from .bench import bench_ms
 from .lora import build_lora_batch
 
 # name: (in_features, output slice widths) at the Llama-3-8B shape
@@ -27,18 +27,6 @@ SHAPES = {
     "gate_up": (4096, (14336, 14336)),
     "down": (14336, (4096,)),
 }
-
-
-def _replay_ms(graph: torch.cuda.CUDAGraph, iters: int = 30) -> float:
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -106,7 +94,7 @@ def main() -> None:
         torch.cuda.synchronize()
         outputs[mode] = [y.clone() for layer in layers for *_, y in layer.values()]
     same = all(torch.equal(p, q) for p, q in zip(outputs["serial"], outputs["overlap"], strict=True))
-    times = {mode: _replay_ms(graph) for mode, graph in graphs.items()}
+    times = {mode: bench_ms(graph.replay) for mode, graph in graphs.items()}
     base = times["base"]
     print(f"{args.layers} layers, batch {t}, {slots} distinct rank-{r} adapters, bf16, CUDA graphs")
     for mode, ms in times.items():

@@ -115,10 +115,9 @@ def warm_up_kernels(runner: ModelRunner) -> tuple[int, float]:
         )
         for lora in (None, LoRAStep(batch, frozenset(LORA_GROUPS))):
             hidden = runner.model.forward(input_ids, positions, attn, runner.kv_caches, lora)
-            last_logits = runner.model.logits(hidden[last_rows])
+            runner.model.logits(hidden[last_rows])
             passes += 1
-    if passes:
-        warm_up_sampling(last_logits)
+    warm_up_sampling(torch.zeros(1, runner.spec.vocab_size, device=device))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
@@ -130,7 +129,7 @@ def warm_up_sampling(logits: torch.Tensor) -> None:
     """Sample once with temperature, top-k and top-p, so the first sampled request does not
     load those CUDA kernels (sort, top-k, multinomial) while a batch waits: measured on the
     H200, that first load stalled every running request for 150-195 ms."""
-    rows = logits[:1].expand(2, -1).contiguous()  # [2, V]
+    rows = logits[:1].expand(2, -1).contiguous()  # [2, V]: one row per set of parameters
     params = [SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=0), SamplingParams(seed=1)]
     generators = [make_generator(p, logits.device, 0) for p in params]
     sample(rows, params, generators)
