@@ -186,7 +186,8 @@ def _sum_partials(p_ptrs, rows, rank, num_splits, stride_pp, SPLIT_BLOCK: tl.con
     offs_p = tl.arange(0, SPLIT_BLOCK)
     ptrs = p_ptrs + offs_p[:, None] * stride_pp  # [P, BR]
     mask = (offs_p < num_splits)[:, None] & (rows < rank)[None, :]
-    return tl.sum(tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg"), axis=0)
+    part = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)  # [P, BR]
+    return tl.sum(part, axis=0)
 
 
 @triton.jit
@@ -209,6 +210,7 @@ def _bgmv_expand_kernel(
     stride_ps,
     stride_pt,
     stride_pr,
+    stride_pl,
     stride_wl,
     stride_wn,
     stride_wr,
@@ -220,7 +222,12 @@ def _bgmv_expand_kernel(
     RANK_ALIGN: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """y[t, n-block] += sum_r h[t, r] * B[slot[t], n, r], h = sum of the partials."""
+    """y[t, n-block] += sum_r h[t, r] * B[slot[t], n, r], h = sum of the partials.
+
+    The token's partials start at ``part + s * stride_ps + t * stride_pt + slot * stride_pl``:
+    ``stride_pl`` is 0 for per-token partials and the slot stride for a shrink computed
+    against every slot (``expand_gathered``).
+    """
     t = tl.program_id(0)
     n_prog = tl.program_id(1)
     slot = tl.load(slots_ptr + t)
@@ -243,7 +250,13 @@ def _bgmv_expand_kernel(
         # Activations now, all at once: y and the token's partials.
         y_ptrs = y_ptr + t.to(tl.int64) * stride_yt + offs_n * stride_yn  # [BN]
         y_old = tl.load(y_ptrs, mask=n_ok, other=0.0)
-        p_ptrs = part_ptr + s * stride_ps + t.to(tl.int64) * stride_pt + offs_r[None, :] * stride_pr
+        p_ptrs = (
+            part_ptr
+            + s * stride_ps
+            + t.to(tl.int64) * stride_pt
+            + slot.to(tl.int64) * stride_pl
+            + offs_r[None, :] * stride_pr
+        )  # [1, BR]
         h = _sum_partials(p_ptrs, offs_r, rank, num_splits, stride_pp, SPLIT_BLOCK)  # [BR]
         w = tl.where((offs_r < rank)[None, :], w, 0.0)
         acc = tl.sum(w.to(tl.float32) * h[None, :], axis=1)  # [BN]
@@ -324,11 +337,59 @@ def expand(
         *cum,
         *padded_offsets(slice_offsets),
         *part.stride(),
+        0,
         *lora_b.stride(),
         *y.stride(),
         BLOCK_N=bn,
         BLOCK_R=block_r(max_rank),
         SPLIT_BLOCK=triton.next_power_of_2(splits),
+        RANK_ALIGN=rank_align(lora_b),
+        **_launch_options(use_pdl(y.device), num_warps or EXPAND_WARPS),
+    )
+    return y
+
+
+def expand_gathered(
+    y: torch.Tensor,
+    shrunk: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    slice_offsets: tuple[int, ...],
+    block_n: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """Token-major expand whose input is the shrink against EVERY slot.
+
+    ``shrunk`` is ``[T, num_slots, S, R]`` (any strides, any float dtype): ``x[t] @ A[l, s]^T``
+    for every slot ``l``, as one GEMM against the slots' A rows appended to the base weight
+    produces it. Each token reads its own slot's row: ``y[t] += shrunk[t, slot[t], s] @ B[slot[t]]^T``.
+    """
+    num_tokens, _, _, max_rank = shrunk.shape
+    out_total = lora_b.shape[1]
+    if num_tokens == 0 or out_total == 0:
+        return y
+    bn = block_n or expand_block_n(max_rank)
+    cum, n_progs = slice_programs(slice_offsets, bn)
+    st_t, st_l, st_s, st_r = shrunk.stride()
+    _bgmv_expand_kernel[(num_tokens, n_progs)](
+        shrunk,
+        lora_b,
+        y,
+        batch.token_slots,
+        batch.token_ranks,
+        1,
+        *cum,
+        *padded_offsets(slice_offsets),
+        0,
+        st_s,
+        st_t,
+        st_r,
+        st_l,
+        *lora_b.stride(),
+        *y.stride(),
+        BLOCK_N=bn,
+        BLOCK_R=block_r(max_rank),
+        SPLIT_BLOCK=1,
         RANK_ALIGN=rank_align(lora_b),
         **_launch_options(use_pdl(y.device), num_warps or EXPAND_WARPS),
     )

@@ -61,9 +61,10 @@ for step in $steps; do
         --rank 16 --targets all --batch 32 --max-loras 32 --input-len 64 --output-len 32 --load-workers 8 \
         --sweep-adapters 1,1000 --requests 256 --no-progress --json "$OUT/bench_sweep_w8.json" 2>&1 \
         | tee "$OUT/bench-sweep-w8.log" | grep -v " INFO " | tail -6 ;;
-    lora-overlap)
-      # the LoRA shrink on a second stream beside the base GEMM, inside CUDA graphs, against one stream
-      timeout 200 python3 -m multilora_studio.kernels.overlap_bench 2>&1 | tee "$OUT/lora-overlap.log" | tail -8 ;;
+    lora-step)
+      # what the LoRA term adds to a decode step's projections (32 layers, batch 32), per way of running it
+      timeout 300 python3 -m multilora_studio.kernels.step_lora_bench ${LORA_STEP_ARGS:-} 2>&1 \
+        | tee "$OUT/lora-step.log" | tail -40 ;;
     bench-identical)
       # the identical pattern (every request on one adapter) with thread stacks of its slowest steps
       timeout 200 python3 -m multilora_studio bench --model random:llama3-8b --device cuda --dtype bfloat16 \

@@ -1,0 +1,168 @@
+"""What the LoRA term adds to a decode step's projections, for each way of running it.
+
+    python -m multilora_studio.kernels.step_lora_bench [--layers 32] [--batch 32] [--rank 16]
+        [--slots 32] [--distinct 32 8 1] [--modes base serial dense overlap dense:8192:8]
+
+A decode step's projections at the Llama-3-8B shape (q/k/v, o, gate/up, down per layer,
+bf16, random weights), ``--slots`` adapter slots of rank ``--rank``, the batch's rows spread
+over ``--distinct`` adapters, captured in one CUDA graph per mode and replayed:
+
+* ``base``: the base GEMMs only;
+* ``serial``: GEMM, then the token-major shrink, then the expand (the kernels' default);
+* ``overlap``: the shrink forked onto a second stream beside the GEMM, joined before the expand;
+* ``dense``: every slot's A rows appended to the base weight, so one GEMM gives the base
+  output and the shrink against every slot; the expand reads each token's own slot
+  (``lora_decode.expand_gathered``). No shrink launch; reads every slot's A, in use or not.
+  ``dense:TILE:WARPS`` (or ``serial:...``) runs the expands with that tile and warp count.
+
+Prints the median replay times (``triton.testing.do_bench``), what LoRA adds and at which
+fraction of the copy bandwidth its bytes would need, and the largest difference of each
+LoRA mode's outputs from ``serial`` relative to the LoRA term. CUDA only.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from . import lora_decode, lora_triton
+from .bench import bench_ms, decode_settings
+from .lora import build_lora_batch
+
+# name: (in_features, output slice widths) at the Llama-3-8B shape
+SHAPES = {
+    "qkv": (4096, (4096, 1024, 1024)),
+    "o": (4096, (4096,)),
+    "gate_up": (4096, (14336, 14336)),
+    "down": (14336, (4096,)),
+}
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write) of a 1 GiB buffer."""
+    src = torch.empty(1 << 29, dtype=torch.float16, device="cuda")
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() * 2 / (ms * 1e-3)
+
+
+def make_layer(slots: int, rank: int, t: int) -> dict[str, dict[str, object]]:
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    layer = {}
+    for name, (k, widths) in SHAPES.items():
+        n, s = sum(widths), len(widths)
+        w_ext = torch.randn(n + slots * s * rank, k, device=dev, dtype=dt) * k**-0.5  # [N + L*S*R, K]
+        layer[name] = {
+            "k": k,
+            "n": n,
+            "w": w_ext[:n],  # base weight [N, K], a view
+            "w_ext": w_ext,
+            "a": w_ext[n:].view(slots, s, rank, k),  # A [L, S, R, K], a view of the extra rows
+            "b": torch.randn(slots, n, rank, device=dev, dtype=dt) * 0.1,  # B [L, N, R]
+            "offsets": (0, *torch.tensor(widths).cumsum(0).tolist()),
+            "x": torch.randn(t, k, device=dev, dtype=dt),  # [T, K]
+            "out": torch.empty(t, n + slots * s * rank, device=dev, dtype=dt),  # [T, N + L*S*R]
+        }
+    return layer
+
+
+def run_layer(
+    layer: dict[str, dict], batch, mode: str, side: torch.cuda.Stream, slots: int, rank: int
+) -> None:
+    main_stream = torch.cuda.current_stream()
+    for p in layer.values():
+        n, x, out = p["n"], p["x"], p["out"]
+        y = out[:, :n]  # [T, N], row stride N + L*S*R
+        if mode == "dense":
+            torch.matmul(x, p["w_ext"].T, out=out)
+            shrunk = out[:, n:].view(x.shape[0], slots, -1, rank)  # [T, L, S, R]
+            lora_decode.expand_gathered(y, shrunk, p["b"], batch, p["offsets"])
+            continue
+        if mode == "overlap":
+            side.wait_stream(main_stream)
+            with torch.cuda.stream(side):
+                part = lora_triton.shrink_partials(x, p["a"], batch)  # [splits, S, T, R]
+            torch.matmul(x, p["w"].T, out=y)
+            main_stream.wait_stream(side)
+            lora_triton.expand(y, part, p["b"], batch, p["offsets"])
+            continue
+        torch.matmul(x, p["w"].T, out=y)
+        if mode == "serial":
+            part = lora_triton.shrink_partials(x, p["a"], batch)
+            lora_triton.expand(y, part, p["b"], batch, p["offsets"])
+
+
+def lora_bytes(distinct: int, t: int, rank: int) -> int:
+    """Bytes the LoRA term needs per layer: adapters in use read once, x read, y read and written."""
+    total = 0
+    for k, widths in SHAPES.values():
+        n = sum(widths)
+        total += distinct * (len(widths) * rank * k + n * rank) * 2 + t * (k + 2 * n) * 2
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--slots", type=int, default=32)
+    parser.add_argument("--distinct", type=int, nargs="+", default=[32, 8, 1])
+    parser.add_argument("--modes", nargs="+", default=["base", "serial", "dense"])
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("CUDA only")
+    torch.manual_seed(0)
+    t, r, slots = args.batch, args.rank, args.slots
+    bw = copy_bandwidth()
+    layers = [make_layer(slots, r, t) for _ in range(args.layers)]
+    side = torch.cuda.Stream()
+    pool = torch.cuda.graph_pool_handle()
+    print(
+        f"{args.layers} layers, batch {t}, {slots} slots of rank {r}, bf16, copy {bw / 1e12:.2f} TB/s"
+    )
+    for distinct in args.distinct:
+        token_slots = torch.arange(t, dtype=torch.int32, device="cuda") % distinct
+        batch = build_lora_batch(
+            token_slots, torch.full((slots,), r, dtype=torch.int32, device="cuda"), slots
+        )
+        graphs, outputs = {}, {}
+        for mode in args.modes:
+            kind, *tile = mode.split(":")
+            settings = {"EXPAND_TILE": int(tile[0]), "EXPAND_WARPS": int(tile[1])} if tile else {}
+            with decode_settings(**settings):
+                for layer in layers:
+                    run_layer(layer, batch, kind, side, slots, r)  # compile outside the capture
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    for layer in layers:
+                        run_layer(layer, batch, kind, side, slots, r)
+            graphs[mode] = graph
+            graph.replay()
+            torch.cuda.synchronize()
+            outputs[mode] = [p["out"][:, : p["n"]].clone() for layer in layers for p in layer.values()]
+        times = {mode: bench_ms(graph.replay) for mode, graph in graphs.items()}
+        need = lora_bytes(distinct, t, r) * args.layers
+        print(f"{distinct} distinct adapters: LoRA bytes {need / 1e9:.3f} GB a step")
+        base = times.get("base")
+        for mode, ms in times.items():
+            line = f"  {mode:<8} {ms:7.3f} ms"
+            if base is not None and mode != "base":
+                extra = ms - base
+                line += f"  LoRA +{extra:.3f} ms = {need / (extra * 1e-3) / bw:.0%} of copy bandwidth"
+                line += f", base / this = {base / ms:.3f}"
+            if "serial" in outputs and "base" in outputs and mode not in ("base", "serial"):
+                worst = max(
+                    ((o - s).float().abs().max() / (s.float() - b.float()).abs().max().clamp_min(1e-6)).item()
+                    for o, s, b in zip(outputs[mode], outputs["serial"], outputs["base"], strict=True)
+                )
+                line += f", max |this - serial| / max |LoRA term| = {worst:.2e}"
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
