@@ -503,6 +503,57 @@ def lora_expand(
     return y
 
 
+def lora_expand_gathered(
+    y: torch.Tensor,
+    shrunk: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    slice_offsets: Sequence[int],
+    backend: str = "auto",
+    validate: bool = True,
+) -> torch.Tensor:
+    """The expand for a shrink computed against EVERY slot, in place; returns ``y``.
+
+    ``shrunk[t, l, s]`` is ``x[t] @ lora_a[l, s]^T`` for every slot ``l`` (``[T, num_slots,
+    num_slices, max_rank]``, any float dtype, any strides), as one GEMM over the base weight
+    with every slot's A rows appended produces it; each token reads its own slot's entry.
+    Other arguments as in :func:`lora_expand`. On CUDA (and under ``TRITON_INTERPRET=1``)
+    one token-major Triton launch for up to ``lora_decode.DECODE_MAX_TOKENS`` tokens; larger
+    batches and the CPU gather the rows and run the torch expand.
+
+    Semantics::
+
+        for t in range(T):
+            l = slot_ids[t]
+            if l >= 0:
+                for s in range(S):
+                    lo, hi = slice_offsets[s], slice_offsets[s + 1]
+                    y[t, lo:hi] += (shrunk[t, l, s].float() @ lora_b[l, lo:hi].float().T).to(y.dtype)
+    """
+    if validate:
+        if not isinstance(shrunk, torch.Tensor) or shrunk.dim() != 4 or not shrunk.is_floating_point():
+            raise ValueError("shrunk must be a float tensor [num_tokens, num_slots, num_slices, max_rank]")
+        _check_device(batch, shrunk=shrunk)
+        offs = _check_b(y, lora_b, batch, shrunk.shape[2], shrunk.shape[3], slice_offsets)
+        if shrunk.shape[0] != y.shape[0]:
+            raise ValueError(f"shrunk has {shrunk.shape[0]} tokens but y has {y.shape[0]}")
+        if shrunk.shape[1] != lora_b.shape[0]:
+            raise ValueError(f"shrunk has {shrunk.shape[1]} slots but lora_b has {lora_b.shape[0]}")
+    else:
+        offs = tuple(slice_offsets)
+    if _backend_of(backend, y.device) == "triton":
+        from . import lora_decode
+
+        if y.shape[0] <= lora_decode.DECODE_MAX_TOKENS:
+            return lora_decode.expand_gathered(y, shrunk, lora_b, batch, offs)
+    num_tokens = y.shape[0]
+    slots = batch.token_slots[:num_tokens].long().clamp(min=0)  # [T]; rows with -1 are never written
+    rows = torch.arange(num_tokens, device=y.device)
+    buf = shrunk[rows, slots].float().transpose(0, 1)  # [S, T, R]
+    _torch_expand(y, buf, lora_b, batch, offs)
+    return y
+
+
 def add_lora(
     y: torch.Tensor,
     x: torch.Tensor,

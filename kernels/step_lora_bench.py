@@ -23,6 +23,7 @@ LoRA mode's outputs from ``serial`` relative to the LoRA term. CUDA only.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
 
@@ -47,7 +48,7 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 2 / (ms * 1e-3)
 
 
-def make_layer(slots: int, rank: int, t: int) -> dict[str, dict[str, object]]:
+def make_layer(slots: int, rank: int, t: int) -> dict[str, dict[str, Any]]:
     dev, dt = torch.device("cuda"), torch.bfloat16
     layer = {}
     for name, (k, widths) in SHAPES.items():
@@ -120,10 +121,7 @@ def main() -> None:
     bw = copy_bandwidth()
     layers = [make_layer(slots, r, t) for _ in range(args.layers)]
     side = torch.cuda.Stream()
-    pool = torch.cuda.graph_pool_handle()
-    print(
-        f"{args.layers} layers, batch {t}, {slots} slots of rank {r}, bf16, copy {bw / 1e12:.2f} TB/s"
-    )
+    print(f"{args.layers} layers, batch {t}, {slots} slots of rank {r}, bf16, copy {bw / 1e12:.2f} TB/s")
     for distinct in args.distinct:
         token_slots = torch.arange(t, dtype=torch.int32, device="cuda") % distinct
         batch = build_lora_batch(
@@ -132,13 +130,13 @@ def main() -> None:
         graphs, outputs = {}, {}
         for mode in args.modes:
             kind, *tile = mode.split(":")
-            settings = {"EXPAND_TILE": int(tile[0]), "EXPAND_WARPS": int(tile[1])} if tile else {}
-            with decode_settings(**settings):
+            tile_n, warps = (int(tile[0]), int(tile[1])) if tile else (None, None)
+            with decode_settings(EXPAND_TILE=tile_n, EXPAND_WARPS=warps):
                 for layer in layers:
                     run_layer(layer, batch, kind, side, slots, r)  # compile outside the capture
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                with torch.cuda.graph(graph):
                     for layer in layers:
                         run_layer(layer, batch, kind, side, slots, r)
             graphs[mode] = graph
@@ -146,6 +144,7 @@ def main() -> None:
             torch.cuda.synchronize()
             outputs[mode] = [p["out"][:, : p["n"]].clone() for layer in layers for p in layer.values()]
         times = {mode: bench_ms(graph.replay) for mode, graph in graphs.items()}
+        del graphs
         need = lora_bytes(distinct, t, r) * args.layers
         print(f"{distinct} distinct adapters: LoRA bytes {need / 1e9:.3f} GB a step")
         base = times.get("base")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft.
-# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
+engine-fidelity] [engine-bench]|engine-fidelity] [engine-bench] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 set -u
 OUT=${OUT:-/tmp/gpu-session}
@@ -28,6 +28,13 @@ for step in $steps; do
     engine-bench)
       timeout 400 python3 -m multilora_studio.bench.engine_gpu --json "$OUT/engine_gpu.json" 2>&1 \
         | tee "$OUT/engine-bench.log" | grep -v "^INFO" | tail -30 ;;
+    engine-bench-ab)
+      # the engine benchmark with the LoRA shrink inside the base GEMMs off, then on
+      for mode in off on; do
+        timeout 280 python3 -m multilora_studio.bench.engine_gpu --shrink-in-gemm $mode \
+          --json "$OUT/engine_gpu_$mode.json" 2>&1 | tee "$OUT/engine-bench-$mode.log" | grep -v "^INFO" \
+          | grep -E "shrink|decode_tok|over_base|replay|startup|equals|fraction"
+      done ;;
     tier-bench)
       timeout 200 python3 -m multilora_studio.bench.tiers_gpu --json "$OUT/tiers_gpu.json" 2>&1 \
         | tee "$OUT/tier-bench.log" | grep -v "^INFO" | tail -30 ;;

@@ -76,8 +76,15 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--shrink-in-gemm",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="EngineConfig.lora_shrink_in_gemm: auto (the engine's rule), on or off",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    shrink_in_gemm = {"auto": None, "on": True, "off": False}[args.shrink_in_gemm]
     logging.basicConfig(level=logging.INFO)
     device = torch.device("cuda")
     spec = RANDOM_SHAPES[args.shape]
@@ -85,6 +92,7 @@ def main() -> None:
         "shape": args.shape,
         "batch": args.batch,
         "rank": args.rank,
+        "shrink_in_gemm": args.shrink_in_gemm,
         "gpu": torch.cuda.get_device_name(),
     }
 
@@ -118,6 +126,7 @@ def main() -> None:
             max_model_len=args.prompt_len + args.new_tokens + 16,
             max_num_batched_tokens=max(2048, args.batch * args.prompt_len),
             enforce_eager=eager,
+            lora_shrink_in_gemm=shrink_in_gemm,
         )
         start = time.perf_counter()
         with Engine(config) as engine:

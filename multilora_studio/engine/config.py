@@ -12,6 +12,8 @@ SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "auto")
 MAX_SLOTS = 1024
 MAX_SEED = 2**63 - 1  # torch.Generator seeds are signed 64-bit
 GREEDY_BELOW = 1e-5
+# max_loras x max_lora_rank up to which CUDA engines compute the LoRA shrink in the base GEMMs
+SHRINK_IN_GEMM_MAX_ROWS = 1024
 DEVICE_NAME = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -70,6 +72,13 @@ class EngineConfig:
     # Adapter loads from disk at once (loader threads, and as many children with "process").
     # None: 1 on the CPU (loads compete with decoding for the cores), else min(4, cores // 4).
     adapter_load_workers: int | None = None
+    # Whether steps of up to 256 tokens compute the LoRA shrink inside the base GEMMs: every
+    # slot's A is stored as extra rows after the base weight's rows, so one GEMM gives the
+    # base output and each token's shrink against every slot, and the expand reads its own
+    # slot's (docs/engine.md). One launch fewer per projection, but it reads every slot's A
+    # whatever the batch uses. None: on CUDA when max_loras x max_lora_rank <= 1024 (where it
+    # was faster at any adapter mix on the H200), never on the CPU.
+    lora_shrink_in_gemm: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):
@@ -108,6 +117,16 @@ class EngineConfig:
             )
         if self.adapter_load_workers is not None:
             _check_int("adapter_load_workers", self.adapter_load_workers, 1, 64)
+        if self.lora_shrink_in_gemm is not None and not isinstance(self.lora_shrink_in_gemm, bool):
+            raise ValueError(
+                f"lora_shrink_in_gemm must be True, False or None, got {self.lora_shrink_in_gemm!r}"
+            )
+
+    def shrink_in_gemm_for(self, device_type: str) -> bool:
+        """Whether the engine on ``device_type`` computes the LoRA shrink in the base GEMMs."""
+        if self.lora_shrink_in_gemm is not None:
+            return self.lora_shrink_in_gemm
+        return device_type == "cuda" and self.max_loras * self.max_lora_rank <= SHRINK_IN_GEMM_MAX_ROWS
 
     def loader_for(self, device_type: str) -> str:
         """The adapter loader used on ``device_type``, "thread" or "process" (see ``adapter_loader``)."""

@@ -150,7 +150,11 @@ class Engine:
             torch.cuda.set_device(self.device)
             quiet_host_threads()
             install_compile_watch()
-        base: BaseModel = resolve_model(config.model, self.dtype, self.device, progress)
+        # LoRA A rows reserved after every GEMM weight when the shrink runs inside the base GEMMs
+        lora_rows = (
+            config.max_loras * config.max_lora_rank if config.shrink_in_gemm_for(self.device.type) else 0
+        )
+        base: BaseModel = resolve_model(config.model, self.dtype, self.device, progress, lora_rows)
         self.base = base
         self.spec = base.spec
         self.tokenizer = base.tokenizer

@@ -3,6 +3,10 @@
 Plain functions over the fused weights: per layer one qkv GEMM, one gate_up GEMM,
 and the LoRA term of each targeted projection group added by the multi-LoRA
 kernels for a per-token adapter slot. Per-step metadata arrives as arguments.
+
+With GEMM blocks (``EngineConfig.lora_shrink_in_gemm``), a step of up to
+``DECODE_MAX_TOKENS`` tokens runs each targeted projection as one GEMM over the base
+rows and every slot's A rows, then the expand that reads each token's own slot.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from multilora_studio.engine.rope import cos_sin_cache
 from multilora_studio.engine.weights import ModelWeights
 from multilora_studio.kernels.cpu_linear import packed_linear
 from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, rope_, silu_and_mul
-from multilora_studio.kernels.lora import LoRABatch, add_lora
+from multilora_studio.kernels.lora import LoRABatch, add_lora, lora_expand_gathered
+from multilora_studio.kernels.lora_decode import DECODE_MAX_TOKENS
 from multilora_studio.kernels.paged_attention import paged_attention, write_kv
 
 
@@ -59,16 +64,35 @@ class LlamaModel:
         self.scale = spec.head_dim**-0.5
         self.linear = packed_linear if weights.onednn_packed else F.linear
 
-    def _add_lora(
-        self, group: str, layer: int, y: torch.Tensor, x: torch.Tensor, step: LoRAStep | None
-    ) -> None:
-        if step is None or group not in step.groups or self.lora is None:
-            return
+    def _project(
+        self,
+        group: str,
+        layer: int,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        step: LoRAStep | None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x @ weight^T (+ bias)`` [T, N] plus the LoRA term of ``group`` for the step's tokens."""
         lora = self.lora
+        if step is None or lora is None or group not in step.groups:
+            return self.linear(x, weight, bias)
         # The slot buffers and activations are consistent by construction: no argument checks.
+        if group in lora.gemm_blocks and x.shape[0] <= DECODE_MAX_TOKENS:
+            if bias is not None:
+                assert self.weights.qkv_bias_block is not None  # allocated with the blocks
+                bias = self.weights.qkv_bias_block[layer]  # [N + S * slots * R], zeros after N
+            out = self.linear(x, lora.gemm_blocks[group][layer], bias)  # [T, N + S * slots * R]
+            y, shrunk = lora.gemm_output_split(group, out)  # [T, N], [T, slots, S, R]
+            lora_expand_gathered(
+                y, shrunk, lora.b[group][layer], step.batch, lora.offsets[group], validate=False
+            )
+            return y
+        y = self.linear(x, weight, bias)
         add_lora(
             y, x, lora.a[group][layer], lora.b[group][layer], step.batch, lora.offsets[group], validate=False
         )
+        return y
 
     def forward(
         self,
@@ -86,8 +110,7 @@ class LlamaModel:
         residual = F.embedding(input_ids, self.weights.embed)  # [T, H], the residual stream
         h = rms_norm(residual, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
-            qkv = self.linear(h, layer.qkv, layer.qkv_bias)  # [T, q + 2 kv]
-            self._add_lora("qkv", index, qkv, h, lora)
+            qkv = self._project("qkv", index, h, layer.qkv, lora, layer.qkv_bias)  # [T, q + 2 kv]
             q = qkv[:, :q_size].view(tokens, spec.num_heads, spec.head_dim)
             k = qkv[:, q_size : q_size + kv_size].view(tokens, spec.num_kv_heads, spec.head_dim)
             v = qkv[:, q_size + kv_size :].view(tokens, spec.num_kv_heads, spec.head_dim)
@@ -105,14 +128,11 @@ class LlamaModel:
                 self.scale,
                 max_query_len=attn.max_query_len,
             ).view(tokens, q_size)  # [T, q]
-            o = self.linear(context, layer.o)  # [T, H]
-            self._add_lora("o", index, o, context, lora)
+            o = self._project("o", index, context, layer.o, lora)  # [T, H]
             h = add_rms_norm(o, residual, layer.post_norm, eps)  # residual += o
-            gate_up = self.linear(h, layer.gate_up)  # [T, 2 I]
-            self._add_lora("gate_up", index, gate_up, h, lora)
+            gate_up = self._project("gate_up", index, h, layer.gate_up, lora)  # [T, 2 I]
             act = silu_and_mul(gate_up)  # [T, I]
-            down = self.linear(act, layer.down)  # [T, H]
-            self._add_lora("down", index, down, act, lora)
+            down = self._project("down", index, act, layer.down, lora)  # [T, H]
             next_norm = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.final_norm
             h = add_rms_norm(down, residual, next_norm, eps)  # residual += down
         return h

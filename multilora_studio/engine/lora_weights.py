@@ -1,7 +1,8 @@
 """Adapter weights resident on the device: one slot per adapter, per layer and projection group.
 
 Storage (allocated once, zeros; see ``multilora_studio.kernels.lora`` for the kernels' view):
-    a[group]: [layers, slots, slices, max_rank, in_features]
+    a[group]: [layers, slots, slices, max_rank, in_features]   (with GEMM blocks: a view of the
+              rows after the base weight's, ``engine/weights.py``)
     b[group]: [layers, slots, out_total, max_rank]   slice s = rows offsets[s]:offsets[s+1]
               (on the CPU a transposed view of [layers, slots, max_rank, out_total] storage)
     slot_ranks: [slots] int32, 0 = empty slot
@@ -35,9 +36,17 @@ class LoRASlotWeights:
     """The device-side LoRA factor buffers for ``num_slots`` adapters."""
 
     def __init__(
-        self, spec: ModelSpec, num_slots: int, max_rank: int, dtype: torch.dtype, device: torch.device
+        self,
+        spec: ModelSpec,
+        num_slots: int,
+        max_rank: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        gemm_blocks: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.num_slots = num_slots
+        # group -> [layers, N + slices * slots * max_rank, K] when the shrink runs inside the base GEMM
+        self.gemm_blocks = gemm_blocks or {}
         self.max_rank = max_rank
         self.a: dict[str, torch.Tensor] = {}
         self.b: dict[str, torch.Tensor] = {}
@@ -46,10 +55,21 @@ class LoRASlotWeights:
             in_features = spec.projection_shape(modules[0])[1]
             widths = [spec.projection_shape(module)[0] for module in modules]
             self.offsets[group] = (0, *itertools.accumulate(widths))
-            self.a[group] = torch.zeros(
-                (spec.num_layers, num_slots, len(modules), max_rank, in_features), dtype=dtype, device=device
-            )
+            a_shape = (spec.num_layers, num_slots, len(modules), max_rank, in_features)
             out_total = sum(widths)
+            if group in self.gemm_blocks:
+                block = self.gemm_blocks[group]  # [L, N + S * slots * R, K]
+                if tuple(block.shape) != (
+                    spec.num_layers,
+                    out_total + num_slots * len(modules) * max_rank,
+                    in_features,
+                ):
+                    raise ValueError(
+                        f"GEMM block of {group} has shape {tuple(block.shape)}, not the slots' layout"
+                    )
+                self.a[group] = block[:, out_total:].view(a_shape)
+            else:
+                self.a[group] = torch.zeros(a_shape, dtype=dtype, device=device)
             if torch.device(device).type == "cpu":
                 # Rank-major storage, handed out as a transposed view: the CPU kernel's
                 # expand then reads each rank's outputs contiguously (kernels/lora_cpu.py).
@@ -67,6 +87,12 @@ class LoRASlotWeights:
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in itertools.chain(self.a.values(), self.b.values()))
+
+    def gemm_output_split(self, group: str, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The base output [T, N] and the shrink against every slot [T, slots, S, R] (views)
+        of a GEMM over ``group``'s whole block, ``out`` [T, N + S * slots * R]."""
+        n = self.offsets[group][-1]
+        return out[:, :n], out[:, n:].view(out.shape[0], self.num_slots, -1, self.max_rank)
 
     def clear(self, slot: int) -> None:
         for group in LORA_GROUPS:

@@ -104,15 +104,29 @@ def display_name(folder: Path) -> str:
 
 
 def resolve_model(
-    model: str | None, dtype: torch.dtype, device: torch.device, progress: ProgressCallback | None
+    model: str | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    progress: ProgressCallback | None,
+    lora_rows: int = 0,
 ) -> BaseModel:
-    """Load what ``model`` names; ValueError / FileNotFoundError with a clear message otherwise."""
+    """Load what ``model`` names; ValueError / FileNotFoundError with a clear message otherwise.
+
+    ``lora_rows``: LoRA A rows per slice to reserve after each GEMM weight (``weights.py``).
+    """
     if model is not None and model.startswith(RANDOM_PREFIX):
         shape = model[len(RANDOM_PREFIX) :]
         if shape not in RANDOM_SHAPES:
             raise ValueError(f"unknown random model shape {shape!r}; known: {', '.join(RANDOM_SHAPES)}")
         spec = RANDOM_SHAPES[shape]
-        return BaseModel(model, spec, random_weights(spec, dtype, device), None, f"random-{shape}", None)
+        return BaseModel(
+            model,
+            spec,
+            random_weights(spec, dtype, device, lora_rows=lora_rows),
+            None,
+            f"random-{shape}",
+            None,
+        )
     identity = describe_model(model, progress)
     folder, name, digest = identity.folder, identity.name, identity.digest
     spec = load_spec(folder)
@@ -121,4 +135,6 @@ def resolve_model(
     if getattr(tokenizer, "eos_token_id", None) is not None:
         eos.add(int(tokenizer.eos_token_id))
     spec = dataclasses.replace(spec, eos_token_ids=tuple(sorted(eos)))
-    return BaseModel(name, spec, load_weights(folder, spec, dtype, device), tokenizer, digest, folder)
+    return BaseModel(
+        name, spec, load_weights(folder, spec, dtype, device, lora_rows), tokenizer, digest, folder
+    )

@@ -70,9 +70,12 @@ class ModelRunner:
         self.spec = spec
         self.device = device
         self.dtype = dtype
-        if device.type == "cpu" and cpu_packing_enabled(dtype):
+        if device.type == "cpu" and cpu_packing_enabled(dtype) and not weights.gemm_blocks:
             pack_for_onednn(weights)  # in place: ~1.7x faster decode GEMMs on the CPU
-        self.lora = LoRASlotWeights(spec, config.max_loras, config.max_lora_rank, dtype, device)
+        # With GEMM blocks (the shrink inside the base GEMMs) the slots' A factors are their extra rows.
+        self.lora = LoRASlotWeights(
+            spec, config.max_loras, config.max_lora_rank, dtype, device, weights.gemm_blocks
+        )
         max_positions = max(config.max_model_len, 16)
         self.model = LlamaModel(spec, weights, self.lora, max_positions)
         self.block_size = config.block_size

@@ -3,12 +3,18 @@
 Fused projections (qkv, gate_up) are filled from their HF parts by a data table
 (``PACKED_MODULES``), each part copied straight from the memory-mapped file into
 its rows of the fused tensor.
+
+With ``lora_rows`` > 0 each GEMM group's weights of all layers live in one block
+``[layers, N + slices * lora_rows, K]``: the layer's weight is the view of its first N
+rows, and the rows after them hold the LoRA A factors of every slot (zeros until an
+adapter is uploaded, ``LoRASlotWeights``), so one GEMM over the whole row range gives
+the base output and every slot's shrink. qkv's bias gets the same extra (zero) entries.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -23,6 +29,19 @@ PACKED_MODULES = {
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
 PLAIN_MODULES = ("self_attn.o_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
+# GEMM group (a LayerWeights field) -> how many LoRA slices its extra rows hold per slot
+GEMM_SLICES = {"qkv": 3, "o": 1, "gate_up": 2, "down": 1}
+
+
+def gemm_shape(spec: ModelSpec, group: str) -> tuple[int, int]:
+    """(N, K) of a layer's base weight of ``group``."""
+    hidden, inter, q, kv = spec.hidden_size, spec.intermediate_size, spec.q_size, spec.kv_size
+    return {
+        "qkv": (q + 2 * kv, hidden),
+        "o": (hidden, q),
+        "gate_up": (2 * inter, hidden),
+        "down": (hidden, inter),
+    }[group]
 
 
 @dataclass
@@ -43,6 +62,9 @@ class ModelWeights:
     final_norm: torch.Tensor  # [H]
     lm_head: torch.Tensor  # [V, H] (the embedding itself when tied)
     onednn_packed: bool = False  # GEMM weights in oneDNN's blocked layout (CPU): read by packed_linear only
+    # group -> [layers, N + slices * lora_rows, K]: base rows then every slot's A (empty without lora_rows)
+    gemm_blocks: dict[str, torch.Tensor] = field(default_factory=dict)
+    qkv_bias_block: torch.Tensor | None = None  # [layers, N + 3 * lora_rows], zeros after N
 
 
 def pack_for_onednn(weights: ModelWeights) -> None:
@@ -57,6 +79,36 @@ def pack_for_onednn(weights: ModelWeights) -> None:
         layer.down = pack_weight(layer.down)
     weights.lm_head = pack_weight(weights.lm_head)
     weights.onednn_packed = True
+    weights.gemm_blocks = {}  # the layers no longer read them
+    weights.qkv_bias_block = None
+
+
+def allocate_blocks(
+    spec: ModelSpec, lora_rows: int, dtype: torch.dtype, device: torch.device
+) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """GEMM blocks with ``lora_rows`` zero rows per slice after each layer's base rows (none for 0)."""
+    if lora_rows <= 0:
+        return {}, None
+    layers = spec.num_layers
+    blocks = {}
+    for group, slices in GEMM_SLICES.items():
+        n, k = gemm_shape(spec, group)
+        blocks[group] = torch.empty((layers, n + slices * lora_rows, k), dtype=dtype, device=device)
+        blocks[group][:, n:].zero_()
+    bias = None
+    if spec.attention_bias:
+        n = gemm_shape(spec, "qkv")[0]
+        bias = torch.zeros((layers, n + GEMM_SLICES["qkv"] * lora_rows), dtype=dtype, device=device)
+    return blocks, bias
+
+
+def _destination(
+    blocks: dict[str, torch.Tensor], group: str, layer: int, shape: tuple[int, ...], dtype, device
+) -> torch.Tensor:
+    """Where a layer's ``group`` weight goes: its rows of the group's block, or a new tensor."""
+    if group in blocks:
+        return blocks[group][layer, : shape[0]]
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _shard_files(folder: Path) -> list[Path]:
@@ -91,20 +143,37 @@ class _TensorSource:
         return self._where[name].get_tensor(name)
 
 
-def load_weights(folder: Path, spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> ModelWeights:
-    """Read the checkpoint at ``folder`` into fused tensors on ``device``."""
-    source = _TensorSource(_shard_files(Path(folder)))
+def load_weights(
+    folder: Path, spec: ModelSpec, dtype: torch.dtype, device: torch.device, lora_rows: int = 0
+) -> ModelWeights:
+    """Read the checkpoint at ``folder`` into fused tensors on ``device``.
 
-    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    ``lora_rows`` (slots x max rank): reserve that many rows per LoRA slice after each GEMM
+    weight (module docstring).
+    """
+    source = _TensorSource(_shard_files(Path(folder)))
+    blocks, bias_block = allocate_blocks(spec, lora_rows, dtype, device)
+
+    def take(name: str, shape: tuple[int, ...], into: torch.Tensor | None = None) -> torch.Tensor:
         tensor = source.get(name)
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}, config.json implies {shape}")
+        if into is not None:
+            return into.copy_(tensor)
         return tensor.to(device=device, dtype=dtype)
 
-    def fused(prefix: str, parts: tuple[str, ...], suffix: str = "weight") -> torch.Tensor:
+    def fused(
+        prefix: str, parts: tuple[str, ...], suffix: str = "weight", into: torch.Tensor | None = None
+    ) -> torch.Tensor:
         pieces = [source.get(f"{prefix}.{part}.{suffix}") for part in parts]
         rows = sum(piece.shape[0] for piece in pieces)
-        out = torch.empty((rows, *pieces[0].shape[1:]), dtype=dtype, device=device)
+        if into is not None and tuple(into.shape) != (rows, *pieces[0].shape[1:]):
+            raise ValueError(f"{prefix}: fused projection shapes do not match config.json")
+        out = (
+            into
+            if into is not None
+            else torch.empty((rows, *pieces[0].shape[1:]), dtype=dtype, device=device)
+        )
         row = 0
         for piece in pieces:
             out[row : row + piece.shape[0]].copy_(piece)
@@ -116,21 +185,26 @@ def load_weights(folder: Path, spec: ModelSpec, dtype: torch.dtype, device: torc
     layers = []
     for index in range(spec.num_layers):
         prefix = f"model.layers.{index}"
-        qkv = fused(prefix, PACKED_MODULES["self_attn.qkv_proj"])
-        gate_up = fused(prefix, PACKED_MODULES["mlp.gate_up_proj"])
+
+        def into(group: str, index: int = index) -> torch.Tensor | None:
+            return blocks[group][index, : gemm_shape(spec, group)[0]] if group in blocks else None
+
+        qkv = fused(prefix, PACKED_MODULES["self_attn.qkv_proj"], into=into("qkv"))
+        gate_up = fused(prefix, PACKED_MODULES["mlp.gate_up_proj"], into=into("gate_up"))
         if qkv.shape != (qkv_rows, hidden) or gate_up.shape != (2 * inter, hidden):
             raise ValueError(f"layer {index}: fused projection shapes do not match config.json")
+        bias_into = bias_block[index, :qkv_rows] if bias_block is not None else None
         layers.append(
             LayerWeights(
                 input_norm=take(f"{prefix}.input_layernorm.weight", (hidden,)),
                 qkv=qkv,
-                qkv_bias=fused(prefix, PACKED_MODULES["self_attn.qkv_proj"], "bias")
+                qkv_bias=fused(prefix, PACKED_MODULES["self_attn.qkv_proj"], "bias", into=bias_into)
                 if spec.attention_bias
                 else None,
-                o=take(f"{prefix}.self_attn.o_proj.weight", (hidden, spec.q_size)),
+                o=take(f"{prefix}.self_attn.o_proj.weight", (hidden, spec.q_size), into("o")),
                 post_norm=take(f"{prefix}.post_attention_layernorm.weight", (hidden,)),
                 gate_up=gate_up,
-                down=take(f"{prefix}.mlp.down_proj.weight", (hidden, inter)),
+                down=take(f"{prefix}.mlp.down_proj.weight", (hidden, inter), into("down")),
             )
         )
     embed = take("model.embed_tokens.weight", (spec.vocab_size, hidden))
@@ -138,33 +212,46 @@ def load_weights(folder: Path, spec: ModelSpec, dtype: torch.dtype, device: torc
         lm_head = embed
     else:
         lm_head = take("lm_head.weight", (spec.vocab_size, hidden))
-    return ModelWeights(embed, layers, take("model.norm.weight", (hidden,)), lm_head)
+    return ModelWeights(
+        embed, layers, take("model.norm.weight", (hidden,)), lm_head, False, blocks, bias_block
+    )
 
 
-def random_weights(spec: ModelSpec, dtype: torch.dtype, device: torch.device, seed: int = 0) -> ModelWeights:
+def random_weights(
+    spec: ModelSpec, dtype: torch.dtype, device: torch.device, seed: int = 0, lora_rows: int = 0
+) -> ModelWeights:
     """Random weights of the right shapes (benchmarks of large shapes without a download)."""
     generator = torch.Generator(device=device).manual_seed(seed)
     std = spec.hidden_size**-0.5
+    blocks, bias_block = allocate_blocks(spec, lora_rows, dtype, device)
 
-    def rand(*shape: int) -> torch.Tensor:
-        return (torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * std).to(dtype)
+    def rand(*shape: int, into: torch.Tensor | None = None) -> torch.Tensor:
+        values = torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * std
+        return into.copy_(values) if into is not None else values.to(dtype)
+
+    def gemm(group: str, layer: int) -> torch.Tensor:
+        into = blocks[group][layer, : gemm_shape(spec, group)[0]] if group in blocks else None
+        return rand(*gemm_shape(spec, group), into=into)
 
     def ones(size: int) -> torch.Tensor:
         return torch.ones(size, device=device, dtype=dtype)
 
-    hidden, inter = spec.hidden_size, spec.intermediate_size
+    hidden = spec.hidden_size
+    qkv_rows = spec.q_size + 2 * spec.kv_size
     layers = [
         LayerWeights(
             input_norm=ones(hidden),
-            qkv=rand(spec.q_size + 2 * spec.kv_size, hidden),
-            qkv_bias=rand(spec.q_size + 2 * spec.kv_size) if spec.attention_bias else None,
-            o=rand(hidden, spec.q_size),
+            qkv=gemm("qkv", index),
+            qkv_bias=rand(qkv_rows, into=bias_block[index, :qkv_rows] if bias_block is not None else None)
+            if spec.attention_bias
+            else None,
+            o=gemm("o", index),
             post_norm=ones(hidden),
-            gate_up=rand(2 * inter, hidden),
-            down=rand(hidden, inter),
+            gate_up=gemm("gate_up", index),
+            down=gemm("down", index),
         )
-        for _ in range(spec.num_layers)
+        for index in range(spec.num_layers)
     ]
     embed = rand(spec.vocab_size, hidden)
     lm_head = embed if spec.tie_word_embeddings else rand(spec.vocab_size, hidden)
-    return ModelWeights(embed, layers, ones(hidden), lm_head)
+    return ModelWeights(embed, layers, ones(hidden), lm_head, False, blocks, bias_block)

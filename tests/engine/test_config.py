@@ -91,6 +91,8 @@ def test_max_cpu_loras_defaults_to_twice_the_gpu_slots():
         (dict(adapter_loader="fork"), "adapter_loader must be one of auto, thread, process, got 'fork'"),
         (dict(adapter_load_workers=0), "adapter_load_workers must be between 1 and 64, got 0"),
         (dict(adapter_load_workers=2.5), "adapter_load_workers must be an integer"),
+        (dict(lora_shrink_in_gemm="yes"), "lora_shrink_in_gemm must be True, False or None, got 'yes'"),
+        (dict(lora_shrink_in_gemm=1), "lora_shrink_in_gemm must be True, False or None"),
     ],
 )
 def test_bad_engine_settings_raise_value_error_naming_the_setting(settings, message):
@@ -110,6 +112,14 @@ def test_auto_adapter_loader_is_a_process_on_cuda_and_a_thread_on_the_cpu():
     assert EngineConfig().loader_for("cpu") == "thread"
     assert EngineConfig(adapter_loader="thread").loader_for("cuda") == "thread"
     assert EngineConfig(adapter_loader="process").loader_for("cpu") == "process"
+
+
+def test_shrink_in_gemm_is_on_for_cuda_with_few_slot_rows_unless_set():
+    assert EngineConfig(max_loras=32, max_lora_rank=16).shrink_in_gemm_for("cuda")
+    assert not EngineConfig(max_loras=64, max_lora_rank=32).shrink_in_gemm_for("cuda")  # 2048 rows a slice
+    assert not EngineConfig().shrink_in_gemm_for("cpu")
+    assert EngineConfig(lora_shrink_in_gemm=True).shrink_in_gemm_for("cpu")
+    assert not EngineConfig(max_loras=4, lora_shrink_in_gemm=False).shrink_in_gemm_for("cuda")
 
 
 def test_sampling_defaults():

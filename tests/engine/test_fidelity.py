@@ -37,8 +37,18 @@ def expected(peft_reference, cache, prompt_ids, adapter):
     return cache[key]
 
 
-def test_mixed_batch_matches_peft_token_for_token(make_engine, peft_reference, expected_cache):
-    engine = make_engine()
+# The LoRA shrink by the kernels, and inside the base GEMMs (every slot's A rows appended).
+SHRINK_PATHS = pytest.mark.parametrize(
+    "shrink_in_gemm", [False, True], ids=["kernel-shrink", "shrink-in-gemm"]
+)
+
+
+@SHRINK_PATHS
+def test_mixed_batch_matches_peft_token_for_token(
+    make_engine, peft_reference, expected_cache, shrink_in_gemm
+):
+    engine = make_engine(lora_shrink_in_gemm=shrink_in_gemm)
+    assert bool(engine.runner.lora.gemm_blocks) == shrink_in_gemm
     requests = mixed_requests(engine)
     outputs = engine.generate([p for p, _ in requests], [a for _, a in requests], GREEDY)
     for (prompt_ids, adapter), output in zip(requests, outputs, strict=True):
@@ -56,8 +66,9 @@ def test_adapters_change_the_output(make_engine, peft_reference, expected_cache)
     assert all(tokens != base for tokens in outputs.values()), "every fixture adapter must matter"
 
 
-def test_requests_joining_mid_decode_match_peft(make_engine, peft_reference, expected_cache):
-    engine = make_engine()
+@SHRINK_PATHS
+def test_requests_joining_mid_decode_match_peft(make_engine, peft_reference, expected_cache, shrink_in_gemm):
+    engine = make_engine(lora_shrink_in_gemm=shrink_in_gemm)
     requests = mixed_requests(engine)
     first, later = requests[::2], requests[1::2]
     streams = [engine.submit(p, a, GREEDY) for p, a in first]
@@ -71,8 +82,11 @@ def test_requests_joining_mid_decode_match_peft(make_engine, peft_reference, exp
         ), adapter
 
 
-def test_more_adapters_than_slots_evicts_and_reloads_correctly(make_engine, peft_reference, expected_cache):
-    engine = make_engine(max_loras=2, max_cpu_loras=2, max_num_seqs=4)
+@SHRINK_PATHS
+def test_more_adapters_than_slots_evicts_and_reloads_correctly(
+    make_engine, peft_reference, expected_cache, shrink_in_gemm
+):
+    engine = make_engine(max_loras=2, max_cpu_loras=2, max_num_seqs=4, lora_shrink_in_gemm=shrink_in_gemm)
     requests = mixed_requests(engine)
     # Two rounds: the second finds at most two of the five adapters still in a slot (and in
     # host RAM), so at least three are evicted and loaded again, whatever order the first ran in.

@@ -11,13 +11,21 @@ from tests.fixtures import TINY_ADAPTERS, build_adapter
 SPECS = [TINY_ADAPTERS[1], TINY_ADAPTERS[3]]
 
 
+@pytest.mark.parametrize("shrink_in_gemm", [False, True], ids=["kernel-shrink", "shrink-in-gemm"])
 @pytest.mark.parametrize("architecture", ["qwen2", "mistral"])
-def test_family_mixed_batch_matches_peft(architecture, tiny_family_models, tmp_path, engine_device):
+def test_family_mixed_batch_matches_peft(
+    architecture, shrink_in_gemm, tiny_family_models, tmp_path, engine_device
+):
     base = tiny_family_models[architecture]
     adapters = {spec.name: build_adapter(base, spec, tmp_path / spec.name) for spec in SPECS}
     reference = PeftReference(base, adapters)
     config = EngineConfig(
-        model=str(base), device=engine_device, dtype="float32", max_lora_rank=32, max_model_len=128
+        model=str(base),
+        device=engine_device,
+        dtype="float32",
+        max_lora_rank=32,
+        max_model_len=128,
+        lora_shrink_in_gemm=shrink_in_gemm,
     )
     with Engine(config) as engine:
         for name, path in adapters.items():

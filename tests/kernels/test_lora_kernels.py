@@ -21,6 +21,7 @@ from multilora_studio.kernels import (
     build_lora_batch,
     lora_cpu,
     lora_expand,
+    lora_expand_gathered,
     lora_shrink,
     reference_lora,
     reference_shrink,
@@ -234,6 +235,68 @@ def test_shrink_then_expand(backend, dtype, pattern):
     buf2 = lora_shrink(case.x, case.lora_a, batch, backend=backend)
     assert buf2.dtype == torch.float32 and buf2.shape == buf.shape
     assert torch.equal(buf2[must], buf[must])
+
+
+def gathered_shrink(case: Case, gen: torch.Generator) -> torch.Tensor:
+    """The shrink against every slot, as the engine's GEMM over the base rows and every slot's
+    A rows gives it ([T, L, S, R] in x's dtype, a strided view of one [T, N + L*S*R] output),
+    with NaN in every entry a token must not read: other slots' rows and ranks at or beyond
+    its own slot's rank."""
+    num_tokens, num_slices = case.x.shape[0], len(case.offsets) - 1
+    out_total = case.offsets[-1]
+    a_rows = case.lora_a.reshape(NUM_SLOTS * num_slices * MAX_RANK, -1)  # [L*S*R, K]
+    out = torch.empty(num_tokens, out_total + a_rows.shape[0], dtype=case.x.dtype, device=DEVICE)
+    out[:, out_total:] = case.x @ a_rows.T
+    shrunk = out[:, out_total:].view(num_tokens, NUM_SLOTS, num_slices, MAX_RANK)
+    own = torch.zeros(num_tokens, NUM_SLOTS, num_slices, MAX_RANK, dtype=torch.bool, device=DEVICE)
+    for t, slot in enumerate(case.slot_ids.tolist()):
+        if slot >= 0:
+            own[t, slot, :, : RANKS[slot]] = True
+    shrunk.masked_fill_(~own, float("nan"))
+    return shrunk
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("num_tokens", [1, 7, 33])
+def test_expand_gathered_matches_reference(backend, dtype, pattern, num_tokens):
+    if backend == "triton" and not TRITON_OK:
+        pytest.skip("needs Triton")
+    shape = ["qkv", "gate_up", "single"][num_tokens % 3]
+    gen = torch.Generator().manual_seed(seed_of("gathered", backend, dtype, pattern, num_tokens))
+    case = make_case(dtype, num_tokens, shape, pattern, gen)
+    shrunk = gathered_shrink(case, gen)
+    y = torch.empty(num_tokens, case.offsets[-1] + 8, dtype=dtype, device=DEVICE)[:, 4:-4]
+    y.copy_(case.y)  # strided rows, as the GEMM output's view is
+    out = lora_expand_gathered(y, shrunk, case.lora_b, case.batch, case.offsets, backend=backend)
+    assert out is y
+    check_y(y, case, dtype)
+
+
+def test_expand_gathered_above_the_decode_kernels_runs_torch(monkeypatch):
+    from multilora_studio.kernels import lora_decode
+
+    monkeypatch.setattr(lora_decode, "DECODE_MAX_TOKENS", 4)  # 7 tokens: the torch gather path
+    gen = torch.Generator().manual_seed(seed_of("gathered-large"))
+    case = make_case(torch.float32, 7, "qkv", "base_mixed", gen)
+    y = case.y.clone()
+    lora_expand_gathered(y, gathered_shrink(case, gen), case.lora_b, case.batch, case.offsets)
+    check_y(y, case, torch.float32)
+
+
+def test_expand_gathered_rejects_bad_input():
+    case = small_case()
+    gen = torch.Generator().manual_seed(1)
+    shrunk = gathered_shrink(case, gen)
+    with pytest.raises(ValueError, match="shrunk must be a float tensor"):
+        lora_expand_gathered(case.y, shrunk[0], case.lora_b, case.batch, case.offsets)
+    with pytest.raises(ValueError, match="shrunk has 2 slots"):
+        lora_expand_gathered(case.y, shrunk[:, :2], case.lora_b, case.batch, case.offsets)
+    with pytest.raises(ValueError, match="tokens but y has"):
+        lora_expand_gathered(case.y[:-1], shrunk, case.lora_b, case.batch, case.offsets)
+    with pytest.raises(ValueError, match="num_slices"):
+        lora_expand_gathered(case.y, shrunk[:, :, :2], case.lora_b, case.batch, case.offsets)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
