@@ -145,7 +145,7 @@ def main() -> None:
             outputs[mode] = [p["out"][:, : p["n"]].clone() for layer in layers for p in layer.values()]
         times = {mode: bench_ms(graph.replay) for mode, graph in graphs.items()}
         del graphs
-        need = lora_bytes(distinct, t, r) * args.layers
+        need = lora_bytes(min(distinct, t), t, r) * args.layers
         print(f"{distinct} distinct adapters: LoRA bytes {need / 1e9:.3f} GB a step")
         base = times.get("base")
         for mode, ms in times.items():

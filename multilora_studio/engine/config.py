@@ -13,7 +13,7 @@ MAX_SLOTS = 1024
 MAX_SEED = 2**63 - 1  # torch.Generator seeds are signed 64-bit
 GREEDY_BELOW = 1e-5
 # max_loras x max_lora_rank up to which CUDA engines compute the LoRA shrink in the base GEMMs
-SHRINK_IN_GEMM_MAX_ROWS = 1024
+SHRINK_IN_GEMM_MAX_ROWS = 768
 DEVICE_NAME = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -76,8 +76,8 @@ class EngineConfig:
     # slot's A is stored as extra rows after the base weight's rows, so one GEMM gives the
     # base output and each token's shrink against every slot, and the expand reads its own
     # slot's (docs/engine.md). One launch fewer per projection, but it reads every slot's A
-    # whatever the batch uses. None: on CUDA when max_loras x max_lora_rank <= 1024 (where it
-    # was faster at any adapter mix on the H200), never on the CPU.
+    # whatever the batch uses. None: on CUDA when max_loras x max_lora_rank <= 768 (on the
+    # H200 it was faster at any adapter mix with 512, slower with 1024), never on the CPU.
     lora_shrink_in_gemm: bool | None = None
 
     def __post_init__(self) -> None:
