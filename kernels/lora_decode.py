@@ -62,11 +62,13 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 DECODE_MAX_TOKENS = 256
 # Tile sizes in elements (rank rows x K columns for shrink, output columns x rank rows for
 # expand); the rank block is max_rank rounded up to a power of two, 8..64, and larger
-# ranks loop over rank blocks up to each slot's rank. Chosen by the tile sweep of
-# kernels/bench.py on the H200 (decode, batch 32, 32 distinct rank-16 adapters).
+# ranks loop over rank blocks up to each slot's rank. Chosen by the tile sweeps of
+# kernels/bench.py and kernels/step_lora_bench.py on the H200 (decode, batch 32, 32 distinct
+# rank-16 adapters): 8192-element expand tiles tie with 16384 after the kernel shrink and
+# beat them after the shrink inside the GEMM (0.998 vs 1.082 ms a 32-layer step).
 SHRINK_TILE = 16384
 SHRINK_WARPS = 4
-EXPAND_TILE = 16384
+EXPAND_TILE = 8192
 EXPAND_WARPS = 4
 
 

@@ -13,7 +13,8 @@ over ``--distinct`` adapters, captured in one CUDA graph per mode and replayed:
 * ``dense``: every slot's A rows appended to the base weight, so one GEMM gives the base
   output and the shrink against every slot; the expand reads each token's own slot
   (``lora_decode.expand_gathered``). No shrink launch; reads every slot's A, in use or not.
-  ``dense:TILE:WARPS`` (or ``serial:...``) runs the expands with that tile and warp count.
+  ``dense:TILE:WARPS`` (or ``serial:...``) runs the expands with that tile and warp count;
+  ``dense-gemm`` is the extended GEMMs alone (no expand: the GEMMs' share of ``dense``).
 
 Prints the median replay times (``triton.testing.do_bench``), what LoRA adds and at which
 fraction of the copy bandwidth its bytes would need, and the largest difference of each
@@ -75,8 +76,10 @@ def run_layer(
     for p in layer.values():
         n, x, out = p["n"], p["x"], p["out"]
         y = out[:, :n]  # [T, N], row stride N + L*S*R
-        if mode == "dense":
+        if mode in ("dense", "dense-gemm"):
             torch.matmul(x, p["w_ext"].T, out=out)
+            if mode == "dense-gemm":
+                continue
             shrunk = out[:, n:].view(x.shape[0], slots, -1, rank)  # [T, L, S, R]
             lora_decode.expand_gathered(y, shrunk, p["b"], batch, p["offsets"])
             continue
