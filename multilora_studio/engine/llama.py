@@ -6,7 +6,8 @@ kernels for a per-token adapter slot. Per-step metadata arrives as arguments.
 
 With GEMM blocks (``EngineConfig.lora_shrink_in_gemm``), a step of up to
 ``DECODE_MAX_TOKENS`` tokens runs each targeted projection as one GEMM over the base
-rows and every slot's A rows, then the expand that reads each token's own slot.
+rows and every slot's A rows, then the expand that reads each token's own slot; the
+gate/up expand is done inside SiLU-and-mul (``kernels/lora_silu.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from multilora_studio.kernels.cpu_linear import packed_linear
 from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, rope_, silu_and_mul
 from multilora_studio.kernels.lora import LoRABatch, add_lora, lora_expand_gathered
 from multilora_studio.kernels.lora_decode import DECODE_MAX_TOKENS
+from multilora_studio.kernels.lora_silu import silu_and_mul_lora
 from multilora_studio.kernels.paged_attention import paged_attention, write_kv
 
 
@@ -64,6 +66,28 @@ class LlamaModel:
         self.scale = spec.head_dim**-0.5
         self.linear = packed_linear if weights.onednn_packed else F.linear
 
+    def _shrink_in_gemm(self, group: str, tokens: int, step: LoRAStep | None) -> bool:
+        """Whether ``group``'s LoRA term this step comes from the GEMM over its block."""
+        lora = self.lora
+        return (
+            step is not None
+            and lora is not None
+            and group in step.groups
+            and group in lora.gemm_blocks
+            and tokens <= DECODE_MAX_TOKENS
+        )
+
+    def _mlp_act(self, layer: int, h: torch.Tensor, step: LoRAStep | None) -> torch.Tensor:
+        """silu(gate) * up [T, I] of the gate/up projection of ``h``, LoRA term included."""
+        weights = self.weights.layers[layer]
+        if not self._shrink_in_gemm("gate_up", h.shape[0], step):
+            return silu_and_mul(self._project("gate_up", layer, h, weights.gate_up, step))  # [T, I]
+        assert self.lora is not None and step is not None
+        lora = self.lora
+        out = self.linear(h, lora.gemm_blocks["gate_up"][layer])  # [T, 2 I + 2 * slots * R]
+        gate_up, shrunk = lora.gemm_output_split("gate_up", out)  # [T, 2 I], [T, slots, 2, R]
+        return silu_and_mul_lora(gate_up, shrunk, lora.b["gate_up"][layer], step.batch)
+
     def _project(
         self,
         group: str,
@@ -78,7 +102,7 @@ class LlamaModel:
         if step is None or lora is None or group not in step.groups:
             return self.linear(x, weight, bias)
         # The slot buffers and activations are consistent by construction: no argument checks.
-        if group in lora.gemm_blocks and x.shape[0] <= DECODE_MAX_TOKENS:
+        if self._shrink_in_gemm(group, x.shape[0], step):
             if bias is not None:
                 assert self.weights.qkv_bias_block is not None  # allocated with the blocks
                 bias = self.weights.qkv_bias_block[layer]  # [N + S * slots * R], zeros after N
@@ -130,8 +154,7 @@ class LlamaModel:
             ).view(tokens, q_size)  # [T, q]
             o = self._project("o", index, context, layer.o, lora)  # [T, H]
             h = add_rms_norm(o, residual, layer.post_norm, eps)  # residual += o
-            gate_up = self._project("gate_up", index, h, layer.gate_up, lora)  # [T, 2 I]
-            act = silu_and_mul(gate_up)  # [T, I]
+            act = self._mlp_act(index, h, lora)  # [T, I]
             down = self._project("down", index, act, layer.down, lora)  # [T, H]
             next_norm = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.final_norm
             h = add_rms_norm(down, residual, next_norm, eps)  # residual += down

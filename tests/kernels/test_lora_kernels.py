@@ -654,3 +654,53 @@ def test_unvalidated_call_computes_the_same(backend):
     )
     assert torch.equal(checked.view(torch.int8), unchecked.view(torch.int8))
     check_y(unchecked, case, torch.float32)
+
+
+# ------------------------------------------------------- SiLU-and-mul with the gate/up expand
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("num_tokens", [1, 7, 33])
+def test_silu_and_mul_lora_equals_expand_then_silu(backend, dtype, pattern, num_tokens):
+    from multilora_studio.kernels.fused_ops import silu_and_mul
+    from multilora_studio.kernels.lora_silu import silu_and_mul_lora
+
+    if backend == "triton" and not TRITON_OK:
+        pytest.skip("needs Triton")
+    gen = torch.Generator().manual_seed(seed_of("silu-lora", backend, dtype, pattern, num_tokens))
+    case = make_case(dtype, num_tokens, "gate_up", pattern, gen)
+    shrunk = gathered_shrink(case, gen)
+    gate_up = torch.empty(num_tokens, case.offsets[-1] + 8, dtype=dtype, device=DEVICE)[
+        :, :-8
+    ]  # strided rows
+    gate_up.copy_(case.y)
+    act = silu_and_mul_lora(gate_up.clone(), shrunk, case.lora_b, case.batch, backend=backend)
+    # the two launches it replaces, on the same backend: equal bit for bit
+    unfused = gate_up.clone()
+    lora_expand_gathered(unfused, shrunk, case.lora_b, case.batch, case.offsets, backend=backend)
+    expected = silu_and_mul(unfused, backend="triton" if backend == "triton" else "torch")
+    assert torch.equal(act.view(torch.int8), expected.view(torch.int8))
+    # and against float64: silu(gate + lora) * (up + lora) on rows with an adapter
+    written = case.slot_ids >= 0
+    if written.any():
+        ref = reference_lora(case.y, case.x, case.lora_a, case.lora_b, case.slot_ids, case.offsets)
+        gate, up = ref[:, : case.offsets[1]], ref[:, case.offsets[1] :]
+        ref_act = torch.nn.functional.silu(gate) * up
+        err = rel_err(act[written], ref_act[written])
+        assert err < 2 * TOL[dtype], f"relative error {err:.3e}"
+
+
+def test_silu_and_mul_lora_rejects_bad_input():
+    from multilora_studio.kernels.lora_silu import silu_and_mul_lora
+
+    gen = torch.Generator().manual_seed(seed_of("silu-errors"))
+    case = make_case(torch.float32, 5, "gate_up", "uniform", gen)
+    shrunk = gathered_shrink(case, gen)
+    with pytest.raises(ValueError, match="gate_up must be"):
+        silu_and_mul_lora(case.y[:, :-1], shrunk, case.lora_b, case.batch)
+    with pytest.raises(ValueError, match="shrunk"):
+        silu_and_mul_lora(case.y, shrunk[:, :, :1], case.lora_b, case.batch, backend="triton")
+    with pytest.raises(ValueError, match="lora_b must be"):
+        silu_and_mul_lora(case.y, shrunk, case.lora_b[:, :-2], case.batch, backend="triton")
