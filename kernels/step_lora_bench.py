@@ -3,9 +3,10 @@
     python -m multilora_studio.kernels.step_lora_bench [--layers 32] [--batch 32] [--rank 16]
         [--slots 32] [--distinct 32 8 1] [--modes base serial dense overlap dense:8192:8]
 
-A decode step's projections at the Llama-3-8B shape (q/k/v, o, gate/up, down per layer,
-bf16, random weights), ``--slots`` adapter slots of rank ``--rank``, the batch's rows spread
-over ``--distinct`` adapters, captured in one CUDA graph per mode and replayed:
+A decode step's projections at the Llama-3-8B shape (q/k/v, o, gate/up and SiLU-and-mul,
+down per layer, bf16, random weights), ``--slots`` adapter slots of rank ``--rank``, the
+batch's rows spread over ``--distinct`` adapters, captured in one CUDA graph per mode and
+replayed:
 
 * ``base``: the base GEMMs only;
 * ``serial``: GEMM, then the token-major shrink, then the expand (the kernels' default);
@@ -14,7 +15,9 @@ over ``--distinct`` adapters, captured in one CUDA graph per mode and replayed:
   output and the shrink against every slot; the expand reads each token's own slot
   (``lora_decode.expand_gathered``). No shrink launch; reads every slot's A, in use or not.
   ``dense:TILE:WARPS`` (or ``serial:...``) runs the expands with that tile and warp count;
-  ``dense-gemm`` is the extended GEMMs alone (no expand: the GEMMs' share of ``dense``).
+  ``dense-gemm`` is the extended GEMMs alone (no expand: the GEMMs' share of ``dense``);
+* ``engine``: ``dense`` with the gate/up expand inside SiLU-and-mul (``lora_silu``), as the
+  engine runs a decode step.
 
 Prints the median replay times (``triton.testing.do_bench``), what LoRA adds and at which
 fraction of the copy bandwidth its bytes would need, and the largest difference of each
@@ -30,7 +33,9 @@ import torch
 
 from . import lora_decode, lora_triton
 from .bench import bench_ms, decode_settings
+from .fused_ops import silu_and_mul
 from .lora import build_lora_batch
+from .lora_silu import silu_and_mul_lora
 
 # name: (in_features, output slice widths) at the Llama-3-8B shape
 SHAPES = {
@@ -71,30 +76,35 @@ def make_layer(slots: int, rank: int, t: int) -> dict[str, dict[str, Any]]:
 
 def run_layer(
     layer: dict[str, dict], batch, mode: str, side: torch.cuda.Stream, slots: int, rank: int
-) -> None:
+) -> list[torch.Tensor]:
+    """One layer's projections in ``mode``; returns each group's output (gate/up's after SiLU-and-mul)."""
     main_stream = torch.cuda.current_stream()
-    for p in layer.values():
+    results = []
+    for name, p in layer.items():
         n, x, out = p["n"], p["x"], p["out"]
         y = out[:, :n]  # [T, N], row stride N + L*S*R
-        if mode in ("dense", "dense-gemm"):
+        if mode in ("dense", "dense-gemm", "engine"):
             torch.matmul(x, p["w_ext"].T, out=out)
-            if mode == "dense-gemm":
-                continue
             shrunk = out[:, n:].view(x.shape[0], slots, -1, rank)  # [T, L, S, R]
-            lora_decode.expand_gathered(y, shrunk, p["b"], batch, p["offsets"])
-            continue
-        if mode == "overlap":
+            if mode == "engine" and name == "gate_up":
+                results.append(silu_and_mul_lora(y, shrunk, p["b"], batch))  # expand inside SiLU-and-mul
+                continue
+            if mode != "dense-gemm":
+                lora_decode.expand_gathered(y, shrunk, p["b"], batch, p["offsets"])
+        elif mode == "overlap":
             side.wait_stream(main_stream)
             with torch.cuda.stream(side):
                 part = lora_triton.shrink_partials(x, p["a"], batch)  # [splits, S, T, R]
             torch.matmul(x, p["w"].T, out=y)
             main_stream.wait_stream(side)
             lora_triton.expand(y, part, p["b"], batch, p["offsets"])
-            continue
-        torch.matmul(x, p["w"].T, out=y)
-        if mode == "serial":
-            part = lora_triton.shrink_partials(x, p["a"], batch)
-            lora_triton.expand(y, part, p["b"], batch, p["offsets"])
+        else:
+            torch.matmul(x, p["w"].T, out=y)
+            if mode == "serial":
+                part = lora_triton.shrink_partials(x, p["a"], batch)
+                lora_triton.expand(y, part, p["b"], batch, p["offsets"])
+        results.append(silu_and_mul(y) if name == "gate_up" else y)
+    return results
 
 
 def lora_bytes(distinct: int, t: int, rank: int) -> int:
@@ -115,7 +125,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--distinct", type=int, nargs="+", default=[32, 8, 1])
-    parser.add_argument("--modes", nargs="+", default=["base", "serial", "dense"])
+    parser.add_argument("--modes", nargs="+", default=["base", "serial", "dense", "engine"])
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("CUDA only")
@@ -140,12 +150,11 @@ def main() -> None:
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
-                    for layer in layers:
-                        run_layer(layer, batch, kind, side, slots, r)
+                    results = [o for layer in layers for o in run_layer(layer, batch, kind, side, slots, r)]
             graphs[mode] = graph
             graph.replay()
             torch.cuda.synchronize()
-            outputs[mode] = [p["out"][:, : p["n"]].clone() for layer in layers for p in layer.values()]
+            outputs[mode] = [o.clone() for o in results]
         times = {mode: bench_ms(graph.replay) for mode, graph in graphs.items()}
         del graphs
         need = lora_bytes(min(distinct, t), t, r) * args.layers
