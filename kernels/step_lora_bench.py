@@ -3,12 +3,12 @@
     python -m multilora_studio.kernels.step_lora_bench [--layers 32] [--batch 32] [--rank 16]
         [--slots 32] [--distinct 32 8 1] [--modes base serial dense overlap dense:8192:8]
 
-A decode step's projections at the Llama-3-8B shape (q/k/v, o, gate/up and SiLU-and-mul,
-down per layer, bf16, random weights), ``--slots`` adapter slots of rank ``--rank``, the
-batch's rows spread over ``--distinct`` adapters, captured in one CUDA graph per mode and
-replayed:
+A decode step's projections at the Llama-3-8B shape (per layer: q/k/v; o and residual-add +
+RMSNorm; gate/up and SiLU-and-mul; down and residual-add + RMSNorm; bf16, random weights),
+``--slots`` adapter slots of rank ``--rank``, the batch's rows spread over ``--distinct``
+adapters, captured in one CUDA graph per mode and replayed:
 
-* ``base``: the base GEMMs only;
+* ``base``: the base GEMMs and the elementwise ops, no LoRA;
 * ``serial``: GEMM, then the token-major shrink, then the expand (the kernels' default);
 * ``overlap``: the shrink forked onto a second stream beside the GEMM, joined before the expand;
 * ``dense``: every slot's A rows appended to the base weight, so one GEMM gives the base
@@ -16,8 +16,9 @@ replayed:
   (``lora_decode.expand_gathered``). No shrink launch; reads every slot's A, in use or not.
   ``dense:TILE:WARPS`` (or ``serial:...``) runs the expands with that tile and warp count;
   ``dense-gemm`` is the extended GEMMs alone (no expand: the GEMMs' share of ``dense``);
-* ``engine``: ``dense`` with the gate/up expand inside SiLU-and-mul (``lora_silu``), as the
-  engine runs a decode step.
+* ``engine``: ``dense`` with the gate/up expand inside SiLU-and-mul (``lora_silu``) and the
+  o and down expands inside residual-add + RMSNorm (``lora_norm``), as the engine runs a
+  decode step.
 
 Prints the median replay times (``triton.testing.do_bench``), what LoRA adds and at which
 fraction of the copy bandwidth its bytes would need, and the largest difference of each
@@ -33,8 +34,9 @@ import torch
 
 from . import lora_decode, lora_triton
 from .bench import bench_ms, decode_settings
-from .fused_ops import silu_and_mul
+from .fused_ops import add_rms_norm, silu_and_mul
 from .lora import build_lora_batch
+from .lora_norm import add_rms_norm_lora
 from .lora_silu import silu_and_mul_lora
 
 # name: (in_features, output slice widths) at the Llama-3-8B shape
@@ -70,14 +72,18 @@ def make_layer(slots: int, rank: int, t: int) -> dict[str, dict[str, Any]]:
             "offsets": (0, *torch.tensor(widths).cumsum(0).tolist()),
             "x": torch.randn(t, k, device=dev, dtype=dt),  # [T, K]
             "out": torch.empty(t, n + slots * s * rank, device=dev, dtype=dt),  # [T, N + L*S*R]
+            "res0": torch.randn(t, n, device=dev, dtype=dt),  # residual stream (o and down), [T, H]
+            "norm": 1 + torch.randn(n, device=dev, dtype=dt) / 8,  # RMSNorm weight [H]
         }
+        layer[name]["res"] = layer[name]["res0"].clone()
     return layer
 
 
 def run_layer(
-    layer: dict[str, dict], batch, mode: str, side: torch.cuda.Stream, slots: int, rank: int
+    layer: dict[str, dict], batch, mode: str, side: torch.cuda.Stream, slots: int, rank: int, counters
 ) -> list[torch.Tensor]:
-    """One layer's projections in ``mode``; returns each group's output (gate/up's after SiLU-and-mul)."""
+    """One layer's projections in ``mode``; returns each group's output: gate/up's after
+    SiLU-and-mul, o's and down's after residual-add + RMSNorm."""
     main_stream = torch.cuda.current_stream()
     results = []
     for name, p in layer.items():
@@ -88,6 +94,11 @@ def run_layer(
             shrunk = out[:, n:].view(x.shape[0], slots, -1, rank)  # [T, L, S, R]
             if mode == "engine" and name == "gate_up":
                 results.append(silu_and_mul_lora(y, shrunk, p["b"], batch))  # expand inside SiLU-and-mul
+                continue
+            if mode == "engine" and name in ("o", "down"):  # expand inside residual-add + RMSNorm
+                results.append(
+                    add_rms_norm_lora(y, p["res"], p["norm"], 1e-5, shrunk, p["b"], batch, counters)
+                )
                 continue
             if mode != "dense-gemm":
                 lora_decode.expand_gathered(y, shrunk, p["b"], batch, p["offsets"])
@@ -103,7 +114,12 @@ def run_layer(
             if mode == "serial":
                 part = lora_triton.shrink_partials(x, p["a"], batch)
                 lora_triton.expand(y, part, p["b"], batch, p["offsets"])
-        results.append(silu_and_mul(y) if name == "gate_up" else y)
+        if name == "gate_up":
+            results.append(silu_and_mul(y))
+        elif name in ("o", "down"):
+            results.append(add_rms_norm(y, p["res"], p["norm"], 1e-5))
+        else:
+            results.append(y)
     return results
 
 
@@ -134,6 +150,7 @@ def main() -> None:
     bw = copy_bandwidth()
     layers = [make_layer(slots, r, t) for _ in range(args.layers)]
     side = torch.cuda.Stream()
+    counters = torch.zeros(t, dtype=torch.int32, device="cuda")  # add_rms_norm_lora's row counters
     print(f"{args.layers} layers, batch {t}, {slots} slots of rank {r}, bf16, copy {bw / 1e12:.2f} TB/s")
     for distinct in args.distinct:
         token_slots = torch.arange(t, dtype=torch.int32, device="cuda") % distinct
@@ -146,12 +163,17 @@ def main() -> None:
             tile_n, warps = (int(tile[0]), int(tile[1])) if tile else (None, None)
             with decode_settings(EXPAND_TILE=tile_n, EXPAND_WARPS=warps):
                 for layer in layers:
-                    run_layer(layer, batch, kind, side, slots, r)  # compile outside the capture
+                    run_layer(layer, batch, kind, side, slots, r, counters)  # compile outside the capture
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
-                    results = [o for layer in layers for o in run_layer(layer, batch, kind, side, slots, r)]
+                    results = [
+                        o for layer in layers for o in run_layer(layer, batch, kind, side, slots, r, counters)
+                    ]
             graphs[mode] = graph
+            for layer in layers:  # the same residual stream for every mode's compared replay
+                for p in layer.values():
+                    p["res"].copy_(p["res0"])
             graph.replay()
             torch.cuda.synchronize()
             outputs[mode] = [o.clone() for o in results]

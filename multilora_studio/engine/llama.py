@@ -6,8 +6,9 @@ kernels for a per-token adapter slot. Per-step metadata arrives as arguments.
 
 With GEMM blocks (``EngineConfig.lora_shrink_in_gemm``), a step of up to
 ``DECODE_MAX_TOKENS`` tokens runs each targeted projection as one GEMM over the base
-rows and every slot's A rows, then the expand that reads each token's own slot; the
-gate/up expand is done inside SiLU-and-mul (``kernels/lora_silu.py``).
+rows and every slot's A rows, then the expand that reads each token's own slot: inside
+SiLU-and-mul for gate/up (``kernels/lora_silu.py``) and inside the residual-add + RMSNorm
+that follows o and down (``kernels/lora_norm.py``); q/k/v's is a launch of its own.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from multilora_studio.kernels.cpu_linear import packed_linear
 from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, rope_, silu_and_mul
 from multilora_studio.kernels.lora import LoRABatch, add_lora, lora_expand_gathered
 from multilora_studio.kernels.lora_decode import DECODE_MAX_TOKENS
+from multilora_studio.kernels.lora_norm import add_rms_norm_lora
 from multilora_studio.kernels.lora_silu import silu_and_mul_lora
 from multilora_studio.kernels.paged_attention import paged_attention, write_kv
 
@@ -87,6 +89,27 @@ class LlamaModel:
         out = self.linear(h, lora.gemm_blocks["gate_up"][layer])  # [T, 2 I + 2 * slots * R]
         gate_up, shrunk = lora.gemm_output_split("gate_up", out)  # [T, 2 I], [T, slots, 2, R]
         return silu_and_mul_lora(gate_up, shrunk, lora.b["gate_up"][layer], step.batch)
+
+    def _project_add_norm(
+        self,
+        group: str,
+        layer: int,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        step: LoRAStep | None,
+    ) -> torch.Tensor:
+        """``residual += x @ weight^T + LoRA`` in place; returns RMSNorm of the new residual [T, H]."""
+        eps = self.spec.rms_norm_eps
+        if not self._shrink_in_gemm(group, x.shape[0], step):
+            return add_rms_norm(self._project(group, layer, x, weight, step), residual, norm_weight, eps)
+        assert self.lora is not None and step is not None
+        lora = self.lora
+        out = self.linear(x, lora.gemm_blocks[group][layer])  # [T, H + slots * R]
+        y, shrunk = lora.gemm_output_split(group, out)  # [T, H], [T, slots, 1, R]
+        b = lora.b[group][layer]
+        return add_rms_norm_lora(y, residual, norm_weight, eps, shrunk, b, step.batch, lora.row_counters)
 
     def _project(
         self,
@@ -152,12 +175,12 @@ class LlamaModel:
                 self.scale,
                 max_query_len=attn.max_query_len,
             ).view(tokens, q_size)  # [T, q]
-            o = self._project("o", index, context, layer.o, lora)  # [T, H]
-            h = add_rms_norm(o, residual, layer.post_norm, eps)  # residual += o
+            # residual += o (+ LoRA), h = its RMSNorm
+            h = self._project_add_norm("o", index, context, layer.o, residual, layer.post_norm, lora)
             act = self._mlp_act(index, h, lora)  # [T, I]
-            down = self._project("down", index, act, layer.down, lora)  # [T, H]
             next_norm = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.final_norm
-            h = add_rms_norm(down, residual, next_norm, eps)  # residual += down
+            # residual += down (+ LoRA), h = its RMSNorm with the next layer's (or the final) weight
+            h = self._project_add_norm("down", index, act, layer.down, residual, next_norm, lora)
         return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 from multilora_studio.adapters.peft_adapter import HostAdapter
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.pinned_arena import BlockSource, carve, carved_bytes
+from multilora_studio.kernels.lora_decode import DECODE_MAX_TOKENS
 
 # projection group (one kernel launch) -> the HF modules that are its slices, in row order
 LORA_GROUPS: dict[str, tuple[str, ...]] = {
@@ -80,6 +81,9 @@ class LoRASlotWeights:
                     (spec.num_layers, num_slots, out_total, max_rank), dtype=dtype, device=device
                 )
         self.slot_ranks = torch.zeros(num_slots, dtype=torch.int32, device=device)  # [slots]
+        # per-row arrival counters of the residual-add + RMSNorm kernels that do the o / down
+        # expand (kernels/lora_norm.py); every launch leaves them zero
+        self.row_counters = torch.zeros(DECODE_MAX_TOKENS, dtype=torch.int32, device=device)
         self.slot_ranks_host = [0] * num_slots  # the same ranks, for metadata built on the host
         self.slot_groups: list[frozenset[str]] = [frozenset()] * num_slots
         self.slot_adapter: list[str | None] = [None] * num_slots

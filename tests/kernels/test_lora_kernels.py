@@ -658,17 +658,28 @@ def test_unvalidated_call_computes_the_same(backend):
 
 # ------------------------------------------------------- SiLU-and-mul with the gate/up expand
 
+# (backend, expand tile): Triton with its own tile (one block a row at these widths) and with
+# small tiles (several blocks a row), and the torch path
+FUSED_PATHS = [
+    pytest.param("triton", None, id="triton"),
+    pytest.param("triton", 1024, id="triton-small-tiles"),
+    pytest.param("torch", None, id="torch"),
+]
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+
+@pytest.mark.parametrize(("backend", "tile"), FUSED_PATHS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("pattern", PATTERNS)
-@pytest.mark.parametrize("num_tokens", [1, 7, 33])
-def test_silu_and_mul_lora_equals_expand_then_silu(backend, dtype, pattern, num_tokens):
+@pytest.mark.parametrize("num_tokens", [1, 19])
+def test_silu_and_mul_lora_equals_expand_then_silu(monkeypatch, tile, backend, dtype, pattern, num_tokens):
+    from multilora_studio.kernels import lora_silu
     from multilora_studio.kernels.fused_ops import silu_and_mul
     from multilora_studio.kernels.lora_silu import silu_and_mul_lora
 
     if backend == "triton" and not TRITON_OK:
         pytest.skip("needs Triton")
+    if tile is not None:
+        monkeypatch.setattr(lora_silu, "EXPAND_TILE", tile)  # 8 columns a block: 12 blocks of 96
     gen = torch.Generator().manual_seed(seed_of("silu-lora", backend, dtype, pattern, num_tokens))
     case = make_case(dtype, num_tokens, "gate_up", pattern, gen)
     shrunk = gathered_shrink(case, gen)
@@ -704,3 +715,89 @@ def test_silu_and_mul_lora_rejects_bad_input():
         silu_and_mul_lora(case.y, shrunk[:, :, :1], case.lora_b, case.batch, backend="triton")
     with pytest.raises(ValueError, match="lora_b must be"):
         silu_and_mul_lora(case.y, shrunk, case.lora_b[:, :-2], case.batch, backend="triton")
+
+
+# --------------------------------------------- residual-add + RMSNorm with the o / down expand
+
+
+@pytest.mark.parametrize(("backend", "tile"), FUSED_PATHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("num_tokens", [1, 19])
+def test_add_rms_norm_lora_equals_expand_then_norm(monkeypatch, tile, backend, dtype, pattern, num_tokens):
+    from multilora_studio.kernels import lora_norm
+    from multilora_studio.kernels.fused_ops import add_rms_norm
+    from multilora_studio.kernels.lora_norm import add_rms_norm_lora
+
+    if backend == "triton" and not TRITON_OK:
+        pytest.skip("needs Triton")
+    if tile is not None:
+        monkeypatch.setattr(lora_norm, "EXPAND_TILE", tile)  # 16 columns a block: 4 blocks of 56
+    gen = torch.Generator().manual_seed(seed_of("norm-lora", backend, dtype, pattern, num_tokens))
+    case = make_case(dtype, num_tokens, "single", pattern, gen)
+    case.y = torch.nan_to_num(case.y, nan=0.5)  # the norm reads every row: no NaN poison here
+    shrunk = gathered_shrink(case, gen)
+    hidden = case.offsets[-1]
+    x = torch.empty(num_tokens, hidden + 8, dtype=dtype, device=DEVICE)[:, :-8]  # strided rows
+    x.copy_(case.y)
+    weight = (1 + torch.randn(hidden, generator=gen) / 4).to(dtype).to(DEVICE)
+    residual = torch.randn(num_tokens, hidden, generator=gen).to(dtype).to(DEVICE)
+    counters = torch.zeros(64, dtype=torch.int32, device=DEVICE)
+    res_fused, res_unfused = residual.clone(), residual.clone()
+    for _ in range(2):  # a second launch on the same counters: they are left zero
+        out = add_rms_norm_lora(
+            x.clone(), res_fused, weight, 1e-5, shrunk, case.lora_b, case.batch, counters, backend
+        )
+        assert torch.count_nonzero(counters) == 0
+        unfused = x.clone()
+        lora_expand_gathered(unfused, shrunk, case.lora_b, case.batch, case.offsets, backend=backend)
+        expected = add_rms_norm(
+            unfused, res_unfused, weight, 1e-5, backend="triton" if backend == "triton" else "torch"
+        )
+        assert torch.equal(res_fused.view(torch.int8), res_unfused.view(torch.int8))
+        assert torch.equal(out.view(torch.int8), expected.view(torch.int8))
+    # against float64 on the rows with an adapter: the residual gained y + LoRA twice
+    written = case.slot_ids >= 0
+    if written.any():
+        ref = reference_lora(case.y, case.x, case.lora_a, case.lora_b, case.slot_ids, case.offsets)
+        ref_res = residual.double() + 2 * ref
+        err = rel_err(res_fused[written], ref_res[written])
+        assert err < 4 * TOL[dtype], f"relative error {err:.3e}"
+
+
+def test_add_rms_norm_lora_rejects_bad_input():
+    from multilora_studio.kernels.lora_norm import add_rms_norm_lora
+
+    gen = torch.Generator().manual_seed(seed_of("norm-errors"))
+    case = make_case(torch.float32, 5, "single", "uniform", gen)
+    shrunk = gathered_shrink(case, gen)
+    hidden = case.offsets[-1]
+    weight = torch.ones(hidden, device=DEVICE)
+    residual = torch.zeros(5, hidden, device=DEVICE)
+    counters = torch.zeros(8, dtype=torch.int32, device=DEVICE)
+
+    def call(**changes):
+        args = dict(
+            x=case.y,
+            residual=residual,
+            weight=weight,
+            eps=1e-5,
+            shrunk=shrunk,
+            lora_b=case.lora_b,
+            batch=case.batch,
+            counters=counters,
+            backend="triton",
+        )
+        args.update(changes)
+        return add_rms_norm_lora(**args)
+
+    with pytest.raises(ValueError, match="x and residual"):
+        call(residual=residual[:, :-1])
+    with pytest.raises(ValueError, match="weight must be"):
+        call(weight=weight[:-1])
+    with pytest.raises(ValueError, match="shrunk must be"):
+        call(shrunk=shrunk[:-1])
+    with pytest.raises(ValueError, match="lora_b must be"):
+        call(lora_b=case.lora_b.half())
+    with pytest.raises(ValueError, match="counters must be"):
+        call(counters=counters[:2])

@@ -1,0 +1,195 @@
+"""Residual-add + RMSNorm with the o / down projection's LoRA expand folded in: one launch, not two.
+
+When the shrink runs inside the base GEMM (``lora_expand_gathered``), the o and down
+GEMMs' outputs are read only by the residual-add + RMSNorm that follows. This kernel does
+the expand there. Program ``(t, c)`` loads its token's B rows for column block ``c``,
+adds the LoRA term to the projection's output and that to the residual (rounded to the
+model dtype exactly as the expand and ``add_rms_norm`` round), stores the new residual
+block, and increments the row's counter. The program that arrives last (the counter
+read ``blocks - 1``) reads the whole new residual row back, normalises it as
+``add_rms_norm`` does (same single-program sum, so the result is equal bit for bit to the
+two launches) and resets the counter to zero for the next launch. No program waits on
+another, so any launch order is safe.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .fused_ops import add_rms_norm
+from .lora import LoRABatch, _backend_of, lora_expand_gathered
+from .lora_decode import (
+    DECODE_MAX_TOKENS,
+    EXPAND_TILE,
+    EXPAND_WARPS,
+    _launch_options,
+    block_r,
+    gdc_launch_dependents,
+    gdc_wait,
+    rank_align,
+    use_pdl,
+)
+
+# Ranks up to which one program covers the whole rank (larger ones take the two-launch path).
+MAX_FUSED_RANK = 64
+
+
+@triton.jit
+def _add_rms_norm_lora_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    shrunk_ptr,
+    b_ptr,
+    slots_ptr,
+    ranks_ptr,
+    counter_ptr,
+    n_cols,
+    num_blocks,
+    eps,
+    stride_xt,
+    stride_rt,
+    stride_ot,
+    stride_st,
+    stride_sl,
+    stride_sr,
+    stride_bl,
+    stride_bn,
+    stride_br,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    ROW_BLOCK: tl.constexpr,
+    RANK_ALIGN: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    ok = cols < n_cols
+    slot = tl.load(slots_ptr + t)
+    rank = tl.load(ranks_ptr + t)  # 0 for tokens without an adapter
+    offs_r = tl.arange(0, BLOCK_R)  # [BR]
+    rank_ld = tl.multiple_of((rank + RANK_ALIGN - 1) // RANK_ALIGN * RANK_ALIGN, RANK_ALIGN)
+    b_ptrs = b_ptr + slot.to(tl.int64) * stride_bl + cols[:, None] * stride_bn + offs_r[None, :] * stride_br
+    w = tl.load(b_ptrs, mask=ok[:, None] & (offs_r < rank_ld)[None, :], other=0.0)  # [BN, BR]: weights first
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    x = tl.load(x_ptr + t.to(tl.int64) * stride_xt + cols, mask=ok, other=0.0)  # [BN], model dtype
+    if rank > 0:
+        in_rank = offs_r < rank
+        h_ptrs = shrunk_ptr + t.to(tl.int64) * stride_st + slot.to(tl.int64) * stride_sl + offs_r * stride_sr
+        h = tl.load(h_ptrs, mask=in_rank, other=0.0).to(tl.float32)  # [BR]
+        w = tl.where(in_rank[None, :], w, 0.0)  # rank padding never reaches the sum
+        delta = tl.sum(w.to(tl.float32) * h[None, :], axis=1)  # [BN]
+        x = (x.to(tl.float32) + delta.to(x.dtype).to(tl.float32)).to(x.dtype)  # as the expand rounds y
+    res_row = res_ptr + t.to(tl.int64) * stride_rt
+    res = tl.load(res_row + cols, mask=ok, other=0.0)
+    tl.store(res_row + cols, (x.to(tl.float32) + res.to(tl.float32)).to(res.dtype), mask=ok)
+    # Release this block's residual, acquire the others'; the last block's program normalises.
+    arrived = tl.atomic_add(counter_ptr + t, 1, sem="acq_rel")
+    if arrived == num_blocks - 1:
+        row_cols = tl.arange(0, ROW_BLOCK)
+        row_ok = row_cols < n_cols
+        x_raw = tl.load(res_row + row_cols, mask=row_ok, other=0.0, cache_modifier=".cg")  # [ROW_BLOCK]
+        x32 = x_raw.to(tl.float32)
+        var = tl.sum(x32 * x32, axis=0) / n_cols
+        normed = (x32 * tl.rsqrt(var + eps)).to(x_raw.dtype).to(tl.float32)
+        nw = tl.load(w_ptr + row_cols, mask=row_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + t.to(tl.int64) * stride_ot + row_cols, (nw * normed).to(x_raw.dtype), mask=row_ok)
+        tl.store(counter_ptr + t, 0)  # ready for the next launch
+
+
+def add_rms_norm_lora(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    shrunk: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    counters: torch.Tensor,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """``residual += x + LoRA`` in place, then return RMSNorm of the new residual ``[T, H]``.
+
+    Args:
+        x: ``[T, H]`` base output of the o or down GEMM (last dim contiguous, any row stride);
+            left unspecified afterwards (the torch path adds the LoRA term into it).
+        residual: ``[T, H]`` residual stream, x's dtype, updated in place.
+        weight: ``[H]`` RMSNorm weight; ``eps`` its epsilon.
+        shrunk: ``[T, num_slots, 1, max_rank]``: every slot's shrink (as for
+            :func:`lora_expand_gathered`).
+        lora_b: ``[num_slots, H, max_rank]``, x's dtype, scale folded in.
+        batch: the step's :class:`LoRABatch`.
+        counters: int32 ``[>= T]`` zeros on x's device, kept by the caller across launches
+            (each launch leaves them zero).
+        backend: ``"auto"`` (Triton on CUDA), ``"triton"`` (also under ``TRITON_INTERPRET=1``)
+            or ``"torch"``. Triton runs one launch for up to ``DECODE_MAX_TOKENS`` tokens and
+            ``max_rank <= 64``; otherwise the expand and ``add_rms_norm`` run one after the other.
+
+    Semantics::
+
+        lora_expand_gathered(x, shrunk, lora_b, batch, (0, H))
+        return add_rms_norm(x, residual, weight, eps)
+    """
+    num_tokens, hidden = x.shape
+    fused = (
+        _backend_of(backend, x.device) == "triton"
+        and num_tokens <= DECODE_MAX_TOKENS
+        and lora_b.shape[-1] <= MAX_FUSED_RANK
+    )
+    if not fused:
+        lora_expand_gathered(x, shrunk, lora_b, batch, (0, hidden), backend=backend)
+        return add_rms_norm(x, residual, weight, eps, backend=backend)
+    if x.stride(1) != 1 or residual.stride(1) != 1 or residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError("x and residual must be [T, H] of one dtype with a contiguous last dim")
+    if weight.shape != (hidden,) or weight.dtype != x.dtype:
+        raise ValueError(
+            f"weight must be [{hidden}] of dtype {x.dtype}, got {tuple(weight.shape)} {weight.dtype}"
+        )
+    if shrunk.dim() != 4 or shrunk.shape[0] != num_tokens or shrunk.shape[2] != 1:
+        raise ValueError(f"shrunk must be [T, num_slots, 1, max_rank], got {tuple(shrunk.shape)}")
+    if tuple(lora_b.shape) != (shrunk.shape[1], hidden, shrunk.shape[3]) or lora_b.dtype != x.dtype:
+        raise ValueError(
+            f"lora_b must be [{shrunk.shape[1]}, {hidden}, {shrunk.shape[3]}] in {x.dtype}, "
+            f"got {tuple(lora_b.shape)} {lora_b.dtype}"
+        )
+    if counters.dtype != torch.int32 or counters.numel() < num_tokens or counters.device != x.device:
+        raise ValueError(f"counters must be int32 zeros with at least {num_tokens} entries on {x.device}")
+    out = torch.empty((num_tokens, hidden), dtype=x.dtype, device=x.device)  # [T, H]
+    if num_tokens == 0:
+        return out
+    br = block_r(lora_b.shape[-1])
+    bn = max(16, EXPAND_TILE // br)
+    num_blocks = triton.cdiv(hidden, bn)
+    st_t, st_l, _, st_r = shrunk.stride()
+    _add_rms_norm_lora_kernel[(num_tokens, num_blocks)](
+        x,
+        residual,
+        weight,
+        out,
+        shrunk,
+        lora_b,
+        batch.token_slots,
+        batch.token_ranks,
+        counters,
+        hidden,
+        num_blocks,
+        eps,
+        x.stride(0),
+        residual.stride(0),
+        out.stride(0),
+        st_t,
+        st_l,
+        st_r,
+        *lora_b.stride(),
+        BLOCK_N=bn,
+        BLOCK_R=br,
+        ROW_BLOCK=triton.next_power_of_2(hidden),
+        RANK_ALIGN=rank_align(lora_b),
+        **_launch_options(use_pdl(x.device), EXPAND_WARPS),
+    )
+    return out
