@@ -7,9 +7,10 @@ adds the LoRA term to the projection's output and that to the residual (rounded 
 model dtype exactly as the expand and ``add_rms_norm`` round), stores the new residual
 block, and increments the row's counter. The program that arrives last (the counter
 read ``blocks - 1``) reads the whole new residual row back, normalises it as
-``add_rms_norm`` does (same single-program sum, so the result is equal bit for bit to the
-two launches) and resets the counter to zero for the next launch. No program waits on
-another, so any launch order is safe.
+``add_rms_norm`` does and resets the counter to zero for the next launch. No program waits
+on another, so any launch order is safe. The new residual is equal bit for bit to the two
+launches'; the normalised row is too under the interpreter, and on a GPU may differ in the
+last bit (the row's sum runs over another number of warps than ``add_rms_norm``'s).
 """
 
 from __future__ import annotations

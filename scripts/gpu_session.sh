@@ -30,7 +30,7 @@ for step in $steps; do
         | tee "$OUT/engine-bench.log" | grep -v "^INFO" | tail -30 ;;
     engine-bench-ab)
       # the engine benchmark with the LoRA shrink inside the base GEMMs off, then on
-      for mode in off on; do
+      for mode in ${AB_MODES:-off on}; do
         timeout 280 python3 -m multilora_studio.bench.engine_gpu --shrink-in-gemm $mode \
           --json "$OUT/engine_gpu_$mode.json" 2>&1 | tee "$OUT/engine-bench-$mode.log" | grep -v "^INFO" \
           | grep -E "shrink|decode_tok|over_base|replay|startup|equals|fraction"

@@ -719,6 +719,8 @@ def test_silu_and_mul_lora_rejects_bad_input():
 
 # --------------------------------------------- residual-add + RMSNorm with the o / down expand
 
+NORM_RTOL = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}  # about one ulp
+
 
 @pytest.mark.parametrize(("backend", "tile"), FUSED_PATHS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -755,7 +757,10 @@ def test_add_rms_norm_lora_equals_expand_then_norm(monkeypatch, tile, backend, d
             unfused, res_unfused, weight, 1e-5, backend="triton" if backend == "triton" else "torch"
         )
         assert torch.equal(res_fused.view(torch.int8), res_unfused.view(torch.int8))
-        assert torch.equal(out.view(torch.int8), expected.view(torch.int8))
+        if DEVICE == "cpu":
+            assert torch.equal(out.view(torch.int8), expected.view(torch.int8))
+        else:  # on a GPU the norm's sum runs over another warp count: the last bit may differ
+            torch.testing.assert_close(out, expected, rtol=NORM_RTOL[dtype], atol=NORM_RTOL[dtype])
     # against float64 on the rows with an adapter: the residual gained y + LoRA twice
     written = case.slot_ids >= 0
     if written.any():
