@@ -275,6 +275,62 @@ def _bgmv_expand_kernel(
         tl.store(y_ptrs, (y_old.to(tl.float32) + delta).to(y_old.dtype), mask=n_ok)
 
 
+# ------------------------------------------- helpers of the kernels that fold an expand in
+
+
+@triton.jit
+def load_token_b(
+    b_ptr, slot, rank, offs_n, n_ok, offs_r, stride_wl, stride_wn, stride_wr, RANK_ALIGN: tl.constexpr
+):
+    """``[BN, BR]`` tile of the token's B, rows ``offs_n``: whole RANK_ALIGN-element vectors up
+    to the rank rounded up (the storage holds them), zeros elsewhere."""
+    rank_ld = tl.multiple_of((rank + RANK_ALIGN - 1) // RANK_ALIGN * RANK_ALIGN, RANK_ALIGN)
+    ptrs = b_ptr + slot.to(tl.int64) * stride_wl + offs_n[:, None] * stride_wn + offs_r[None, :] * stride_wr
+    return tl.load(ptrs, mask=n_ok[:, None] & (offs_r < rank_ld)[None, :], other=0.0)
+
+
+@triton.jit
+def add_token_lora(y, w, h_ptrs, rank, offs_r):
+    """``y + h @ w^T`` for one token (h: its ``rank`` shrink values at ``h_ptrs``), rounded as the
+    expand rounds y: the term to y's dtype, then the sum once. Rank padding never reaches it."""
+    in_rank = offs_r < rank
+    h = tl.load(h_ptrs, mask=in_rank, other=0.0).to(tl.float32)  # [BR]
+    w = tl.where(in_rank[None, :], w, 0.0)  # [BN, BR]
+    delta = tl.sum(w.to(tl.float32) * h[None, :], axis=1)  # [BN]
+    return (y.to(tl.float32) + delta.to(y.dtype).to(tl.float32)).to(y.dtype)
+
+
+# Ranks up to which the kernels that fold an expand in cover the whole rank in one tile
+# (larger ranks take the separate expand).
+MAX_FUSED_RANK = 64
+
+
+def folds_expand(backend_kind: str, num_tokens: int, max_rank: int) -> bool:
+    """Whether an expand can be folded into the kernel that reads its output this call."""
+    return backend_kind == "triton" and num_tokens <= DECODE_MAX_TOKENS and max_rank <= MAX_FUSED_RANK
+
+
+def check_gathered(
+    num_tokens: int,
+    out_total: int,
+    dtype: torch.dtype,
+    shrunk: torch.Tensor,
+    lora_b: torch.Tensor,
+    slices: int,
+) -> None:
+    """ValueError unless ``shrunk`` is ``[T, slots, slices, R]`` and ``lora_b`` is
+    ``[slots, out_total, R]`` in ``dtype``."""
+    if shrunk.dim() != 4 or shrunk.shape[0] != num_tokens or shrunk.shape[2] != slices:
+        raise ValueError(
+            f"shrunk must be [{num_tokens}, num_slots, {slices}, max_rank], got {tuple(shrunk.shape)}"
+        )
+    if tuple(lora_b.shape) != (shrunk.shape[1], out_total, shrunk.shape[3]) or lora_b.dtype != dtype:
+        raise ValueError(
+            f"lora_b must be [{shrunk.shape[1]}, {out_total}, {shrunk.shape[3]}] in {dtype}, "
+            f"got {tuple(lora_b.shape)} {lora_b.dtype}"
+        )
+
+
 # --------------------------------------------------------------------------- launchers
 
 
@@ -324,31 +380,10 @@ def expand(
 ) -> torch.Tensor:
     """Launch the token-major expand: ``part`` is float32 partials ``[splits, S, T, R]``."""
     splits, _, num_tokens, max_rank = part.shape
-    out_total = lora_b.shape[1]
-    if num_tokens == 0 or out_total == 0:
-        return y
-    bn = block_n or expand_block_n(max_rank)
-    cum, n_progs = slice_programs(slice_offsets, bn)
-    _bgmv_expand_kernel[(num_tokens, n_progs)](
-        part,
-        lora_b,
-        y,
-        batch.token_slots,
-        batch.token_ranks,
-        splits,
-        *cum,
-        *padded_offsets(slice_offsets),
-        *part.stride(),
-        0,
-        *lora_b.stride(),
-        *y.stride(),
-        BLOCK_N=bn,
-        BLOCK_R=block_r(max_rank),
-        SPLIT_BLOCK=triton.next_power_of_2(splits),
-        RANK_ALIGN=rank_align(lora_b),
-        **_launch_options(use_pdl(y.device), num_warps or EXPAND_WARPS),
+    strides = (*part.stride(), 0)  # (split, slice, token, rank, slot): per-token partials
+    return _launch_expand(
+        y, part, strides, splits, num_tokens, max_rank, lora_b, batch, slice_offsets, block_n, num_warps
     )
-    return y
 
 
 def expand_gathered(
@@ -367,31 +402,46 @@ def expand_gathered(
     produces it. Each token reads its own slot's row: ``y[t] += shrunk[t, slot[t], s] @ B[slot[t]]^T``.
     """
     num_tokens, _, _, max_rank = shrunk.shape
+    st_t, st_l, st_s, st_r = shrunk.stride()
+    strides = (0, st_s, st_t, st_r, st_l)  # (split, slice, token, rank, slot): one split
+    return _launch_expand(
+        y, shrunk, strides, 1, num_tokens, max_rank, lora_b, batch, slice_offsets, block_n, num_warps
+    )
+
+
+def _launch_expand(
+    y: torch.Tensor,
+    part: torch.Tensor,
+    part_strides: tuple[int, ...],
+    splits: int,
+    num_tokens: int,
+    max_rank: int,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    slice_offsets: tuple[int, ...],
+    block_n: int | None,
+    num_warps: int | None,
+) -> torch.Tensor:
     out_total = lora_b.shape[1]
     if num_tokens == 0 or out_total == 0:
         return y
     bn = block_n or expand_block_n(max_rank)
     cum, n_progs = slice_programs(slice_offsets, bn)
-    st_t, st_l, st_s, st_r = shrunk.stride()
     _bgmv_expand_kernel[(num_tokens, n_progs)](
-        shrunk,
+        part,
         lora_b,
         y,
         batch.token_slots,
         batch.token_ranks,
-        1,
+        splits,
         *cum,
         *padded_offsets(slice_offsets),
-        0,
-        st_s,
-        st_t,
-        st_r,
-        st_l,
+        *part_strides,
         *lora_b.stride(),
         *y.stride(),
         BLOCK_N=bn,
         BLOCK_R=block_r(max_rank),
-        SPLIT_BLOCK=1,
+        SPLIT_BLOCK=triton.next_power_of_2(splits),
         RANK_ALIGN=rank_align(lora_b),
         **_launch_options(use_pdl(y.device), num_warps or EXPAND_WARPS),
     )

@@ -22,19 +22,19 @@ import triton.language as tl
 from .fused_ops import add_rms_norm
 from .lora import LoRABatch, _backend_of, lora_expand_gathered
 from .lora_decode import (
-    DECODE_MAX_TOKENS,
     EXPAND_TILE,
     EXPAND_WARPS,
     _launch_options,
+    add_token_lora,
     block_r,
+    check_gathered,
+    folds_expand,
     gdc_launch_dependents,
     gdc_wait,
+    load_token_b,
     rank_align,
     use_pdl,
 )
-
-# Ranks up to which one program covers the whole rank (larger ones take the two-launch path).
-MAX_FUSED_RANK = 64
 
 
 @triton.jit
@@ -72,20 +72,15 @@ def _add_rms_norm_lora_kernel(
     slot = tl.load(slots_ptr + t)
     rank = tl.load(ranks_ptr + t)  # 0 for tokens without an adapter
     offs_r = tl.arange(0, BLOCK_R)  # [BR]
-    rank_ld = tl.multiple_of((rank + RANK_ALIGN - 1) // RANK_ALIGN * RANK_ALIGN, RANK_ALIGN)
-    b_ptrs = b_ptr + slot.to(tl.int64) * stride_bl + cols[:, None] * stride_bn + offs_r[None, :] * stride_br
-    w = tl.load(b_ptrs, mask=ok[:, None] & (offs_r < rank_ld)[None, :], other=0.0)  # [BN, BR]: weights first
+    # the token's B rows first: they do not wait on the previous kernel
+    w = load_token_b(b_ptr, slot, rank, cols, ok, offs_r, stride_bl, stride_bn, stride_br, RANK_ALIGN)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
     x = tl.load(x_ptr + t.to(tl.int64) * stride_xt + cols, mask=ok, other=0.0)  # [BN], model dtype
     if rank > 0:
-        in_rank = offs_r < rank
         h_ptrs = shrunk_ptr + t.to(tl.int64) * stride_st + slot.to(tl.int64) * stride_sl + offs_r * stride_sr
-        h = tl.load(h_ptrs, mask=in_rank, other=0.0).to(tl.float32)  # [BR]
-        w = tl.where(in_rank[None, :], w, 0.0)  # rank padding never reaches the sum
-        delta = tl.sum(w.to(tl.float32) * h[None, :], axis=1)  # [BN]
-        x = (x.to(tl.float32) + delta.to(x.dtype).to(tl.float32)).to(x.dtype)  # as the expand rounds y
+        x = add_token_lora(x, w, h_ptrs, rank, offs_r)
     res_row = res_ptr + t.to(tl.int64) * stride_rt
     res = tl.load(res_row + cols, mask=ok, other=0.0)
     tl.store(res_row + cols, (x.to(tl.float32) + res.to(tl.float32)).to(res.dtype), mask=ok)
@@ -137,12 +132,7 @@ def add_rms_norm_lora(
         return add_rms_norm(x, residual, weight, eps)
     """
     num_tokens, hidden = x.shape
-    fused = (
-        _backend_of(backend, x.device) == "triton"
-        and num_tokens <= DECODE_MAX_TOKENS
-        and lora_b.shape[-1] <= MAX_FUSED_RANK
-    )
-    if not fused:
+    if not folds_expand(_backend_of(backend, x.device), num_tokens, lora_b.shape[-1]):
         lora_expand_gathered(x, shrunk, lora_b, batch, (0, hidden), backend=backend)
         return add_rms_norm(x, residual, weight, eps, backend=backend)
     if x.stride(1) != 1 or residual.stride(1) != 1 or residual.shape != x.shape or residual.dtype != x.dtype:
@@ -151,13 +141,7 @@ def add_rms_norm_lora(
         raise ValueError(
             f"weight must be [{hidden}] of dtype {x.dtype}, got {tuple(weight.shape)} {weight.dtype}"
         )
-    if shrunk.dim() != 4 or shrunk.shape[0] != num_tokens or shrunk.shape[2] != 1:
-        raise ValueError(f"shrunk must be [T, num_slots, 1, max_rank], got {tuple(shrunk.shape)}")
-    if tuple(lora_b.shape) != (shrunk.shape[1], hidden, shrunk.shape[3]) or lora_b.dtype != x.dtype:
-        raise ValueError(
-            f"lora_b must be [{shrunk.shape[1]}, {hidden}, {shrunk.shape[3]}] in {x.dtype}, "
-            f"got {tuple(lora_b.shape)} {lora_b.dtype}"
-        )
+    check_gathered(num_tokens, hidden, x.dtype, shrunk, lora_b, slices=1)
     if counters.dtype != torch.int32 or counters.numel() < num_tokens or counters.device != x.device:
         raise ValueError(f"counters must be int32 zeros with at least {num_tokens} entries on {x.device}")
     out = torch.empty((num_tokens, hidden), dtype=x.dtype, device=x.device)  # [T, H]

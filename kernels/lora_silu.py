@@ -18,19 +18,19 @@ import triton.language as tl
 from .fused_ops import silu_and_mul
 from .lora import LoRABatch, _backend_of, lora_expand_gathered
 from .lora_decode import (
-    DECODE_MAX_TOKENS,
     EXPAND_TILE,
     EXPAND_WARPS,
     _launch_options,
+    add_token_lora,
     block_r,
+    check_gathered,
+    folds_expand,
     gdc_launch_dependents,
     gdc_wait,
+    load_token_b,
     rank_align,
     use_pdl,
 )
-
-# Ranks up to which one program covers the whole rank (larger ones take the two-launch path).
-MAX_FUSED_RANK = 64
 
 
 @triton.jit
@@ -64,11 +64,10 @@ def _silu_mul_lora_kernel(
     rank = tl.load(ranks_ptr + t)  # 0 for tokens without an adapter
     offs_r = tl.arange(0, BLOCK_R)  # [BR]
     # B rows of the gate columns, then of the up columns (n_cols further): weights first.
-    rank_ld = tl.multiple_of((rank + RANK_ALIGN - 1) // RANK_ALIGN * RANK_ALIGN, RANK_ALIGN)
-    w_mask = ok[:, None] & (offs_r < rank_ld)[None, :]
-    wg_ptrs = b_ptr + slot.to(tl.int64) * stride_wl + cols[:, None] * stride_wn + offs_r[None, :] * stride_wr
-    w_gate = tl.load(wg_ptrs, mask=w_mask, other=0.0)  # [BN, BR]
-    w_up = tl.load(wg_ptrs + n_cols * stride_wn, mask=w_mask, other=0.0)  # [BN, BR]
+    w_gate = load_token_b(b_ptr, slot, rank, cols, ok, offs_r, stride_wl, stride_wn, stride_wr, RANK_ALIGN)
+    w_up = load_token_b(
+        b_ptr, slot, rank, n_cols + cols, ok, offs_r, stride_wl, stride_wn, stride_wr, RANK_ALIGN
+    )
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -76,17 +75,9 @@ def _silu_mul_lora_kernel(
     gate = tl.load(row + cols, mask=ok, other=0.0)  # [BN], model dtype
     up = tl.load(row + n_cols + cols, mask=ok, other=0.0)
     if rank > 0:
-        in_rank = offs_r < rank
         h_ptrs = shrunk_ptr + t.to(tl.int64) * stride_st + slot.to(tl.int64) * stride_sl + offs_r * stride_sr
-        h_gate = tl.load(h_ptrs, mask=in_rank, other=0.0).to(tl.float32)  # [BR]
-        h_up = tl.load(h_ptrs + stride_ss, mask=in_rank, other=0.0).to(tl.float32)
-        w_gate = tl.where(in_rank[None, :], w_gate, 0.0)  # rank padding never reaches the sum
-        w_up = tl.where(in_rank[None, :], w_up, 0.0)
-        d_gate = tl.sum(w_gate.to(tl.float32) * h_gate[None, :], axis=1)  # [BN]
-        d_up = tl.sum(w_up.to(tl.float32) * h_up[None, :], axis=1)
-        # as the expand rounds y: the term to the model dtype, then the sum once
-        gate = (gate.to(tl.float32) + d_gate.to(gate.dtype).to(tl.float32)).to(gate.dtype)
-        up = (up.to(tl.float32) + d_up.to(up.dtype).to(tl.float32)).to(up.dtype)
+        gate = add_token_lora(gate, w_gate, h_ptrs, rank, offs_r)
+        up = add_token_lora(up, w_up, h_ptrs + stride_ss, rank, offs_r)
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(up.dtype).to(tl.float32)  # rounded like F.silu's output
     tl.store(out_ptr + t.to(tl.int64) * stride_ot + cols, (act * up.to(tl.float32)).to(up.dtype), mask=ok)
@@ -124,22 +115,10 @@ def silu_and_mul_lora(
     half = width // 2
     offsets = (0, half, width)
     max_rank = lora_b.shape[-1]
-    fused = (
-        _backend_of(backend, gate_up.device) == "triton"
-        and num_tokens <= DECODE_MAX_TOKENS
-        and max_rank <= MAX_FUSED_RANK
-    )
-    if not fused:
+    if not folds_expand(_backend_of(backend, gate_up.device), num_tokens, max_rank):
         lora_expand_gathered(gate_up, shrunk, lora_b, batch, offsets, backend=backend)
         return silu_and_mul(gate_up, backend=backend)
-    # the checks lora_expand_gathered makes, without its launch
-    if shrunk.dim() != 4 or shrunk.shape[0] != num_tokens or shrunk.shape[2] != 2:
-        raise ValueError(f"shrunk must be [T, num_slots, 2, max_rank], got {tuple(shrunk.shape)}")
-    if tuple(lora_b.shape) != (shrunk.shape[1], width, shrunk.shape[3]) or lora_b.dtype != gate_up.dtype:
-        raise ValueError(
-            f"lora_b must be [{shrunk.shape[1]}, {width}, {shrunk.shape[3]}] in {gate_up.dtype}, "
-            f"got {tuple(lora_b.shape)} {lora_b.dtype}"
-        )
+    check_gathered(num_tokens, width, gate_up.dtype, shrunk, lora_b, slices=2)
     out = torch.empty((num_tokens, half), dtype=gate_up.dtype, device=gate_up.device)  # [T, I]
     if num_tokens == 0:
         return out
