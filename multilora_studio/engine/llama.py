@@ -13,6 +13,7 @@ that follows o and down (``kernels/lora_norm.py``); q/k/v's is a launch of its o
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,14 @@ from multilora_studio.kernels.lora_decode import DECODE_MAX_TOKENS
 from multilora_studio.kernels.lora_norm import add_rms_norm_lora
 from multilora_studio.kernels.lora_silu import silu_and_mul_lora
 from multilora_studio.kernels.paged_attention import paged_attention, write_kv
+from multilora_studio.kernels.qkv_epilogue import qkv_rope_write
+
+
+def fused_qkv_epilogue() -> bool:
+    """Whether steps run the q/k/v expand, RoPE and the K/V cache write as one launch
+    (``kernels/qkv_epilogue.py``: on CUDA, or under ``TRITON_INTERPRET=1``; elsewhere it runs
+    the separate ops); ``MULTILORA_FUSED_QKV=1`` turns it on (off until measured on a GPU)."""
+    return os.environ.get("MULTILORA_FUSED_QKV", "0") == "1"
 
 
 @dataclass
@@ -67,6 +76,7 @@ class LlamaModel:
         self.rope = cos_sin_cache(spec.rope, spec.head_dim, max_positions, device)  # [P, D]
         self.scale = spec.head_dim**-0.5
         self.linear = packed_linear if weights.onednn_packed else F.linear
+        self.fused_qkv = fused_qkv_epilogue()
 
     def _shrink_in_gemm(self, group: str, tokens: int, step: LoRAStep | None) -> bool:
         """Whether ``group``'s LoRA term this step comes from the GEMM over its block."""
@@ -85,10 +95,35 @@ class LlamaModel:
         if not self._shrink_in_gemm("gate_up", h.shape[0], step):
             return silu_and_mul(self._project("gate_up", layer, h, weights.gate_up, step))  # [T, I]
         assert self.lora is not None and step is not None
-        lora = self.lora
-        out = self.linear(h, lora.gemm_blocks["gate_up"][layer])  # [T, 2 I + 2 * slots * R]
-        gate_up, shrunk = lora.gemm_output_split("gate_up", out)  # [T, 2 I], [T, slots, 2, R]
-        return silu_and_mul_lora(gate_up, shrunk, lora.b["gate_up"][layer], step.batch)
+        gate_up, shrunk = self._block_gemm("gate_up", layer, h)  # [T, 2 I], [T, slots, 2, R]
+        return silu_and_mul_lora(gate_up, shrunk, self.lora.b["gate_up"][layer], step.batch)
+
+    def _block_gemm(
+        self, group: str, layer: int, x: torch.Tensor, with_bias: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One GEMM over ``group``'s block: the base output [T, N] and every slot's shrink
+        [T, slots, S, R] (views of one [T, N + S * slots * R] output)."""
+        assert self.lora is not None
+        bias = None
+        if with_bias:  # q/k/v's bias, with zeros for the A rows
+            assert self.weights.qkv_bias_block is not None  # allocated with the blocks
+            bias = self.weights.qkv_bias_block[layer]  # [N + 3 * slots * R]
+        out = self.linear(x, self.lora.gemm_blocks[group][layer], bias)
+        return self.lora.gemm_output_split(group, out)
+
+    def _qkv_gemm(
+        self, layer: int, h: torch.Tensor, step: LoRAStep | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, LoRABatch] | None]:
+        """The q/k/v projection [T, q + 2 kv] and, with the shrink in the GEMM, its expand still
+        to do ``(shrunk, lora_b, batch)`` (None when the LoRA term is in already or there is none)."""
+        weights = self.weights.layers[layer]
+        if not self._shrink_in_gemm("qkv", h.shape[0], step):
+            return self._project("qkv", layer, h, weights.qkv, step, weights.qkv_bias), None
+        assert self.lora is not None and step is not None
+        qkv, shrunk = self._block_gemm(
+            "qkv", layer, h, weights.qkv_bias is not None
+        )  # [T, N], [T, slots, 3, R]
+        return qkv, (shrunk, self.lora.b["qkv"][layer], step.batch)
 
     def _project_add_norm(
         self,
@@ -106,8 +141,7 @@ class LlamaModel:
             return add_rms_norm(self._project(group, layer, x, weight, step), residual, norm_weight, eps)
         assert self.lora is not None and step is not None
         lora = self.lora
-        out = self.linear(x, lora.gemm_blocks[group][layer])  # [T, H + slots * R]
-        y, shrunk = lora.gemm_output_split(group, out)  # [T, H], [T, slots, 1, R]
+        y, shrunk = self._block_gemm(group, layer, x)  # [T, H], [T, slots, 1, R]
         b = lora.b[group][layer]
         return add_rms_norm_lora(y, residual, norm_weight, eps, shrunk, b, step.batch, lora.row_counters)
 
@@ -126,11 +160,7 @@ class LlamaModel:
             return self.linear(x, weight, bias)
         # The slot buffers and activations are consistent by construction: no argument checks.
         if self._shrink_in_gemm(group, x.shape[0], step):
-            if bias is not None:
-                assert self.weights.qkv_bias_block is not None  # allocated with the blocks
-                bias = self.weights.qkv_bias_block[layer]  # [N + S * slots * R], zeros after N
-            out = self.linear(x, lora.gemm_blocks[group][layer], bias)  # [T, N + S * slots * R]
-            y, shrunk = lora.gemm_output_split(group, out)  # [T, N], [T, slots, S, R]
+            y, shrunk = self._block_gemm(group, layer, x, bias is not None)  # [T, N], [T, slots, S, R]
             lora_expand_gathered(
                 y, shrunk, lora.b[group][layer], step.batch, lora.offsets[group], validate=False
             )
@@ -157,14 +187,21 @@ class LlamaModel:
         residual = F.embedding(input_ids, self.weights.embed)  # [T, H], the residual stream
         h = rms_norm(residual, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
-            qkv = self._project("qkv", index, h, layer.qkv, lora, layer.qkv_bias)  # [T, q + 2 kv]
-            q = qkv[:, :q_size].view(tokens, spec.num_heads, spec.head_dim)
-            k = qkv[:, q_size : q_size + kv_size].view(tokens, spec.num_kv_heads, spec.head_dim)
-            v = qkv[:, q_size + kv_size :].view(tokens, spec.num_kv_heads, spec.head_dim)
-            rope_(q, self.rope, positions)
-            rope_(k, self.rope, positions)
             k_cache, v_cache = kv_caches[index]
-            write_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+            if self.fused_qkv:  # expand (if pending), RoPE and the cache write in one launch
+                qkv, pending = self._qkv_gemm(index, h, lora)  # [T, q + 2 kv]
+                q = qkv_rope_write(
+                    qkv, spec.num_heads, spec.num_kv_heads, self.rope, positions,
+                    k_cache, v_cache, attn.slot_mapping, pending,
+                )  # fmt: skip
+            else:
+                qkv = self._project("qkv", index, h, layer.qkv, lora, layer.qkv_bias)  # [T, q + 2 kv]
+                q = qkv[:, :q_size].view(tokens, spec.num_heads, spec.head_dim)
+                k = qkv[:, q_size : q_size + kv_size].view(tokens, spec.num_kv_heads, spec.head_dim)
+                v = qkv[:, q_size + kv_size :].view(tokens, spec.num_kv_heads, spec.head_dim)
+                rope_(q, self.rope, positions)
+                rope_(k, self.rope, positions)
+                write_kv(k, v, k_cache, v_cache, attn.slot_mapping)
             context = paged_attention(
                 q,
                 k_cache,

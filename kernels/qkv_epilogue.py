@@ -1,0 +1,228 @@
+"""What follows the q/k/v GEMM, in one launch: the LoRA expand, RoPE on q and k, K/V into the cache.
+
+The q/k/v GEMM's output is read by RoPE (q and k, in place) and by the cache write (k and
+v); with the shrink inside the GEMM (``lora_expand_gathered``) the LoRA expand comes first.
+Program ``(t, head)`` takes one head of q, k or v of token ``t``: it loads the token's B rows
+for that head (the weights first, before waiting on the GEMM), adds the LoRA term (rounded
+as the expand rounds), rotates q and k heads as ``rope_`` does, and stores q back in place
+and k / v into their cache slot (none for padding tokens, slot -1). Three launches (four
+with LoRA) become one; the results are equal bit for bit to those launches.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .fused_ops import rope_
+from .lora import LoRABatch, _interpreting, lora_expand_gathered
+from .lora_decode import (
+    _launch_options,
+    add_token_lora,
+    block_r,
+    check_gathered,
+    gdc_launch_dependents,
+    gdc_wait,
+    load_token_b,
+    rank_align,
+    use_pdl,
+)
+from .paged_attention import write_kv
+
+
+@triton.jit
+def _qkv_epilogue_kernel(
+    qkv_ptr,
+    cs_ptr,
+    pos_ptr,
+    slot_map_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    shrunk_ptr,
+    b_ptr,
+    slots_ptr,
+    ranks_ptr,
+    num_q_heads,
+    num_kv_heads,
+    stride_qt,
+    stride_cs,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_st,
+    stride_sl,
+    stride_ss,
+    stride_sr,
+    stride_bl,
+    stride_bn,
+    stride_br,
+    HALF: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    RANK_ALIGN: tl.constexpr,
+    HAS_LORA: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    t = tl.program_id(0)
+    head = tl.program_id(1)  # q heads, then k heads, then v heads
+    col0 = head * (2 * HALF)  # the head's first column in the q/k/v row
+    d = tl.arange(0, HALF)  # [HALF]
+    offs_r = tl.arange(0, BLOCK_R)  # [BR]
+    if HAS_LORA:
+        slot = tl.load(slots_ptr + t)
+        rank = tl.load(ranks_ptr + t)  # 0 for tokens without an adapter
+        whole = d < HALF
+        # the token's B rows of both halves of this head, before waiting on the GEMM
+        w1 = load_token_b(
+            b_ptr, slot, rank, col0 + d, whole, offs_r, stride_bl, stride_bn, stride_br, RANK_ALIGN
+        )
+        w2 = load_token_b(
+            b_ptr, slot, rank, col0 + HALF + d, whole, offs_r, stride_bl, stride_bn, stride_br, RANK_ALIGN
+        )
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    row = qkv_ptr + t.to(tl.int64) * stride_qt + col0
+    x1 = tl.load(row + d)  # [HALF], model dtype
+    x2 = tl.load(row + HALF + d)
+    if HAS_LORA:  # noqa: SIM102 (a compile-time branch: rank exists only with LoRA)
+        if rank > 0:
+            part = (head >= num_q_heads).to(tl.int32) + (head >= num_q_heads + num_kv_heads).to(tl.int32)
+            h_ptrs = (
+                shrunk_ptr
+                + t.to(tl.int64) * stride_st
+                + slot.to(tl.int64) * stride_sl
+                + part * stride_ss
+                + offs_r * stride_sr
+            )
+            x1 = add_token_lora(x1, w1, h_ptrs, rank, offs_r)
+            x2 = add_token_lora(x2, w2, h_ptrs, rank, offs_r)
+    if head < num_q_heads + num_kv_heads:  # q and k: rotate half, as rope_
+        pos = tl.load(pos_ptr + t)
+        cos = tl.load(cs_ptr + pos * stride_cs + d)
+        sin = tl.load(cs_ptr + pos * stride_cs + HALF + d)
+        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+        x1, x2 = (f1 * cos - f2 * sin).to(x1.dtype), (f2 * cos + f1 * sin).to(x2.dtype)
+    if head < num_q_heads:
+        tl.store(row + d, x1)
+        tl.store(row + HALF + d, x2)
+    else:
+        dst = tl.load(slot_map_ptr + t)  # -1: a padding token, nothing written
+        if dst >= 0:
+            kv_head = head - num_q_heads
+            cache_ptr = k_cache_ptr
+            if kv_head >= num_kv_heads:
+                kv_head -= num_kv_heads
+                cache_ptr = v_cache_ptr
+            out = cache_ptr + dst * stride_cache_slot + kv_head * stride_cache_head
+            tl.store(out + d, x1)
+            tl.store(out + HALF + d, x2)
+
+
+def qkv_rope_write(
+    qkv: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    cos_sin: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    lora: tuple[torch.Tensor, torch.Tensor, LoRABatch] | None = None,
+) -> torch.Tensor:
+    """LoRA expand (optional), RoPE on q and k, and k / v into the paged cache; returns q ``[T, Hq, D]``.
+
+    Args:
+        qkv: ``[T, (Hq + 2 Hkv) * D]`` output of the q/k/v GEMM (last dim contiguous, any row
+            stride); q is rotated in place, k and v are left unspecified.
+        cos_sin, positions: as for ``rope_`` (float32 ``[positions, D]``, ``[T]``).
+        k_cache, v_cache, slot_mapping: as for ``write_kv``.
+        lora: ``(shrunk [T, slots, 3, R], lora_b [slots, (Hq + 2 Hkv) * D, R], batch)`` as for
+            ``lora_expand_gathered``, or None (base rows only).
+
+    One Triton launch on CUDA (and under ``TRITON_INTERPRET=1``) for a power-of-two head_dim
+    >= 8 and LoRA ranks up to 64; otherwise the launches below, one after the other.
+
+    Semantics::
+
+        if lora is not None:
+            shrunk, lora_b, batch = lora
+            offsets = (0, q_size, q_size + kv_size, q_size + 2 * kv_size)
+            lora_expand_gathered(qkv, shrunk, lora_b, batch, offsets)
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=1)  # viewed as [T, heads, D]
+        rope_(q, cos_sin, positions); rope_(k, cos_sin, positions)
+        write_kv(k, v, k_cache, v_cache, slot_mapping)
+        return q
+    """
+    num_tokens, width = qkv.shape
+    head_dim = cos_sin.shape[1]
+    heads = num_q_heads + 2 * num_kv_heads
+    if width != heads * head_dim or qkv.stride(1) != 1:
+        raise ValueError(
+            f"qkv must be [T, {heads * head_dim}] with a contiguous last dim, got {tuple(qkv.shape)}"
+        )
+    q_size, kv_size = num_q_heads * head_dim, num_kv_heads * head_dim
+    q = qkv[:, :q_size].view(num_tokens, num_q_heads, head_dim)
+    k = qkv[:, q_size : q_size + kv_size].view(num_tokens, num_kv_heads, head_dim)
+    v = qkv[:, q_size + kv_size :].view(num_tokens, num_kv_heads, head_dim)
+    max_rank = lora[1].shape[-1] if lora is not None else 0
+    one_launch = (
+        (qkv.device.type == "cuda" or _interpreting())
+        and head_dim >= 8
+        and head_dim & (head_dim - 1) == 0
+        and max_rank <= 64
+    )
+    if not one_launch:
+        if lora is not None:
+            shrunk, lora_b, batch = lora
+            offsets = (0, q_size, q_size + kv_size, width)
+            lora_expand_gathered(qkv, shrunk, lora_b, batch, offsets)
+        rope_(q, cos_sin, positions)
+        rope_(k, cos_sin, positions)
+        write_kv(k, v, k_cache, v_cache, slot_mapping)
+        return q
+    if cos_sin.dtype != torch.float32 or positions.shape != (num_tokens,):
+        raise ValueError("cos_sin must be float32 [positions, head_dim] and positions [T]")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape[2:] != (
+        num_kv_heads,
+        head_dim,
+    ):
+        raise ValueError(
+            f"k_cache/v_cache must be contiguous [blocks, block_size, {num_kv_heads}, {head_dim}]"
+        )
+    if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (num_tokens,):
+        raise ValueError(f"slot_mapping must be int64 [{num_tokens}]")
+    if num_tokens == 0:
+        return q
+    if lora is not None:
+        shrunk, lora_b, batch = lora
+        check_gathered(num_tokens, width, qkv.dtype, shrunk, lora_b, slices=3)
+        lora_args = (shrunk, lora_b, batch.token_slots, batch.token_ranks)
+        shrunk_strides = (shrunk.stride(0), shrunk.stride(1), shrunk.stride(2), shrunk.stride(3))
+        b_strides = lora_b.stride()
+        br, align = block_r(max_rank), rank_align(lora_b)
+    else:
+        lora_args = (qkv, qkv, slot_mapping, slot_mapping)  # never read
+        shrunk_strides, b_strides, br, align = (0, 0, 0, 0), (0, 0, 0), 8, 1
+    _qkv_epilogue_kernel[(num_tokens, heads)](
+        qkv,
+        cos_sin,
+        positions,
+        slot_mapping,
+        k_cache,
+        v_cache,
+        *lora_args,
+        num_q_heads,
+        num_kv_heads,
+        qkv.stride(0),
+        cos_sin.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        *shrunk_strides,
+        *b_strides,
+        HALF=head_dim // 2,
+        BLOCK_R=br,
+        RANK_ALIGN=align,
+        HAS_LORA=lora is not None,
+        **_launch_options(use_pdl(qkv.device), 1),
+    )
+    return q

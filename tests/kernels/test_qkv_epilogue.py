@@ -1,0 +1,93 @@
+"""LoRA expand + RoPE + K/V cache write in one launch equals the launches it replaces, bit for bit."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+from multilora_studio.kernels import build_lora_batch, lora_expand_gathered, rope_, write_kv
+from multilora_studio.kernels.qkv_epilogue import qkv_rope_write
+
+TRITON_OK = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
+
+HQ, HKV, D = 4, 2, 16  # GQA: two q heads a kv head
+SLOTS, MAX_RANK = 3, 16
+RANKS = [8, 16, 0]  # the last slot is empty
+BLOCKS, BLOCK_SIZE = 6, 4
+
+
+def make(dtype: torch.dtype, num_tokens: int, with_lora: bool, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    width = (HQ + 2 * HKV) * D
+    qkv = torch.randn(num_tokens, width + 8, generator=gen).to(dtype)[:, :width]  # strided rows
+    positions = torch.randint(0, 30, (num_tokens,), generator=gen)
+    slot_mapping = torch.randperm(BLOCKS * BLOCK_SIZE, generator=gen)[:num_tokens]
+    slot_mapping[::3] = -1  # padding tokens write nothing
+    angles = torch.outer(torch.arange(32.0), 10000.0 ** -(torch.arange(0, D, 2) / D))  # [32, D/2]
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1)  # [32, D] float32: cos, then sin
+    k_cache = torch.randn(BLOCKS, BLOCK_SIZE, HKV, D, generator=gen).to(dtype)
+    lora = None
+    if with_lora:
+        slot_ids = torch.randint(-1, SLOTS, (num_tokens,), generator=gen, dtype=torch.int32)
+        lora_b = torch.randn(SLOTS, width, MAX_RANK, generator=gen) / 4
+        for slot, rank in enumerate(RANKS):
+            lora_b[slot, :, rank:] = 0
+        shrunk = torch.randn(num_tokens, SLOTS, 3, MAX_RANK, generator=gen).to(dtype)
+        for t, slot in enumerate(slot_ids.tolist()):  # entries a token must not read: NaN
+            for other in range(SLOTS):
+                if other != slot:
+                    shrunk[t, other] = float("nan")
+            if slot >= 0:
+                shrunk[t, slot, :, RANKS[slot] :] = float("nan")
+        batch = build_lora_batch(
+            slot_ids.to(DEVICE), torch.tensor(RANKS, dtype=torch.int32, device=DEVICE), SLOTS
+        )
+        lora = (shrunk.to(DEVICE), lora_b.to(dtype).to(DEVICE), batch)
+    to = lambda x: x.to(DEVICE)  # noqa: E731
+    return to(qkv), to(positions), to(slot_mapping), to(cos_sin), to(k_cache), to(k_cache.clone() * 2), lora
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("with_lora", [False, True], ids=["base", "lora"])
+@pytest.mark.parametrize("num_tokens", [1, 7])
+def test_one_launch_equals_expand_rope_and_cache_write(dtype, with_lora, num_tokens):
+    qkv, positions, slot_mapping, cos_sin, k_cache, v_cache, lora = make(
+        dtype, num_tokens, with_lora, num_tokens
+    )
+    ref_qkv, ref_k, ref_v = qkv.clone(), k_cache.clone(), v_cache.clone()
+    q = qkv_rope_write(qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping, lora)
+    # the launches it replaces, on the same (Triton) backend
+    q_size, kv_size = HQ * D, HKV * D
+    if lora is not None:
+        shrunk, lora_b, batch = lora
+        offsets = (0, q_size, q_size + kv_size, q_size + 2 * kv_size)
+        lora_expand_gathered(ref_qkv, shrunk, lora_b, batch, offsets, backend="triton")
+    ref_q = ref_qkv[:, :q_size].view(num_tokens, HQ, D)
+    k = ref_qkv[:, q_size : q_size + kv_size].view(num_tokens, HKV, D)
+    v = ref_qkv[:, q_size + kv_size :].view(num_tokens, HKV, D)
+    rope_(ref_q, cos_sin, positions, backend="triton")
+    rope_(k, cos_sin, positions, backend="triton")
+    write_kv(k, v, ref_k, ref_v, slot_mapping)
+    assert q.data_ptr() == qkv.data_ptr()  # rotated in place
+    assert torch.equal(q.view(torch.int8), ref_q.view(torch.int8))
+    assert torch.equal(k_cache.view(torch.int8), ref_k.view(torch.int8))  # padding slots untouched too
+    assert torch.equal(v_cache.view(torch.int8), ref_v.view(torch.int8))
+    assert torch.isfinite(q).all()  # NaN in the entries a token must not read never reached it
+
+
+def test_bad_input_is_refused():
+    qkv, positions, slot_mapping, cos_sin, k_cache, v_cache, _ = make(torch.float32, 3, False, 0)
+    with pytest.raises(ValueError, match="qkv must be"):
+        qkv_rope_write(qkv[:, :-1], HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping)
+    with pytest.raises(ValueError, match="slot_mapping must be"):
+        qkv_rope_write(qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping.int())
+    with pytest.raises(ValueError, match="k_cache/v_cache"):
+        qkv_rope_write(qkv, HQ, HKV, cos_sin, positions, k_cache[:, :, :1], v_cache, slot_mapping)
