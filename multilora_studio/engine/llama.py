@@ -8,7 +8,9 @@ With GEMM blocks (``EngineConfig.lora_shrink_in_gemm``), a step of up to
 ``DECODE_MAX_TOKENS`` tokens runs each targeted projection as one GEMM over the base
 rows and every slot's A rows, then the expand that reads each token's own slot: inside
 SiLU-and-mul for gate/up (``kernels/lora_silu.py``) and inside the residual-add + RMSNorm
-that follows o and down (``kernels/lora_norm.py``); q/k/v's is a launch of its own.
+that follows o and down (``kernels/lora_norm.py``); q/k/v's is a launch of its own, or
+with ``MULTILORA_FUSED_QKV=1`` part of one kernel with RoPE and the K/V cache write
+(``kernels/qkv_epilogue.py``).
 """
 
 from __future__ import annotations
@@ -120,9 +122,8 @@ class LlamaModel:
         if not self._shrink_in_gemm("qkv", h.shape[0], step):
             return self._project("qkv", layer, h, weights.qkv, step, weights.qkv_bias), None
         assert self.lora is not None and step is not None
-        qkv, shrunk = self._block_gemm(
-            "qkv", layer, h, weights.qkv_bias is not None
-        )  # [T, N], [T, slots, 3, R]
+        # [T, N], [T, slots, 3, R]
+        qkv, shrunk = self._block_gemm("qkv", layer, h, weights.qkv_bias is not None)
         return qkv, (shrunk, self.lora.b["qkv"][layer], step.batch)
 
     def _project_add_norm(

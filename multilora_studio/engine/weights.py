@@ -102,13 +102,11 @@ def allocate_blocks(
     return blocks, bias
 
 
-def _destination(
-    blocks: dict[str, torch.Tensor], group: str, layer: int, shape: tuple[int, ...], dtype, device
-) -> torch.Tensor:
-    """Where a layer's ``group`` weight goes: its rows of the group's block, or a new tensor."""
-    if group in blocks:
-        return blocks[group][layer, : shape[0]]
-    return torch.empty(shape, dtype=dtype, device=device)
+def base_rows(
+    blocks: dict[str, torch.Tensor], spec: ModelSpec, group: str, layer: int
+) -> torch.Tensor | None:
+    """A layer's base weight of ``group`` in its block (None without blocks)."""
+    return blocks[group][layer, : gemm_shape(spec, group)[0]] if group in blocks else None
 
 
 def _shard_files(folder: Path) -> list[Path]:
@@ -187,7 +185,7 @@ def load_weights(
         prefix = f"model.layers.{index}"
 
         def into(group: str, index: int = index) -> torch.Tensor | None:
-            return blocks[group][index, : gemm_shape(spec, group)[0]] if group in blocks else None
+            return base_rows(blocks, spec, group, index)
 
         qkv = fused(prefix, PACKED_MODULES["self_attn.qkv_proj"], into=into("qkv"))
         gate_up = fused(prefix, PACKED_MODULES["mlp.gate_up_proj"], into=into("gate_up"))
@@ -230,8 +228,7 @@ def random_weights(
         return into.copy_(values) if into is not None else values.to(dtype)
 
     def gemm(group: str, layer: int) -> torch.Tensor:
-        into = blocks[group][layer, : gemm_shape(spec, group)[0]] if group in blocks else None
-        return rand(*gemm_shape(spec, group), into=into)
+        return rand(*gemm_shape(spec, group), into=base_rows(blocks, spec, group, layer))
 
     def ones(size: int) -> torch.Tensor:
         return torch.ones(size, device=device, dtype=dtype)
