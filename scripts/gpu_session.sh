@@ -33,7 +33,7 @@ for step in $steps; do
       for mode in ${AB_MODES:-off on}; do
         timeout 280 python3 -m multilora_studio.bench.engine_gpu --shrink-in-gemm $mode \
           --json "$OUT/engine_gpu_$mode.json" 2>&1 | tee "$OUT/engine-bench-$mode.log" | grep -v "^INFO" \
-          | grep -E "shrink|decode_tok|over_base|replay|startup|equals|fraction"
+          | grep -E "shrink|decode_tok|over_base|replay|startup|equals|fraction|rounds"
       done ;;
     tier-bench)
       timeout 200 python3 -m multilora_studio.bench.tiers_gpu --json "$OUT/tiers_gpu.json" 2>&1 \

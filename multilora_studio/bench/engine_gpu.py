@@ -3,7 +3,8 @@
     python -m multilora_studio.bench.engine_gpu [--json PATH]
 
 Measures base-only and 32-distinct-adapter decode throughput at batch 32 (128-token
-prompts, 64 new tokens, rank 16 on all seven projections), the weight-bandwidth
+prompts, 64 new tokens, rank 16 on all seven projections; with CUDA graphs the two
+alternate ``--rounds`` times and the medians are reported), the weight-bandwidth
 ceiling from a measured copy bandwidth, and checks that CUDA-graph decode gives the
 same tokens as eager execution.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -82,8 +84,13 @@ def main() -> None:
         default="auto",
         help="EngineConfig.lora_shrink_in_gemm: auto (the engine's rule), on or off",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating base / distinct runs with graphs (medians)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     shrink_in_gemm = {"auto": None, "on": True, "off": False}[args.shrink_in_gemm]
     logging.basicConfig(level=logging.INFO)
     device = torch.device("cuda")
@@ -138,19 +145,40 @@ def main() -> None:
             results["add_adapter_s_each"] = (time.perf_counter() - start) / len(adapter_dirs)
             run_batch(engine, prompts, distinct, 8)  # warm-up: adapters into slots, kernels compiled
             run_batch(engine, prompts, base_only, 8)
-            before_base = engine.step_profile()
-            base = run_batch(engine, prompts, base_only, args.new_tokens)
-            before_mixed = engine.step_profile()
-            mixed = run_batch(engine, prompts, distinct, args.new_tokens)
-            after_mixed = engine.step_profile()
-            # host ms per step of each run (its prefill step and decode steps), by phase
+            # base and 32 distinct alternate, `rounds` times with graphs: the medians and their
+            # ratio, so one slow run of either does not decide the ratio
+            base_rounds, mixed_rounds = [], []
+            for _ in range(1 if eager else args.rounds):
+                before_base = engine.step_profile()
+                base = run_batch(engine, prompts, base_only, args.new_tokens)
+                before_mixed = engine.step_profile()
+                mixed = run_batch(engine, prompts, distinct, args.new_tokens)
+                after_mixed = engine.step_profile()
+                base_rounds.append(base)
+                mixed_rounds.append(mixed)
+                if base["tokens"] != base_rounds[0]["tokens"] or mixed["tokens"] != mixed_rounds[0]["tokens"]:
+                    results[f"{mode}_rounds_differ"] = True  # greedy decoding must repeat itself
+            # host ms per step of the last round's runs (prefill step and decode steps), by phase
             results[f"{mode}_base_run_step_ms"] = phase_ms_per_step(before_base, before_mixed)
             results[f"{mode}_distinct_run_step_ms"] = phase_ms_per_step(before_mixed, after_mixed)
-            results[f"{mode}_base_decode_tok_s"] = base["decode_tok_s"]
-            results[f"{mode}_base_end_to_end_tok_s"] = base["end_to_end_tok_s"]
-            results[f"{mode}_distinct_decode_tok_s"] = mixed["decode_tok_s"]
-            results[f"{mode}_distinct_end_to_end_tok_s"] = mixed["end_to_end_tok_s"]
-            results[f"{mode}_distinct_over_base"] = mixed["decode_tok_s"] / base["decode_tok_s"]
+            base_tok_s = [run["decode_tok_s"] for run in base_rounds]
+            mixed_tok_s = [run["decode_tok_s"] for run in mixed_rounds]
+            results[f"{mode}_base_decode_tok_s"] = statistics.median(base_tok_s)
+            results[f"{mode}_base_end_to_end_tok_s"] = statistics.median(
+                r["end_to_end_tok_s"] for r in base_rounds
+            )
+            results[f"{mode}_distinct_decode_tok_s"] = statistics.median(mixed_tok_s)
+            results[f"{mode}_distinct_end_to_end_tok_s"] = statistics.median(
+                r["end_to_end_tok_s"] for r in mixed_rounds
+            )
+            results[f"{mode}_distinct_over_base"] = statistics.median(mixed_tok_s) / statistics.median(
+                base_tok_s
+            )
+            results[f"{mode}_rounds"] = {
+                "base_decode_tok_s": base_tok_s,
+                "distinct_decode_tok_s": mixed_tok_s,
+                "ratio_each": [m / b for m, b in zip(mixed_tok_s, base_tok_s, strict=True)],
+            }
             tokens_by_mode[mode] = (base["tokens"], mixed["tokens"])
             profile = engine.step_profile()
             steps = max(1.0, profile.pop("steps"))
