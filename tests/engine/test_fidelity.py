@@ -37,6 +37,14 @@ def expected(peft_reference, cache, prompt_ids, adapter):
     return cache[key]
 
 
+def generate_matches_peft(engine, peft_reference, cache, requests) -> None:
+    """One batched ``generate`` of ``requests``; each output equals PEFT's for its adapter alone."""
+    outputs = engine.generate([p for p, _ in requests], [a for _, a in requests], GREEDY)
+    for (prompt_ids, adapter), output in zip(requests, outputs, strict=True):
+        assert output.finish_reason == "length"
+        assert output.token_ids == expected(peft_reference, cache, prompt_ids, adapter), adapter
+
+
 # The LoRA shrink by the kernels, and inside the base GEMMs (every slot's A rows appended).
 SHRINK_PATHS = pytest.mark.parametrize(
     "shrink_in_gemm", [False, True], ids=["kernel-shrink", "shrink-in-gemm"]
@@ -49,11 +57,7 @@ def test_mixed_batch_matches_peft_token_for_token(
 ):
     engine = make_engine(lora_shrink_in_gemm=shrink_in_gemm)
     assert bool(engine.runner.lora.gemm_blocks) == shrink_in_gemm
-    requests = mixed_requests(engine)
-    outputs = engine.generate([p for p, _ in requests], [a for _, a in requests], GREEDY)
-    for (prompt_ids, adapter), output in zip(requests, outputs, strict=True):
-        assert output.finish_reason == "length"
-        assert output.token_ids == expected(peft_reference, expected_cache, prompt_ids, adapter), adapter
+    generate_matches_peft(engine, peft_reference, expected_cache, mixed_requests(engine))
 
 
 def test_adapters_change_the_output(make_engine, peft_reference, expected_cache):
@@ -90,9 +94,7 @@ def test_fused_qkv_epilogue_matches_peft(monkeypatch, make_engine, peft_referenc
     engine = make_engine(lora_shrink_in_gemm=True)
     assert engine.runner.model.fused_qkv
     requests = mixed_requests(engine)[: len(TINY_ADAPTERS) + 1]
-    outputs = engine.generate([p for p, _ in requests], [a for _, a in requests], GREEDY)
-    for (prompt_ids, adapter), output in zip(requests, outputs, strict=True):
-        assert output.token_ids == expected(peft_reference, expected_cache, prompt_ids, adapter), adapter
+    generate_matches_peft(engine, peft_reference, expected_cache, requests)
 
 
 @SHRINK_PATHS
@@ -104,9 +106,7 @@ def test_more_adapters_than_slots_evicts_and_reloads_correctly(
     # Two rounds: the second finds at most two of the five adapters still in a slot (and in
     # host RAM), so at least three are evicted and loaded again, whatever order the first ran in.
     for _ in range(2):
-        outputs = engine.generate([p for p, _ in requests], [a for _, a in requests], GREEDY)
-        for (prompt_ids, adapter), output in zip(requests, outputs, strict=True):
-            assert output.token_ids == expected(peft_reference, expected_cache, prompt_ids, adapter), adapter
+        generate_matches_peft(engine, peft_reference, expected_cache, requests)
     metrics = engine.metrics(fresh=True)
     assert metrics is not None
     assert metrics.gpu_misses >= len(TINY_ADAPTERS) + 3, "adapters must have been evicted and reloaded"
