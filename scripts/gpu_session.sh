@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft.
-# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [engine-bench-ab] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
+# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 set -u
 OUT=${OUT:-/tmp/gpu-session}
@@ -33,7 +33,14 @@ for step in $steps; do
       for mode in ${AB_MODES:-off on}; do
         timeout 280 python3 -m multilora_studio.bench.engine_gpu --shrink-in-gemm $mode \
           --json "$OUT/engine_gpu_$mode.json" 2>&1 | tee "$OUT/engine-bench-$mode.log" | grep -v "^INFO" \
-          | grep -E "shrink|decode_tok|over_base|replay|startup|equals|fraction|rounds"
+          | grep -E "shrink|fused_qkv|decode_tok|over_base|replay|startup|equals|fraction|rounds"
+      done ;;
+    engine-bench-qkv)
+      # the engine benchmark with q/k/v's expand, RoPE and the cache write as separate launches, then fused
+      for fused in 0 1; do
+        MULTILORA_FUSED_QKV=$fused timeout 280 python3 -m multilora_studio.bench.engine_gpu \
+          --json "$OUT/engine_gpu_qkv$fused.json" 2>&1 | tee "$OUT/engine-bench-qkv$fused.log" | grep -v "^INFO" \
+          | grep -E "fused_qkv|decode_tok|over_base|replay|startup|equals|fraction|rounds"
       done ;;
     tier-bench)
       timeout 200 python3 -m multilora_studio.bench.tiers_gpu --json "$OUT/tiers_gpu.json" 2>&1 \

@@ -24,6 +24,7 @@ import torch
 
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+from multilora_studio.engine.llama import fused_qkv_epilogue
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ def main() -> None:
         "batch": args.batch,
         "rank": args.rank,
         "shrink_in_gemm": args.shrink_in_gemm,
+        "fused_qkv_epilogue": fused_qkv_epilogue(torch.device("cuda")),
         "gpu": torch.cuda.get_device_name(),
     }
 

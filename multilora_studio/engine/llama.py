@@ -8,9 +8,8 @@ With GEMM blocks (``EngineConfig.lora_shrink_in_gemm``), a step of up to
 ``DECODE_MAX_TOKENS`` tokens runs each targeted projection as one GEMM over the base
 rows and every slot's A rows, then the expand that reads each token's own slot: inside
 SiLU-and-mul for gate/up (``kernels/lora_silu.py``) and inside the residual-add + RMSNorm
-that follows o and down (``kernels/lora_norm.py``); q/k/v's is a launch of its own, or
-with ``MULTILORA_FUSED_QKV=1`` part of one kernel with RoPE and the K/V cache write
-(``kernels/qkv_epilogue.py``).
+that follows o and down (``kernels/lora_norm.py``); on CUDA q/k/v's is part of one kernel
+with RoPE and the K/V cache write (``kernels/qkv_epilogue.py``, see ``fused_qkv_epilogue``).
 """
 
 from __future__ import annotations
@@ -35,11 +34,17 @@ from multilora_studio.kernels.paged_attention import paged_attention, write_kv
 from multilora_studio.kernels.qkv_epilogue import qkv_rope_write
 
 
-def fused_qkv_epilogue() -> bool:
+def fused_qkv_epilogue(device: torch.device) -> bool:
     """Whether steps run the q/k/v expand, RoPE and the K/V cache write as one launch
-    (``kernels/qkv_epilogue.py``: on CUDA, or under ``TRITON_INTERPRET=1``; elsewhere it runs
-    the separate ops); ``MULTILORA_FUSED_QKV=1`` turns it on (off until measured on a GPU)."""
-    return os.environ.get("MULTILORA_FUSED_QKV", "0") == "1"
+    (``kernels/qkv_epilogue.py``): on CUDA by default. ``MULTILORA_FUSED_QKV=0`` runs the
+    separate ops there (for A/B measurements); ``=1`` asks for the kernel elsewhere too, where
+    it runs under ``TRITON_INTERPRET=1`` (tests) and is the separate ops otherwise."""
+    setting = os.environ.get("MULTILORA_FUSED_QKV", "")
+    if setting not in ("", "0", "1"):
+        raise ValueError(f"MULTILORA_FUSED_QKV must be 0 or 1, got {setting!r}")
+    if setting:
+        return setting == "1"
+    return device.type == "cuda"
 
 
 @dataclass
@@ -78,7 +83,7 @@ class LlamaModel:
         self.rope = cos_sin_cache(spec.rope, spec.head_dim, max_positions, device)  # [P, D]
         self.scale = spec.head_dim**-0.5
         self.linear = packed_linear if weights.onednn_packed else F.linear
-        self.fused_qkv = fused_qkv_epilogue()
+        self.fused_qkv = fused_qkv_epilogue(device)
 
     def _shrink_in_gemm(self, group: str, tokens: int, step: LoRAStep | None) -> bool:
         """Whether ``group``'s LoRA term this step comes from the GEMM over its block."""

@@ -6,8 +6,10 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.llama import fused_qkv_epilogue
 
 
 def test_engine_defaults_are_valid_and_follow_vllm_names():
@@ -120,6 +122,19 @@ def test_shrink_in_gemm_is_on_for_cuda_with_few_slot_rows_unless_set():
     assert not EngineConfig().shrink_in_gemm_for("cpu")
     assert EngineConfig(lora_shrink_in_gemm=True).shrink_in_gemm_for("cpu")
     assert not EngineConfig(max_loras=4, lora_shrink_in_gemm=False).shrink_in_gemm_for("cuda")
+
+
+def test_fused_qkv_epilogue_is_on_for_cuda_unless_the_environment_says(monkeypatch):
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.delenv("MULTILORA_FUSED_QKV", raising=False)
+    assert fused_qkv_epilogue(cuda) and not fused_qkv_epilogue(cpu)
+    monkeypatch.setenv("MULTILORA_FUSED_QKV", "0")
+    assert not fused_qkv_epilogue(cuda)
+    monkeypatch.setenv("MULTILORA_FUSED_QKV", "1")
+    assert fused_qkv_epilogue(cpu)
+    monkeypatch.setenv("MULTILORA_FUSED_QKV", "yes")
+    with pytest.raises(ValueError, match="MULTILORA_FUSED_QKV must be 0 or 1"):
+        fused_qkv_epilogue(cuda)
 
 
 def test_sampling_defaults():

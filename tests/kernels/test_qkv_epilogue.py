@@ -55,6 +55,16 @@ def make(dtype: torch.dtype, num_tokens: int, with_lora: bool, seed: int):
     return to(qkv), to(positions), to(slot_mapping), to(cos_sin), to(k_cache), to(k_cache.clone() * 2), lora
 
 
+def assert_same_rotation(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Bit for bit; in float32 compiled for a GPU within one ulp, since the compiler may fuse
+    RoPE's multiply-adds differently in the two kernels (bf16 / fp16 round both to the same)."""
+    if actual.dtype != torch.float32 or actual.device.type != "cuda":
+        assert torch.equal(actual.view(torch.int8), expected.view(torch.int8))
+        return
+    ulp = torch.finfo(torch.float32).eps * expected.abs().clamp_min(torch.finfo(torch.float32).tiny)
+    assert ((actual - expected).abs() <= ulp).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("with_lora", [False, True], ids=["base", "lora"])
 @pytest.mark.parametrize("num_tokens", [1, 7])
@@ -77,8 +87,8 @@ def test_one_launch_equals_expand_rope_and_cache_write(dtype, with_lora, num_tok
     rope_(k, cos_sin, positions, backend="triton")
     write_kv(k, v, ref_k, ref_v, slot_mapping)
     assert q.data_ptr() == qkv.data_ptr()  # rotated in place
-    assert torch.equal(q.view(torch.int8), ref_q.view(torch.int8))
-    assert torch.equal(k_cache.view(torch.int8), ref_k.view(torch.int8))  # padding slots untouched too
+    assert_same_rotation(q, ref_q)
+    assert_same_rotation(k_cache, ref_k)  # padding slots untouched too
     assert torch.equal(v_cache.view(torch.int8), ref_v.view(torch.int8))
     assert torch.isfinite(q).all()  # NaN in the entries a token must not read never reached it
 
