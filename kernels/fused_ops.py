@@ -256,7 +256,9 @@ def silu_and_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     _check_rows("gate_up", gate_up)
     if gate_up.shape[1] % 2:
         raise ValueError(f"gate_up must have an even width, got {gate_up.shape[1]}")
-    if _use_numba(gate_up, backend):
+    # ``auto`` takes torch's SiLU on the CPU: its vectorised exp beats the Numba loop's
+    # scalar one (about 1 ms of a 45 ms batch-8 decode step of the embedded model).
+    if backend == "numba" and _use_numba(gate_up, backend):
         return fused_ops_cpu.silu_and_mul(gate_up)
     if not _use_triton(gate_up, backend):
         gate, up = gate_up.chunk(2, dim=-1)

@@ -3,7 +3,9 @@
 Residual-add + RMSNorm, RMSNorm, RoPE and SiLU-and-mul each took 3-8 torch operations per
 call on the CPU path, about 16% of a decode step of the embedded model at batch 8 (their
 arithmetic is a few microseconds). Here each is one compiled loop over the rows, without
-the GIL. Same semantics as ``fused_ops``: float32 throughout.
+the GIL. Same semantics as ``fused_ops``: float32 throughout. SiLU-and-mul runs here only when
+asked for (``backend="numba"``): without a vectorised exp (Numba has no SVML from PyPI) torch's
+SiLU is faster.
 """
 
 from __future__ import annotations
@@ -121,4 +123,3 @@ def compile_now() -> None:
             torch.zeros(2, 4),
             torch.zeros(tokens, dtype=torch.int64),
         )
-    silu_and_mul(x)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import lora_cpu
@@ -123,6 +124,7 @@ class LoRABatch:
     _boundaries: torch.Tensor  # [num_slots + 1] int32: 0..num_slots, for searchsorted
     _num_tokens_host: int = 0
     _host: _HostGroups | None = field(default=None, repr=False)
+    _arrays: tuple[tuple[torch.Tensor, ...], tuple[np.ndarray, ...]] | None = field(default=None, repr=False)
 
     @classmethod
     def allocate(cls, max_tokens: int, num_slots: int, device: torch.device | str = "cpu") -> LoRABatch:
@@ -209,6 +211,18 @@ class LoRABatch:
             num_tokens=view("num_tokens"),
             _boundaries=torch.arange(num_slots + 1, dtype=torch.int32, device=storage.device),
         )
+
+    def host_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """numpy views of ``token_slots``, ``token_ranks``, ``sorted_tokens`` (CPU buffers only).
+
+        Made once: ``update`` and the staged fills write the buffers in place, so the views
+        always show the current step (checked by identity in case a buffer is replaced).
+        """
+        buffers = (self.token_slots, self.token_ranks, self.sorted_tokens)
+        arrays = self._arrays
+        if arrays is None or any(a is not b for a, b in zip(arrays[0], buffers, strict=True)):
+            self._arrays = arrays = (buffers, tuple(buffer.numpy() for buffer in buffers))
+        return arrays[1]  # type: ignore[return-value]
 
     def mark_filled(self, num_tokens: int) -> None:
         """Record that the buffers were rewritten outside :meth:`update` for ``num_tokens`` tokens."""
@@ -596,9 +610,7 @@ def add_lora(
     if kind == "numba" and x.dtype != torch.float32:
         raise ValueError(f"backend='numba' computes float32 only, got {x.dtype}")
     if kind == "numba" or (backend == "auto" and lora_cpu.supports(y, x)):
-        lora_cpu.add_lora_cpu(
-            y, x, lora_a, lora_b, batch.token_slots, batch.token_ranks, batch.sorted_tokens, offs
-        )
+        lora_cpu.add_lora_cpu(y, x, lora_a, lora_b, batch.host_arrays(), offs)
         return y
     _torch_add_lora(y, x, lora_a, lora_b, batch, offs)
     return y

@@ -98,27 +98,27 @@ def add_lora_cpu(
     x: torch.Tensor,
     lora_a: torch.Tensor,
     lora_b: torch.Tensor,
-    token_slots: torch.Tensor,
-    token_ranks: torch.Tensor,
-    sorted_tokens: torch.Tensor,
+    token_arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
     slice_offsets: tuple[int, ...],
 ) -> None:
     """``y[t, lo_s:hi_s] += (x[t] @ A[slot_t, s, :rank_t].T) @ B[slot_t, lo_s:hi_s, :rank_t].T``.
 
     Shapes: y [T, out_total] and x [T, K] float32; lora_a [slots, S, R, K];
-    lora_b [slots, out_total, R]; token_slots / token_ranks / sorted_tokens int32 [>= T]
-    (the batch's buffers; slot -1 or rank 0 leaves the row untouched). No checks: the caller's tensors
-    are consistent (``add_lora`` checks them when asked to).
+    lora_b [slots, out_total, R]; ``token_arrays`` = (token_slots, token_ranks, sorted_tokens),
+    int32 numpy views [>= T] of the batch's buffers (``LoRABatch.host_arrays``; slot -1 or
+    rank 0 leaves the row untouched). No checks: the caller's tensors are consistent
+    (``add_lora`` checks them when asked to). About 1 us of Python a call besides the kernel.
     """
     assert _kernel is not None  # callers check supports() / AVAILABLE
+    token_slots, token_ranks, sorted_tokens = token_arrays
     _kernel(
         y.numpy(),
         x.numpy(),
         lora_a.numpy(),
-        lora_b.transpose(1, 2).numpy(),  # [slots, R, out_total]
-        token_slots.numpy(),
-        token_ranks.numpy(),
-        sorted_tokens.numpy(),
+        lora_b.numpy().transpose(0, 2, 1),  # [slots, R, out_total]
+        token_slots,
+        token_ranks,
+        sorted_tokens,
         _offsets_array(slice_offsets),
     )
 
@@ -134,8 +134,8 @@ def compile_now() -> float:
     start = time.perf_counter()
     y = torch.zeros(1, 2)
     b = torch.zeros(1, 1, 2).transpose(1, 2)  # [slots, out_total, R] over [slots, R, out_total]
-    slots = torch.zeros(1, dtype=torch.int32)
-    add_lora_cpu(y, torch.zeros(1, 2), torch.zeros(1, 1, 1, 2), b, slots, slots, slots, (0, 2))
+    slots = np.zeros(1, dtype=np.int32)
+    add_lora_cpu(y, torch.zeros(1, 2), torch.zeros(1, 1, 1, 2), b, (slots, slots, slots), (0, 2))
     elapsed = time.perf_counter() - start
     log.debug("CPU LoRA kernel ready in %.2f s", elapsed)
     return elapsed

@@ -64,3 +64,19 @@ def test_bad_arguments_are_refused():
         LoRABatch.on_storage(torch.zeros(total - 1, dtype=torch.int32), 4, 2)
     with pytest.raises(ValueError, match="int32"):
         LoRABatch.on_storage(torch.zeros(total, dtype=torch.int64), 4, 2)
+
+
+def test_host_arrays_follow_every_update_of_the_batch():
+    """The CPU kernel reads the batch through cached numpy views: they must show each step's
+    slots, never the step before's (a stale view would serve the wrong adapter)."""
+    batch = LoRABatch.allocate(max_tokens=8, num_slots=4)
+    ranks = torch.tensor([8, 16, 0, 4], dtype=torch.int32)
+    first = batch.update(torch.tensor([0, 1, 1, 3], dtype=torch.int32), ranks).host_arrays()
+    assert first[0][:4].tolist() == [0, 1, 1, 3] and first[1][:4].tolist() == [8, 16, 16, 4]
+    second = batch.update(torch.tensor([3, -1, 0], dtype=torch.int32), ranks).host_arrays()
+    assert second[0] is first[0]  # made once
+    assert second[0][:3].tolist() == [3, -1, 0] and second[1][:3].tolist() == [4, 0, 8]
+    for array, buffer in zip(second, (batch.token_slots, batch.token_ranks, batch.sorted_tokens), strict=True):
+        assert np.array_equal(array, buffer.numpy())
+    batch.token_ranks = torch.zeros(8, dtype=torch.int32)  # a replaced buffer is seen too
+    assert not batch.host_arrays()[1].any()
