@@ -76,7 +76,9 @@ def test_host_arrays_follow_every_update_of_the_batch():
     second = batch.update(torch.tensor([3, -1, 0], dtype=torch.int32), ranks).host_arrays()
     assert second[0] is first[0]  # made once
     assert second[0][:3].tolist() == [3, -1, 0] and second[1][:3].tolist() == [4, 0, 8]
-    for array, buffer in zip(second, (batch.token_slots, batch.token_ranks, batch.sorted_tokens), strict=True):
+    for array, buffer in zip(
+        second, (batch.token_slots, batch.token_ranks, batch.sorted_tokens), strict=True
+    ):
         assert np.array_equal(array, buffer.numpy())
     batch.token_ranks = torch.zeros(8, dtype=torch.int32)  # a replaced buffer is seen too
     assert not batch.host_arrays()[1].any()
