@@ -107,7 +107,7 @@ def add_lora_cpu(
     lora_b [slots, out_total, R]; ``token_arrays`` = (token_slots, token_ranks, sorted_tokens),
     int32 numpy views [>= T] of the batch's buffers (``LoRABatch.host_arrays``; slot -1 or
     rank 0 leaves the row untouched). No checks: the caller's tensors are consistent
-    (``add_lora`` checks them when asked to). About 1 us of Python a call besides the kernel.
+    (``add_lora`` checks them when asked to).
     """
     assert _kernel is not None  # callers check supports() / AVAILABLE
     token_slots, token_ranks, sorted_tokens = token_arrays

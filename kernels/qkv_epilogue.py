@@ -128,6 +128,7 @@ def qkv_rope_write(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     lora: tuple[torch.Tensor, torch.Tensor, LoRABatch] | None = None,
+    fused: bool = True,
 ) -> torch.Tensor:
     """LoRA expand (optional), RoPE on q and k, and k / v into the paged cache; returns q ``[T, Hq, D]``.
 
@@ -140,7 +141,8 @@ def qkv_rope_write(
             ``lora_expand_gathered``, or None (base rows only).
 
     One Triton launch on CUDA (and under ``TRITON_INTERPRET=1``) for a power-of-two head_dim
-    >= 8 and LoRA ranks up to 64; otherwise the launches below, one after the other.
+    >= 8 and LoRA ranks up to 64; otherwise, or with ``fused=False``, the launches below, one
+    after the other.
 
     Semantics::
 
@@ -166,7 +168,8 @@ def qkv_rope_write(
     v = qkv[:, q_size + kv_size :].view(num_tokens, num_kv_heads, head_dim)
     max_rank = lora[1].shape[-1] if lora is not None else 0
     one_launch = (
-        (qkv.device.type == "cuda" or _interpreting())
+        fused
+        and (qkv.device.type == "cuda" or _interpreting())
         and head_dim >= 8
         and head_dim & (head_dim - 1) == 0
         and max_rank <= 64

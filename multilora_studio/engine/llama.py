@@ -25,12 +25,12 @@ from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.rope import cos_sin_cache
 from multilora_studio.engine.weights import ModelWeights
 from multilora_studio.kernels.cpu_linear import packed_linear
-from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, rope_, silu_and_mul
-from multilora_studio.kernels.lora import LoRABatch, add_lora, lora_expand_gathered
+from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, silu_and_mul
+from multilora_studio.kernels.lora import LoRABatch, add_lora
 from multilora_studio.kernels.lora_decode import DECODE_MAX_TOKENS
 from multilora_studio.kernels.lora_norm import add_rms_norm_lora
 from multilora_studio.kernels.lora_silu import silu_and_mul_lora
-from multilora_studio.kernels.paged_attention import paged_attention, write_kv
+from multilora_studio.kernels.paged_attention import paged_attention
 from multilora_studio.kernels.qkv_epilogue import qkv_rope_write
 
 
@@ -165,12 +165,6 @@ class LlamaModel:
         if step is None or lora is None or group not in step.groups:
             return self.linear(x, weight, bias)
         # The slot buffers and activations are consistent by construction: no argument checks.
-        if self._shrink_in_gemm(group, x.shape[0], step):
-            y, shrunk = self._block_gemm(group, layer, x, bias is not None)  # [T, N], [T, slots, S, R]
-            lora_expand_gathered(
-                y, shrunk, lora.b[group][layer], step.batch, lora.offsets[group], validate=False
-            )
-            return y
         y = self.linear(x, weight, bias)
         add_lora(
             y, x, lora.a[group][layer], lora.b[group][layer], step.batch, lora.offsets[group], validate=False
@@ -187,27 +181,19 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Hidden states [T, H] after the final norm, for ``input_ids`` [T] at ``positions`` [T]."""
         spec = self.spec
-        q_size, kv_size, eps = spec.q_size, spec.kv_size, spec.rms_norm_eps
+        q_size, eps = spec.q_size, spec.rms_norm_eps
         tokens = input_ids.shape[0]
         layers = self.weights.layers
         residual = F.embedding(input_ids, self.weights.embed)  # [T, H], the residual stream
         h = rms_norm(residual, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
             k_cache, v_cache = kv_caches[index]
-            if self.fused_qkv:  # expand (if pending), RoPE and the cache write in one launch
-                qkv, pending = self._qkv_gemm(index, h, lora)  # [T, q + 2 kv]
-                q = qkv_rope_write(
-                    qkv, spec.num_heads, spec.num_kv_heads, self.rope, positions,
-                    k_cache, v_cache, attn.slot_mapping, pending,
-                )  # fmt: skip
-            else:
-                qkv = self._project("qkv", index, h, layer.qkv, lora, layer.qkv_bias)  # [T, q + 2 kv]
-                q = qkv[:, :q_size].view(tokens, spec.num_heads, spec.head_dim)
-                k = qkv[:, q_size : q_size + kv_size].view(tokens, spec.num_kv_heads, spec.head_dim)
-                v = qkv[:, q_size + kv_size :].view(tokens, spec.num_kv_heads, spec.head_dim)
-                rope_(q, self.rope, positions)
-                rope_(k, self.rope, positions)
-                write_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+            qkv, pending = self._qkv_gemm(index, h, lora)  # [T, q + 2 kv]
+            # q [T, Hq, D] after the expand (if pending), RoPE and the cache write: one launch if fused
+            q = qkv_rope_write(
+                qkv, spec.num_heads, spec.num_kv_heads, self.rope, positions,
+                k_cache, v_cache, attn.slot_mapping, pending, fused=self.fused_qkv,
+            )  # fmt: skip
             context = paged_attention(
                 q,
                 k_cache,
