@@ -56,13 +56,15 @@ def make(dtype: torch.dtype, num_tokens: int, with_lora: bool, seed: int):
 
 
 def assert_same_rotation(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """Bit for bit; in float32 compiled for a GPU within one ulp, since the compiler may fuse
-    RoPE's multiply-adds differently in the two kernels (bf16 / fp16 round both to the same)."""
+    """Bit for bit; in float32 compiled for a GPU within two ulps of the largest value, since
+    the compiler may contract RoPE's multiply-adds differently in the two kernels (a
+    difference that the cancellation in ``x1 c - x2 s`` does not shrink with the result;
+    bf16 / fp16 round both to the same value). A wrong position or head is off by O(1)."""
     if actual.dtype != torch.float32 or actual.device.type != "cuda":
         assert torch.equal(actual.view(torch.int8), expected.view(torch.int8))
         return
-    ulp = torch.finfo(torch.float32).eps * expected.abs().clamp_min(torch.finfo(torch.float32).tiny)
-    assert ((actual - expected).abs() <= ulp).all()
+    bound = 2 * torch.finfo(torch.float32).eps * expected.abs().max()
+    assert (actual - expected).abs().max() <= bound
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
