@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from multilora_studio.adapters.safetensors_header import read_header
 from multilora_studio.default_model import ProgressCallback, ensure_default_model, sha256_file
 from multilora_studio.engine.model_spec import ModelSpec, RopeSpec, load_spec
 from multilora_studio.engine.weights import ModelWeights, load_weights, random_weights
@@ -138,3 +140,37 @@ def resolve_model(
     return BaseModel(
         name, spec, load_weights(folder, spec, dtype, device, lora_rows), tokenizer, digest, folder
     )
+
+
+def check_model_folder(folder: Path) -> None:
+    """Refuse a folder the engine could not load, reading only its config and safetensors headers.
+
+    Cheap enough to run before a working engine is stopped for the new model: config.json and an
+    architecture the engine serves, weights as safetensors (one file or an index of shards), and
+    headers that agree with the files' sizes. ValueError / FileNotFoundError name the problem.
+    """
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model folder {folder} does not exist")
+    load_spec(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{index} is not a safetensors index (no weight_map)") from None
+        files = [folder / name for name in shards]
+    elif (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    elif any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
+        raise ValueError(
+            f"{folder} holds only pickle weights (.bin/.pt), which can run code when loaded; "
+            "convert them to safetensors first"
+        )
+    else:
+        raise FileNotFoundError(f"{folder} has no model.safetensors")
+    for path in files:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is listed in the safetensors index but missing")
+        if not read_header(path):
+            raise ValueError(f"{path} holds no tensors")

@@ -10,8 +10,10 @@ from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.gui.binding_check import binding_problem
 from multilora_studio.gui.main_window import MainWindow
 from multilora_studio.gui.preferences import Preferences
+from multilora_studio.gui.qt_platform import platform_problem
 from multilora_studio.gui.theme import follow_os_theme
 from multilora_studio.resources import resource_path
 
@@ -33,6 +35,22 @@ def application(argv: list[str] | None = None) -> QApplication:
     return app
 
 
+def checked_application() -> QApplication:
+    """``application()`` after checking what would otherwise abort the process (RuntimeError naming the fix).
+
+    Qt aborts with a generic message when its platform plugin's libraries are missing, and a Qt
+    binding that loses references to None aborts the window within minutes.
+    """
+    problem = platform_problem()
+    if problem is not None:
+        raise RuntimeError(problem)
+    app = application()
+    problem = binding_problem()
+    if problem is not None:
+        raise RuntimeError(problem)
+    return app
+
+
 def preferences(settings_file: Path | None) -> Preferences:
     if settings_file is None:
         return Preferences(QSettings())
@@ -41,7 +59,7 @@ def preferences(settings_file: Path | None) -> Preferences:
 
 def run(settings_file: Path | None = None, demo_adapters: bool = True) -> int:
     """Open the window and run until it is closed (``demo_adapters``: offer them at engine starts)."""
-    app = application()
+    app = checked_application()
     window = MainWindow(preferences(settings_file), Registry(), demo_adapters=demo_adapters)
     window.show()
     return app.exec()

@@ -339,6 +339,19 @@ class CompareView(QWidget):
 
     # ---------------------------------------------------------------- remembered choices
 
+    def saved_widgets(self) -> list[QWidget]:
+        """The inputs ``save_state`` records (the window saves again when any of them changes)."""
+        return [
+            self.prompt,
+            self.raw,
+            self.adapters,
+            self.max_tokens,
+            self.temperature,
+            self.top_p,
+            self.seed,
+            self.ignore_eos,
+        ]
+
     def save_state(self, prefs: Preferences) -> None:
         prefs.set("compare/prompt", self.prompt.toPlainText())
         prefs.set("compare/raw", self.raw.isChecked())

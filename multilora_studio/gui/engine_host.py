@@ -8,6 +8,8 @@ queued signal. Views read ``host.engine`` only while ``host.state == "ready"``.
 from __future__ import annotations
 
 import logging
+import threading
+from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
@@ -15,13 +17,18 @@ from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.engine import Engine
+from multilora_studio.engine.model_source import check_model_folder
 from multilora_studio.gui.library_ops import LoadResult, load_library
 from multilora_studio.gui.preferences import EngineChoice
-from multilora_studio.gui.tasks import Cancelled, Task, TaskRunner
+from multilora_studio.gui.tasks import USER_ERRORS, Cancelled, Task, TaskRunner, user_message
 
 log = logging.getLogger(__name__)
 
 STOPPED, LOADING, READY, FAILED = "stopped", "loading", "ready", "failed"
+
+
+class SettingsRejected(ValueError):
+    """The new settings were refused before the running engine was stopped (the message says why)."""
 
 
 class EngineHost(QObject):
@@ -34,7 +41,8 @@ class EngineHost(QObject):
     stateChanged = Signal(str)
     progress = Signal(float, str)
     ready = Signal()
-    failed = Signal(str)
+    failed = Signal(str)  # loading failed; the last settings that worked are started again if any
+    rejected = Signal(str)  # the new settings were refused before the running engine was stopped
     adaptersChanged = Signal()
 
     def __init__(self, registry: Registry, parent: QObject | None = None, demo_adapters: bool = True) -> None:
@@ -43,10 +51,13 @@ class EngineHost(QObject):
         self.demo_adapters = demo_adapters
         self.tasks = TaskRunner(self)
         self._engine: Engine | None = None
+        self._running_engine: Engine | None = None  # kept running while a new start checks its settings
+        self._handover = threading.Lock()  # guards _running_engine between the GUI and the start task
         self._boot: Task | None = None
         self.state = STOPPED
         self.error = ""
         self.choice: EngineChoice | None = None
+        self.working_choice: EngineChoice | None = None  # the last settings an engine started with
         self.skipped: dict[str, str] = {}
 
     @property
@@ -55,15 +66,21 @@ class EngineHost(QObject):
         return self._engine if self.state == READY else None
 
     def start(self, choice: EngineChoice) -> None:
-        """(Re)start the engine with ``choice``; a start in progress is cancelled first."""
+        """(Re)start the engine with ``choice``; a start in progress is cancelled first.
+
+        The new model is resolved and checked while the running engine still runs; when that
+        fails the running engine stays (``rejected``). When loading fails after the running
+        engine was stopped, the last settings that worked are started again (``failed``).
+        """
         if self._boot is not None:
             self._boot.cancel()
-        old, self._engine = self._engine, None
+        with self._handover:
+            self._running_engine, self._engine = self._engine or self._running_engine, None
         self.choice = choice
         self._set_state(LOADING)
         task = self.tasks.run(
             "engine-start",
-            lambda t: self._build(t, old, choice),
+            lambda t: self._build(t, choice),
             lambda value: self._on_ready(task, value),
             lambda message: self._on_failed(task, message),
             self.progress.emit,
@@ -84,18 +101,27 @@ class EngineHost(QObject):
         if self._boot is not None:
             self._boot.cancel()
             self._boot.wait(30)
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.shutdown()
+        for engine in (self._engine, self._running_engine):
+            if engine is not None:
+                engine.shutdown()
+        self._engine = self._running_engine = None
         self._set_state(STOPPED)
 
     # ---------------------------------------------------------------- worker side
 
-    def _build(self, task: Task, old: Engine | None, choice: EngineChoice) -> tuple[Engine, LoadResult]:
+    def _build(self, task: Task, choice: EngineChoice) -> tuple[Engine, LoadResult]:
+        try:
+            model = self._resolve_model(task, choice)
+            if model is not None:
+                check_model_folder(Path(model))
+        except (Cancelled, *USER_ERRORS) as error:
+            raise SettingsRejected(user_message(error)) from None
+        with self._handover:
+            old, self._running_engine = self._running_engine, None
         if old is not None:
             task.report(0.0, "stopping the running engine")
             old.shutdown()
-        model = self._resolve_model(task, choice)
+            del old
         task.report(0.05, f"loading {choice.label}")
         engine = Engine(choice.engine_config(model), progress=task.report)
         try:
@@ -142,6 +168,7 @@ class EngineHost(QObject):
             return
         self._boot = None
         self._engine = engine
+        self.working_choice = self.choice
         self.skipped = dict(result.skipped)
         self.error = ""
         self._set_state(READY)
@@ -152,12 +179,25 @@ class EngineHost(QObject):
         if task is not self._boot:
             return
         self._boot = None
+        with self._handover:
+            kept, self._running_engine = self._running_engine, None
+        if task.error_type is SettingsRejected and kept is not None and kept.running:
+            self._engine = kept
+            self.choice = self.working_choice
+            self.error = message
+            self._set_state(READY)
+            self.rejected.emit(self.error)
+            return
         if task.cancelled:
             self.error = "loading was cancelled; apply the settings again to start the engine"
             self._set_state(STOPPED)
             return
         self.error = message
         self._set_state(FAILED)
+        previous = self.working_choice
+        if previous is not None and previous != self.choice:
+            self.working_choice = None  # tried once: a failure of the previous settings stops here
+            self.start(previous)
         self.failed.emit(message)
 
     def _set_state(self, state: str) -> None:

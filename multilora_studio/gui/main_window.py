@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from PySide6.QtCore import QTimer
-from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtGui import QCloseEvent, QKeySequence, QMoveEvent, QResizeEvent, QShortcut
 from PySide6.QtWidgets import QApplication, QHBoxLayout, QListWidget, QMainWindow, QStackedWidget, QWidget
 
 from multilora_studio.adapters.registry import Registry
@@ -20,10 +20,12 @@ from multilora_studio.gui.server_view import ServerView
 from multilora_studio.gui.settings_view import SettingsView
 from multilora_studio.gui.status_bar import StudioStatusBar
 from multilora_studio.gui.theme import set_theme
+from multilora_studio.gui.widgets import on_any_edit
 
 log = logging.getLogger(__name__)
 
 METRICS_INTERVAL_MS = 200  # 5 Hz
+AUTOSAVE_MS = 1000  # window state, prompt and choices are saved this long after the last change
 PAGES = ("Library", "Compare", "Monitor", "Server", "Settings")
 DEFAULT_HUB_BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -35,6 +37,9 @@ class MainWindow(QMainWindow):
         self, prefs: Preferences, registry: Registry, start_engine: bool = True, demo_adapters: bool = True
     ) -> None:
         super().__init__()
+        self.autosave = QTimer(self)  # started by every change worth remembering; saves when it fires
+        self.autosave.setSingleShot(True)
+        self.autosave.setInterval(AUTOSAVE_MS)
         self.setWindowTitle("MultiLoRA Studio")
         self.prefs = prefs
         self.host = EngineHost(registry, self, demo_adapters=demo_adapters)
@@ -78,6 +83,9 @@ class MainWindow(QMainWindow):
         self.metrics_timer.start()
         self._shortcuts()
         self._restore()
+        self.autosave.timeout.connect(self.save_state)
+        on_any_edit(self.autosave.start, self.compare.saved_widgets() + self.server.saved_widgets())
+        self.sidebar.currentRowChanged.connect(lambda *_: self.autosave.start())
         if start_engine:
             self.host.start(prefs.engine_choice())
 
@@ -117,6 +125,8 @@ class MainWindow(QMainWindow):
         self.pull_dialog.raise_()
 
     def _engine_ready(self) -> None:
+        if self.host.choice is not None:
+            self.prefs.set_engine_choice(self.host.choice)  # saved only once they worked
         if self._serve_after_restart and self.host.state == READY:
             self._serve_after_restart = False
             self.server.start()
@@ -151,7 +161,16 @@ class MainWindow(QMainWindow):
         self.server.save_state(self.prefs)
         self.prefs.sync()
 
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self.autosave.start()
+
+    def moveEvent(self, event: QMoveEvent) -> None:
+        super().moveEvent(event)
+        self.autosave.start()
+
     def closeEvent(self, event: QCloseEvent) -> None:
+        self.autosave.stop()
         self.save_state()
         self.metrics_timer.stop()
         if self.pull_dialog is not None:

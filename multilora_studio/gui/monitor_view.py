@@ -125,6 +125,11 @@ class MonitorView(QWidget):
                 axis = plot.getAxis(side)
                 axis.setPen(foreground)
                 axis.setTextPen(foreground)
+            legend = plot.plotItem.legend
+            if legend is not None:
+                legend.setLabelTextColor(foreground)
+                for _sample, label in legend.items:
+                    label.setText(label.text, color=foreground)
 
     def update_metrics(self, metrics: EngineMetrics | None) -> None:
         """Record a snapshot and refresh what is visible (GUI thread)."""

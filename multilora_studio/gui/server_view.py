@@ -238,6 +238,10 @@ class ServerView(QWidget):
             )
         return rows
 
+    def saved_widgets(self) -> list[QWidget]:
+        """The inputs ``save_state`` records (the window saves again when any of them changes)."""
+        return [self.host_edit, self.port, self.api_key]
+
     def save_state(self, prefs: Preferences) -> None:
         prefs.set("server/host", self.host_edit.text().strip())
         prefs.set("server/port", self.port.value())

@@ -128,7 +128,12 @@ class SettingsView(QWidget):
         layout.addStretch(1)
         host.progress.connect(self._progress)
         host.stateChanged.connect(self._state_changed)
-        host.failed.connect(lambda message: self.banner.show_message(f"The engine did not start: {message}"))
+        host.failed.connect(self._start_failed)
+        host.rejected.connect(
+            lambda message: self.banner.show_message(
+                f"Not applied: {message}. The engine keeps running with its current settings."
+            )
+        )
         self.show_choice(prefs.engine_choice())
         self._state_changed(host.state)
 
@@ -156,7 +161,10 @@ class SettingsView(QWidget):
         )
 
     def apply(self) -> bool:
-        """Check the settings, persist them and ask for an engine restart; problems show in the banner."""
+        """Check the settings and ask for an engine restart; problems show in the banner.
+
+        The window saves the settings once an engine started with them (``MainWindow``).
+        """
         choice = self.choice()
         try:
             choice.check()
@@ -166,9 +174,12 @@ class SettingsView(QWidget):
             self.banner.show_message(str(error))
             return False
         self.banner.clear()
-        self.prefs.set_engine_choice(choice)
         self.applied.emit(choice)
         return True
+
+    def _start_failed(self, message: str) -> None:
+        again = " Starting again with the last settings that worked." if self.host.state == LOADING else ""
+        self.banner.show_message(f"The engine did not start: {message.rstrip('.')}.{again}")
 
     def _theme_changed(self, index: int) -> None:
         mode = THEMES[index]

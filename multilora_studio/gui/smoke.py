@@ -15,7 +15,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QSettings, QTimer
 
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.gui.app import application
+from multilora_studio.gui.app import application, checked_application
 from multilora_studio.gui.latency import EventLoopProbe
 from multilora_studio.gui.main_window import MainWindow
 from multilora_studio.gui.preferences import EngineChoice, Preferences
@@ -86,7 +86,7 @@ def run_smoke_test(
     screenshot: Path | None = None, timeout_s: float = 600.0, device: str = "auto", demo_adapters: bool = True
 ) -> int:
     """See the module docstring; the user's settings are left untouched (a temporary INI file is used)."""
-    app = application()
+    app = checked_application()
     with tempfile.TemporaryDirectory(prefix="multilora-smoke-") as folder:
         prefs = Preferences(QSettings(str(Path(folder) / "settings.ini"), QSettings.Format.IniFormat))
         prefs.set_engine_choice(replace(EngineChoice(), device=device))

@@ -44,9 +44,11 @@ class Task(QObject):
     def __init__(self, name: str, work: Callable[[Task], Any]) -> None:
         super().__init__()
         self.name = name
-        self._work = work
+        self._work: Callable[[Task], Any] | None = work
         self._cancel = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"gui-task-{name}", daemon=True)
+        self.callbacks: list[tuple[Any, Callable[..., None]]] = []  # what TaskRunner connected
+        self.error_type: type[BaseException] | None = None  # what the work raised, once it failed
         self.delivered = False  # True once ``done`` reached the GUI thread (after the result signals)
         self.done.connect(self._mark_delivered)
 
@@ -83,9 +85,11 @@ class Task(QObject):
         self.delivered = True
 
     def _run(self) -> None:
+        work, self._work = self._work, None  # a finished task keeps nothing its work referenced
         try:
-            result = self._work(self)
+            result = work(self)
         except BaseException as error:
+            self.error_type = type(error)
             if not isinstance(error, (Cancelled, *USER_ERRORS)):
                 log.exception("task %s failed", self.name)
             else:
@@ -93,11 +97,16 @@ class Task(QObject):
             self.failed.emit(user_message(error))
         else:
             self.succeeded.emit(result)
+            del result
         self.done.emit()
 
 
 class TaskRunner(QObject):
-    """Starts tasks and keeps each alive until it is done."""
+    """Starts tasks and keeps each alive until it is done.
+
+    Once a task's results reached the GUI thread its callbacks are disconnected, so nothing they
+    captured (an engine, a window's state) outlives the task.
+    """
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -112,20 +121,27 @@ class TaskRunner(QObject):
         on_progress: Callable[[float, str], None] | None = None,
     ) -> Task:
         task = Task(name, work)
-        if on_success is not None:
-            task.succeeded.connect(on_success)
-        if on_failure is not None:
-            task.failed.connect(on_failure)
-        if on_progress is not None:
-            task.progressed.connect(on_progress)
-        task.done.connect(lambda: self._running.discard(task))
+        for signal, callback in (
+            (task.succeeded, on_success),
+            (task.failed, on_failure),
+            (task.progressed, on_progress),
+        ):
+            if callback is not None:
+                signal.connect(callback)
+                task.callbacks.append((signal, callback))
+        task.done.connect(self._finished)
         self._running.add(task)
         return task.start()
+
+    def _finished(self) -> None:
+        task = self.sender()
+        if not isinstance(task, Task):
+            return
+        self._running.discard(task)
+        for signal, callback in task.callbacks:
+            signal.disconnect(callback)
+        task.callbacks.clear()
 
     @property
     def busy(self) -> bool:
         return bool(self._running)
-
-    def cancel_all(self) -> None:
-        for task in list(self._running):
-            task.cancel()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import QApplication
+from PySide6.QtGui import QColor, QPainter, QPalette
+from PySide6.QtWidgets import QApplication, QProxyStyle, QStyle, QStyleOption, QWidget
 
 DARK = {
     QPalette.ColorRole.Window: "#202124",
@@ -23,7 +23,45 @@ DARK = {
     QPalette.ColorRole.HighlightedText: "#ffffff",
     QPalette.ColorRole.Link: "#8ab4f8",
     QPalette.ColorRole.Mid: "#5f6368",
+    QPalette.ColorRole.Light: "#4a4d51",
+    QPalette.ColorRole.Midlight: "#3c4043",
+    QPalette.ColorRole.Dark: "#141414",
+    QPalette.ColorRole.Shadow: "#000000",
 }
+FRAMED_INDICATORS = (
+    QStyle.PrimitiveElement.PE_IndicatorCheckBox,
+    QStyle.PrimitiveElement.PE_IndicatorRadioButton,
+)
+
+
+class StudioStyle(QProxyStyle):
+    """Fusion, with a visible frame around check boxes and radio buttons on dark palettes.
+
+    Fusion outlines indicators in a shade of the window color, which vanishes against a dark base.
+    """
+
+    def drawPrimitive(
+        self,
+        element: QStyle.PrimitiveElement,
+        option: QStyleOption,
+        painter: QPainter,
+        widget: QWidget | None = None,
+    ) -> None:
+        super().drawPrimitive(element, option, painter, widget)
+        light = option.palette.color(QPalette.ColorRole.Window).lightness() > 128
+        if element not in FRAMED_INDICATORS or light:
+            return
+        painter.save()
+        round_indicator = element == QStyle.PrimitiveElement.PE_IndicatorRadioButton
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing, round_indicator)
+        painter.setPen(option.palette.color(QPalette.ColorRole.PlaceholderText))
+        painter.setBrush(Qt.BrushStyle.NoBrush)
+        box = option.rect.adjusted(0, 0, -1, -1)
+        if round_indicator:
+            painter.drawEllipse(box)
+        else:
+            painter.drawRect(box)
+        painter.restore()
 
 
 THEMES = ("system", "light", "dark")
@@ -45,8 +83,9 @@ def set_theme(app: QApplication, mode: str) -> bool:
 
 
 def apply_theme(app: QApplication) -> bool:
-    """Fusion style with the chosen palette; returns True for dark."""
-    app.setStyle("Fusion")
+    """Fusion style with the chosen palette, applied to every open widget and plot; True for dark."""
+    if not isinstance(app.style(), StudioStyle):
+        app.setStyle(StudioStyle("Fusion"))
     dark = is_dark(app)
     palette = app.style().standardPalette()
     if dark:
@@ -58,6 +97,10 @@ def apply_theme(app: QApplication) -> bool:
     pg.setConfigOptions(
         antialias=True, background=plot_background(palette), foreground=plot_foreground(palette)
     )
+    for widget in app.allWidgets():  # style sheets resolve palette(...) colors when they are set
+        sheet = widget.styleSheet()
+        if sheet:
+            widget.setStyleSheet(sheet)
     return dark
 
 

@@ -3,11 +3,41 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QWidget
+from PySide6.QtWidgets import (
+    QAbstractButton,
+    QComboBox,
+    QDoubleSpinBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QPlainTextEdit,
+    QSpinBox,
+    QToolButton,
+    QWidget,
+)
 
 KIND_COLORS = {"error": "#c62828", "warning": "#b26a00", "info": "#1565c0", "success": "#2e7d32"}
+
+
+def on_any_edit(callback: Callable[[], None], widgets: list[QWidget]) -> None:
+    """Call ``callback`` whenever a person edits any of ``widgets`` (text, ticks, values, choices)."""
+    for widget in widgets:
+        if isinstance(widget, (QPlainTextEdit, QLineEdit)):
+            widget.textChanged.connect(lambda *_: callback())
+        elif isinstance(widget, QAbstractButton):
+            widget.toggled.connect(lambda *_: callback())
+        elif isinstance(widget, (QSpinBox, QDoubleSpinBox)):
+            widget.valueChanged.connect(lambda *_: callback())
+        elif isinstance(widget, QComboBox):
+            widget.currentTextChanged.connect(lambda *_: callback())
+        elif isinstance(widget, QListWidget):
+            widget.itemChanged.connect(lambda *_: callback())
+        else:
+            raise TypeError(f"cannot watch edits of {type(widget).__name__}")
 
 
 class MessageBanner(QWidget):

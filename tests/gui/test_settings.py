@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
+import torch
 from PySide6.QtCore import QRect
 from PySide6.QtGui import QPalette
+from safetensors.torch import save_file
 
 from tests.gui.conftest import save_screenshot, wait_ready
 
@@ -76,19 +79,47 @@ def test_bad_settings_show_a_message_and_a_failed_start_can_be_fixed(qtbot, open
     assert "device must be" in settings.banner.text
 
     good = settings.prefs.engine_choice()
+    running = window.host.engine
     empty = tmp_path / "not-a-model"
     empty.mkdir()
     settings.show_choice(good)
     settings.model.setText(str(empty))
     assert settings.apply()
-    qtbot.waitUntil(lambda: window.host.state == "failed", timeout=60_000)
-    assert "not-a-model" in settings.banner.text or "config.json" in settings.banner.text
-    assert "Traceback" not in settings.banner.text
-    assert window.host.engine is None and not window.compare.start()
-    settings.show_choice(good)
+    qtbot.waitUntil(lambda: "Not applied" in settings.banner.text, timeout=60_000)
+    assert "config.json" in settings.banner.text and "Traceback" not in settings.banner.text
+    assert window.host.state == "ready" and window.host.engine is running  # checked before stopping it
+    assert settings.prefs.engine_choice() == good  # a refused setting is not saved
+    assert running.generate(["Hi"], [None], None)[0].token_ids
+
+    broken = tmp_path / "broken-model"  # passes the check (config, a safetensors header), fails to load
+    broken.mkdir()
+    for item in Path(good.model).iterdir():  # config and tokenizer files; weights of another model
+        if item.is_file() and item.suffix != ".safetensors":
+            shutil.copy(item, broken / item.name)
+    save_file({"unrelated": torch.zeros(2)}, str(broken / "model.safetensors"))
+    settings.model.setText(str(broken))
+    states: list[str] = []
+    window.host.stateChanged.connect(states.append)
     assert settings.apply()
-    window.host.cancel_start()  # the tiny model loads in about a second; registration then stops
+    qtbot.waitUntil(lambda: "did not start" in settings.banner.text, timeout=60_000)
+    assert "lacks tensor" in settings.banner.text and "last settings that worked" in settings.banner.text
+    wait_ready(qtbot, window)  # the previous settings started again
+    assert "failed" in states and window.host.engine is not running and running._stopping
+    assert Path(window.host.engine.base.folder) == Path(good.model)
+    assert settings.prefs.engine_choice() == good
+    assert window.host.engine.generate(["Hi"], [None], None)[0].token_ids
+
+    settings.show_choice(good)
+    settings.max_loras.setValue(2)
+
+    def cancel_when_loading(fraction: float, message: str) -> None:  # after the running engine stopped
+        if message.startswith("loading"):
+            window.host.cancel_start()
+
+    window.host.progress.connect(cancel_when_loading)
+    assert settings.apply()
     qtbot.waitUntil(lambda: window.host.state == "stopped", timeout=60_000)
+    window.host.progress.disconnect(cancel_when_loading)
     assert "cancelled" in settings.status.text() and window.host.engine is None
     qtbot.waitUntil(lambda: not any(t.name == "engine-worker" for t in threading.enumerate()), timeout=10_000)
     assert settings.apply()
