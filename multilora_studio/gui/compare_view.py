@@ -58,8 +58,8 @@ class CompareView(QWidget):
         self.adapters.setToolTip("Tick the adapters to compare; 'base' is the model without an adapter")
         self.adapters.itemChanged.connect(self._ticks_changed)
         every, none = QPushButton("All"), QPushButton("None")
-        every.clicked.connect(lambda: self._tick_all(True))
-        none.clicked.connect(lambda: self._tick_all(False))
+        every.clicked.connect(lambda: self.tick_all(True))
+        none.clicked.connect(lambda: self.tick_all(False))
         self.max_tokens = QSpinBox(minimum=1, maximum=32768, value=128)
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=5.0, singleStep=0.1, value=0.0, decimals=2)
         self.top_p = QDoubleSpinBox(minimum=0.01, maximum=1.0, singleStep=0.05, value=1.0, decimals=2)
@@ -167,7 +167,7 @@ class CompareView(QWidget):
         self.adapters.blockSignals(False)
         self.adapters.viewport().update()
 
-    def _tick_all(self, checked: bool) -> None:
+    def tick_all(self, checked: bool) -> None:
         state = Qt.CheckState.Checked if checked else Qt.CheckState.Unchecked
         for i in range(self.adapters.count()):
             self.adapters.item(i).setCheckState(state)

@@ -17,6 +17,7 @@ from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.engine import Engine
+from multilora_studio.engine.host_memory import return_freed_memory
 from multilora_studio.engine.model_source import check_model_folder
 from multilora_studio.gui.library_ops import LoadResult, load_library
 from multilora_studio.gui.preferences import EngineChoice
@@ -122,6 +123,7 @@ class EngineHost(QObject):
             task.report(0.0, "stopping the running engine")
             old.shutdown()
             del old
+            return_freed_memory()
         task.report(0.05, f"loading {choice.label}")
         engine = Engine(choice.engine_config(model), progress=task.report)
         try:

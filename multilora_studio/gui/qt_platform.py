@@ -4,7 +4,7 @@ Qt's own message ("Could not load the Qt platform plugin xcb ... no Qt platform 
 initialized") names no library. This module reads the plugin's dynamic dependencies with
 ``ldd``, probes the ones Qt opens at run time (``libxcb-cursor``), and names the distribution
 packages to install. ``python -m multilora_studio.gui.qt_platform`` prints the install command
-(empty when nothing is missing); the Linux installer runs it.
+to run as root (nothing when nothing is missing); the Linux installer runs it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 # soname -> (Debian/Ubuntu package, Fedora package)
@@ -109,15 +110,15 @@ def packages_for(missing: list[str], family: str) -> list[str]:
 
 
 def install_command(missing: list[str], family: str) -> str:
-    """The shell command that installs what is missing ('' when nothing is)."""
+    """The command (to run as root) that installs what is missing ('' when nothing is)."""
     packages = packages_for(missing, family)
     if not packages:
         return ""
     tool = "dnf install -y" if family == "fedora" else "apt-get install -y"
-    return f"sudo {tool} {' '.join(packages)}"
+    return f"{tool} {' '.join(packages)}"
 
 
-def uses_xcb(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+def uses_xcb(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether Qt will use the xcb plugin here (Linux, an X11 display, no other platform asked for)."""
     if not sys.platform.startswith("linux"):
         return False
@@ -129,17 +130,19 @@ def uses_xcb(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
     return bool(environ.get("DISPLAY"))
 
 
-def platform_problem() -> str | None:
+def platform_problem(
+    plugin: Path | None = None, environ: Mapping[str, str] = os.environ
+) -> str | None:
     """A message naming the missing libraries and how to install them, or None when the window can open."""
-    if not uses_xcb():
+    if not uses_xcb(environ):
         return None
-    missing = missing_libraries()
+    missing = missing_libraries(plugin)
     if not missing:
         return None
     family = distribution_family()
     names = ", ".join(packages_for(missing, family) or missing)
     command = install_command(missing, family)
-    how = f": {command}" if command else f" (libraries {', '.join(missing)})"
+    how = f": sudo {command}" if command else f" (libraries {', '.join(missing)})"
     return f"the window needs system libraries this machine lacks ({names}); install them{how}"
 
 

@@ -47,7 +47,7 @@ class SmokeTest(QObject):
         compare.raw.setChecked(False)
         compare.max_tokens.setValue(SMOKE_TOKENS)
         compare.temperature.setValue(0.0)
-        compare._tick_all(True)
+        compare.tick_all(True)
         self.probe.start()
         if not compare.start():
             self._finish(f"the compare did not start: {compare.banner.text}")

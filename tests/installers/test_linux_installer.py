@@ -76,10 +76,19 @@ def test_install_run_and_uninstall_leave_nothing_behind(wheel, tmp_path):
     home.mkdir()
     before = files_under(home)
     result = run_installer(
-        home, "--cpu", "--wheel", str(wheel), "--torch", TORCH_SPEC, "--torch-index", "none"
+        home, "--cpu", "--wheel", str(wheel), "--torch", TORCH_SPEC, "--torch-index", "none",
+        "--no-system-libs",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Done." in result.stdout
+    venv_python = home / ".local" / "share" / "multilora-studio" / "install" / "venv" / "bin" / "python"
+    needed = subprocess.run(
+        [str(venv_python), "-I", "-m", "multilora_studio.gui.qt_platform"], capture_output=True, text=True
+    ).stdout.strip()
+    if needed:  # this machine lacks libraries of Qt's xcb plugin: the installer names the command
+        assert f"install them with: sudo {needed}" in result.stdout, result.stdout
+    else:
+        assert "system libraries" not in result.stdout
 
     launcher = home / ".local" / "bin" / "multilora-studio"
     desktop = home / ".local" / "share" / "applications" / "multilora-studio.desktop"

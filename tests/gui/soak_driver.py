@@ -1,0 +1,169 @@
+"""Minutes of real use of the window, in its own process: ``python -m tests.gui.soak_driver OUT.json``.
+
+The window runs on the embedded model (CPU) with the demo adapters in a fresh library. For
+``--seconds`` it visits every view in turn, keeps a compare of base and every adapter running,
+lets the Monitor plot, switches the theme, and applies a restart in Settings ``--restarts``
+times (alternating the number of GPU slots). It writes what it measured as JSON: references to
+None over the run, resident memory after each restart, live Engine objects and engine threads
+at the end, and every problem seen. The test that runs it checks those numbers and that the
+process exited 0 with no fatal error; a binding that loses references aborts it before that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.pop("MULTILORA_STUDIO_NO_DEMO_ADAPTERS", None)  # a new user's library: the demo adapters
+
+import psutil
+from PySide6.QtCore import QObject, QSettings, QTimer
+
+from multilora_studio.adapters.registry import Registry
+from multilora_studio.engine import Engine
+from multilora_studio.gui.app import checked_application
+from multilora_studio.gui.main_window import PAGES, MainWindow
+from multilora_studio.gui.preferences import EngineChoice, Preferences
+from multilora_studio.gui.theme import set_theme
+
+TICK_MS = 250
+PAGE_S = 2.0
+COMPARE_TOKENS = 12
+
+
+def live_engines() -> int:
+    gc.collect()
+    return sum(isinstance(item, Engine) for item in gc.get_objects())
+
+
+class Soak(QObject):
+    """Drives the window on a timer (see the module docstring)."""
+
+    def __init__(self, window: MainWindow, seconds: float, restarts: int) -> None:
+        super().__init__(window)
+        self.window = window
+        self.seconds = seconds
+        self.restarts = restarts
+        self.started = 0.0
+        self.page_since = 0.0
+        self.page = 0
+        self.restarts_done = 0
+        self.restart_pending = False
+        self.compares = 0
+        self.compare_errors: list[str] = []
+        self.problems: list[str] = []
+        self.rss_after_restart: list[int] = []
+        self.none_refs: list[int] = []
+        self.timer = QTimer(self)
+        self.timer.setInterval(TICK_MS)
+        self.timer.timeout.connect(self.tick)
+        window.host.ready.connect(self.engine_ready)
+        window.host.failed.connect(lambda message: self.problems.append(f"engine failed: {message}"))
+        window.compare.runFinished.connect(self.compare_finished)
+
+    def engine_ready(self) -> None:
+        if not self.timer.isActive():  # the first start
+            self.started = self.page_since = time.monotonic()
+            self.none_refs.append(sys.getrefcount(None))
+            self.timer.start()
+            return
+        self.restart_pending = False
+        self.restarts_done += 1
+        gc.collect()
+        self.rss_after_restart.append(psutil.Process().memory_info().rss)
+
+    def compare_finished(self) -> None:
+        compare = self.window.compare
+        self.compares += 1
+        self.compare_errors += [f"{c.name}: {c.error}" for c in compare.columns if c.error]
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        elapsed = now - self.started
+        if elapsed >= self.seconds and self.restarts_done >= self.restarts and not self.restart_pending:
+            self.finish()
+            return
+        if now - self.page_since >= PAGE_S:
+            self.page_since = now
+            self.page = (self.page + 1) % len(PAGES)
+            self.window.show_page(PAGES[self.page])
+            if self.page == 0:  # once a tour of every view: the other theme
+                app = checked_application()
+                set_theme(app, "dark" if self.page_tours() % 2 else "light")
+        if self.window.host.state != "ready":
+            return
+        due = (self.restarts_done + 1) * self.seconds / (self.restarts + 1)
+        if not self.restart_pending and self.restarts_done < self.restarts and elapsed >= due:
+            self.restart()
+        elif not self.window.compare.running:
+            self.start_compare()
+
+    def page_tours(self) -> int:
+        return int((time.monotonic() - self.started) / (PAGE_S * len(PAGES)))
+
+    def start_compare(self) -> None:
+        compare = self.window.compare
+        compare.max_tokens.setValue(COMPARE_TOKENS)
+        compare.temperature.setValue(0.7)
+        compare.tick_all(True)
+        if not compare.start():
+            self.problems.append(f"compare did not start: {compare.banner.text}")
+
+    def restart(self) -> None:
+        settings = self.window.settings
+        self.window.show_page("Settings")
+        settings.max_loras.setValue(3 if settings.max_loras.value() == 2 else 2)
+        self.restart_pending = True
+        if not settings.apply():
+            self.problems.append(f"settings refused: {settings.banner.text}")
+            self.restart_pending = False
+
+    def finish(self) -> None:
+        self.timer.stop()
+        self.none_refs.append(sys.getrefcount(None))
+        self.window.compare.stop()
+        self.result = {
+            "seconds": time.monotonic() - self.started,
+            "restarts": self.restarts_done,
+            "compares": self.compares,
+            "compare_errors": self.compare_errors,
+            "problems": self.problems,
+            "none_refs": self.none_refs,
+            "rss_after_restart": self.rss_after_restart,
+            "live_engines": live_engines(),
+            "engine_threads": sum(t.name == "engine-worker" for t in threading.enumerate()),
+        }
+        self.window.close()
+        checked_application().quit()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--restarts", type=int, default=5)
+    args = parser.parse_args()
+    app = checked_application()
+    with tempfile.TemporaryDirectory(prefix="multilora-soak-") as folder:
+        prefs = Preferences(QSettings(str(Path(folder) / "settings.ini"), QSettings.Format.IniFormat))
+        prefs.set_engine_choice(replace(EngineChoice(), device="cpu", max_loras=2))
+        window = MainWindow(prefs, Registry(Path(folder) / "library"))
+        soak = Soak(window, args.seconds, args.restarts)
+        window.resize(1280, 820)
+        window.show()
+        app.exec()
+        args.out.write_text(json.dumps(soak.result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Restarting the engine from Settings releases the old engine, its thread and its memory."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+from multilora_studio.engine import Engine
+from tests.gui.conftest import wait_ready
+
+RESTARTS = 3
+
+
+def live_engines() -> list[Engine]:
+    gc.collect()
+    return [item for item in gc.get_objects() if isinstance(item, Engine)]
+
+
+def engine_threads() -> int:
+    return sum(thread.name == "engine-worker" for thread in threading.enumerate())
+
+
+def test_restarts_leave_one_engine_and_one_engine_thread(qtbot, open_window):
+    before = len(live_engines())
+    window = open_window()
+    settings = window.settings
+    seen: list[int] = []
+    for restart in range(RESTARTS):
+        window.compare.tick_all(True)
+        assert window.compare.start()  # a run in progress is stopped by the restart
+        settings.max_loras.setValue(2 + restart % 2)
+        assert settings.apply()
+        wait_ready(qtbot, window)
+        seen.append(id(window.host.engine))
+        qtbot.waitUntil(lambda: engine_threads() == 1, timeout=10_000)
+        assert len(live_engines()) == before + 1
+        assert window.host.engine.config.max_loras == 2 + restart % 2
+    assert len(set(seen)) == RESTARTS
+    assert window.settings.prefs.engine_choice().max_loras == 2 + (RESTARTS - 1) % 2

@@ -1,0 +1,40 @@
+"""Minutes of real use of the window in its own process (``soak_driver``): it must survive, unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SOAK_SECONDS = 150
+RESTARTS = 5
+RSS_GROWTH_LIMIT = 300 << 20  # resident memory after the 5th restart vs after the 1st
+NONE_REFS_LOST_LIMIT = 1_000  # a binding that drops a reference per Qt call loses ~100k a minute
+
+
+@pytest.mark.slow
+def test_the_window_survives_minutes_of_use_with_restarts(default_model, tmp_path: Path):
+    out = tmp_path / "soak.json"
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.gui.soak_driver", str(out), "--seconds", str(SOAK_SECONDS),
+         "--restarts", str(RESTARTS)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=SOAK_SECONDS + 400,
+    )
+    assert "Fatal Python error" not in run.stderr, run.stderr[-3000:]
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    print(json.dumps(result))
+    assert result["problems"] == [] and result["compare_errors"] == []
+    assert result["restarts"] == RESTARTS and result["compares"] >= RESTARTS
+    first, last = result["none_refs"]
+    assert last > first - NONE_REFS_LOST_LIMIT, f"references to None lost: {first} -> {last}"
+    rss = result["rss_after_restart"]
+    assert len(rss) == RESTARTS
+    assert rss[-1] - rss[0] <= RSS_GROWTH_LIMIT, f"resident memory after each restart: {rss}"
+    assert result["live_engines"] == 1 and result["engine_threads"] == 1
