@@ -1,4 +1,4 @@
-"""A live theme switch reaches every widget and plot; window state is saved as it changes, not only on close."""
+"""A live theme switch reaches every widget and plot; window state is saved as it changes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def lightness(color: QColor) -> int:
 
 def brightest_pixel(widget, rect) -> int:
     image = widget.grab(rect).toImage()
-    return max(image.pixelColor(x, y).lightness() for x in range(image.width()) for y in range(image.height()))
+    width, height = image.width(), image.height()
+    return max(image.pixelColor(x, y).lightness() for x in range(width) for y in range(height))
 
 
 def test_switching_to_dark_restyles_open_widgets_plots_and_indicators(qtbot, qapp, open_window):
