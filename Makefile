@@ -40,12 +40,14 @@ system-deps:
 	  elif sudo -n true 2>/dev/null; then sudo apt-get update -q && sudo apt-get install -y -q desktop-file-utils; \
 	  else echo "install desktop-file-utils (sudo apt install desktop-file-utils) for the installer test"; fi; }
 
-test: $(VENV)/.test system-deps
-	$(PY) -m ruff check multilora_studio kernels resources tests
+LINT_PATHS := multilora_studio kernels resources tests benchmarks
+
+# ruff, then mypy (its files and settings are in pyproject.toml), then the tests.
+test: lint system-deps
 	QT_QPA_PLATFORM=offscreen TRITON_INTERPRET=1 $(PY) -m pytest -q tests
 
 lint: $(VENV)/.test
-	$(PY) -m ruff check multilora_studio kernels resources tests
+	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m mypy
 
 clean:

@@ -94,7 +94,8 @@ def call(step: dict[str, Any], out: torch.Tensor | None = None, **kw: Any) -> to
     if any(name in kw for name in TUNING):
         from multilora_studio.kernels.paged_attention_triton import launch_paged_attention
 
-        return launch_paged_attention(*args, out, max_query_len, **kw)
+        target = out if out is not None else torch.empty_like(s["q"])
+        return launch_paged_attention(*args, target, max_query_len, **kw)
     return paged_attention(*args, out=out, max_query_len=max_query_len, **kw)
 
 

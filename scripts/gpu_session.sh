@@ -26,41 +26,41 @@ for step in $steps; do
         timeout 420 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_fidelity.py \
         tests/engine/test_model_families.py tests/engine/test_engine_behaviour.py tests/engine/test_kernel_warmup.py 2>&1 | tee "$OUT/engine-tests.log" | tail -25 ;;
     engine-bench)
-      timeout 400 python3 -m multilora_studio.bench.engine_gpu --json "$OUT/engine_gpu.json" 2>&1 \
+      timeout 400 python3 -m benchmarks.engine_gpu --json "$OUT/engine_gpu.json" 2>&1 \
         | tee "$OUT/engine-bench.log" | grep -v "^INFO" | tail -30 ;;
     engine-bench-ab)
       # the engine benchmark with the LoRA shrink inside the base GEMMs off, then on
       for mode in ${AB_MODES:-off on}; do
-        timeout 280 python3 -m multilora_studio.bench.engine_gpu --shrink-in-gemm $mode \
+        timeout 280 python3 -m benchmarks.engine_gpu --shrink-in-gemm $mode \
           --json "$OUT/engine_gpu_$mode.json" 2>&1 | tee "$OUT/engine-bench-$mode.log" | grep -v "^INFO" \
           | grep -E "shrink|fused_qkv|decode_tok|over_base|replay|startup|equals|fraction|rounds"
       done ;;
     engine-bench-qkv)
       # the engine benchmark with q/k/v's expand, RoPE and the cache write as separate launches, then fused
       for fused in 0 1; do
-        MULTILORA_FUSED_QKV=$fused timeout 280 python3 -m multilora_studio.bench.engine_gpu \
+        MULTILORA_FUSED_QKV=$fused timeout 280 python3 -m benchmarks.engine_gpu \
           --json "$OUT/engine_gpu_qkv$fused.json" 2>&1 | tee "$OUT/engine-bench-qkv$fused.log" | grep -v "^INFO" \
           | grep -E "fused_qkv|decode_tok|over_base|replay|startup|equals|fraction|rounds"
       done ;;
     tier-bench)
-      timeout 200 python3 -m multilora_studio.bench.tiers_gpu --json "$OUT/tiers_gpu.json" 2>&1 \
+      timeout 200 python3 -m benchmarks.tiers_gpu --json "$OUT/tiers_gpu.json" 2>&1 \
         | tee "$OUT/tier-bench.log" | grep -v "^INFO" | tail -30 ;;
     tier-ab)
       # decode during cold loads with the thread loader and with the process loader
       for loader in thread process; do
-        timeout 120 python3 -m multilora_studio.bench.tiers_gpu --skip-zipf --adapter-loader $loader \
+        timeout 120 python3 -m benchmarks.tiers_gpu --skip-zipf --adapter-loader $loader \
           --json "$OUT/tiers_$loader.json" 2>&1 | tee "$OUT/tier-$loader.log" | grep -E "loader|decode|cold"
       done ;;
     tier-trace)
       # decode during cold loads with the step trace: four loads at once, then one
       for workers in 4 1; do
-        timeout 150 python3 -m multilora_studio.bench.tiers_gpu --skip-zipf --load-workers $workers \
+        timeout 150 python3 -m benchmarks.tiers_gpu --skip-zipf --load-workers $workers \
           --json "$OUT/tiers_trace_w$workers.json" 2>&1 | tee "$OUT/tier-trace-w$workers.log" \
           | grep -E "step trace|alone|cold|warm|ratio|loader|workers" | grep -v INFO
       done ;;
     tier-stacks)
       # decode during cold loads (four loads at once) with thread stacks sampled: what the slow steps waited on
-      timeout 150 python3 -m multilora_studio.bench.tiers_gpu --skip-zipf --sample-stacks \
+      timeout 150 python3 -m benchmarks.tiers_gpu --skip-zipf --sample-stacks \
         --json "$OUT/tiers_stacks.json" 2>&1 | tee "$OUT/tier-stacks.log" | grep -v INFO \
         | grep -E "step trace|alone|cold|warm|ratio|slow|    |stalls" | head -90 ;;
     bench-sweep-steps)
@@ -88,7 +88,7 @@ for step in $steps; do
     tier-workers)
       # decode during cold loads with one loader thread and with four
       for workers in 1 4; do
-        timeout 150 python3 -m multilora_studio.bench.tiers_gpu --skip-zipf --load-workers $workers \
+        timeout 150 python3 -m benchmarks.tiers_gpu --skip-zipf --load-workers $workers \
           --json "$OUT/tiers_w$workers.json" 2>&1 | tee "$OUT/tier-w$workers.log" | grep -E "loader|decode|cold|upload"
       done ;;
     bench-sweep-process)

@@ -6,8 +6,8 @@ import json
 
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli import main
+from multilora_studio.cli.shared import describe_base
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.library_cli import describe_base
 
 
 def compare_json(capsys, *args: str) -> list[dict]:

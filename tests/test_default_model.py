@@ -18,8 +18,8 @@ from multilora_studio.default_model import (
     WEIGHTS_FILE,
     ensure_default_model,
     read_marker,
-    sha256_file,
 )
+from multilora_studio.util import sha256_file
 
 CONVERT_SNIPPET = "from multilora_studio.default_model import ensure_default_model; ensure_default_model()"
 

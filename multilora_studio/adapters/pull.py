@@ -30,7 +30,7 @@ from multilora_studio.adapters.hub import (
 from multilora_studio.adapters.peft_adapter import ADDED_TOKENS_FILE, PICKLE_SUFFIXES, WEIGHTS_FILE
 from multilora_studio.adapters.registry import DEFAULT_MAX_RANK, Registry
 from multilora_studio.adapters.registry_schema import AdapterRecord, BaseModelRecord
-from multilora_studio.default_model import sha256_file
+from multilora_studio.util import sha256_file
 
 MODEL_CONFIG = "config.json"
 ADAPTER_EXTRAS = ("README.md", ADDED_TOKENS_FILE)

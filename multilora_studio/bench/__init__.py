@@ -1,1 +1,1 @@
-"""Benchmarks of the engine against HF transformers + PEFT on the same machine."""
+"""``multilora-studio bench``: workloads, backends, statistics and reports (GPU scripts: benchmarks/)."""

@@ -28,7 +28,6 @@ from multilora_studio.adapters.host_cache import HostAdapterCache
 from multilora_studio.adapters.peft_adapter import HostAdapter, inspect_peft_adapter, load_peft_adapter
 from multilora_studio.adapters.short_lived_workers import call_on_short_lived_thread
 from multilora_studio.adapters.slot_table import SlotTable
-from multilora_studio.default_model import ProgressCallback
 from multilora_studio.engine.block_manager import BlockManager, blocks_needed
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.decode_staging import StagedDecode
@@ -48,6 +47,7 @@ from multilora_studio.engine.sequence import Sequence as Seq
 from multilora_studio.engine.step_trace import StepRecord, StepTrace
 from multilora_studio.kernels.jit_watch import compile_count
 from multilora_studio.kernels.jit_watch import install as install_compile_watch
+from multilora_studio.util import ProgressCallback
 
 log = logging.getLogger(__name__)
 

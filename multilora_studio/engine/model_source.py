@@ -11,9 +11,10 @@ from typing import Any
 import torch
 
 from multilora_studio.adapters.safetensors_header import read_header
-from multilora_studio.default_model import ProgressCallback, ensure_default_model, sha256_file
+from multilora_studio.default_model import ensure_default_model
 from multilora_studio.engine.model_spec import ModelSpec, RopeSpec, load_spec
 from multilora_studio.engine.weights import ModelWeights, load_weights, random_weights
+from multilora_studio.util import ProgressCallback, sha256_file
 
 RANDOM_PREFIX = "random:"
 # Named shapes for random-weight models (benchmarks without a download).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from fastapi import Request
 
@@ -14,10 +14,13 @@ from multilora_studio.server.limits import Admission
 from multilora_studio.server.metrics import ServerMetrics
 from multilora_studio.server.request_log import RequestLog
 
-if TYPE_CHECKING:
-    from multilora_studio.server.generation import Job
-
 API_KEY_SCOPE = "multilora.api_key"  # set by the auth middleware: the caller's key label
+
+
+class LiveJob(Protocol):
+    """What the server needs of a live job (``generation.Job``) when it stops."""
+
+    def abort(self) -> None: ...
 
 
 @dataclass
@@ -28,7 +31,7 @@ class ServerState:
     metrics: ServerMetrics
     request_log: RequestLog
     created: int
-    jobs: set[Job] = field(default_factory=set)
+    jobs: set[LiveJob] = field(default_factory=set)
 
     def resolve_model(self, model: str) -> str | None:
         """The adapter that ``model`` names (None: the base model); 404 for anything else."""

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.hub import HubSettings
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.library_cli import describe_base
+from multilora_studio.cli.shared import describe_base
 from tests.adapters.hub_repos import LocalRepos, model_card
 from tests.adapters.hub_server import HubServer, point_client_at
 from tests.fixtures import ATTENTION_TARGETS, MLP_TARGETS, AdapterSpec, build_adapter

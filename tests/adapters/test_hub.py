@@ -17,7 +17,7 @@ from multilora_studio.adapters.hub import (
 from multilora_studio.adapters.peft_adapter import AdapterError
 from multilora_studio.adapters.pull import pull
 from multilora_studio.adapters.registry import LibraryError, Registry
-from multilora_studio.library_cli import describe_base
+from multilora_studio.cli.shared import describe_base
 from tests.adapters.conftest import BASE_REPO, BIG_RANK, HUB_ORG, OTHER_BASE
 from tests.adapters.hub_server import HubServer, free_port, point_client_at
 

@@ -10,7 +10,7 @@ import pytest
 
 from multilora_studio.adapters.registry import BaseMismatchError, LibraryError, Registry
 from multilora_studio.adapters.registry_schema import SCHEMA_VERSION
-from multilora_studio.library_cli import describe_base
+from multilora_studio.cli.shared import describe_base
 
 
 def test_import_copies_the_folder_and_records_everything(registry, tiny_adapters, tiny_base):

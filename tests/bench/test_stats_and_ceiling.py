@@ -82,7 +82,7 @@ def test_tier_rates_count_what_had_to_move():
 def test_phase_ms_per_step_splits_a_run_of_the_real_engine(tiny_model_dir):
     import time
 
-    from multilora_studio.bench.engine_gpu import phase_ms_per_step
+    from benchmarks.engine_gpu import phase_ms_per_step
     from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 
     config = EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="float32", max_model_len=64)

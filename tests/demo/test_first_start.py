@@ -15,7 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from multilora_studio import library_cli
+from multilora_studio.cli import adapters as adapters_command
 from multilora_studio.cli import main
 from multilora_studio.demo import OFFERED_FILE, SKIP_ENV, read_index
 
@@ -47,13 +47,13 @@ def test_adapters_list_offers_the_demo_adapters_once(new_user_home, capsys, monk
     marker = new_user_home / OFFERED_FILE
     written = marker.stat().st_mtime_ns
     described: list[str | None] = []
-    describe = library_cli.describe_base
+    describe = adapters_command.describe_base
 
     def counted(model: str | None):
         described.append(model)
         return describe(model)
 
-    monkeypatch.setattr(library_cli, "describe_base", counted)
+    monkeypatch.setattr(adapters_command, "describe_base", counted)  # the name `adapters list` calls
     assert sorted(entry["name"] for entry in listing(capsys)) == [n for n in DEMO if n != "demo-pirate"]
     assert described == [], "a second start does not describe the base model"
     assert marker.stat().st_mtime_ns == written, "a second start writes nothing"

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from multilora_studio.default_model import sha256_file
 from multilora_studio.engine.model_source import describe_model, display_name
 from multilora_studio.engine.model_spec import load_spec
+from multilora_studio.util import sha256_file
 
 
 def test_hub_cache_snapshots_are_named_by_their_repository(tmp_path):

@@ -15,10 +15,10 @@ from PySide6.QtWidgets import QWidget
 
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.cli.shared import describe_base
 from multilora_studio.gui.main_window import MainWindow
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 from multilora_studio.gui.theme import apply_theme, set_theme
-from multilora_studio.library_cli import describe_base
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
 ENGINE_TIMEOUT_MS = 120_000

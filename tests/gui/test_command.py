@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.library_cli import describe_base
+from multilora_studio.cli.shared import describe_base
 from tests.fixtures import AdapterSpec, build_adapter
 from tests.gui.conftest import SCREENSHOTS
 

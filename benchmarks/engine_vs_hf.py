@@ -1,7 +1,7 @@
 """Engine throughput against HF transformers ``generate`` and PEFT mixed batches, in one run.
 
-    python -m multilora_studio.bench.engine_vs_hf               # CPU, embedded model, float32
-    python -m multilora_studio.bench.engine_vs_hf --skip-hf     # engine only
+    python -m benchmarks.engine_vs_hf               # CPU, embedded model, float32
+    python -m benchmarks.engine_vs_hf --skip-hf     # engine only
 
 Prints a table; ``--json PATH`` writes the numbers.
 """

@@ -1,4 +1,4 @@
-"""``multilora-studio pull`` and ``multilora-studio adapters ...``: the library on the command line."""
+"""``multilora-studio adapters ...``: list, add, remove, pin and inspect the library on the command line."""
 
 from __future__ import annotations
 
@@ -8,63 +8,21 @@ import json
 import time
 from pathlib import Path
 
-from multilora_studio.adapters.base_model import BaseModelRef
-from multilora_studio.adapters.peft_adapter import SUPPORTED_TARGETS
-from multilora_studio.adapters.registry import DEFAULT_MAX_RANK, Registry
+from multilora_studio.adapters.registry import Registry
 from multilora_studio.adapters.registry_schema import AdapterRecord
-from multilora_studio.demo import SKIP_ENV, offer_demo_adapters
+from multilora_studio.cli.shared import (
+    Subcommands,
+    add_base_arguments,
+    add_demo_adapters_flag,
+    add_naming_arguments,
+    describe_base,
+)
+from multilora_studio.demo import offer_demo_adapters
 
 DEFAULT_SEARCH_BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded default model on the Hub
 
 
-def describe_base(model: str | None) -> BaseModelRef:
-    """The base model adapters are checked against: a HF folder, or the embedded default model.
-
-    Name and digest follow the engine's rule: the folder's name and the SHA-256 of its
-    ``model.safetensors`` ("" for sharded weights).
-    """
-    from multilora_studio.cli import print_progress
-    from multilora_studio.engine.model_source import describe_model
-    from multilora_studio.engine.model_spec import load_spec
-
-    identity = describe_model(model, progress=print_progress)
-    folder, name, digest = identity.folder, identity.name, identity.digest
-    spec = load_spec(folder)
-    return BaseModelRef(
-        name=name,
-        digest=digest,
-        num_layers=spec.num_layers,
-        vocab_size=spec.vocab_size,
-        shapes={module: spec.projection_shape(module) for module in SUPPORTED_TARGETS},
-    )
-
-
-def add_demo_adapters_flag(parser: argparse.ArgumentParser) -> None:
-    """``--no-demo-adapters`` for the commands that offer the demo adapters at start."""
-    parser.add_argument(
-        "--no-demo-adapters",
-        action="store_true",
-        help="do not add the shipped demo adapters to the library at this start "
-        f"(also: {SKIP_ENV}=1); they are added once, on the embedded model",
-    )
-
-
-def add_library_commands(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``pull`` and ``adapters``."""
-    pull = subparsers.add_parser(
-        "pull",
-        help="pull an adapter (or a base model) from the Hugging Face Hub",
-        description="Download ORG/NAME[@REVISION] into the Hugging Face cache, validate it against the "
-        "base model and add it to the adapter library. The revision (branch, tag or commit) is pinned "
-        "to its commit. HF_ENDPOINT, HF_HUB_CACHE and HF_HUB_OFFLINE=1 (use the cache only) apply.",
-    )
-    pull.add_argument(
-        "repo", metavar="REPO_ID[@REV]", help="Hub repository, optionally @branch, @tag or @sha"
-    )
-    _add_naming(pull)
-    _add_base(pull)
-    pull.set_defaults(handler=run_pull)
-
+def add_adapters_command(subparsers: Subcommands) -> None:
     adapters = subparsers.add_parser(
         "adapters",
         help="list, add, remove, pin and inspect the adapters of the library",
@@ -83,8 +41,8 @@ def add_library_commands(subparsers: argparse._SubParsersAction) -> None:
         description="Validate a PEFT adapter folder against the base model and copy it into the library.",
     )
     add.add_argument("path", type=Path, help="PEFT folder (adapter_config.json + adapter_model.safetensors)")
-    _add_naming(add)
-    _add_base(add)
+    add_naming_arguments(add)
+    add_base_arguments(add)
     add.set_defaults(handler=run_add)
 
     for action, text, handler in (
@@ -116,42 +74,6 @@ def add_library_commands(subparsers: argparse._SubParsersAction) -> None:
     search.add_argument("--base", default=DEFAULT_SEARCH_BASE, help="base model repository id on the Hub")
     search.add_argument("--limit", type=int, default=20)
     search.set_defaults(handler=run_search)
-
-
-def _add_naming(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--name", default=None, help="library name (default: folder name / repo id)")
-    parser.add_argument("--alias", action="append", default=[], help="another name for it (repeatable)")
-    parser.add_argument("--notes", default="", help="free text kept with the adapter")
-
-
-def _add_base(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="base model folder (default: the embedded model)")
-    parser.add_argument(
-        "--max-lora-rank", type=int, default=DEFAULT_MAX_RANK, help="largest adapter rank accepted"
-    )
-
-
-def run_pull(args: argparse.Namespace) -> int:
-    from multilora_studio.adapters.pull import pull
-    from multilora_studio.cli import print_progress
-
-    result = pull(
-        args.repo,
-        Registry(),
-        lambda: describe_base(args.model),
-        name=args.name,
-        aliases=args.alias,
-        notes=args.notes,
-        max_rank=args.max_lora_rank,
-        progress=print_progress,
-    )
-    if result.adapter is not None:
-        state = "already in the library as" if result.already_registered else "added to the library as"
-        print(f"{result.repo_id}@{result.revision}: {state} {result.adapter.name!r}")
-    else:
-        print(f"base model {result.repo_id}@{result.revision} in {result.path}")
-        print(f"use it with: --model {result.path}")
-    return 0
 
 
 def run_add(args: argparse.Namespace) -> int:

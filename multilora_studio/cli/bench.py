@@ -13,6 +13,7 @@ from multilora_studio.bench.adapter_pool import parse_targets
 from multilora_studio.bench.cases import BenchOptions
 from multilora_studio.bench.stats import Slo
 from multilora_studio.bench.workloads import PATTERNS, parse_range
+from multilora_studio.cli.shared import Subcommands
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def parse_patterns(text: str) -> tuple[str, ...]:
     return PATTERNS if text.strip() == "all" else parse_list(text, str, "--pattern")
 
 
-def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
+def add_bench_command(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="benchmark the engine (or an endpoint) on the Punica and S-LoRA workloads",

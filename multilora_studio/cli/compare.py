@@ -6,57 +6,24 @@ import argparse
 import json
 import shutil
 import textwrap
-from collections.abc import Sequence
-from pathlib import Path
 
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.cli.shared import (
+    Subcommands,
+    add_demo_adapters_flag,
+    add_engine_arguments,
+    describe_base,
+    engine_config,
+    parse_lora_modules,
+    print_progress,
+)
 from multilora_studio.demo import offer_demo_adapters
-from multilora_studio.engine import Engine, EngineConfig, RequestOutput, SamplingParams
-from multilora_studio.library_cli import add_demo_adapters_flag, describe_base
+from multilora_studio.engine import Engine, RequestOutput, SamplingParams
 
 BASE = "base"
 
 
-def parse_lora_modules(items: Sequence[str]) -> dict[str, Path]:
-    """``name=path`` pairs (vLLM's --lora-modules) into a dict; a bare path is named by its folder."""
-    modules: dict[str, Path] = {}
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep:
-            name, path = Path(item).name, item
-        if not name or not path:
-            raise ValueError(f"--lora-modules entries look like name=path, got {item!r}")
-        modules[name] = Path(path).expanduser()
-    return modules
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Engine flags shared by the commands that start an engine (vLLM names)."""
-    parser.add_argument("--model", default=None, help="HF model folder (default: the embedded model)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    parser.add_argument("--max-loras", type=int, default=8, help="adapters resident on the device at once")
-    parser.add_argument("--max-lora-rank", type=int, default=64, help="largest adapter rank accepted")
-    parser.add_argument("--max-cpu-loras", type=int, default=None, help="adapters kept in host RAM")
-    parser.add_argument("--max-model-len", type=int, default=2048, help="prompt + output tokens per request")
-    parser.add_argument(
-        "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="PEFT adapter folders to serve"
-    )
-
-
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        max_loras=args.max_loras,
-        max_lora_rank=args.max_lora_rank,
-        max_cpu_loras=args.max_cpu_loras,
-        max_model_len=args.max_model_len,
-    )
-
-
-def add_compare_command(subparsers: argparse._SubParsersAction) -> None:
+def add_compare_command(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "compare",
         help="run one prompt through several adapters in one batch",
@@ -87,8 +54,6 @@ def add_compare_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from multilora_studio.cli import print_progress
-
     modules = parse_lora_modules(args.lora_modules)
     choices = [name.strip() for name in args.adapters.split(",") if name.strip()]
     if not choices:

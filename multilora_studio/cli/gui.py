@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from multilora_studio.library_cli import add_demo_adapters_flag
+from multilora_studio.cli.shared import Subcommands, add_demo_adapters_flag
 
 
 def has_display() -> bool:
@@ -19,7 +19,7 @@ def has_display() -> bool:
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
-def add_gui_command(subparsers: argparse._SubParsersAction) -> None:
+def add_gui_command(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "gui",
         help="open the desktop window (the default command)",

@@ -1,6 +1,6 @@
 """Engine decode throughput on CUDA at the Llama-3-8B shape (random bf16 weights), in one run.
 
-    python -m multilora_studio.bench.engine_gpu [--json PATH]
+    python -m benchmarks.engine_gpu [--json PATH]
 
 Measures base-only and 32-distinct-adapter decode throughput at batch 32 (128-token
 prompts, 64 new tokens, rank 16 on all seven projections; with CUDA graphs the two

@@ -11,17 +11,23 @@ import threading
 
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.compare import add_engine_arguments, engine_config, parse_lora_modules
+from multilora_studio.cli.shared import (
+    Subcommands,
+    add_demo_adapters_flag,
+    add_engine_arguments,
+    engine_config,
+    parse_lora_modules,
+    print_progress,
+)
 from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.engine import Engine
-from multilora_studio.library_cli import add_demo_adapters_flag
 
 log = logging.getLogger(__name__)
 
 API_KEY_ENV = "MULTILORA_STUDIO_API_KEY"
 
 
-def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
+def add_serve_command(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="serve the base model and adapters over an OpenAI-compatible HTTP API",
@@ -93,7 +99,6 @@ def serve_library(engine: Engine, demo_adapters: bool = True) -> list[str]:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from multilora_studio.cli import print_progress
     from multilora_studio.server import ApiServer, ServerConfig, bind_socket
 
     config = ServerConfig(

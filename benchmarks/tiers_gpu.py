@@ -1,6 +1,6 @@
 """Adapter tiers on CUDA at the Llama-3-8B shape: slot uploads, decode during cold loads, Zipf traffic.
 
-    python -m multilora_studio.bench.tiers_gpu [--json PATH]
+    python -m benchmarks.tiers_gpu [--json PATH]
 
 1. Upload of one rank-16 all-projection adapter (about 84 MB in bf16) into its GPU slot
    against one plain pinned host-to-device copy of the same bytes.

@@ -1,0 +1,114 @@
+"""What the commands share: engine flags and the EngineConfig they build, the base model
+adapters are checked against, the library flags, progress and error printing."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from multilora_studio.adapters.base_model import BaseModelRef
+from multilora_studio.adapters.peft_adapter import SUPPORTED_TARGETS
+from multilora_studio.adapters.registry import DEFAULT_MAX_RANK
+from multilora_studio.demo import SKIP_ENV
+from multilora_studio.engine import EngineConfig
+from multilora_studio.engine.model_source import describe_model
+from multilora_studio.engine.model_spec import load_spec
+
+log = logging.getLogger("multilora_studio")
+
+Subcommands = argparse._SubParsersAction  # what ``add_subparsers`` returns; argparse names no public type
+
+
+def print_progress(fraction: float, message: str) -> None:
+    print(f"[{fraction * 100:5.1f}%] {message}", file=sys.stderr, flush=True)
+
+
+def print_error(error: BaseException) -> None:
+    """A failed command's one line on stderr (the traceback goes to the debug log)."""
+    log.debug("command failed", exc_info=error)
+    print(f"error: {error}", file=sys.stderr)
+
+
+def parse_lora_modules(items: Sequence[str]) -> dict[str, Path]:
+    """``name=path`` pairs (vLLM's --lora-modules) into a dict; a bare path is named by its folder."""
+    modules: dict[str, Path] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep:
+            name, path = Path(item).name, item
+        if not name or not path:
+            raise ValueError(f"--lora-modules entries look like name=path, got {item!r}")
+        modules[name] = Path(path).expanduser()
+    return modules
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Engine flags shared by the commands that start an engine (vLLM names)."""
+    parser.add_argument("--model", default=None, help="HF model folder (default: the embedded model)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    parser.add_argument("--max-loras", type=int, default=8, help="adapters resident on the device at once")
+    parser.add_argument("--max-lora-rank", type=int, default=64, help="largest adapter rank accepted")
+    parser.add_argument("--max-cpu-loras", type=int, default=None, help="adapters kept in host RAM")
+    parser.add_argument("--max-model-len", type=int, default=2048, help="prompt + output tokens per request")
+    parser.add_argument(
+        "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="PEFT adapter folders to serve"
+    )
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The EngineConfig of ``add_engine_arguments``' flags."""
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
+        max_model_len=args.max_model_len,
+    )
+
+
+def describe_base(model: str | None) -> BaseModelRef:
+    """The base model adapters are checked against: a HF folder, or the embedded default model.
+
+    Name and digest follow the engine's rule: the folder's name and the SHA-256 of its
+    ``model.safetensors`` ("" for sharded weights).
+    """
+    identity = describe_model(model, progress=print_progress)
+    spec = load_spec(identity.folder)
+    return BaseModelRef(
+        name=identity.name,
+        digest=identity.digest,
+        num_layers=spec.num_layers,
+        vocab_size=spec.vocab_size,
+        shapes={module: spec.projection_shape(module) for module in SUPPORTED_TARGETS},
+    )
+
+
+def add_demo_adapters_flag(parser: argparse.ArgumentParser) -> None:
+    """``--no-demo-adapters`` for the commands that offer the demo adapters at start."""
+    parser.add_argument(
+        "--no-demo-adapters",
+        action="store_true",
+        help="do not add the shipped demo adapters to the library at this start "
+        f"(also: {SKIP_ENV}=1); they are added once, on the embedded model",
+    )
+
+
+def add_naming_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--name``, ``--alias`` and ``--notes`` of an adapter entering the library."""
+    parser.add_argument("--name", default=None, help="library name (default: folder name / repo id)")
+    parser.add_argument("--alias", action="append", default=[], help="another name for it (repeatable)")
+    parser.add_argument("--notes", default="", help="free text kept with the adapter")
+
+
+def add_base_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model`` and ``--max-lora-rank``: what an adapter entering the library is checked against."""
+    parser.add_argument("--model", default=None, help="base model folder (default: the embedded model)")
+    parser.add_argument(
+        "--max-lora-rank", type=int, default=DEFAULT_MAX_RANK, help="largest adapter rank accepted"
+    )
