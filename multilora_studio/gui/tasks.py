@@ -86,6 +86,7 @@ class Task(QObject):
 
     def _run(self) -> None:
         work, self._work = self._work, None  # a finished task keeps nothing its work referenced
+        assert work is not None, "a task runs once"
         try:
             result = work(self)
         except BaseException as error:
