@@ -31,12 +31,10 @@ from multilora_studio.adapters.slot_table import SlotTable
 from multilora_studio.default_model import ProgressCallback
 from multilora_studio.engine.block_manager import BlockManager, blocks_needed
 from multilora_studio.engine.config import EngineConfig, SamplingParams
-from multilora_studio.engine.decode_staging import StagedDecode
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
 from multilora_studio.engine.host_threads import loader_threads, quiet_host_threads
 from multilora_studio.engine.loader_process import LoaderProcess, staging_buffers_that_fit
 from multilora_studio.engine.lora_weights import PackedAdapter, max_packed_bytes, pack_adapter
-from multilora_studio.engine.mixed_staging import StagedMixed
 from multilora_studio.engine.model_source import BaseModel, resolve_model
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, SlotState, TokenDelta
 from multilora_studio.engine.pinned_arena import PinnedArena
@@ -45,6 +43,7 @@ from multilora_studio.engine.runner import ModelRunner, kv_bytes_per_block
 from multilora_studio.engine.sampler import make_generator
 from multilora_studio.engine.scheduler import Admission, Scheduler, StepPlan
 from multilora_studio.engine.sequence import Sequence as Seq
+from multilora_studio.engine.step_graphs import GraphStep
 from multilora_studio.engine.step_trace import StepRecord, StepTrace
 from multilora_studio.kernels.jit_watch import compile_count
 from multilora_studio.kernels.jit_watch import install as install_compile_watch
@@ -555,7 +554,7 @@ class Engine:
                     slot_of[name] = slot
             t_prepare = time.perf_counter()
             inputs = self.runner.prepare(plan, self.blocks, slot_of)
-            graph = isinstance(inputs, (StagedDecode, StagedMixed))
+            graph = isinstance(inputs, GraphStep)
             t_launch = self._tick("prepare", t_prepare)
             logits = self.runner.run(inputs)
             t_sample = self._tick("launch", t_launch)
@@ -735,9 +734,19 @@ class Engine:
         if command == "time_upload":
             return self._time_upload(payload)
         if command == "time_graph":
-            if self.runner.graphs is None:
+            if self.runner.decode_graphs is None:
                 raise ValueError("decode graphs are not in use (CPU device or enforce_eager)")
-            return self.runner.graphs.time_replay(*payload)
+            batch, uses_lora, iters = payload
+            graph = self.runner.decode_graphs.graph_for(batch, uses_lora)
+            times = []
+            for _ in range(iters):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            return sorted(times)[len(times) // 2]
         if command == "pin_adapter":
             name, pinned = payload
             with self._lock:
