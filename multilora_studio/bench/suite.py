@@ -27,8 +27,7 @@ from multilora_studio.bench.stack_sampler import StackSampler, explain_slow_step
 from multilora_studio.bench.stats import summarize
 from multilora_studio.bench.tiers import tier_stats
 from multilora_studio.bench.workloads import BenchRequest, prompt_token_ids
-from multilora_studio.engine import Engine, EngineConfig
-from multilora_studio.engine.engine import resolve_device, resolve_dtype
+from multilora_studio.engine import Engine, EngineConfig, resolve_device, resolve_dtype
 from multilora_studio.engine.step_trace import summarize as summarize_steps
 
 log = logging.getLogger(__name__)

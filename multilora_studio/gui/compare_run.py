@@ -13,9 +13,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Signal
 
-from multilora_studio.engine import Engine, RequestOutput, SamplingParams
-from multilora_studio.engine.engine import Prompt
-from multilora_studio.engine.requests import RequestStream
+from multilora_studio.engine import Engine, Prompt, RequestOutput, RequestStream, SamplingParams
 from multilora_studio.gui.tasks import user_message
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,7 @@ from dataclasses import dataclass, field
 
 from starlette.types import Receive
 
-from multilora_studio.engine import SamplingParams, TokenDelta
-from multilora_studio.engine.engine import Prompt
-from multilora_studio.engine.requests import RequestStream
+from multilora_studio.engine import Prompt, RequestStream, SamplingParams, TokenDelta
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.request_log import RequestRecord
 from multilora_studio.server.state import ServerState

@@ -8,8 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from multilora_studio.engine import SamplingParams
-from multilora_studio.engine.engine import Prompt
+from multilora_studio.engine import Prompt, SamplingParams
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.generation import CLIENT_GONE, Job, record_rejection
 from multilora_studio.server.responses import (

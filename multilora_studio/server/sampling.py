@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from multilora_studio.engine import SamplingParams
-from multilora_studio.engine.engine import Prompt
+from multilora_studio.engine import Prompt, SamplingParams
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import ChatCompletionRequest, CompletionRequest
 
