@@ -9,9 +9,9 @@ A staging holds steps of up to ``max_tokens`` tokens over up to ``max_seqs`` seq
 Tokens past the step's count are padding (no cache write, no adapter); sequences past its
 count are padding too (length 0, so nothing attends to them). A decode staging
 (``one_token_per_seq``, ``max_tokens == max_seqs``) takes only steps of one sampled token a
-sequence, and each padding sequence owns the padding token of its row, so
-``query_start_loc`` is always ``0, 1, ..., max_seqs``. Otherwise padding sequences own no
-token: padding tokens come after ``query_start_loc[-1]``.
+sequence, and each padding sequence owns the padding token of its row: its
+``query_start_loc`` and ``logits_rows`` are always ``0, 1, 2, ...`` (written once). Otherwise
+padding sequences own no token: padding tokens come after ``query_start_loc[-1]``.
 
 Device words (one int64 buffer; the int32 arrays reinterpret int64 words):
     input_ids       [T] int64
@@ -97,15 +97,16 @@ class StepStaging:
         self._h_lora = host32[self._lora_at : self._lora_at + lora_words]
         self._h_tables = host32[self._tables_at : self._tables_at + s * w].reshape(s, w)
         self._token_slots = np.full(t, -1, dtype=np.int64)  # [T] scratch: adapter slot per token
-        # [S] query tokens of padding sequences after the step's last one, cumulated
-        self._padding_queries = np.arange(1, s + 1) if one_token_per_seq else np.zeros(s, dtype=np.int64)
         self.clear()
 
     def clear(self) -> None:
         """An empty step: every token and sequence padding; copied now."""
         self.words.wait_for_last_copy()
         self._h_tables[:] = 0
-        self._h_qsl[0] = 0  # the only word no step writes
+        self._h_qsl[:] = 0
+        if self.one_token_per_seq:  # each row a sequence that samples its one token: fixed words
+            self._h_qsl[:] = np.arange(self.max_seqs + 1)
+            self._h_logits_rows[:] = np.arange(self.max_seqs)
         self._pad(0, 0, 0)
         fill_lora_metadata(self._h_lora, self.max_tokens, self.num_slots, [], [0] * self.num_slots)
         self._copy(self.max_seqs)
@@ -141,24 +142,29 @@ class StepStaging:
             table = seq.block_table
             if len(table) > width:
                 raise ValueError(f"request {seq.request_id} has {len(table)} KV blocks, more than {width}")
+            slot = slot_of.get(seq.adapter, -1)
             if n == 1:  # a decode token: scalar writes cost less than numpy's calls
                 self._h_input_ids[t] = seq.token_at(start)
                 self._h_positions[t] = start
                 self._h_slot_mapping[t] = table[start // bs] * bs + start % bs
+                token_slots[t] = slot
             else:
                 span = np.arange(start, start + n)  # [n] positions
                 self._h_input_ids[t : t + n] = seq.token_slice(start, start + n)
                 self._h_positions[t : t + n] = span
                 self._h_slot_mapping[t : t + n] = np.asarray(table)[span // bs] * bs + span % bs
-            token_slots[t : t + n] = slot_of.get(seq.adapter, -1)
+                token_slots[t : t + n] = slot
             self._h_seq_lens[i] = start + n
             self._h_tables[i, : len(table)] = table
             t += n
-            self._h_qsl[i + 1] = t
-            if chunk.completes:
-                self._h_logits_rows[sampled] = t - 1
-                sampled += 1
+            if not self.one_token_per_seq:
+                self._h_qsl[i + 1] = t
+                if chunk.completes:
+                    self._h_logits_rows[sampled] = t - 1
+                    sampled += 1
         count = len(chunks)
+        if self.one_token_per_seq:
+            sampled = count
         self._pad(t, count, sampled)
         uses_lora = bool((token_slots[:t] >= 0).any())
         if uses_lora:
@@ -174,8 +180,9 @@ class StepStaging:
         self._h_positions[tokens:] = 0
         self._h_slot_mapping[tokens:] = -1
         self._h_seq_lens[seqs:] = 0
-        self._h_qsl[seqs + 1 :] = tokens + self._padding_queries[: self.max_seqs - seqs]
-        self._h_logits_rows[sampled:] = 0
+        if not self.one_token_per_seq:
+            self._h_qsl[seqs + 1 :] = tokens  # padding sequences own no token
+            self._h_logits_rows[sampled:] = 0
 
     def _copy(self, seqs: int) -> None:
         """Send every word up to the end of block-table row ``seqs`` (padding rows need none)."""

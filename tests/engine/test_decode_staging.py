@@ -73,7 +73,9 @@ def test_staged_words_match_the_step_tensors():
         assert staging.slot_mapping[:n].tolist() == [blocks.slot_of(s, s.num_tokens - 1) for s in seqs]
         assert staging.slot_mapping[n:].eq(-1).all() and staging.seq_lens[n:].eq(0).all()
         assert staging.seq_lens[:n].tolist() == [s.num_tokens for s in seqs]
-        assert staging.query_start_loc.tolist() == list(range(17))  # padding rows own one token each
+        # each row a sequence of one token that samples it, padding rows too
+        assert staging.query_start_loc.tolist() == list(range(17))
+        assert staging.logits_rows.tolist() == list(range(16)) and staged.num_sampled == n
         for row, seq in enumerate(seqs):
             assert staging.block_tables[row, : len(seq.block_table)].tolist() == seq.block_table
         if staged.uses_lora:
