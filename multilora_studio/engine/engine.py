@@ -57,7 +57,7 @@ class Engine:
             target=self._worker_main, args=(progress, ready), name="engine-worker", daemon=True
         )
         self._thread.start()
-        self.worker = ready.result()
+        self.worker = ready.result()  # the step loop; other threads only read its counters
         base = self.worker.base
         self.base = base
         self.spec = base.spec
