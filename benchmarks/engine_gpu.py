@@ -24,6 +24,7 @@ import torch
 
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+from multilora_studio.engine.diagnostics import step_profile, time_decode_graph
 from multilora_studio.engine.llama import fused_qkv_epilogue
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 
@@ -65,7 +66,7 @@ def run_batch(
 
 
 def phase_ms_per_step(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """Milliseconds per step by phase between two ``Engine.step_profile()`` snapshots."""
+    """Milliseconds per step by phase between two ``diagnostics.step_profile`` snapshots."""
     steps = max(1.0, after["steps"] - before["steps"])
     return {k: round(1e3 * (after[k] - before.get(k, 0.0)) / steps, 4) for k in after if k != "steps"}
 
@@ -151,11 +152,11 @@ def main() -> None:
             # ratio, so one slow run of either does not decide the ratio
             base_rounds, mixed_rounds = [], []
             for _ in range(1 if eager else args.rounds):
-                before_base = engine.step_profile()
+                before_base = step_profile(engine)
                 base = run_batch(engine, prompts, base_only, args.new_tokens)
-                before_mixed = engine.step_profile()
+                before_mixed = step_profile(engine)
                 mixed = run_batch(engine, prompts, distinct, args.new_tokens)
-                after_mixed = engine.step_profile()
+                after_mixed = step_profile(engine)
                 base_rounds.append(base)
                 mixed_rounds.append(mixed)
                 if base["tokens"] != base_rounds[0]["tokens"] or mixed["tokens"] != mixed_rounds[0]["tokens"]:
@@ -181,13 +182,13 @@ def main() -> None:
                 "ratio_each": [m / b for m, b in zip(mixed_tok_s, base_tok_s, strict=True)],
             }
             tokens_by_mode[mode] = (base["tokens"], mixed["tokens"])
-            profile = engine.step_profile()
+            profile = step_profile(engine)
             steps = max(1.0, profile.pop("steps"))
             results[f"{mode}_step_ms"] = {k: 1e3 * v / steps for k, v in profile.items()}
             if not eager:
                 for uses_lora in (False, True):
-                    results[f"graph_replay_ms_lora_{uses_lora}"] = engine.time_decode_graph(
-                        args.batch, uses_lora
+                    results[f"graph_replay_ms_lora_{uses_lora}"] = time_decode_graph(
+                        engine, args.batch, uses_lora
                     )
             results[f"{mode}_adapters_change_output"] = sum(
                 b != m for b, m in zip(base["tokens"], mixed["tokens"], strict=True)

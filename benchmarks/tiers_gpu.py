@@ -29,6 +29,7 @@ import torch
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.bench.stack_sampler import StackSampler, explain_slow_steps
 from multilora_studio.engine import Engine, EngineConfig, EngineMetrics, SamplingParams
+from multilora_studio.engine.diagnostics import time_slot_upload
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 from multilora_studio.engine.step_trace import records_as_dicts, summarize
 
@@ -128,7 +129,7 @@ def main() -> None:
             engine.add_adapter(f"a{index}", folder, preload=False)
         engine.generate([prompt(16)], ["a0"], SamplingParams(max_tokens=2, temperature=0))
         if args.device == "cuda":
-            results["upload"] = engine.time_slot_upload("a0")
+            results["upload"] = time_slot_upload(engine, "a0")
 
         base = SamplingParams(max_tokens=96, temperature=0, ignore_eos=True)
         running = [prompt(64) for _ in range(16)]

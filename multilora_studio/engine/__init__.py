@@ -1,8 +1,11 @@
 """The batched multi-LoRA engine (no Qt, no HTTP)."""
 
+from multilora_studio.engine.adapter_residency import AdapterInfo
 from multilora_studio.engine.config import EngineConfig, SamplingParams
-from multilora_studio.engine.engine import AdapterInfo, Engine, Prompt, resolve_device, resolve_dtype
+from multilora_studio.engine.device_setup import resolve_device, resolve_dtype
+from multilora_studio.engine.engine import Engine
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta
+from multilora_studio.engine.prompts import Prompt
 from multilora_studio.engine.requests import RequestStream
 
 __all__ = [

@@ -64,6 +64,8 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_memory_gb: float | None = None
     enforce_eager: bool = False
+    # Seeds the random streams of requests that set no seed of their own: an engine given the
+    # same seed and the same requests in the same order samples the same tokens.
     seed: int = 0
     # Where adapters are read, validated and packed: "thread" (loader threads), "process"
     # (spawned child processes, so loads never hold the worker's GIL) or "auto": process on

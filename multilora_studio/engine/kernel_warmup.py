@@ -12,18 +12,14 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
-from multilora_studio.engine.config import SamplingParams
-from multilora_studio.engine.llama import AttentionMetadata, LoRAStep
-from multilora_studio.engine.lora_weights import LORA_GROUPS
+from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
+from multilora_studio.engine.lora_weights import LORA_GROUPS, LoRASlotWeights
 from multilora_studio.engine.sampler import make_generator, sample
 from multilora_studio.kernels.lora import LoRABatch
-
-if TYPE_CHECKING:
-    from multilora_studio.engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +47,10 @@ def prefill_lengths(tokens: int, max_model_len: int) -> list[int]:
     )
 
 
-def _metadata(runner: ModelRunner, lengths: list[int]) -> AttentionMetadata | None:
+def _metadata(
+    lengths: list[int], block_size: int, num_blocks: int, device: torch.device
+) -> AttentionMetadata | None:
     """Sequences of ``lengths`` prompt tokens on scratch blocks 0.., or None if they do not fit."""
-    block_size = runner.block_size
     tables: list[list[int]] = []
     slots: list[int] = []
     next_block = 0
@@ -63,10 +60,9 @@ def _metadata(runner: ModelRunner, lengths: list[int]) -> AttentionMetadata | No
         next_block += count
         tables.append(table)
         slots.extend(table[p // block_size] * block_size + p % block_size for p in range(length))
-    if next_block > runner.kv_cache.shape[2]:
+    if next_block > num_blocks:
         return None  # more than the KV cache holds: no step can have them either
     width = max(len(t) for t in tables)
-    device = runner.device
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         block_tables=torch.tensor(
@@ -78,46 +74,53 @@ def _metadata(runner: ModelRunner, lengths: list[int]) -> AttentionMetadata | No
     )
 
 
-def warmup_steps(runner: ModelRunner) -> list[list[int]]:
+def warmup_steps(config: EngineConfig, decode_graphs: bool) -> list[list[int]]:
     """Sequence lengths of each warm-up step: prompt chunks of every token count, and
-    decode steps of every batch size when no CUDA graph runs them."""
-    config = runner.config
+    decode steps of every batch size unless CUDA graphs run them (``decode_graphs``)."""
     steps = [
         prefill_lengths(t, config.max_model_len) for t in warmup_token_counts(config.max_num_batched_tokens)
     ]
-    if runner.graphs is None:
+    if not decode_graphs:
         steps += [[1] * n for n in [1, *warmup_token_counts(config.max_num_seqs)]]
     return steps
 
 
 @torch.inference_mode()
-def warm_up_kernels(runner: ModelRunner) -> tuple[int, float]:
-    """Run the eager forward once per step of :func:`warmup_steps`, with and without LoRA
-    (every token on slot 0). Returns (forward passes, seconds).
+def warm_up_kernels(
+    model: LlamaModel,
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    lora: LoRASlotWeights,
+    max_tokens: int,
+    steps: list[list[int]],
+) -> tuple[int, float]:
+    """Run the eager forward once per step of ``steps`` (:func:`warmup_steps`), with and
+    without LoRA (every token on slot 0; the LoRA metadata sized for ``max_tokens``, as the
+    runner's is). Returns (forward passes, seconds).
 
     Writes only KV blocks that no sequence owns yet (the cache is empty at start-up) and
     leaves the LoRA slots and the step buffers as they were.
     """
     started = time.perf_counter()
-    config, device = runner.config, runner.device
-    batch = LoRABatch.allocate(config.max_num_batched_tokens, runner.lora.num_slots, device)
+    keys = kv_caches[0][0]  # [blocks, block_size, Hkv, D]
+    num_blocks, block_size, device = keys.shape[0], keys.shape[1], keys.device
+    batch = LoRABatch.allocate(max_tokens, lora.num_slots, device)
     passes = 0
-    for lengths in warmup_steps(runner):
-        attn = _metadata(runner, lengths)
+    for lengths in steps:
+        attn = _metadata(lengths, block_size, num_blocks, device)
         if attn is None:
             continue
         tokens = sum(lengths)
         input_ids = torch.zeros(tokens, dtype=torch.int64, device=device)
         positions = torch.cat([torch.arange(n, device=device) for n in lengths])
-        batch.update(torch.zeros(tokens, dtype=torch.int32, device=device), runner.lora.slot_ranks)
+        batch.update(torch.zeros(tokens, dtype=torch.int32, device=device), lora.slot_ranks)
         last_rows = torch.tensor(  # each sequence's last token: the rows a step samples
             [end - 1 for end in itertools.accumulate(lengths)], dtype=torch.int64, device=device
         )
-        for lora in (None, LoRAStep(batch, frozenset(LORA_GROUPS))):
-            hidden = runner.model.forward(input_ids, positions, attn, runner.kv_caches, lora)
-            runner.model.logits(hidden[last_rows])
+        for step_lora in (None, LoRAStep(batch, frozenset(LORA_GROUPS))):
+            hidden = model.forward(input_ids, positions, attn, kv_caches, step_lora)
+            model.logits(hidden[last_rows])
             passes += 1
-    warm_up_sampling(torch.zeros(1, runner.spec.vocab_size, device=device))
+    warm_up_sampling(torch.zeros(1, model.spec.vocab_size, device=device))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started

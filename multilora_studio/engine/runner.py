@@ -14,17 +14,20 @@ import torch
 
 from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.config import EngineConfig
-from multilora_studio.engine.cuda_graphs import DecodeGraphs
-from multilora_studio.engine.decode_staging import StagedDecode
-from multilora_studio.engine.kernel_warmup import warm_up_kernels
+from multilora_studio.engine.kernel_warmup import warm_up_kernels, warmup_steps
 from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
 from multilora_studio.engine.lora_weights import LoRASlotWeights
-from multilora_studio.engine.mixed_graphs import MAX_TOKENS as MIXED_GRAPH_MAX_TOKENS
-from multilora_studio.engine.mixed_graphs import MixedGraphs
-from multilora_studio.engine.mixed_staging import StagedMixed
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.sampler import sample
 from multilora_studio.engine.scheduler import StepPlan
+from multilora_studio.engine.step_graphs import (
+    MIXED_MAX_TOKENS,
+    GraphStep,
+    StepGraphs,
+    batch_buckets,
+    token_buckets,
+)
+from multilora_studio.engine.step_staging import StepStaging
 from multilora_studio.engine.weights import ModelWeights, pack_for_onednn
 from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
 from multilora_studio.kernels.cpu_linear import onednn_packing_available
@@ -88,32 +91,49 @@ class ModelRunner:
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(spec.num_layers)]
         self.lora_batch = LoRABatch.allocate(config.max_num_batched_tokens, config.max_loras, device)
-        self.graphs: DecodeGraphs | None = None
-        self.mixed_graphs: MixedGraphs | None = None
+        self.decode_graphs: StepGraphs | None = None
+        self.mixed_graphs: StepGraphs | None = None
         if device.type == "cuda" and not config.enforce_eager:
-            self.graphs = DecodeGraphs(self, config.max_num_seqs)
-            mixed_tokens = min(MIXED_GRAPH_MAX_TOKENS, config.max_num_batched_tokens)
-            self.mixed_graphs = MixedGraphs(self, config.max_num_seqs, mixed_tokens, self.graphs.pool)
+            pool = torch.cuda.graph_pool_handle()  # one memory pool for every capture
+            seqs = config.max_num_seqs
+            self.decode_graphs = StepGraphs(
+                self.model, self.kv_caches, self._staging(seqs, seqs, True), batch_buckets(seqs), pool
+            )
+            buckets = token_buckets(min(MIXED_MAX_TOKENS, config.max_num_batched_tokens))
+            staging = self._staging(buckets[-1], seqs, False)
+            self.mixed_graphs = StepGraphs(self.model, self.kv_caches, staging, buckets, pool)
         if device.type == "cuda":
-            warm_up_kernels(self)  # Triton compiles now, not in the middle of serving
+            # Triton compiles now, not in the middle of serving
+            steps = warmup_steps(config, decode_graphs=self.decode_graphs is not None)
+            warm_up_kernels(self.model, self.kv_caches, self.lora, config.max_num_batched_tokens, steps)
         elif dtype == torch.float32:
             # the CPU kernels compile now (or load Numba's cached build), not in the first step
             lora_cpu.compile_now()
             fused_ops_cpu.compile_now()
             paged_attention_cpu.compile_now()
 
+    def _staging(self, max_tokens: int, max_seqs: int, one_token_per_seq: bool) -> StepStaging:
+        return StepStaging(
+            max_tokens,
+            max_seqs,
+            self.max_blocks_per_seq,
+            self.lora.num_slots,
+            self.block_size,
+            self.device,
+            one_token_per_seq,
+        )
+
     def prepare(
         self, plan: StepPlan, blocks: BlockManager, slot_of: dict[str | None, int]
-    ) -> StepInputs | StagedDecode | StagedMixed:
+    ) -> StepInputs | GraphStep:
         """Flatten the plan's chunks into the step's token, position and cache-slot arrays.
 
         Steps that a captured graph can run (decode steps, and steps with prompt tokens up to
         the mixed graphs' largest bucket) go to its staging buffers instead.
         """
-        if self.graphs is not None and self.graphs.accepts(plan):
-            return self.graphs.stage(plan, slot_of)
-        if self.mixed_graphs is not None and self.mixed_graphs.accepts(plan):
-            return self.mixed_graphs.stage(plan, slot_of)
+        for graphs in (self.decode_graphs, self.mixed_graphs):
+            if graphs is not None and graphs.accepts(plan):
+                return graphs.stage(plan, slot_of, self.lora.slot_ranks_host)
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
@@ -162,14 +182,10 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, inputs: StepInputs | StagedDecode | StagedMixed) -> torch.Tensor:
+    def run(self, inputs: StepInputs | GraphStep) -> torch.Tensor:
         """Logits [N, V] float32 of the rows that sample this step."""
-        if isinstance(inputs, StagedDecode):
-            assert self.graphs is not None
-            return self.graphs.run(inputs)
-        if isinstance(inputs, StagedMixed):
-            assert self.mixed_graphs is not None
-            return self.mixed_graphs.run(inputs)
+        if isinstance(inputs, GraphStep):
+            return inputs.graphs.run(inputs.staged)
         lora = None
         if inputs.lora_groups:
             lora = LoRAStep(self.lora_batch.update(inputs.slot_ids, self.lora.slot_ranks), inputs.lora_groups)

@@ -1,6 +1,6 @@
 """One device buffer of step inputs, its pinned host mirror, and the copy between them.
 
-The staged steps (``decode_staging``, ``mixed_staging``) lay their arrays out as int64 words
+The staged steps (``step_staging``) lay their arrays out as int64 words
 followed by int32 words in one buffer, so that numpy fills the host mirror and one
 ``copy_`` sends a whole step. The host mirror is rewritten only after the device has read
 the previous copy.

@@ -84,17 +84,18 @@ def test_phase_ms_per_step_splits_a_run_of_the_real_engine(tiny_model_dir):
 
     from benchmarks.engine_gpu import phase_ms_per_step
     from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+    from multilora_studio.engine.diagnostics import step_profile
 
     config = EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="float32", max_model_len=64)
     with Engine(config) as engine:
         engine.generate([[3, 4, 5]], [None], SamplingParams(max_tokens=2, temperature=0))
-        before = engine.step_profile()
+        before = step_profile(engine)
         start = time.perf_counter()
         engine.generate(
             [[3, 4, 5], [6, 7]], [None, None], SamplingParams(max_tokens=9, temperature=0, ignore_eos=True)
         )
         elapsed_ms = (time.perf_counter() - start) * 1e3
-        after = engine.step_profile()
+        after = step_profile(engine)
     per_step = phase_ms_per_step(before, after)
     steps = after["steps"] - before["steps"]
     assert steps >= 9  # one prefill step, then a decode step per new token

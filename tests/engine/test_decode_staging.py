@@ -12,10 +12,10 @@ import torch
 
 from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.config import SamplingParams
-from multilora_studio.engine.cuda_graphs import forward_staged
-from multilora_studio.engine.decode_staging import DecodeStaging
 from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
 from multilora_studio.engine.sequence import Sequence
+from multilora_studio.engine.step_graphs import batch_buckets, forward_staged
+from multilora_studio.engine.step_staging import StepStaging
 from multilora_studio.kernels.lora import LoRABatch
 from tests.engine.conftest import RUNNER_BLOCK as BLOCK
 
@@ -42,6 +42,11 @@ def assert_lora_words(staged: LoRABatch, slots: list[int], ranks: list[int]) -> 
     assert staged.num_tokens.item() == len(slots)
 
 
+def decode_staging(max_batch: int, width: int, num_slots: int) -> StepStaging:
+    cpu = torch.device("cpu")
+    return StepStaging(max_batch, max_batch, width, num_slots, BLOCK, cpu, one_token_per_seq=True)
+
+
 def decode_plan(seqs: list[Sequence]) -> StepPlan:
     return StepPlan([ScheduledChunk(s, s.num_tokens - 1, 1) for s in seqs])
 
@@ -49,7 +54,7 @@ def decode_plan(seqs: list[Sequence]) -> StepPlan:
 def test_staged_words_match_the_step_tensors():
     rng = random.Random(3)
     blocks = BlockManager(200, BLOCK)
-    staging = DecodeStaging(16, 8, 6, BLOCK, torch.device("cpu"))
+    staging = decode_staging(16, 8, 6)
     ranks = [8, 0, 16, 4, 32, 8]
     for _ in range(6):
         seqs = make_sequences(rng.randrange(1, 17), blocks, rng)
@@ -68,6 +73,9 @@ def test_staged_words_match_the_step_tensors():
         assert staging.slot_mapping[:n].tolist() == [blocks.slot_of(s, s.num_tokens - 1) for s in seqs]
         assert staging.slot_mapping[n:].eq(-1).all() and staging.seq_lens[n:].eq(0).all()
         assert staging.seq_lens[:n].tolist() == [s.num_tokens for s in seqs]
+        # each row a sequence of one token that samples it, padding rows too
+        assert staging.query_start_loc.tolist() == list(range(17))
+        assert staging.logits_rows.tolist() == list(range(16)) and staged.num_sampled == n
         for row, seq in enumerate(seqs):
             assert staging.block_tables[row, : len(seq.block_table)].tolist() == seq.block_table
         if staged.uses_lora:
@@ -76,9 +84,15 @@ def test_staged_words_match_the_step_tensors():
             blocks.free(seq)
 
 
+def test_batch_buckets():
+    assert batch_buckets(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert batch_buckets(130) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 96, 128, 130]
+    assert batch_buckets(1) == [1] and batch_buckets(6) == [1, 2, 4, 6]
+
+
 def test_prefill_and_oversized_steps_are_not_staged():
     blocks = BlockManager(50, BLOCK)
-    staging = DecodeStaging(4, 8, 2, BLOCK, torch.device("cpu"))
+    staging = decode_staging(4, 8, 2)
     seqs = make_sequences(5, blocks, random.Random(0))
     assert not staging.accepts(decode_plan(seqs).chunks)  # 5 rows > 4
     prefill = ScheduledChunk(seqs[0], 0, seqs[0].num_tokens)
@@ -102,10 +116,11 @@ def test_staged_decode_forward_equals_the_eager_step(runner_with_adapters):
     plan = decode_plan(seqs)
     eager = runner.run(runner.prepare(plan, blocks, slot_of)).clone()  # [5, V]
     cache_after_eager = runner.kv_cache.clone()
-    staging = DecodeStaging(16, runner.max_blocks_per_seq, runner.lora.num_slots, BLOCK, torch.device("cpu"))
+    staging = decode_staging(16, runner.max_blocks_per_seq, runner.lora.num_slots)
     staged = staging.stage(plan.chunks, slot_of, runner.lora.slot_ranks_host)
     assert staged.uses_lora
-    logits = forward_staged(runner, staging, 8, staged.uses_lora)  # bucket 8: three padding rows
+    # bucket 8: three padding rows
+    logits = forward_staged(runner.model, runner.kv_caches, staging, 8, staged.uses_lora)
     torch.testing.assert_close(logits[:5], eager, rtol=1e-5, atol=1e-5)
     assert logits[:5].argmax(-1).tolist() == eager.argmax(-1).tolist()
     # the same tokens rewrote the same cache slots (to rounding); padding rows wrote nothing
@@ -116,6 +131,6 @@ def test_staged_decode_forward_equals_the_eager_step(runner_with_adapters):
     assert torch.equal(flat[:, :, ~written], flat_eager[:, :, ~written])
     torch.testing.assert_close(flat[:, :, written], flat_eager[:, :, written], rtol=1e-4, atol=1e-4)
     # the adapters matter: without them the staged rows differ
-    base_only = forward_staged(runner, staging, 8, False)
+    base_only = forward_staged(runner.model, runner.kv_caches, staging, 8, False)
     assert not torch.allclose(base_only[1:5], eager[1:5], atol=1e-4)
     torch.testing.assert_close(base_only[0], eager[0], rtol=1e-5, atol=1e-5)

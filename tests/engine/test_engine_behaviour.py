@@ -37,6 +37,23 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(make_engin
     assert other_seed != alone
 
 
+def test_the_engine_seed_makes_unseeded_sampling_reproducible(make_engine):
+    """Requests without a seed of their own draw one from ``EngineConfig.seed``'s stream."""
+    params = SamplingParams(max_tokens=16, temperature=1.0, ignore_eos=True)
+    prompts = ["Once upon a time", "Other prompt here", "Once upon a time"]
+
+    def run(seed: int) -> list[list[int]]:
+        engine = make_engine(adapters=[], seed=seed)
+        tokens = [output.token_ids for output in engine.generate(prompts, None, params)]
+        engine.shutdown()
+        return tokens
+
+    first, again, other = run(3), run(3), run(4)
+    assert first == again
+    assert first != other
+    assert first[0] != first[2]  # each request has a stream of its own
+
+
 def test_top_k_one_equals_greedy(make_engine):
     engine = make_engine()
     greedy = engine.generate(["The sea"], ["tiny-r16-mlp"], SamplingParams(max_tokens=16, **GREEDY))[0]

@@ -33,7 +33,7 @@ def test_token_counts_cross_every_power_of_two_and_its_odd_neighbour():
 
 def test_warm_up_runs_every_step_kind_and_leaves_slots_and_outputs_unchanged(runner_with_adapters):
     runner, slots = runner_with_adapters
-    steps = warmup_steps(runner)
+    steps = warmup_steps(runner.config, decode_graphs=False)
     # prompt chunks up to max_num_batched_tokens (256) in pieces of max_model_len (64),
     # then decode batches up to max_num_seqs (16): no CUDA graphs on the CPU
     assert steps[0] == [2] and [64, 64, 64, 64] in steps and [64, 1] in steps
@@ -53,7 +53,10 @@ def test_warm_up_runs_every_step_kind_and_leaves_slots_and_outputs_unchanged(run
     before = prefill_logits()
     ranks = runner.lora.slot_ranks.clone()
     a_sums = {group: t.sum().item() for group, t in runner.lora.a.items()}
-    passes, seconds = warm_up_kernels(runner)
+    config = runner.config
+    passes, seconds = warm_up_kernels(
+        runner.model, runner.kv_caches, runner.lora, config.max_num_batched_tokens, steps
+    )
     fitting = [s for s in steps if sum(-(-n // RUNNER_BLOCK) for n in s) <= runner.kv_cache.shape[2]]
     assert passes == 2 * len(fitting) and seconds > 0
     assert torch.equal(runner.lora.slot_ranks, ranks)

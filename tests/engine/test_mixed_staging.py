@@ -12,9 +12,9 @@ import random
 import torch
 
 from multilora_studio.engine.block_manager import BlockManager
-from multilora_studio.engine.mixed_graphs import forward_mixed, token_buckets
-from multilora_studio.engine.mixed_staging import MixedStaging
 from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
+from multilora_studio.engine.step_graphs import forward_staged, token_buckets
+from multilora_studio.engine.step_staging import StepStaging
 from tests.engine.conftest import RUNNER_BLOCK as BLOCK
 from tests.engine.test_decode_staging import assert_lora_words, make_sequences
 
@@ -37,7 +37,7 @@ def mixed_plan(seqs, rng: random.Random) -> StepPlan:
 def test_staged_words_match_the_step():
     rng = random.Random(11)
     blocks = BlockManager(400, BLOCK)
-    staging = MixedStaging(96, 12, 8, 6, BLOCK, torch.device("cpu"))
+    staging = StepStaging(96, 12, 8, 6, BLOCK, torch.device("cpu"))
     ranks = [8, 0, 16, 4, 32, 8]
     for _ in range(8):
         seqs = make_sequences(rng.randrange(1, 13), blocks, rng)
@@ -83,10 +83,10 @@ def test_oversized_steps_are_not_staged():
     seqs = make_sequences(5, blocks, random.Random(0))
     prompts = [ScheduledChunk(s, 0, s.num_tokens) for s in seqs]
     total = sum(c.num_tokens for c in prompts)
-    assert MixedStaging(total, 5, 8, 2, BLOCK, torch.device("cpu")).accepts(prompts)
-    assert not MixedStaging(total - 1, 5, 8, 2, BLOCK, torch.device("cpu")).accepts(prompts)  # tokens
-    assert not MixedStaging(total, 4, 8, 2, BLOCK, torch.device("cpu")).accepts(prompts)  # sequences
-    assert not MixedStaging(total, 5, 8, 2, BLOCK, torch.device("cpu")).accepts([])
+    assert StepStaging(total, 5, 8, 2, BLOCK, torch.device("cpu")).accepts(prompts)
+    assert not StepStaging(total - 1, 5, 8, 2, BLOCK, torch.device("cpu")).accepts(prompts)  # tokens
+    assert not StepStaging(total, 4, 8, 2, BLOCK, torch.device("cpu")).accepts(prompts)  # sequences
+    assert not StepStaging(total, 5, 8, 2, BLOCK, torch.device("cpu")).accepts([])
 
 
 def test_token_buckets():
@@ -117,12 +117,11 @@ def test_staged_mixed_forward_equals_the_eager_step(runner_with_adapters):
     plan = StepPlan(chunks)
     eager = runner.run(runner.prepare(plan, blocks, slot_of)).clone()  # [5, V]: chunk 6 samples nothing
     cache_after_eager = runner.kv_cache.clone()
-    staging = MixedStaging(
-        64, 8, runner.max_blocks_per_seq, runner.lora.num_slots, BLOCK, torch.device("cpu")
-    )
+    staging = StepStaging(64, 8, runner.max_blocks_per_seq, runner.lora.num_slots, BLOCK, torch.device("cpu"))
     staged = staging.stage(plan.chunks, slot_of, runner.lora.slot_ranks_host)
     assert staged.uses_lora and staged.num_sampled == 5 and staged.num_tokens < 32
-    logits = forward_mixed(runner, staging, 32, staged.uses_lora)  # bucket 32: padding tokens and sequences
+    # bucket 32: padding tokens and sequences
+    logits = forward_staged(runner.model, runner.kv_caches, staging, 32, staged.uses_lora)
     assert logits.shape[0] == 8
     torch.testing.assert_close(logits[:5], eager, rtol=1e-5, atol=1e-5)
     assert logits[:5].argmax(-1).tolist() == eager.argmax(-1).tolist()
@@ -137,6 +136,6 @@ def test_staged_mixed_forward_equals_the_eager_step(runner_with_adapters):
     assert torch.equal(flat[:, :, ~written], flat_eager[:, :, ~written])
     torch.testing.assert_close(flat[:, :, written], flat_eager[:, :, written], rtol=1e-4, atol=1e-4)
     # the adapters matter: without them the adapter rows differ, the base row does not
-    base_only = forward_mixed(runner, staging, 32, False)
+    base_only = forward_staged(runner.model, runner.kv_caches, staging, 32, False)
     assert not torch.allclose(base_only[1:5], eager[1:5], atol=1e-4)
     torch.testing.assert_close(base_only[0], eager[0], rtol=1e-5, atol=1e-5)

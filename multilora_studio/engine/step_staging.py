@@ -1,10 +1,17 @@
-"""Inputs of a step with prompt tokens (a prefill, or prompts joining decodes), for CUDA graphs.
+"""A step's inputs built on the host and sent to the device in one copy, for the CUDA graphs.
 
-Like ``decode_staging`` but for up to ``max_tokens`` tokens over up to ``max_seqs``
-sequences: numpy writes the step into a pinned host mirror and one ``copy_`` sends it into
-the fixed device buffers that the captured graphs read. Tokens past the step's count are
-padding (no cache write, no adapter, after ``query_start_loc[-1]`` so nothing attends to
-them); sequences past its count have no query and length 0.
+The captured graphs read their inputs from fixed device buffers. Filling them with torch
+ops costs about 30 small launches a step (tokens, positions, cache slots, block tables,
+sequence lengths, and the LoRA metadata's sort and search); here numpy writes the same
+values into a pinned host mirror and one ``copy_`` sends them.
+
+A staging holds steps of up to ``max_tokens`` tokens over up to ``max_seqs`` sequences.
+Tokens past the step's count are padding (no cache write, no adapter); sequences past its
+count are padding too (length 0, so nothing attends to them). A decode staging
+(``one_token_per_seq``, ``max_tokens == max_seqs``) takes only steps of one sampled token a
+sequence, and each padding sequence owns the padding token of its row: its
+``query_start_loc`` and ``logits_rows`` are always ``0, 1, 2, ...`` (written once). Otherwise
+padding sequences own no token: padding tokens come after ``query_start_loc[-1]``.
 
 Device words (one int64 buffer; the int32 arrays reinterpret int64 words):
     input_ids       [T] int64
@@ -32,15 +39,15 @@ from multilora_studio.kernels.lora_host import fill_lora_metadata
 
 
 @dataclass(frozen=True)
-class StagedMixed:
-    """A step with prompt tokens whose inputs are in the staging buffers (copy enqueued)."""
+class StagedStep:
+    """A step whose inputs are in the staging buffers (copy already enqueued)."""
 
     num_tokens: int
     num_sampled: int  # sequences that sample a token this step (the first logits rows)
     uses_lora: bool
 
 
-class MixedStaging:
+class StepStaging:
     """Fixed device buffers for steps of up to ``max_tokens`` tokens and ``max_seqs`` sequences."""
 
     def __init__(
@@ -51,12 +58,16 @@ class MixedStaging:
         num_slots: int,
         block_size: int,
         device: torch.device,
+        one_token_per_seq: bool = False,
     ) -> None:
+        if one_token_per_seq and max_tokens != max_seqs:
+            raise ValueError(f"a decode staging has one token a sequence: {max_tokens} != {max_seqs}")
         self.max_tokens = max_tokens
         self.max_seqs = max_seqs
         self.width = max_blocks_per_seq
         self.num_slots = num_slots
         self.block_size = block_size
+        self.one_token_per_seq = one_token_per_seq
         t, s, w = max_tokens, max_seqs, max_blocks_per_seq
         lora_words = LoRABatch.storage_layout(t, num_slots)["total"][1]
         # int32 offsets inside the int32 region (16-byte aligned)
@@ -91,27 +102,30 @@ class MixedStaging:
     def clear(self) -> None:
         """An empty step: every token and sequence padding; copied now."""
         self.words.wait_for_last_copy()
-        self._h_input_ids[:] = 0
-        self._h_positions[:] = 0
-        self._h_slot_mapping[:] = -1
-        self._h_logits_rows[:] = 0
-        self._h_seq_lens[:] = 0
-        self._h_qsl[:] = 0
         self._h_tables[:] = 0
+        self._h_qsl[:] = 0
+        if self.one_token_per_seq:  # each row a sequence that samples its one token: fixed words
+            self._h_qsl[:] = np.arange(self.max_seqs + 1)
+            self._h_logits_rows[:] = np.arange(self.max_seqs)
+        self._pad(0, 0, 0)
         fill_lora_metadata(self._h_lora, self.max_tokens, self.num_slots, [], [0] * self.num_slots)
         self._copy(self.max_seqs)
         self.lora_batch.mark_filled(0)
 
     def accepts(self, chunks: Sequence[ScheduledChunk]) -> bool:
-        """Whether the step fits the buffers (the caller sends pure decode steps elsewhere)."""
-        return 0 < len(chunks) <= self.max_seqs and sum(c.num_tokens for c in chunks) <= self.max_tokens
+        """Whether the step fits the buffers (a decode staging: one sampled token a sequence)."""
+        if not 0 < len(chunks) <= self.max_seqs:
+            return False
+        if self.one_token_per_seq:
+            return all(c.num_tokens == 1 and c.completes for c in chunks)
+        return sum(c.num_tokens for c in chunks) <= self.max_tokens
 
     def stage(
         self,
         chunks: Sequence[ScheduledChunk],
         slot_of: dict[str | None, int],
         slot_ranks: Sequence[int],
-    ) -> StagedMixed:
+    ) -> StagedStep:
         """Write the step's tokens and sequences (then padding) and enqueue their copy.
 
         ``slot_of`` maps each chunk's adapter to its GPU slot (None -> -1); ``slot_ranks``
@@ -123,38 +137,52 @@ class MixedStaging:
         token_slots[:] = -1
         t = 0
         sampled = 0
-        self._h_qsl[0] = 0
         for i, chunk in enumerate(chunks):
             seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
             table = seq.block_table
             if len(table) > width:
                 raise ValueError(f"request {seq.request_id} has {len(table)} KV blocks, more than {width}")
-            span = np.arange(start, start + n)  # [n] positions
-            self._h_input_ids[t : t + n] = seq.token_slice(start, start + n)
-            self._h_positions[t : t + n] = span
-            self._h_slot_mapping[t : t + n] = np.asarray(table)[span // bs] * bs + span % bs
-            token_slots[t : t + n] = slot_of.get(seq.adapter, -1)
+            slot = slot_of.get(seq.adapter, -1)
+            if n == 1:  # a decode token: scalar writes cost less than numpy's calls
+                self._h_input_ids[t] = seq.token_at(start)
+                self._h_positions[t] = start
+                self._h_slot_mapping[t] = table[start // bs] * bs + start % bs
+                token_slots[t] = slot
+            else:
+                span = np.arange(start, start + n)  # [n] positions
+                self._h_input_ids[t : t + n] = seq.token_slice(start, start + n)
+                self._h_positions[t : t + n] = span
+                self._h_slot_mapping[t : t + n] = np.asarray(table)[span // bs] * bs + span % bs
+                token_slots[t : t + n] = slot
             self._h_seq_lens[i] = start + n
             self._h_tables[i, : len(table)] = table
             t += n
-            self._h_qsl[i + 1] = t
-            if chunk.completes:
-                self._h_logits_rows[sampled] = t - 1
-                sampled += 1
+            if not self.one_token_per_seq:
+                self._h_qsl[i + 1] = t
+                if chunk.completes:
+                    self._h_logits_rows[sampled] = t - 1
+                    sampled += 1
         count = len(chunks)
-        self._h_input_ids[t:] = 0
-        self._h_positions[t:] = 0
-        self._h_slot_mapping[t:] = -1
-        self._h_seq_lens[count:] = 0
-        self._h_qsl[count + 1 :] = t
-        self._h_logits_rows[sampled:] = 0
+        if self.one_token_per_seq:
+            sampled = count
+        self._pad(t, count, sampled)
         uses_lora = bool((token_slots[:t] >= 0).any())
         if uses_lora:
             fill_lora_metadata(self._h_lora, self.max_tokens, self.num_slots, token_slots[:t], slot_ranks)
         self._copy(count)
         if uses_lora:
             self.lora_batch.mark_filled(t)
-        return StagedMixed(t, sampled, uses_lora)
+        return StagedStep(t, sampled, uses_lora)
+
+    def _pad(self, tokens: int, seqs: int, sampled: int) -> None:
+        """Padding after the step's ``tokens`` tokens, ``seqs`` sequences and ``sampled`` rows."""
+        self._h_input_ids[tokens:] = 0
+        self._h_positions[tokens:] = 0
+        self._h_slot_mapping[tokens:] = -1
+        self._h_seq_lens[seqs:] = 0
+        if not self.one_token_per_seq:
+            self._h_qsl[seqs + 1 :] = tokens  # padding sequences own no token
+            self._h_logits_rows[sampled:] = 0
 
     def _copy(self, seqs: int) -> None:
         """Send every word up to the end of block-table row ``seqs`` (padding rows need none)."""

@@ -1,0 +1,330 @@
+"""Where each adapter lives: the adapters added, the GPU slots, the host tier and uploads.
+
+Any thread may add, list and prefetch adapters. The worker thread owns the rest: the
+scheduler asks :meth:`AdapterResidency.acquire` whether a waiting request's adapter holds a
+slot (starting the disk load or the slot upload it needs), and the worker tells it which
+adapters queued and running requests use (:meth:`want` / :meth:`unwant`), so a load never
+evicts an adapter that a request waits for.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from multilora_studio.adapters.host_cache import HostAdapterCache
+from multilora_studio.adapters.peft_adapter import HostAdapter, inspect_peft_adapter, load_peft_adapter
+from multilora_studio.adapters.short_lived_workers import call_on_short_lived_thread
+from multilora_studio.adapters.slot_table import SlotTable
+from multilora_studio.engine.config import EngineConfig
+from multilora_studio.engine.host_threads import loader_threads
+from multilora_studio.engine.loader_process import LoaderProcess, staging_buffers_that_fit
+from multilora_studio.engine.lora_weights import (
+    LoRASlotWeights,
+    PackedAdapter,
+    max_packed_bytes,
+    pack_adapter,
+)
+from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.pinned_arena import PinnedArena
+from multilora_studio.engine.scheduler import Admission
+
+log = logging.getLogger(__name__)
+
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    name: str
+    path: Path
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+    size_bytes: int
+
+
+class AdapterResidency:
+    """The adapters of one engine and their tiers: GPU slots, pinned host RAM, disk."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        spec: ModelSpec,
+        model_name: str,
+        lora: LoRASlotWeights,
+        device: torch.device,
+        dtype: torch.dtype,
+        wake: Callable[[], None],
+    ) -> None:
+        assert config.max_cpu_loras is not None  # set by EngineConfig's validation
+        self.config = config
+        self.spec = spec
+        self.model_name = model_name
+        self.lora = lora
+        self.device = device
+        self.dtype = dtype
+        self._lock = threading.Lock()  # guards _adapters (any thread)
+        self._adapters: dict[str, AdapterInfo] = {}
+        self._wanted: Counter[str | None] = Counter()  # adapter -> its queued and running requests
+        self.slots = SlotTable(config.max_loras)
+        # host bytes of one adapter of max_lora_rank on every projection: a pinned block, a staging buffer
+        block_bytes = max_packed_bytes(spec, config.max_lora_rank, dtype)
+        self.loader, self.load_workers = self._choose_loader(block_bytes)
+        self.host_cache: HostAdapterCache[PackedAdapter] = HostAdapterCache(
+            config.max_cpu_loras, self._load, wake, self.load_workers
+        )
+        self.upload_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # Slot uploads in flight: the event that completes them, and the host copy they read
+        # (kept alive, with its pinned block, until the copies have completed).
+        self._uploads: dict[str, tuple[torch.cuda.Event, PackedAdapter]] = {}
+        self.arena = self._pinned_arena(block_bytes, config.max_cpu_loras)
+        self._loader_process: LoaderProcess | None = None
+        if self.loader == "process":
+            self._loader_process = LoaderProcess(
+                spec, config.max_lora_rank, dtype, block_bytes, self.load_workers
+            )
+        self.gpu_hits = 0
+        self.gpu_misses = 0  # counted when an upload starts
+
+    # ---------------------------------------------------------------- loading (loader threads)
+
+    def _read(self, name: str, path: Path) -> HostAdapter:
+        spec = self.spec
+        return load_peft_adapter(
+            name,
+            path,
+            spec.num_layers,
+            spec.projection_shape,
+            self.config.max_lora_rank,
+            spec.vocab_size,
+            dtype=self.dtype,
+        )
+
+    def _load(self, name: str, path: Path) -> PackedAdapter:
+        """Disk -> host tier: validate, then lay out in slot format (pinned for fast uploads)."""
+        with loader_threads(self.device.type):
+            if self._loader_process is not None:
+                return self._loader_process.load(name, path, self.arena, pin=self.device.type == "cuda")
+            return self._pack(self._read(name, path))
+
+    def _read_and_pack(self, name: str, path: Path) -> tuple[HostAdapter, PackedAdapter]:
+        with loader_threads(self.device.type):
+            host = self._read(name, path)
+            return host, self._pack(host)
+
+    def _pack(self, adapter: HostAdapter) -> PackedAdapter:
+        return pack_adapter(adapter, self.spec, self.dtype, pin=self.device.type == "cuda", arena=self.arena)
+
+    def _choose_loader(self, staging_bytes: int) -> tuple[str, int]:
+        """("thread" or "process", loads at once): as configured, with no more loader children
+        than staging buffers fit in shared memory (none: threads)."""
+        config, device_type = self.config, self.device.type
+        loader, workers = config.loader_for(device_type), config.load_workers_for(device_type)
+        if loader == "process":
+            fitting = staging_buffers_that_fit(staging_bytes, workers)
+            if fitting > 0:
+                return loader, fitting
+            log.warning("no room in shared memory for an adapter staging buffer; loading on threads")
+        return "thread", workers
+
+    def _pinned_arena(self, block_bytes: int, host_slots: int) -> PinnedArena | None:
+        """Pinned blocks of ``block_bytes`` for the host tier on CUDA: one per host slot, one
+        per load in flight and one more for an upload in flight."""
+        if self.device.type != "cuda":
+            return None
+        return PinnedArena.for_tier(block_bytes, host_slots + self.load_workers + 1)
+
+    # ---------------------------------------------------------------- the adapters added (any thread)
+
+    def add(self, name: str, path: str | Path, preload: bool) -> AdapterInfo:
+        """See ``Engine.add_adapter``."""
+        if not isinstance(name, str) or not ADAPTER_NAME.match(name) or name in ("base", self.model_name):
+            raise ValueError(
+                f"invalid adapter name {name!r}: use 1-128 letters, digits or ._:/@+- "
+                "(and not 'base' or the base model's name)"
+            )
+        with self._lock:
+            if name in self._adapters:
+                raise ValueError(f"an adapter named {name!r} already exists; remove it first")
+        path = Path(path)
+        packed = None
+        if preload:
+            # On a thread that ends with the load: see adapters/short_lived_workers.py.
+            host, packed = call_on_short_lived_thread(lambda: self._read_and_pack(name, path))
+            info = AdapterInfo(name, path, host.rank, host.alpha, host.targets, host.nbytes)
+        else:
+            spec = self.spec
+            summary = inspect_peft_adapter(
+                path, spec.num_layers, spec.projection_shape, self.config.max_lora_rank, spec.vocab_size
+            )
+            info = AdapterInfo(name, path, summary.rank, summary.alpha, summary.targets, summary.size_bytes)
+        with self._lock:
+            if name in self._adapters:
+                raise ValueError(f"an adapter named {name!r} already exists; remove it first")
+            self._adapters[name] = info
+        if packed is not None:
+            self.host_cache.put(packed)
+        return info
+
+    def infos(self) -> list[AdapterInfo]:
+        with self._lock:
+            return list(self._adapters.values())
+
+    def check_known(self, name: str) -> None:
+        """Raise ValueError, naming the adapters there are, unless ``name`` was added."""
+        with self._lock:
+            if name in self._adapters:
+                return
+            names = sorted(self._adapters)
+        known = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+        raise ValueError(f"unknown adapter {name!r} (known: {known or 'none'})")
+
+    def prefetch(self, names: Sequence[str], timeout: float | None) -> dict[str, str | None]:
+        """See ``Engine.prefetch_adapters``."""
+        capacity = self.host_cache.capacity
+        if len(names) > capacity:
+            raise ValueError(f"{len(names)} adapters do not fit the host tier of {capacity} (max_cpu_loras)")
+        with self._lock:
+            unknown = [name for name in names if name not in self._adapters]
+            paths = {name: self._adapters[name].path for name in names if name not in unknown}
+        if unknown:
+            raise ValueError(f"unknown adapters: {', '.join(unknown[:5])}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        outcome: dict[str, str | None] = {}
+        while len(outcome) < len(paths):
+            for name, path in paths.items():
+                if name in outcome:
+                    continue
+                if self.host_cache.get(name) is not None:
+                    outcome[name] = None
+                elif (error := self.host_cache.error_of(name)) is not None:
+                    outcome[name] = str(error)
+                else:
+                    self.host_cache.lookup(name, path)  # starts its load unless one is running
+            if len(outcome) < len(paths):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"prefetching {len(paths)} adapters took longer than {timeout} s")
+                time.sleep(0.005)
+        return outcome
+
+    # ---------------------------------------------------------------- residency (worker thread)
+
+    def want(self, name: str | None) -> None:
+        """A request for ``name`` was queued."""
+        self._wanted[name] += 1
+
+    def unwant(self, name: str | None) -> None:
+        """A request for ``name`` finished."""
+        self._wanted[name] -= 1
+        if not self._wanted[name]:
+            del self._wanted[name]
+
+    def acquire(self, name: str | None) -> Admission:
+        """Give a request its adapter's slot, or say why it must wait (the scheduler's gate).
+
+        A disk load starts as soon as a request for the adapter waits, also while no slot
+        is free (then at most ``load_workers`` such loads at once). A slot miss starts an upload from
+        the host tier (on a side CUDA stream, so running requests keep decoding); the upload
+        holds the slot until its event has completed.
+        """
+        if name is None:
+            return Admission.READY
+        if self.slots.slot_of(name) is not None:
+            upload = self._uploads.get(name)
+            if upload is not None:
+                if not upload[0].query():
+                    return Admission.LOADING
+                del self._uploads[name]  # the end of a miss, counted when the upload started
+                self.slots.release(name)
+            else:
+                self.gpu_hits += 1
+            return Admission.READY if self.slots.acquire(name) is not None else Admission.NO_SLOT
+        with self._lock:
+            info = self._adapters.get(name)
+        if info is None:
+            return Admission.LOADING  # not reached: removal is refused while requests for it wait
+        if not self.slots.can_acquire(name):
+            # No slot now: read the adapter into host RAM meanwhile, a few loads at a time
+            # (the same number the loader runs at once) and never in place of an adapter that
+            # another request waits for, so the upload can start as soon as a slot frees.
+            host = self.host_cache
+            if host.loading(name):
+                return Admission.LOADING
+            if host.holds(name) or host.loads_in_flight >= self.load_workers:
+                return Admission.NO_SLOT
+            victim = host.eviction_candidate()
+            if victim is not None and victim in self._wanted:
+                return Admission.NO_SLOT  # it would push out an adapter that a request waits for
+            host.lookup(name, info.path)
+            return Admission.LOADING
+        packed = self.host_cache.lookup(name, info.path)
+        if packed is None:
+            return Admission.LOADING
+        acquired = self.slots.acquire(name)
+        if acquired is None:
+            return Admission.NO_SLOT
+        self.gpu_misses += 1
+        if acquired.evicted is not None:
+            log.debug("slot %d: %s evicted for %s", acquired.slot, acquired.evicted, name)
+        if self.upload_stream is None:
+            self.lora.upload(acquired.slot, packed)
+            return Admission.READY
+        with torch.cuda.stream(self.upload_stream):
+            self.lora.upload(acquired.slot, packed)
+            done = torch.cuda.Event()
+            done.record(self.upload_stream)
+        self._uploads[name] = (done, packed)  # keeps the slot until the copy has landed
+        return Admission.LOADING
+
+    def release(self, name: str | None) -> None:
+        """A running request for ``name`` left the batch."""
+        if name is not None:
+            self.slots.release(name)
+
+    @property
+    def uploads_in_flight(self) -> int:
+        return len(self._uploads)
+
+    def load_error(self, name: str) -> Exception | None:
+        """Why ``name`` could not be read into the host tier, if it could not."""
+        return self.host_cache.error_of(name)
+
+    def remove(self, name: str) -> None:
+        """Forget ``name``, its slot and host copy; refused while requests for it wait or run."""
+        with self._lock:
+            if name not in self._adapters:
+                raise ValueError(f"unknown adapter {name!r}")
+        users = self._wanted[name]
+        if users:
+            raise ValueError(f"adapter {name!r} is used by {users} queued or running requests")
+        upload = self._uploads.pop(name, None)
+        if upload is not None:
+            upload[0].synchronize()
+            self.slots.release(name)
+        slot = self.slots.evict(name)
+        if slot is not None:
+            self.lora.clear(slot)
+        self.host_cache.discard(name)
+        with self._lock:
+            del self._adapters[name]
+
+    def pin(self, name: str, pinned: bool) -> None:
+        with self._lock:
+            if name not in self._adapters:
+                raise ValueError(f"unknown adapter {name!r}")
+        (self.slots.pin if pinned else self.slots.unpin)(name)
+
+    def close(self) -> None:
+        """Stop the loader threads and children (after the worker has ended)."""
+        self.host_cache.close()
+        if self._loader_process is not None:
+            self._loader_process.close()

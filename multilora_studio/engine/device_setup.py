@@ -1,0 +1,83 @@
+"""The engine's device, dtype and KV cache size, and the base model loaded onto the device.
+
+``load_on_device`` runs on the worker thread, which owns the device from then on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from multilora_studio.engine.block_manager import BlockManager, blocks_needed
+from multilora_studio.engine.config import EngineConfig
+from multilora_studio.engine.host_threads import quiet_host_threads
+from multilora_studio.engine.model_source import BaseModel, resolve_model
+from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.runner import ModelRunner, kv_bytes_per_block
+from multilora_studio.kernels.jit_watch import install as install_compile_watch
+from multilora_studio.util import ProgressCallback
+
+log = logging.getLogger(__name__)
+
+CPU_KV_CACHE_CAP_BYTES = 512 << 20
+
+
+def resolve_device(name: str) -> torch.device:
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was requested but no CUDA GPU is available")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def kv_cache_blocks(config: EngineConfig, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> int:
+    """KV blocks for ``max_num_seqs`` sequences of ``max_model_len``, within the memory budget."""
+    per_block = kv_bytes_per_block(spec, config.block_size, dtype)
+    per_seq = blocks_needed(config.max_model_len, config.block_size)
+    wanted = config.max_num_seqs * per_seq
+    if config.kv_cache_memory_gb is not None:
+        budget = int(config.kv_cache_memory_gb * (1 << 30))
+    elif device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = int(free * 0.85) - (2 << 30)
+    else:
+        budget = CPU_KV_CACHE_CAP_BYTES
+    blocks = min(wanted, budget // per_block)
+    if blocks < per_seq:
+        raise ValueError(
+            f"the KV cache ({budget / 2**30:.2f} GiB) cannot hold one sequence of max_model_len="
+            f"{config.max_model_len} tokens ({per_seq * per_block / 2**30:.2f} GiB); lower "
+            "max_model_len or raise kv_cache_memory_gb"
+        )
+    return blocks
+
+
+def load_on_device(
+    config: EngineConfig, device: torch.device, dtype: torch.dtype, progress: ProgressCallback | None
+) -> tuple[BaseModel, ModelRunner, BlockManager]:
+    """The base model, its runner (weights, KV cache, LoRA slots, graphs) and the KV blocks' manager."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        quiet_host_threads()
+        install_compile_watch()
+    # LoRA A rows reserved after every GEMM weight when the shrink runs inside the base GEMMs
+    lora_rows = config.max_loras * config.max_lora_rank if config.shrink_in_gemm_for(device.type) else 0
+    base = resolve_model(config.model, dtype, device, progress, lora_rows)
+    if config.max_model_len > base.spec.max_position_embeddings:
+        log.warning(
+            "max_model_len %d exceeds the model's max_position_embeddings %d",
+            config.max_model_len,
+            base.spec.max_position_embeddings,
+        )
+    num_blocks = kv_cache_blocks(config, base.spec, device, dtype)
+    runner = ModelRunner(config, base.spec, base.weights, num_blocks, device, dtype)
+    return base, runner, BlockManager(num_blocks, config.block_size)

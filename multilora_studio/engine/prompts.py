@@ -1,0 +1,29 @@
+"""What a request's prompt may be, and its token ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Prompt = str | list[int] | list[dict[str, str]]  # text, token ids, or chat messages
+
+
+def encode_prompt(prompt: Any, tokenizer: Any | None, vocab_size: int) -> list[int]:
+    """Token ids of a text prompt, chat messages (through the chat template) or ids as given."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("this model has no tokenizer; pass token ids")
+        return list(tokenizer(prompt).input_ids)
+    if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError("this model has no chat template; pass a plain prompt")
+        for message in prompt:
+            if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+                raise ValueError("each chat message needs string 'role' and 'content' fields")
+        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer(text, add_special_tokens=False).input_ids)
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        bad = [t for t in prompt if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"token ids out of range [0, {vocab_size}): {bad[:5]}")
+        return list(prompt)
+    raise ValueError("a prompt is a string, a list of token ids or a list of chat messages")

@@ -1,0 +1,167 @@
+"""CUDA graphs of staged steps, one per bucket and LoRA/no-LoRA.
+
+Two sets run on CUDA, each over a :class:`StepStaging` of its own:
+
+- Decode steps (one token a sequence, every sequence sampling), per batch-size bucket. Each
+  graph spans the bucket's sequences and runs the attention kernel's decode variant.
+  Padding rows write no KV (slot -1), attend to nothing (seq_len 0) and use no adapter.
+- Steps with prompt tokens (a prefill, or prompts joining running decodes) of up to
+  ``MIXED_MAX_TOKENS`` tokens, per token bucket. An eager step of an 8B model costs about
+  26 ms of host time launching ~550 kernels (Triton launches dominate) whatever its size,
+  against 5-7 ms for a replayed decode step: every prompt that joined a running batch made
+  one step four times slower (docs/engine.md). Each graph takes every sequence slot
+  (padding sequences have no query) and the attention kernel's prefill variant with
+  ``max_query_len`` = the bucket, so its launch grids depend on the bucket alone; the
+  logits of the ``max_num_seqs`` sampling rows come out of a fixed buffer.
+
+Steps whose rows use no adapter replay a graph captured without any LoRA work.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
+from multilora_studio.engine.lora_weights import LORA_GROUPS
+from multilora_studio.engine.scheduler import StepPlan
+from multilora_studio.engine.step_staging import StagedStep, StepStaging
+
+log = logging.getLogger(__name__)
+
+# Steps with more tokens than this run eagerly: their device time (tens of ms) dwarfs the launches.
+MIXED_MAX_TOKENS = 512
+
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (k, v) [blocks, block_size, Hkv, D]
+
+
+def batch_buckets(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to 64, then every 32, ending at ``max_num_seqs``."""
+    sizes = [b for b in (1, 2, 4) if b < max_num_seqs]
+    sizes += list(range(8, min(64, max_num_seqs) + 1, 8))
+    sizes += list(range(96, max_num_seqs + 1, 32))
+    if not sizes or sizes[-1] != max_num_seqs:
+        sizes.append(max_num_seqs)
+    return sorted(set(sizes))
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """32, 64, 96, 128, 192, 256, 384, 512, capped at ``max_tokens`` (which ends the list)."""
+    sizes = [b for b in (32, 64, 96, 128, 192, 256, 384, 512) if b < max_tokens]
+    return [*sizes, max_tokens]
+
+
+def forward_staged(
+    model: LlamaModel, kv_caches: KVCaches, staging: StepStaging, bucket: int, uses_lora: bool
+) -> torch.Tensor:
+    """Logits float32 of the staged step padded to ``bucket`` tokens: what a graph captures.
+
+    A decode staging gives [bucket, V], the rows of its first ``bucket`` sequences; any
+    other gives [S, V], every sequence slot's sampling row. On the CPU it runs eagerly
+    (tests compare it with the eager path).
+    """
+    if staging.one_token_per_seq:
+        attn = AttentionMetadata(
+            slot_mapping=staging.slot_mapping[:bucket],
+            block_tables=staging.block_tables[:bucket],
+            seq_lens=staging.seq_lens[:bucket],
+            query_start_loc=staging.query_start_loc[: bucket + 1],
+            max_query_len=1,
+        )
+    else:
+        attn = AttentionMetadata(
+            slot_mapping=staging.slot_mapping[:bucket],
+            block_tables=staging.block_tables,
+            seq_lens=staging.seq_lens,
+            query_start_loc=staging.query_start_loc,
+            max_query_len=bucket,
+        )
+    lora = LoRAStep(staging.lora_batch, frozenset(LORA_GROUPS)) if uses_lora else None
+    hidden = model.forward(
+        staging.input_ids[:bucket], staging.positions[:bucket], attn, kv_caches, lora
+    )  # [bucket, H]
+    if staging.one_token_per_seq:
+        return model.logits(hidden)
+    return model.logits(hidden.index_select(0, staging.logits_rows))
+
+
+def capture_graph(work: Callable[[], None], pool: Any, device: torch.device) -> torch.cuda.CUDAGraph:
+    """Run ``work`` once (its kernels compile outside the capture), then capture it."""
+    work()
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        work()
+    return graph
+
+
+@dataclass(frozen=True)
+class GraphStep:
+    """A step staged for one of ``graphs``' captures."""
+
+    graphs: StepGraphs
+    staged: StagedStep
+
+
+class StepGraphs:
+    """Captured steps over one staging, keyed by (bucket, uses_lora); buckets end at its size."""
+
+    def __init__(
+        self, model: LlamaModel, kv_caches: KVCaches, staging: StepStaging, buckets: list[int], pool: Any
+    ) -> None:
+        if buckets[-1] != staging.max_tokens:
+            raise ValueError(f"the largest bucket {buckets[-1]} must be the staging's {staging.max_tokens}")
+        self.model = model
+        self.kv_caches = kv_caches
+        self.staging = staging
+        self.buckets = buckets
+        device = staging.input_ids.device
+        self.logits = torch.zeros(
+            (staging.max_seqs, model.spec.vocab_size), dtype=torch.float32, device=device
+        )  # [S, V]
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.pool = pool
+        self.capture_all()
+
+    def _forward(self, bucket: int, uses_lora: bool) -> None:
+        logits = forward_staged(self.model, self.kv_caches, self.staging, bucket, uses_lora)
+        self.logits[: logits.shape[0]] = logits
+
+    @torch.inference_mode()
+    def capture_all(self) -> None:
+        device = self.logits.device
+        self.staging.clear()  # padding only: captures write no KV and use no adapter
+        for bucket in reversed(self.buckets):
+            for uses_lora in (False, True):
+                work = functools.partial(self._forward, bucket, uses_lora)
+                self.graphs[(bucket, uses_lora)] = capture_graph(work, self.pool, device)
+        torch.cuda.synchronize(device)
+        kind = "decode steps" if self.staging.one_token_per_seq else "steps with prompt tokens"
+        log.info("captured %d graphs of %s (buckets %s)", len(self.graphs), kind, self.buckets)
+
+    def accepts(self, plan: StepPlan) -> bool:
+        """Whether a captured graph can run ``plan``."""
+        return self.staging.accepts(plan.chunks)
+
+    def stage(self, plan: StepPlan, slot_of: dict[str | None, int], slot_ranks: Sequence[int]) -> GraphStep:
+        """Write ``plan``'s inputs to the staging buffers (one copy enqueued).
+
+        ``slot_of`` maps each adapter to its GPU slot; ``slot_ranks`` is each slot's rank.
+        """
+        return GraphStep(self, self.staging.stage(plan.chunks, slot_of, slot_ranks))
+
+    def graph_for(self, tokens: int, uses_lora: bool) -> torch.cuda.CUDAGraph:
+        """The graph that runs a step of ``tokens`` tokens (its bucket's)."""
+        return self.graphs[(self.buckets[bisect.bisect_left(self.buckets, tokens)], uses_lora)]
+
+    def run(self, staged: StagedStep) -> torch.Tensor:
+        """Replay the graph of the step's bucket; logits [N, V] float32 of the sampling
+        sequences (a view of a static buffer)."""
+        self.graph_for(staged.num_tokens, staged.uses_lora).replay()
+        return self.logits[: staged.num_sampled]

@@ -1,0 +1,277 @@
+"""The engine's step loop, on the one thread that owns the device.
+
+Each turn: handle the commands other threads posted, then schedule -> run -> postprocess
+one step. Requests live here from their ``AddRequests`` to their last ``TokenDelta``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from multilora_studio.engine.adapter_residency import AdapterResidency
+from multilora_studio.engine.block_manager import BlockManager
+from multilora_studio.engine.commands import (
+    AbortRequest,
+    AddRequests,
+    CallOnWorker,
+    Command,
+    CommandQueue,
+    PinAdapter,
+    RemoveAdapter,
+    Shutdown,
+    SnapshotMetrics,
+)
+from multilora_studio.engine.config import EngineConfig
+from multilora_studio.engine.detokenizer import IncrementalDetokenizer
+from multilora_studio.engine.metrics_publisher import MetricsPublisher
+from multilora_studio.engine.model_source import BaseModel
+from multilora_studio.engine.outputs import TokenDelta
+from multilora_studio.engine.requests import RequestStream
+from multilora_studio.engine.runner import ModelRunner
+from multilora_studio.engine.sampler import make_generator
+from multilora_studio.engine.scheduler import Scheduler, StepPlan
+from multilora_studio.engine.sequence import Sequence
+from multilora_studio.engine.step_graphs import GraphStep
+from multilora_studio.engine.step_trace import StepRecord, StepTrace
+
+log = logging.getLogger(__name__)
+
+PHASES = ("schedule", "prepare", "launch", "sample", "postprocess")
+
+
+@dataclass
+class ActiveRequest:
+    """Worker-side state of one request."""
+
+    seq: Sequence
+    stream: RequestStream
+    detok: IncrementalDetokenizer | None
+    generator: torch.Generator | None
+
+
+class EngineWorker:
+    """Runs the steps of one engine; every method runs on the worker thread."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        base: BaseModel,
+        runner: ModelRunner,
+        blocks: BlockManager,
+        residency: AdapterResidency,
+        commands: CommandQueue,
+    ) -> None:
+        self.config = config
+        self.base = base
+        self.runner = runner
+        self.blocks = blocks
+        self.residency = residency
+        self.commands = commands
+        self.scheduler = Scheduler(
+            blocks, config.max_num_seqs, config.max_num_batched_tokens, residency.acquire, residency.release
+        )
+        self.metrics = MetricsPublisher(runner.device, self.scheduler, blocks, residency)
+        self.step_trace = StepTrace()  # the recent steps, for benchmarks and diagnosis
+        # Cumulative seconds per phase of the steps, and the step count ("steps"). ``launch`` is
+        # host time to enqueue the forward pass; on CUDA the device time shows up in ``sample``,
+        # which waits for the logits.
+        self.phase_seconds = dict.fromkeys((*PHASES, "steps"), 0.0)
+        self._seeds = random.Random(config.seed)  # each request's sampling seed, unless it sets one
+        self._active: dict[str, ActiveRequest] = {}
+        self._last_step_end = 0.0
+
+    # ---------------------------------------------------------------- the loop
+
+    def run(self) -> None:
+        """Until a ``Shutdown``: commands, then schedule -> run -> postprocess."""
+        wake = self.commands.wake
+        while True:
+            wake.clear()
+            if not self._drain_commands():
+                return
+            self._fail_unloadable_adapters()
+            if not self.scheduler.has_work:
+                self.metrics.publish(force=True)
+                wake.wait()
+                continue
+            started = time.perf_counter()
+            plan = self.scheduler.schedule()
+            scheduled = self._tick("schedule", started)
+            self.metrics.preemptions += len(plan.preempted)
+            if not plan.chunks:
+                # waiting for an adapter to arrive from disk (the loader wakes us) or to upload
+                wake.wait(0.002 if self.residency.uploads_in_flight else 0.05)
+                continue
+            self._step(plan, started, scheduled)
+
+    def _step(self, plan: StepPlan, scheduling_started: float, scheduled: float) -> None:
+        try:
+            slot_of = self._slots_of(plan)
+            t_prepare = time.perf_counter()
+            inputs = self.runner.prepare(plan, self.blocks, slot_of)
+            t_launch = self._tick("prepare", t_prepare)
+            logits = self.runner.run(inputs)
+            t_sample = self._tick("launch", t_launch)
+            sampling = [self._active[c.seq.request_id] for c in plan.chunks if c.completes]
+            tokens = self.runner.sample(
+                logits, [a.seq.params for a in sampling], [a.generator for a in sampling]
+            )
+            t_post = self._tick("sample", t_sample)
+        except Exception as error:
+            log.exception("step failed")
+            for chunk in plan.chunks:
+                self._finish(chunk.seq.request_id, "error", f"engine step failed: {error}")
+            return
+        self._postprocess(plan, sampling, tokens)
+        end = self._tick("postprocess", t_post)
+        self.phase_seconds["steps"] += 1
+        self.step_trace.record(
+            StepRecord(
+                start=t_prepare,
+                schedule_s=scheduled - scheduling_started,
+                gap_s=max(0.0, scheduling_started - self._last_step_end),
+                prepare_s=t_launch - t_prepare,
+                launch_s=t_sample - t_launch,
+                sample_s=t_post - t_sample,
+                post_s=end - t_post,
+                tokens=plan.num_tokens,
+                sequences=len(plan.chunks),
+                prompt_tokens=sum(c.num_tokens for c in plan.chunks if c.num_tokens > 1),
+                lora_sequences=sum(c.seq.adapter is not None for c in plan.chunks),
+                graph=isinstance(inputs, GraphStep),
+                uploads_in_flight=self.residency.uploads_in_flight,
+            )
+        )
+        self._last_step_end = end
+
+    def _slots_of(self, plan: StepPlan) -> dict[str | None, int]:
+        """The GPU slot of each adapter in ``plan`` (None: -1, the base model)."""
+        slot_of: dict[str | None, int] = {None: -1}
+        for chunk in plan.chunks:
+            name = chunk.seq.adapter
+            if name is not None and name not in slot_of:
+                slot = self.residency.slots.slot_of(name)
+                if slot is None:
+                    raise RuntimeError(f"adapter {name} lost its slot while running")
+                slot_of[name] = slot
+        return slot_of
+
+    def _postprocess(self, plan: StepPlan, sampling: list[ActiveRequest], tokens: list[int]) -> None:
+        for chunk in plan.chunks:
+            chunk.seq.num_computed_tokens += chunk.num_tokens
+        now = time.monotonic()
+        for active, token in zip(sampling, tokens, strict=True):
+            self._append_token(active, token, now)
+        self.metrics.record_step(plan, len(tokens), now)
+        self.metrics.publish()
+
+    def _tick(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.phase_seconds[phase] += now - since
+        return now
+
+    # ---------------------------------------------------------------- requests
+
+    def _append_token(self, active: ActiveRequest, token: int, now: float) -> None:
+        seq, output = active.seq, active.stream.output
+        seq.output_token_ids.append(token)
+        if output.first_token_time is None:
+            output.first_token_time = now
+        params = seq.params
+        reason = None
+        stopped_by_text = active.detok.add(token) if active.detok is not None else False
+        if (
+            stopped_by_text
+            or token in params.stop_token_ids
+            or (not params.ignore_eos and token in self.base.spec.eos_token_ids)
+        ):
+            reason = "stop"
+        elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            reason = "length"
+        if reason is not None:
+            self._finish(seq.request_id, reason, None, pending=[token])
+        else:
+            text = active.detok.delta(finished=False) if active.detok is not None else ""
+            active.stream.push(TokenDelta(seq.request_id, [token], text))
+
+    def _finish(
+        self, request_id: str, reason: str, error: str | None, pending: list[int] | None = None
+    ) -> None:
+        active = self._active.pop(request_id, None)
+        if active is None:
+            return
+        self.residency.unwant(active.seq.adapter)
+        seq, output = active.seq, active.stream.output
+        if not seq.is_finished:
+            self.scheduler.finish(seq, reason)
+        text = active.detok.delta(finished=True) if active.detok is not None else ""
+        output.token_ids = list(seq.output_token_ids)
+        output.text = active.detok.text if active.detok is not None else ""
+        output.finish_reason = reason
+        output.error = error
+        output.finish_time = time.monotonic()
+        active.stream.push(TokenDelta(request_id, pending or [], text, True, reason, error))
+
+    def _add(self, requests: list[tuple[Sequence, RequestStream]]) -> None:
+        tokenizer, device = self.base.tokenizer, self.runner.device
+        for seq, stream in requests:
+            seq.arrival_step = self.scheduler.step_count
+            detok = IncrementalDetokenizer(tokenizer, tuple(seq.params.stop)) if tokenizer else None
+            generator = make_generator(seq.params, device, self._seeds.getrandbits(63))
+            self._active[seq.request_id] = ActiveRequest(seq, stream, detok, generator)
+            self.residency.want(seq.adapter)
+            self.scheduler.add(seq)
+
+    def _fail_unloadable_adapters(self) -> None:
+        for request_id, active in list(self._active.items()):
+            name = active.seq.adapter
+            if name is None or active.seq.status.value != "waiting":
+                continue
+            error = self.residency.load_error(name)
+            if error is not None:
+                self._finish(request_id, "error", f"adapter {name!r} could not be loaded: {error}")
+
+    # ---------------------------------------------------------------- commands
+
+    def _drain_commands(self) -> bool:
+        """Handle every posted command; False once a ``Shutdown`` came."""
+        while (item := self.commands.take()) is not None:
+            command, future = item
+            if isinstance(command, Shutdown):
+                for request_id in list(self._active):
+                    self._finish(request_id, "abort", "the engine was shut down")
+                return False
+            try:
+                result = self._handle(command)
+            except Exception as error:
+                if future is None:
+                    log.exception("command %s failed", type(command).__name__)
+                else:
+                    future.set_exception(error)
+            else:
+                if future is not None:
+                    future.set_result(result)
+        return True
+
+    def _handle(self, command: Command) -> object:
+        if isinstance(command, AddRequests):
+            self._add(command.requests)
+        elif isinstance(command, AbortRequest):
+            self._finish(command.request_id, "abort", None)
+        elif isinstance(command, RemoveAdapter):
+            self.residency.remove(command.name)
+        elif isinstance(command, PinAdapter):
+            self.residency.pin(command.name, command.pinned)
+        elif isinstance(command, SnapshotMetrics):
+            self.metrics.publish(force=True)
+            return self.metrics.latest
+        elif isinstance(command, CallOnWorker):
+            return command.work()
+        else:
+            raise ValueError(f"unknown engine command {command!r}")
+        return None
