@@ -24,7 +24,6 @@ import torch
 
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.engine.llama import fused_qkv_epilogue
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 
 log = logging.getLogger(__name__)
@@ -86,6 +85,12 @@ def main() -> None:
         help="EngineConfig.lora_shrink_in_gemm: auto (the engine's rule), on or off",
     )
     parser.add_argument(
+        "--fused-qkv-epilogue",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="EngineConfig.fused_qkv_epilogue: auto (on with CUDA), on or off",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=3, help="alternating base / distinct runs with graphs (medians)"
     )
     parser.add_argument("--json", type=Path, default=None)
@@ -93,6 +98,7 @@ def main() -> None:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     shrink_in_gemm = {"auto": None, "on": True, "off": False}[args.shrink_in_gemm]
+    fused_qkv = {"auto": None, "on": True, "off": False}[args.fused_qkv_epilogue]
     logging.basicConfig(level=logging.INFO)
     device = torch.device("cuda")
     spec = RANDOM_SHAPES[args.shape]
@@ -101,7 +107,7 @@ def main() -> None:
         "batch": args.batch,
         "rank": args.rank,
         "shrink_in_gemm": args.shrink_in_gemm,
-        "fused_qkv_epilogue": fused_qkv_epilogue(torch.device("cuda")),
+        "fused_qkv_epilogue": args.fused_qkv_epilogue,
         "gpu": torch.cuda.get_device_name(),
     }
 
@@ -136,6 +142,7 @@ def main() -> None:
             max_num_batched_tokens=max(2048, args.batch * args.prompt_len),
             enforce_eager=eager,
             lora_shrink_in_gemm=shrink_in_gemm,
+            fused_qkv_epilogue=fused_qkv,
         )
         start = time.perf_counter()
         with Engine(config) as engine:

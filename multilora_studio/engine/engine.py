@@ -35,6 +35,7 @@ from multilora_studio.engine.decode_staging import StagedDecode
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
 from multilora_studio.engine.host_threads import loader_threads, quiet_host_threads
 from multilora_studio.engine.loader_process import LoaderProcess, staging_buffers_that_fit
+from multilora_studio.engine.lora_plan_builder import build_lora_plan, shrink_in_gemm_rows
 from multilora_studio.engine.lora_weights import PackedAdapter, max_packed_bytes, pack_adapter
 from multilora_studio.engine.mixed_staging import StagedMixed
 from multilora_studio.engine.model_source import BaseModel, resolve_model
@@ -150,10 +151,8 @@ class Engine:
             torch.cuda.set_device(self.device)
             quiet_host_threads()
             install_compile_watch()
-        # LoRA A rows reserved after every GEMM weight when the shrink runs inside the base GEMMs
-        lora_rows = (
-            config.max_loras * config.max_lora_rank if config.shrink_in_gemm_for(self.device.type) else 0
-        )
+        plan = build_lora_plan(config, self.device, self.dtype)  # how the LoRA term runs
+        lora_rows = shrink_in_gemm_rows(config, plan)  # A rows reserved after every GEMM weight
         base: BaseModel = resolve_model(config.model, self.dtype, self.device, progress, lora_rows)
         self.base = base
         self.spec = base.spec
@@ -167,7 +166,7 @@ class Engine:
                 base.spec.max_position_embeddings,
             )
         num_blocks = self._kv_blocks(base)
-        self.runner = ModelRunner(config, base.spec, base.weights, num_blocks, self.device, self.dtype)
+        self.runner = ModelRunner(config, base.spec, base.weights, num_blocks, self.device, self.dtype, plan)
         self.blocks = BlockManager(num_blocks, config.block_size)
         self.slots = SlotTable(config.max_loras)
         assert config.max_cpu_loras is not None
