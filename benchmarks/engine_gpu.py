@@ -25,7 +25,6 @@ import torch
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from multilora_studio.engine.diagnostics import step_profile, time_decode_graph
-from multilora_studio.engine.llama import fused_qkv_epilogue
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 
 log = logging.getLogger(__name__)
@@ -87,6 +86,12 @@ def main() -> None:
         help="EngineConfig.lora_shrink_in_gemm: auto (the engine's rule), on or off",
     )
     parser.add_argument(
+        "--fused-qkv-epilogue",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="EngineConfig.fused_qkv_epilogue: auto (on with CUDA), on or off",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=3, help="alternating base / distinct runs with graphs (medians)"
     )
     parser.add_argument("--json", type=Path, default=None)
@@ -94,6 +99,7 @@ def main() -> None:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     shrink_in_gemm = {"auto": None, "on": True, "off": False}[args.shrink_in_gemm]
+    fused_qkv = {"auto": None, "on": True, "off": False}[args.fused_qkv_epilogue]
     logging.basicConfig(level=logging.INFO)
     device = torch.device("cuda")
     spec = RANDOM_SHAPES[args.shape]
@@ -102,7 +108,7 @@ def main() -> None:
         "batch": args.batch,
         "rank": args.rank,
         "shrink_in_gemm": args.shrink_in_gemm,
-        "fused_qkv_epilogue": fused_qkv_epilogue(torch.device("cuda")),
+        "fused_qkv_epilogue": args.fused_qkv_epilogue,
         "gpu": torch.cuda.get_device_name(),
     }
 
@@ -137,6 +143,7 @@ def main() -> None:
             max_num_batched_tokens=max(2048, args.batch * args.prompt_len),
             enforce_eager=eager,
             lora_shrink_in_gemm=shrink_in_gemm,
+            fused_qkv_epilogue=fused_qkv,
         )
         start = time.perf_counter()
         with Engine(config) as engine:

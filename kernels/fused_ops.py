@@ -9,13 +9,12 @@ torch path computes exactly what HF transformers does. ``backend``: "auto", "tri
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from . import fused_ops_cpu
+from .triton_support import triton_runs_on
 
 __all__ = ["add_rms_norm", "rms_norm", "rope_", "silu_and_mul"]
 
@@ -28,7 +27,7 @@ def _use_triton(x: torch.Tensor, backend: str) -> bool:
     if backend in ("torch", "numba"):
         return False
     if backend == "triton":
-        if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        if not triton_runs_on(x.device):
             raise ValueError("the triton backend needs CUDA tensors (or TRITON_INTERPRET=1)")
         return True
     return x.device.type == "cuda"

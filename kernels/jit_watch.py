@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +32,6 @@ class _CompileWatch:
         self.count = 0
         self.seconds = 0.0
         self.installed = False
-        self.recent: deque[str] = deque(maxlen=32)  # what compiled last (kernel and argument types)
 
     def before(self) -> None:
         self.started[threading.get_ident()] = time.perf_counter()
@@ -44,7 +42,6 @@ class _CompileWatch:
         with self.lock:
             self.count += 1
             self.seconds += took
-            self.recent.append(what)
         log.info("compiled Triton kernel %s in %.2f s", what, took)
 
 
@@ -83,9 +80,3 @@ def compile_count() -> CompileCount:
     """Compiles seen since :func:`install`, and their seconds (cache loads included)."""
     with _WATCH.lock:
         return CompileCount(_WATCH.count, _WATCH.seconds)
-
-
-def recent_compiles() -> list[str]:
-    """The last compiles (oldest first), as Triton describes them: name, options, argument types."""
-    with _WATCH.lock:
-        return list(_WATCH.recent)

@@ -5,14 +5,14 @@ operations per projection group, 50-130 us each call at 8 tokens on two cores). 
 walks the tokens once: for each token, its adapter's shrink (``rank`` dot products over
 ``in_features``) then, per slice, ``rank`` axpys into the token's output row. It is
 single-threaded, does not hold the GIL, and is used for float32 batches of up to
-:data:`MAX_TOKENS` tokens; larger batches (prefill) keep the torch backend's grouped GEMMs.
+``LoRAPlan.numba_max_tokens`` tokens; larger batches (prefill) keep the torch ops' grouped GEMMs.
 
 The expand is fastest when ``lora_b`` is a transposed view of ``[slots, R, out_total]``
 storage (``lora_b.stride(1) == 1``), as the engine's CPU slot buffers are; any other
 layout is handled too, through Numba's strided arrays.
 
-Numba is optional: :data:`AVAILABLE` is False when it cannot be imported, and callers use
-the torch backend.
+Numba is optional: :data:`AVAILABLE` is False when it cannot be imported, and
+``LoRAPlan.for_device`` picks the torch ops.
 """
 
 from __future__ import annotations
@@ -32,9 +32,6 @@ except ImportError:  # pragma: no cover - numba is a dependency; a broken instal
 log = logging.getLogger(__name__)
 
 AVAILABLE = numba is not None
-# Up to this many tokens the kernel beats the torch backend on the default model's shapes
-# (docs/BENCHMARKS.md, the CPU LoRA kernel timings); beyond it the grouped GEMMs use both cores.
-MAX_TOKENS = 64
 # Reassociation (vectorised sums) without the flags that assume no inf/NaN or approximate maths.
 FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
@@ -82,17 +79,6 @@ def _offsets_array(offsets: tuple[int, ...]) -> np.ndarray:
     return np.asarray(offsets, dtype=np.int64)
 
 
-def supports(y: torch.Tensor, x: torch.Tensor) -> bool:
-    """Whether :func:`add_lora_cpu` takes this call: float32 on the CPU, few tokens."""
-    return (
-        AVAILABLE
-        and x.dtype == torch.float32
-        and y.dtype == torch.float32
-        and x.device.type == "cpu"
-        and x.shape[0] <= MAX_TOKENS
-    )
-
-
 def add_lora_cpu(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -109,7 +95,7 @@ def add_lora_cpu(
     rank 0 leaves the row untouched). No checks: the caller's tensors are consistent
     (``add_lora`` checks them when asked to).
     """
-    assert _kernel is not None  # callers check supports() / AVAILABLE
+    assert _kernel is not None  # a plan with backend "numba" needs AVAILABLE
     token_slots, token_ranks, sorted_tokens = token_arrays
     _kernel(
         y.numpy(),

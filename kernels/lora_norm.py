@@ -1,6 +1,6 @@
 """Residual-add + RMSNorm with the o / down projection's LoRA expand folded in: one launch, not two.
 
-When the shrink runs inside the base GEMM (``lora_expand_gathered``), the o and down
+With the shrink in GEMM (``lora.lora_expand_shrunk_in_gemm``), the o and down
 GEMMs' outputs are read only by the residual-add + RMSNorm that follows. This kernel does
 the expand there. Program ``(t, c)`` loads its token's B rows for column block ``c``,
 adds the LoRA term to the projection's output and that to the residual (rounded to the
@@ -19,22 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .fused_ops import add_rms_norm
-from .lora import LoRABatch, _backend_of, lora_expand_gathered
-from .lora_decode import (
-    EXPAND_TILE,
-    EXPAND_WARPS,
-    _launch_options,
-    add_token_lora,
-    block_r,
-    check_gathered,
-    folds_expand,
-    gdc_launch_dependents,
-    gdc_wait,
-    load_token_b,
-    rank_align,
-    use_pdl,
-)
+from .lora_batch import LoRABatch
+from .lora_bgmv import add_token_lora, block_r, load_token_b, rank_align
+from .lora_checks import check_shrunk_in_gemm
+from .lora_plan import LoRAPlan
+from .triton_support import gdc_launch_dependents, gdc_wait, launch_options
 
 
 @triton.jit
@@ -98,7 +87,7 @@ def _add_rms_norm_lora_kernel(
         tl.store(counter_ptr + t, 0)  # ready for the next launch
 
 
-def add_rms_norm_lora(
+def launch(
     x: torch.Tensor,
     residual: torch.Tensor,
     weight: torch.Tensor,
@@ -107,48 +96,27 @@ def add_rms_norm_lora(
     lora_b: torch.Tensor,
     batch: LoRABatch,
     counters: torch.Tensor,
-    backend: str = "auto",
+    plan: LoRAPlan,
 ) -> torch.Tensor:
-    """``residual += x + LoRA`` in place, then return RMSNorm of the new residual ``[T, H]``.
+    """Launch the kernel (``lora.add_rms_norm_lora`` has the semantics); returns ``[T, H]``.
 
-    Args:
-        x: ``[T, H]`` base output of the o or down GEMM (last dim contiguous, any row stride);
-            left unspecified afterwards (the torch path adds the LoRA term into it).
-        residual: ``[T, H]`` residual stream, x's dtype, updated in place.
-        weight: ``[H]`` RMSNorm weight; ``eps`` its epsilon.
-        shrunk: ``[T, num_slots, 1, max_rank]``: every slot's shrink (as for
-            :func:`lora_expand_gathered`).
-        lora_b: ``[num_slots, H, max_rank]``, x's dtype, scale folded in.
-        batch: the step's :class:`LoRABatch`.
-        counters: int32 ``[>= T]`` zeros on x's device, kept by the caller across launches
-            (each launch leaves them zero).
-        backend: ``"auto"`` (Triton on CUDA), ``"triton"`` (also under ``TRITON_INTERPRET=1``)
-            or ``"torch"``. Triton runs one launch for up to ``DECODE_MAX_TOKENS`` tokens and
-            ``max_rank <= 64``; otherwise the expand and ``add_rms_norm`` run one after the other.
-
-    Semantics::
-
-        lora_expand_gathered(x, shrunk, lora_b, batch, (0, H))
-        return add_rms_norm(x, residual, weight, eps)
+    Tiles and launch options from ``plan``.
     """
     num_tokens, hidden = x.shape
-    if not folds_expand(_backend_of(backend, x.device), num_tokens, lora_b.shape[-1]):
-        lora_expand_gathered(x, shrunk, lora_b, batch, (0, hidden), backend=backend)
-        return add_rms_norm(x, residual, weight, eps, backend=backend)
     if x.stride(1) != 1 or residual.stride(1) != 1 or residual.shape != x.shape or residual.dtype != x.dtype:
         raise ValueError("x and residual must be [T, H] of one dtype with a contiguous last dim")
     if weight.shape != (hidden,) or weight.dtype != x.dtype:
         raise ValueError(
             f"weight must be [{hidden}] of dtype {x.dtype}, got {tuple(weight.shape)} {weight.dtype}"
         )
-    check_gathered(num_tokens, hidden, x.dtype, shrunk, lora_b, slices=1)
+    check_shrunk_in_gemm(num_tokens, hidden, x.dtype, shrunk, lora_b, slices=1)
     if counters.dtype != torch.int32 or counters.numel() < num_tokens or counters.device != x.device:
         raise ValueError(f"counters must be int32 zeros with at least {num_tokens} entries on {x.device}")
     out = torch.empty((num_tokens, hidden), dtype=x.dtype, device=x.device)  # [T, H]
     if num_tokens == 0:
         return out
     br = block_r(lora_b.shape[-1])
-    bn = max(16, EXPAND_TILE // br)
+    bn = max(16, plan.bgmv_expand_tile // br)
     num_blocks = triton.cdiv(hidden, bn)
     st_t, st_l, _, st_r = shrunk.stride()
     _add_rms_norm_lora_kernel[(num_tokens, num_blocks)](
@@ -175,6 +143,6 @@ def add_rms_norm_lora(
         BLOCK_R=br,
         ROW_BLOCK=triton.next_power_of_2(hidden),
         RANK_ALIGN=rank_align(lora_b),
-        **_launch_options(use_pdl(x.device), EXPAND_WARPS),
+        **launch_options(plan.pdl, plan.bgmv_expand_warps),
     )
     return out

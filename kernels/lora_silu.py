@@ -1,6 +1,6 @@
 """SiLU-and-mul with the gate/up projection's LoRA expand folded in: one launch instead of two.
 
-When the shrink runs inside the base GEMM (``lora_expand_gathered``), the gate/up GEMM's
+With the shrink in GEMM (``lora.lora_expand_shrunk_in_gemm``), the gate/up GEMM's
 output is the base ``[T, 2 I]`` plus every slot's shrink ``[T, slots, 2, R]``. Its only
 reader is SiLU-and-mul, so the expand is done there: each program loads its token's B rows
 for one block of gate columns and the matching up columns, adds the LoRA term to gate and
@@ -15,22 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .fused_ops import silu_and_mul
-from .lora import LoRABatch, _backend_of, lora_expand_gathered
-from .lora_decode import (
-    EXPAND_TILE,
-    EXPAND_WARPS,
-    _launch_options,
-    add_token_lora,
-    block_r,
-    check_gathered,
-    folds_expand,
-    gdc_launch_dependents,
-    gdc_wait,
-    load_token_b,
-    rank_align,
-    use_pdl,
-)
+from .lora_batch import LoRABatch
+from .lora_bgmv import add_token_lora, block_r, load_token_b, rank_align
+from .lora_checks import check_shrunk_in_gemm
+from .lora_plan import LoRAPlan
+from .triton_support import gdc_launch_dependents, gdc_wait, launch_options
 
 
 @triton.jit
@@ -83,47 +72,25 @@ def _silu_mul_lora_kernel(
     tl.store(out_ptr + t.to(tl.int64) * stride_ot + cols, (act * up.to(tl.float32)).to(up.dtype), mask=ok)
 
 
-def silu_and_mul_lora(
+def launch(
     gate_up: torch.Tensor,
     shrunk: torch.Tensor,
     lora_b: torch.Tensor,
     batch: LoRABatch,
-    backend: str = "auto",
+    plan: LoRAPlan,
 ) -> torch.Tensor:
-    """``silu(gate) * up`` after adding each token's gate/up LoRA term; returns ``[T, I]``.
+    """Launch the kernel (``lora.silu_and_mul_lora`` has the semantics); returns ``[T, I]``.
 
-    Args:
-        gate_up: ``[T, 2 I]`` base output of the gate/up GEMM (gate then up), last dim
-            contiguous, any row stride. Left unspecified afterwards (the torch path adds the
-            LoRA term into it).
-        shrunk: ``[T, num_slots, 2, max_rank]``: every slot's shrink (as for
-            :func:`lora_expand_gathered`), any float dtype and strides.
-        lora_b: ``[num_slots, 2 I, max_rank]``, gate_up's dtype, scale folded in.
-        batch: the step's :class:`LoRABatch`.
-        backend: ``"auto"`` (Triton on CUDA), ``"triton"`` (also under ``TRITON_INTERPRET=1``)
-            or ``"torch"``. Triton runs one launch for up to ``DECODE_MAX_TOKENS`` tokens and
-            ``max_rank <= 64``; otherwise the expand and SiLU-and-mul run one after the other.
-
-    Semantics::
-
-        lora_expand_gathered(gate_up, shrunk, lora_b, batch, (0, I, 2 * I))
-        return silu_and_mul(gate_up)
+    ``gate_up`` ``[T, 2 I]`` with a contiguous last dim; tiles and launch options from ``plan``.
     """
     num_tokens, width = gate_up.shape
-    if width % 2 or gate_up.stride(1) != 1:
-        raise ValueError(f"gate_up must be [T, 2 I] with a contiguous last dim, got {tuple(gate_up.shape)}")
     half = width // 2
-    offsets = (0, half, width)
-    max_rank = lora_b.shape[-1]
-    if not folds_expand(_backend_of(backend, gate_up.device), num_tokens, max_rank):
-        lora_expand_gathered(gate_up, shrunk, lora_b, batch, offsets, backend=backend)
-        return silu_and_mul(gate_up, backend=backend)
-    check_gathered(num_tokens, width, gate_up.dtype, shrunk, lora_b, slices=2)
+    check_shrunk_in_gemm(num_tokens, width, gate_up.dtype, shrunk, lora_b, slices=2)
     out = torch.empty((num_tokens, half), dtype=gate_up.dtype, device=gate_up.device)  # [T, I]
     if num_tokens == 0:
         return out
-    br = block_r(max_rank)
-    bn = max(16, EXPAND_TILE // (2 * br))
+    br = block_r(lora_b.shape[-1])
+    bn = max(16, plan.bgmv_expand_tile // (2 * br))
     st_t, st_l, st_s, st_r = shrunk.stride()
     _silu_mul_lora_kernel[(num_tokens, triton.cdiv(half, bn))](
         gate_up,
@@ -143,6 +110,6 @@ def silu_and_mul_lora(
         BLOCK_N=bn,
         BLOCK_R=br,
         RANK_ALIGN=rank_align(lora_b),
-        **_launch_options(use_pdl(gate_up.device), EXPAND_WARPS),
+        **launch_options(plan.pdl, plan.bgmv_expand_warps),
     )
     return out

@@ -2,7 +2,7 @@
 
 An expand launch covers every slice of a projection: its program index along the output
 runs over the slices' column tiles one slice after another, so slices of different widths
-share one grid. Used by both kernel families (``lora_decode`` and ``lora_triton``).
+share one grid. Used by both kernel families (``lora_bgmv`` and ``lora_sgmv``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from itertools import pairwise
 import triton
 import triton.language as tl
 
-from .lora import MAX_SLICES
+# Fused projections in our models have at most 3 slices (q/k/v); the kernels take 4.
+MAX_SLICES = 4
 
 
 @triton.jit

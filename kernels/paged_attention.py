@@ -18,13 +18,13 @@ hot path). ``"auto"`` picks triton on CUDA, torch elsewhere.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from multilora_studio.kernels import paged_attention_cpu
+from . import paged_attention_cpu
+from .triton_support import triton_runs_on
 
 __all__ = ["paged_attention", "reference_paged_attention", "write_kv"]
 
@@ -33,10 +33,6 @@ _BACKENDS = ("auto", "torch", "triton", "numba")
 _TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
 # F.scaled_dot_product_attention(enable_gqa=...) exists from torch 2.5
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
-
-
-def _triton_usable(device: torch.device) -> bool:
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _validate_attention(
@@ -125,7 +121,7 @@ def _validate_attention(
     if backend == "numba" and not paged_attention_cpu.supports(q):
         raise ValueError(f"backend='numba' needs float32 CPU tensors and Numba, q is {q.dtype} on {device}")
     if backend == "triton":
-        if not _triton_usable(device):
+        if not triton_runs_on(device):
             raise ValueError(f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1), q is on {device}")
         if head_dim not in _TRITON_HEAD_DIMS:
             raise ValueError(

@@ -1,7 +1,7 @@
 """What follows the q/k/v GEMM, in one launch: the LoRA expand, RoPE on q and k, K/V into the cache.
 
 The q/k/v GEMM's output is read by RoPE (q and k, in place) and by the cache write (k and
-v); with the shrink inside the GEMM (``lora_expand_gathered``) the LoRA expand comes first.
+v); with the shrink in GEMM (``lora.lora_expand_shrunk_in_gemm``) the LoRA expand comes first.
 Program ``(t, head)`` takes one head of q, k or v of token ``t``: it loads the token's B rows
 for that head (the weights first, before waiting on the GEMM), adds the LoRA term (rounded
 as the expand rounds), rotates q and k heads as ``rope_`` does, and stores q back in place
@@ -15,20 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .fused_ops import rope_
-from .lora import LoRABatch, _interpreting, lora_expand_gathered
-from .lora_decode import (
-    _launch_options,
-    add_token_lora,
-    block_r,
-    check_gathered,
-    gdc_launch_dependents,
-    gdc_wait,
-    load_token_b,
-    rank_align,
-    use_pdl,
-)
-from .paged_attention import write_kv
+from .lora_batch import LoRABatch
+from .lora_bgmv import add_token_lora, block_r, load_token_b, rank_align
+from .lora_checks import check_shrunk_in_gemm
+from .lora_plan import LoRAPlan
+from .triton_support import gdc_launch_dependents, gdc_wait, launch_options
 
 
 @triton.jit
@@ -118,7 +109,7 @@ def _qkv_epilogue_kernel(
             tl.store(out + HALF + d, x2)
 
 
-def qkv_rope_write(
+def launch(
     qkv: torch.Tensor,
     num_q_heads: int,
     num_kv_heads: int,
@@ -127,62 +118,18 @@ def qkv_rope_write(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    lora: tuple[torch.Tensor, torch.Tensor, LoRABatch] | None = None,
-    fused: bool = True,
+    lora: tuple[torch.Tensor, torch.Tensor, LoRABatch] | None,
+    plan: LoRAPlan,
 ) -> torch.Tensor:
-    """LoRA expand (optional), RoPE on q and k, and k / v into the paged cache; returns q ``[T, Hq, D]``.
+    """Launch the kernel (``lora.qkv_rope_write`` has the semantics); returns q ``[T, Hq, D]``.
 
-    Args:
-        qkv: ``[T, (Hq + 2 Hkv) * D]`` output of the q/k/v GEMM (last dim contiguous, any row
-            stride); q is rotated in place, k and v are left unspecified.
-        cos_sin, positions: as for ``rope_`` (float32 ``[positions, D]``, ``[T]``).
-        k_cache, v_cache, slot_mapping: as for ``write_kv``.
-        lora: ``(shrunk [T, slots, 3, R], lora_b [slots, (Hq + 2 Hkv) * D, R], batch)`` as for
-            ``lora_expand_gathered``, or None (base rows only).
-
-    One Triton launch on CUDA (and under ``TRITON_INTERPRET=1``) for a power-of-two head_dim
-    >= 8 and LoRA ranks up to 64; otherwise, or with ``fused=False``, the launches below, one
-    after the other.
-
-    Semantics::
-
-        if lora is not None:
-            shrunk, lora_b, batch = lora
-            offsets = (0, q_size, q_size + kv_size, q_size + 2 * kv_size)
-            lora_expand_gathered(qkv, shrunk, lora_b, batch, offsets)
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=1)  # viewed as [T, heads, D]
-        rope_(q, cos_sin, positions); rope_(k, cos_sin, positions)
-        write_kv(k, v, k_cache, v_cache, slot_mapping)
-        return q
+    ``qkv`` ``[T, (Hq + 2 Hkv) * D]`` with a contiguous last dim; head_dim a power of two >= 8
+    and LoRA ranks up to ``FOLDED_EXPAND_MAX_RANK``. Launch options from ``plan``.
     """
     num_tokens, width = qkv.shape
     head_dim = cos_sin.shape[1]
     heads = num_q_heads + 2 * num_kv_heads
-    if width != heads * head_dim or qkv.stride(1) != 1:
-        raise ValueError(
-            f"qkv must be [T, {heads * head_dim}] with a contiguous last dim, got {tuple(qkv.shape)}"
-        )
-    q_size, kv_size = num_q_heads * head_dim, num_kv_heads * head_dim
-    q = qkv[:, :q_size].view(num_tokens, num_q_heads, head_dim)
-    k = qkv[:, q_size : q_size + kv_size].view(num_tokens, num_kv_heads, head_dim)
-    v = qkv[:, q_size + kv_size :].view(num_tokens, num_kv_heads, head_dim)
-    max_rank = lora[1].shape[-1] if lora is not None else 0
-    one_launch = (
-        fused
-        and (qkv.device.type == "cuda" or _interpreting())
-        and head_dim >= 8
-        and head_dim & (head_dim - 1) == 0
-        and max_rank <= 64
-    )
-    if not one_launch:
-        if lora is not None:
-            shrunk, lora_b, batch = lora
-            offsets = (0, q_size, q_size + kv_size, width)
-            lora_expand_gathered(qkv, shrunk, lora_b, batch, offsets)
-        rope_(q, cos_sin, positions)
-        rope_(k, cos_sin, positions)
-        write_kv(k, v, k_cache, v_cache, slot_mapping)
-        return q
+    q = qkv[:, : num_q_heads * head_dim].view(num_tokens, num_q_heads, head_dim)
     if cos_sin.dtype != torch.float32 or positions.shape != (num_tokens,):
         raise ValueError("cos_sin must be float32 [positions, head_dim] and positions [T]")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape[2:] != (
@@ -198,11 +145,11 @@ def qkv_rope_write(
         return q
     if lora is not None:
         shrunk, lora_b, batch = lora
-        check_gathered(num_tokens, width, qkv.dtype, shrunk, lora_b, slices=3)
+        check_shrunk_in_gemm(num_tokens, width, qkv.dtype, shrunk, lora_b, slices=3)
         lora_args = (shrunk, lora_b, batch.token_slots, batch.token_ranks)
         shrunk_strides = (shrunk.stride(0), shrunk.stride(1), shrunk.stride(2), shrunk.stride(3))
         b_strides = lora_b.stride()
-        br, align = block_r(max_rank), rank_align(lora_b)
+        br, align = block_r(lora_b.shape[-1]), rank_align(lora_b)
     else:
         lora_args = (qkv, qkv, slot_mapping, slot_mapping)  # never read
         shrunk_strides, b_strides, br, align = (0, 0, 0, 0), (0, 0, 0), 8, 1
@@ -226,6 +173,6 @@ def qkv_rope_write(
         BLOCK_R=br,
         RANK_ALIGN=align,
         HAS_LORA=lora is not None,
-        **_launch_options(use_pdl(qkv.device), 1),
+        **launch_options(plan.pdl, 1),
     )
     return q

@@ -3,6 +3,7 @@
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft.
 # Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
+# Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
 set -u
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
@@ -37,9 +38,9 @@ for step in $steps; do
       done ;;
     engine-bench-qkv)
       # the engine benchmark with q/k/v's expand, RoPE and the cache write as separate launches, then fused
-      for fused in 0 1; do
-        MULTILORA_FUSED_QKV=$fused timeout 280 python3 -m benchmarks.engine_gpu \
-          --json "$OUT/engine_gpu_qkv$fused.json" 2>&1 | tee "$OUT/engine-bench-qkv$fused.log" | grep -v "^INFO" \
+      for fused in off on; do
+        timeout 280 python3 -m benchmarks.engine_gpu --fused-qkv-epilogue $fused \
+          --json "$OUT/engine_gpu_qkv_$fused.json" 2>&1 | tee "$OUT/engine-bench-qkv-$fused.log" | grep -v "^INFO" \
           | grep -E "fused_qkv|decode_tok|over_base|replay|startup|equals|fraction|rounds"
       done ;;
     tier-bench)
@@ -77,7 +78,7 @@ for step in $steps; do
         | tee "$OUT/bench-sweep-w8.log" | grep -v " INFO " | tail -6 ;;
     lora-step)
       # what the LoRA term adds to a decode step's projections (32 layers, batch 32), per way of running it
-      timeout 300 python3 -m multilora_studio.kernels.step_lora_bench ${LORA_STEP_ARGS:-} 2>&1 \
+      timeout 300 python3 -m benchmarks.kernels.step_lora_bench ${LORA_STEP_ARGS:-} 2>&1 \
         | tee "$OUT/lora-step.log" | tail -40 ;;
     bench-identical)
       # the identical pattern (every request on one adapter) with thread stacks of its slowest steps
@@ -135,10 +136,10 @@ for step in $steps; do
       TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_lora_kernels.py \
         -k "${KERNEL_TESTS:-fused or add_lora_matches_reference or ranks_above}" 2>&1 | tee "$OUT/kernel-tests.log" | tail -5 ;;
     kernel-bench)
-      OUT=$OUT timeout 420 python3 -m multilora_studio.kernels.bench --budget ${KERNEL_BUDGET:-240} \
+      OUT=$OUT timeout 420 python3 -m benchmarks.kernels.lora_bench --budget ${KERNEL_BUDGET:-240} \
         ${KERNEL_SECTIONS:+--sections $KERNEL_SECTIONS} 2>&1 | tee "$OUT/kernel-bench.log" | grep -v "^INFO" | tail -40 ;;
     attention-bench)
-      timeout 240 python3 -m multilora_studio.kernels.paged_attention_bench 2>&1 | tee "$OUT/attention-bench.log" | tail -30 ;;
+      timeout 240 python3 -m benchmarks.kernels.paged_attention_bench 2>&1 | tee "$OUT/attention-bench.log" | tail -30 ;;
   esac
   echo "=== $step took $(( $(date +%s) - start )) s"
 done

@@ -12,8 +12,6 @@ SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "auto")
 MAX_SLOTS = 1024
 MAX_SEED = 2**63 - 1  # torch.Generator seeds are signed 64-bit
 GREEDY_BELOW = 1e-5
-# max_loras x max_lora_rank up to which CUDA engines compute the LoRA shrink in the base GEMMs
-SHRINK_IN_GEMM_MAX_ROWS = 768
 DEVICE_NAME = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -79,8 +77,16 @@ class EngineConfig:
     # base output and each token's shrink against every slot, and the expand reads its own
     # slot's (docs/engine.md). One launch fewer per projection, but it reads every slot's A
     # whatever the batch uses. None: on CUDA when max_loras x max_lora_rank <= 768 (on the
-    # H200 it was faster at any adapter mix with 512, slower with 1024), never on the CPU.
+    # H200 it was faster at any adapter mix with 512, slower with 1024), never on the CPU
+    # (engine/lora_plan_builder.py decides).
     lora_shrink_in_gemm: bool | None = None
+    # Whether the q/k/v LoRA expand, RoPE and the K/V cache write run as one Triton launch
+    # (kernels/qkv_epilogue.py). None: on CUDA; True also on the CPU under TRITON_INTERPRET=1
+    # (tests), the separate launches elsewhere.
+    fused_qkv_epilogue: bool | None = None
+    # CPU: reorder the base GEMM weights once into oneDNN's blocked layout (about 1.7x faster
+    # decode GEMMs, kernels/cpu_linear.py) where this torch build supports it.
+    cpu_weight_packing: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):
@@ -119,16 +125,12 @@ class EngineConfig:
             )
         if self.adapter_load_workers is not None:
             _check_int("adapter_load_workers", self.adapter_load_workers, 1, 64)
-        if self.lora_shrink_in_gemm is not None and not isinstance(self.lora_shrink_in_gemm, bool):
-            raise ValueError(
-                f"lora_shrink_in_gemm must be True, False or None, got {self.lora_shrink_in_gemm!r}"
-            )
-
-    def shrink_in_gemm_for(self, device_type: str) -> bool:
-        """Whether the engine on ``device_type`` computes the LoRA shrink in the base GEMMs."""
-        if self.lora_shrink_in_gemm is not None:
-            return self.lora_shrink_in_gemm
-        return device_type == "cuda" and self.max_loras * self.max_lora_rank <= SHRINK_IN_GEMM_MAX_ROWS
+        for name in ("lora_shrink_in_gemm", "fused_qkv_epilogue"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be True, False or None, got {value!r}")
+        if not isinstance(self.cpu_weight_packing, bool):
+            raise ValueError(f"cpu_weight_packing must be True or False, got {self.cpu_weight_packing!r}")
 
     def loader_for(self, device_type: str) -> str:
         """The adapter loader used on ``device_type``, "thread" or "process" (see ``adapter_loader``)."""

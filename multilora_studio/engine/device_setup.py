@@ -12,6 +12,7 @@ import torch
 from multilora_studio.engine.block_manager import BlockManager, blocks_needed
 from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.host_threads import quiet_host_threads
+from multilora_studio.engine.lora_plan_builder import build_lora_plan, shrink_in_gemm_rows
 from multilora_studio.engine.model_source import BaseModel, resolve_model
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.runner import ModelRunner, kv_bytes_per_block
@@ -69,8 +70,8 @@ def load_on_device(
         torch.cuda.set_device(device)
         quiet_host_threads()
         install_compile_watch()
-    # LoRA A rows reserved after every GEMM weight when the shrink runs inside the base GEMMs
-    lora_rows = config.max_loras * config.max_lora_rank if config.shrink_in_gemm_for(device.type) else 0
+    plan = build_lora_plan(config, device, dtype)  # how the LoRA term runs
+    lora_rows = shrink_in_gemm_rows(config, plan)  # A rows reserved after every GEMM weight
     base = resolve_model(config.model, dtype, device, progress, lora_rows)
     if config.max_model_len > base.spec.max_position_embeddings:
         log.warning(
@@ -79,5 +80,5 @@ def load_on_device(
             base.spec.max_position_embeddings,
         )
     num_blocks = kv_cache_blocks(config, base.spec, device, dtype)
-    runner = ModelRunner(config, base.spec, base.weights, num_blocks, device, dtype)
+    runner = ModelRunner(config, base.spec, base.weights, num_blocks, device, dtype, plan)
     return base, runner, BlockManager(num_blocks, config.block_size)

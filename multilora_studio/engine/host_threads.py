@@ -7,14 +7,12 @@ long each time the loader holds the GIL; the engine lowers it to 0.5 ms. On the 
 (16 cores) decode during a stream of cold loads ran at 23-65% of its rate with the default
 and at 58-71% with 0.5 ms (docs/BENCHMARKS.md; the runs vary a lot between machines).
 
-Capping torch's CPU threads (``MULTILORA_HOST_THREADS=N``) was measured too: 4 threads gave
-57-58% during cold loads and cost 3-7% of base decode throughput, so it is off by default.
+Capping torch's CPU threads was measured too and dropped: 4 threads gave 57-58% during cold
+loads and cost 3-7% of base decode throughput.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -22,20 +20,13 @@ from contextlib import contextmanager
 
 import torch
 
-log = logging.getLogger(__name__)
-
 SWITCH_INTERVAL_S = 0.0005
 
 
 def quiet_host_threads() -> None:
-    """A GIL switch interval of at most 0.5 ms for this process, and at most
-    ``MULTILORA_HOST_THREADS`` torch CPU threads when that variable is set."""
+    """A GIL switch interval of at most 0.5 ms for this process."""
     if sys.getswitchinterval() > SWITCH_INTERVAL_S:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
-    threads = int(os.environ.get("MULTILORA_HOST_THREADS", "0") or 0)
-    if threads > 0 and torch.get_num_threads() > threads:
-        log.info("torch CPU threads %d -> %d (MULTILORA_HOST_THREADS)", torch.get_num_threads(), threads)
-        torch.set_num_threads(threads)
 
 
 LOADER_TORCH_THREADS = {"cpu": 1, "cuda": 2}

@@ -4,17 +4,18 @@ Plain functions over the fused weights: per layer one qkv GEMM, one gate_up GEMM
 and the LoRA term of each targeted projection group added by the multi-LoRA
 kernels for a per-token adapter slot. Per-step metadata arrives as arguments.
 
-With GEMM blocks (``EngineConfig.lora_shrink_in_gemm``), a step of up to
-``DECODE_MAX_TOKENS`` tokens runs each targeted projection as one GEMM over the base
+How the LoRA term runs is the engine's :class:`LoRAPlan`, read here and handed to every
+LoRA wrapper. With the shrink in GEMM (``LoRAPlan.shrink_in_gemm``), a step of up to
+``LoRAPlan.bgmv_max_tokens`` tokens runs each targeted projection as one GEMM over the base
 rows and every slot's A rows, then the expand that reads each token's own slot: inside
 SiLU-and-mul for gate/up (``kernels/lora_silu.py``) and inside the residual-add + RMSNorm
-that follows o and down (``kernels/lora_norm.py``); on CUDA q/k/v's is part of one kernel
-with RoPE and the K/V cache write (``kernels/qkv_epilogue.py``, see ``fused_qkv_epilogue``).
+that follows o and down (``kernels/lora_norm.py``) where the plan folds expands; with
+``LoRAPlan.fused_qkv`` q/k/v's is part of one kernel with RoPE and the K/V cache write
+(``kernels/qkv_epilogue.py``).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -26,25 +27,15 @@ from multilora_studio.engine.rope import cos_sin_cache
 from multilora_studio.engine.weights import ModelWeights
 from multilora_studio.kernels.cpu_linear import packed_linear
 from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, silu_and_mul
-from multilora_studio.kernels.lora import LoRABatch, add_lora
-from multilora_studio.kernels.lora_decode import DECODE_MAX_TOKENS
-from multilora_studio.kernels.lora_norm import add_rms_norm_lora
-from multilora_studio.kernels.lora_silu import silu_and_mul_lora
+from multilora_studio.kernels.lora import (
+    LoRABatch,
+    LoRAPlan,
+    add_lora,
+    add_rms_norm_lora,
+    qkv_rope_write,
+    silu_and_mul_lora,
+)
 from multilora_studio.kernels.paged_attention import paged_attention
-from multilora_studio.kernels.qkv_epilogue import qkv_rope_write
-
-
-def fused_qkv_epilogue(device: torch.device) -> bool:
-    """Whether steps run the q/k/v expand, RoPE and the K/V cache write as one launch
-    (``kernels/qkv_epilogue.py``): on CUDA by default. ``MULTILORA_FUSED_QKV=0`` runs the
-    separate ops there (for A/B measurements); ``=1`` asks for the kernel elsewhere too, where
-    it runs under ``TRITON_INTERPRET=1`` (tests) and is the separate ops otherwise."""
-    setting = os.environ.get("MULTILORA_FUSED_QKV", "")
-    if setting not in ("", "0", "1"):
-        raise ValueError(f"MULTILORA_FUSED_QKV must be 0 or 1, got {setting!r}")
-    if setting:
-        return setting == "1"
-    return device.type == "cuda"
 
 
 @dataclass
@@ -67,7 +58,7 @@ class LoRAStep:
 
 
 class LlamaModel:
-    """One base model on one device, with optional LoRA slot weights."""
+    """One base model on one device, with optional LoRA slot weights, run as ``plan`` says."""
 
     def __init__(
         self,
@@ -75,48 +66,48 @@ class LlamaModel:
         weights: ModelWeights,
         lora: LoRASlotWeights | None,
         max_positions: int,
+        plan: LoRAPlan,
     ) -> None:
+        if plan.shrink_in_gemm and (lora is None or not lora.shrink_in_gemm_weights):
+            raise ValueError("a plan with the shrink in GEMM needs LoRA slots in the shrink-in-GEMM weights")
         self.spec = spec
         self.weights = weights
         self.lora = lora
+        self.plan = plan
         device = weights.embed.device
         self.rope = cos_sin_cache(spec.rope, spec.head_dim, max_positions, device)  # [P, D]
         self.scale = spec.head_dim**-0.5
         self.linear = packed_linear if weights.onednn_packed else F.linear
-        self.fused_qkv = fused_qkv_epilogue(device)
+        # Per-row arrival counters of the residual-add + RMSNorm kernels that do the o / down
+        # expand with the shrink in GEMM (kernels/lora_norm.py); every launch leaves them zero.
+        counters = plan.bgmv_max_tokens if plan.shrink_in_gemm else 0
+        self.row_counters = torch.zeros(counters, dtype=torch.int32, device=device)  # [T]
 
-    def _shrink_in_gemm(self, group: str, tokens: int, step: LoRAStep | None) -> bool:
-        """Whether ``group``'s LoRA term this step comes from the GEMM over its block."""
-        lora = self.lora
-        return (
-            step is not None
-            and lora is not None
-            and group in step.groups
-            and group in lora.gemm_blocks
-            and tokens <= DECODE_MAX_TOKENS
-        )
+    def _shrinks_in_gemm(self, group: str, tokens: int, step: LoRAStep | None) -> bool:
+        """Whether ``group``'s LoRA term this step comes from the GEMM over its shrink-in-GEMM weight."""
+        return step is not None and group in step.groups and self.plan.shrinks_in_gemm(tokens)
 
     def _mlp_act(self, layer: int, h: torch.Tensor, step: LoRAStep | None) -> torch.Tensor:
         """silu(gate) * up [T, I] of the gate/up projection of ``h``, LoRA term included."""
         weights = self.weights.layers[layer]
-        if not self._shrink_in_gemm("gate_up", h.shape[0], step):
+        if not self._shrinks_in_gemm("gate_up", h.shape[0], step):
             return silu_and_mul(self._project("gate_up", layer, h, weights.gate_up, step))  # [T, I]
         assert self.lora is not None and step is not None
-        gate_up, shrunk = self._block_gemm("gate_up", layer, h)  # [T, 2 I], [T, slots, 2, R]
-        return silu_and_mul_lora(gate_up, shrunk, self.lora.b["gate_up"][layer], step.batch)
+        gate_up, shrunk = self._shrink_in_gemm("gate_up", layer, h)  # [T, 2 I], [T, slots, 2, R]
+        return silu_and_mul_lora(gate_up, shrunk, self.lora.b["gate_up"][layer], step.batch, self.plan)
 
-    def _block_gemm(
+    def _shrink_in_gemm(
         self, group: str, layer: int, x: torch.Tensor, with_bias: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One GEMM over ``group``'s block: the base output [T, N] and every slot's shrink
-        [T, slots, S, R] (views of one [T, N + S * slots * R] output)."""
+        """One GEMM over ``group``'s shrink-in-GEMM weight: the base output [T, N] and every
+        slot's shrink [T, slots, S, R] (views of one [T, N + S * slots * R] output)."""
         assert self.lora is not None
         bias = None
         if with_bias:  # q/k/v's bias, with zeros for the A rows
-            assert self.weights.qkv_bias_block is not None  # allocated with the blocks
-            bias = self.weights.qkv_bias_block[layer]  # [N + 3 * slots * R]
-        out = self.linear(x, self.lora.gemm_blocks[group][layer], bias)
-        return self.lora.gemm_output_split(group, out)
+            assert self.weights.shrink_in_gemm_qkv_bias is not None  # allocated with the weights
+            bias = self.weights.shrink_in_gemm_qkv_bias[layer]  # [N + 3 * slots * R]
+        out = self.linear(x, self.lora.shrink_in_gemm_weights[group][layer], bias)
+        return self.lora.split_shrink_in_gemm(group, out)
 
     def _qkv_gemm(
         self, layer: int, h: torch.Tensor, step: LoRAStep | None
@@ -124,11 +115,11 @@ class LlamaModel:
         """The q/k/v projection [T, q + 2 kv] and, with the shrink in the GEMM, its expand still
         to do ``(shrunk, lora_b, batch)`` (None when the LoRA term is in already or there is none)."""
         weights = self.weights.layers[layer]
-        if not self._shrink_in_gemm("qkv", h.shape[0], step):
+        if not self._shrinks_in_gemm("qkv", h.shape[0], step):
             return self._project("qkv", layer, h, weights.qkv, step, weights.qkv_bias), None
         assert self.lora is not None and step is not None
         # [T, N], [T, slots, 3, R]
-        qkv, shrunk = self._block_gemm("qkv", layer, h, weights.qkv_bias is not None)
+        qkv, shrunk = self._shrink_in_gemm("qkv", layer, h, weights.qkv_bias is not None)
         return qkv, (shrunk, self.lora.b["qkv"][layer], step.batch)
 
     def _project_add_norm(
@@ -143,13 +134,14 @@ class LlamaModel:
     ) -> torch.Tensor:
         """``residual += x @ weight^T + LoRA`` in place; returns RMSNorm of the new residual [T, H]."""
         eps = self.spec.rms_norm_eps
-        if not self._shrink_in_gemm(group, x.shape[0], step):
+        if not self._shrinks_in_gemm(group, x.shape[0], step):
             return add_rms_norm(self._project(group, layer, x, weight, step), residual, norm_weight, eps)
         assert self.lora is not None and step is not None
-        lora = self.lora
-        y, shrunk = self._block_gemm(group, layer, x)  # [T, H], [T, slots, 1, R]
-        b = lora.b[group][layer]
-        return add_rms_norm_lora(y, residual, norm_weight, eps, shrunk, b, step.batch, lora.row_counters)
+        y, shrunk = self._shrink_in_gemm(group, layer, x)  # [T, H], [T, slots, 1, R]
+        b = self.lora.b[group][layer]
+        return add_rms_norm_lora(
+            y, residual, norm_weight, eps, shrunk, b, step.batch, self.row_counters, self.plan
+        )
 
     def _project(
         self,
@@ -166,9 +158,8 @@ class LlamaModel:
             return self.linear(x, weight, bias)
         # The slot buffers and activations are consistent by construction: no argument checks.
         y = self.linear(x, weight, bias)
-        add_lora(
-            y, x, lora.a[group][layer], lora.b[group][layer], step.batch, lora.offsets[group], validate=False
-        )
+        a, b = lora.a[group][layer], lora.b[group][layer]
+        add_lora(y, x, a, b, step.batch, lora.offsets[group], self.plan, validate=False)
         return y
 
     def forward(
@@ -192,7 +183,7 @@ class LlamaModel:
             # q [T, Hq, D] after the expand (if pending), RoPE and the cache write: one launch if fused
             q = qkv_rope_write(
                 qkv, spec.num_heads, spec.num_kv_heads, self.rope, positions,
-                k_cache, v_cache, attn.slot_mapping, pending, fused=self.fused_qkv,
+                k_cache, v_cache, attn.slot_mapping, pending, self.plan,
             )  # fmt: skip
             context = paged_attention(
                 q,

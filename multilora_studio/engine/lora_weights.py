@@ -1,8 +1,8 @@
 """Adapter weights resident on the device: one slot per adapter, per layer and projection group.
 
 Storage (allocated once, zeros; see ``multilora_studio.kernels.lora`` for the kernels' view):
-    a[group]: [layers, slots, slices, max_rank, in_features]   (with GEMM blocks: a view of the
-              rows after the base weight's, ``engine/weights.py``)
+    a[group]: [layers, slots, slices, max_rank, in_features]   (with the shrink in GEMM: a view
+              of the rows after the base weight's, ``engine/weights.py``)
     b[group]: [layers, slots, out_total, max_rank]   slice s = rows offsets[s]:offsets[s+1]
               (on the CPU a transposed view of [layers, slots, max_rank, out_total] storage)
     slot_ranks: [slots] int32, 0 = empty slot
@@ -19,7 +19,6 @@ import torch
 from multilora_studio.adapters.peft_adapter import HostAdapter
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.pinned_arena import BlockSource, carve, carved_bytes
-from multilora_studio.kernels.lora_decode import DECODE_MAX_TOKENS
 
 # projection group (one kernel launch) -> the HF modules that are its slices, in row order
 LORA_GROUPS: dict[str, tuple[str, ...]] = {
@@ -43,11 +42,11 @@ class LoRASlotWeights:
         max_rank: int,
         dtype: torch.dtype,
         device: torch.device,
-        gemm_blocks: dict[str, torch.Tensor] | None = None,
+        shrink_in_gemm_weights: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.num_slots = num_slots
-        # group -> [layers, N + slices * slots * max_rank, K] when the shrink runs inside the base GEMM
-        self.gemm_blocks = gemm_blocks or {}
+        # group -> [layers, N + slices * slots * max_rank, K] with the shrink in GEMM (weights.py)
+        self.shrink_in_gemm_weights = shrink_in_gemm_weights or {}
         self.max_rank = max_rank
         self.a: dict[str, torch.Tensor] = {}
         self.b: dict[str, torch.Tensor] = {}
@@ -58,17 +57,18 @@ class LoRASlotWeights:
             self.offsets[group] = (0, *itertools.accumulate(widths))
             a_shape = (spec.num_layers, num_slots, len(modules), max_rank, in_features)
             out_total = sum(widths)
-            if group in self.gemm_blocks:
-                block = self.gemm_blocks[group]  # [L, N + S * slots * R, K]
-                if tuple(block.shape) != (
+            if group in self.shrink_in_gemm_weights:
+                weight = self.shrink_in_gemm_weights[group]  # [L, N + S * slots * R, K]
+                if tuple(weight.shape) != (
                     spec.num_layers,
                     out_total + num_slots * len(modules) * max_rank,
                     in_features,
                 ):
                     raise ValueError(
-                        f"GEMM block of {group} has shape {tuple(block.shape)}, not the slots' layout"
+                        f"shrink-in-GEMM weight of {group} has shape {tuple(weight.shape)}, "
+                        "not the slots' layout"
                     )
-                self.a[group] = block[:, out_total:].view(a_shape)
+                self.a[group] = weight[:, out_total:].view(a_shape)
             else:
                 self.a[group] = torch.zeros(a_shape, dtype=dtype, device=device)
             if torch.device(device).type == "cpu":
@@ -81,9 +81,6 @@ class LoRASlotWeights:
                     (spec.num_layers, num_slots, out_total, max_rank), dtype=dtype, device=device
                 )
         self.slot_ranks = torch.zeros(num_slots, dtype=torch.int32, device=device)  # [slots]
-        # per-row arrival counters of the residual-add + RMSNorm kernels that do the o / down
-        # expand (kernels/lora_norm.py); every launch leaves them zero
-        self.row_counters = torch.zeros(DECODE_MAX_TOKENS, dtype=torch.int32, device=device)
         self.slot_ranks_host = [0] * num_slots  # the same ranks, for metadata built on the host
         self.slot_groups: list[frozenset[str]] = [frozenset()] * num_slots
         self.slot_adapter: list[str | None] = [None] * num_slots
@@ -92,9 +89,9 @@ class LoRASlotWeights:
     def nbytes(self) -> int:
         return sum(t.nbytes for t in itertools.chain(self.a.values(), self.b.values()))
 
-    def gemm_output_split(self, group: str, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def split_shrink_in_gemm(self, group: str, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The base output [T, N] and the shrink against every slot [T, slots, S, R] (views)
-        of a GEMM over ``group``'s whole block, ``out`` [T, N + S * slots * R]."""
+        of a GEMM over ``group``'s whole shrink-in-GEMM weight, ``out`` [T, N + S * slots * R]."""
         n = self.offsets[group][-1]
         return out[:, :n], out[:, n:].view(out.shape[0], self.num_slots, -1, self.max_rank)
 

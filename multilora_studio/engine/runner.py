@@ -7,7 +7,6 @@ engine's worker thread.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +30,7 @@ from multilora_studio.engine.step_staging import StepStaging
 from multilora_studio.engine.weights import ModelWeights, pack_for_onednn
 from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
 from multilora_studio.kernels.cpu_linear import onednn_packing_available
-from multilora_studio.kernels.lora import LoRABatch
+from multilora_studio.kernels.lora import LoRABatch, LoRAPlan
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +47,9 @@ class StepInputs:
     lora_groups: frozenset[str]
 
 
-def cpu_packing_enabled(dtype: torch.dtype) -> bool:
-    """Whether the CPU base GEMMs run on oneDNN-packed weights (``MULTILORA_CPU_ONEDNN=0`` turns it off)."""
-    return os.environ.get("MULTILORA_CPU_ONEDNN", "1") != "0" and onednn_packing_available(dtype)
+def cpu_packing_enabled(config: EngineConfig, dtype: torch.dtype) -> bool:
+    """Whether the CPU base GEMMs run on oneDNN-packed weights (``EngineConfig.cpu_weight_packing``)."""
+    return config.cpu_weight_packing and onednn_packing_available(dtype)
 
 
 def kv_bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
@@ -68,19 +67,20 @@ class ModelRunner:
         num_kv_blocks: int,
         device: torch.device,
         dtype: torch.dtype,
+        plan: LoRAPlan,
     ) -> None:
         self.config = config
         self.spec = spec
         self.device = device
         self.dtype = dtype
-        if device.type == "cpu" and cpu_packing_enabled(dtype) and not weights.gemm_blocks:
+        if device.type == "cpu" and cpu_packing_enabled(config, dtype) and not plan.shrink_in_gemm:
             pack_for_onednn(weights)  # in place: ~1.7x faster decode GEMMs on the CPU
-        # With GEMM blocks (the shrink inside the base GEMMs) the slots' A factors are their extra rows.
+        # With the shrink in GEMM the slots' A factors are extra rows of the base GEMM weights.
         self.lora = LoRASlotWeights(
-            spec, config.max_loras, config.max_lora_rank, dtype, device, weights.gemm_blocks
+            spec, config.max_loras, config.max_lora_rank, dtype, device, weights.shrink_in_gemm_weights
         )
         max_positions = max(config.max_model_len, 16)
-        self.model = LlamaModel(spec, weights, self.lora, max_positions)
+        self.model = LlamaModel(spec, weights, self.lora, max_positions, plan)
         self.block_size = config.block_size
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
         # KV cache: [layers, 2 (k, v), blocks, block_size, kv_heads, head_dim]

@@ -34,8 +34,7 @@ import torch
 
 from multilora_studio.engine.scheduler import ScheduledChunk
 from multilora_studio.engine.staging_words import StagingWords, round4
-from multilora_studio.kernels.lora import LoRABatch
-from multilora_studio.kernels.lora_host import fill_lora_metadata
+from multilora_studio.kernels.lora_batch import LoRABatch, fill_lora_metadata
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,12 @@ Fused projections (qkv, gate_up) are filled from their HF parts by a data table
 (``PACKED_MODULES``), each part copied straight from the memory-mapped file into
 its rows of the fused tensor.
 
-With ``lora_rows`` > 0 each GEMM group's weights of all layers live in one block
-``[layers, N + slices * lora_rows, K]``: the layer's weight is the view of its first N
-rows, and the rows after them hold the LoRA A factors of every slot (zeros until an
-adapter is uploaded, ``LoRASlotWeights``), so one GEMM over the whole row range gives
-the base output and every slot's shrink. qkv's bias gets the same extra (zero) entries.
+For the shrink in GEMM (``LoRAPlan.shrink_in_gemm``), ``lora_rows`` > 0: each GEMM group's
+weights of all layers live in one tensor ``[layers, N + slices * lora_rows, K]``
+(``shrink_in_gemm_weights``): the layer's weight is the view of its first N rows, and the
+rows after them hold the LoRA A factors of every slot (zeros until an adapter is uploaded,
+``LoRASlotWeights``), so one GEMM over the whole row range gives the base output and every
+slot's shrink. qkv's bias gets the same extra (zero) entries.
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ class ModelWeights:
     final_norm: torch.Tensor  # [H]
     lm_head: torch.Tensor  # [V, H] (the embedding itself when tied)
     onednn_packed: bool = False  # GEMM weights in oneDNN's blocked layout (CPU): read by packed_linear only
-    # group -> [layers, N + slices * lora_rows, K]: base rows then every slot's A (empty without lora_rows)
-    gemm_blocks: dict[str, torch.Tensor] = field(default_factory=dict)
-    qkv_bias_block: torch.Tensor | None = None  # [layers, N + 3 * lora_rows], zeros after N
+    # group -> [layers, N + slices * lora_rows, K]: base rows then every slot's A, for the
+    # shrink in GEMM (empty without lora_rows)
+    shrink_in_gemm_weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    shrink_in_gemm_qkv_bias: torch.Tensor | None = None  # [layers, N + 3 * lora_rows], zeros after N
 
 
 def pack_for_onednn(weights: ModelWeights) -> None:
@@ -79,34 +81,36 @@ def pack_for_onednn(weights: ModelWeights) -> None:
         layer.down = pack_weight(layer.down)
     weights.lm_head = pack_weight(weights.lm_head)
     weights.onednn_packed = True
-    weights.gemm_blocks = {}  # the layers no longer read them
-    weights.qkv_bias_block = None
+    weights.shrink_in_gemm_weights = {}  # the layers no longer read them
+    weights.shrink_in_gemm_qkv_bias = None
 
 
-def allocate_blocks(
+def allocate_shrink_in_gemm_weights(
     spec: ModelSpec, lora_rows: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-    """GEMM blocks with ``lora_rows`` zero rows per slice after each layer's base rows (none for 0)."""
+    """GEMM weights with ``lora_rows`` zero rows per slice after each layer's base rows, and
+    qkv's bias to match (none for 0)."""
     if lora_rows <= 0:
         return {}, None
     layers = spec.num_layers
-    blocks = {}
+    weights = {}
     for group, slices in GEMM_SLICES.items():
         n, k = gemm_shape(spec, group)
-        blocks[group] = torch.empty((layers, n + slices * lora_rows, k), dtype=dtype, device=device)
-        blocks[group][:, n:].zero_()
+        weights[group] = torch.empty((layers, n + slices * lora_rows, k), dtype=dtype, device=device)
+        weights[group][:, n:].zero_()
     bias = None
     if spec.attention_bias:
         n = gemm_shape(spec, "qkv")[0]
         bias = torch.zeros((layers, n + GEMM_SLICES["qkv"] * lora_rows), dtype=dtype, device=device)
-    return blocks, bias
+    return weights, bias
 
 
 def base_rows(
-    blocks: dict[str, torch.Tensor], spec: ModelSpec, group: str, layer: int
+    shrink_in_gemm: dict[str, torch.Tensor], spec: ModelSpec, group: str, layer: int
 ) -> torch.Tensor | None:
-    """A layer's base weight of ``group`` in its block (None without blocks)."""
-    return blocks[group][layer, : gemm_shape(spec, group)[0]] if group in blocks else None
+    """A layer's base weight of ``group`` in the shrink-in-GEMM weights: the view of its base
+    rows (None without them)."""
+    return shrink_in_gemm[group][layer, : gemm_shape(spec, group)[0]] if group in shrink_in_gemm else None
 
 
 def _shard_files(folder: Path) -> list[Path]:
@@ -150,7 +154,7 @@ def load_weights(
     weight (module docstring).
     """
     source = _TensorSource(_shard_files(Path(folder)))
-    blocks, bias_block = allocate_blocks(spec, lora_rows, dtype, device)
+    shrink_in_gemm, shrink_in_gemm_bias = allocate_shrink_in_gemm_weights(spec, lora_rows, dtype, device)
 
     def take(name: str, shape: tuple[int, ...], into: torch.Tensor | None = None) -> torch.Tensor:
         tensor = source.get(name)
@@ -185,13 +189,13 @@ def load_weights(
         prefix = f"model.layers.{index}"
 
         def into(group: str, index: int = index) -> torch.Tensor | None:
-            return base_rows(blocks, spec, group, index)
+            return base_rows(shrink_in_gemm, spec, group, index)
 
         qkv = fused(prefix, PACKED_MODULES["self_attn.qkv_proj"], into=into("qkv"))
         gate_up = fused(prefix, PACKED_MODULES["mlp.gate_up_proj"], into=into("gate_up"))
         if qkv.shape != (qkv_rows, hidden) or gate_up.shape != (2 * inter, hidden):
             raise ValueError(f"layer {index}: fused projection shapes do not match config.json")
-        bias_into = bias_block[index, :qkv_rows] if bias_block is not None else None
+        bias_into = shrink_in_gemm_bias[index, :qkv_rows] if shrink_in_gemm_bias is not None else None
         layers.append(
             LayerWeights(
                 input_norm=take(f"{prefix}.input_layernorm.weight", (hidden,)),
@@ -211,7 +215,13 @@ def load_weights(
     else:
         lm_head = take("lm_head.weight", (spec.vocab_size, hidden))
     return ModelWeights(
-        embed, layers, take("model.norm.weight", (hidden,)), lm_head, False, blocks, bias_block
+        embed,
+        layers,
+        take("model.norm.weight", (hidden,)),
+        lm_head,
+        False,
+        shrink_in_gemm,
+        shrink_in_gemm_bias,
     )
 
 
@@ -221,14 +231,14 @@ def random_weights(
     """Random weights of the right shapes (benchmarks of large shapes without a download)."""
     generator = torch.Generator(device=device).manual_seed(seed)
     std = spec.hidden_size**-0.5
-    blocks, bias_block = allocate_blocks(spec, lora_rows, dtype, device)
+    shrink_in_gemm, shrink_in_gemm_bias = allocate_shrink_in_gemm_weights(spec, lora_rows, dtype, device)
 
     def rand(*shape: int, into: torch.Tensor | None = None) -> torch.Tensor:
         values = torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * std
         return into.copy_(values) if into is not None else values.to(dtype)
 
     def gemm(group: str, layer: int) -> torch.Tensor:
-        return rand(*gemm_shape(spec, group), into=base_rows(blocks, spec, group, layer))
+        return rand(*gemm_shape(spec, group), into=base_rows(shrink_in_gemm, spec, group, layer))
 
     def ones(size: int) -> torch.Tensor:
         return torch.ones(size, device=device, dtype=dtype)
@@ -239,7 +249,10 @@ def random_weights(
         LayerWeights(
             input_norm=ones(hidden),
             qkv=gemm("qkv", index),
-            qkv_bias=rand(qkv_rows, into=bias_block[index, :qkv_rows] if bias_block is not None else None)
+            qkv_bias=rand(
+                qkv_rows,
+                into=shrink_in_gemm_bias[index, :qkv_rows] if shrink_in_gemm_bias is not None else None,
+            )
             if spec.attention_bias
             else None,
             o=gemm("o", index),
@@ -251,4 +264,4 @@ def random_weights(
     ]
     embed = rand(spec.vocab_size, hidden)
     lm_head = embed if spec.tie_word_embeddings else rand(spec.vocab_size, hidden)
-    return ModelWeights(embed, layers, ones(hidden), lm_head, False, blocks, bias_block)
+    return ModelWeights(embed, layers, ones(hidden), lm_head, False, shrink_in_gemm, shrink_in_gemm_bias)

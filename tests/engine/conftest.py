@@ -7,6 +7,7 @@ import torch
 
 from multilora_studio.adapters.peft_adapter import load_peft_adapter
 from multilora_studio.engine import Engine, EngineConfig
+from multilora_studio.engine.lora_plan_builder import build_lora_plan
 from multilora_studio.engine.lora_weights import pack_adapter
 from multilora_studio.engine.model_source import resolve_model
 from multilora_studio.engine.runner import ModelRunner
@@ -63,7 +64,10 @@ def runner_with_adapters(tiny_model_dir, tiny_adapters):
         block_size=RUNNER_BLOCK,
     )
     base = resolve_model(config.model, torch.float32, torch.device("cpu"), None)
-    runner = ModelRunner(config, base.spec, base.weights, 64, torch.device("cpu"), torch.float32)
+    cpu = torch.device("cpu")
+    runner = ModelRunner(
+        config, base.spec, base.weights, 64, cpu, torch.float32, build_lora_plan(config, cpu, torch.float32)
+    )
     names = ["tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", "tiny-r32-ko-down"]
     for slot, name in enumerate(names):
         host = load_peft_adapter(

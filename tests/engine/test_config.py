@@ -6,10 +6,8 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
 from multilora_studio.engine.config import EngineConfig, SamplingParams
-from multilora_studio.engine.llama import fused_qkv_epilogue
 
 
 def test_engine_defaults_are_valid_and_follow_vllm_names():
@@ -95,6 +93,9 @@ def test_max_cpu_loras_defaults_to_twice_the_gpu_slots():
         (dict(adapter_load_workers=2.5), "adapter_load_workers must be an integer"),
         (dict(lora_shrink_in_gemm="yes"), "lora_shrink_in_gemm must be True, False or None, got 'yes'"),
         (dict(lora_shrink_in_gemm=1), "lora_shrink_in_gemm must be True, False or None"),
+        (dict(fused_qkv_epilogue="yes"), "fused_qkv_epilogue must be True, False or None, got 'yes'"),
+        (dict(fused_qkv_epilogue=0), "fused_qkv_epilogue must be True, False or None"),
+        (dict(cpu_weight_packing=None), "cpu_weight_packing must be True or False, got None"),
     ],
 )
 def test_bad_engine_settings_raise_value_error_naming_the_setting(settings, message):
@@ -114,27 +115,6 @@ def test_auto_adapter_loader_is_a_process_on_cuda_and_a_thread_on_the_cpu():
     assert EngineConfig().loader_for("cpu") == "thread"
     assert EngineConfig(adapter_loader="thread").loader_for("cuda") == "thread"
     assert EngineConfig(adapter_loader="process").loader_for("cpu") == "process"
-
-
-def test_shrink_in_gemm_is_on_for_cuda_with_few_slot_rows_unless_set():
-    assert EngineConfig(max_loras=32, max_lora_rank=16).shrink_in_gemm_for("cuda")
-    assert not EngineConfig(max_loras=64, max_lora_rank=32).shrink_in_gemm_for("cuda")  # 2048 rows a slice
-    assert not EngineConfig().shrink_in_gemm_for("cpu")
-    assert EngineConfig(lora_shrink_in_gemm=True).shrink_in_gemm_for("cpu")
-    assert not EngineConfig(max_loras=4, lora_shrink_in_gemm=False).shrink_in_gemm_for("cuda")
-
-
-def test_fused_qkv_epilogue_is_on_for_cuda_unless_the_environment_says(monkeypatch):
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    monkeypatch.delenv("MULTILORA_FUSED_QKV", raising=False)
-    assert fused_qkv_epilogue(cuda) and not fused_qkv_epilogue(cpu)
-    monkeypatch.setenv("MULTILORA_FUSED_QKV", "0")
-    assert not fused_qkv_epilogue(cuda)
-    monkeypatch.setenv("MULTILORA_FUSED_QKV", "1")
-    assert fused_qkv_epilogue(cpu)
-    monkeypatch.setenv("MULTILORA_FUSED_QKV", "yes")
-    with pytest.raises(ValueError, match="MULTILORA_FUSED_QKV must be 0 or 1"):
-        fused_qkv_epilogue(cuda)
 
 
 def test_sampling_defaults():

@@ -310,7 +310,7 @@ def test_running_is_false_after_shutdown(make_engine):
         engine.submit("Hello")
 
 
-def test_cpu_gemm_packing_is_on_by_default_and_can_be_turned_off(make_engine, monkeypatch):
+def test_cpu_gemm_packing_is_on_by_default_and_can_be_turned_off(make_engine):
     from multilora_studio.kernels.cpu_linear import onednn_packing_available
 
     if not onednn_packing_available(torch.float32):
@@ -320,8 +320,7 @@ def test_cpu_gemm_packing_is_on_by_default_and_can_be_turned_off(make_engine, mo
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     packed = make_engine(adapters=["tiny-r8-all"], device="cpu")
     assert packed.runner.model.weights.onednn_packed
-    monkeypatch.setenv("MULTILORA_CPU_ONEDNN", "0")
-    plain = make_engine(adapters=["tiny-r8-all"], device="cpu")
+    plain = make_engine(adapters=["tiny-r8-all"], device="cpu", cpu_weight_packing=False)
     assert not plain.runner.model.weights.onednn_packed
     got = [o.token_ids for o in packed.generate(prompts, adapters, params)]
     assert got == [o.token_ids for o in plain.generate(prompts, adapters, params)]

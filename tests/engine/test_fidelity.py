@@ -56,7 +56,7 @@ def test_mixed_batch_matches_peft_token_for_token(
     make_engine, peft_reference, expected_cache, shrink_in_gemm
 ):
     engine = make_engine(lora_shrink_in_gemm=shrink_in_gemm)
-    assert bool(engine.runner.lora.gemm_blocks) == shrink_in_gemm
+    assert bool(engine.runner.lora.shrink_in_gemm_weights) == shrink_in_gemm
     generate_matches_peft(engine, peft_reference, expected_cache, mixed_requests(engine))
 
 
@@ -86,13 +86,12 @@ def test_requests_joining_mid_decode_match_peft(make_engine, peft_reference, exp
         ), adapter
 
 
-def test_fused_qkv_epilogue_matches_peft(monkeypatch, make_engine, peft_reference, expected_cache):
-    """The q/k/v expand, RoPE and cache write as one kernel (MULTILORA_FUSED_QKV=1, with the
+def test_fused_qkv_epilogue_matches_peft(make_engine, peft_reference, expected_cache):
+    """The q/k/v expand, RoPE and cache write as one kernel (fused_qkv_epilogue=True, with the
     shrink in the GEMMs so the kernel does the expand; under TRITON_INTERPRET=1 on the CPU, as
     the test suite runs). Every adapter and the base once: the interpreter is slow."""
-    monkeypatch.setenv("MULTILORA_FUSED_QKV", "1")
-    engine = make_engine(lora_shrink_in_gemm=True)
-    assert engine.runner.model.fused_qkv
+    engine = make_engine(lora_shrink_in_gemm=True, fused_qkv_epilogue=True)
+    assert engine.runner.model.plan.fused_qkv
     requests = mixed_requests(engine)[: len(TINY_ADAPTERS) + 1]
     generate_matches_peft(engine, peft_reference, expected_cache, requests)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # The Triton kernels run on the CPU under the interpreter; tests/kernels/conftest.py sets
 # this before triton is imported; set it here too when this module is run alone.
@@ -17,21 +17,21 @@ import torch
 
 from multilora_studio.kernels import (
     LoRABatch,
+    LoRAPlan,
     add_lora,
     build_lora_batch,
     lora_cpu,
     lora_expand,
-    lora_expand_gathered,
+    lora_expand_shrunk_in_gemm,
     lora_shrink,
     reference_lora,
     reference_shrink,
 )
-from multilora_studio.kernels import lora as lora_mod
 
 TRITON_OK = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
 NEEDS_TRITON = pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
-# "triton" takes the token-major (BGMV) kernels up to DECODE_MAX_TOKENS tokens and the
+# "triton" takes the token-major (BGMV) kernels up to LoRAPlan.bgmv_max_tokens tokens and the
 # slot-grouped (SGMV) ones above; "triton-grouped" forces the slot-grouped kernels.
 NUMBA_OK = lora_cpu.AVAILABLE and DEVICE == "cpu"
 NEEDS_NUMBA = pytest.mark.skipif(not NUMBA_OK, reason="needs Numba and CPU tensors")
@@ -64,7 +64,7 @@ PATTERNS = ["distinct", "uniform", "zipf", "identical", "all_none", "base_mixed"
 
 
 @pytest.fixture(autouse=True)
-def _kernel_path(request, monkeypatch):
+def _numba_computes_float32_only(request):
     params = getattr(request.node, "callspec", None)
     params = params.params if params is not None else {}
     if (
@@ -73,10 +73,26 @@ def _kernel_path(request, monkeypatch):
         and request.node.originalname == "test_add_lora_matches_reference"
     ):
         pytest.skip("the numba backend computes float32 only (test_numba_refuses_other_dtypes)")
-    if request.node.get_closest_marker("grouped_kernels"):
-        from multilora_studio.kernels import lora_decode
 
-        monkeypatch.setattr(lora_decode, "DECODE_MAX_TOKENS", 0)
+
+def plan_for(backend: str, grouped: bool = False) -> LoRAPlan | None:
+    """The plan a test's ``backend`` names: None for "auto" (the wrappers' own choice), the
+    Numba kernel at every token count for "numba", and for "triton" the shipped dispatch or,
+    with ``grouped``, the slot-grouped kernels at every token count."""
+    if backend == "auto":
+        return None
+    if backend == "triton":
+        shipped = LoRAPlan.for_device(DEVICE)
+        return replace(shipped, backend="triton", bgmv_max_tokens=0 if grouped else shipped.bgmv_max_tokens)
+    if backend == "numba":
+        return LoRAPlan(backend="numba", numba_max_tokens=1 << 20)
+    return LoRAPlan(backend=backend)
+
+
+@pytest.fixture
+def plan(request, backend):
+    """The plan of the test's ``backend`` parameter (and its grouped_kernels mark)."""
+    return plan_for(backend, grouped=request.node.get_closest_marker("grouped_kernels") is not None)
 
 
 def seed_of(*parts: object) -> int:
@@ -199,12 +215,12 @@ def check_y(out: torch.Tensor, case: Case, dtype: torch.dtype, a=None, b=None) -
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("num_tokens", [1, 7, 33])
-def test_add_lora_matches_reference(backend, dtype, pattern, num_tokens):
+def test_add_lora_matches_reference(backend, plan, dtype, pattern, num_tokens):
     shape = ["qkv", "gate_up", "single"][num_tokens % 3]
     gen = torch.Generator().manual_seed(seed_of(backend, dtype, pattern, num_tokens))
     case = make_case(dtype, num_tokens, shape, pattern, gen)
     y = case.y.clone()
-    out = add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend=backend)
+    out = add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, plan=plan)
     assert out is y
     check_y(y, case, dtype)
 
@@ -212,13 +228,13 @@ def test_add_lora_matches_reference(backend, dtype, pattern, num_tokens):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("pattern", ["uniform", "base_mixed", "identical"])
-def test_shrink_then_expand(backend, dtype, pattern):
+def test_shrink_then_expand(backend, plan, dtype, pattern):
     gen = torch.Generator().manual_seed(seed_of("se", backend, dtype, pattern))
     case = make_case(dtype, 13, "qkv", pattern, gen)
     batch = case.batch
     num_slices = len(case.offsets) - 1
     out = torch.full((num_slices, 13, MAX_RANK), float("nan"), device=DEVICE)
-    buf = lora_shrink(case.x, case.lora_a, batch, out=out, backend=backend)
+    buf = lora_shrink(case.x, case.lora_a, batch, out=out, plan=plan)
     assert buf is out
     ref = reference_shrink(case.x, case.lora_a, case.slot_ids)  # [S, T, R]
     # Entries that must be written: tokens with an adapter, ranks below the slot's rank.
@@ -229,10 +245,10 @@ def test_shrink_then_expand(backend, dtype, pattern):
     if must.any():
         assert rel_err(buf[must], ref[must]) < TOL[torch.float32]
     y = case.y.clone()
-    assert lora_expand(y, buf, case.lora_b, batch, case.offsets, backend=backend) is y
+    assert lora_expand(y, buf, case.lora_b, batch, case.offsets, plan=plan) is y
     check_y(y, case, dtype)
     # Without out=: a fresh buffer, same values where defined.
-    buf2 = lora_shrink(case.x, case.lora_a, batch, backend=backend)
+    buf2 = lora_shrink(case.x, case.lora_a, batch, plan=plan)
     assert buf2.dtype == torch.float32 and buf2.shape == buf.shape
     assert torch.equal(buf2[must], buf[must])
 
@@ -260,7 +276,7 @@ def gathered_shrink(case: Case, gen: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("num_tokens", [1, 7, 33])
-def test_expand_gathered_matches_reference(backend, dtype, pattern, num_tokens):
+def test_expand_shrunk_in_gemm_matches_reference(backend, plan, dtype, pattern, num_tokens):
     if backend == "triton" and not TRITON_OK:
         pytest.skip("needs Triton")
     shape = ["qkv", "gate_up", "single"][num_tokens % 3]
@@ -269,38 +285,37 @@ def test_expand_gathered_matches_reference(backend, dtype, pattern, num_tokens):
     shrunk = gathered_shrink(case, gen)
     y = torch.empty(num_tokens, case.offsets[-1] + 8, dtype=dtype, device=DEVICE)[:, 4:-4]
     y.copy_(case.y)  # strided rows, as the GEMM output's view is
-    out = lora_expand_gathered(y, shrunk, case.lora_b, case.batch, case.offsets, backend=backend)
+    out = lora_expand_shrunk_in_gemm(y, shrunk, case.lora_b, case.batch, case.offsets, plan=plan)
     assert out is y
     check_y(y, case, dtype)
 
 
-def test_expand_gathered_above_the_decode_kernels_runs_torch(monkeypatch):
-    from multilora_studio.kernels import lora_decode
-
-    monkeypatch.setattr(lora_decode, "DECODE_MAX_TOKENS", 4)  # 7 tokens: the torch gather path
+@NEEDS_TRITON
+def test_expand_shrunk_in_gemm_above_the_decode_kernels_runs_torch():
+    plan = replace(plan_for("triton"), bgmv_max_tokens=4)  # 7 tokens: the torch gather path
     gen = torch.Generator().manual_seed(seed_of("gathered-large"))
     case = make_case(torch.float32, 7, "qkv", "base_mixed", gen)
     y = case.y.clone()
-    lora_expand_gathered(y, gathered_shrink(case, gen), case.lora_b, case.batch, case.offsets)
+    lora_expand_shrunk_in_gemm(y, gathered_shrink(case, gen), case.lora_b, case.batch, case.offsets, plan)
     check_y(y, case, torch.float32)
 
 
-def test_expand_gathered_rejects_bad_input():
+def test_expand_shrunk_in_gemm_rejects_bad_input():
     case = small_case()
     gen = torch.Generator().manual_seed(1)
     shrunk = gathered_shrink(case, gen)
     with pytest.raises(ValueError, match="shrunk must be a float tensor"):
-        lora_expand_gathered(case.y, shrunk[0], case.lora_b, case.batch, case.offsets)
+        lora_expand_shrunk_in_gemm(case.y, shrunk[0], case.lora_b, case.batch, case.offsets)
     with pytest.raises(ValueError, match="shrunk has 2 slots"):
-        lora_expand_gathered(case.y, shrunk[:, :2], case.lora_b, case.batch, case.offsets)
+        lora_expand_shrunk_in_gemm(case.y, shrunk[:, :2], case.lora_b, case.batch, case.offsets)
     with pytest.raises(ValueError, match="tokens but y has"):
-        lora_expand_gathered(case.y[:-1], shrunk, case.lora_b, case.batch, case.offsets)
+        lora_expand_shrunk_in_gemm(case.y[:-1], shrunk, case.lora_b, case.batch, case.offsets)
     with pytest.raises(ValueError, match="num_slices"):
-        lora_expand_gathered(case.y, shrunk[:, :, :2], case.lora_b, case.batch, case.offsets)
+        lora_expand_shrunk_in_gemm(case.y, shrunk[:, :, :2], case.lora_b, case.batch, case.offsets)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_prefill_groups(backend):
+def test_prefill_groups(backend, plan):
     """A prefill-like step: long runs of one adapter, a scattered adapter, base rows."""
     gen = torch.Generator().manual_seed(seed_of("prefill", backend))
     dtype = torch.float32 if backend == "numba" else torch.bfloat16
@@ -314,26 +329,26 @@ def test_prefill_groups(backend):
     case.y = torch.randn(150, case.offsets[-1], generator=gen).to(dtype).to(DEVICE)
     poison_rows(case.y, case.slot_ids < 0, gen)
     y = case.y.clone()
-    add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend=backend)
+    add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, plan=plan)
     check_y(y, case, dtype)
 
 
 @pytest.mark.parametrize("stacked_max", [0, 64])
 @pytest.mark.parametrize("pattern", ["distinct", "base_mixed", "zipf"])
-def test_torch_paths(monkeypatch, stacked_max, pattern):
+def test_torch_paths(stacked_max, pattern):
     """The torch backend's per-adapter and stacked (decode) paths agree with the reference."""
-    monkeypatch.setattr(lora_mod, "_STACKED_MAX_TOKENS", stacked_max)
+    plan = LoRAPlan(backend="torch", stacked_max_tokens=stacked_max)
     gen = torch.Generator().manual_seed(seed_of("paths", stacked_max, pattern))
     for dtype in DTYPES:
         case = make_case(dtype, 9, "qkv", pattern, gen)
         y = case.y.clone()
-        add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend="torch")
+        add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, plan)
         check_y(y, case, dtype)
 
 
 @pytest.mark.parametrize("backend", [*TRITON_PATHS, NUMBA])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_kernels_never_read_rank_padding(backend, dtype):
+def test_kernels_never_read_rank_padding(backend, plan, dtype):
     """NaN beyond each slot's rank (and in the empty slot) must not reach the output."""
     if backend == "numba" and dtype != torch.float32:
         pytest.skip("float32 only")
@@ -343,7 +358,7 @@ def test_kernels_never_read_rank_padding(backend, dtype):
     case.y = torch.randn(21, case.offsets[-1], generator=gen).to(dtype).to(DEVICE)
     poison_rows(case.y, case.slot_ids == 5, gen)
     y = case.y.clone()
-    add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend=backend)
+    add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, plan=plan)
     a, b = zero_padded(case)
     empty = case.slot_ids == 5
     assert torch.equal(y[empty].view(torch.int8), case.y[empty].view(torch.int8))
@@ -355,24 +370,24 @@ def test_kernels_never_read_rank_padding(backend, dtype):
 @pytest.mark.parametrize("split_k", [1, 3])
 def test_triton_split_k_and_tiles(split_k):
     """Split-K partials (in_features not a multiple of the split) and explicit tile shapes."""
-    from multilora_studio.kernels import lora_triton
+    from multilora_studio.kernels import lora_sgmv
 
     gen = torch.Generator().manual_seed(seed_of("split", split_k))
     dtype = torch.float16
     for pattern in ("zipf", "base_mixed"):
         case = make_case(dtype, 19, "qkv", pattern, gen)
         batch = case.batch
-        scfg = lora_triton.ShrinkConfig(block_m=16, block_n=32, block_k=16, split_k=split_k)
-        part = lora_triton.shrink_partials(case.x, case.lora_a, batch, config=scfg)
+        scfg = lora_sgmv.ShrinkConfig(block_m=16, block_n=32, block_k=16, split_k=split_k)
+        part = lora_sgmv.shrink_partials(case.x, case.lora_a, batch, config=scfg)
         assert part.shape[0] == split_k
         y = case.y.clone()
-        ecfg = lora_triton.ExpandConfig(block_m=16, block_n=32)
-        lora_triton.expand(y, part, case.lora_b, batch, case.offsets, config=ecfg)
+        ecfg = lora_sgmv.ExpandConfig(block_m=16, block_n=32)
+        lora_sgmv.expand(y, part, case.lora_b, batch, case.offsets, config=ecfg)
         check_y(y, case, dtype)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_non_contiguous_inputs(backend):
+def test_non_contiguous_inputs(backend, plan):
     """Column slices and transposed storage for x, lora_a, lora_b and y are handled."""
     gen = torch.Generator().manual_seed(seed_of("strides", backend))
     dtype = torch.float32
@@ -390,12 +405,12 @@ def test_non_contiguous_inputs(backend):
     wide_y[:, 5 : 5 + n] = case.y
     y = wide_y[:, 5 : 5 + n]
     assert not x.is_contiguous() and not lora_a.is_contiguous() and not y.is_contiguous()
-    add_lora(y, x, lora_a, lora_b, case.batch, case.offsets, backend=backend)
+    add_lora(y, x, lora_a, lora_b, case.batch, case.offsets, plan=plan)
     check_y(y, case, dtype)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_batch_reuse_and_short_x(backend):
+def test_batch_reuse_and_short_x(backend, plan):
     """One allocated batch refilled in place; an x shorter than the last update."""
     gen = torch.Generator().manual_seed(seed_of("reuse", backend))
     dtype = torch.float32
@@ -404,13 +419,13 @@ def test_batch_reuse_and_short_x(backend):
         case = make_case(dtype, num_tokens, "single", "uniform", gen)
         batch.update(case.slot_ids, case.slot_ranks)
         y = case.y.clone()
-        add_lora(y, case.x, case.lora_a, case.lora_b, batch, case.offsets, backend=backend)
+        add_lora(y, case.x, case.lora_a, case.lora_b, batch, case.offsets, plan=plan)
         check_y(y, case, dtype)
     # Rows past x's length are ignored even though the batch holds more tokens.
     case = make_case(dtype, 9, "single", "distinct", gen)
     batch.update(torch.cat([case.slot_ids, case.slot_ids]), case.slot_ranks)
     y = case.y.clone()
-    add_lora(y, case.x, case.lora_a, case.lora_b, batch, case.offsets, backend=backend)
+    add_lora(y, case.x, case.lora_a, case.lora_b, batch, case.offsets, plan=plan)
     check_y(y, case, dtype)
 
 
@@ -441,8 +456,8 @@ def test_batch_metadata():
     ("dtype", "num_tokens", "expected"),
     [
         (torch.float32, 6, "numba"),
-        (torch.float32, lora_cpu.MAX_TOKENS, "numba"),
-        (torch.float32, lora_cpu.MAX_TOKENS + 1, "torch"),
+        (torch.float32, LoRAPlan().numba_max_tokens, "numba"),
+        (torch.float32, LoRAPlan().numba_max_tokens + 1, "torch"),
         (torch.bfloat16, 6, "torch"),
     ],
     ids=str,
@@ -454,7 +469,7 @@ def test_auto_backend_on_cpu(dtype, num_tokens, expected):
     gen = torch.Generator().manual_seed(seed_of("auto", dtype, num_tokens))
     case = make_case(dtype, num_tokens, "gate_up", "uniform", gen)
     y1, y2 = case.y.clone(), case.y.clone()
-    add_lora(y1, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend=expected)
+    add_lora(y1, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, plan_for(expected))
     add_lora(y2, case.x, case.lora_a, case.lora_b, case.batch, case.offsets)
     assert torch.equal(y1.view(torch.int8), y2.view(torch.int8))
     check_y(y2, case, dtype)
@@ -467,7 +482,7 @@ def test_numba_refuses_other_dtypes(dtype):
     case = make_case(dtype, 5, "qkv", "uniform", gen)
     y = case.y.clone()
     with pytest.raises(ValueError, match="float32 only"):
-        add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend="numba")
+        add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, plan_for("numba"))
     assert torch.equal(y.view(torch.int8), case.y.view(torch.int8))
 
 
@@ -482,7 +497,7 @@ def test_numba_engine_layout(pattern):
     batch = LoRABatch.allocate(32, NUM_SLOTS, DEVICE)
     batch.update(case.slot_ids, case.slot_ranks)
     y = case.y.clone()
-    add_lora(y, case.x, case.lora_a, lora_b, batch, case.offsets, backend="numba", validate=False)
+    add_lora(y, case.x, case.lora_a, lora_b, batch, case.offsets, plan_for("numba"), validate=False)
     check_y(y, case, torch.float32)
 
 
@@ -543,7 +558,7 @@ def test_add_lora_rejects_bad_input(backend, mutate, message):
             args["lora_b"],
             args["batch"],
             args["offsets"],
-            backend=args["backend"],
+            plan_for(args["backend"]),  # an unknown backend is refused by the plan
         )
 
 
@@ -588,30 +603,32 @@ def test_batch_rejects_bad_input():
 @pytest.mark.parametrize(("block_k", "block_n"), [(16, 32), (32, 64), (128, 16)])
 def test_token_major_kernels_tiles(block_k, block_n):
     """Token-major kernels with explicit tiles: several K chunks (one uneven), narrow B tiles."""
-    from multilora_studio.kernels import lora_decode
+    from multilora_studio.kernels import lora_bgmv
 
+    plan = plan_for("triton")
     gen = torch.Generator().manual_seed(seed_of("decode-tiles", block_k, block_n))
     for dtype, pattern in ((torch.float16, "zipf"), (torch.float32, "base_mixed")):
         case = make_case(dtype, 19, "qkv", pattern, gen)
         batch = case.batch
-        part = lora_decode.shrink_partials(case.x, case.lora_a, batch, block_k=block_k)
+        part = lora_bgmv.shrink_partials(case.x, case.lora_a, batch, plan, block_k=block_k)
         assert part.shape[0] == -(-case.x.shape[1] // block_k)
         y = case.y.clone()
-        lora_decode.expand(y, part, case.lora_b, batch, case.offsets, block_n=block_n)
+        lora_bgmv.expand(y, part, case.lora_b, batch, case.offsets, plan, block_n=block_n)
         check_y(y, case, dtype)
 
 
-def test_programmatic_dependent_launch_only_on_capable_gpus(monkeypatch):
-    from multilora_studio.kernels import lora_decode
+def test_programmatic_dependent_launch_only_on_capable_gpus():
+    from multilora_studio.kernels.triton_support import HAVE_GDC, interpreting, pdl_supported
 
-    assert not lora_decode.use_pdl(torch.device("cpu"))
+    assert not pdl_supported(torch.device("cpu"))
+    assert not LoRAPlan.for_device(torch.device("cpu")).pdl
     if torch.cuda.is_available():
-        monkeypatch.setenv("MULTILORA_PDL", "0")
-        assert not lora_decode.use_pdl(torch.device("cuda"))
+        capable = torch.cuda.get_device_capability()[0] >= 9 and HAVE_GDC and not interpreting()
+        assert LoRAPlan.for_device(torch.device("cuda")).pdl == capable
 
 
 @pytest.mark.parametrize("backend", TRITON_PATHS)
-def test_ranks_above_one_rank_block(backend):
+def test_ranks_above_one_rank_block(backend, plan):
     """Ranks 96 and 128 (max_rank 128) loop over rank blocks; padding (NaN) is not used."""
     gen = torch.Generator().manual_seed(seed_of("big-rank", backend))
     ranks, max_rank, in_features = [96, 128, 20], 128, 48
@@ -627,7 +644,7 @@ def test_ranks_above_one_rank_block(backend):
     rank_t = torch.tensor(ranks, dtype=torch.int32)
     batch = build_lora_batch(slot_ids.to(DEVICE), rank_t.to(DEVICE), 3)
     out = y.to(DEVICE).clone()
-    add_lora(out, x.to(DEVICE), lora_a.to(DEVICE), lora_b.to(DEVICE), batch, offsets, backend=backend)
+    add_lora(out, x.to(DEVICE), lora_a.to(DEVICE), lora_b.to(DEVICE), batch, offsets, plan=plan)
     clean_a, clean_b = lora_a.nan_to_num(0.0), lora_b.nan_to_num(0.0)
     ref = reference_lora(y, x, clean_a, clean_b, slot_ids, offsets)
     assert torch.equal(out[2].cpu(), y[2])
@@ -635,13 +652,11 @@ def test_ranks_above_one_rank_block(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_unvalidated_call_computes_the_same(backend):
+def test_unvalidated_call_computes_the_same(backend, plan):
     """validate=False (the engine's calls) skips only the checks: same bits as the checked call."""
     gen = torch.Generator().manual_seed(seed_of("unvalidated", backend))
     case = make_case(torch.float32, 9, "qkv", "base_mixed", gen)
-    checked = add_lora(
-        case.y.clone(), case.x, case.lora_a, case.lora_b, case.batch, case.offsets, backend=backend
-    )
+    checked = add_lora(case.y.clone(), case.x, case.lora_a, case.lora_b, case.batch, case.offsets, plan=plan)
     unchecked = add_lora(
         case.y.clone(),
         case.x,
@@ -649,7 +664,7 @@ def test_unvalidated_call_computes_the_same(backend):
         case.lora_b,
         case.batch,
         case.offsets,
-        backend=backend,
+        plan=plan,
         validate=False,
     )
     assert torch.equal(checked.view(torch.int8), unchecked.view(torch.int8))
@@ -671,15 +686,15 @@ FUSED_PATHS = [
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("num_tokens", [1, 19])
-def test_silu_and_mul_lora_equals_expand_then_silu(monkeypatch, tile, backend, dtype, pattern, num_tokens):
-    from multilora_studio.kernels import lora_silu
+def test_silu_and_mul_lora_equals_expand_then_silu(tile, backend, dtype, pattern, num_tokens):
     from multilora_studio.kernels.fused_ops import silu_and_mul
-    from multilora_studio.kernels.lora_silu import silu_and_mul_lora
+    from multilora_studio.kernels.lora import silu_and_mul_lora
 
     if backend == "triton" and not TRITON_OK:
         pytest.skip("needs Triton")
-    if tile is not None:
-        monkeypatch.setattr(lora_silu, "EXPAND_TILE", tile)  # 8 columns a block: 12 blocks of 96
+    plan = plan_for(backend)
+    # small tiles for the fused kernel only: 8 columns a block, 12 blocks of 96
+    fused_plan = plan if tile is None else replace(plan, bgmv_expand_tile=tile)
     gen = torch.Generator().manual_seed(seed_of("silu-lora", backend, dtype, pattern, num_tokens))
     case = make_case(dtype, num_tokens, "gate_up", pattern, gen)
     shrunk = gathered_shrink(case, gen)
@@ -687,10 +702,10 @@ def test_silu_and_mul_lora_equals_expand_then_silu(monkeypatch, tile, backend, d
         :, :-8
     ]  # strided rows
     gate_up.copy_(case.y)
-    act = silu_and_mul_lora(gate_up.clone(), shrunk, case.lora_b, case.batch, backend=backend)
+    act = silu_and_mul_lora(gate_up.clone(), shrunk, case.lora_b, case.batch, fused_plan)
     # the two launches it replaces, on the same backend: equal bit for bit
     unfused = gate_up.clone()
-    lora_expand_gathered(unfused, shrunk, case.lora_b, case.batch, case.offsets, backend=backend)
+    lora_expand_shrunk_in_gemm(unfused, shrunk, case.lora_b, case.batch, case.offsets, plan=plan)
     expected = silu_and_mul(unfused, backend="triton" if backend == "triton" else "torch")
     assert torch.equal(act.view(torch.int8), expected.view(torch.int8))
     # and against float64: silu(gate + lora) * (up + lora) on rows with an adapter
@@ -704,7 +719,7 @@ def test_silu_and_mul_lora_equals_expand_then_silu(monkeypatch, tile, backend, d
 
 
 def test_silu_and_mul_lora_rejects_bad_input():
-    from multilora_studio.kernels.lora_silu import silu_and_mul_lora
+    from multilora_studio.kernels.lora import silu_and_mul_lora
 
     gen = torch.Generator().manual_seed(seed_of("silu-errors"))
     case = make_case(torch.float32, 5, "gate_up", "uniform", gen)
@@ -712,9 +727,9 @@ def test_silu_and_mul_lora_rejects_bad_input():
     with pytest.raises(ValueError, match="gate_up must be"):
         silu_and_mul_lora(case.y[:, :-1], shrunk, case.lora_b, case.batch)
     with pytest.raises(ValueError, match="shrunk"):
-        silu_and_mul_lora(case.y, shrunk[:, :, :1], case.lora_b, case.batch, backend="triton")
+        silu_and_mul_lora(case.y, shrunk[:, :, :1], case.lora_b, case.batch, plan_for("triton"))
     with pytest.raises(ValueError, match="lora_b must be"):
-        silu_and_mul_lora(case.y, shrunk, case.lora_b[:, :-2], case.batch, backend="triton")
+        silu_and_mul_lora(case.y, shrunk, case.lora_b[:, :-2], case.batch, plan_for("triton"))
 
 
 # --------------------------------------------- residual-add + RMSNorm with the o / down expand
@@ -726,15 +741,15 @@ NORM_RTOL = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}  
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("num_tokens", [1, 19])
-def test_add_rms_norm_lora_equals_expand_then_norm(monkeypatch, tile, backend, dtype, pattern, num_tokens):
-    from multilora_studio.kernels import lora_norm
+def test_add_rms_norm_lora_equals_expand_then_norm(tile, backend, dtype, pattern, num_tokens):
     from multilora_studio.kernels.fused_ops import add_rms_norm
-    from multilora_studio.kernels.lora_norm import add_rms_norm_lora
+    from multilora_studio.kernels.lora import add_rms_norm_lora
 
     if backend == "triton" and not TRITON_OK:
         pytest.skip("needs Triton")
-    if tile is not None:
-        monkeypatch.setattr(lora_norm, "EXPAND_TILE", tile)  # 16 columns a block: 4 blocks of 56
+    plan = plan_for(backend)
+    # small tiles for the fused kernel only: 16 columns a block, 4 blocks of 56
+    fused_plan = plan if tile is None else replace(plan, bgmv_expand_tile=tile)
     gen = torch.Generator().manual_seed(seed_of("norm-lora", backend, dtype, pattern, num_tokens))
     case = make_case(dtype, num_tokens, "single", pattern, gen)
     case.y = torch.nan_to_num(case.y, nan=0.5)  # the norm reads every row: no NaN poison here
@@ -748,11 +763,11 @@ def test_add_rms_norm_lora_equals_expand_then_norm(monkeypatch, tile, backend, d
     res_fused, res_unfused = residual.clone(), residual.clone()
     for _ in range(2):  # a second launch on the same counters: they are left zero
         out = add_rms_norm_lora(
-            x.clone(), res_fused, weight, 1e-5, shrunk, case.lora_b, case.batch, counters, backend
+            x.clone(), res_fused, weight, 1e-5, shrunk, case.lora_b, case.batch, counters, fused_plan
         )
         assert torch.count_nonzero(counters) == 0
         unfused = x.clone()
-        lora_expand_gathered(unfused, shrunk, case.lora_b, case.batch, case.offsets, backend=backend)
+        lora_expand_shrunk_in_gemm(unfused, shrunk, case.lora_b, case.batch, case.offsets, plan=plan)
         expected = add_rms_norm(
             unfused, res_unfused, weight, 1e-5, backend="triton" if backend == "triton" else "torch"
         )
@@ -773,7 +788,7 @@ def test_add_rms_norm_lora_equals_expand_then_norm(monkeypatch, tile, backend, d
 
 
 def test_add_rms_norm_lora_rejects_bad_input():
-    from multilora_studio.kernels.lora_norm import add_rms_norm_lora
+    from multilora_studio.kernels.lora import add_rms_norm_lora
 
     gen = torch.Generator().manual_seed(seed_of("norm-errors"))
     case = make_case(torch.float32, 5, "single", "uniform", gen)
@@ -793,7 +808,7 @@ def test_add_rms_norm_lora_rejects_bad_input():
             lora_b=case.lora_b,
             batch=case.batch,
             counters=counters,
-            backend="triton",
+            plan=plan_for("triton"),
         )
         args.update(changes)
         return add_rms_norm_lora(**args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 if "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -11,12 +12,20 @@ if "triton" not in sys.modules:
 import pytest
 import torch
 
-from multilora_studio.kernels import build_lora_batch, lora_expand_gathered, rope_, write_kv
-from multilora_studio.kernels.qkv_epilogue import qkv_rope_write
+from multilora_studio.kernels import (
+    LoRAPlan,
+    build_lora_batch,
+    lora_expand_shrunk_in_gemm,
+    qkv_rope_write,
+    rope_,
+    write_kv,
+)
 
 TRITON_OK = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
+# the Triton kernels, with the q/k/v epilogue as one launch
+FUSED = replace(LoRAPlan.for_device(DEVICE), backend="triton", fused_qkv=True) if TRITON_OK else None
 
 HQ, HKV, D = 4, 2, 16  # GQA: two q heads a kv head
 SLOTS, MAX_RANK = 3, 16
@@ -75,13 +84,13 @@ def test_one_launch_equals_expand_rope_and_cache_write(dtype, with_lora, num_tok
         dtype, num_tokens, with_lora, num_tokens
     )
     ref_qkv, ref_k, ref_v = qkv.clone(), k_cache.clone(), v_cache.clone()
-    q = qkv_rope_write(qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping, lora)
+    q = qkv_rope_write(qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping, lora, FUSED)
     # the launches it replaces, on the same (Triton) backend
     q_size, kv_size = HQ * D, HKV * D
     if lora is not None:
         shrunk, lora_b, batch = lora
         offsets = (0, q_size, q_size + kv_size, q_size + 2 * kv_size)
-        lora_expand_gathered(ref_qkv, shrunk, lora_b, batch, offsets, backend="triton")
+        lora_expand_shrunk_in_gemm(ref_qkv, shrunk, lora_b, batch, offsets, FUSED)
     ref_q = ref_qkv[:, :q_size].view(num_tokens, HQ, D)
     k = ref_qkv[:, q_size : q_size + kv_size].view(num_tokens, HKV, D)
     v = ref_qkv[:, q_size + kv_size :].view(num_tokens, HKV, D)
@@ -98,8 +107,8 @@ def test_one_launch_equals_expand_rope_and_cache_write(dtype, with_lora, num_tok
 def test_bad_input_is_refused():
     qkv, positions, slot_mapping, cos_sin, k_cache, v_cache, _ = make(torch.float32, 3, False, 0)
     with pytest.raises(ValueError, match="qkv must be"):
-        qkv_rope_write(qkv[:, :-1], HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping)
+        qkv_rope_write(qkv[:, :-1], HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping, plan=FUSED)
     with pytest.raises(ValueError, match="slot_mapping must be"):
-        qkv_rope_write(qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping.int())
+        qkv_rope_write(qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping.int(), plan=FUSED)
     with pytest.raises(ValueError, match="k_cache/v_cache"):
-        qkv_rope_write(qkv, HQ, HKV, cos_sin, positions, k_cache[:, :, :1], v_cache, slot_mapping)
+        qkv_rope_write(qkv, HQ, HKV, cos_sin, positions, k_cache[:, :, :1], v_cache, slot_mapping, plan=FUSED)

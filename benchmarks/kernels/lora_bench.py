@@ -1,15 +1,16 @@
 """Benchmark and GPU checks of the multi-LoRA kernels.
 
-    python -m multilora_studio.kernels.bench            # on a CUDA GPU (about 5 minutes)
-    python -m multilora_studio.kernels.bench --cpu      # torch path on CPU, 135M shapes
+    python -m benchmarks.kernels.lora_bench            # on a CUDA GPU (about 5 minutes)
+    python -m benchmarks.kernels.lora_bench --cpu      # torch and Numba paths on CPU, 135M shapes
 
 GPU sections, in order: (1) the device's ceilings (device-to-device copy bandwidth, bf16
 matmul rate); (2) correctness against the float64 reference for every popularity pattern;
 (3) CUDA-graph replay equals eager output bit for bit, and update + kernels never
 synchronise with the host; (4) the target case (decode, batch 32, 32 distinct rank-16
 adapters, the seven projections of one Llama-3-8B layer); (5) shrink+expand times over
-tokens x rank x distinct adapters against a gather+bmm torch baseline. With ``OUT`` set,
-a full log and a JSON file are written there. A short table is printed last.
+tokens x rank x distinct adapters against a gather+bmm torch baseline. Variants of the
+kernels are chosen by building a ``LoRAPlan``. With ``OUT`` set, a full log and a JSON file
+are written there. A short table is printed last.
 
 Bytes counted for bandwidth: the adapter weights of the adapters in use (true rank), x
 read once, y read and written once. FLOPs: ``2 * T * rank * (S * in + out)``.
@@ -23,25 +24,25 @@ import logging
 import os
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import lora_cpu
-from .lora import (
+from multilora_studio.kernels import lora_cpu, lora_sgmv
+from multilora_studio.kernels.lora import (
     LoRABatch,
+    LoRAPlan,
     add_lora,
     build_lora_batch,
     lora_expand,
     lora_shrink,
-    reference_lora,
-    reference_shrink,
 )
+from multilora_studio.kernels.lora_reference import reference_lora, reference_shrink
 
-log = logging.getLogger("multilora_studio.kernels.bench")
+log = logging.getLogger("benchmarks.kernels.lora_bench")
 
 # name: (in_features, output slice widths)
 LLAMA3_8B = {
@@ -451,14 +452,14 @@ def steady_us(layer_fns: list[Callable[[], None]], reps: int) -> float:
     return us
 
 
-def layer_runners(copies, t: int, slots: torch.Tensor, rank_t, num_slots: int, gen, kind: str, cfg=None):
+def layer_runners(
+    copies, t: int, slots: torch.Tensor, rank_t, num_slots: int, gen, kind: str, cfg=None, plan=None
+):
     """One callable per weight copy running a layer's four LoRA projections.
 
-    kind: "api" (add_lora), "tiles" (the Triton launchers with ``cfg(name) -> (shrink
-    config, expand config)``) or "gather_bmm" (the torch baseline).
+    kind: "api" (add_lora with ``plan``), "tiles" (the slot-grouped launchers with
+    ``cfg(name) -> (shrink config, expand config)``) or "gather_bmm" (the torch baseline).
     """
-    from . import lora_triton as lt
-
     batch = build_lora_batch(slots, rank_t, num_slots)
     slots_long = slots.long()
     fns = []
@@ -468,11 +469,11 @@ def layer_runners(copies, t: int, slots: torch.Tensor, rank_t, num_slots: int, g
         def fn(weights=weights, xs=xs, ys=ys) -> None:
             for n, (a, b, offs) in weights.items():
                 if kind == "api":
-                    add_lora(ys[n], xs[n], a, b, batch, offs)
+                    add_lora(ys[n], xs[n], a, b, batch, offs, plan)
                 elif kind == "tiles":
                     scfg, ecfg = cfg(n)
-                    part = lt.shrink_partials(xs[n], a, batch, config=scfg)
-                    lt.expand(ys[n], part, b, batch, offs, config=ecfg)
+                    part = lora_sgmv.shrink_partials(xs[n], a, batch, config=scfg)
+                    lora_sgmv.expand(ys[n], part, b, batch, offs, config=ecfg)
                 else:
                     gather_bmm(ys[n], xs[n], a, b, slots_long, offs)
 
@@ -491,9 +492,10 @@ def section_target(rep: Report, deadline: float) -> None:
     slots = make_slots("distinct", t, list(range(num_slots)), cpu_gen).cuda()
     nbytes = layer_bytes(LLAMA3_8B, t, [r] * num_slots, 2)
     bw = rep.data.get("ceilings", {}).get("copy_bw_TBs", 4.3) * 1e12
+    shipped = LoRAPlan.for_device("cuda", torch.bfloat16)
 
-    def run(kind: str, cfg=None) -> float:
-        return steady_us(layer_runners(copies, t, slots, rank_t, num_slots, gen, kind, cfg), reps)
+    def run(kind: str, plan: LoRAPlan = shipped) -> float:
+        return steady_us(layer_runners(copies, t, slots, rank_t, num_slots, gen, kind, plan=plan), reps)
 
     res: dict[str, Any] = {"bytes": nbytes, "flops": layer_flops(LLAMA3_8B, [r] * t)}
     res["ours_us"] = run("api")
@@ -502,7 +504,7 @@ def section_target(rep: Report, deadline: float) -> None:
     batch = build_lora_batch(slots, rank_t, num_slots)
     xs, ys = layer_inputs(copies[0], t, gen)
     res["ours_eager_us"] = 1e3 * bench_ms(
-        lambda: [add_lora(ys[n], xs[n], a, b, batch, o) for n, (a, b, o) in copies[0].items()]
+        lambda: [add_lora(ys[n], xs[n], a, b, batch, o, shipped) for n, (a, b, o) in copies[0].items()]
     )
     for key in ("ours", "gather_bmm"):
         res[f"{key}_bw_pct"] = 100 * nbytes / (res[f"{key}_us"] * 1e-6) / bw
@@ -510,7 +512,7 @@ def section_target(rep: Report, deadline: float) -> None:
     per = {}
     for n, shape in LLAMA3_8B.items():
         sub = [{n: w[n]} for w in copies]
-        us = steady_us(layer_runners(sub, t, slots, rank_t, num_slots, gen, "api"), reps)
+        us = steady_us(layer_runners(sub, t, slots, rank_t, num_slots, gen, "api", plan=shipped), reps)
         pb = layer_bytes({n: shape}, t, [r] * num_slots, 2)
         per[n] = {"us": us, "bytes": pb, "bw_pct": 100 * pb / (us * 1e-6) / bw}
     res["per_projection"] = per
@@ -526,18 +528,14 @@ def section_target(rep: Report, deadline: float) -> None:
         "  per projection: " + ", ".join(f"{n} {v['us']:.1f} us {v['bw_pct']:.0f}%" for n, v in per.items())
     )
     # Variants of the same measurement: without programmatic dependent launch, and the
-    # slot-grouped kernels that serve token counts above DECODE_MAX_TOKENS.
-    variants: tuple[tuple[str, dict[str, str] | None, int | None], ...] = (
-        ("no_pdl", {"MULTILORA_PDL": "0"}, None),
-        ("grouped", None, 0),
-    )
-    for name, env, decode_max in variants:
-        with decode_settings(env, DECODE_MAX_TOKENS=decode_max):
-            try:
-                us = run("api")
-            except Exception as exc:
-                log.info("variant %s failed: %s", name, exc)
-                continue
+    # slot-grouped kernels that serve token counts above LoRAPlan.bgmv_max_tokens.
+    variants = (("no_pdl", replace(shipped, pdl=False)), ("grouped", replace(shipped, bgmv_max_tokens=0)))
+    for name, variant in variants:
+        try:
+            us = run("api", variant)
+        except Exception as exc:
+            log.info("variant %s failed: %s", name, exc)
+            continue
         res[f"{name}_us"] = us
         res[f"{name}_bw_pct"] = 100 * nbytes / (us * 1e-6) / bw
         rep.summary.append(f"  variant {name}: {us:.1f} us = {res[f'{name}_bw_pct']:.0f}% of copy bandwidth")
@@ -546,8 +544,8 @@ def section_target(rep: Report, deadline: float) -> None:
     res["sweep"] = sweep
     best: dict[str, Any] = {}
     stages = (
-        [{"EXPAND_TILE": tile, "EXPAND_WARPS": w} for tile in (8192, 16384, 32768) for w in (4, 8)],
-        [{"SHRINK_TILE": tile, "SHRINK_WARPS": w} for tile in (8192, 16384, 32768) for w in (4, 8)],
+        [{"bgmv_expand_tile": tile, "bgmv_expand_warps": w} for tile in (8192, 16384, 32768) for w in (4, 8)],
+        [{"bgmv_shrink_tile": tile, "bgmv_shrink_warps": w} for tile in (8192, 16384, 32768) for w in (4, 8)],
     )
     for stage in stages:
         stage_best: tuple[float, dict[str, Any]] | None = None
@@ -555,12 +553,11 @@ def section_target(rep: Report, deadline: float) -> None:
             if time.monotonic() > deadline:
                 break
             trial = {**best, **settings}
-            with decode_settings(None, **trial):
-                try:
-                    us = run("api")
-                except Exception as exc:
-                    log.info("sweep config %s failed: %s", trial, exc)
-                    continue
+            try:
+                us = run("api", replace(shipped, **trial))
+            except Exception as exc:
+                log.info("sweep config %s failed: %s", trial, exc)
+                continue
             row = {**trial, "us": us, "bw_pct": 100 * nbytes / (us * 1e-6) / bw}
             sweep.append(row)
             log.info("target sweep %s", row)
@@ -574,40 +571,21 @@ def section_target(rep: Report, deadline: float) -> None:
         rep.summary.append(f"  best token-major tiles in sweep: {top}")
 
 
-@contextmanager
-def decode_settings(env: dict[str, str] | None = None, **constants: Any) -> Iterator[None]:
-    """Temporarily set module constants of ``lora_decode`` and environment variables
-    (such as MULTILORA_PDL); constants given as None are left alone."""
-    from . import lora_decode
-
-    constants = {k: v for k, v in constants.items() if v is not None}
-    saved = {k: getattr(lora_decode, k) for k in constants}
-    saved_env = {k: os.environ.get(k) for k in env or {}}
-    for k, v in constants.items():
-        setattr(lora_decode, k, v)
-    os.environ.update(env or {})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(lora_decode, k, v)
-        for k, old in saved_env.items():
-            if old is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = old
-
-
 def section_decode_paths(rep: Report, deadline: float) -> None:
     """Token-major vs slot-grouped kernels at decode sizes, distinct and identical adapters
     (where the token-major kernels re-read one adapter's tiles from L2): sets the crossover
-    DECODE_MAX_TOKENS."""
+    LoRAPlan.bgmv_max_tokens."""
     gen = torch.Generator(device="cuda").manual_seed(6)
     cpu_gen = torch.Generator().manual_seed(6)
     num_slots, r, ncopy, reps = 64, 16, 2, 2
     ranks = [r] * num_slots
     copies = [make_weights(LLAMA3_8B, num_slots, r, ranks, torch.bfloat16, "cuda", gen) for _ in range(ncopy)]
     rank_t = torch.tensor(ranks, dtype=torch.int32, device="cuda")
+    shipped = LoRAPlan.for_device("cuda", torch.bfloat16)
+    paths = (
+        ("token_major", replace(shipped, bgmv_max_tokens=1 << 20)),
+        ("grouped", replace(shipped, bgmv_max_tokens=0)),
+    )
     rows: list[dict[str, object]] = []
     rep.data["decode_paths"] = rows
     for t in (1, 8, 32, 64, 128, 256):
@@ -616,10 +594,9 @@ def section_decode_paths(rep: Report, deadline: float) -> None:
                 return
             slots = make_slots(pattern, t, list(range(min(t, num_slots))), cpu_gen).cuda()
             row: dict[str, object] = {"tokens": t, "pattern": pattern}
-            for path, decode_max in (("token_major", 1 << 20), ("grouped", 0)):
-                with decode_settings(DECODE_MAX_TOKENS=decode_max):
-                    fns = layer_runners(copies, t, slots, rank_t, num_slots, gen, "api")
-                    row[f"{path}_us"] = steady_us(fns, reps)
+            for path, plan in paths:
+                fns = layer_runners(copies, t, slots, rank_t, num_slots, gen, "api", plan=plan)
+                row[f"{path}_us"] = steady_us(fns, reps)
             rows.append(row)
             log.info("decode paths %s", row)
     rep.summary.append(
@@ -748,6 +725,8 @@ def run_cpu(rep: Report) -> None:
         n: (a, b.transpose(1, 2).contiguous().transpose(1, 2), offs) for n, (a, b, offs) in weights.items()
     }
     numba_ok = lora_cpu.AVAILABLE
+    torch_plan = LoRAPlan(backend="torch")
+    numba_plan = LoRAPlan(backend="numba", numba_max_tokens=1 << 20) if numba_ok else None  # every size
     for t, d in ((1, 1), (4, 4), (8, 1), (8, 8), (32, 8), (64, 8), (128, 8), (256, 1), (256, 4)):
         slots = (torch.arange(t) % d).int() if t <= 8 else (torch.arange(t) * d // t).int()
         batch = build_lora_batch(slots, rank_t, num_slots)
@@ -760,11 +739,11 @@ def run_cpu(rep: Report) -> None:
 
         def lora(xs=xs, ys=ys, batch=batch) -> None:
             for n, (a, b, offs) in weights.items():
-                add_lora(ys[n], xs[n], a, b, batch, offs, backend="torch")
+                add_lora(ys[n], xs[n], a, b, batch, offs, torch_plan)
 
         def lora_numba(xs=xs, ys=ys, batch=batch) -> None:
             for n, (a, b, offs) in weights_t.items():
-                add_lora(ys[n], xs[n], a, b, batch, offs, backend="numba")
+                add_lora(ys[n], xs[n], a, b, batch, offs, numba_plan)
 
         def step(slots=slots, batch=batch) -> None:
             batch.update(slots, rank_t)
@@ -790,7 +769,7 @@ def run_cpu(rep: Report) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smaller timing matrix")
-    parser.add_argument("--cpu", action="store_true", help="time the torch path on the CPU")
+    parser.add_argument("--cpu", action="store_true", help="time the torch and Numba paths on the CPU")
     parser.add_argument(
         "--sections",
         default="",

@@ -1,4 +1,4 @@
-"""Token-major (BGMV-style) shrink / expand for small batches: the decode path.
+"""Token-major (BGMV-style) shrink / expand: the decode path (up to ``LoRAPlan.bgmv_max_tokens`` tokens).
 
 In a decode step each request contributes one token, and with many adapters nearly every
 token has its own. These kernels give every program one token and read that token's slot
@@ -8,7 +8,7 @@ same adapter re-read its tiles, which then come from L2.
 
 * shrink: program ``(t, s * splits + split)`` computes ``x[t, k-chunk] @ A[slot, s]^T`` for
   one ``BLOCK_K`` chunk of ``in_features`` (one tile, no loop over K) and stores a float32
-  partial ``[splits, S, T, R]`` (the layout the expand kernels of ``lora_triton`` read);
+  partial ``[splits, S, T, R]`` (the layout the expand kernels of ``lora_sgmv`` read too);
 * expand: program ``(t, n)`` loads a ``[BLOCK_N, BLOCK_R]`` tile of its slot's B, sums the
   token's partials, and adds ``h @ B^T`` (float32 products and sum, rounded once) into
   ``y[t, n-block]``.
@@ -17,7 +17,7 @@ Products are formed in float32 from the stored values (no tensor-core rounding o
 the weight dtype), ranks above ``BLOCK_R`` loop over rank blocks up to the slot's rank, and
 rows ``r >= rank`` are never read.
 
-Programmatic dependent launch (Hopper and newer, Triton with ``gdc_wait``): weight tiles
+Programmatic dependent launch (``LoRAPlan.pdl``; Hopper and newer, Triton with ``gdc_wait``): weight tiles
 and metadata are requested before ``gdc_wait``; activations, partials and ``y`` are read,
 and anything is written, only after it. A kernel launched this way can start while the
 previous kernel in the stream finishes, which hides launch latency and the weight-load
@@ -29,77 +29,19 @@ further back than one kernel.
 
 from __future__ import annotations
 
-import os
-from functools import cache
-
 import torch
 import triton
 import triton.language as tl
 
-from .lora import LoRABatch, _interpreting
+from .lora_batch import LoRABatch
+from .lora_plan import LoRAPlan
 from .lora_slices import padded_offsets, slice_of, slice_programs
-
-try:  # Triton >= 3.4 (programmatic dependent launch); no-op fallbacks otherwise
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-    _HAVE_GDC = True
-except ImportError:  # pragma: no cover - depends on the installed Triton
-    _HAVE_GDC = False
-
-    @triton.jit
-    def gdc_wait():  # type: ignore[no-redef,unused-ignore]
-        pass
-
-    @triton.jit
-    def gdc_launch_dependents():  # type: ignore[no-redef,unused-ignore]
-        pass
-
-
-# Tokens up to which add_lora uses these kernels; above it the slot-grouped (SGMV) kernels
-# of lora_triton, which read each adapter's tiles once per token block. On the H200 the
-# token-major kernels were 1.8-2.5x faster with 8-256 distinct adapters and as fast or
-# faster with all tokens on one adapter, up to 256 tokens (docs/kernels.md).
-DECODE_MAX_TOKENS = 256
-# Tile sizes in elements (rank rows x K columns for shrink, output columns x rank rows for
-# expand); the rank block is max_rank rounded up to a power of two, 8..64, and larger
-# ranks loop over rank blocks up to each slot's rank. Chosen by the tile sweeps of
-# kernels/bench.py and kernels/step_lora_bench.py on the H200 (decode, batch 32, 32 distinct
-# rank-16 adapters): 8192-element expand tiles tie with 16384 after the kernel shrink and
-# beat them after the shrink inside the GEMM (0.998 vs 1.082 ms a 32-layer step).
-SHRINK_TILE = 16384
-SHRINK_WARPS = 4
-EXPAND_TILE = 8192
-EXPAND_WARPS = 4
+from .triton_support import gdc_launch_dependents, gdc_wait, launch_options
 
 
 def block_r(max_rank: int) -> int:
     """Rank rows per tile: max_rank rounded up to a power of two, within 8..64."""
     return min(64, max(8, triton.next_power_of_2(max_rank)))
-
-
-@cache
-def _pdl_capable(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
-def use_pdl(device: torch.device) -> bool:
-    """Whether to launch with programmatic dependent launch on ``device``.
-
-    Needs CUDA compute capability 9.0+, a Triton that has ``gdc_wait``, not the
-    interpreter, and ``MULTILORA_PDL`` not set to ``0``.
-    """
-    if device.type != "cuda" or not _HAVE_GDC or _interpreting():
-        return False
-    if os.environ.get("MULTILORA_PDL", "1") == "0":
-        return False
-    return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def _launch_options(pdl: bool, num_warps: int) -> dict[str, object]:
-    opts: dict[str, object] = {"num_warps": num_warps, "USE_PDL": pdl}
-    if pdl:
-        opts["launch_pdl"] = True
-    return opts
 
 
 def rank_align(lora_b: torch.Tensor) -> int:
@@ -109,14 +51,14 @@ def rank_align(lora_b: torch.Tensor) -> int:
     return 8 if lora_b.stride(2) == 1 and max_rank % 8 == 0 else 1
 
 
-def shrink_block_k(max_rank: int, in_features: int) -> int:
-    """K columns per shrink program: a rank-block x BLOCK_K tile of about SHRINK_TILE elements."""
-    return min(SHRINK_TILE // block_r(max_rank), max(16, triton.next_power_of_2(in_features)))
+def shrink_block_k(max_rank: int, in_features: int, tile: int) -> int:
+    """K columns per shrink program: a rank-block x BLOCK_K tile of about ``tile`` elements."""
+    return min(tile // block_r(max_rank), max(16, triton.next_power_of_2(in_features)))
 
 
-def expand_block_n(max_rank: int) -> int:
-    """Output columns per expand program: a BLOCK_N x rank-block tile of EXPAND_TILE elements."""
-    return max(16, EXPAND_TILE // block_r(max_rank))
+def expand_block_n(max_rank: int, tile: int) -> int:
+    """Output columns per expand program: a BLOCK_N x rank-block tile of ``tile`` elements."""
+    return max(16, tile // block_r(max_rank))
 
 
 @triton.jit
@@ -228,7 +170,7 @@ def _bgmv_expand_kernel(
 
     The token's partials start at ``part + s * stride_ps + t * stride_pt + slot * stride_pl``:
     ``stride_pl`` is 0 for per-token partials and the slot stride for a shrink computed
-    against every slot (``expand_gathered``).
+    against every slot (``expand_shrunk_in_gemm``).
     """
     t = tl.program_id(0)
     n_prog = tl.program_id(1)
@@ -300,37 +242,6 @@ def add_token_lora(y, w, h_ptrs, rank, offs_r):
     return (y.to(tl.float32) + delta.to(y.dtype).to(tl.float32)).to(y.dtype)
 
 
-# Ranks up to which the kernels that fold an expand in cover the whole rank in one tile
-# (larger ranks take the separate expand).
-MAX_FUSED_RANK = 64
-
-
-def folds_expand(backend_kind: str, num_tokens: int, max_rank: int) -> bool:
-    """Whether an expand can be folded into the kernel that reads its output this call."""
-    return backend_kind == "triton" and num_tokens <= DECODE_MAX_TOKENS and max_rank <= MAX_FUSED_RANK
-
-
-def check_gathered(
-    num_tokens: int,
-    out_total: int,
-    dtype: torch.dtype,
-    shrunk: torch.Tensor,
-    lora_b: torch.Tensor,
-    slices: int,
-) -> None:
-    """ValueError unless ``shrunk`` is ``[T, slots, slices, R]`` and ``lora_b`` is
-    ``[slots, out_total, R]`` in ``dtype``."""
-    if shrunk.dim() != 4 or shrunk.shape[0] != num_tokens or shrunk.shape[2] != slices:
-        raise ValueError(
-            f"shrunk must be [{num_tokens}, num_slots, {slices}, max_rank], got {tuple(shrunk.shape)}"
-        )
-    if tuple(lora_b.shape) != (shrunk.shape[1], out_total, shrunk.shape[3]) or lora_b.dtype != dtype:
-        raise ValueError(
-            f"lora_b must be [{shrunk.shape[1]}, {out_total}, {shrunk.shape[3]}] in {dtype}, "
-            f"got {tuple(lora_b.shape)} {lora_b.dtype}"
-        )
-
-
 # --------------------------------------------------------------------------- launchers
 
 
@@ -338,13 +249,16 @@ def shrink_partials(
     x: torch.Tensor,
     lora_a: torch.Tensor,
     batch: LoRABatch,
+    plan: LoRAPlan,
     block_k: int | None = None,
-    num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Launch the token-major shrink; returns float32 partials ``[splits, S, T, R]``."""
+    """Launch the token-major shrink; returns float32 partials ``[splits, S, T, R]``.
+
+    Tiles and launch options from ``plan`` (``block_k`` overrides the tile's K columns).
+    """
     num_tokens, in_features = x.shape
     _, num_slices, max_rank, _ = lora_a.shape
-    bk = block_k or shrink_block_k(max_rank, in_features)
+    bk = block_k or shrink_block_k(max_rank, in_features, plan.bgmv_shrink_tile)
     br = block_r(max_rank)
     splits = triton.cdiv(in_features, bk)
     part = torch.empty((splits, num_slices, num_tokens, max_rank), dtype=torch.float32, device=x.device)
@@ -364,7 +278,7 @@ def shrink_partials(
         BLOCK_R=br,
         BLOCK_K=bk,
         EVEN_K=in_features % bk == 0,
-        **_launch_options(use_pdl(x.device), num_warps or SHRINK_WARPS),
+        **launch_options(plan.pdl, plan.bgmv_shrink_warps),
     )
     return part
 
@@ -375,27 +289,29 @@ def expand(
     lora_b: torch.Tensor,
     batch: LoRABatch,
     slice_offsets: tuple[int, ...],
+    plan: LoRAPlan,
     block_n: int | None = None,
-    num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Launch the token-major expand: ``part`` is float32 partials ``[splits, S, T, R]``."""
+    """Launch the token-major expand: ``part`` is float32 partials ``[splits, S, T, R]``.
+
+    Tiles and launch options from ``plan`` (``block_n`` overrides the tile's output columns).
+    """
     splits, _, num_tokens, max_rank = part.shape
     strides = (*part.stride(), 0)  # (split, slice, token, rank, slot): per-token partials
     return _launch_expand(
-        y, part, strides, splits, num_tokens, max_rank, lora_b, batch, slice_offsets, block_n, num_warps
+        y, part, strides, splits, num_tokens, max_rank, lora_b, batch, slice_offsets, plan, block_n
     )
 
 
-def expand_gathered(
+def expand_shrunk_in_gemm(
     y: torch.Tensor,
     shrunk: torch.Tensor,
     lora_b: torch.Tensor,
     batch: LoRABatch,
     slice_offsets: tuple[int, ...],
-    block_n: int | None = None,
-    num_warps: int | None = None,
+    plan: LoRAPlan,
 ) -> torch.Tensor:
-    """Token-major expand whose input is the shrink against EVERY slot.
+    """Token-major expand whose input is the shrink against EVERY slot (the shrink in GEMM).
 
     ``shrunk`` is ``[T, num_slots, S, R]`` (any strides, any float dtype): ``x[t] @ A[l, s]^T``
     for every slot ``l``, as one GEMM against the slots' A rows appended to the base weight
@@ -405,7 +321,7 @@ def expand_gathered(
     st_t, st_l, st_s, st_r = shrunk.stride()
     strides = (0, st_s, st_t, st_r, st_l)  # (split, slice, token, rank, slot): one split
     return _launch_expand(
-        y, shrunk, strides, 1, num_tokens, max_rank, lora_b, batch, slice_offsets, block_n, num_warps
+        y, shrunk, strides, 1, num_tokens, max_rank, lora_b, batch, slice_offsets, plan, None
     )
 
 
@@ -419,13 +335,13 @@ def _launch_expand(
     lora_b: torch.Tensor,
     batch: LoRABatch,
     slice_offsets: tuple[int, ...],
+    plan: LoRAPlan,
     block_n: int | None,
-    num_warps: int | None,
 ) -> torch.Tensor:
     out_total = lora_b.shape[1]
     if num_tokens == 0 or out_total == 0:
         return y
-    bn = block_n or expand_block_n(max_rank)
+    bn = block_n or expand_block_n(max_rank, plan.bgmv_expand_tile)
     cum, n_progs = slice_programs(slice_offsets, bn)
     _bgmv_expand_kernel[(num_tokens, n_progs)](
         part,
@@ -443,6 +359,6 @@ def _launch_expand(
         BLOCK_R=block_r(max_rank),
         SPLIT_BLOCK=triton.next_power_of_2(splits),
         RANK_ALIGN=rank_align(lora_b),
-        **_launch_options(use_pdl(y.device), num_warps or EXPAND_WARPS),
+        **launch_options(plan.pdl, plan.bgmv_expand_warps),
     )
     return y

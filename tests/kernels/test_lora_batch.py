@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from multilora_studio.kernels.lora import LoRABatch
-from multilora_studio.kernels.lora_host import fill_lora_metadata
+from multilora_studio.kernels.lora_batch import LoRABatch, fill_lora_metadata
 
 FIELDS = (
     "token_slots",

@@ -1,4 +1,4 @@
-"""GEMM blocks: each layer's base weight followed by every LoRA slot's A rows, in one tensor."""
+"""Shrink-in-GEMM weights: each layer's base weight followed by every LoRA slot's A rows, in one tensor."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ SLOTS, MAX_RANK = 3, 32
 CPU = torch.device("cpu")
 
 
-def test_blocks_hold_the_checkpoint_weights_and_zero_lora_rows(tiny_model_dir):
+def test_weights_hold_the_checkpoint_weights_and_zero_lora_rows(tiny_model_dir):
     plain = resolve_model(str(tiny_model_dir), torch.float32, CPU, None)
     blocked = resolve_model(str(tiny_model_dir), torch.float32, CPU, None, lora_rows=SLOTS * MAX_RANK)
-    assert not plain.weights.gemm_blocks
+    assert not plain.weights.shrink_in_gemm_weights
     spec = blocked.spec
     for group, slices in GEMM_SLICES.items():
         n, k = gemm_shape(spec, group)
-        block = blocked.weights.gemm_blocks[group]
+        block = blocked.weights.shrink_in_gemm_weights[group]
         assert block.shape == (spec.num_layers, n + slices * SLOTS * MAX_RANK, k)
         assert torch.count_nonzero(block[:, n:]) == 0  # empty slots
         for index, (layer, reference) in enumerate(
@@ -31,9 +31,9 @@ def test_blocks_hold_the_checkpoint_weights_and_zero_lora_rows(tiny_model_dir):
             assert weight.data_ptr() == block[index].data_ptr()  # a view of the block, not a copy
 
 
-def test_slot_uploads_land_in_the_block_rows_a_gemm_reads(tiny_model_dir, tiny_adapters):
+def test_slot_uploads_land_in_the_rows_a_gemm_reads(tiny_model_dir, tiny_adapters):
     base = resolve_model(str(tiny_model_dir), torch.float32, CPU, None, lora_rows=SLOTS * MAX_RANK)
-    spec, blocks = base.spec, base.weights.gemm_blocks
+    spec, blocks = base.spec, base.weights.shrink_in_gemm_weights
     lora = LoRASlotWeights(spec, SLOTS, MAX_RANK, torch.float32, CPU, blocks)
     name = "tiny-r8-all"
     host = load_peft_adapter(name, tiny_adapters[name], spec.num_layers, spec.projection_shape, MAX_RANK)
@@ -43,7 +43,7 @@ def test_slot_uploads_land_in_the_block_rows_a_gemm_reads(tiny_model_dir, tiny_a
     layer = 2
     for group in ("qkv", "gate_up"):
         out = x @ blocks[group][layer].T  # [T, N + S * slots * R]
-        y, shrunk = lora.gemm_output_split(group, out)  # [T, N], [T, slots, S, R]
+        y, shrunk = lora.split_shrink_in_gemm(group, out)  # [T, N], [T, slots, S, R]
         assert torch.allclose(y, x @ getattr(base.weights.layers[layer], group).T, atol=1e-5)
         a = packed.a[group][layer]  # [S, r, K]
         expected = torch.einsum("tk,srk->tsr", x, a)  # [T, S, r]

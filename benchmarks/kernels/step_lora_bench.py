@@ -1,7 +1,7 @@
 """What the LoRA term adds to a decode step's projections, for each way of running it.
 
-    python -m multilora_studio.kernels.step_lora_bench [--layers 32] [--batch 32] [--rank 16]
-        [--slots 32] [--distinct 32 8 1] [--modes base serial dense overlap dense:8192:8]
+    python -m benchmarks.kernels.step_lora_bench [--layers 32] [--batch 32] [--rank 16]
+        [--slots 32] [--distinct 32 8 1] [--modes base serial shrink-in-gemm overlap shrink-in-gemm:8192:8]
 
 A decode step's projections at the Llama-3-8B shape (per layer: q/k/v; o and residual-add +
 RMSNorm; gate/up and SiLU-and-mul; down and residual-add + RMSNorm; bf16, random weights),
@@ -9,16 +9,18 @@ RMSNorm; gate/up and SiLU-and-mul; down and residual-add + RMSNorm; bf16, random
 adapters, captured in one CUDA graph per mode and replayed:
 
 * ``base``: the base GEMMs and the elementwise ops, no LoRA;
-* ``serial``: GEMM, then the token-major shrink, then the expand (the kernels' default);
+* ``serial``: GEMM, then the shrink, then the expand (the kernels the plan picks: token-major
+  at decode sizes);
 * ``overlap``: the shrink forked onto a second stream beside the GEMM, joined before the expand;
-* ``dense``: every slot's A rows appended to the base weight, so one GEMM gives the base
-  output and the shrink against every slot; the expand reads each token's own slot
-  (``lora_decode.expand_gathered``). No shrink launch; reads every slot's A, in use or not.
-  ``dense:TILE:WARPS`` (or ``serial:...``) runs the expands with that tile and warp count;
-  ``dense-gemm`` is the extended GEMMs alone (no expand: the GEMMs' share of ``dense``);
-* ``engine``: ``dense`` with the gate/up expand inside SiLU-and-mul (``lora_silu``) and the
-  o and down expands inside residual-add + RMSNorm (``lora_norm``), as the engine runs a
-  decode step.
+* ``shrink-in-gemm``: every slot's A rows appended to the base weight, so one GEMM gives the
+  base output and the shrink against every slot; the expand reads each token's own slot
+  (``lora_bgmv.expand_shrunk_in_gemm``). No shrink launch; reads every slot's A, in use or
+  not. ``shrink-in-gemm:TILE:WARPS`` (or ``serial:...``) runs the expands with that tile and
+  warp count; ``shrink-in-gemm-gemms`` is the extended GEMMs alone (no expand: the GEMMs'
+  share of ``shrink-in-gemm``);
+* ``engine``: ``shrink-in-gemm`` with the gate/up expand inside SiLU-and-mul (``lora_silu``)
+  and the o and down expands inside residual-add + RMSNorm (``lora_norm``), as the engine runs
+  a decode step.
 
 Prints the median replay times (``triton.testing.do_bench``), what LoRA adds and at which
 fraction of the copy bandwidth its bytes would need, and the largest difference of each
@@ -28,16 +30,15 @@ LoRA mode's outputs from ``serial`` relative to the LoRA term. CUDA only.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from . import lora_decode, lora_triton
-from .bench import bench_ms, decode_settings
-from .fused_ops import add_rms_norm, silu_and_mul
-from .lora import build_lora_batch
-from .lora_norm import add_rms_norm_lora
-from .lora_silu import silu_and_mul_lora
+from benchmarks.kernels.lora_bench import bench_ms
+from multilora_studio.kernels import lora_bgmv, lora_sgmv
+from multilora_studio.kernels.fused_ops import add_rms_norm, silu_and_mul
+from multilora_studio.kernels.lora import LoRAPlan, add_rms_norm_lora, build_lora_batch, silu_and_mul_lora
 
 # name: (in_features, output slice widths) at the Llama-3-8B shape
 SHAPES = {
@@ -79,8 +80,30 @@ def make_layer(slots: int, rank: int, t: int) -> dict[str, dict[str, Any]]:
     return layer
 
 
+def shrink(x: torch.Tensor, a: torch.Tensor, batch, plan: LoRAPlan) -> torch.Tensor:
+    """The shrink's float32 partials [splits, S, T, R] from the kernels ``plan`` picks."""
+    if plan.uses_bgmv(x.shape[0]):
+        return lora_bgmv.shrink_partials(x, a, batch, plan)
+    return lora_sgmv.shrink_partials(x, a, batch)
+
+
+def expand(y: torch.Tensor, part: torch.Tensor, b: torch.Tensor, batch, offsets, plan: LoRAPlan) -> None:
+    """The expand of ``part`` into ``y`` by the kernels ``plan`` picks."""
+    if plan.uses_bgmv(y.shape[0]):
+        lora_bgmv.expand(y, part, b, batch, offsets, plan)
+    else:
+        lora_sgmv.expand(y, part, b, batch, offsets)
+
+
 def run_layer(
-    layer: dict[str, dict], batch, mode: str, side: torch.cuda.Stream, slots: int, rank: int, counters
+    layer: dict[str, dict],
+    batch,
+    mode: str,
+    side: torch.cuda.Stream,
+    slots: int,
+    rank: int,
+    counters,
+    plan: LoRAPlan,
 ) -> list[torch.Tensor]:
     """One layer's projections in ``mode``; returns each group's output: gate/up's after
     SiLU-and-mul, o's and down's after residual-add + RMSNorm."""
@@ -89,31 +112,30 @@ def run_layer(
     for name, p in layer.items():
         n, x, out = p["n"], p["x"], p["out"]
         y = out[:, :n]  # [T, N], row stride N + L*S*R
-        if mode in ("dense", "dense-gemm", "engine"):
+        if mode in ("shrink-in-gemm", "shrink-in-gemm-gemms", "engine"):
             torch.matmul(x, p["w_ext"].T, out=out)
             shrunk = out[:, n:].view(x.shape[0], slots, -1, rank)  # [T, L, S, R]
-            if mode == "engine" and name == "gate_up":
-                results.append(silu_and_mul_lora(y, shrunk, p["b"], batch))  # expand inside SiLU-and-mul
+            if mode == "engine" and name == "gate_up":  # expand inside SiLU-and-mul
+                results.append(silu_and_mul_lora(y, shrunk, p["b"], batch, plan))
                 continue
             if mode == "engine" and name in ("o", "down"):  # expand inside residual-add + RMSNorm
                 results.append(
-                    add_rms_norm_lora(y, p["res"], p["norm"], 1e-5, shrunk, p["b"], batch, counters)
+                    add_rms_norm_lora(y, p["res"], p["norm"], 1e-5, shrunk, p["b"], batch, counters, plan)
                 )
                 continue
-            if mode != "dense-gemm":
-                lora_decode.expand_gathered(y, shrunk, p["b"], batch, p["offsets"])
+            if mode != "shrink-in-gemm-gemms":
+                lora_bgmv.expand_shrunk_in_gemm(y, shrunk, p["b"], batch, p["offsets"], plan)
         elif mode == "overlap":
             side.wait_stream(main_stream)
             with torch.cuda.stream(side):
-                part = lora_triton.shrink_partials(x, p["a"], batch)  # [splits, S, T, R]
+                part = shrink(x, p["a"], batch, plan)  # [splits, S, T, R]
             torch.matmul(x, p["w"].T, out=y)
             main_stream.wait_stream(side)
-            lora_triton.expand(y, part, p["b"], batch, p["offsets"])
+            expand(y, part, p["b"], batch, p["offsets"], plan)
         else:
             torch.matmul(x, p["w"].T, out=y)
             if mode == "serial":
-                part = lora_triton.shrink_partials(x, p["a"], batch)
-                lora_triton.expand(y, part, p["b"], batch, p["offsets"])
+                expand(y, shrink(x, p["a"], batch, plan), p["b"], batch, p["offsets"], plan)
         if name == "gate_up":
             results.append(silu_and_mul(y))
         elif name in ("o", "down"):
@@ -141,7 +163,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--distinct", type=int, nargs="+", default=[32, 8, 1])
-    parser.add_argument("--modes", nargs="+", default=["base", "serial", "dense", "engine"])
+    parser.add_argument("--modes", nargs="+", default=["base", "serial", "shrink-in-gemm", "engine"])
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("CUDA only")
@@ -151,6 +173,7 @@ def main() -> None:
     layers = [make_layer(slots, r, t) for _ in range(args.layers)]
     side = torch.cuda.Stream()
     counters = torch.zeros(t, dtype=torch.int32, device="cuda")  # add_rms_norm_lora's row counters
+    shipped = LoRAPlan.for_device("cuda", torch.bfloat16)
     print(f"{args.layers} layers, batch {t}, {slots} slots of rank {r}, bf16, copy {bw / 1e12:.2f} TB/s")
     for distinct in args.distinct:
         token_slots = torch.arange(t, dtype=torch.int32, device="cuda") % distinct
@@ -160,16 +183,19 @@ def main() -> None:
         graphs, outputs = {}, {}
         for mode in args.modes:
             kind, *tile = mode.split(":")
-            tile_n, warps = (int(tile[0]), int(tile[1])) if tile else (None, None)
-            with decode_settings(EXPAND_TILE=tile_n, EXPAND_WARPS=warps):
-                for layer in layers:
-                    run_layer(layer, batch, kind, side, slots, r, counters)  # compile outside the capture
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    results = [
-                        o for layer in layers for o in run_layer(layer, batch, kind, side, slots, r, counters)
-                    ]
+            plan = shipped
+            if tile:  # the expands' tile and warp count
+                plan = replace(shipped, bgmv_expand_tile=int(tile[0]), bgmv_expand_warps=int(tile[1]))
+            for layer in layers:  # compile outside the capture
+                run_layer(layer, batch, kind, side, slots, r, counters, plan)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                results = [
+                    o
+                    for layer in layers
+                    for o in run_layer(layer, batch, kind, side, slots, r, counters, plan)
+                ]
             graphs[mode] = graph
             for layer in layers:  # the same residual stream for every mode's compared replay
                 for p in layer.values():

@@ -1,4 +1,4 @@
-"""GPU check and benchmark of paged attention (``python -m multilora_studio.kernels.paged_attention_bench``).
+"""GPU check and benchmark of paged attention (``python -m benchmarks.kernels.paged_attention_bench``).
 
 Sections, each independent (a failure is logged and the next section runs):
 

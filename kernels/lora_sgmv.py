@@ -1,7 +1,7 @@
-"""Triton kernels behind :mod:`multilora_studio.kernels.lora` (shrink / expand).
+"""Slot-grouped (SGMV-style) shrink / expand: steps above ``LoRAPlan.bgmv_max_tokens`` tokens.
 
 Model code never imports this module: it calls the wrappers in ``lora``, which check
-shapes, dtypes and devices and then call the launchers here.
+shapes, dtypes and devices, choose the kernels by the plan and call the launchers here.
 
 Every kernel runs on a fixed grid that depends only on tensor shapes (never on which
 slots the tokens use), so one CUDA graph per batch-size bucket replays any adapter mix:
@@ -33,9 +33,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import lora_decode
-from .lora import LoRABatch, _interpreting
+from .lora_batch import LoRABatch
+from .lora_bgmv import rank_align
 from .lora_slices import padded_offsets, slice_of, slice_programs
+from .triton_support import interpreting
 
 
 @dataclass(frozen=True)
@@ -410,7 +411,7 @@ def _precision(dtype: torch.dtype) -> str:
 def _upcast(dtype: torch.dtype) -> bool:
     # Triton's interpreter multiplies bfloat16 tiles as their raw uint16 bits; give it
     # float32 tiles holding the same bfloat16 values (exact products, fp32 sums, as on GPU).
-    return dtype == torch.bfloat16 and _interpreting()
+    return dtype == torch.bfloat16 and interpreting()
 
 
 def _block_r(max_rank: int) -> int:
@@ -467,8 +468,6 @@ def shrink_partials(
     """
     num_tokens, in_features = x.shape
     num_slots, num_slices, max_rank, _ = lora_a.shape
-    if config is None and out is None and num_tokens <= lora_decode.DECODE_MAX_TOKENS:
-        return lora_decode.shrink_partials(x, lora_a, batch)
     num_cols = num_slices * max_rank
     cfg = config or shrink_config(num_tokens, in_features, num_slices, max_rank)
     k_per_split, splits = _split_layout(in_features, cfg)
@@ -515,8 +514,6 @@ def shrink(x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch, out: torch.T
     """Shrink into ``out [S, T, R]``; split-K partials are summed by one torch op."""
     num_tokens, in_features = x.shape
     cfg = shrink_config(num_tokens, in_features, lora_a.shape[1], lora_a.shape[2])
-    if num_tokens <= lora_decode.DECODE_MAX_TOKENS:
-        return torch.sum(lora_decode.shrink_partials(x, lora_a, batch), dim=0, out=out)
     if _split_layout(in_features, cfg)[1] == 1:
         shrink_partials(x, lora_a, batch, out=out, config=cfg)
         return out
@@ -537,8 +534,6 @@ def expand(
     num_slots, out_total, _ = lora_b.shape
     if num_tokens == 0 or out_total == 0:
         return y
-    if config is None and num_tokens <= lora_decode.DECODE_MAX_TOKENS:
-        return lora_decode.expand(y, buf, lora_b, batch, slice_offsets)
     cfg = config or expand_config(num_tokens)
     cum, n_progs = slice_programs(slice_offsets, cfg.block_n)
     grid = (triton.cdiv(num_tokens, cfg.block_m) * n_progs, num_slots)
@@ -562,7 +557,7 @@ def expand(
         BLOCK_N=cfg.block_n,
         BLOCK_R=_block_r(max_rank),
         SPLIT_BLOCK=_next_pow2(splits),
-        RANK_ALIGN=lora_decode.rank_align(lora_b),
+        RANK_ALIGN=rank_align(lora_b),
         DOT_PRECISION=_precision(y.dtype),
         UPCAST=_upcast(y.dtype),
         num_warps=cfg.num_warps,

@@ -1,0 +1,49 @@
+"""The engine's LoRA plan: built once at start-up from ``EngineConfig``, the device and the dtype.
+
+Every choice of how the LoRA term runs is made here (the kernels' own choice for the device,
+``LoRAPlan.for_device``, plus the engine's options); the runner hands the plan to the model,
+and the model to every LoRA wrapper it calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from multilora_studio.engine.config import EngineConfig
+from multilora_studio.kernels.lora_plan import LoRAPlan
+from multilora_studio.kernels.triton_support import triton_runs_on
+
+# max_loras x max_lora_rank up to which CUDA engines compute the LoRA shrink in the base GEMMs:
+# on the H200 it was faster at any adapter mix with 512 rows a slice, slower with 1024
+# (docs/kernels.md).
+SHRINK_IN_GEMM_MAX_ROWS = 768
+
+
+def build_lora_plan(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> LoRAPlan:
+    """The plan of an engine with ``config`` on ``device`` computing in ``dtype``.
+
+    ``lora_shrink_in_gemm`` None: on CUDA when ``max_loras x max_lora_rank <=
+    SHRINK_IN_GEMM_MAX_ROWS``, never on the CPU. ``fused_qkv_epilogue`` None: on CUDA; True
+    also elsewhere where Triton runs (the CPU under ``TRITON_INTERPRET=1``, as the tests do),
+    the separate launches otherwise.
+    """
+    if config.lora_shrink_in_gemm is not None:
+        shrink_in_gemm = config.lora_shrink_in_gemm
+    else:
+        shrink_in_gemm = (
+            device.type == "cuda" and config.max_loras * config.max_lora_rank <= SHRINK_IN_GEMM_MAX_ROWS
+        )
+    fused_qkv = config.fused_qkv_epilogue if config.fused_qkv_epilogue is not None else device.type == "cuda"
+    return replace(
+        LoRAPlan.for_device(device, dtype),
+        shrink_in_gemm=shrink_in_gemm,
+        fused_qkv=fused_qkv and triton_runs_on(device),
+    )
+
+
+def shrink_in_gemm_rows(config: EngineConfig, plan: LoRAPlan) -> int:
+    """LoRA A rows per slice to reserve after every GEMM weight (every slot's, at the largest
+    rank) when ``plan`` computes the shrink in the base GEMMs; 0 otherwise."""
+    return config.max_loras * config.max_lora_rank if plan.shrink_in_gemm else 0
