@@ -24,8 +24,10 @@ for step in $steps; do
   case $step in
     engine-tests)
       TRITON_INTERPRET=0 MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
-        timeout 420 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_fidelity.py \
-        tests/engine/test_model_families.py tests/engine/test_engine_behaviour.py tests/engine/test_kernel_warmup.py 2>&1 | tee "$OUT/engine-tests.log" | tail -25 ;;
+        timeout ${ENGINE_TESTS_TIMEOUT:-420} python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_fidelity.py \
+        tests/engine/test_model_families.py tests/engine/test_engine_behaviour.py tests/engine/test_kernel_warmup.py \
+        tests/engine/test_step_graphs.py tests/engine/test_diagnostics.py tests/engine/test_lora_plan_builder.py \
+        2>&1 | tee "$OUT/engine-tests.log" | tail -25 ;;
     engine-bench)
       timeout 400 python3 -m benchmarks.engine_gpu --json "$OUT/engine_gpu.json" 2>&1 \
         | tee "$OUT/engine-bench.log" | grep -v "^INFO" | tail -30 ;;
