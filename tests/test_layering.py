@@ -1,0 +1,68 @@
+"""Each package imports only the layers docs/architecture.md allows (read from the source, nothing run)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "multilora_studio"
+# package -> the project's packages it may import (top-level modules util, paths, resources: anyone)
+ALLOWED = {
+    "kernels": set(),
+    "adapters": set(),
+    "engine": {"kernels", "adapters", "default_model"},
+    "server": {"engine", "adapters", "kernels"},
+    "gui": {"server", "engine", "adapters", "demo", "resources", "kernels"},
+    "demo": {"engine", "adapters", "default_model", "kernels"},
+    "bench": {"engine", "adapters", "server", "kernels", "default_model"},
+    "cli": {"gui", "server", "engine", "adapters", "demo", "bench", "default_model", "kernels"},
+    "default_model": set(),
+}
+SHARED = {"util", "paths", "resources"}
+THIRD_PARTY_FORBIDDEN = {
+    "kernels": {"PySide6", "fastapi", "uvicorn", "transformers"},
+    "adapters": {"PySide6", "fastapi", "uvicorn"},
+    "engine": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
+    "server": {"PySide6", "pyqtgraph"},
+}
+
+
+def modules() -> dict[str, list[Path]]:
+    found: dict[str, list[Path]] = {"kernels": sorted((ROOT / "kernels").rglob("*.py"))}
+    for item in sorted(PACKAGE.iterdir()):
+        if item.is_dir() and (item / "__init__.py").exists():
+            found[item.name] = sorted(item.rglob("*.py"))
+        elif item.suffix == ".py" and item.stem not in ("__init__", "__main__", *SHARED):
+            found[item.stem] = [item]
+    return found
+
+
+def imported(path: Path) -> set[str]:
+    """Top-level names this file imports: 'multilora_studio.X' as 'X', others by their first part."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [node.module]
+        for target in targets:
+            parts = target.split(".")
+            names.add(parts[1] if parts[0] == "multilora_studio" and len(parts) > 1 else parts[0])
+    return names
+
+
+def test_every_package_imports_only_what_the_architecture_allows():
+    found = modules()
+    assert set(ALLOWED) >= set(found), f"packages missing from the table: {set(found) - set(ALLOWED)}"
+    problems = []
+    for package, files in found.items():
+        project = set(ALLOWED) | {"kernels"}
+        for path in files:
+            names = imported(path)
+            for name in sorted(names & project - ALLOWED[package] - {package}):
+                problems.append(f"{path.relative_to(ROOT)} imports {name}")
+            for name in sorted(names & THIRD_PARTY_FORBIDDEN.get(package, set())):
+                problems.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert problems == []
