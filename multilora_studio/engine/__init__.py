@@ -4,7 +4,7 @@ from multilora_studio.engine.adapter_residency import AdapterInfo
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.device_setup import resolve_device, resolve_dtype
 from multilora_studio.engine.engine import Engine
-from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta
+from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta, TokenLogprob
 from multilora_studio.engine.prompts import Prompt
 from multilora_studio.engine.requests import RequestStream
 
@@ -18,6 +18,7 @@ __all__ = [
     "RequestStream",
     "SamplingParams",
     "TokenDelta",
+    "TokenLogprob",
     "resolve_device",
     "resolve_dtype",
 ]

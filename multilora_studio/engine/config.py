@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "auto")
 MAX_SLOTS = 1024
 MAX_SEED = 2**63 - 1  # torch.Generator seeds are signed 64-bit
+MAX_LOGPROBS = 20  # top alternatives a request may ask for per token (OpenAI's and vLLM's limit)
 GREEDY_BELOW = 1e-5
 DEVICE_NAME = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
@@ -159,9 +160,18 @@ class SamplingParams:
     stop: Sequence[str] = field(default_factory=tuple)
     stop_token_ids: Sequence[int] = field(default_factory=tuple)
     ignore_eos: bool = False
+    # Log-probabilities of the model's distribution (raw logits: before temperature, top-k/top-p
+    # and every other sampling filter, as OpenAI reports them). None: none (costs nothing);
+    # 0: each generated token's own; k: also the k most likely tokens at each step.
+    logprobs: int | None = None
+    # The same for every prompt token given the ones before it (vLLM's ``prompt_logprobs``).
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 0, MAX_LOGPROBS)
         _check_number("temperature", self.temperature, 0, 100, low_inclusive=True)
         _check_number("top_p", self.top_p, 0, 1, low_inclusive=False)
         _check_int("top_k", self.top_k, 0)

@@ -6,8 +6,26 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability under the model (raw logits, before any sampling filter).
+
+    ``rank`` is 1 for the most likely token; ``top`` holds the request's k most likely tokens
+    with their log-probabilities, most likely first (empty when it asked for k = 0).
+    """
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class TokenDelta:
-    """New tokens and text of one request since its previous delta."""
+    """New tokens and text of one request since its previous delta.
+
+    ``logprobs`` has one entry per new token when the request asked for them; the delta with
+    the first generated token carries the prompt's (``prompt_logprobs``, None for position 0).
+    """
 
     request_id: str
     token_ids: list[int]
@@ -15,6 +33,8 @@ class TokenDelta:
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 @dataclass
@@ -31,6 +51,8 @@ class RequestOutput:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finish_time: float | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per generated token, when asked for
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (None first)
 
     @property
     def ttft(self) -> float | None:
