@@ -53,6 +53,12 @@ def add_serve_command(subparsers: Subcommands) -> None:
     parser.add_argument("--max-concurrent-per-key", type=int, default=None, help="open requests per key")
     parser.add_argument("--tokens-per-minute", type=int, default=None, help="token budget per key")
     parser.add_argument("--max-in-flight", type=int, default=256, help="engine requests the server holds")
+    parser.add_argument(
+        "--max-sequences-per-request",
+        type=int,
+        default=256,
+        help="prompts x n one request may ask for",
+    )
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body")
     parser.add_argument(
         "--allowed-hosts", nargs="*", default=[], metavar="HOST", help="extra Host header names to accept"
@@ -108,6 +114,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_concurrent_per_key=args.max_concurrent_per_key,
         tokens_per_minute_per_key=args.tokens_per_minute,
         max_in_flight=args.max_in_flight,
+        max_sequences_per_request=args.max_sequences_per_request,
         max_body_bytes=args.max_body_bytes,
         allowed_hosts=tuple(args.allowed_hosts),
         cors_origins=tuple(args.allowed_origins),

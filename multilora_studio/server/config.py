@@ -47,7 +47,7 @@ class ServerConfig:
     max_concurrent_per_key: int | None = None
     tokens_per_minute_per_key: int | None = None
     max_in_flight: int = 256
-    max_sequences_per_request: int = 16
+    max_sequences_per_request: int = 256  # prompts x n; lm-evaluation-harness batches fit
     max_body_bytes: int = 1 << 20
     allowed_hosts: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 from starlette.types import Receive
 
-from multilora_studio.engine import Prompt, RequestStream, SamplingParams, TokenDelta
+from multilora_studio.engine import Prompt, RequestStream, SamplingParams, TokenDelta, TokenLogprob
 from multilora_studio.server.errors import ApiError
+from multilora_studio.server.logprob_shapes import ScoreOptions
 from multilora_studio.server.request_log import RequestRecord
 from multilora_studio.server.state import ServerState
 
@@ -41,14 +42,20 @@ class Choice:
     finish_reason: str | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when asked
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
     @property
     def text(self) -> str:
         return "".join(self.parts)
 
     @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.stream.output.prompt_token_ids if self.stream is not None else []
+
+    @property
     def prompt_tokens(self) -> int:
-        return len(self.stream.output.prompt_token_ids) if self.stream is not None else 0
+        return len(self.prompt_token_ids)
 
 
 class Job:
@@ -64,16 +71,10 @@ class Job:
         stream: bool,
         prompts: Sequence[Prompt],
         params: Sequence[SamplingParams],
+        options: ScoreOptions | None = None,
     ) -> None:
+        _check_sequences(state, route, len(prompts), len(params))
         sequences = len(prompts) * len(params)
-        limit = min(state.config.max_sequences_per_request, state.config.max_in_flight)
-        if sequences > limit:
-            raise ApiError(
-                400,
-                f"this request asks for {sequences} completions (prompts x n); the limit is {limit}",
-                "invalid_value",
-                "n",
-            )
         state.admission.acquire(key, sequences)
         self.state = state
         self.route = route
@@ -81,6 +82,7 @@ class Job:
         self.adapter = adapter
         self.key = key
         self.stream = stream
+        self.options = options or ScoreOptions()
         self.id = f"{'chatcmpl' if route == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.arrival = time.time()
@@ -169,6 +171,9 @@ class Job:
                         metrics.inter_token.labels(self.model).observe(gap)
                 choice.last_token_at = now
                 choice.tokens += len(delta.token_ids)
+            choice.logprobs.extend(delta.logprobs)
+            if delta.prompt_logprobs is not None:
+                choice.prompt_logprobs = delta.prompt_logprobs
             choice.parts.append(delta.text)
             if delta.finished:
                 remaining -= 1
@@ -243,6 +248,24 @@ class Job:
                 error,
             )
         )
+
+
+def _check_sequences(state: ServerState, route: str, prompts: int, n: int) -> None:
+    """400 when prompts x n exceeds the per-request limit (or the in-flight bound, if lower)."""
+    config = state.config
+    limit, flag = config.max_sequences_per_request, "--max-sequences-per-request"
+    if config.max_in_flight < limit:
+        limit, flag = config.max_in_flight, "--max-in-flight"
+    if prompts * n <= limit:
+        return
+    param = "n" if n > 1 else ("messages" if route == "chat" else "prompt")
+    raise ApiError(
+        400,
+        f"this request asks for {prompts * n} sequences ({prompts} prompt{'s' * (prompts != 1)} x n={n}); "
+        f"the server allows at most {limit} per request ({flag}); send fewer prompts or a smaller n",
+        "invalid_value",
+        param,
+    )
 
 
 def _finish_error(reason: str, message: str | None) -> ApiError:

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from multilora_studio.server.generation import Job
+from multilora_studio.engine import TokenLogprob
+from multilora_studio.server.generation import Choice, Job
+from multilora_studio.server.logprob_shapes import (
+    Scored,
+    chat_logprobs,
+    completion_logprobs,
+    prompt_logprobs,
+)
 
 DONE = b"data: [DONE]\n\n"
 
@@ -20,25 +27,72 @@ def usage(job: Job) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def _echo_text(job: Job, choice: Choice) -> str:
+    """The prompt as given (text), or its ids decoded."""
+    if isinstance(choice.prompt, str):
+        return choice.prompt
+    return job.state.token_text.text(choice.prompt_token_ids)
+
+
+def _prompt_scored(choice: Choice) -> list[Scored]:
+    ids = choice.prompt_token_ids
+    entries = choice.prompt_logprobs or (None,) * len(ids)
+    return list(zip(ids, entries, strict=True))
+
+
+def _generated_scored(entries: Sequence[TokenLogprob]) -> list[Scored]:
+    return [(entry.token_id, entry) for entry in entries]
+
+
+def _with_prompt_logprobs(job: Job, item: dict[str, Any], choice: Choice) -> dict[str, Any]:
+    top = job.options.prompt_logprobs
+    if top is None:
+        return item
+    entries = choice.prompt_logprobs or ()
+    return item | {"prompt_logprobs": prompt_logprobs(entries, top, job.state.token_text)}
+
+
 def completion_body(job: Job) -> dict[str, Any]:
-    choices = [
-        {"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
-        for c in job.choices
-    ]
+    options, token_text = job.options, job.state.token_text
+    choices = []
+    for c in job.choices:
+        echo = _echo_text(job, c) if options.echo else ""
+        logprobs = None
+        if options.logprobs is not None:
+            scored = _generated_scored(c.logprobs)
+            if options.echo:
+                logprobs = completion_logprobs(_prompt_scored(c) + scored, options.logprobs, token_text, 0)
+            else:
+                logprobs = completion_logprobs(scored, options.logprobs, token_text, 0)
+        text, reason = echo + c.text, c.finish_reason
+        item = {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+        choices.append(_with_prompt_logprobs(job, item, c))
     return _envelope(job, "text_completion", choices) | {"usage": usage(job)}
+
+
+def _chat_logprobs(job: Job, entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+    top = job.options.logprobs
+    return None if top is None else chat_logprobs(entries, top, job.state.token_text)
 
 
 def chat_body(job: Job) -> dict[str, Any]:
     choices = [
-        {
-            "index": c.index,
-            "message": {"role": "assistant", "content": c.text},
-            "logprobs": None,
-            "finish_reason": c.finish_reason,
-        }
+        _with_prompt_logprobs(
+            job,
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": _chat_logprobs(job, c.logprobs),
+                "finish_reason": c.finish_reason,
+            },
+            c,
+        )
         for c in job.choices
     ]
-    return _envelope(job, "chat.completion", choices) | {"usage": usage(job)}
+    body = _envelope(job, "chat.completion", choices)
+    if job.options.prompt_logprobs is not None:  # vLLM puts the chat prompt's scores at the top too
+        body["prompt_logprobs"] = choices[0]["prompt_logprobs"]
+    return body | {"usage": usage(job)}
 
 
 def _envelope(job: Job, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -50,13 +104,29 @@ def sse(payload: dict[str, Any]) -> bytes:
 
 
 async def completion_events(job: Job, include_usage: bool) -> AsyncIterator[bytes]:
+    """One chunk per delta with text or tokens; a choice's first chunk carries the echo and prompt scores."""
+    options, token_text = job.options, job.state.token_text
+    emitted: dict[int, int] = {}  # choice index -> characters sent so far (the next text_offset)
     async for choice, delta in job.deltas():
         if job.error is not None:
             break
-        if delta.text or delta.finished:
-            reason = choice.finish_reason if delta.finished else None
-            item = {"index": choice.index, "text": delta.text, "logprobs": None, "finish_reason": reason}
-            yield sse(_envelope(job, "text_completion", [item]))
+        first = choice.index not in emitted
+        text, scored = delta.text, _generated_scored(delta.logprobs)
+        if first and options.echo:
+            text = _echo_text(job, choice) + text
+            scored = _prompt_scored(choice) + scored
+        if not (text or delta.finished or scored or delta.prompt_logprobs is not None):
+            continue
+        offset = emitted.get(choice.index, 0)
+        logprobs = None
+        if options.logprobs is not None:
+            logprobs = completion_logprobs(scored, options.logprobs, token_text, offset)
+        emitted[choice.index] = offset + len(text)
+        reason = choice.finish_reason if delta.finished else None
+        item = {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+        if delta.prompt_logprobs is not None:
+            item = _with_prompt_logprobs(job, item, choice)
+        yield sse(_envelope(job, "text_completion", [item]))
     async for tail in _tail(job, "text_completion", include_usage):
         yield tail
 
@@ -73,13 +143,16 @@ async def chat_events(job: Job, include_usage: bool) -> AsyncIterator[bytes]:
     async for choice, delta in job.deltas():
         if job.error is not None:
             break
-        if delta.text:
+        logprobs = _chat_logprobs(job, delta.logprobs) if delta.logprobs else None
+        if delta.text or logprobs is not None or delta.prompt_logprobs is not None:
             item = {
                 "index": choice.index,
                 "delta": {"content": delta.text},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": None,
             }
+            if delta.prompt_logprobs is not None:
+                item = _with_prompt_logprobs(job, item, choice)
             yield sse(_envelope(job, kind, [item]))
         if delta.finished:
             item = {

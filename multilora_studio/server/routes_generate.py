@@ -24,6 +24,7 @@ from multilora_studio.server.sampling import (
     check_supported,
     completion_prompts,
     sampling_params,
+    score_options,
 )
 from multilora_studio.server.schemas import ChatCompletionRequest, CompletionRequest
 from multilora_studio.server.state import api_key_label, server_state
@@ -45,7 +46,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
         max_tokens = chat_max_tokens(body, server_state(request).engine.config.max_model_len)
-        return [chat_prompt(body)], [sampling_params(body, max_tokens, i) for i in range(body.n)]
+        return [chat_prompt(body.messages)], [sampling_params(body, max_tokens, i) for i in range(body.n)]
 
     return await _generate(request, "chat", body, prepare, chat_body, chat_events)
 
@@ -63,7 +64,7 @@ async def _generate(
         adapter = state.resolve_model(body.model)
         check_supported(body)
         prompts, params = prepare()
-        job = Job(state, route, body.model, adapter, key, body.stream, prompts, params)
+        job = Job(state, route, body.model, adapter, key, body.stream, prompts, params, score_options(body))
     except ApiError as error:
         record_rejection(state, route, body.model, key, body.stream, error)
         raise

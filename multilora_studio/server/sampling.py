@@ -6,11 +6,22 @@ from typing import cast
 
 from multilora_studio.engine import Prompt, SamplingParams
 from multilora_studio.server.errors import ApiError
-from multilora_studio.server.schemas import ChatCompletionRequest, CompletionRequest
+from multilora_studio.server.logprob_shapes import ScoreOptions
+from multilora_studio.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 GREEDY_BELOW = 1e-5  # temperatures this small sample greedily, as in vLLM
 MIN_TOP_P = 1e-6  # smaller values round to 0 in float32 and empty the distribution; same choice as 1e-6
-PARAM_NAMES = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids")
+PARAM_NAMES = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "logprobs",
+    "prompt_logprobs",
+)
 
 
 def _refuse(param: str, message: str) -> ApiError:
@@ -19,21 +30,19 @@ def _refuse(param: str, message: str) -> ApiError:
 
 def check_supported(body: CompletionRequest | ChatCompletionRequest) -> None:
     """Options we cannot honour are a 400, never silently ignored."""
-    if body.logprobs or getattr(body, "top_logprobs", None):
-        raise _refuse("logprobs", "logprobs are not supported by this server yet")
     if body.presence_penalty or body.frequency_penalty:
         param = "presence_penalty" if body.presence_penalty else "frequency_penalty"
         raise _refuse(param, f"{param} is not supported; leave it at 0")
     if body.logit_bias:
         raise _refuse("logit_bias", "logit_bias is not supported")
     if isinstance(body, CompletionRequest):
-        if body.echo:
-            raise _refuse("echo", "echo is not supported")
         if body.suffix:
             raise _refuse("suffix", "suffix is not supported")
         if body.best_of is not None and body.best_of != body.n:
             raise _refuse("best_of", "best_of is not supported; use n")
     else:
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", "invalid_value", "top_logprobs")
         if body.tools:
             raise _refuse("tools", "tool calling is not supported")
         if body.tool_choice not in (None, "none", "auto"):
@@ -42,10 +51,27 @@ def check_supported(body: CompletionRequest | ChatCompletionRequest) -> None:
             raise _refuse("response_format", "only response_format type 'text' is supported")
 
 
+def score_options(body: CompletionRequest | ChatCompletionRequest) -> ScoreOptions:
+    """The log-probabilities (and echo) a request asked for."""
+    if isinstance(body, CompletionRequest):
+        return ScoreOptions(body.logprobs, body.prompt_logprobs, body.echo)
+    return ScoreOptions((body.top_logprobs or 0) if body.logprobs else None, body.prompt_logprobs)
+
+
+def _engine_prompt_logprobs(options: ScoreOptions) -> int | None:
+    """Alternatives per prompt token the engine computes: for prompt_logprobs and an echo's logprobs."""
+    wanted = [options.prompt_logprobs]
+    if options.echo:
+        wanted.append(options.logprobs)
+    given = [k for k in wanted if k is not None]
+    return max(given) if given else None
+
+
 def sampling_params(
     body: CompletionRequest | ChatCompletionRequest, max_tokens: int, choice: int
 ) -> SamplingParams:
     """Parameters of choice ``choice`` (0..n-1); a given seed becomes ``seed + choice``."""
+    options = score_options(body)
     temperature = 1.0 if body.temperature is None else body.temperature
     seed = None if body.seed is None else (body.seed + choice) % (1 << 63)
     try:
@@ -58,6 +84,8 @@ def sampling_params(
             stop=body.stop or (),
             stop_token_ids=body.stop_token_ids or (),
             ignore_eos=body.ignore_eos,
+            logprobs=options.logprobs,
+            prompt_logprobs=_engine_prompt_logprobs(options),
         )
     except ValueError as error:
         first = str(error).split(" ", 1)[0]
@@ -76,10 +104,10 @@ def completion_prompts(body: CompletionRequest) -> list[Prompt]:
     return cast(list[Prompt], list(prompt))  # several texts or several token lists
 
 
-def chat_prompt(body: ChatCompletionRequest) -> list[dict[str, str]]:
+def chat_prompt(given: list[ChatMessage]) -> list[dict[str, str]]:
     """Messages as the chat template expects them: role and plain-text content."""
     messages = []
-    for position, message in enumerate(body.messages):
+    for position, message in enumerate(given):
         content = message.content
         if content is None:
             text = ""

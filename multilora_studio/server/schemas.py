@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_SEED = (1 << 63) - 1
 MAX_STOP = 16
+MAX_LOGPROBS = 20  # most alternatives per token, as vLLM's default max_logprobs
 
 
 class _Body(BaseModel):
@@ -37,6 +38,7 @@ class _Sampling(_Body):
     top_k: int | None = Field(None, ge=-1, le=1 << 20)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
 class CompletionRequest(_Sampling):
@@ -44,7 +46,7 @@ class CompletionRequest(_Sampling):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -68,7 +70,7 @@ class ChatCompletionRequest(_Sampling):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
@@ -86,3 +88,21 @@ class UnloadLoraRequest(_Body):
 
     lora_name: str = Field(min_length=1, max_length=128)
     lora_int_id: int | None = None
+
+
+class TokenizeRequest(_Body):
+    """vLLM's ``POST /tokenize`` body: a text ``prompt`` or chat ``messages``."""
+
+    model: str | None = Field(None, min_length=1, max_length=256)
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+    add_generation_prompt: bool = True  # messages only
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Body):
+    """vLLM's ``POST /detokenize`` body."""
+
+    model: str | None = Field(None, min_length=1, max_length=256)
+    tokens: list[int]

@@ -13,6 +13,7 @@ from multilora_studio.server.errors import ApiError
 from multilora_studio.server.limits import Admission
 from multilora_studio.server.metrics import ServerMetrics
 from multilora_studio.server.request_log import RequestLog
+from multilora_studio.server.token_text import TokenText
 
 API_KEY_SCOPE = "multilora.api_key"  # set by the auth middleware: the caller's key label
 
@@ -32,6 +33,10 @@ class ServerState:
     request_log: RequestLog
     created: int
     jobs: set[LiveJob] = field(default_factory=set)
+    token_text: TokenText = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.token_text = TokenText(self.engine.tokenizer)
 
     def resolve_model(self, model: str) -> str | None:
         """The adapter that ``model`` names (None: the base model); 404 for anything else."""

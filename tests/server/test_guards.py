@@ -208,3 +208,22 @@ def test_extreme_sampling_values_never_break_the_engine(serve, options):
         ).usage.completion_tokens
         == 3
     )
+
+
+def test_sequences_per_request_limit_names_the_real_cause(serve):
+    server = serve(max_sequences_per_request=3)
+    api = client(server)
+    assert len(api.completions.create(model="tiny-r4-qv", prompt=["a", "b", "c"], max_tokens=1).choices) == 3
+    with pytest.raises(openai.BadRequestError) as prompts:
+        api.completions.create(model="tiny-r4-qv", prompt=["a", "b", "c", "d"], max_tokens=1)
+    error = prompts.value.body
+    assert error["param"] == "prompt" and "4 prompts x n=1" in error["message"]
+    assert "--max-sequences-per-request" in error["message"] and "at most 3" in error["message"]
+    with pytest.raises(openai.BadRequestError) as choices:
+        api.completions.create(model="tiny-r4-qv", prompt=["a", "b"], max_tokens=1, n=2)
+    assert choices.value.body["param"] == "n" and "2 prompts x n=2" in choices.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as chat:
+        api.chat.completions.create(
+            model="tiny-r4-qv", messages=[{"role": "user", "content": "Hi"}], max_tokens=1, n=4
+        )
+    assert chat.value.body["param"] == "n" and "1 prompt x n=4" in chat.value.body["message"]

@@ -11,8 +11,8 @@ import time
 import openai
 import pytest
 
-from multilora_studio.cli import main
-from multilora_studio.server import bind_socket
+from multilora_studio.cli import build_parser, main
+from multilora_studio.server import ServerConfig, bind_socket
 from tests.server.conftest import GREEDY
 
 KEY = "sk-serve-test-key-1"
@@ -36,12 +36,20 @@ def test_busy_port_fails_before_the_model_loads(capsys):
         (["--port", "70000"], "port must be between 0 and 65535"),
         (["--api-key", "short"], "at least 8 characters"),
         (["--max-in-flight", "0"], "max_in_flight must be an integer >= 1"),
+        (["--max-sequences-per-request", "0"], "max_sequences_per_request must be an integer >= 1"),
         (["--lora-modules", "=nothing"], "name=path"),
     ],
 )
 def test_bad_flags_are_clear_errors(capsys, flags, message):
     assert main(["serve", *flags]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_the_sequences_per_request_flag_defaults_to_the_window_servers_value():
+    args = build_parser().parse_args(["serve"])
+    assert args.max_sequences_per_request == ServerConfig().max_sequences_per_request == 256
+    given = build_parser().parse_args(["serve", "--max-sequences-per-request", "64"])
+    assert given.max_sequences_per_request == 64
 
 
 def test_serve_process_answers_and_stops_on_ctrl_c(tiny_model_dir, server_adapters, engine_device):

@@ -1,0 +1,115 @@
+"""vLLM's ``/tokenize`` and ``/detokenize`` and ``GET /tokenizer_info`` (what lm-evaluation-harness probes).
+
+At the server root, not under /v1, as vLLM serves them. The model has one tokenizer, so
+``model`` (optional) is only checked to exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from multilora_studio.server.errors import ApiError
+from multilora_studio.server.sampling import chat_prompt
+from multilora_studio.server.schemas import DetokenizeRequest, TokenizeRequest
+from multilora_studio.server.state import ServerState, api_key_label, server_state
+
+router = APIRouter()
+
+
+def _tokenizer(state: ServerState) -> Any:
+    tokenizer = state.engine.tokenizer
+    if tokenizer is None:
+        raise ApiError(404, "this model has no tokenizer; send token ids", "tokenizer_not_found")
+    return tokenizer
+
+
+@contextlib.contextmanager
+def _admitted(state: ServerState, request: Request, model: str | None) -> Iterator[None]:
+    """The caller's per-key limits apply as to generation (no engine request, no tokens charged)."""
+    if model is not None:
+        state.resolve_model(model)
+    key = api_key_label(request)
+    state.admission.acquire(key, 0)
+    try:
+        yield
+    finally:
+        state.admission.release(key, 0, 0)
+
+
+def _encode(tokenizer: Any, body: TokenizeRequest) -> list[int]:
+    if body.messages is not None:
+        text = tokenizer.apply_chat_template(
+            chat_prompt(body.messages), add_generation_prompt=body.add_generation_prompt, tokenize=False
+        )
+        return list(tokenizer(text, add_special_tokens=bool(body.add_special_tokens)).input_ids)
+    special = True if body.add_special_tokens is None else body.add_special_tokens
+    return list(tokenizer(body.prompt, add_special_tokens=special).input_ids)
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
+    state = server_state(request)
+    if (body.prompt is None) == (body.messages is None):
+        raise ApiError(400, "send either `prompt` or `messages`", "invalid_value", "prompt")
+    with _admitted(state, request, body.model):
+        tokenizer = _tokenizer(state)
+        if body.messages is not None and not getattr(tokenizer, "chat_template", None):
+            raise ApiError(400, "this model has no chat template; send a prompt", "invalid_value", "messages")
+        try:
+            tokens = await asyncio.to_thread(_encode, tokenizer, body)
+        except ApiError:
+            raise
+        except Exception as error:  # the chat template can refuse a conversation (jinja errors)
+            raise ApiError(400, f"the prompt could not be tokenized: {error}", "invalid_value") from None
+    answer: dict[str, Any] = {
+        "count": len(tokens),
+        "max_model_len": state.engine.config.max_model_len,
+        "tokens": tokens,
+        "token_strs": [state.token_text.token(t) for t in tokens] if body.return_token_strs else None,
+    }
+    return JSONResponse(answer)
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
+    state = server_state(request)
+    with _admitted(state, request, body.model):
+        tokenizer = _tokenizer(state)
+        vocab = state.engine.spec.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(400, f"token ids out of range [0, {vocab}): {bad[:5]}", "invalid_value", "tokens")
+        text = await asyncio.to_thread(tokenizer.decode, body.tokens)
+    return JSONResponse({"prompt": text})
+
+
+def _token_name(token: Any) -> str | None:
+    return None if token is None else str(token)
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request) -> JSONResponse:
+    """The tokenizer's special tokens and chat template (vLLM's route; lm-eval's remote tokenizer)."""
+    state = server_state(request)
+    tokenizer = _tokenizer(state)
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # several named templates: the default one
+        template = template.get("default")
+    return JSONResponse(
+        {
+            "tokenizer_class": type(tokenizer).__name__,
+            "eos_token": _token_name(tokenizer.eos_token),
+            "bos_token": _token_name(tokenizer.bos_token),
+            "pad_token": _token_name(tokenizer.pad_token),
+            "unk_token": _token_name(tokenizer.unk_token),
+            "chat_template": template,
+            "model_max_length": state.engine.config.max_model_len,
+            "vocab_size": state.engine.spec.vocab_size,
+        }
+    )
