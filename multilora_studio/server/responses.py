@@ -18,6 +18,7 @@ from multilora_studio.server.logprob_shapes import (
     completion_logprobs,
     prompt_logprobs,
 )
+from multilora_studio.server.token_text import TokenNamer
 
 DONE = b"data: [DONE]\n\n"
 
@@ -32,6 +33,10 @@ def _echo_text(job: Job, choice: Choice) -> str:
     if isinstance(choice.prompt, str):
         return choice.prompt
     return job.state.token_text.text(choice.prompt_token_ids)
+
+
+def _namer(job: Job) -> TokenNamer:
+    return job.state.token_text.namer(job.options.token_ids)
 
 
 def _prompt_scored(choice: Choice) -> list[Scored]:
@@ -49,11 +54,11 @@ def _with_prompt_logprobs(job: Job, item: dict[str, Any], choice: Choice) -> dic
     if top is None:
         return item
     entries = choice.prompt_logprobs or ()
-    return item | {"prompt_logprobs": prompt_logprobs(entries, top, job.state.token_text)}
+    return item | {"prompt_logprobs": prompt_logprobs(entries, top, job.state.token_text.token)}
 
 
 def completion_body(job: Job) -> dict[str, Any]:
-    options, token_text = job.options, job.state.token_text
+    options, name = job.options, _namer(job)
     choices = []
     for c in job.choices:
         echo = _echo_text(job, c) if options.echo else ""
@@ -61,9 +66,9 @@ def completion_body(job: Job) -> dict[str, Any]:
         if options.logprobs is not None:
             scored = _generated_scored(c.logprobs)
             if options.echo:
-                logprobs = completion_logprobs(_prompt_scored(c) + scored, options.logprobs, token_text, 0)
+                logprobs = completion_logprobs(_prompt_scored(c) + scored, options.logprobs, name, 0)
             else:
-                logprobs = completion_logprobs(scored, options.logprobs, token_text, 0)
+                logprobs = completion_logprobs(scored, options.logprobs, name, 0)
         text, reason = echo + c.text, c.finish_reason
         item = {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": reason}
         choices.append(_with_prompt_logprobs(job, item, c))
@@ -72,7 +77,7 @@ def completion_body(job: Job) -> dict[str, Any]:
 
 def _chat_logprobs(job: Job, entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
     top = job.options.logprobs
-    return None if top is None else chat_logprobs(entries, top, job.state.token_text)
+    return None if top is None else chat_logprobs(entries, top, _namer(job))
 
 
 def chat_body(job: Job) -> dict[str, Any]:
@@ -105,7 +110,7 @@ def sse(payload: dict[str, Any]) -> bytes:
 
 async def completion_events(job: Job, include_usage: bool) -> AsyncIterator[bytes]:
     """One chunk per delta with text or tokens; a choice's first chunk carries the echo and prompt scores."""
-    options, token_text = job.options, job.state.token_text
+    options, name = job.options, _namer(job)
     emitted: dict[int, int] = {}  # choice index -> characters sent so far (the next text_offset)
     async for choice, delta in job.deltas():
         if job.error is not None:
@@ -120,7 +125,7 @@ async def completion_events(job: Job, include_usage: bool) -> AsyncIterator[byte
         offset = emitted.get(choice.index, 0)
         logprobs = None
         if options.logprobs is not None:
-            logprobs = completion_logprobs(scored, options.logprobs, token_text, offset)
+            logprobs = completion_logprobs(scored, options.logprobs, name, offset)
         emitted[choice.index] = offset + len(text)
         reason = choice.finish_reason if delta.finished else None
         item = {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": reason}

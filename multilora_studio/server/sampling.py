@@ -53,9 +53,11 @@ def check_supported(body: CompletionRequest | ChatCompletionRequest) -> None:
 
 def score_options(body: CompletionRequest | ChatCompletionRequest) -> ScoreOptions:
     """The log-probabilities (and echo) a request asked for."""
+    as_ids = body.return_tokens_as_token_ids
     if isinstance(body, CompletionRequest):
-        return ScoreOptions(body.logprobs, body.prompt_logprobs, body.echo)
-    return ScoreOptions((body.top_logprobs or 0) if body.logprobs else None, body.prompt_logprobs)
+        return ScoreOptions(body.logprobs, body.prompt_logprobs, body.echo, as_ids)
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    return ScoreOptions(top, body.prompt_logprobs, token_ids=as_ids)
 
 
 def _engine_prompt_logprobs(options: ScoreOptions) -> int | None:

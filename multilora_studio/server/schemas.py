@@ -39,6 +39,7 @@ class _Sampling(_Body):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP)
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    return_tokens_as_token_ids: bool = False
 
 
 class CompletionRequest(_Sampling):

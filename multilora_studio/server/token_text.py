@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+TokenNamer = Callable[[int], str]
+
+
+def id_name(token_id: int) -> str:
+    """vLLM's ``return_tokens_as_token_ids`` form of a token."""
+    return f"token_id:{token_id}"
 
 
 class TokenText:
-    """Decodes with the engine's tokenizer; a model without one names ids as ``token_id:<id>``."""
+    """Decodes with the engine's tokenizer; a model without one names tokens as ``token_id:<id>``."""
 
     def __init__(self, tokenizer: Any | None) -> None:
         self.tokenizer = tokenizer
@@ -16,7 +23,7 @@ class TokenText:
     def token(self, token_id: int) -> str:
         text = self._tokens.get(token_id)
         if text is None:
-            text = f"token_id:{token_id}" if self.tokenizer is None else self.tokenizer.decode([token_id])
+            text = id_name(token_id) if self.tokenizer is None else self.tokenizer.decode([token_id])
             self._tokens[token_id] = text
         return text
 
@@ -25,3 +32,7 @@ class TokenText:
         if self.tokenizer is None:
             return "".join(self.token(token_id) for token_id in token_ids)
         return self.tokenizer.decode(list(token_ids))
+
+    def namer(self, as_ids: bool) -> TokenNamer:
+        """How tokens are named in log-probabilities: decoded, or ``token_id:<id>`` when ``as_ids``."""
+        return id_name if as_ids else self.token
