@@ -37,7 +37,8 @@ def completion_logprobs(scored: Sequence[Scored], top: int, name: TokenNamer, of
     """OpenAI's legacy ``{tokens, token_logprobs, top_logprobs, text_offset}``.
 
     Each ``top_logprobs`` entry maps the ``top`` most likely tokens' text, then the chosen
-    token's, to their log-probabilities; ``offset`` is the character offset of the first token.
+    token's, to their log-probabilities. ``text_offset`` counts the characters of the tokens'
+    text from ``offset`` (vLLM's way).
     """
     tokens: list[str] = []
     token_logprobs: list[float | None] = []

@@ -111,22 +111,22 @@ def sse(payload: dict[str, Any]) -> bytes:
 async def completion_events(job: Job, include_usage: bool) -> AsyncIterator[bytes]:
     """One chunk per delta with text or tokens; a choice's first chunk carries the echo and prompt scores."""
     options, name = job.options, _namer(job)
-    emitted: dict[int, int] = {}  # choice index -> characters sent so far (the next text_offset)
+    offsets: dict[int, int] = {}  # choice index -> the next token's text_offset, once it has a chunk
     async for choice, delta in job.deltas():
         if job.error is not None:
             break
-        first = choice.index not in emitted
         text, scored = delta.text, _generated_scored(delta.logprobs)
-        if first and options.echo:
+        if choice.index not in offsets and options.echo:
             text = _echo_text(job, choice) + text
             scored = _prompt_scored(choice) + scored
         if not (text or delta.finished or scored or delta.prompt_logprobs is not None):
             continue
-        offset = emitted.get(choice.index, 0)
+        offset = offsets.get(choice.index, 0)
         logprobs = None
         if options.logprobs is not None:
             logprobs = completion_logprobs(scored, options.logprobs, name, offset)
-        emitted[choice.index] = offset + len(text)
+            offset += sum(len(token) for token in logprobs["tokens"])  # as in the whole answer
+        offsets[choice.index] = offset
         reason = choice.finish_reason if delta.finished else None
         item = {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": reason}
         if delta.prompt_logprobs is not None:
