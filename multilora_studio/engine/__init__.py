@@ -1,7 +1,7 @@
 """The batched multi-LoRA engine (no Qt, no HTTP)."""
 
 from multilora_studio.engine.adapter_residency import AdapterInfo
-from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.config import MAX_LOGPROBS, EngineConfig, SamplingParams
 from multilora_studio.engine.device_setup import resolve_device, resolve_dtype
 from multilora_studio.engine.engine import Engine
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta, TokenLogprob
@@ -9,6 +9,7 @@ from multilora_studio.engine.prompts import Prompt
 from multilora_studio.engine.requests import RequestStream
 
 __all__ = [
+    "MAX_LOGPROBS",
     "AdapterInfo",
     "Engine",
     "EngineConfig",

@@ -202,6 +202,23 @@ class Engine:
         streams = self.submit_many(list(zip(prompts, names, per_request, strict=True)))
         return [stream.result() for stream in streams]
 
+    def score(
+        self,
+        prompts: Sequence[Prompt],
+        adapter_names: Sequence[str | None] | None = None,
+        top_k: int = 0,
+    ) -> list[RequestOutput]:
+        """Log-probability of every prompt token given the ones before it, all prompts in one batch.
+
+        Each output's ``prompt_logprobs`` has one entry per prompt token (None for the first) with
+        ``top_k`` alternatives; nothing is generated (``token_ids`` and ``text`` stay empty).
+        """
+        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, prompt_logprobs=top_k)
+        outputs = self.generate(prompts, adapter_names, params)
+        for output in outputs:
+            output.token_ids, output.text = [], ""
+        return outputs
+
     def stream(
         self, prompt: Prompt, adapter: str | None = None, params: SamplingParams | None = None
     ) -> Iterator[TokenDelta]:

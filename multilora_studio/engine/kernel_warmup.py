@@ -15,8 +15,9 @@ import time
 
 import torch
 
-from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.config import MAX_LOGPROBS, EngineConfig, SamplingParams
 from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
+from multilora_studio.engine.logprobs import score_rows
 from multilora_studio.engine.lora_weights import LORA_GROUPS, LoRASlotWeights
 from multilora_studio.engine.sampler import make_generator, sample
 from multilora_studio.kernels.lora import LoRABatch
@@ -129,10 +130,11 @@ def warm_up_kernels(
 
 
 def warm_up_sampling(logits: torch.Tensor) -> None:
-    """Sample once with temperature, top-k and top-p, so the first sampled request does not
-    load those CUDA kernels (sort, top-k, multinomial) while a batch waits: measured on the
-    H200, that first load stalled every running request for 150-195 ms."""
+    """Sample once with temperature, top-k and top-p, and score the tokens with top-k
+    log-probabilities, so the first such request does not load those CUDA kernels (sort, top-k,
+    multinomial, log-softmax) while a batch waits: measured on the H200, that first load stalled
+    every running request for 150-195 ms."""
     rows = logits[:1].expand(2, -1).contiguous()  # [2, V]: one row per set of parameters
     params = [SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=0), SamplingParams(seed=1)]
     generators = [make_generator(p, logits.device, 0) for p in params]
-    sample(rows, params, generators)
+    score_rows(rows, sample(rows, params, generators), MAX_LOGPROBS)

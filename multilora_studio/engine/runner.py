@@ -12,13 +12,16 @@ from dataclasses import dataclass
 import torch
 
 from multilora_studio.engine.block_manager import BlockManager
-from multilora_studio.engine.config import EngineConfig
+from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.kernel_warmup import warm_up_kernels, warmup_steps
 from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
+from multilora_studio.engine.logprobs import HostScores, ScoredRows, score_hidden_rows, score_rows, to_host
 from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.outputs import TokenLogprob
 from multilora_studio.engine.sampler import sample
 from multilora_studio.engine.scheduler import StepPlan
+from multilora_studio.engine.sequence import Sequence
 from multilora_studio.engine.step_graphs import (
     MIXED_MAX_TOKENS,
     GraphStep,
@@ -35,6 +38,17 @@ from multilora_studio.kernels.lora import LoRABatch, LoRAPlan
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class PromptScoring:
+    """Prompt positions of one step whose next token is scored (``SamplingParams.prompt_logprobs``)."""
+
+    rows: torch.Tensor  # [R] int64: rows of the step's hidden states
+    targets: torch.Tensor  # [R] int64: the prompt token after each row's position
+    target_ids: list[int]  # the same on the host
+    top_k: int  # the most alternatives any of the rows asks for
+    groups: list[tuple[Sequence, int, int]]  # (sequence, its first scored position, positions), in row order
+
+
 @dataclass
 class StepInputs:
     """Host-built tensors of one step (already on the device)."""
@@ -45,6 +59,16 @@ class StepInputs:
     slot_ids: torch.Tensor  # [T] int32, -1 = base model
     logits_rows: torch.Tensor  # [N] int64: rows of the hidden states to sample from
     lora_groups: frozenset[str]
+    scoring: PromptScoring | None = None
+
+
+@dataclass
+class StepOutput:
+    """What a step's logits gave, on the host: a token per sampling row and the log-probabilities asked."""
+
+    tokens: list[int]
+    logprobs: list[TokenLogprob | None]  # per sampling row; None where the request asked for none
+    prompt_logprobs: list[tuple[Sequence, int, list[TokenLogprob]]]  # (sequence, first position, entries)
 
 
 def cpu_packing_enabled(config: EngineConfig, dtype: torch.dtype) -> bool:
@@ -131,8 +155,11 @@ class ModelRunner:
         Steps that a captured graph can run (decode steps, and steps with prompt tokens up to
         the mixed graphs' largest bucket) go to its staging buffers instead.
         """
+        scores_prompt = any(
+            c.seq.prompt_positions_to_score(c.start, c.start + c.num_tokens) for c in plan.chunks
+        )
         for graphs in (self.decode_graphs, self.mixed_graphs):
-            if graphs is not None and graphs.accepts(plan):
+            if graphs is not None and not scores_prompt and graphs.accepts(plan):
                 return graphs.stage(plan, slot_of, self.lora.slot_ranks_host)
         input_ids: list[int] = []
         positions: list[int] = []
@@ -143,6 +170,9 @@ class ModelRunner:
         tables: list[list[int]] = []
         logits_rows: list[int] = []
         groups: set[str] = set()
+        score_rows: list[int] = []
+        score_targets: list[int] = []
+        score_groups: list[tuple[Sequence, int, int]] = []
         for chunk in plan.chunks:
             seq = chunk.seq
             end = chunk.start + chunk.num_tokens
@@ -155,6 +185,11 @@ class ModelRunner:
             if slot >= 0:
                 groups |= self.lora.slot_groups[slot]
             seq_lens.append(end)
+            scored = seq.prompt_positions_to_score(chunk.start, end)
+            if scored:
+                score_rows.extend(query_start[-1] + p - chunk.start for p in scored)
+                score_targets.extend(seq.prompt_token_ids[scored.start + 1 : scored.stop + 1])
+                score_groups.append((seq, scored.start, len(scored)))
             query_start.append(query_start[-1] + chunk.num_tokens)
             tables.append(seq.block_table)
             if chunk.completes:
@@ -172,6 +207,15 @@ class ModelRunner:
             query_start_loc=on_device(query_start, torch.int32),
             max_query_len=max(chunk.num_tokens for chunk in plan.chunks),
         )
+        scoring = None
+        if score_groups:
+            scoring = PromptScoring(
+                rows=on_device(score_rows, torch.int64),
+                targets=on_device(score_targets, torch.int64),
+                target_ids=score_targets,
+                top_k=max(seq.params.prompt_logprobs or 0 for seq, _, _ in score_groups),
+                groups=score_groups,
+            )
         return StepInputs(
             input_ids=on_device(input_ids, torch.int64),
             positions=on_device(positions, torch.int64),
@@ -179,18 +223,70 @@ class ModelRunner:
             slot_ids=on_device(slot_ids, torch.int32),
             logits_rows=on_device(logits_rows, torch.int64),
             lora_groups=frozenset(groups),
+            scoring=scoring,
         )
 
     @torch.inference_mode()
-    def run(self, inputs: StepInputs | GraphStep) -> torch.Tensor:
-        """Logits [N, V] float32 of the rows that sample this step."""
+    def run(self, inputs: StepInputs | GraphStep) -> tuple[torch.Tensor, ScoredRows | None]:
+        """Logits [N, V] float32 of the rows that sample this step, and the prompt rows' scores if asked."""
         if isinstance(inputs, GraphStep):
-            return inputs.graphs.run(inputs.staged)
+            return inputs.graphs.run(inputs.staged), None
         lora = None
         if inputs.lora_groups:
             lora = LoRAStep(self.lora_batch.update(inputs.slot_ids, self.lora.slot_ranks), inputs.lora_groups)
         hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.attn, self.kv_caches, lora)
-        return self.model.logits(hidden[inputs.logits_rows])
+        scoring = inputs.scoring
+        prompt_scores = None
+        if scoring is not None:
+            prompt_scores = score_hidden_rows(
+                self.model.logits, hidden[scoring.rows], scoring.targets, scoring.top_k
+            )
+        return self.model.logits(hidden[inputs.logits_rows]), prompt_scores
 
-    def sample(self, logits: torch.Tensor, params: list, generators: list) -> list[int]:
-        return sample(logits, params, generators)
+    @torch.inference_mode()
+    def sample(
+        self,
+        logits: torch.Tensor,
+        prompt_scores: ScoredRows | None,
+        scoring: PromptScoring | None,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> StepOutput:
+        """Sample every row, score the rows that asked, and bring it all to the host with one wait."""
+        tokens = sample(logits, params, generators)  # [N] on the device
+        wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
+        scores = None
+        if wanted:
+            index = torch.tensor(wanted, device=logits.device)
+            scores = score_rows(logits[index], tokens[index], max(params[r].logprobs or 0 for r in wanted))
+        host_tokens = to_host(tokens)
+        host_scores = scores.to_host() if scores is not None else None
+        host_prompt = prompt_scores.to_host() if prompt_scores is not None else None
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the step's one wait
+        token_list = host_tokens.tolist()
+        logprobs: list[TokenLogprob | None] = [None] * len(params)
+        if host_scores is not None:
+            entries = host_scores.entries(
+                [params[r].logprobs or 0 for r in wanted], [token_list[r] for r in wanted]
+            )
+            for row, entry in zip(wanted, entries, strict=True):
+                logprobs[row] = entry
+        return StepOutput(token_list, logprobs, prompt_entries(host_prompt, scoring))
+
+
+def prompt_entries(
+    scores: HostScores | None, scoring: PromptScoring | None
+) -> list[tuple[Sequence, int, list[TokenLogprob]]]:
+    """The prompt rows' scores split by sequence: (sequence, first scored position, one entry each)."""
+    if scores is None or scoring is None:
+        return []
+    targets = scoring.target_ids
+    result = []
+    begin = 0
+    for seq, first, count in scoring.groups:
+        rows = slice(begin, begin + count)
+        entries = scores.rows(rows).entries([seq.params.prompt_logprobs or 0] * count, targets[rows])
+        result.append((seq, first, entries))
+        begin += count
+    return result

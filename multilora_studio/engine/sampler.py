@@ -34,12 +34,12 @@ def _filter(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> list[int]:
-    """One token per row of ``logits`` [N, V] float32."""
+) -> torch.Tensor:
+    """One token per row of ``logits`` [N, V] float32: [N] int64 on the logits' device (no host sync)."""
     greedy = logits.argmax(dim=-1)  # [N]
     sampled_rows = [row for row, p in enumerate(params) if not p.greedy]
     if not sampled_rows:
-        return greedy.tolist()
+        return greedy
     chosen = greedy.clone()
     for row in sampled_rows:
         probs = _filter(logits[row], params[row]).softmax(-1)  # [V]
@@ -48,4 +48,4 @@ def sample(
         fallback = torch.nn.functional.one_hot(greedy[row], probs.shape[-1]).to(probs.dtype)
         probs = torch.where(torch.isfinite(probs).all(), probs, fallback)
         chosen[row] = torch.multinomial(probs, 1, generator=generators[row])[0]
-    return chosen.tolist()
+    return chosen

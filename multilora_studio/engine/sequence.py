@@ -29,6 +29,15 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
+    # prompt positions 0..n-1 whose next token has been scored (``SamplingParams.prompt_logprobs``);
+    # a recomputed prefill after a preemption does not score them again
+    scored_prompt_positions: int = 0
+
+    def prompt_positions_to_score(self, start: int, stop: int) -> range:
+        """The positions of chunk [start, stop) whose next prompt token still needs a log-probability."""
+        if self.params.prompt_logprobs is None:
+            return range(0)
+        return range(max(start, self.scored_prompt_positions), min(stop, len(self.prompt_token_ids) - 1))
 
     @property
     def num_tokens(self) -> int:

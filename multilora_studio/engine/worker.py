@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,9 +30,9 @@ from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
 from multilora_studio.engine.metrics_publisher import MetricsPublisher
 from multilora_studio.engine.model_source import BaseModel
-from multilora_studio.engine.outputs import TokenDelta
+from multilora_studio.engine.outputs import TokenDelta, TokenLogprob
 from multilora_studio.engine.requests import RequestStream
-from multilora_studio.engine.runner import ModelRunner
+from multilora_studio.engine.runner import ModelRunner, StepInputs, StepOutput
 from multilora_studio.engine.sampler import make_generator
 from multilora_studio.engine.scheduler import Scheduler, StepPlan
 from multilora_studio.engine.sequence import Sequence
@@ -52,6 +52,9 @@ class ActiveRequest:
     stream: RequestStream
     detok: IncrementalDetokenizer | None
     generator: torch.Generator | None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if asked
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # of prompt tokens 1.., if asked
+    prompt_logprobs_sent: bool = False
 
 
 class EngineWorker:
@@ -115,11 +118,16 @@ class EngineWorker:
             t_prepare = time.perf_counter()
             inputs = self.runner.prepare(plan, self.blocks, slot_of)
             t_launch = self._tick("prepare", t_prepare)
-            logits = self.runner.run(inputs)
+            logits, prompt_scores = self.runner.run(inputs)
             t_sample = self._tick("launch", t_launch)
             sampling = [self._active[c.seq.request_id] for c in plan.chunks if c.completes]
-            tokens = self.runner.sample(
-                logits, [a.seq.params for a in sampling], [a.generator for a in sampling]
+            scoring = inputs.scoring if isinstance(inputs, StepInputs) else None
+            output = self.runner.sample(
+                logits,
+                prompt_scores,
+                scoring,
+                [a.seq.params for a in sampling],
+                [a.generator for a in sampling],
             )
             t_post = self._tick("sample", t_sample)
         except Exception as error:
@@ -127,7 +135,7 @@ class EngineWorker:
             for chunk in plan.chunks:
                 self._finish(chunk.seq.request_id, "error", f"engine step failed: {error}")
             return
-        self._postprocess(plan, sampling, tokens)
+        self._postprocess(plan, sampling, output)
         end = self._tick("postprocess", t_post)
         self.phase_seconds["steps"] += 1
         self.step_trace.record(
@@ -161,13 +169,18 @@ class EngineWorker:
                 slot_of[name] = slot
         return slot_of
 
-    def _postprocess(self, plan: StepPlan, sampling: list[ActiveRequest], tokens: list[int]) -> None:
+    def _postprocess(self, plan: StepPlan, sampling: list[ActiveRequest], output: StepOutput) -> None:
         for chunk in plan.chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
+        for seq, first, entries in output.prompt_logprobs:
+            active = self._active.get(seq.request_id)
+            if active is not None and first == seq.scored_prompt_positions:
+                active.prompt_logprobs.extend(entries)
+                seq.scored_prompt_positions += len(entries)
         now = time.monotonic()
-        for active, token in zip(sampling, tokens, strict=True):
-            self._append_token(active, token, now)
-        self.metrics.record_step(plan, len(tokens), now)
+        for active, token, logprob in zip(sampling, output.tokens, output.logprobs, strict=True):
+            self._append_token(active, token, logprob, now)
+        self.metrics.record_step(plan, len(output.tokens), now)
         self.metrics.publish()
 
     def _tick(self, phase: str, since: float) -> float:
@@ -177,9 +190,13 @@ class EngineWorker:
 
     # ---------------------------------------------------------------- requests
 
-    def _append_token(self, active: ActiveRequest, token: int, now: float) -> None:
+    def _append_token(
+        self, active: ActiveRequest, token: int, logprob: TokenLogprob | None, now: float
+    ) -> None:
         seq, output = active.seq, active.stream.output
         seq.output_token_ids.append(token)
+        if logprob is not None:
+            active.logprobs.append(logprob)
         if output.first_token_time is None:
             output.first_token_time = now
         params = seq.params
@@ -193,14 +210,31 @@ class EngineWorker:
             reason = "stop"
         elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
             reason = "length"
+        new_logprobs = (logprob,) if logprob is not None else ()
         if reason is not None:
-            self._finish(seq.request_id, reason, None, pending=[token])
+            self._finish(seq.request_id, reason, None, pending=[token], pending_logprobs=new_logprobs)
         else:
             text = active.detok.delta(finished=False) if active.detok is not None else ""
-            active.stream.push(TokenDelta(seq.request_id, [token], text))
+            prompt = self._prompt_logprobs_once(active)
+            active.stream.push(
+                TokenDelta(seq.request_id, [token], text, logprobs=new_logprobs, prompt_logprobs=prompt)
+            )
+
+    @staticmethod
+    def _prompt_logprobs_once(active: ActiveRequest) -> tuple[TokenLogprob | None, ...] | None:
+        """The prompt's log-probabilities (None for position 0) on the first delta that carries a token."""
+        if active.seq.params.prompt_logprobs is None or active.prompt_logprobs_sent:
+            return None
+        active.prompt_logprobs_sent = True
+        return (None, *active.prompt_logprobs)
 
     def _finish(
-        self, request_id: str, reason: str, error: str | None, pending: list[int] | None = None
+        self,
+        request_id: str,
+        reason: str,
+        error: str | None,
+        pending: list[int] | None = None,
+        pending_logprobs: tuple[TokenLogprob, ...] = (),
     ) -> None:
         active = self._active.pop(request_id, None)
         if active is None:
@@ -215,7 +249,15 @@ class EngineWorker:
         output.finish_reason = reason
         output.error = error
         output.finish_time = time.monotonic()
-        active.stream.push(TokenDelta(request_id, pending or [], text, True, reason, error))
+        params = seq.params
+        if params.logprobs is not None:
+            output.logprobs = list(active.logprobs)
+        prompt = self._prompt_logprobs_once(active) if pending else None
+        if params.prompt_logprobs is not None:
+            output.prompt_logprobs = [None, *active.prompt_logprobs]
+        active.stream.push(
+            TokenDelta(request_id, pending or [], text, True, reason, error, pending_logprobs, prompt)
+        )
 
     def _add(self, requests: list[tuple[Sequence, RequestStream]]) -> None:
         tokenizer, device = self.base.tokenizer, self.runner.device

@@ -41,3 +41,14 @@ class PeftReference:
                 return greedy_tokens(self.model, prompt_ids, new_tokens)
         self.model.set_adapter(adapter)
         return greedy_tokens(self.model, prompt_ids, new_tokens)
+
+    def logprobs(self, adapter: str | None, ids: list[int]) -> torch.Tensor:
+        """[len(ids), V] float32: log_softmax of the logits at every position of ``ids``."""
+        with torch.no_grad():
+            if adapter is None:
+                with self.model.disable_adapter():
+                    logits = self.model(input_ids=torch.tensor([ids])).logits[0]
+            else:
+                self.model.set_adapter(adapter)
+                logits = self.model(input_ids=torch.tensor([ids])).logits[0]
+        return torch.log_softmax(logits.float(), dim=-1)
