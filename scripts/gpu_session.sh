@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft.
-# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
+# Usage: scripts/gpu_session.sh [engine-tests|engine-fidelity] [engine-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 # Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
 set -u
@@ -27,10 +27,15 @@ for step in $steps; do
         timeout ${ENGINE_TESTS_TIMEOUT:-420} python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_fidelity.py \
         tests/engine/test_model_families.py tests/engine/test_engine_behaviour.py tests/engine/test_kernel_warmup.py \
         tests/engine/test_step_graphs.py tests/engine/test_diagnostics.py tests/engine/test_lora_plan_builder.py \
+        tests/engine/test_logprobs.py \
         2>&1 | tee "$OUT/engine-tests.log" | tail -25 ;;
     engine-bench)
       timeout 400 python3 -m benchmarks.engine_gpu --json "$OUT/engine_gpu.json" 2>&1 \
         | tee "$OUT/engine-bench.log" | grep -v "^INFO" | tail -30 ;;
+    logprobs-bench)
+      # decode with logprobs=5 and prompt scoring (prompt_logprobs=1), each against the same run without
+      timeout 400 python3 -m benchmarks.logprobs_gpu --json "$OUT/logprobs_gpu.json" 2>&1 \
+        | tee "$OUT/logprobs-bench.log" | grep -v "^INFO" | tail -8 ;;
     engine-bench-ab)
       # the engine benchmark with the LoRA shrink inside the base GEMMs off, then on
       for mode in ${AB_MODES:-off on}; do

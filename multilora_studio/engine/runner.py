@@ -257,8 +257,12 @@ class ModelRunner:
         wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
         scores = None
         if wanted:
-            index = torch.tensor(wanted, device=logits.device)
-            scores = score_rows(logits[index], tokens[index], max(params[r].logprobs or 0 for r in wanted))
+            k = max(params[row].logprobs or 0 for row in wanted)
+            if len(wanted) == len(params):
+                scores = score_rows(logits, tokens, k)
+            else:
+                index = torch.tensor(wanted).to(logits.device, non_blocking=True)
+                scores = score_rows(logits[index], tokens[index], k)
         host_tokens = to_host(tokens)
         host_scores = scores.to_host() if scores is not None else None
         host_prompt = prompt_scores.to_host() if prompt_scores is not None else None

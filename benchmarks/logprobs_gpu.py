@@ -1,0 +1,127 @@
+"""What log-probabilities cost on a GPU: decode with ``logprobs=5`` and prompt scoring, with and without.
+
+    python -m benchmarks.logprobs_gpu [--json OUT.json]
+
+Random bf16 weights of the Llama-3-8B shape, rank-16 adapters on all seven projections.
+Decode: batch 32, 128-token prompts, 64 new tokens, 32 distinct adapters and the base only,
+with and without ``logprobs=5`` on every request (decode tok/s after every request had its
+first token). Prompt scoring: 16 prompts x 1024 tokens over 4 distinct adapters, one new
+token, with and without ``prompt_logprobs=1`` (prefill tok/s: prompt tokens over the time to
+the last first token). Runs alternate ``--rounds`` times; medians and their ratios are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.engine_gpu import run_batch
+from multilora_studio.bench.random_adapters import write_random_adapter
+from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+from multilora_studio.engine.model_source import RANDOM_SHAPES
+
+
+def decode_run(engine: Engine, prompts: list[list[int]], adapters: list, logprobs: int | None) -> float:
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True, logprobs=logprobs)
+    outputs = engine.generate(prompts, adapters, params)
+    first = max(o.first_token_time or 0.0 for o in outputs)
+    finish = max(o.finish_time or 0.0 for o in outputs)
+    assert logprobs is None or all(len(o.logprobs or []) == len(o.token_ids) for o in outputs)
+    return sum(len(o.token_ids) - 1 for o in outputs) / (finish - first)
+
+
+def prefill_run(engine: Engine, prompts: list[list[int]], adapters: list, scored: bool) -> float:
+    params = SamplingParams(
+        max_tokens=1, temperature=0, ignore_eos=True, prompt_logprobs=1 if scored else None
+    )
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, adapters, params)
+    end = time.perf_counter()
+    assert not scored or all(
+        len(o.prompt_logprobs or []) == len(p) for o, p in zip(outputs, prompts, strict=True)
+    )
+    return sum(len(p) for p in prompts) / (end - start)
+
+
+def alternate(rounds: int, without, with_) -> dict:
+    plain, scored = [], []
+    for _ in range(rounds):
+        plain.append(without())
+        scored.append(with_())
+    a, b = statistics.median(plain), statistics.median(scored)
+    return {"without": a, "with": b, "ratio": b / a, "rounds_without": plain, "rounds_with": scored}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    spec = RANDOM_SHAPES["llama3-8b"]
+    workdir = Path(tempfile.mkdtemp(prefix="mls-logprobs-bench-"))
+    adapters = {
+        f"a{i}": write_random_adapter(spec, workdir / f"a{i}", 16, seed=i, dtype=torch.bfloat16)
+        for i in range(32)
+    }
+    generator = torch.Generator().manual_seed(0)
+
+    def random_prompts(count: int, length: int) -> list[list[int]]:
+        return [
+            torch.randint(0, spec.vocab_size, (length,), generator=generator).tolist() for _ in range(count)
+        ]
+
+    config = EngineConfig(
+        model="random:llama3-8b",
+        device="cuda",
+        dtype="bfloat16",
+        max_loras=32,
+        max_lora_rank=16,
+        max_num_seqs=32,
+        max_model_len=1024 + 64 + 16,
+        max_num_batched_tokens=4096,
+    )
+    results: dict = {"gpu": torch.cuda.get_device_name()}
+    with Engine(config) as engine:
+        for name, path in adapters.items():
+            engine.add_adapter(name, path)
+        decode_prompts = random_prompts(32, 128)
+        distinct, base = list(adapters), [None] * 32
+        run_batch(engine, decode_prompts, distinct, 8)  # warm-up: adapters into slots
+        decode_run(engine, decode_prompts, base, 5)
+        for name, names in (("base", base), ("distinct", distinct)):
+            results[f"decode_{name}"] = alternate(
+                args.rounds,
+                lambda names=names: decode_run(engine, decode_prompts, names, None),
+                lambda names=names: decode_run(engine, decode_prompts, names, 5),
+            )
+        score_prompts = random_prompts(16, 1024)
+        four = [f"a{i % 4}" for i in range(16)]
+        prefill_run(engine, score_prompts, four, True)  # warm-up
+        results["prompt_scoring"] = alternate(
+            args.rounds,
+            lambda: prefill_run(engine, score_prompts, four, False),
+            lambda: prefill_run(engine, score_prompts, four, True),
+        )
+    for key in ("decode_base", "decode_distinct", "prompt_scoring"):
+        r = results[key]
+        each = [round(b / a, 3) for a, b in zip(r["rounds_without"], r["rounds_with"], strict=True)]
+        print(
+            f"{key:16s} without {r['without']:9.1f} tok/s  with {r['with']:9.1f} tok/s"
+            f"  ratio {r['ratio']:.3f}  (rounds {each})"
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
