@@ -1,8 +1,9 @@
 """Log-probabilities of chosen tokens and their top-k alternatives, from the logits the sampler read.
 
 They are those of the model's own distribution (raw logits, before temperature, top-k, top-p or
-any other sampling filter), as OpenAI reports them. Only rows that ask are computed; the results
-stay on the device until the step's one host copy.
+any other sampling filter), as OpenAI reports them. Only rows that ask are computed, without
+materialising a log-softmax (logit - logsumexp), and a step's results travel to the host in one
+copy.
 """
 
 from __future__ import annotations
@@ -14,30 +15,7 @@ import torch
 
 from multilora_studio.engine.outputs import TokenLogprob
 
-SCORE_CHUNK_ROWS = 256  # prompt rows whose full-vocabulary logits exist at once
-
-
-@dataclass
-class ScoredRows:
-    """Device results for R rows: chosen log-probabilities and ranks, and the top k (the most asked)."""
-
-    logprob: torch.Tensor  # [R] float32
-    rank: torch.Tensor  # [R] int64, 1 = the most likely token
-    top_ids: torch.Tensor  # [R, k] int64, most likely first
-    top_logprobs: torch.Tensor  # [R, k] float32
-
-    @staticmethod
-    def concat(parts: list[ScoredRows]) -> ScoredRows:
-        return ScoredRows(
-            torch.cat([p.logprob for p in parts]),
-            torch.cat([p.rank for p in parts]),
-            torch.cat([p.top_ids for p in parts]),
-            torch.cat([p.top_logprobs for p in parts]),
-        )
-
-    def to_host(self) -> HostScores:
-        """Copies to host memory, enqueued without waiting (read after the step's synchronisation)."""
-        return HostScores(*(to_host(t) for t in (self.logprob, self.rank, self.top_ids, self.top_logprobs)))
+SCORE_CHUNK_ROWS = 1024  # prompt rows whose full-vocabulary logits exist at once
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -46,41 +24,49 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class HostScores:
-    """``ScoredRows`` in host memory."""
+class ScoredRows:
+    """R rows' scores, packed so one copy moves them: [R, 2 + 2k] float32.
 
-    logprob: torch.Tensor
-    rank: torch.Tensor
-    top_ids: torch.Tensor
-    top_logprobs: torch.Tensor
+    Columns: the chosen token's log-probability, its rank (1 = most likely), the k most likely
+    token ids, their log-probabilities (ids and ranks below 2**24 are exact in float32).
+    """
 
-    def rows(self, part: slice) -> HostScores:
-        return HostScores(self.logprob[part], self.rank[part], self.top_ids[part], self.top_logprobs[part])
+    packed: torch.Tensor  # [R, 2 + 2k] float32
+    k: int
+
+    def to_host(self) -> ScoredRows:
+        return ScoredRows(to_host(self.packed), self.k)
+
+    def rows(self, part: slice) -> ScoredRows:
+        return ScoredRows(self.packed[part], self.k)
+
+    @staticmethod
+    def concat(parts: list[ScoredRows]) -> ScoredRows:
+        return ScoredRows(torch.cat([p.packed for p in parts]), parts[0].k)
 
     def entries(self, ks: list[int], tokens: list[int]) -> list[TokenLogprob]:
-        """One TokenLogprob per row, with row i's ``ks[i]`` alternatives; ``tokens``: the rows' chosen ids."""
-        logprob, rank = self.logprob.tolist(), self.rank.tolist()
-        top_ids, top_lp = self.top_ids.tolist(), self.top_logprobs.tolist()
-        return [
-            TokenLogprob(token, logprob[i], rank[i], tuple(zip(top_ids[i][:k], top_lp[i][:k], strict=True)))
-            for i, (k, token) in enumerate(zip(ks, tokens, strict=True))
-        ]
+        """One entry per row (host tensors) with row i's ``ks[i]`` alternatives; ``tokens``: chosen ids."""
+        k = self.k
+        result = []
+        for row, wanted, token in zip(self.packed.tolist(), ks, tokens, strict=True):
+            ids = row[2 : 2 + wanted]
+            values = row[2 + k : 2 + k + wanted]
+            result.append(
+                TokenLogprob(token, row[0], int(row[1]), tuple(zip(map(int, ids), values, strict=True)))
+            )
+        return result
 
 
 def score_rows(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> ScoredRows:
     """Log-probability and rank of ``chosen`` [R] under ``logits`` [R, V] float32, and the top ``k``."""
-    logprobs = torch.log_softmax(logits, dim=-1)  # [R, V]
-    picked = logprobs.gather(1, chosen[:, None])  # [R, 1]
-    rank = (logprobs > picked).sum(dim=-1) + 1  # [R]
-    top = torch.topk(logprobs, k, dim=-1) if k > 0 else None
-    empty_ids = torch.empty((len(chosen), 0), dtype=torch.int64, device=logits.device)
-    empty_lp = torch.empty((len(chosen), 0), dtype=torch.float32, device=logits.device)
-    return ScoredRows(
-        picked[:, 0],
-        rank,
-        top.indices if top is not None else empty_ids,
-        top.values if top is not None else empty_lp,
-    )
+    norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # [R, 1]
+    picked = logits.gather(1, chosen[:, None])  # [R, 1]
+    rank = (logits > picked).sum(dim=-1, keepdim=True) + 1  # [R, 1]
+    columns = [picked - norm, rank.float()]
+    if k > 0:
+        top = torch.topk(logits, k, dim=-1)  # [R, k]
+        columns += [top.indices.float(), top.values - norm]
+    return ScoredRows(torch.cat(columns, dim=1), k)
 
 
 def score_hidden_rows(

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class TokenLogprob:
+class TokenLogprob(NamedTuple):
     """One token's log-probability under the model (raw logits, before any sampling filter).
 
     ``rank`` is 1 for the most likely token; ``top`` holds the request's k most likely tokens
-    with their log-probabilities, most likely first (empty when it asked for k = 0).
+    with their log-probabilities, most likely first (empty when it asked for k = 0). A named
+    tuple: a scored prompt makes one per token, so it must be cheap to build.
     """
 
     token_id: int

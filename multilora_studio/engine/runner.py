@@ -15,7 +15,7 @@ from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.kernel_warmup import warm_up_kernels, warmup_steps
 from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
-from multilora_studio.engine.logprobs import HostScores, ScoredRows, score_hidden_rows, score_rows, to_host
+from multilora_studio.engine.logprobs import ScoredRows, score_hidden_rows, score_rows, to_host
 from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.outputs import TokenLogprob
@@ -280,7 +280,7 @@ class ModelRunner:
 
 
 def prompt_entries(
-    scores: HostScores | None, scoring: PromptScoring | None
+    scores: ScoredRows | None, scoring: PromptScoring | None
 ) -> list[tuple[Sequence, int, list[TokenLogprob]]]:
     """The prompt rows' scores split by sequence: (sequence, first scored position, one entry each)."""
     if scores is None or scoring is None:

@@ -114,7 +114,7 @@ def test_staged_decode_forward_equals_the_eager_step(runner_with_adapters):
     prefill = StepPlan([ScheduledChunk(s, 0, s.num_tokens - 1) for s in seqs])
     runner.run(runner.prepare(prefill, blocks, slot_of))
     plan = decode_plan(seqs)
-    eager = runner.run(runner.prepare(plan, blocks, slot_of)).clone()  # [5, V]
+    eager = runner.run(runner.prepare(plan, blocks, slot_of))[0].clone()  # [5, V]
     cache_after_eager = runner.kv_cache.clone()
     staging = decode_staging(16, runner.max_blocks_per_seq, runner.lora.num_slots)
     staged = staging.stage(plan.chunks, slot_of, runner.lora.slot_ranks_host)

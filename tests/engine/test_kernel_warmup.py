@@ -48,7 +48,8 @@ def test_warm_up_runs_every_step_kind_and_leaves_slots_and_outputs_unchanged(run
             blocks.grow(seq, seq.num_tokens)
             seqs.append(seq)
         plan = StepPlan([ScheduledChunk(s, 0, s.num_tokens) for s in seqs])
-        return runner.run(runner.prepare(plan, blocks, {None: -1, **slots})).clone()
+        logits, _ = runner.run(runner.prepare(plan, blocks, {None: -1, **slots}))
+        return logits.clone()
 
     before = prefill_logits()
     ranks = runner.lora.slot_ranks.clone()

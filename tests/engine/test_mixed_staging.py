@@ -115,7 +115,7 @@ def test_staged_mixed_forward_equals_the_eager_step(runner_with_adapters):
     chunks += [ScheduledChunk(s, 0, s.num_tokens) for s in seqs[3:5]]
     chunks.append(ScheduledChunk(seqs[5], 0, half))
     plan = StepPlan(chunks)
-    eager = runner.run(runner.prepare(plan, blocks, slot_of)).clone()  # [5, V]: chunk 6 samples nothing
+    eager = runner.run(runner.prepare(plan, blocks, slot_of))[0].clone()  # [5, V]: chunk 6 samples nothing
     cache_after_eager = runner.kv_cache.clone()
     staging = StepStaging(64, 8, runner.max_blocks_per_seq, runner.lora.num_slots, BLOCK, torch.device("cpu"))
     staged = staging.stage(plan.chunks, slot_of, runner.lora.slot_ranks_host)

@@ -63,10 +63,10 @@ def test_replayed_steps_equal_the_eager_steps(runner_with_adapters, eager_captur
 
     def both(graphs: StepGraphs, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
         assert graphs.accepts(plan)
-        eager = runner.run(runner.prepare(plan, blocks, slot_of)).clone()
+        eager = runner.run(runner.prepare(plan, blocks, slot_of))[0].clone()
         step = graphs.stage(plan, slot_of, ranks)
         assert isinstance(step, GraphStep)
-        return runner.run(step).clone(), eager
+        return runner.run(step)[0].clone(), eager
 
     # prompts of three sequences (one in two chunks, the first samples nothing), then all decode
     half = seqs[2].num_tokens // 2
