@@ -25,6 +25,7 @@ import torch
 from benchmarks.engine_gpu import run_batch
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+from multilora_studio.engine.logprobs import score_rows, top_k
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 
 
@@ -48,6 +49,32 @@ def prefill_run(engine: Engine, prompts: list[list[int]], adapters: list, scored
         len(o.prompt_logprobs or []) == len(p) for o, p in zip(outputs, prompts, strict=True)
     )
     return sum(len(p) for p in prompts) / (end - start)
+
+
+def time_ms(work, repeats: int = 20) -> float:
+    """Median milliseconds of ``work()`` on the device (CUDA events, after a warm-up call)."""
+    work()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        work()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def scoring_kernels(vocab: int) -> dict:
+    """Device time of scoring decode-sized and prompt-chunk-sized logits, and of torch.topk alone."""
+    timings = {}
+    for rows, k in ((32, 5), (1024, 1), (1024, 5)):
+        logits = torch.randn(rows, vocab, device="cuda")
+        chosen = torch.randint(0, vocab, (rows,), device="cuda")
+        timings[f"score_rows_{rows}x{k}_ms"] = time_ms(lambda x=logits, c=chosen, k=k: score_rows(x, c, k))
+        timings[f"torch_topk_{rows}x{k}_ms"] = time_ms(lambda x=logits, k=k: torch.topk(x, k, dim=-1))
+        timings[f"top_k_{rows}x{k}_ms"] = time_ms(lambda x=logits, k=k: top_k(x, k))
+    return timings
 
 
 def alternate(rounds: int, without, with_) -> dict:
@@ -90,7 +117,10 @@ def main() -> None:
         max_model_len=1024 + 64 + 16,
         max_num_batched_tokens=4096,
     )
-    results: dict = {"gpu": torch.cuda.get_device_name()}
+    results: dict = {"gpu": torch.cuda.get_device_name(), **scoring_kernels(spec.vocab_size)}
+    for key, value in results.items():
+        if key.endswith("_ms"):
+            print(f"{key:28s} {value:8.3f} ms")
     with Engine(config) as engine:
         for name, path in adapters.items():
             engine.add_adapter(name, path)

@@ -16,6 +16,7 @@ import torch
 from multilora_studio.engine.outputs import TokenLogprob
 
 SCORE_CHUNK_ROWS = 1024  # prompt rows whose full-vocabulary logits exist at once
+TOP_K_BLOCKS = 128  # top-k over a large vocabulary: per block of the row first, then over the blocks' winners
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -64,9 +65,31 @@ def score_rows(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> ScoredRows
     rank = (logits > picked).sum(dim=-1, keepdim=True) + 1  # [R, 1]
     columns = [picked - norm, rank.float()]
     if k > 0:
-        top = torch.topk(logits, k, dim=-1)  # [R, k]
-        columns += [top.indices.float(), top.values - norm]
+        values, ids = top_k(logits, k)  # [R, k]
+        columns += [ids.float(), values - norm]
     return ScoredRows(torch.cat(columns, dim=1), k)
+
+
+def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest values of each row of ``logits`` [R, V] and their ids, largest first ([R, k] each).
+
+    Semantics: ``torch.topk(logits, k, dim=-1)`` (ties in either order). On a large vocabulary
+    ``torch.topk`` selects over each whole row in one block; two rounds over blocks of the row
+    (``TOP_K_BLOCKS`` of them) do the same work in short rows, and k = 1 is a max.
+    """
+    if k == 1:
+        values, ids = logits.max(dim=-1, keepdim=True)
+        return values, ids
+    rows, vocab = logits.shape
+    if vocab < 8 * k * TOP_K_BLOCKS:
+        top = torch.topk(logits, k, dim=-1)
+        return top.values, top.indices
+    width = -(-vocab // TOP_K_BLOCKS)
+    padded = torch.nn.functional.pad(logits, (0, width * TOP_K_BLOCKS - vocab), value=float("-inf"))
+    block_values, block_ids = padded.view(rows, TOP_K_BLOCKS, width).topk(k, dim=-1)  # [R, B, k]
+    offsets = torch.arange(TOP_K_BLOCKS, device=logits.device)[:, None] * width  # [B, 1]
+    values, picked = block_values.view(rows, -1).topk(k, dim=-1)  # [R, k] of the B * k winners
+    return values, (block_ids + offsets).view(rows, -1).gather(1, picked)
 
 
 def score_hidden_rows(

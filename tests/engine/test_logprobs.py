@@ -5,8 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from multilora_studio.engine import SamplingParams, TokenLogprob
+from multilora_studio.engine.logprobs import top_k
 from tests.fixtures import TINY_ADAPTERS
 
 TOLERANCE = 1e-4  # float32 engine vs float32 PEFT
@@ -23,9 +25,10 @@ def check_entry(entry: TokenLogprob, reference_row, token: int, k: int) -> None:
     """One engine entry against a reference row [V] of log-probabilities."""
     assert entry.token_id == token
     assert abs(entry.logprob - float(reference_row[token])) < TOLERANCE
-    assert entry.rank == int((reference_row > reference_row[token]).sum()) + 1 or abs(
-        float(reference_row.sort(descending=True).values[entry.rank - 1]) - entry.logprob
-    ) < TOLERANCE  # a tie at the token's value may rank it either way
+    assert (
+        entry.rank == int((reference_row > reference_row[token]).sum()) + 1
+        or abs(float(reference_row.sort(descending=True).values[entry.rank - 1]) - entry.logprob) < TOLERANCE
+    )  # a tie at the token's value may rank it either way
     assert len(entry.top) == k
     values = reference_row.topk(k).values.tolist() if k else []
     for (top_id, top_lp), value in zip(entry.top, values, strict=True):
@@ -105,3 +108,13 @@ def test_logprob_counts_are_validated(field):
         SamplingParams(**{field: 21})
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: -1})
+
+
+@pytest.mark.parametrize(
+    ("rows", "vocab", "k"), [(3, 128256, 5), (7, 49152, 20), (2, 100, 3), (5, 128256, 1)]
+)
+def test_top_k_equals_torch_topk(rows, vocab, k):
+    logits = torch.randn(rows, vocab) * 4
+    values, ids = top_k(logits, k)
+    reference = torch.topk(logits, k, dim=-1)
+    assert torch.equal(values, reference.values) and torch.equal(ids, reference.indices)
