@@ -8,7 +8,7 @@ RUN_ARGS ?= gui
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: run test lint venv clean system-deps
+.PHONY: run test lint venv clean system-deps docs
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ test: lint system-deps
 lint: $(VENV)/.test
 	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m mypy
+
+# docs/cli.md from the command line's parsers (tests/test_cli_reference.py checks it is current).
+docs: $(VENV)/.app
+	$(PY) -m multilora_studio.cli.reference docs/cli.md
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

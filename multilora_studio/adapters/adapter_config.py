@@ -107,7 +107,7 @@ def parse_adapter_config(config: dict, where: Path | str, max_rank: int) -> Adap
     if largest > max_rank:
         raise AdapterError(
             f"{where}: rank {largest} exceeds max_lora_rank={max_rank}; raise max_lora_rank "
-            "(--max-lora-rank) to use this adapter"
+            "to use this adapter"
         )
     use_rslora = _field(config, "use_rslora", (bool, type(None)), where, "true or false", False)
     base_model = _field(config, "base_model_name_or_path", (str, type(None)), where, "a string or null", None)

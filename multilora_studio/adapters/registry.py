@@ -118,7 +118,7 @@ class Registry:
             if not isinstance(item, str) or not NAME.match(item) or item in RESERVED_NAMES:
                 raise LibraryError(
                     f"invalid adapter name {item!r}: use 1-128 letters, digits or ._:/@+- "
-                    f"(not {', '.join(RESERVED_NAMES)}); choose one with --name"
+                    f"(not {', '.join(RESERVED_NAMES)}); choose another name"
                 )
         if len(set(names)) != len(names):
             raise LibraryError(f"the names {', '.join(names)} repeat one another")
@@ -361,7 +361,7 @@ class Registry:
             ).fetchone()
             if taken:
                 raise LibraryError(
-                    f"the library already has an adapter or alias named {item!r}; choose another with --name"
+                    f"the library already has an adapter or alias named {item!r}; choose another name"
                 )
 
     def _validated_row(self, folder: Path, base: BaseModelRef, name: str, max_rank: int) -> dict:

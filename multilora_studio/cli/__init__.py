@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -16,11 +17,14 @@ from multilora_studio import __version__
 from multilora_studio.cli.adapters import add_adapters_command
 from multilora_studio.cli.bench import add_bench_command
 from multilora_studio.cli.compare import add_compare_command
+from multilora_studio.cli.flag_words import in_flag_words, typed_flags
 from multilora_studio.cli.gui import add_gui_command
 from multilora_studio.cli.model import add_model_command
 from multilora_studio.cli.pull import add_pull_command
 from multilora_studio.cli.serve import add_serve_command
 from multilora_studio.cli.shared import print_error
+
+PIPE_CLOSED = 141  # 128 + SIGPIPE: what a tool stopped by a closed pipe returns
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,10 +46,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command line; a closed stdout (``... | head -1``) ends it quietly with 141."""
+    try:
+        try:
+            return run_command(list(sys.argv[1:] if argv is None else argv))
+        finally:
+            sys.stdout.flush()  # a closed pipe fails here (after --help's SystemExit too), not at exit
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush succeeds
+        return PIPE_CLOSED
+
+
+def run_command(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # no subcommand: open the window
-        args = parser.parse_args([*(sys.argv[1:] if argv is None else argv), "gui"])
+        args = parser.parse_args([*argv, "gui"])
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -59,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (ValueError, FileNotFoundError, RuntimeError) as error:
-        print_error(error)
+        print_error(error, in_flag_words(str(error), args, typed_flags(argv)))
         return 1
 
 

@@ -72,7 +72,9 @@ def add_adapters_command(subparsers: Subcommands) -> None:
     )
     search.add_argument("text", nargs="?", default=None, help="words the repository id contains")
     search.add_argument("--base", default=DEFAULT_SEARCH_BASE, help="base model repository id on the Hub")
-    search.add_argument("--limit", type=int, default=20)
+    search.add_argument(
+        "--limit", type=int, default=20, help="repositories listed at most, most downloaded first"
+    )
     search.set_defaults(handler=run_search)
 
 

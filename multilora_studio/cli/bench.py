@@ -13,7 +13,7 @@ from multilora_studio.bench.adapter_pool import parse_targets
 from multilora_studio.bench.cases import BenchOptions
 from multilora_studio.bench.stats import Slo
 from multilora_studio.bench.workloads import PATTERNS, parse_range
-from multilora_studio.cli.shared import Subcommands
+from multilora_studio.cli.shared import Subcommands, engine_default
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,20 @@ def add_bench_command(subparsers: Subcommands) -> None:
     )
     setup = parser.add_argument_group("model and engine")
     setup.add_argument("--model", default=None, help="HF folder, random:llama3-8b, ... (default: embedded)")
-    setup.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    setup.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    setup.add_argument("--max-loras", type=int, default=8, help="GPU adapter slots")
+    setup.add_argument(
+        "--device", default=engine_default("device"), help="auto, cpu, cuda or cuda:N (default: %(default)s)"
+    )
+    setup.add_argument(
+        "--dtype",
+        default=engine_default("dtype"),
+        help="auto, float32, bfloat16 or float16 (default: %(default)s)",
+    )
+    setup.add_argument(
+        "--max-loras",
+        type=int,
+        default=engine_default("max_loras"),
+        help="GPU adapter slots (default: %(default)s)",
+    )
     setup.add_argument(
         "--max-cpu-loras", type=int, default=None, help="adapters in host RAM (default 2x slots)"
     )
@@ -71,7 +82,7 @@ def add_bench_command(subparsers: Subcommands) -> None:
     setup.add_argument("--max-num-seqs", type=int, default=None, help="running requests (default: --batch)")
     setup.add_argument("--kv-cache-gb", type=float, default=None, help="KV cache size (default: automatic)")
     adapters = parser.add_argument_group("random adapters")
-    adapters.add_argument("--rank", type=int, default=16)
+    adapters.add_argument("--rank", type=int, default=16, help="rank of every random adapter")
     adapters.add_argument("--targets", default="all", help="'all' or e.g. q_proj,v_proj")
     adapters.add_argument("--num-adapters", type=int, default=32, help="adapters of the online workload")
     adapters.add_argument(
@@ -91,7 +102,7 @@ def add_bench_command(subparsers: Subcommands) -> None:
     work.add_argument("--sweep-adapters", default=None, help="numbers of adapters, e.g. 1,8,32,128")
     work.add_argument("--sweep-rate", default="inf", help="rate of the sweep (inf: all at once)")
     work.add_argument("--requests", type=int, default=None, help="requests per inf-rate case (4x batch)")
-    work.add_argument("--seed", type=int, default=0)
+    work.add_argument("--seed", type=int, default=0, help="seed of the workload and the adapter weights")
     work.add_argument("--no-warmup", action="store_true", help="measure the first batch too")
     measure = parser.add_argument_group("measurement and output")
     measure.add_argument("--ttft-slo-ms", type=float, default=6000.0, help="TTFT target (0: none)")

@@ -35,10 +35,14 @@ def add_compare_command(subparsers: Subcommands) -> None:
         "--adapters", default=BASE, help=f"comma-separated adapter names; '{BASE}' is the base model"
     )
     parser.add_argument("--raw", action="store_true", help="send the prompt as plain text, not as chat")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per answer at most")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="0: greedy (the same answer every run)"
+    )
+    parser.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling: keep this much probability"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="seed of the sampling (default: the engine's)")
     parser.add_argument(
         "--layout", choices=["columns", "rows"], default=None, help="default: fit the terminal"
     )

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from multilora_studio.cli.shared import Subcommands, add_demo_adapters_flag
+from multilora_studio.cli.shared import Subcommands, add_demo_adapters_flag, engine_default
 
 
 def has_display() -> bool:
@@ -33,7 +33,11 @@ def add_gui_command(subparsers: Subcommands) -> None:
         "model (base + library adapters) and exit 0 if it worked",
     )
     parser.add_argument("--screenshot", type=Path, default=None, help="with --smoke-test: save a PNG here")
-    parser.add_argument("--device", default="auto", help="with --smoke-test: auto, cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--device",
+        default=engine_default("device"),
+        help="with --smoke-test: auto, cpu, cuda or cuda:N (default: %(default)s)",
+    )
     parser.add_argument(
         "--settings", type=Path, default=None, help="INI file for the window's settings (default: the user's)"
     )

@@ -14,7 +14,13 @@ def add_model_command(subparsers: Subcommands) -> None:
         help="prepare or describe the embedded default model",
         description="Convert the embedded default model (once) and show where it lives.",
     )
-    parser.add_argument("action", choices=["prepare", "info"], nargs="?", default="info")
+    parser.add_argument(
+        "action",
+        choices=["prepare", "info"],
+        nargs="?",
+        default="info",
+        help="both convert the model if it never was, then print its name, folder and digest",
+    )
     parser.set_defaults(handler=run_model_command)
 
 

@@ -4,14 +4,15 @@ adapters are checked against, the library flags, progress and error printing."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.peft_adapter import SUPPORTED_TARGETS
-from multilora_studio.adapters.registry import DEFAULT_MAX_RANK
 from multilora_studio.demo import SKIP_ENV
 from multilora_studio.engine import EngineConfig
 from multilora_studio.engine.model_source import describe_model
@@ -22,14 +23,20 @@ log = logging.getLogger("multilora_studio")
 Subcommands = argparse._SubParsersAction  # what ``add_subparsers`` returns; argparse names no public type
 
 
+def engine_default(name: str) -> Any:
+    """EngineConfig's default of field ``name``: the one default the flags, the window and the API share."""
+    (item,) = (item for item in dataclasses.fields(EngineConfig) if item.name == name)
+    return item.default
+
+
 def print_progress(fraction: float, message: str) -> None:
     print(f"[{fraction * 100:5.1f}%] {message}", file=sys.stderr, flush=True)
 
 
-def print_error(error: BaseException) -> None:
-    """A failed command's one line on stderr (the traceback goes to the debug log)."""
+def print_error(error: BaseException, message: str) -> None:
+    """A failed command's one line, ``message``, on stderr (the traceback goes to the debug log)."""
     log.debug("command failed", exc_info=error)
-    print(f"error: {error}", file=sys.stderr)
+    print(f"error: {message}", file=sys.stderr)
 
 
 def parse_lora_modules(items: Sequence[str]) -> dict[str, Path]:
@@ -48,14 +55,50 @@ def parse_lora_modules(items: Sequence[str]) -> dict[str, Path]:
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Engine flags shared by the commands that start an engine (vLLM names)."""
     parser.add_argument("--model", default=None, help="HF model folder (default: the embedded model)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    parser.add_argument("--max-loras", type=int, default=8, help="adapters resident on the device at once")
-    parser.add_argument("--max-lora-rank", type=int, default=64, help="largest adapter rank accepted")
-    parser.add_argument("--max-cpu-loras", type=int, default=None, help="adapters kept in host RAM")
-    parser.add_argument("--max-model-len", type=int, default=2048, help="prompt + output tokens per request")
+    add_device_arguments(parser)
+    parser.add_argument(
+        "--max-loras",
+        type=int,
+        default=engine_default("max_loras"),
+        help="adapters resident on the device at once (default: %(default)s)",
+    )
+    add_rank_argument(parser)
+    parser.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        default=engine_default("max_cpu_loras"),
+        help="adapters kept in host RAM (default: 2 x --max-loras)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=engine_default("max_model_len"),
+        help="prompt + output tokens per request (default: %(default)s)",
+    )
     parser.add_argument(
         "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="PEFT adapter folders to serve"
+    )
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--dtype`` with EngineConfig's defaults."""
+    parser.add_argument(
+        "--device", default=engine_default("device"), help="auto, cpu, cuda or cuda:N (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--dtype",
+        default=engine_default("dtype"),
+        help="auto, float32, bfloat16 or float16 (default: %(default)s)",
+    )
+
+
+def add_rank_argument(parser: argparse.ArgumentParser) -> None:
+    """``--max-lora-rank`` with EngineConfig's default."""
+    parser.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=engine_default("max_lora_rank"),
+        help="largest adapter rank accepted (default: %(default)s)",
     )
 
 
@@ -104,11 +147,10 @@ def add_naming_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="library name (default: folder name / repo id)")
     parser.add_argument("--alias", action="append", default=[], help="another name for it (repeatable)")
     parser.add_argument("--notes", default="", help="free text kept with the adapter")
+    parser.set_defaults(name_flag=True)  # flag_words: "choose another name" can point at --name
 
 
 def add_base_arguments(parser: argparse.ArgumentParser) -> None:
     """``--model`` and ``--max-lora-rank``: what an adapter entering the library is checked against."""
     parser.add_argument("--model", default=None, help="base model folder (default: the embedded model)")
-    parser.add_argument(
-        "--max-lora-rank", type=int, default=DEFAULT_MAX_RANK, help="largest adapter rank accepted"
-    )
+    add_rank_argument(parser)

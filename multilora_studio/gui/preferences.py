@@ -12,6 +12,8 @@ from multilora_studio.engine import EngineConfig
 
 MODEL_SOURCES = ("embedded", "folder", "hub")
 ENGINE_GROUP = "engine"
+# EngineConfig's defaults: the one source for the window, the CLI and the Python API
+ENGINE_DEFAULTS: dict[str, Any] = {item.name: item.default for item in fields(EngineConfig)}
 
 
 @dataclass(frozen=True)
@@ -20,16 +22,17 @@ class EngineChoice:
 
     ``model_source`` is ``embedded`` (the default model), ``folder`` (a HF folder at
     ``model``) or ``hub`` (a Hub repo id in ``model``, pulled into the HF cache first).
-    ``max_cpu_loras = 0`` means twice ``max_loras``.
+    ``max_cpu_loras = 0`` means twice ``max_loras`` (EngineConfig's None). The engine
+    settings default to EngineConfig's.
     """
 
     model_source: str = "embedded"
     model: str = ""
-    device: str = "auto"
-    dtype: str = "auto"
-    max_loras: int = 8
-    max_lora_rank: int = 64
-    max_cpu_loras: int = 0
+    device: str = ENGINE_DEFAULTS["device"]
+    dtype: str = ENGINE_DEFAULTS["dtype"]
+    max_loras: int = ENGINE_DEFAULTS["max_loras"]
+    max_lora_rank: int = ENGINE_DEFAULTS["max_lora_rank"]
+    max_cpu_loras: int = ENGINE_DEFAULTS["max_cpu_loras"] or 0
 
     def check(self) -> None:
         """ValueError with a clear message for settings the engine would refuse."""

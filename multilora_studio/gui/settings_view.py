@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from PySide6.QtCore import Signal
@@ -28,6 +29,24 @@ from multilora_studio.gui.engine_host import LOADING, EngineHost
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 from multilora_studio.gui.theme import THEMES, set_theme
 from multilora_studio.gui.widgets import MessageBanner
+
+# EngineConfig's field names -> this view's field labels, for the engine's ValueError messages
+FIELD_LABELS = {
+    "max_loras": "GPU adapter slots",
+    "max_lora_rank": "Largest adapter rank",
+    "max_cpu_loras": "Adapters kept in CPU RAM",
+    "device": "Device",
+    "dtype": "Data type",
+    "model": "Base model",
+}
+
+
+def in_field_labels(message: str) -> str:
+    """An engine message with the field names of this view replaced by their labels."""
+    for field, label in FIELD_LABELS.items():
+        word = rf"(?<![\w-]){field}(?![\w-])" if "_" in field else rf"^{field}(?= must )"
+        message = re.sub(word, f"'{label}'", message)
+    return message
 
 
 def device_names() -> list[str]:
@@ -72,7 +91,7 @@ class SettingsView(QWidget):
         self.max_loras = QSpinBox(minimum=1, maximum=MAX_SLOTS)
         self.max_lora_rank = QSpinBox(minimum=1, maximum=512)
         self.max_cpu_loras = QSpinBox(minimum=0, maximum=1 << 16)
-        self.max_cpu_loras.setSpecialValueText("2 × max_loras")
+        self.max_cpu_loras.setSpecialValueText(f"2 × {FIELD_LABELS['max_loras']}")
 
         model_box = QGroupBox("Base model")
         model_layout = QVBoxLayout(model_box)
@@ -81,11 +100,11 @@ class SettingsView(QWidget):
         model_layout.addLayout(model_row)
         engine_box = QGroupBox("Engine")
         form = QFormLayout(engine_box)
-        form.addRow("Device", self.device)
-        form.addRow("Data type", self.dtype)
-        form.addRow("GPU adapter slots (max_loras)", self.max_loras)
-        form.addRow("Largest adapter rank (max_lora_rank)", self.max_lora_rank)
-        form.addRow("Adapters kept in CPU RAM (max_cpu_loras)", self.max_cpu_loras)
+        form.addRow(FIELD_LABELS["device"], self.device)
+        form.addRow(FIELD_LABELS["dtype"], self.dtype)
+        form.addRow(f"{FIELD_LABELS['max_loras']} (max_loras)", self.max_loras)
+        form.addRow(f"{FIELD_LABELS['max_lora_rank']} (max_lora_rank)", self.max_lora_rank)
+        form.addRow(f"{FIELD_LABELS['max_cpu_loras']} (max_cpu_loras)", self.max_cpu_loras)
 
         self.theme = QComboBox()
         self.theme.addItems(["Follow the system", "Light", "Dark"])
@@ -131,7 +150,8 @@ class SettingsView(QWidget):
         host.failed.connect(self._start_failed)
         host.rejected.connect(
             lambda message: self.banner.show_message(
-                f"Not applied: {message}. The engine keeps running with its current settings."
+                f"Not applied: {in_field_labels(message)}. "
+                "The engine keeps running with its current settings."
             )
         )
         self.show_choice(prefs.engine_choice())
@@ -171,7 +191,7 @@ class SettingsView(QWidget):
             if choice.model_source == "folder" and not Path(choice.model).expanduser().is_dir():
                 raise ValueError(f"model folder {choice.model} does not exist")
         except ValueError as error:
-            self.banner.show_message(str(error))
+            self.banner.show_message(in_field_labels(str(error)))
             return False
         self.banner.clear()
         self.applied.emit(choice)
@@ -179,7 +199,7 @@ class SettingsView(QWidget):
 
     def _start_failed(self, message: str) -> None:
         again = " Starting again with the last settings that worked." if self.host.state == LOADING else ""
-        self.banner.show_message(f"The engine did not start: {message.rstrip('.')}.{again}")
+        self.banner.show_message(f"The engine did not start: {in_field_labels(message).rstrip('.')}.{again}")
 
     def _theme_changed(self, index: int) -> None:
         mode = THEMES[index]

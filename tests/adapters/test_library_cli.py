@@ -111,7 +111,7 @@ def test_errors_are_one_clear_line_and_change_nothing(home, capsys, tiny_adapter
         (["adapters", "add", str(dora), "--model", model], "unsupported adapter contents: DoRA"),
         (["adapters", "add", r8, "--model", model, "--name", "kept"], "already has"),
         (["adapters", "add", r8, "--model", str(tmp_path / "nomodel")], "does not exist"),
-        (["adapters", "add", r32, "--model", model, "--max-lora-rank", "16"], "exceeds max_lora_rank=16"),
+        (["adapters", "add", r32, "--model", model, "--max-lora-rank", "16"], "exceeds --max-lora-rank=16;"),
         (["adapters", "remove", "nope"], "no adapter named 'nope'"),
         (["adapters", "pin", "nope"], "no adapter named 'nope'"),
         (["adapters", "show", "nope"], "no adapter named 'nope'"),

@@ -76,7 +76,12 @@ def test_bad_settings_show_a_message_and_a_failed_start_can_be_fixed(qtbot, open
     settings.device.setCurrentText("gpu0")
     settings.embedded.setChecked(True)
     assert not settings.apply()
-    assert "device must be" in settings.banner.text
+    assert "'Device' must be" in settings.banner.text
+    settings.device.setCurrentText("cpu")
+    settings.max_loras.setValue(8)
+    settings.max_cpu_loras.setValue(1)
+    assert not settings.apply()
+    assert "'Adapters kept in CPU RAM' (1) must be >= 'GPU adapter slots' (8)" in settings.banner.text
 
     good = settings.prefs.engine_choice()
     running = window.host.engine

@@ -1,0 +1,56 @@
+"""One default per setting: the CLI's flags, the window's EngineChoice and EngineConfig agree."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from multilora_studio.cli import build_parser
+from multilora_studio.cli.shared import engine_config
+from multilora_studio.engine import EngineConfig
+from multilora_studio.gui.preferences import EngineChoice
+
+ENGINE = {item.name: item.default for item in dataclasses.fields(EngineConfig)}
+SETTINGS = ("device", "dtype", "max_loras", "max_lora_rank", "max_cpu_loras", "max_model_len")
+COMMANDS = {  # a command line that parses, and the engine settings it has flags for
+    ("compare", "--prompt", "hi"): SETTINGS,
+    ("serve",): SETTINGS,
+    ("bench",): ("device", "dtype", "max_loras", "max_cpu_loras"),
+    ("gui",): ("device",),
+    ("adapters", "add", "folder"): ("max_lora_rank",),
+    ("pull", "org/name"): ("max_lora_rank",),
+}
+
+
+def test_engine_config_has_the_settings_the_front_ends_share():
+    assert set(SETTINGS) <= set(ENGINE)
+    assert ENGINE["max_lora_rank"] == 16  # the smaller cap: on a GPU a larger one costs throughput
+
+
+@pytest.mark.parametrize("argv", list(COMMANDS), ids=" ".join)
+def test_cli_flags_default_to_engine_config(argv):
+    args = build_parser().parse_args(list(argv))
+    assert {name: getattr(args, name) for name in COMMANDS[argv]} == {
+        name: ENGINE[name] for name in COMMANDS[argv]
+    }
+
+
+@pytest.mark.parametrize("command", ["compare", "serve"])
+def test_an_engine_from_default_flags_is_the_default_engine_config(command):
+    args = build_parser().parse_args([command, *(["--prompt", "hi"] if command == "compare" else [])])
+    assert engine_config(args) == EngineConfig()
+
+
+def test_the_windows_defaults_are_engine_configs():
+    choice = EngineChoice()
+    for name in ("device", "dtype", "max_loras", "max_lora_rank"):
+        assert getattr(choice, name) == ENGINE[name]
+    assert choice.max_cpu_loras == 0 and ENGINE["max_cpu_loras"] is None  # both mean 2 x max_loras
+    assert choice.engine_config(None) == EngineConfig()
+
+
+def test_the_window_keeps_explicit_values():
+    choice = EngineChoice(device="cpu", max_loras=3, max_lora_rank=32, max_cpu_loras=5)
+    config = choice.engine_config(None)
+    assert (config.device, config.max_loras, config.max_lora_rank, config.max_cpu_loras) == ("cpu", 3, 32, 5)
