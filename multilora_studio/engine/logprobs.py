@@ -8,6 +8,7 @@ copy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,8 +16,8 @@ import torch
 
 from multilora_studio.engine.outputs import TokenLogprob
 
-SCORE_CHUNK_ROWS = 1024  # prompt rows whose full-vocabulary logits exist at once
-TOP_K_BLOCKS = 128  # top-k over a large vocabulary: per block of the row first, then over the blocks' winners
+SCORE_CHUNK_ROWS = 256  # prompt rows whose full-vocabulary logits exist at once
+MAX_ROW_BLOCKS = 256  # reductions over a row run in up to this many blocks of it
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -59,10 +60,16 @@ class ScoredRows:
 
 
 def score_rows(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> ScoredRows:
-    """Log-probability and rank of ``chosen`` [R] under ``logits`` [R, V] float32, and the top ``k``."""
-    norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # [R, 1]
+    """Log-probability and rank of ``chosen`` [R] under ``logits`` [R, V] float32, and the top ``k``.
+
+    Semantics: ``lp = log_softmax(logits)``; the chosen token's ``lp``, its rank (1 + the count of
+    larger logits) and ``torch.topk(lp, k)``. Reductions run over blocks of each row first
+    (``blocked``): a decode step has few rows, and one block per long row leaves the GPU idle.
+    """
+    blocks = blocked(logits)  # [R, B, W]
+    norm = torch.logsumexp(torch.logsumexp(blocks, dim=-1), dim=-1, keepdim=True)  # [R, 1]
     picked = logits.gather(1, chosen[:, None])  # [R, 1]
-    rank = (logits > picked).sum(dim=-1, keepdim=True) + 1  # [R, 1]
+    rank = (blocks > picked[:, :, None]).sum(dim=-1).sum(dim=-1, keepdim=True) + 1  # [R, 1]
     columns = [picked - norm, rank.float()]
     if k > 0:
         values, ids = top_k(logits, k)  # [R, k]
@@ -70,26 +77,25 @@ def score_rows(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> ScoredRows
     return ScoredRows(torch.cat(columns, dim=1), k)
 
 
+def blocked(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` [R, V] viewed as [R, B, V / B] (B the largest power of two <= 256 dividing V; no copy)."""
+    rows, vocab = logits.shape
+    width = vocab // math.gcd(vocab, MAX_ROW_BLOCKS)
+    return logits.view(rows, vocab // width, width)
+
+
 def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest values of each row of ``logits`` [R, V] and their ids, largest first ([R, k] each).
 
-    Semantics: ``torch.topk(logits, k, dim=-1)`` (ties in either order). On a large vocabulary
-    ``torch.topk`` selects over each whole row in one block; two rounds over blocks of the row
-    (``TOP_K_BLOCKS`` of them) do the same work in short rows, and k = 1 is a max.
+    Semantics: ``torch.topk(logits, k, dim=-1)`` (ties in either order); k = 1 is a blocked max.
     """
-    if k == 1:
-        values, ids = logits.max(dim=-1, keepdim=True)
-        return values, ids
-    rows, vocab = logits.shape
-    if vocab < 8 * k * TOP_K_BLOCKS:
+    if k > 1:
         top = torch.topk(logits, k, dim=-1)
         return top.values, top.indices
-    width = -(-vocab // TOP_K_BLOCKS)
-    padded = torch.nn.functional.pad(logits, (0, width * TOP_K_BLOCKS - vocab), value=float("-inf"))
-    block_values, block_ids = padded.view(rows, TOP_K_BLOCKS, width).topk(k, dim=-1)  # [R, B, k]
-    offsets = torch.arange(TOP_K_BLOCKS, device=logits.device)[:, None] * width  # [B, 1]
-    values, picked = block_values.view(rows, -1).topk(k, dim=-1)  # [R, k] of the B * k winners
-    return values, (block_ids + offsets).view(rows, -1).gather(1, picked)
+    blocks = blocked(logits)  # [R, B, W]
+    block_values, block_ids = blocks.max(dim=-1)  # [R, B]
+    values, best = block_values.max(dim=-1, keepdim=True)  # [R, 1]
+    return values, best * blocks.shape[-1] + block_ids.gather(1, best)
 
 
 def score_hidden_rows(
