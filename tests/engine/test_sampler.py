@@ -58,7 +58,7 @@ CASES = {
     # 0.68 < 0.75: the 0.12 token crosses top_p and stays
     "top_p=0.75": (LOGITS, dict(top_p=0.75), [3, 0, 6, 1]),
     "top_p after temperature 0.5": (LOGITS, dict(temperature=0.5, top_p=0.8), [3, 0, 6]),
-    "temperature, top_k=6 and top_p=0.9": (LOGITS, dict(temperature=1.3, top_k=6, top_p=0.9), [3, 0, 6, 1, 7]),
+    "temperature, top_k and top_p": (LOGITS, dict(temperature=1.3, top_k=6, top_p=0.9), [3, 0, 6, 1, 7]),
     "top_p below the largest probability": (LOGITS, dict(top_p=1e-3), [3]),
     "ties at the k-th logit are kept": (TIED, dict(top_k=2), [0, 1, 2]),
     "tokens already at -inf": (MASKED, dict(top_p=0.95), [0, 2, 3, 5]),
