@@ -206,6 +206,36 @@ def test_search_lists_the_adapters_of_a_base_model(hub, hub_env):
     assert search_adapters("nobody/nothing") == []
 
 
+# hub_listing.json's downloads, by hand: neither the order of the ids nor the order they were made in
+ADAPTERS_BY_DOWNLOADS = [
+    f"{HUB_ORG}/tiny-r8-all",  # 48210
+    f"{HUB_ORG}/tiny-pickle",  # 19044
+    f"{HUB_ORG}/tiny-dora",  # 7760
+    f"{HUB_ORG}/tiny-lora",  # 1523
+    f"{HUB_ORG}/tiny-big",  # 310
+    f"{HUB_ORG}/tiny-broken",  # 5
+]
+
+
+def test_search_lists_the_most_downloaded_adapters_first(hub, hub_env):
+    found = search_adapters(BASE_REPO)
+    assert [m.repo_id for m in found] == ADAPTERS_BY_DOWNLOADS
+    assert [m.downloads for m in found] == [48210, 19044, 7760, 1523, 310, 5]
+    assert [m.likes for m in found] == [97, 8, 31, 12, 2, 0]
+    assert [m.repo_id for m in search_adapters(BASE_REPO, limit=2)] == ADAPTERS_BY_DOWNLOADS[:2]
+
+
+def test_the_test_hub_sorts_by_what_the_client_asks(hub, hub_env):
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub.endpoint)
+    by_likes = api.list_models(filter=[f"base_model:adapter:{BASE_REPO}"], sort="likes")
+    assert [m.likes for m in by_likes] == [97, 31, 12, 8, 2, 0]
+    newest = api.list_models(author=HUB_ORG, sort="created_at", limit=1, full=True)
+    (entry,) = list(newest)
+    assert entry.id == f"{HUB_ORG}/tiny-big" and entry.sha == hub.repos.shas[(f"{HUB_ORG}/tiny-big", "v1")]
+
+
 def test_offline_mode_pulls_from_the_cache_alone(hub, hub_env, registry, tiny_base, tmp_path, monkeypatch):
     v1 = hub.repos.shas[(LORA, "v1")]
     online = pull(f"{LORA}@v1", registry, tiny_base).adapter
