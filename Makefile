@@ -8,7 +8,7 @@ RUN_ARGS ?= gui
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: run test lint venv clean system-deps
+.PHONY: run test lint venv clean system-deps mutation
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -48,5 +48,13 @@ lint: $(VENV)/.test
 	$(PY) -m ruff check multilora_studio kernels resources tests
 	$(PY) -m mypy
 
+# The mutation check (docs/testing.md): mutmut over the modules and tests in pyproject.toml's
+# [tool.mutmut]; MUTANTS narrows it, e.g. MUTANTS='multilora_studio.engine.sampler*'.
+# CPU heavy (the selected tests once, then each mutant's tests); not part of `make test`.
+MUTANTS ?=
+mutation: $(VENV)/.test
+	QT_QPA_PLATFORM=offscreen TRITON_INTERPRET=1 $(PY) -m mutmut run $(MUTANTS)
+	$(PY) -m mutmut results
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist *.egg-info mutants

@@ -52,6 +52,7 @@ CASES = {
     "flatter": (LOGITS, dict(temperature=1.6), [0, 1, 2, 3, 4, 5, 6, 7]),
     "top_k=3": (LOGITS, dict(top_k=3), [3, 0, 6]),
     "top_k=5 at temperature 0.8": (LOGITS, dict(temperature=0.8, top_k=5), [3, 0, 6, 1, 7]),
+    "top_k=1": (LOGITS, dict(top_k=1, temperature=1.5), [3]),
     "top_k larger than the vocabulary": (LOGITS, dict(top_k=50), [0, 1, 2, 3, 4, 5, 6, 7]),
     # 0.30 + 0.22 = 0.52 < 0.6: the 0.16 token crosses top_p and stays
     "top_p=0.6": (LOGITS, dict(top_p=0.6), [3, 0, 6]),
@@ -128,6 +129,25 @@ def test_seeded_frequencies_follow_the_reference_probabilities(case):
     frequencies = {int(t): round(int(c) / N, 4) for t, c in zip(kept, counts[kept], strict=True)}
     want = {int(t): round(float(p), 4) for t, p in zip(kept, reference[kept], strict=True)}
     assert p_value > ALPHA, f"p = {p_value:.2e}: drew {frequencies}, reference {want}"
+
+
+def test_top_p_exactly_reached_drops_the_tokens_after_it():
+    """Four tokens of 0.25 each (exact in float32) and top_p=0.5: the mass before the third is
+    exactly 0.5, so it goes, as in transformers (which token of a tie stays is not fixed)."""
+    params = SamplingParams(top_p=0.5, seed=SEED)
+    uniform = torch.zeros(4)
+    assert int(torch.count_nonzero(reference_probs(uniform, params))) == 2
+    assert int(torch.count_nonzero(draw(uniform, params, 400))) == 2
+
+
+def test_a_request_without_a_seed_draws_from_the_fallback_seed():
+    unseeded = SamplingParams(temperature=1.3)
+    first = make_generator(unseeded, torch.device("cpu"), fallback_seed=11)
+    again = make_generator(unseeded, torch.device("cpu"), fallback_seed=11)
+    seeded = make_generator(SamplingParams(temperature=1.3, seed=11), torch.device("cpu"), fallback_seed=99)
+    draws = [torch.rand(8, generator=g) for g in (first, again, seeded)]
+    assert torch.equal(draws[0], draws[1]) and torch.equal(draws[0], draws[2])
+    assert make_generator(SamplingParams(temperature=0.0), torch.device("cpu"), 11) is None  # greedy
 
 
 def test_same_seed_same_draws_and_another_seed_other_draws():
