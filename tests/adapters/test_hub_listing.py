@@ -73,8 +73,9 @@ def test_sort_by_downloads_likes_and_creation(models):
 
 
 def test_limit_filter_author_and_search_narrow_the_answer(models):
-    assert ids(search(models, sort="downloads", limit="2", filters=[f"base_model:{SMOL}"])) == (
-        SMOL_ADAPTERS_BY_DOWNLOADS[:2]
+    assert (
+        ids(search(models, sort="downloads", limit="2", filters=[f"base_model:{SMOL}"]))
+        == (SMOL_ADAPTERS_BY_DOWNLOADS[:2])
     )
     assert ids(search(models, author="acme-research", sort="downloads")) == [
         SMOL_ADAPTERS_BY_DOWNLOADS[0],

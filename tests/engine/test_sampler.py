@@ -13,7 +13,8 @@ probabilities at ``ALPHA``.
 False failures: every kept token has a reference probability of at least ``MIN_KEPT``, so a
 correct sampler misses one in ``N`` draws with probability below ``8 * (1 - MIN_KEPT) ** N``
 (< 1e-16) per case; each chi-square test rejects a correct sampler with probability
-``ALPHA`` = 1e-6 over the choice of seed, so at most ``len(CASES) * 1e-6`` for the whole file
+``ALPHA`` = 1e-6 over the choice of seed (in the chi-square approximation, which every
+case's expected counts of at least 5 justify), so at most ``len(CASES) * 1e-6`` for the whole file
 (union bound). The seed is fixed, so the outcome is deterministic: it can change only when
 torch's random streams change.
 """
