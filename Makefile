@@ -8,7 +8,7 @@ RUN_ARGS ?= gui
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: run test lint venv clean system-deps docs
+.PHONY: run test lint venv clean system-deps docs mutation
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -54,5 +54,13 @@ lint: $(VENV)/.test
 docs: $(VENV)/.app
 	$(PY) -m multilora_studio.cli.reference docs/cli.md
 
+# The mutation check (docs/testing.md): mutmut over the modules and tests in pyproject.toml's
+# [tool.mutmut]; MUTANTS narrows it, e.g. MUTANTS='multilora_studio.engine.sampler*'.
+# CPU heavy (the selected tests once, then each mutant's tests); not part of `make test`.
+MUTANTS ?=
+mutation: $(VENV)/.test
+	QT_QPA_PLATFORM=offscreen TRITON_INTERPRET=1 $(PY) -m mutmut run $(MUTANTS)
+	$(PY) -m mutmut results
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist *.egg-info mutants

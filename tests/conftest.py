@@ -14,6 +14,12 @@ import pytest
 from tests.fixtures import TINY_ADAPTERS, build_adapter, build_tiny_model, extract_tokenizer
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # An exception that ends any thread during a test fails that test instead of printing a
+    # warning (tests/threads.py hands a helper thread's failure to the test thread itself).
+    config.addinivalue_line("filterwarnings", "error::pytest.PytestUnhandledThreadExceptionWarning")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every test session gets its own user data directory.

@@ -3,13 +3,11 @@
 olah (PyPI) serves the repositories under ``<mirrors>/models/<org>/<name>`` to the
 real ``huggingface_hub`` client: model info, refs, trees, file downloads by branch,
 tag or commit. It has no ``GET /api/models`` listing route (Hub search), so this
-harness adds one thin route to olah's own FastAPI app before starting it: it
-lists the local repositories with the tags the Hub derives from their model cards
-(``base_model:<id>``, and ``base_model:adapter:<id>`` for PEFT repositories) and
-applies the ``filter``/``search``/``author``/``limit`` parameters. Everything else
-is olah as shipped.
+harness adds one route to olah's own FastAPI app before starting it, answered by
+``hub_listing`` from recorded entries and the local repositories, with the Hub's
+fields, sorting, filters and limit. Everything else is olah as shipped.
 
-Run as a script (``python hub_server.py CONFIG LOG_DIR``) in a child process;
+Run as ``python -m tests.adapters.hub_server CONFIG LOG_DIR`` in a child process;
 ``HubServer`` starts and stops it.
 """
 
@@ -21,13 +19,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from starlette.requests import Request
 
 READY_TIMEOUT_S = 60.0
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -59,11 +57,13 @@ class HubServer:
             "[accessibility]\noffline = true\n"
         )
         log = (self.workdir / "server.log").open("ab")
+        path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, __file__, str(config), str(self.workdir / "logs")],
+            [sys.executable, "-m", "tests.adapters.hub_server", str(config), str(self.workdir / "logs")],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=self.workdir,
+            env={**os.environ, "PYTHONPATH": path},
         )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -92,64 +92,6 @@ class HubServer:
                 self.kill()
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
-
-
-def _card(repo: Path) -> dict:
-    import yaml
-
-    try:
-        text = _git(repo, "show", "HEAD:README.md")
-    except subprocess.CalledProcessError:
-        return {}
-    if not text.startswith("---"):
-        return {}
-    card = yaml.safe_load(text.split("---", 2)[1]) or {}
-    return card if isinstance(card, dict) else {}
-
-
-def _hub_time(stamp: int) -> str:
-    """The Hub's timestamp format (UTC, milliseconds, Z)."""
-    return datetime.fromtimestamp(stamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
-
-
-def list_local_models(mirrors: Path) -> list[dict]:
-    """The Hub's listing fields for every repository under ``mirrors/models``."""
-    models = []
-    for repo in sorted((mirrors / "models").glob("*/*")):
-        if not (repo / ".git").exists():
-            continue
-        card = _card(repo)
-        files = _git(repo, "ls-tree", "--name-only", "HEAD").split()
-        tags = [str(t) for t in card.get("tags") or []]
-        library = card.get("library_name")
-        if library:
-            tags.append(str(library))
-        bases = card.get("base_model") or []
-        for base in [bases] if isinstance(bases, str) else bases:
-            tags.append(f"base_model:{base}")
-            if "adapter_config.json" in files:
-                tags.append(f"base_model:adapter:{base}")
-        repo_id = f"{repo.parent.name}/{repo.name}"
-        models.append(
-            {
-                "_id": repo_id,
-                "id": repo_id,
-                "modelId": repo_id,
-                "author": repo.parent.name,
-                "sha": _git(repo, "rev-parse", "HEAD").strip(),
-                "lastModified": _hub_time(int(_git(repo, "log", "-1", "--format=%ct"))),
-                "tags": tags,
-                "library_name": library,
-                "downloads": 0,
-                "likes": 0,
-                "private": False,
-            }
-        )
-    return models
-
-
 def main(config: str, log_dir: str) -> None:
     os.environ["OLAH_CONFIG"] = config  # olah's server module reads its config from here on import
     os.environ["OLAH_LOG_PATH"] = log_dir
@@ -157,21 +99,28 @@ def main(config: str, log_dir: str) -> None:
     from fastapi.responses import JSONResponse
     from olah import server
 
+    from tests.adapters import hub_listing
+
     settings = server.app.state.app_settings.config
     mirrors = [Path(path) for path in settings.mirrors_path]
 
     async def list_models(request: Request) -> JSONResponse:
         query = request.query_params
-        filters, search, author = query.getlist("filter"), query.get("search"), query.get("author")
-        found = [
-            model
-            for mirror in mirrors
-            for model in list_local_models(mirror)
-            if all(f in model["tags"] for f in filters)
-            and (not search or search.lower() in model["id"].lower())
-            and (not author or model["author"] == author)
-        ]
-        return JSONResponse(found[: int(query.get("limit") or len(found) or 1)])
+        try:
+            found = hub_listing.search(
+                hub_listing.all_models(mirrors),
+                search=query.get("search"),
+                author=query.get("author"),
+                filters=query.getlist("filter"),
+                sort=query.get("sort"),
+                direction=query.get("direction"),
+                limit=query.get("limit"),
+                full=query.get("full", "").lower() in ("1", "true"),
+                expand=query.getlist("expand") or query.getlist("expand[]"),
+            )
+        except hub_listing.BadQuery as error:
+            return JSONResponse({"error": str(error)}, status_code=400)
+        return JSONResponse(found)
 
     server.app.add_api_route("/api/models", list_models, methods=["GET"])
     server.app.router.routes.insert(0, server.app.router.routes.pop())  # before olah's catch-all routes

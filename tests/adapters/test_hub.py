@@ -206,6 +206,44 @@ def test_search_lists_the_adapters_of_a_base_model(hub, hub_env):
     assert search_adapters("nobody/nothing") == []
 
 
+# hub_listing.json's downloads, by hand: neither the order of the ids nor the order they were made in
+ADAPTERS_BY_DOWNLOADS = [
+    f"{HUB_ORG}/tiny-r8-all",  # 48210
+    f"{HUB_ORG}/tiny-pickle",  # 19044
+    f"{HUB_ORG}/tiny-dora",  # 7760
+    f"{HUB_ORG}/tiny-lora",  # 1523
+    f"{HUB_ORG}/tiny-big",  # 310
+    f"{HUB_ORG}/tiny-broken",  # 5
+]
+
+
+def recorded(repo_ids: list[str]) -> list[str]:
+    """``repo_ids`` without the repositories other tests add to the session's Hub (no counts)."""
+    return [repo_id for repo_id in repo_ids if repo_id in ADAPTERS_BY_DOWNLOADS]
+
+
+def test_search_lists_the_most_downloaded_adapters_first(hub, hub_env):
+    found = search_adapters(BASE_REPO)
+    assert recorded([m.repo_id for m in found]) == ADAPTERS_BY_DOWNLOADS
+    downloads = [m.downloads for m in found]
+    assert downloads[:6] == [48210, 19044, 7760, 1523, 310, 5]
+    assert downloads == sorted(downloads, reverse=True)
+    assert [m.likes for m in found][:6] == [97, 8, 31, 12, 2, 0]
+    assert [m.repo_id for m in search_adapters(BASE_REPO, limit=2)] == ADAPTERS_BY_DOWNLOADS[:2]
+
+
+def test_the_test_hub_sorts_by_what_the_client_asks(hub, hub_env):
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub.endpoint)
+    by_likes = list(api.list_models(filter=[f"base_model:adapter:{BASE_REPO}"], sort="likes"))
+    assert [m.likes for m in by_likes][:6] == [97, 31, 12, 8, 2, 0]
+    by_age = list(api.list_models(filter=[f"base_model:adapter:{BASE_REPO}"], sort="created_at", full=True))
+    assert [m.created_at for m in by_age] == sorted((m.created_at for m in by_age), reverse=True)
+    newest = next(m for m in by_age if m.id in ADAPTERS_BY_DOWNLOADS)  # newest of the recorded ones
+    assert newest.id == f"{HUB_ORG}/tiny-big" and newest.sha == hub.repos.shas[(f"{HUB_ORG}/tiny-big", "v1")]
+
+
 def test_offline_mode_pulls_from_the_cache_alone(hub, hub_env, registry, tiny_base, tmp_path, monkeypatch):
     v1 = hub.repos.shas[(LORA, "v1")]
     online = pull(f"{LORA}@v1", registry, tiny_base).adapter

@@ -11,6 +11,7 @@ import pytest
 from multilora_studio.adapters.registry import BaseMismatchError, LibraryError, Registry
 from multilora_studio.adapters.registry_schema import SCHEMA_VERSION
 from multilora_studio.cli.shared import describe_base
+from tests.waiting import wait_until
 
 
 def test_import_copies_the_folder_and_records_everything(registry, tiny_adapters, tiny_base):
@@ -171,13 +172,13 @@ def test_load_into_a_running_engine_checks_the_base_pins_and_records_use(
         assert [a.name for a in engine.list_adapters()] == ["qv"]
         out = engine.generate(["Hello"], ["qv"], SamplingParams(max_tokens=3, temperature=0.0))[0]
         assert len(out.token_ids) == 3
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+
+        def qv_slots() -> list:
             metrics = engine.metrics()
-            slots = [s for s in metrics.slots if s.adapter == "qv"] if metrics else []
-            if slots:
-                break
-            time.sleep(0.05)
+            return [s for s in metrics.slots if s.adapter == "qv"] if metrics else []
+
+        wait_until(qv_slots, what="qv in a slot")
+        slots = qv_slots()
         assert slots and slots[0].pinned
 
 

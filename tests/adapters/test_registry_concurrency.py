@@ -11,6 +11,7 @@ from pathlib import Path
 
 from multilora_studio.adapters.registry import LibraryError, Registry
 from tests.fixtures import TINY_ADAPTERS
+from tests.threads import CheckedThread, run_threads
 
 THREADS = 6
 PROCESSES = 3
@@ -30,23 +31,19 @@ def test_threads_import_pin_and_read_at_once(registry, tiny_adapters, tiny_base)
     sources = [tiny_adapters[spec.name] for spec in TINY_ADAPTERS]
     start = threading.Barrier(THREADS + 1)
     results: dict[int, bool] = {}
-    errors: list[BaseException] = []
     stop_reading = threading.Event()
 
     def writer(index: int) -> None:
+        start.wait()
+        source = sources[index % len(sources)]
+        registry.import_folder(source, tiny_base, name=f"own-{index}", aliases=[f"alias-{index}"])
         try:
-            start.wait()
-            source = sources[index % len(sources)]
-            registry.import_folder(source, tiny_base, name=f"own-{index}", aliases=[f"alias-{index}"])
-            try:
-                registry.import_folder(source, tiny_base, name="contested")
-                results[index] = True
-            except LibraryError:
-                results[index] = False
-            registry.set_pinned(f"alias-{index}", index % 2 == 0)
-            registry.touch(f"own-{index}")
-        except BaseException as error:
-            errors.append(error)
+            registry.import_folder(source, tiny_base, name="contested")
+            results[index] = True
+        except LibraryError:
+            results[index] = False
+        registry.set_pinned(f"alias-{index}", index % 2 == 0)
+        registry.touch(f"own-{index}")
 
     def reader() -> None:
         start.wait()
@@ -54,15 +51,14 @@ def test_threads_import_pin_and_read_at_once(registry, tiny_adapters, tiny_base)
             for record in registry.list_adapters():
                 assert record.path.is_dir()
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(THREADS)]
-    reading = threading.Thread(target=reader)
-    for thread in [*threads, reading]:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    stop_reading.set()
-    reading.join(10)
-    assert not errors, errors
+    writers = [CheckedThread(writer, i, name=f"writer-{i}") for i in range(THREADS)]
+    reading = CheckedThread(reader, name="reader")
+    reading.start()
+    try:
+        run_threads(*writers)  # a writer's exception is raised here
+    finally:
+        stop_reading.set()
+        reading.join()  # and so is a failed assert of the reader
     assert sum(results.values()) == 1
     names = sorted(r.name for r in registry.list_adapters())
     assert names == sorted(["contested", *(f"own-{i}" for i in range(THREADS))])

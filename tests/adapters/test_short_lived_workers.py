@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from multilora_studio.adapters.short_lived_workers import ShortLivedWorkers, call_on_short_lived_thread
+from tests.threads import Failures
+from tests.waiting import wait_until
 
 WAIT_S = 10.0
-
-
-def wait_until(condition, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 def live_threads(prefix: str) -> list[threading.Thread]:
@@ -28,6 +22,7 @@ def test_at_most_max_workers_run_at_once_and_threads_end_when_idle():
     gate = threading.Event()
     lock = threading.Lock()
     state = {"now": 0, "peak": 0, "done": 0}
+    failures = Failures()  # the workers log a call's exception; the test must see it
 
     def work() -> None:
         with lock:
@@ -39,11 +34,12 @@ def test_at_most_max_workers_run_at_once_and_threads_end_when_idle():
             state["done"] += 1
 
     for _ in range(6):
-        workers.submit(work)
-    wait_until(lambda: state["now"] == 2)
+        workers.submit(failures.guard(work))
+    wait_until(lambda: state["now"] == 2, what="two calls running")
     assert len(live_threads("cap-test")) == 2
     gate.set()
-    wait_until(lambda: state["done"] == 6)
+    wait_until(lambda: failures.errors or state["done"] == 6, what="six calls done")
+    failures.raise_first()
     wait_until(lambda: workers.running() == 0)
     assert state["peak"] == 2
     wait_until(lambda: not live_threads("cap-test"))  # the threads themselves are gone
@@ -70,17 +66,19 @@ def test_shutdown_drops_queued_calls_and_waits_for_running_ones():
     workers = ShortLivedWorkers(1, "stop-test")
     started, release = threading.Event(), threading.Event()
     ran: list[str] = []
+    failures = Failures()
 
     def first() -> None:
         started.set()
         assert release.wait(WAIT_S)
         ran.append("first")
 
-    workers.submit(first)
+    workers.submit(failures.guard(first))
     workers.submit(ran.append, "queued")
     assert started.wait(WAIT_S)
     threading.Timer(0.05, release.set).start()
     workers.shutdown()
+    failures.raise_first()
     assert ran == ["first"]
     with pytest.raises(RuntimeError, match="shut down"):
         workers.submit(ran.append, "late")

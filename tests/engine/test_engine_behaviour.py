@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import time
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from multilora_studio.adapters.peft_adapter import AdapterError
 from multilora_studio.engine import SamplingParams
 from multilora_studio.engine.runner import kv_bytes_per_block
+from tests.waiting import wait_until
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 
@@ -371,12 +371,12 @@ def test_adapter_waiting_for_a_slot_is_read_into_host_ram_meanwhile(make_engine,
     base_run = engine.submit("Hello", None, SamplingParams(max_tokens=200, **GREEDY))  # base rows too
     waiting = engine.submit("Hi", b, params)
     # the only slot is busy with `a` for 200 tokens; `b` is read from disk in the meantime
-    for _ in range(2000):
-        snapshot = engine.metrics(fresh=True)
-        if b in snapshot.cpu_adapters or long_run.output.finish_reason is not None:
-            break
-        time.sleep(0.005)
-    assert b in snapshot.cpu_adapters
+    wait_until(
+        lambda: b in engine.metrics(fresh=True).cpu_adapters or long_run.output.finish_reason is not None,
+        timeout=60,
+        what="b in host RAM or the long run done",
+    )
+    assert b in engine.metrics(fresh=True).cpu_adapters
     assert long_run.output.finish_reason is None, "the host load of b waited for the slot"
     assert waiting.result(timeout=120).token_ids == expected
     assert not first.finished and len(long_run.result(timeout=120).token_ids) == 200

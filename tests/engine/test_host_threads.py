@@ -9,13 +9,14 @@ import torch
 
 from multilora_studio.adapters.short_lived_workers import call_on_short_lived_thread
 from multilora_studio.engine.host_threads import LOADER_TORCH_THREADS, loader_threads
+from tests.threads import CheckedThread, run_threads
+
+WAIT_S = 10
 
 
 def threads_of_a_new_thread() -> int:
     seen: list[int] = []
-    thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
-    thread.start()
-    thread.join()
+    run_threads(CheckedThread(lambda: seen.append(torch.get_num_threads())))
     return seen[0]
 
 
@@ -43,21 +44,17 @@ def test_overlapping_loads_set_the_count_back_once_the_last_ends():
     def first() -> None:
         with loader_threads("cpu"):
             first_in.set()
-            assert second_in.wait(10)
+            assert second_in.wait(WAIT_S)
         first_out.set()
 
     def second() -> None:
-        assert first_in.wait(10)
+        assert first_in.wait(WAIT_S)
         with loader_threads("cpu"):  # starts while the first holds the cap
             second_in.set()
-            assert first_out.wait(10)
+            assert first_out.wait(WAIT_S)
             assert torch.get_num_threads() == LOADER_TORCH_THREADS["cpu"]
 
-    threads = [threading.Thread(target=first), threading.Thread(target=second)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_threads(CheckedThread(first), CheckedThread(second))  # an assert in either fails the test
     assert threads_of_a_new_thread() == before_new
 
 

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from multilora_studio.engine import SamplingParams
 from multilora_studio.engine.block_manager import BlockManager
@@ -20,6 +21,24 @@ from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
 from multilora_studio.engine.sequence import Sequence
 from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
 from tests.engine.conftest import RUNNER_BLOCK
+
+
+class TorchCalls(TorchFunctionMode):
+    """Records the torch functions called inside it, with the last dimension of their first tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.widths: dict[str, set[int]] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        width = first.shape[-1] if first is not None and first.dim() else 0
+        self.widths.setdefault(getattr(func, "__name__", str(func)), set()).add(width)
+        return func(*args, **(kwargs or {}))
+
+
+# What a sampled step runs that a greedy one does not: the kernels the sampling warm-up loads.
+SAMPLING_CALLS = ("sort", "topk", "multinomial")
 
 
 def test_token_counts_cross_every_power_of_two_and_its_odd_neighbour():
@@ -55,9 +74,12 @@ def test_warm_up_runs_every_step_kind_and_leaves_slots_and_outputs_unchanged(run
     ranks = runner.lora.slot_ranks.clone()
     a_sums = {group: t.sum().item() for group, t in runner.lora.a.items()}
     config = runner.config
-    passes, seconds = warm_up_kernels(
-        runner.model, runner.kv_caches, runner.lora, config.max_num_batched_tokens, steps
-    )
+    with TorchCalls() as calls:
+        passes, seconds = warm_up_kernels(
+            runner.model, runner.kv_caches, runner.lora, config.max_num_batched_tokens, steps
+        )
+    vocab = runner.spec.vocab_size
+    assert [name for name in SAMPLING_CALLS if vocab not in calls.widths.get(name, ())] == []
     fitting = [s for s in steps if sum(-(-n // RUNNER_BLOCK) for n in s) <= runner.kv_cache.shape[2]]
     assert passes == 2 * len(fitting) and seconds > 0
     assert torch.equal(runner.lora.slot_ranks, ranks)
@@ -81,11 +103,14 @@ def test_no_kernel_compiles_while_serving_after_start_up(make_engine):
     )
 
 
-def test_sampling_warm_up_leaves_the_logits_alone():
+def test_sampling_warm_up_runs_the_sampling_kernels_and_leaves_the_logits_alone():
     logits = torch.randn(3, 50)
     before = logits.clone()
-    warm_up_sampling(logits)
+    with TorchCalls() as calls:
+        warm_up_sampling(logits)
     assert torch.equal(logits, before)
+    # it runs temperature, top-k, top-p and the draw on rows as wide as the logits
+    assert [name for name in SAMPLING_CALLS if 50 not in calls.widths.get(name, ())] == []
 
 
 @pytest.mark.skipif(not lora_cpu.AVAILABLE, reason="needs Numba")

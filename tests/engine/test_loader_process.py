@@ -155,18 +155,47 @@ def test_children_never_rerun_the_parents_main_script(how, tmp_path, tiny_model_
     assert runs.read_text().splitlines() == ["ran"]  # the children did not run it again
 
 
-def test_staging_buffers_are_limited_by_free_shared_memory():
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("free_mib", "buffer_mib", "wanted", "expected"),
+    [
+        # 1000 MiB free: 64 MiB (the cap on what is left to others) stays free, 936 MiB usable
+        (1000, 400, 5, 2),
+        (1000, 100, 20, 9),
+        (1000, 100, 3, 3),  # no more than wanted
+        (1000, 937, 4, 0),
+        (1000, 936, 4, 1),
+        # 80 MiB free: an eighth (10 MiB) stays free, 70 MiB usable
+        (80, 35, 4, 2),
+        (80, 36, 4, 1),
+        (80, 81, 4, 0),
+    ],
+)
+def test_staging_buffers_are_limited_by_free_shared_memory(
+    monkeypatch, free_mib, buffer_mib, wanted, expected
+):
     import shutil
-    from pathlib import Path
+    from collections import namedtuple
 
-    from multilora_studio.engine.loader_process import staging_buffers_that_fit
+    from multilora_studio.engine import loader_process
 
-    shm = Path("/dev/shm")
-    if not shm.is_dir():
-        assert staging_buffers_that_fit(1 << 40, 3) == 3  # nothing to measure: as many as wanted
-        return
-    free = shutil.disk_usage(shm).free
-    usable = free - min(64 << 20, free // 8)
-    assert staging_buffers_that_fit(free + (1 << 30), 4) == 0  # more than /dev/shm holds
-    assert staging_buffers_that_fit(max(1, int(usable / 2.5)), 5) == 2
-    assert staging_buffers_that_fit(max(1, usable // 100), 3) == 3
+    usage = namedtuple("usage", "total used free")
+    asked: list[str] = []
+
+    def disk_usage(path):
+        asked.append(str(path))
+        return usage(4096 * MIB, 4096 * MIB - free_mib * MIB, free_mib * MIB)
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    monkeypatch.setattr(loader_process.Path, "is_dir", lambda self: True)
+    assert loader_process.staging_buffers_that_fit(buffer_mib * MIB, wanted) == expected
+    assert asked == ["/dev/shm"]
+
+
+def test_without_dev_shm_every_staging_buffer_is_made(monkeypatch):
+    from multilora_studio.engine import loader_process
+
+    monkeypatch.setattr(loader_process.Path, "is_dir", lambda self: False)
+    assert loader_process.staging_buffers_that_fit(1 << 40, 3) == 3  # nothing to measure: as many as wanted

@@ -98,3 +98,57 @@ def test_for_tier_caps_by_memory_and_falls_back_when_pinning_fails(monkeypatch):
     else:
         arena = PinnedArena.for_tier(4096, 2)
         assert arena is not None and arena.free_blocks == 2
+
+
+class PageableArena(PinnedArena):
+    """The arena as ``for_tier`` builds it, in pageable memory: its sizing runs without CUDA."""
+
+    def __init__(self, block_bytes: int, num_blocks: int, pin: bool = True) -> None:
+        super().__init__(block_bytes, num_blocks, pin=False)
+
+
+class UnpinnableArena(PinnedArena):
+    """An arena whose memory cannot be pinned (as under a locked-memory limit)."""
+
+    def __init__(self, block_bytes: int, num_blocks: int, pin: bool = True) -> None:
+        raise RuntimeError("cannot pin: locked-memory limit")
+
+
+def test_for_tier_takes_what_a_quarter_of_memory_holds(monkeypatch, caplog):
+    from multilora_studio.engine import pinned_arena
+
+    # 4000-byte blocks take 4096 bytes each (256-byte alignment); a quarter of 50 KiB holds 3
+    monkeypatch.setattr(pinned_arena, "_physical_memory_bytes", lambda: 50 * 1024)
+    arena = PageableArena.for_tier(4000, 8)
+    assert arena is not None and (arena.num_blocks, arena.block_bytes, arena.free_blocks) == (3, 4096, 3)
+    assert PageableArena.for_tier(4000, 2).num_blocks == 2  # fewer asked than fit: as asked
+    assert PageableArena.for_tier(4000, 8, ram_fraction=0.5).num_blocks == 6
+    monkeypatch.setattr(pinned_arena, "_physical_memory_bytes", lambda: None)  # size unknown
+    assert PageableArena.for_tier(4000, 8).num_blocks == 8
+    assert UnpinnableArena.for_tier(4000, 8) is None
+    assert "could not pin 8 x" in caplog.text and "locked-memory limit" in caplog.text
+
+
+def test_blocks_are_distinct_counted_and_given_back_when_their_owner_goes():
+    arena = PinnedArena(1000, 3, pin=False)
+    assert arena.block_bytes == 1024
+
+    class Owner:
+        pass
+
+    first, second, third, late = Owner(), Owner(), Owner(), Owner()
+    blocks = [arena.take(owner) for owner in (first, second, third)]
+    assert all(block is not None and block.numel() == 1024 for block in blocks)
+    starts = sorted(block.data_ptr() for block in blocks)
+    base = arena._memory.data_ptr()
+    assert starts == [base, base + 1024, base + 2048]  # three different blocks of the one allocation
+    assert arena.free_blocks == 0 and arena.exhausted == 0
+    assert arena.take(late) is None and arena.exhausted == 1
+    assert arena.take(late) is None and arena.exhausted == 2
+    released = blocks[1].data_ptr()
+    del blocks, second
+    gc.collect()
+    assert arena.free_blocks == 1
+    again = arena.take(late)
+    assert again is not None and again.data_ptr() == released and arena.free_blocks == 0
+    assert first is not None and third is not None  # their blocks stayed taken meanwhile

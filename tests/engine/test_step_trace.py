@@ -15,6 +15,7 @@ def test_trace_records_every_step_of_a_mixed_batch(make_engine, tiny_adapters):
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16]]
     adapters = [names[0], None, names[1]]
     outputs = engine.generate(prompts, adapters, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    until = time.perf_counter()
     records = engine.step_trace.snapshot(since=since)
     # every prompt token and every generated token but the last went through a step
     expected_tokens = sum(len(p) for p in prompts) + sum(len(o.token_ids) - 1 for o in outputs)
@@ -31,7 +32,7 @@ def test_trace_records_every_step_of_a_mixed_batch(make_engine, tiny_adapters):
     assert summary["graph_steps"] == {"count": 0}
     assert summary["eager_steps"]["count"] == len(records)
     assert summary["eager_prompt_tokens"] == sum(len(p) for p in prompts)
-    assert 0 < summary["wall_s"] < 60
+    assert 0 < summary["wall_s"] <= until - since  # within the run, however fast the machine
     assert summary["mean_lora_sequences"] > 0
     # a window that starts after the run holds nothing
     assert engine.step_trace.snapshot(since=time.perf_counter()) == []

@@ -34,16 +34,26 @@ def plugin_linked_against(folder: Path, soname: str) -> Path:
     return plugin
 
 
+ABSENT = "libmultilora-absent-test.so.3"  # a soname no system has
+
+
 @needs_gcc
 def test_a_library_the_plugin_links_and_the_system_lacks_is_found(tmp_path: Path):
-    plugin = plugin_linked_against(tmp_path, "libxcb-icccm.so.4")
-    assert unresolved_links(plugin) == ["libxcb-icccm.so.4"]
-    missing = missing_libraries(plugin)
-    assert missing[0] == "libxcb-icccm.so.4"
-    assert install_command(missing[:1], "debian") == "apt-get install -y libxcb-icccm4"
-    assert install_command(missing[:1], "fedora") == "dnf install -y xcb-util-wm"
+    plugin = plugin_linked_against(tmp_path, ABSENT)
+    assert unresolved_links(plugin) == [ABSENT]
+    assert missing_libraries(plugin)[0] == ABSENT
     problem = platform_problem(plugin, {"DISPLAY": ":0"})
-    assert problem is not None and "libxcb-icccm" in problem and "install" in problem
+    assert problem is not None and ABSENT in problem and "install" in problem
+    assert platform_problem(plugin, {"DISPLAY": ":0", "QT_QPA_PLATFORM": "offscreen"}) is None
+
+
+def test_missing_libraries_name_their_packages_per_distribution():
+    missing = ["libxcb-icccm.so.4", "libxcb-cursor.so.0", "libxcb-randr.so.0", "libxcb-shape.so.0"]
+    assert install_command(missing, "debian") == (
+        "apt-get install -y libxcb-icccm4 libxcb-cursor0 libxcb-randr0 libxcb-shape0"
+    )
+    assert install_command(missing, "fedora") == "dnf install -y xcb-util-wm xcb-util-cursor libxcb"
+    assert install_command([ABSENT], "debian") == ""
 
 
 @needs_gcc

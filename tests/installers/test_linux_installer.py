@@ -115,7 +115,8 @@ def test_install_run_and_uninstall_leave_nothing_behind(wheel, tmp_path):
     assert "smoke test passed" in run.stdout
 
     again = run_installer(
-        home, "--cpu", "--wheel", str(wheel), "--torch", TORCH_SPEC, "--torch-index", "none"
+        home, "--cpu", "--wheel", str(wheel), "--torch", TORCH_SPEC, "--torch-index", "none",
+        "--no-system-libs",
     )
     assert again.returncode == 0, again.stdout + again.stderr  # re-running upgrades in place
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 
@@ -58,11 +57,3 @@ def post_json(url: str, path: str, payload: object, headers: dict[str, str] | No
         json.dumps(payload).encode(),
         {"Content-Type": "application/json"} | (headers or {}),
     )
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import openai
 import pytest
@@ -22,10 +21,10 @@ def test_busy_port_fails_before_the_model_loads(capsys):
     taken = bind_socket("127.0.0.1", 0)
     try:
         port = taken.getsockname()[1]
-        started = time.perf_counter()
         assert main(["serve", "--port", str(port), "--model", "/no/such/model"]) == 1
-        assert time.perf_counter() - started < 5
-        assert f"127.0.0.1:{port} is already in use" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        # the port was checked first: loading would have failed on the missing model folder
+        assert f"127.0.0.1:{port} is already in use" in err and "/no/such/model" not in err
     finally:
         taken.close()
 
