@@ -23,7 +23,8 @@ from multilora_studio.kernels.paged_attention import (
 
 TRITON_OK = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 needs_triton = pytest.mark.skipif(not TRITON_OK, reason="needs CUDA or TRITON_INTERPRET=1")
-DEVICE = "cpu"
+# Natively on a GPU when there is one and the interpreter is off (scripts/gpu_session.sh gpu-tests).
+DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
 
 # (atol, rtol) of the output against the float64 reference, per dtype.
 TOL = {
@@ -178,13 +179,13 @@ def test_strided_q_and_out(backend):
     # q as a view of a fused qkv projection output; out a view with a padded head stride
     seqs = [(5, 12), (1, 40)]
     q, k_cache, v_cache, tables, seq_lens, qsl = make_case(seqs, 4, 2, 32, 8, torch.float32)
-    qkv = torch.randn(q.shape[0], 8 * 32)
+    qkv = torch.randn(q.shape[0], 8 * 32, device=DEVICE)
     q = qkv[:, : 4 * 32].view(-1, 4, 32)
-    out_buf = torch.full((q.shape[0], 5, 32), float("nan"))
+    out_buf = torch.full((q.shape[0], 5, 32), float("nan"), device=DEVICE)
     out = out_buf[:, :4]
     paged_attention(q, k_cache, v_cache, tables, seq_lens, qsl, 0.2, out=out, backend=backend)
     ref = reference_paged_attention(q, k_cache, v_cache, tables, seq_lens, qsl, 0.2)
-    torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.double().cpu(), ref.cpu(), atol=1e-4, rtol=1e-4)
     assert torch.isnan(out_buf[:, 4]).all()
 
 
@@ -207,7 +208,7 @@ def _write_kv_case(dtype):
     keep = slots >= 0
     want_k.view(-1, hkv, d)[slots[keep]] = k[keep]
     want_v.view(-1, hkv, d)[slots[keep]] = v[keep]
-    return k, v, k_cache, v_cache, slots, want_k, want_v
+    return tuple(t.to(DEVICE) for t in (k, v, k_cache, v_cache, slots, want_k, want_v))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -281,7 +282,7 @@ def test_option_errors():
             paged_attention(*half, args[6], backend="numba")
     q, k_cache, _, tables, seq_lens, qsl, _ = args
     with pytest.raises(ValueError, match="head_dim in"):
-        big = torch.randn(*k_cache.shape[:3], 80)
+        big = torch.randn(*k_cache.shape[:3], 80, device=k_cache.device)
         paged_attention(q.new_empty(q.shape[0], 4, 80), big, big, tables, seq_lens, qsl, 0.1,
                         backend="triton")  # fmt: skip
 
