@@ -30,6 +30,7 @@ from PySide6.QtCore import QObject, QSettings, QTimer
 
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.engine import Engine
+from multilora_studio.engine.host_memory import return_freed_memory
 from multilora_studio.gui.app import checked_application
 from multilora_studio.gui.main_window import PAGES, MainWindow
 from multilora_studio.gui.preferences import EngineChoice, Preferences
@@ -78,7 +79,7 @@ class Soak(QObject):
             return
         self.restart_pending = False
         self.restarts_done += 1
-        gc.collect()
+        return_freed_memory()  # what stays resident, not the allocator's free pages
         self.rss_after_restart.append(psutil.Process().memory_info().rss)
 
     def compare_finished(self) -> None:

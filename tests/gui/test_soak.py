@@ -30,8 +30,8 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tmp_pat
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     print(json.dumps(result))
-    assert result["problems"] == [] and result["compare_errors"] == []
-    assert result["restarts"] == RESTARTS and result["compares"] >= RESTARTS
+    assert result["problems"] == [] and result["compare_errors"] == [], result
+    assert result["restarts"] == RESTARTS and result["compares"] >= RESTARTS, result
     first, last = result["none_refs"]
     assert last > first - NONE_REFS_LOST_LIMIT, f"references to None lost: {first} -> {last}"
     rss = result["rss_after_restart"]
