@@ -38,7 +38,6 @@ class _Column:
     name: str
     adapter: str | None
     pending: list[str] = field(default_factory=list)
-    streamed: str = ""
     tokens: int = 0
     first_token: float | None = None
     last_token: float | None = None
@@ -103,11 +102,6 @@ class CompareRun(QObject):
                 rate = output.tokens_per_second if output.tokens_per_second is not None else rate
             return ColumnUpdate(text, column.tokens, ttft, rate, output is not None, output)
 
-    def streamed_text(self, index: int) -> str:
-        """Everything column ``index`` received so far, in order."""
-        with self._lock:
-            return self.columns[index].streamed
-
     # ---------------------------------------------------------------- worker threads
 
     def _launch(self) -> None:
@@ -152,7 +146,6 @@ class CompareRun(QObject):
                     column.last_token = now
                 if delta.text:
                     column.pending.append(delta.text)
-                    column.streamed += delta.text
                 notify = not column.notified and bool(column.pending)
                 column.notified = column.notified or notify
             if notify:
