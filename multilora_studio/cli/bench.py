@@ -13,7 +13,7 @@ from multilora_studio.bench.adapter_pool import parse_targets
 from multilora_studio.bench.cases import BenchOptions
 from multilora_studio.bench.stats import Slo
 from multilora_studio.bench.workloads import PATTERNS, parse_range
-from multilora_studio.cli.shared import Subcommands, engine_default
+from multilora_studio.cli.shared import Subcommands, add_device_arguments, engine_default
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +43,7 @@ def add_bench_command(subparsers: Subcommands) -> None:
     )
     setup = parser.add_argument_group("model and engine")
     setup.add_argument("--model", default=None, help="HF folder, random:llama3-8b, ... (default: embedded)")
-    setup.add_argument(
-        "--device", default=engine_default("device"), help="auto, cpu, cuda or cuda:N (default: %(default)s)"
-    )
-    setup.add_argument(
-        "--dtype",
-        default=engine_default("dtype"),
-        help="auto, float32, bfloat16 or float16 (default: %(default)s)",
-    )
+    add_device_arguments(setup)
     setup.add_argument(
         "--max-loras",
         type=int,
