@@ -25,8 +25,8 @@ import torch
 from benchmarks.engine_gpu import run_batch
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.engine.logprobs import score_rows, top_k
 from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.kernels.row_scores import row_scores, top_k_torch
 
 
 def decode_run(engine: Engine, prompts: list[list[int]], adapters: list, logprobs: int | None) -> float:
@@ -66,14 +66,24 @@ def time_ms(work, repeats: int = 20) -> float:
 
 
 def scoring_kernels(vocab: int) -> dict:
-    """Device time of scoring decode-sized and prompt-chunk-sized logits, and of torch.topk alone."""
+    """Device time of scoring decode-sized and prompt-chunk-sized logits: the Triton pair, the torch
+    reductions and torch.topk alone, side by side (float32; bf16 too for the prompt chunk)."""
     timings = {}
-    for rows, k in ((32, 5), (1024, 1), (1024, 5)):
-        logits = torch.randn(rows, vocab, device="cuda")
+    for rows, k, dtype in (
+        (32, 5, torch.float32),
+        (256, 1, torch.bfloat16),
+        (1024, 1, torch.float32),
+        (1024, 5, torch.float32),
+    ):
+        logits = torch.randn(rows, vocab, device="cuda").to(dtype)
         chosen = torch.randint(0, vocab, (rows,), device="cuda")
-        timings[f"score_rows_{rows}x{k}_ms"] = time_ms(lambda x=logits, c=chosen, k=k: score_rows(x, c, k))
-        timings[f"torch_topk_{rows}x{k}_ms"] = time_ms(lambda x=logits, k=k: torch.topk(x, k, dim=-1))
-        timings[f"top_k_{rows}x{k}_ms"] = time_ms(lambda x=logits, k=k: top_k(x, k))
+        name = f"{rows}x{k}_{str(dtype).removeprefix('torch.')}"
+        for backend in ("triton", "torch"):
+            timings[f"row_scores_{backend}_{name}_ms"] = time_ms(
+                lambda x=logits, c=chosen, k=k, b=backend: row_scores(x, c, k, backend=b)
+            )
+        timings[f"torch_topk_{name}_ms"] = time_ms(lambda x=logits, k=k: torch.topk(x, k, dim=-1))
+        timings[f"top_k_torch_{name}_ms"] = time_ms(lambda x=logits, k=k: top_k_torch(x.float(), k))
     return timings
 
 
@@ -120,7 +130,7 @@ def main() -> None:
     results: dict = {"gpu": torch.cuda.get_device_name(), **scoring_kernels(spec.vocab_size)}
     for key, value in results.items():
         if key.endswith("_ms"):
-            print(f"{key:28s} {value:8.3f} ms")
+            print(f"{key:44s} {value:8.3f} ms")
     with Engine(config) as engine:
         for name, path in adapters.items():
             engine.add_adapter(name, path)

@@ -121,7 +121,7 @@ def warm_up_kernels(
             hidden = model.forward(input_ids, positions, attn, kv_caches, step_lora)
             model.logits(hidden[last_rows])
             passes += 1
-    warm_up_sampling(torch.zeros(1, model.spec.vocab_size, device=device))
+    warm_up_sampling(torch.zeros(1, model.spec.vocab_size, device=device), model.weights.lm_head.dtype)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
@@ -129,12 +129,15 @@ def warm_up_kernels(
     return passes, seconds
 
 
-def warm_up_sampling(logits: torch.Tensor) -> None:
+def warm_up_sampling(logits: torch.Tensor, head_dtype: torch.dtype) -> None:
     """Sample once with temperature, top-k and top-p, and score the tokens with top-k
     log-probabilities, so the first such request does not load those CUDA kernels (sort, top-k,
-    multinomial, log-softmax) while a batch waits: measured on the H200, that first load stalled
-    every running request for 150-195 ms."""
+    multinomial) or compile the scoring kernels while a batch waits: measured on the H200, that
+    first load stalled every running request for 150-195 ms. Scoring runs on float32 logits
+    (sampled rows) and on ``head_dtype`` logits (scored prompt rows, the LM head's output)."""
     rows = logits[:1].expand(2, -1).contiguous()  # [2, V]: one row per set of parameters
     params = [SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=0), SamplingParams(seed=1)]
     generators = [make_generator(p, logits.device, 0) for p in params]
-    score_rows(rows, sample(rows, params, generators), MAX_LOGPROBS)
+    tokens = sample(rows, params, generators)
+    score_rows(rows, tokens, MAX_LOGPROBS)
+    score_rows(rows.to(head_dtype), tokens, MAX_LOGPROBS)

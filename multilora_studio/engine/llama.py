@@ -205,4 +205,8 @@ class LlamaModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, V] float32 logits of the given hidden rows."""
-        return self.linear(hidden, self.weights.lm_head).float()
+        return self.head_logits(hidden).float()
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, V] logits of the given hidden rows in the model's dtype (the LM head's GEMM output)."""
+        return self.linear(hidden, self.weights.lm_head)

@@ -8,16 +8,15 @@ copy.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from multilora_studio.engine.outputs import TokenLogprob
+from multilora_studio.kernels.row_scores import row_scores
 
 SCORE_CHUNK_ROWS = 256  # prompt rows whose full-vocabulary logits exist at once
-MAX_ROW_BLOCKS = 256  # reductions over a row run in up to this many blocks of it
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -47,55 +46,26 @@ class ScoredRows:
         return ScoredRows(torch.cat([p.packed for p in parts]), parts[0].k)
 
     def entries(self, ks: list[int], tokens: list[int]) -> list[TokenLogprob]:
-        """One entry per row (host tensors) with row i's ``ks[i]`` alternatives; ``tokens``: chosen ids."""
-        k = self.k
-        result = []
-        for row, wanted, token in zip(self.packed.tolist(), ks, tokens, strict=True):
-            ids = row[2 : 2 + wanted]
-            values = row[2 + k : 2 + k + wanted]
-            result.append(
-                TokenLogprob(token, row[0], int(row[1]), tuple(zip(map(int, ids), values, strict=True)))
+        """One entry per row (host tensors) with row i's ``ks[i]`` alternatives; ``tokens``: chosen ids.
+
+        Columns are converted whole (a scored 16k-token prompt: 13 ms here against 135 ms row by row).
+        """
+        k, packed = self.k, self.packed
+        logprobs = packed[:, 0].tolist()
+        ranks = packed[:, 1].int().tolist()
+        ids = packed[:, 2 : 2 + k].int().tolist()
+        values = packed[:, 2 + k :].tolist()
+        return [
+            TokenLogprob(token, logprob, rank, tuple(zip(row_ids[:wanted], row_values[:wanted], strict=True)))
+            for token, logprob, rank, row_ids, row_values, wanted in zip(
+                tokens, logprobs, ranks, ids, values, ks, strict=True
             )
-        return result
+        ]
 
 
 def score_rows(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> ScoredRows:
-    """Log-probability and rank of ``chosen`` [R] under ``logits`` [R, V] float32, and the top ``k``.
-
-    Semantics: ``lp = log_softmax(logits)``; the chosen token's ``lp``, its rank (1 + the count of
-    larger logits) and ``torch.topk(lp, k)``. Reductions run over blocks of each row first
-    (``blocked``): a decode step has few rows, and one block per long row leaves the GPU idle.
-    """
-    blocks = blocked(logits)  # [R, B, W]
-    norm = torch.logsumexp(torch.logsumexp(blocks, dim=-1), dim=-1, keepdim=True)  # [R, 1]
-    picked = logits.gather(1, chosen[:, None])  # [R, 1]
-    rank = (blocks > picked[:, :, None]).sum(dim=-1).sum(dim=-1, keepdim=True) + 1  # [R, 1]
-    columns = [picked - norm, rank.float()]
-    if k > 0:
-        values, ids = top_k(logits, k)  # [R, k]
-        columns += [ids.float(), values - norm]
-    return ScoredRows(torch.cat(columns, dim=1), k)
-
-
-def blocked(logits: torch.Tensor) -> torch.Tensor:
-    """``logits`` [R, V] viewed as [R, B, V / B] (B the largest power of two <= 256 dividing V; no copy)."""
-    rows, vocab = logits.shape
-    width = vocab // math.gcd(vocab, MAX_ROW_BLOCKS)
-    return logits.view(rows, vocab // width, width)
-
-
-def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest values of each row of ``logits`` [R, V] and their ids, largest first ([R, k] each).
-
-    Semantics: ``torch.topk(logits, k, dim=-1)`` (ties in either order); k = 1 is a blocked max.
-    """
-    if k > 1:
-        top = torch.topk(logits, k, dim=-1)
-        return top.values, top.indices
-    blocks = blocked(logits)  # [R, B, W]
-    block_values, block_ids = blocks.max(dim=-1)  # [R, B]
-    values, best = block_values.max(dim=-1, keepdim=True)  # [R, 1]
-    return values, best * blocks.shape[-1] + block_ids.gather(1, best)
+    """Log-probability and rank of ``chosen`` [R] under ``logits`` [R, V], the top ``k``: ``row_scores``."""
+    return ScoredRows(row_scores(logits, chosen, k), k)
 
 
 def score_hidden_rows(
@@ -103,12 +73,12 @@ def score_hidden_rows(
 ) -> ScoredRows:
     """``score_rows`` for hidden states [R, H] and their next tokens [R], SCORE_CHUNK_ROWS at a time.
 
-    ``logits_of(hidden_rows) -> [r, V] float32`` (the model's head); a long prompt never holds
+    ``logits_of(hidden_rows) -> [r, V]`` (the model's head, in its dtype); a long prompt never holds
     full-vocabulary logits for more than SCORE_CHUNK_ROWS rows.
     """
     parts = []
     for begin in range(0, len(targets), SCORE_CHUNK_ROWS):
         end = begin + SCORE_CHUNK_ROWS
-        logits = logits_of(hidden[begin:end])  # [r, V] float32
+        logits = logits_of(hidden[begin:end])  # [r, V]
         parts.append(score_rows(logits, targets[begin:end], k))
     return ScoredRows.concat(parts)

@@ -239,7 +239,7 @@ class ModelRunner:
         prompt_scores = None
         if scoring is not None:
             prompt_scores = score_hidden_rows(
-                self.model.logits, hidden[scoring.rows], scoring.targets, scoring.top_k
+                self.model.head_logits, hidden[scoring.rows], scoring.targets, scoring.top_k
             )
         return self.model.logits(hidden[inputs.logits_rows]), prompt_scores
 

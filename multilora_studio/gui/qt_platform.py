@@ -130,9 +130,7 @@ def uses_xcb(environ: Mapping[str, str] = os.environ) -> bool:
     return bool(environ.get("DISPLAY"))
 
 
-def platform_problem(
-    plugin: Path | None = None, environ: Mapping[str, str] = os.environ
-) -> str | None:
+def platform_problem(plugin: Path | None = None, environ: Mapping[str, str] = os.environ) -> str | None:
     """A message naming the missing libraries and how to install them, or None when the window can open."""
     if not uses_xcb(environ):
         return None

@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_SEED = (1 << 63) - 1
+from multilora_studio.engine import MAX_LOGPROBS, MAX_SEED
+
 MAX_STOP = 16
-MAX_LOGPROBS = 20  # most alternatives per token, as vLLM's default max_logprobs
 
 
 class _Body(BaseModel):

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import shutil
+import weakref
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from multilora_studio.adapters.peft_adapter import AdapterError
-from multilora_studio.engine import SamplingParams
+from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from multilora_studio.engine.runner import kv_bytes_per_block
 from tests.waiting import wait_until
 
@@ -381,3 +383,19 @@ def test_adapter_waiting_for_a_slot_is_read_into_host_ram_meanwhile(make_engine,
     assert waiting.result(timeout=120).token_ids == expected
     assert not first.finished and len(long_run.result(timeout=120).token_ids) == 200
     assert len(base_run.result(timeout=120).token_ids) == 200
+
+
+def test_the_start_up_heap_is_frozen_while_serving_and_collectable_after_shutdown(
+    tiny_model_dir, engine_device
+):
+    engine = Engine(
+        EngineConfig(model=str(tiny_model_dir), device=engine_device, dtype="float32", max_model_len=64)
+    )
+    assert gc.get_freeze_count() > 10_000  # torch's, transformers' and the model's objects
+    assert engine.generate(["Hello"], [None], SamplingParams(max_tokens=2))[0].token_ids
+    model = weakref.ref(engine.runner.model)
+    engine.shutdown()
+    assert gc.get_freeze_count() == 0
+    del engine
+    gc.collect()
+    assert model() is None  # a heap left frozen would keep the stopped engine's model alive

@@ -94,9 +94,11 @@ def test_no_kernel_compiles_while_serving_after_start_up(make_engine):
     engine = make_engine()
     names = ["tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", None]
     prompts = ["Hi", "Hello there, how are you today?", "A" * 70, "Once upon a time " * 9]
-    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    plain = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    scored = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=1, prompt_logprobs=5)
     for round_size in (1, 3, 4, 7, 16):
-        engine.generate((prompts * 4)[:round_size], (names * 4)[:round_size], params)
+        for params in (plain, scored):
+            engine.generate((prompts * 4)[:round_size], (names * 4)[:round_size], params)
     metrics = engine.metrics(fresh=True)
     assert metrics.kernel_compiles == 0, (
         f"{metrics.kernel_compiles} compiles ({metrics.kernel_compile_s:.1f} s)"
@@ -107,7 +109,7 @@ def test_sampling_warm_up_runs_the_sampling_kernels_and_leaves_the_logits_alone(
     logits = torch.randn(3, 50)
     before = logits.clone()
     with TorchCalls() as calls:
-        warm_up_sampling(logits)
+        warm_up_sampling(logits, torch.bfloat16)
     assert torch.equal(logits, before)
     # it runs temperature, top-k, top-p and the draw on rows as wide as the logits
     assert [name for name in SAMPLING_CALLS if 50 not in calls.widths.get(name, ())] == []

@@ -5,10 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from multilora_studio.engine import SamplingParams, TokenLogprob
-from multilora_studio.engine.logprobs import score_rows, top_k
 from tests.fixtures import TINY_ADAPTERS
 
 TOLERANCE = 1e-4  # float32 engine vs float32 PEFT
@@ -108,22 +106,3 @@ def test_logprob_counts_are_validated(field):
         SamplingParams(**{field: 21})
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: -1})
-
-
-@pytest.mark.parametrize(
-    ("rows", "vocab", "k"), [(3, 128256, 5), (7, 49152, 1), (2, 101, 1), (5, 151936, 1), (4, 100, 20)]
-)
-def test_blocked_scores_equal_a_float64_log_softmax(rows, vocab, k):
-    logits = torch.randn(rows, vocab) * 4
-    chosen = torch.randint(0, vocab, (rows,))
-    values, ids = top_k(logits, k)
-    reference = torch.topk(logits, k, dim=-1)
-    assert torch.equal(values, reference.values) and torch.equal(ids, reference.indices)
-    exact = torch.log_softmax(logits.double(), dim=-1)  # [R, V]
-    entries = score_rows(logits, chosen, k).entries([k] * rows, chosen.tolist())
-    for row, entry in enumerate(entries):
-        token = int(chosen[row])
-        assert abs(entry.logprob - float(exact[row, token])) < TOLERANCE
-        assert entry.rank == int((logits[row] > logits[row, token]).sum()) + 1
-        assert [i for i, _ in entry.top] == reference.indices[row].tolist()
-        assert all(abs(lp - float(exact[row, i])) < TOLERANCE for i, lp in entry.top)

@@ -68,11 +68,11 @@ def test_nothing_is_reported_where_the_plugin_resolves(tmp_path: Path):
 def test_distribution_family_from_os_release(tmp_path: Path):
     cases = {
         'ID=debian\nVERSION_ID="12"\n': "debian",
-        'ID=ubuntu\nID_LIKE=debian\n': "debian",
+        "ID=ubuntu\nID_LIKE=debian\n": "debian",
         'ID=linuxmint\nID_LIKE="ubuntu debian"\n': "debian",
-        'ID=fedora\n': "fedora",
+        "ID=fedora\n": "fedora",
         'ID="rocky"\nID_LIKE="rhel centos fedora"\n': "fedora",
-        'ID=arch\n': "other",
+        "ID=arch\n": "other",
     }
     for text, family in cases.items():
         release = tmp_path / "os-release"

@@ -22,9 +22,21 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tmp_pat
     out = tmp_path / "soak.json"
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
     run = subprocess.run(
-        [sys.executable, "-m", "tests.gui.soak_driver", str(out), "--seconds", str(SOAK_SECONDS),
-         "--restarts", str(RESTARTS)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=SOAK_SECONDS + 400,
+        [
+            sys.executable,
+            "-m",
+            "tests.gui.soak_driver",
+            str(out),
+            "--seconds",
+            str(SOAK_SECONDS),
+            "--restarts",
+            str(RESTARTS),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SOAK_SECONDS + 400,
     )
     assert "Fatal Python error" not in run.stderr, run.stderr[-3000:]
     assert run.returncode == 0, run.stderr[-3000:]

@@ -76,7 +76,14 @@ def test_install_run_and_uninstall_leave_nothing_behind(wheel, tmp_path):
     home.mkdir()
     before = files_under(home)
     result = run_installer(
-        home, "--cpu", "--wheel", str(wheel), "--torch", TORCH_SPEC, "--torch-index", "none",
+        home,
+        "--cpu",
+        "--wheel",
+        str(wheel),
+        "--torch",
+        TORCH_SPEC,
+        "--torch-index",
+        "none",
         "--no-system-libs",
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -115,7 +122,14 @@ def test_install_run_and_uninstall_leave_nothing_behind(wheel, tmp_path):
     assert "smoke test passed" in run.stdout
 
     again = run_installer(
-        home, "--cpu", "--wheel", str(wheel), "--torch", TORCH_SPEC, "--torch-index", "none",
+        home,
+        "--cpu",
+        "--wheel",
+        str(wheel),
+        "--torch",
+        TORCH_SPEC,
+        "--torch-index",
+        "none",
         "--no-system-libs",
     )
     assert again.returncode == 0, again.stdout + again.stderr  # re-running upgrades in place
