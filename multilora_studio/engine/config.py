@@ -152,6 +152,8 @@ class EngineConfig:
 class SamplingParams:
     """How one request samples. ``temperature=0`` is greedy."""
 
+    # 0: only the prompt runs (and is scored, with ``prompt_logprobs``); the request ends with
+    # reason "length" and no token, as OpenAI's legacy ``echo`` with ``max_tokens=0``.
     max_tokens: int = 128
     temperature: float = 1.0
     top_p: float = 1.0
@@ -168,7 +170,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        _check_int("max_tokens", self.max_tokens, 1)
+        _check_int("max_tokens", self.max_tokens, 0)
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 0, MAX_LOGPROBS)

@@ -219,11 +219,8 @@ class Engine:
         Each output's ``prompt_logprobs`` has one entry per prompt token (None for the first) with
         ``top_k`` alternatives; nothing is generated (``token_ids`` and ``text`` stay empty).
         """
-        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, prompt_logprobs=top_k)
-        outputs = self.generate(prompts, adapter_names, params)
-        for output in outputs:
-            output.token_ids, output.text = [], ""
-        return outputs
+        params = SamplingParams(max_tokens=0, prompt_logprobs=top_k)
+        return self.generate(prompts, adapter_names, params)
 
     def stream(
         self, prompt: Prompt, adapter: str | None = None, params: SamplingParams | None = None

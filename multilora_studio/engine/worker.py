@@ -179,7 +179,10 @@ class EngineWorker:
                 seq.scored_prompt_positions += len(entries)
         now = time.monotonic()
         for active, token, logprob in zip(sampling, output.tokens, output.logprobs, strict=True):
-            self._append_token(active, token, logprob, now)
+            if active.seq.params.max_tokens == 0:  # the prompt only: its sampled token is dropped
+                self._finish(active.seq.request_id, "length", None)
+            else:
+                self._append_token(active, token, logprob, now)
         self.metrics.record_step(plan, len(output.tokens), now)
         self.metrics.publish()
 
@@ -252,7 +255,7 @@ class EngineWorker:
         params = seq.params
         if params.logprobs is not None:
             output.logprobs = list(active.logprobs)
-        prompt = self._prompt_logprobs_once(active) if pending else None
+        prompt = self._prompt_logprobs_once(active)
         if params.prompt_logprobs is not None:
             output.prompt_logprobs = [None, *active.prompt_logprobs]
         active.stream.push(

@@ -36,7 +36,8 @@ router = APIRouter()
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
         prompts = completion_prompts(body)
-        params = [sampling_params(body, body.max_tokens or 16, i) for i in range(body.n)]
+        max_tokens = 16 if body.max_tokens is None else body.max_tokens
+        params = [sampling_params(body, max_tokens, i) for i in range(body.n)]
         return prompts, params
 
     return await _generate(request, "completions", body, prepare, completion_body, completion_events)

@@ -46,7 +46,7 @@ class CompletionRequest(_Sampling):
     """``POST /v1/completions``; ``prompt`` is text, texts, token ids or lists of token ids."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0)  # 0: the prompt only (with echo: scored, as OpenAI's legacy API)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None

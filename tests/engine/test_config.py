@@ -153,7 +153,7 @@ def test_valid_sampling_settings_are_accepted(settings):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        (dict(max_tokens=0), "max_tokens must be >= 1, got 0"),
+        (dict(max_tokens=-1), "max_tokens must be >= 0, got -1"),
         (dict(max_tokens=None), "max_tokens must be an integer, got None"),
         (dict(max_tokens=2.5), "max_tokens must be an integer"),
         (dict(temperature=-0.1), r"temperature must be in \[0, 100\], got -0.1"),

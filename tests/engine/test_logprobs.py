@@ -96,8 +96,20 @@ def test_score_gives_prompt_logprobs_without_generating(make_engine, peft_refere
     adapters = [TINY_ADAPTERS[2].name, None, TINY_ADAPTERS[0].name]
     outputs = engine.score(prompts, adapters, top_k=3)
     for prompt_ids, adapter, output in zip(prompts, adapters, outputs, strict=True):
-        assert output.token_ids == [] and output.text == ""
+        assert output.token_ids == [] and output.text == "" and output.finish_reason == "length"
         check_request(peft_reference, adapter, prompt_ids, output, SamplingParams(prompt_logprobs=3))
+
+
+def test_a_prompt_only_request_streams_one_final_delta_with_its_scores(make_engine, peft_reference):
+    engine = make_engine()
+    prompt_ids = engine.encode(PROMPTS[1])
+    adapter = TINY_ADAPTERS[1].name
+    neighbour = engine.submit(PROMPTS[0], TINY_ADAPTERS[0].name, SamplingParams(max_tokens=8, temperature=0))
+    deltas = list(engine.stream(prompt_ids, adapter, SamplingParams(max_tokens=0, prompt_logprobs=2)))
+    assert [(d.token_ids, d.finished, d.finish_reason) for d in deltas] == [([], True, "length")]
+    scored = SimpleNamespace(token_ids=[], logprobs=None, prompt_logprobs=list(deltas[0].prompt_logprobs))
+    check_request(peft_reference, adapter, prompt_ids, scored, SamplingParams(prompt_logprobs=2))
+    assert len(neighbour.result(timeout=600).token_ids) == 8  # the batch it ran in is unaffected
 
 
 @pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])

@@ -79,6 +79,24 @@ def test_echo_returns_the_prompt_scored_first_token_null(serve, engine):
     assert text_only.choices[0].text == choice.text and text_only.choices[0].logprobs is None
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_no_new_tokens_returns_the_scored_prompt_only(serve, engine, stream):
+    api = client(serve())
+    settings = dict(model=MODEL, prompt=PROMPT, max_tokens=0, logprobs=2, echo=True, **GREEDY)
+    with_one = api.completions.create(**(settings | {"max_tokens": 1})).choices[0]
+    if stream:
+        chunks = [c.choices[0] for c in api.completions.create(stream=True, **settings) if c.choices]
+        assert len(chunks) == 1
+        choice = chunks[0]
+    else:
+        answer = api.completions.create(**settings)
+        assert answer.usage.completion_tokens == 0
+        choice = answer.choices[0]
+    assert choice.text == PROMPT and choice.finish_reason == "length"
+    prompt_part = with_one.logprobs.model_dump()
+    assert choice.logprobs.model_dump() == {name: values[:-1] for name, values in prompt_part.items()}
+
+
 def test_lm_eval_request_batch_of_token_ids(serve, engine):
     """What lm-evaluation-harness sends for log-likelihoods: id prompts, echo, one token, logprobs 1."""
     prompts = [engine.encode("The capital of France is Paris"), engine.encode("Two plus two is four")]
