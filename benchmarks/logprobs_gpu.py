@@ -87,6 +87,17 @@ def scoring_kernels(vocab: int) -> dict:
     return timings
 
 
+def profile_prefill(engine: Engine, prompts: list[list[int]], adapters: list) -> None:
+    """The ops of one scored and one unscored prefill by device time (torch.profiler), side by side."""
+    for scored in (False, True):
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        ) as profile:
+            prefill_run(engine, prompts, adapters, scored)
+        print(f"--- prefill, prompt_logprobs={'1' if scored else 'None'}")
+        print(profile.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=48))
+
+
 def alternate(rounds: int, without, with_) -> dict:
     plain, scored = [], []
     for _ in range(rounds):
@@ -102,6 +113,9 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--profile", action="store_true", help="also print where one scored prefill spends device and host time"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     spec = RANDOM_SHAPES["llama3-8b"]
@@ -152,6 +166,8 @@ def main() -> None:
             lambda: prefill_run(engine, score_prompts, four, False),
             lambda: prefill_run(engine, score_prompts, four, True),
         )
+        if args.profile:
+            profile_prefill(engine, score_prompts, four)
     for key in ("decode_base", "decode_distinct", "prompt_scoring"):
         r = results[key]
         each = [round(b / a, 3) for a, b in zip(r["rounds_without"], r["rounds_with"], strict=True)]

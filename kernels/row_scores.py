@@ -59,7 +59,7 @@ def _block_scores_kernel(
     high = tl.max(x, axis=0)
     tl.store(block_max_ptr + partial, high)
     tl.store(block_sum_ptr + partial, tl.sum(tl.exp(x - high), axis=0))
-    tl.store(block_count_ptr + partial, tl.sum((x > picked).to(tl.int32), axis=0))
+    tl.store(block_count_ptr + partial, tl.sum((x > picked).to(tl.float32), axis=0))  # exact below 2**24
     for i in range(k):
         value = tl.max(x, axis=0)
         token = tl.min(tl.where((x == value) & inside, cols, vocab), axis=0)
@@ -91,13 +91,13 @@ def _combine_kernel(
     present = each < blocks
     highs = tl.load(block_max_ptr + row * blocks + each, mask=present, other=float("-inf"))
     sums = tl.load(block_sum_ptr + row * blocks + each, mask=present, other=0.0)
-    counts = tl.load(block_count_ptr + row * blocks + each, mask=present, other=0)
+    counts = tl.load(block_count_ptr + row * blocks + each, mask=present, other=0.0)
     high = tl.max(highs, axis=0)
     norm = high + tl.log(tl.sum(sums * tl.exp(highs - high), axis=0))
     picked = tl.load(logits_ptr + row.to(tl.int64) * row_stride + tl.load(chosen_ptr + row)).to(tl.float32)
     out = out_ptr + row * out_stride
     tl.store(out, picked - norm)
-    tl.store(out + 1, (tl.sum(counts, axis=0) + 1).to(tl.float32))
+    tl.store(out + 1, tl.sum(counts, axis=0) + 1)
     slots = tl.arange(0, BLOCKS_PAD * K_MAX)  # [BLOCKS_PAD * K_MAX]: every block's candidates
     valid = (slots // K_MAX < blocks) & (slots % K_MAX < k)
     where = row * blocks * K_MAX + slots
@@ -139,15 +139,18 @@ def _row_scores_triton(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> to
         max(triton.next_power_of_2(triton.cdiv(vocab, _ROW_BLOCKS)), _BLOCK_LIMITS[0]), _BLOCK_LIMITS[1]
     )
     blocks = triton.cdiv(vocab, block)
-    out = torch.empty(rows, 2 + 2 * k, dtype=torch.float32, device=logits.device)
+    # one allocation: the result [R, 2 + 2k], then per block its max, sum, count and top values,
+    # all float32, and the top ids (int32) after them
+    cells = rows * (2 + 2 * k) + rows * blocks * (3 + MAX_TOP_K)
+    storage = torch.empty(cells + rows * blocks * MAX_TOP_K, dtype=torch.float32, device=logits.device)
+    out = storage[: rows * (2 + 2 * k)].view(rows, 2 + 2 * k)
     if rows == 0:
         return out
-    device = logits.device
-    block_max = torch.empty(rows, blocks, dtype=torch.float32, device=device)
-    block_sum = torch.empty(rows, blocks, dtype=torch.float32, device=device)
-    block_count = torch.empty(rows, blocks, dtype=torch.int32, device=device)
-    top_values = torch.empty(rows, blocks, MAX_TOP_K, dtype=torch.float32, device=device)
-    top_ids = torch.empty(rows, blocks, MAX_TOP_K, dtype=torch.int32, device=device)
+    partial = rows * blocks
+    start = rows * (2 + 2 * k)
+    block_max, block_sum, block_count = storage[start : start + 3 * partial].view(3, partial)
+    top_values = storage[start + 3 * partial : cells]  # [R * B * MAX_TOP_K]
+    top_ids = storage[cells:].view(torch.int32)  # [R * B * MAX_TOP_K]
     chosen = chosen.contiguous()
     partials = (block_max, block_sum, block_count, top_values, top_ids)
     _block_scores_kernel[(rows, blocks)](

@@ -16,7 +16,7 @@ import torch
 from multilora_studio.engine.outputs import TokenLogprob
 from multilora_studio.kernels.row_scores import row_scores
 
-SCORE_CHUNK_ROWS = 256  # prompt rows whose full-vocabulary logits exist at once
+SCORE_CHUNK_BYTES = 256 << 20  # full-vocabulary logits of scored prompt rows that exist at once
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -68,17 +68,26 @@ def score_rows(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> ScoredRows
     return ScoredRows(row_scores(logits, chosen, k), k)
 
 
+def score_chunk_rows(vocab: int, dtype: torch.dtype) -> int:
+    """Prompt rows scored at once: as many as SCORE_CHUNK_BYTES of logits hold (1,046 at 128k in bf16)."""
+    return max(1, SCORE_CHUNK_BYTES // (vocab * dtype.itemsize))
+
+
 def score_hidden_rows(
-    logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor, k: int
+    logits_of: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    k: int,
+    chunk_rows: int,
 ) -> ScoredRows:
-    """``score_rows`` for hidden states [R, H] and their next tokens [R], SCORE_CHUNK_ROWS at a time.
+    """``score_rows`` for hidden states [R, H] and their next tokens [R], ``chunk_rows`` at a time.
 
     ``logits_of(hidden_rows) -> [r, V]`` (the model's head, in its dtype); a long prompt never holds
-    full-vocabulary logits for more than SCORE_CHUNK_ROWS rows.
+    full-vocabulary logits for more than ``chunk_rows`` rows (``score_chunk_rows``).
     """
     parts = []
-    for begin in range(0, len(targets), SCORE_CHUNK_ROWS):
-        end = begin + SCORE_CHUNK_ROWS
+    for begin in range(0, len(targets), chunk_rows):
+        end = begin + chunk_rows
         logits = logits_of(hidden[begin:end])  # [r, V]
         parts.append(score_rows(logits, targets[begin:end], k))
     return ScoredRows.concat(parts)

@@ -15,7 +15,13 @@ from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.kernel_warmup import warm_up_kernels, warmup_steps
 from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
-from multilora_studio.engine.logprobs import ScoredRows, score_hidden_rows, score_rows, to_host
+from multilora_studio.engine.logprobs import (
+    ScoredRows,
+    score_chunk_rows,
+    score_hidden_rows,
+    score_rows,
+    to_host,
+)
 from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.outputs import TokenLogprob
@@ -106,6 +112,7 @@ class ModelRunner:
         max_positions = max(config.max_model_len, 16)
         self.model = LlamaModel(spec, weights, self.lora, max_positions, plan)
         self.block_size = config.block_size
+        self.score_chunk_rows = score_chunk_rows(spec.vocab_size, dtype)
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
         # KV cache: [layers, 2 (k, v), blocks, block_size, kv_heads, head_dim]
         self.kv_cache = torch.zeros(
@@ -239,7 +246,11 @@ class ModelRunner:
         prompt_scores = None
         if scoring is not None:
             prompt_scores = score_hidden_rows(
-                self.model.head_logits, hidden[scoring.rows], scoring.targets, scoring.top_k
+                self.model.head_logits,
+                hidden[scoring.rows],
+                scoring.targets,
+                scoring.top_k,
+                self.score_chunk_rows,
             )
         return self.model.logits(hidden[inputs.logits_rows]), prompt_scores
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from multilora_studio.engine import SamplingParams, TokenLogprob
+from multilora_studio.engine.logprobs import score_chunk_rows, score_hidden_rows
 from tests.fixtures import TINY_ADAPTERS
 
 TOLERANCE = 1e-4  # float32 engine vs float32 PEFT
@@ -118,3 +120,23 @@ def test_logprob_counts_are_validated(field):
         SamplingParams(**{field: 21})
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: -1})
+
+
+def test_prompt_rows_are_scored_a_chunk_at_a_time_with_the_same_result():
+    generator = torch.Generator().manual_seed(0)
+    head = torch.randn(300, 16, generator=generator)  # [V, H]
+    hidden = torch.randn(10, 16, generator=generator)  # [R, H]
+    targets = torch.randint(0, 300, (10,), generator=generator)
+    widths: list[int] = []
+
+    def logits_of(rows: torch.Tensor) -> torch.Tensor:
+        widths.append(len(rows))
+        return rows @ head.T  # [r, V]
+
+    chunked = score_hidden_rows(logits_of, hidden, targets, 4, chunk_rows=3)
+    assert widths == [3, 3, 3, 1]
+    whole = score_hidden_rows(logits_of, hidden, targets, 4, chunk_rows=10)
+    ranks_and_ids = [1, *range(2, 6)]  # the columns of rank and the top ids
+    assert torch.equal(chunked.packed[:, ranks_and_ids], whole.packed[:, ranks_and_ids])
+    assert torch.allclose(chunked.packed, whole.packed, atol=1e-5, rtol=0)  # a GEMM's rows may round apart
+    assert score_chunk_rows(128256, torch.bfloat16) == 1046 and score_chunk_rows(49152, torch.float32) == 1365
