@@ -95,7 +95,10 @@ def profile_prefill(engine: Engine, prompts: list[list[int]], adapters: list) ->
         ) as profile:
             prefill_run(engine, prompts, adapters, scored)
         print(f"--- prefill, prompt_logprobs={'1' if scored else 'None'}")
-        print(profile.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=48))
+        table = profile.key_averages().table(
+            sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=48
+        )
+        print(table)
 
 
 def alternate(rounds: int, without, with_) -> dict:
@@ -113,9 +116,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument(
-        "--profile", action="store_true", help="also print where one scored prefill spends device and host time"
-    )
+    parser.add_argument("--profile", action="store_true", help="print where a scored prefill spends its time")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     spec = RANDOM_SHAPES["llama3-8b"]
