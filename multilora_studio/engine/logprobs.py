@@ -8,8 +8,9 @@ copy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 
@@ -61,6 +62,51 @@ class ScoredRows:
                 tokens, logprobs, ranks, ids, values, ks, strict=True
             )
         ]
+
+
+class PromptScores(Sequence[TokenLogprob | None]):
+    """A prompt's scores: None for position 0, then one ``TokenLogprob`` per later token.
+
+    Kept as the packed host rows the steps returned; the entries are built on first access, by
+    whichever thread reads them, so the engine's worker does no per-token work for them.
+    """
+
+    def __init__(self, parts: list[ScoredRows], targets: list[int], k: int) -> None:
+        self._parts = parts  # host rows of the scored positions 0..n-2, in order
+        self._targets = targets  # the prompt's tokens 1..n-1
+        self._k = k
+        self._entries: list[TokenLogprob | None] | None = None
+
+    def _built(self) -> list[TokenLogprob | None]:
+        if self._entries is None:
+            entries: list[TokenLogprob | None] = [None]
+            begin = 0
+            for part in self._parts:
+                count = len(part.packed)
+                entries += part.entries([self._k] * count, self._targets[begin : begin + count])
+                begin += count
+            self._entries = entries
+        return self._entries
+
+    def __len__(self) -> int:
+        return 1 + len(self._targets)
+
+    @overload
+    def __getitem__(self, index: int) -> TokenLogprob | None: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[TokenLogprob | None]: ...
+    def __getitem__(self, index: int | slice) -> TokenLogprob | list[TokenLogprob | None] | None:
+        return self._built()[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PromptScores | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PromptScores({self._built()!r})"
 
 
 def score_rows(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> ScoredRows:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -35,7 +36,7 @@ class TokenDelta:
     finish_reason: str | None = None
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()
-    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    prompt_logprobs: Sequence[TokenLogprob | None] | None = None
 
 
 @dataclass
@@ -53,7 +54,7 @@ class RequestOutput:
     first_token_time: float | None = None
     finish_time: float | None = None
     logprobs: list[TokenLogprob] | None = None  # one per generated token, when asked for
-    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (None first)
+    prompt_logprobs: Sequence[TokenLogprob | None] | None = None  # one per prompt token (None first)
 
     @property
     def ttft(self) -> float | None:

@@ -50,7 +50,6 @@ class PromptScoring:
 
     rows: torch.Tensor  # [R] int64: rows of the step's hidden states
     targets: torch.Tensor  # [R] int64: the prompt token after each row's position
-    target_ids: list[int]  # the same on the host
     top_k: int  # the most alternatives any of the rows asks for
     groups: list[tuple[Sequence, int, int]]  # (sequence, its first scored position, positions), in row order
 
@@ -74,7 +73,7 @@ class StepOutput:
 
     tokens: list[int]
     logprobs: list[TokenLogprob | None]  # per sampling row; None where the request asked for none
-    prompt_logprobs: list[tuple[Sequence, int, list[TokenLogprob]]]  # (sequence, first position, entries)
+    prompt_logprobs: list[tuple[Sequence, int, ScoredRows]]  # (sequence, first scored position, its rows)
 
 
 def cpu_packing_enabled(config: EngineConfig, dtype: torch.dtype) -> bool:
@@ -219,7 +218,6 @@ class ModelRunner:
             scoring = PromptScoring(
                 rows=on_device(score_rows, torch.int64),
                 targets=on_device(score_targets, torch.int64),
-                target_ids=score_targets,
                 top_k=max(seq.params.prompt_logprobs or 0 for seq, _, _ in score_groups),
                 groups=score_groups,
             )
@@ -292,16 +290,13 @@ class ModelRunner:
 
 def prompt_entries(
     scores: ScoredRows | None, scoring: PromptScoring | None
-) -> list[tuple[Sequence, int, list[TokenLogprob]]]:
-    """The prompt rows' scores split by sequence: (sequence, first scored position, one entry each)."""
+) -> list[tuple[Sequence, int, ScoredRows]]:
+    """The prompt rows' scores (host) split by sequence: (sequence, first scored position, its rows)."""
     if scores is None or scoring is None:
         return []
-    targets = scoring.target_ids
     result = []
     begin = 0
     for seq, first, count in scoring.groups:
-        rows = slice(begin, begin + count)
-        entries = scores.rows(rows).entries([seq.params.prompt_logprobs or 0] * count, targets[rows])
-        result.append((seq, first, entries))
+        result.append((seq, first, scores.rows(slice(begin, begin + count))))
         begin += count
     return result

@@ -28,6 +28,7 @@ from multilora_studio.engine.commands import (
 )
 from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
+from multilora_studio.engine.logprobs import PromptScores, ScoredRows
 from multilora_studio.engine.metrics_publisher import MetricsPublisher
 from multilora_studio.engine.model_source import BaseModel
 from multilora_studio.engine.outputs import TokenDelta, TokenLogprob
@@ -53,8 +54,8 @@ class ActiveRequest:
     detok: IncrementalDetokenizer | None
     generator: torch.Generator | None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if asked
-    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # of prompt tokens 1.., if asked
-    prompt_logprobs_sent: bool = False
+    prompt_scores: list[ScoredRows] = field(default_factory=list)  # host rows of prompt positions, if asked
+    prompt_logprobs_sent: PromptScores | None = None  # what a delta carried, once it has
 
 
 class EngineWorker:
@@ -172,11 +173,11 @@ class EngineWorker:
     def _postprocess(self, plan: StepPlan, sampling: list[ActiveRequest], output: StepOutput) -> None:
         for chunk in plan.chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
-        for seq, first, entries in output.prompt_logprobs:
+        for seq, first, rows in output.prompt_logprobs:
             active = self._active.get(seq.request_id)
             if active is not None and first == seq.scored_prompt_positions:
-                active.prompt_logprobs.extend(entries)
-                seq.scored_prompt_positions += len(entries)
+                active.prompt_scores.append(rows)
+                seq.scored_prompt_positions += len(rows.packed)
         now = time.monotonic()
         for active, token, logprob in zip(sampling, output.tokens, output.logprobs, strict=True):
             if active.seq.params.max_tokens == 0:  # the prompt only: its sampled token is dropped
@@ -224,12 +225,18 @@ class EngineWorker:
             )
 
     @staticmethod
-    def _prompt_logprobs_once(active: ActiveRequest) -> tuple[TokenLogprob | None, ...] | None:
-        """The prompt's log-probabilities (None for position 0) on the first delta that carries a token."""
-        if active.seq.params.prompt_logprobs is None or active.prompt_logprobs_sent:
+    def _prompt_scores(active: ActiveRequest) -> PromptScores:
+        """The prompt's log-probabilities as scored so far (None for position 0)."""
+        seq = active.seq
+        targets = seq.prompt_token_ids[1 : 1 + seq.scored_prompt_positions]
+        return PromptScores(active.prompt_scores, targets, seq.params.prompt_logprobs or 0)
+
+    def _prompt_logprobs_once(self, active: ActiveRequest) -> PromptScores | None:
+        """The prompt's log-probabilities on the first delta that carries a token (or the last)."""
+        if active.seq.params.prompt_logprobs is None or active.prompt_logprobs_sent is not None:
             return None
-        active.prompt_logprobs_sent = True
-        return (None, *active.prompt_logprobs)
+        active.prompt_logprobs_sent = self._prompt_scores(active)
+        return active.prompt_logprobs_sent
 
     def _finish(
         self,
@@ -257,7 +264,7 @@ class EngineWorker:
             output.logprobs = list(active.logprobs)
         prompt = self._prompt_logprobs_once(active)
         if params.prompt_logprobs is not None:
-            output.prompt_logprobs = [None, *active.prompt_logprobs]
+            output.prompt_logprobs = active.prompt_logprobs_sent
         active.stream.push(
             TokenDelta(request_id, pending or [], text, True, reason, error, pending_logprobs, prompt)
         )

@@ -43,7 +43,7 @@ class Choice:
     first_token_at: float | None = None
     last_token_at: float | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when asked
-    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    prompt_logprobs: Sequence[TokenLogprob | None] | None = None
 
     @property
     def text(self) -> str:

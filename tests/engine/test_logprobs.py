@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from multilora_studio.engine import SamplingParams, TokenLogprob
-from multilora_studio.engine.logprobs import score_chunk_rows, score_hidden_rows
+from multilora_studio.engine.logprobs import PromptScores, score_chunk_rows, score_hidden_rows, score_rows
 from tests.fixtures import TINY_ADAPTERS
 
 TOLERANCE = 1e-4  # float32 engine vs float32 PEFT
@@ -140,3 +140,15 @@ def test_prompt_rows_are_scored_a_chunk_at_a_time_with_the_same_result():
     assert torch.equal(chunked.packed[:, ranks_and_ids], whole.packed[:, ranks_and_ids])
     assert torch.allclose(chunked.packed, whole.packed, atol=1e-5, rtol=0)  # a GEMM's rows may round apart
     assert score_chunk_rows(128256, torch.bfloat16) == 1046 and score_chunk_rows(49152, torch.float32) == 1365
+
+
+def test_prompt_scores_read_as_one_sequence_across_the_steps_that_scored_them():
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(1))  # positions 0..4
+    targets = [3, 9, 27, 1, 39]  # prompt tokens 1..5
+    whole = score_rows(logits, torch.tensor(targets), 4)
+    parts = [whole.rows(slice(0, 2)), whole.rows(slice(2, 5))]  # two prefill chunks
+    scores = PromptScores(parts, targets, 2)
+    expected = [None, *whole.entries([2] * 5, targets)]
+    assert len(scores) == 6 and scores[0] is None and scores == expected and list(scores) == expected
+    assert [entry.token_id for entry in scores[1:]] == targets and all(len(e.top) == 2 for e in scores[1:])
+    assert scores[-1] == expected[-1] and scores != expected[:-1]
