@@ -38,6 +38,15 @@ def decode_run(engine: Engine, prompts: list[list[int]], adapters: list, logprob
     return sum(len(o.token_ids) - 1 for o in outputs) / (finish - first)
 
 
+def entries_ms(engine: Engine, prompts: list[list[int]], adapters: list) -> float:
+    """Milliseconds the caller's thread takes to read every entry of the prompts' scores."""
+    params = SamplingParams(max_tokens=0, prompt_logprobs=1)
+    outputs = engine.generate(prompts, adapters, params)
+    start = time.perf_counter()
+    assert all(entry is not None for o in outputs for entry in list(o.prompt_logprobs or [])[1:])
+    return (time.perf_counter() - start) * 1000
+
+
 def prefill_run(engine: Engine, prompts: list[list[int]], adapters: list, scored: bool) -> float:
     params = SamplingParams(
         max_tokens=1, temperature=0, ignore_eos=True, prompt_logprobs=1 if scored else None
@@ -167,6 +176,8 @@ def main() -> None:
             lambda: prefill_run(engine, score_prompts, four, False),
             lambda: prefill_run(engine, score_prompts, four, True),
         )
+        results["prompt_entries_read_ms"] = entries_ms(engine, score_prompts, four)
+        print(f"reading the {16 * 1023} prompt entries: {results['prompt_entries_read_ms']:.1f} ms")
         if args.profile:
             profile_prefill(engine, score_prompts, four)
     for key in ("decode_base", "decode_distinct", "prompt_scoring"):
