@@ -1,6 +1,9 @@
-"""Fused decoder-layer ops: Triton (interpreted) and torch paths against float64 references."""
+"""Fused decoder-layer ops: Triton (interpreted on the CPU, native on a GPU) and torch paths
+against float64 references."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -13,17 +16,22 @@ from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, rope_, si
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 DTYPES = list(TOLERANCE)
 BACKENDS = ["torch", "triton", "numba"]  # numba: float32 on the CPU only
+DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)
-def _numba_takes_float32_only(request):
+def _on_the_test_device(request):
+    """Tensors the test makes land on DEVICE; the Numba backend's tests stay on the CPU, float32."""
     params = getattr(request.node, "callspec", None)
     params = params.params if params is not None else {}
+    numba = params.get("backend") == "numba" or "numba" in request.node.name
     if params.get("backend") == "numba":
         if not fused_ops_cpu.AVAILABLE:
             pytest.skip("needs Numba")
         if params.get("dtype", torch.float32) != torch.float32:
             pytest.skip("the numba backend computes float32 only")
+    with torch.device("cpu" if numba else DEVICE):
+        yield
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
@@ -65,7 +73,7 @@ def test_triton_norm_matches_torch_path_in_float32():
 @pytest.mark.parametrize(("tokens", "heads", "dim"), [(1, 3, 64), (9, 4, 16), (17, 9, 64)])
 def test_rope_in_place_on_a_strided_view(backend, dtype, tokens, heads, dim):
     spec = RopeSpec(theta=10000.0, kind="llama3", factor=8.0, original_max_position=64)
-    table = cos_sin_cache(spec, dim, 256, torch.device("cpu"))
+    table = cos_sin_cache(spec, dim, 256, torch.empty(0).device)
     fused = torch.randn(tokens, heads * dim + 5, dtype=dtype)  # a view with a row stride like qkv's
     view = fused[:, : heads * dim].view(tokens, heads, dim)
     untouched = fused[:, heads * dim :].clone()

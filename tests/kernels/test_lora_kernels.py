@@ -524,7 +524,7 @@ def small_case() -> Case:
         (lambda c: {"lora_b": c.lora_b.to(torch.bfloat16)}, "dtype"),
         (lambda c: {"y": c.y[:-1]}, "tokens"),
         (lambda c: {"y": c.y.to(torch.float16)}, "dtype"),
-        (lambda c: {"y": torch.zeros(1, c.y.shape[1]).expand_as(c.y)}, "zero strides"),
+        (lambda c: {"y": torch.zeros(1, c.y.shape[1], device=c.y.device).expand_as(c.y)}, "zero strides"),
         (lambda c: {"offsets": c.offsets[:-1]}, r"num_slices \+ 1"),
         (lambda c: {"offsets": (0, 150, 140, c.offsets[-1])}, "non-decreasing"),
         (lambda c: {"offsets": (1, *c.offsets[1:])}, "start at 0"),
