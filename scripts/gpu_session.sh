@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
-# Run from the repository root on a CUDA machine with torch, triton, transformers and peft.
+# Run from the repository root on a CUDA machine with torch, triton, transformers and peft, with
+# .device_pkg/ carried (scripts/device_package.sh builds it: the tokenizer and the other wheels).
 # Usage: scripts/gpu_session.sh [gpu-tests] [engine-tests|engine-fidelity] [engine-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 # Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
@@ -33,10 +34,11 @@ for step in $steps; do
       timeout 400 python3 -m benchmarks.engine_gpu --json "$OUT/engine_gpu.json" 2>&1 \
         | tee "$OUT/engine-bench.log" | grep -v "^INFO" | tail -30 ;;
     gpu-tests)
-      # the whole GPU test set natively: kernels, engine and server tests on CUDA (no interpreter)
+      # the whole GPU test set natively: kernels, engine and server tests on CUDA (no interpreter);
+      # lm-evaluation-harness is not carried (its parity test runs in CI)
       TRITON_INTERPRET=0 MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
-        timeout ${GPU_TESTS_TIMEOUT:-560} python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine \
-        tests/server 2>&1 | tee "$OUT/gpu-tests.log" | tail -25 ;;
+        timeout ${GPU_TESTS_TIMEOUT:-560} python3 -m pytest -q -rf -p no:cacheprovider ${GPU_TESTS:-tests/kernels \
+        tests/engine tests/server} --ignore=tests/server/test_lm_eval.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -25 ;;
     logprobs-bench)
       # decode with logprobs=5 and prompt scoring (prompt_logprobs=1), each against the same run without
       timeout 400 python3 -m benchmarks.logprobs_gpu --json "$OUT/logprobs_gpu.json" 2>&1 \
