@@ -123,7 +123,11 @@ class Engine:
         return self.residency.prefetch(names, timeout)
 
     def pin_adapter(self, name: str, pinned: bool = True) -> None:
-        """Keep ``name`` in its GPU slot once loaded (or let it be evicted again)."""
+        """Keep ``name`` in a GPU slot, loading it into one now (or let it be evicted again).
+
+        The load runs in the background like a request's: ``list_adapters`` / the metrics show
+        the adapter in its slot once it is there.
+        """
         self._call(PinAdapter(name, pinned))
 
     def list_adapters(self) -> list[AdapterInfo]:

@@ -99,9 +99,11 @@ class EngineWorker:
             if not self._drain_commands():
                 return
             self._fail_unloadable_adapters()
+            pinned_loading = self.residency.load_pinned()
             if not self.scheduler.has_work:
                 self.metrics.publish(force=True)
-                wake.wait()
+                # a pinned adapter on its way into a slot is checked again soon (the loader wakes us)
+                wake.wait(0.05 if pinned_loading else None)
                 continue
             started = time.perf_counter()
             plan = self.scheduler.schedule()

@@ -399,3 +399,21 @@ def test_the_start_up_heap_is_frozen_while_serving_and_collectable_after_shutdow
     del engine
     gc.collect()
     assert model() is None  # a heap left frozen would keep the stopped engine's model alive
+
+
+def test_pinning_loads_the_adapter_into_a_slot_without_a_request(make_engine, tiny_adapters):
+    engine = make_engine(adapters=[], max_loras=2)
+    for name in ("tiny-r4-qv", "tiny-r8-all"):
+        engine.add_adapter(name, tiny_adapters[name], preload=False)  # weights read on first use
+
+    def slots() -> dict[str, bool]:
+        return {s.adapter: s.pinned for s in engine.metrics(fresh=True).slots if s.adapter is not None}
+
+    assert slots() == {}
+    engine.pin_adapter("tiny-r8-all")
+    wait_until(lambda: slots() == {"tiny-r8-all": True}, timeout=60)
+    params = SamplingParams(max_tokens=4, temperature=0)
+    pinned = engine.generate(["Hello"], ["tiny-r8-all"], params)[0]  # served from its slot
+    assert pinned.token_ids and engine.metrics(fresh=True).gpu_hits >= 1
+    engine.pin_adapter("tiny-r8-all", False)
+    assert slots() == {"tiny-r8-all": False}  # unpinning keeps it resident, evictable
