@@ -7,8 +7,11 @@ import json
 import pytest
 from PySide6.QtCore import QSettings
 
+from multilora_studio.adapters.adapter_config import parse_adapter_config, read_adapter_config
+from multilora_studio.adapters.peft_adapter import AdapterError
 from multilora_studio.gui.compare_export import ColumnResult, Comparison, to_json, to_markdown
 from multilora_studio.gui.diff import first_difference, utf16_offset
+from multilora_studio.gui.field_labels import in_field_labels
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 from multilora_studio.gui.tasks import Cancelled, user_message
 
@@ -81,7 +84,20 @@ def test_preferences_round_trip_and_fall_back_on_bad_values(tmp_path):
 
 
 def test_user_messages_never_carry_a_traceback():
-    assert user_message(ValueError("rank 64 exceeds max_lora_rank=32")) == "rank 64 exceeds max_lora_rank=32"
+    assert user_message(ValueError("no adapter_config.json in /x")) == "no adapter_config.json in /x"
     assert user_message(Cancelled()) == "cancelled"
     assert user_message(FileNotFoundError(2, "No such file", "/x/y")) == "/x/y does not exist"
     assert user_message(KeyError("k")).startswith("unexpected error (KeyError)")
+
+
+def test_user_messages_name_settings_as_the_window_labels_them(tiny_adapters):
+    folder = tiny_adapters["tiny-r8-all"]
+    with pytest.raises(AdapterError) as refused:
+        parse_adapter_config(read_adapter_config(folder), folder, max_rank=4)  # the library's own check
+    message = user_message(refused.value)
+    assert "max_lora_rank" not in message and "--" not in message
+    label = "'Largest adapter rank' in Settings"
+    assert f"exceeds {label} (4); raise {label}" in message
+    slots = user_message(ValueError("max_loras must be >= 1, got 0"))
+    assert slots == "'GPU adapter slots' in Settings must be >= 1, got 0"
+    assert in_field_labels(message) == message  # labelled once, whatever passes it on
