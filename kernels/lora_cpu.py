@@ -93,9 +93,9 @@ def add_lora_cpu(
 
     Shapes: y [T, out_total] and x [T, K] float32; lora_a [slots, S, R, K];
     lora_b [slots, out_total, R]; ``token_arrays`` = (token_slots, token_ranks, sorted_tokens,
-    token_scales), int32 (float32 for the scales) numpy views [>= T] of the batch's buffers (``LoRABatch.host_arrays``; slot -1 or
-    rank 0 leaves the row untouched). No checks: the caller's tensors are consistent
-    (``add_lora`` checks them when asked to).
+    token_scales), int32 (float32 for the scales) numpy views [>= T] of the batch's buffers
+    (``LoRABatch.host_arrays``; slot -1 or rank 0 leaves the row untouched). No checks: the
+    caller's tensors are consistent (``add_lora`` checks them when asked to).
     """
     assert _kernel is not None  # a plan with backend "numba" needs AVAILABLE
     token_slots, token_ranks, sorted_tokens, token_scales = token_arrays
