@@ -17,8 +17,9 @@ slots the tokens use), so one CUDA graph per batch-size bucket replays any adapt
 
 Shrink splits ``in_features`` across programs (split-K: decode has few tokens, a large K
 and a small rank) and writes one float32 partial per split; expand loads all partials of
-its rows in one tile and sums them. No atomics touch data, so results are bitwise
-reproducible and graph replay equals eager.
+its rows in one tile and sums them, then multiplies each row's float32 term by its token's
+adapter strength (``LoRABatch.token_scales``; exact for 1.0). No atomics touch data, so
+results are bitwise reproducible and graph replay equals eager.
 
 ``add_lora`` is one shrink launch then one expand launch. (A single-launch variant, in
 which expand programs waited on per-slot counters published by the shrink programs, was

@@ -98,6 +98,7 @@ class StepStaging:
         self._h_tables = host32[self._tables_at : self._tables_at + s * w].reshape(s, w)
         self._token_slots = np.full(t, -1, dtype=np.int64)  # [T] scratch: adapter slot per token
         self._token_scales = np.ones(t, dtype=np.float32)  # [T] scratch: adapter strength per token
+        self._scaled = False  # whether _token_scales holds a strength other than 1.0
         self.clear()
 
     def clear(self) -> None:
@@ -136,8 +137,9 @@ class StepStaging:
         bs, width = self.block_size, self.width
         token_slots = self._token_slots
         token_slots[:] = -1
-        token_scales = self._token_scales
-        token_scales[:] = 1.0
+        token_scales = self._token_scales  # all 1.0 unless the last step had strengths
+        if self._scaled:
+            token_scales[:] = 1.0
         scaled = False  # whether some token's adapter strength is not 1.0
         t = 0
         sampled = 0
@@ -185,6 +187,7 @@ class StepStaging:
                 token_scales[:t] if scaled else None,
             )
         self._copy(count)
+        self._scaled = scaled
         if uses_lora:
             self.lora_batch.mark_filled(t, scaled)
         return StagedStep(t, sampled, uses_lora)
