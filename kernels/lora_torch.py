@@ -5,7 +5,9 @@ batch until its next refill); each adapter's tokens run as a contiguous range (v
 in-place ``addmm_``) or an index list, reading only the rows below the adapter's rank. Decode
 steps with several adapters in consecutive slots use the stacked path (``LoRAPlan.stacks``):
 every token against every active adapter in a handful of large ops, masked. Rows with slot
--1 are never written.
+-1 are never written. Each token's shrink is multiplied by its strength
+(``LoRABatch.token_scales``) only when the batch has some strength other than 1.0
+(``LoRABatch.scaled``), so other batches run exactly the ops they ran without strengths.
 """
 
 from __future__ import annotations
@@ -91,6 +93,16 @@ def _rows(t: torch.Tensor, first: int, last: int, idx: torch.Tensor | None) -> t
     return t[first:last] if idx is None else t.index_select(0, idx)
 
 
+def _scaled(
+    h: torch.Tensor, batch: LoRABatch, first: int, last: int, idx: torch.Tensor | None
+) -> torch.Tensor:
+    """``h [S, n, rank]`` times each of its tokens' strength (h itself when the batch has none)."""
+    if not batch.scaled:
+        return h
+    scales = _rows(batch.token_scales, first, last, idx)  # [n] float32
+    return h * scales.to(h.dtype)[:, None]
+
+
 def _group_shrink(xs: torch.Tensor, a_slot: torch.Tensor, rank: int) -> torch.Tensor:
     """``[n, K] x [S, R, K] -> [S, n, rank]`` in xs's dtype, reading rank rows only."""
     num_slices, max_rank, k = a_slot.shape
@@ -129,6 +141,7 @@ def _stacked_add_lora(
     x: torch.Tensor,
     lora_a: torch.Tensor,
     lora_b: torch.Tensor,
+    batch: LoRABatch,
     host: HostGroups,
     offs: tuple[int, ...],
 ) -> None:
@@ -145,6 +158,8 @@ def _stacked_add_lora(
     else:
         h = torch.matmul(x, a[:, :, :r].transpose(2, 3)).transpose(0, 1)  # [S, G, T, r]
     h = torch.where(host.mask, h, 0)  # tokens keep only their own slot's row
+    if batch.scaled:
+        h = h * batch.token_scales[:t, None].to(h.dtype)  # [S, G, T, r] times [T, 1]
     b = lora_b[lo:hi, :, :r]  # [G, out_total, r]
     valid = host.valid
     rows = y if valid is None else y.index_select(0, valid)  # [n, out_total]
@@ -170,11 +185,11 @@ def add_lora(
     """``y += LoRA(x)`` in place: per adapter, or stacked where ``plan.stacks`` says so."""
     host = _host_groups(batch, x.shape[0], plan)
     if host.span is not None:
-        _stacked_add_lora(y, x, lora_a, lora_b, host, offs)
+        _stacked_add_lora(y, x, lora_a, lora_b, batch, host, offs)
         return
     for slot, rank, first, last, idx in host.groups:
         xs = _rows(x, first, last, idx)  # [n, K]
-        h = _group_shrink(xs, lora_a[slot], rank)  # [S, n, rank]
+        h = _scaled(_group_shrink(xs, lora_a[slot], rank), batch, first, last, idx)  # [S, n, rank]
         _group_expand(y, h, lora_b[slot], rank, offs, first, last, idx)
 
 
@@ -200,11 +215,11 @@ def expand(
     offs: tuple[int, ...],
     plan: LoRAPlan,
 ) -> None:
-    """``y += buf @ B^T`` per token and slice, in place (buf: float32 ``[S, T, R]``)."""
+    """``y += token_scale * buf @ B^T`` per token and slice, in place (buf: float32 ``[S, T, R]``)."""
     host = _host_groups(batch, y.shape[0], plan)
     for slot, rank, first, last, idx in host.groups:
         h = buf[:, first:last, :rank] if idx is None else buf[:, idx, :rank]  # [S, n, rank]
-        h = h.to(y.dtype)
+        h = _scaled(h, batch, first, last, idx).to(y.dtype)
         _group_expand(y, h, lora_b[slot], rank, offs, first, last, idx)
 
 

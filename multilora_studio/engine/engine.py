@@ -185,6 +185,11 @@ class Engine:
             )
         if adapter is not None:
             self.residency.check_known(adapter)
+        elif params.adapter_scale != 1.0:
+            raise ValueError(
+                f"adapter_scale={params.adapter_scale:g} needs an adapter: a base-model request "
+                "has no LoRA term to scale (pick an adapter, or leave adapter_scale at 1)"
+            )
         request_id = request_id or f"req-{next(self._request_counter)}-{uuid.uuid4().hex[:8]}"
         output = RequestOutput(request_id, adapter, token_ids, arrival_time=time.monotonic())
         stream = RequestStream(output, loop)
