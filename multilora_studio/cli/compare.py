@@ -73,6 +73,8 @@ def run_compare(args: argparse.Namespace) -> int:
             f"unknown adapters {', '.join(unknown)}: not in the library (multilora-studio adapters "
             "list); give their folders with --lora-modules NAME=PATH"
         )
+    if args.max_tokens < 1:  # the engine takes 0 (the prompt only); a comparison needs an answer
+        raise ValueError(f"max_tokens must be >= 1, got {args.max_tokens}")
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
     )

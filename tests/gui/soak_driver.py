@@ -12,7 +12,6 @@ process exited 0 with no fatal error; a binding that loses references aborts it 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -29,21 +28,18 @@ import psutil
 from PySide6.QtCore import QObject, QSettings, QTimer
 
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.engine import Engine
 from multilora_studio.engine.host_memory import return_freed_memory
 from multilora_studio.gui.app import checked_application
 from multilora_studio.gui.main_window import PAGES, MainWindow
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 from multilora_studio.gui.theme import set_theme
+from tests.live_objects import live_engines
 
 TICK_MS = 250
 PAGE_S = 2.0
 COMPARE_TOKENS = 12
 
 
-def live_engines() -> int:
-    gc.collect()
-    return sum(isinstance(item, Engine) for item in gc.get_objects())
 
 
 class Soak(QObject):
@@ -140,7 +136,7 @@ class Soak(QObject):
             "problems": self.problems,
             "none_refs": self.none_refs,
             "rss_after_restart": self.rss_after_restart,
-            "live_engines": live_engines(),
+            "live_engines": len(live_engines()),
             "engine_threads": sum(t.name == "engine-worker" for t in threading.enumerate()),
         }
         self.window.close()
