@@ -64,12 +64,20 @@ class Check:
         return spec
 
 
-def parse_check(spec: Any, reference: str | None) -> Check:
-    """A Check from a prompt set's ``check`` field; ValueError saying what is wrong."""
+def check_spec(spec: Any) -> dict[str, Any]:
+    """A check as a dict (a kind name becomes ``{"type": KIND}``); ValueError for an unknown kind."""
+    if isinstance(spec, Check):
+        return spec.to_spec()
     if isinstance(spec, str):
         spec = {"type": spec}
     if not isinstance(spec, dict) or spec.get("type") not in CHECK_KINDS:
         raise ValueError(f"a check is {{'type': one of {', '.join(CHECK_KINDS)}, ...}}, got {spec!r}")
+    return spec
+
+
+def parse_check(spec: Any, reference: str | None) -> Check:
+    """A Check from a prompt set's ``check`` field and the row's reference; ValueError saying why not."""
+    spec = check_spec(spec)
     kind = spec["type"]
     key = ARGUMENT[kind]
     extra = sorted(set(spec) - {"type", key})

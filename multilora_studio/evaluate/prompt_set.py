@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multilora_studio.evaluate.checks import ARGUMENT, Check, parse_check
+from multilora_studio.evaluate.checks import ARGUMENT, Check, check_spec, parse_check
 
 JSONL_FIELDS = frozenset({"prompt", "messages", "reference", "check"})
 CSV_FIELDS = ("prompt", "reference", "check", "check_value")
@@ -51,8 +51,12 @@ class PromptSet:
     cases: tuple[PromptCase, ...]
 
 
-def load_prompt_set(path: Path, default_check: Check | None = None) -> PromptSet:
-    """Read a .jsonl or .csv prompt set; ``default_check`` (else the file's) is for rows without one."""
+def load_prompt_set(path: Path, default_check: Check | str | dict[str, Any] | None = None) -> PromptSet:
+    """Read a .jsonl or .csv prompt set; ``default_check`` (else the file's) is for rows without one.
+
+    The default is a Check or a check as a file writes it (a kind name or a JSON object); it
+    is checked against each row it applies to (an ``exact`` default needs each row's reference).
+    """
     path = Path(path).expanduser()
     data = path.read_bytes()
     try:
@@ -66,8 +70,12 @@ def load_prompt_set(path: Path, default_check: Check | None = None) -> PromptSet
         rows = list(_jsonl_rows(text) if suffix == ".jsonl" else _csv_rows(text))
     except ValueError as error:
         raise ValueError(f"{path}, {error}") from None
-    file_default = rows.pop(0)[1]["default_check"] if rows and set(rows[0][1]) == {"default_check"} else None
-    default = default_check.to_spec() if default_check is not None else file_default
+    default = None
+    if rows and set(rows[0][1]) == {"default_check"}:
+        row, fields = rows.pop(0)
+        default = _at(path, row, lambda: check_spec(fields["default_check"]))
+    if default_check is not None:
+        default = check_spec(default_check)
     cases = tuple(_at(path, row, lambda f=fields, r=row: _case(r, f, default)) for row, fields in rows)
     if not cases:
         raise ValueError(f"{path} has no prompts")

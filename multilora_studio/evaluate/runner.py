@@ -23,8 +23,8 @@ from multilora_studio.util import ProgressCallback
 POLL_S = 0.1
 
 
-class EvalCancelled(Exception):
-    """The run was cancelled."""
+class EvalCancelled(RuntimeError):
+    """The run was cancelled (a RuntimeError, so callers report it like any stopped run)."""
 
 
 @dataclass(frozen=True)
