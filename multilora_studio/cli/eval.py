@@ -110,8 +110,11 @@ def run_eval_command(args: argparse.Namespace) -> int:
     print(f"model: {results.model}   prompt set: {prompt_set.name} ({len(prompt_set.cases)} prompts)\n")
     print("\n".join(score_lines(results)))
     print(f"\nresults: {saved}")
-    if args.format is not None:
-        print(f"export: {write_export(results, saved.with_suffix('.' + args.format))}")
+    if args.format is not None:  # JSON: the results file is the export
+        target = (
+            saved if args.format == "json" else write_export(results, saved.with_suffix("." + args.format))
+        )
+        print(f"export: {target}")
     if registry is not None and not args.no_record:
         recorded = record_scores(registry, results, saved)
         if recorded:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 BASE = "base"  # the name of the base model (no adapter) among the adapters evaluated
@@ -70,7 +71,7 @@ class EvalResults:
     scores: list[AdapterScore] = field(default_factory=list)
 
     def cell(self, prompt: int, adapter: str) -> Cell:
-        return self._by_key()[(prompt, adapter)]
+        return self._by_key[(prompt, adapter)]
 
     def row_cells(self, prompt: int) -> list[Cell]:
         """One prompt's cells in the order of ``adapters`` (the drill-down)."""
@@ -80,7 +81,9 @@ class EvalResults:
         (found,) = (score for score in self.scores if score.adapter == adapter)
         return found
 
+    @cached_property
     def _by_key(self) -> dict[tuple[int, str], Cell]:
+        """The cells by (prompt, adapter), built once (the results are not changed after a run)."""
         return {(cell.prompt, cell.adapter): cell for cell in self.cells}
 
     def to_dict(self) -> dict[str, Any]:
