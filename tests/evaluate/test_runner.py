@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -121,3 +122,13 @@ def test_unknown_adapters_and_too_long_rows_are_refused_clearly(engine, prompt_s
     )
     with pytest.raises(ValueError, match="row 2: the prompt has"):
         run_eval(engine, long, [BASE])
+
+
+def test_adapters_and_the_base_share_the_steps_of_a_batch(engine, prompt_set):
+    since = time.perf_counter()
+    run_eval(engine, prompt_set, NAMES, EvalSettings(max_tokens=6, batch_prompts=len(ROWS)))
+    steps = engine.step_trace.snapshot(since)
+    assert steps
+    mixed = [s for s in steps if 0 < s.lora_sequences < s.sequences]  # adapter rows next to base rows
+    assert mixed, [(s.sequences, s.lora_sequences) for s in steps]
+    assert max(s.sequences for s in steps) >= len(NAMES) * 2  # several prompts x every adapter at once
