@@ -44,6 +44,7 @@ from multilora_studio.evaluate import (
 )
 from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.evaluate_tables import DrillDown, MatrixTable, ScoresTable
+from multilora_studio.gui.preferences import Preferences
 from multilora_studio.gui.tasks import Task
 from multilora_studio.gui.widgets import MessageBanner
 
@@ -86,7 +87,7 @@ class EvaluateView(QWidget):
         every, none = QPushButton("All"), QPushButton("None")
         every.clicked.connect(lambda: self.tick_all(True))
         none.clicked.connect(lambda: self.tick_all(False))
-        self.max_tokens = QSpinBox(minimum=0, maximum=32768, value=64)
+        self.max_tokens = QSpinBox(minimum=0, maximum=32768, value=EvalSettings().max_tokens)
         self.max_tokens.setToolTip("0: score references and choices only, generate nothing")
         self.chat = QCheckBox("Send text prompts as chat")
         self.default_check = QComboBox()
@@ -316,3 +317,24 @@ class EvaluateView(QWidget):
             self.banner.show_message(f"Could not write {path}: {error}")
         else:
             self.banner.show_message(f"Saved {written}", "success")
+
+    # ---------------------------------------------------------------- remembered choices
+
+    def saved_widgets(self) -> list[QWidget]:
+        """The inputs ``save_state`` records (the window saves again when any of them changes)."""
+        return [self.path, self.adapters, self.max_tokens, self.default_check, self.chat]
+
+    def save_state(self, prefs: Preferences) -> None:
+        prefs.set("evaluate/prompt_set", self.path.text())
+        prefs.set("evaluate/adapters", sorted(self._wanted))
+        prefs.set("evaluate/max_tokens", self.max_tokens.value())
+        prefs.set("evaluate/default_check", self.default_check.currentText())
+        prefs.set("evaluate/chat", self.chat.isChecked())
+
+    def restore_state(self, prefs: Preferences) -> None:
+        self.path.setText(prefs.get("evaluate/prompt_set", ""))
+        self.set_checked(prefs.get("evaluate/adapters", [BASE]))
+        self.max_tokens.setValue(prefs.get("evaluate/max_tokens", EvalSettings().max_tokens))
+        check = prefs.get("evaluate/default_check", DEFAULT_CHECKS[0])
+        self.default_check.setCurrentIndex(max(0, self.default_check.findText(check)))
+        self.chat.setChecked(prefs.get("evaluate/chat", False))

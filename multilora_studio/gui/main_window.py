@@ -86,7 +86,8 @@ class MainWindow(QMainWindow):
         self._shortcuts()
         self._restore()
         self.autosave.timeout.connect(self.save_state)
-        on_any_edit(self.autosave.start, self.compare.saved_widgets() + self.server.saved_widgets())
+        saved = self.compare.saved_widgets() + self.evaluate.saved_widgets() + self.server.saved_widgets()
+        on_any_edit(self.autosave.start, saved)
         self.sidebar.currentRowChanged.connect(lambda *_: self.autosave.start())
         if start_engine:
             self.host.start(prefs.engine_choice())
@@ -152,6 +153,7 @@ class MainWindow(QMainWindow):
         page = self.prefs.get("window/page", "Compare")
         self.show_page(page if page in PAGES else "Compare")
         self.compare.restore_state(self.prefs)
+        self.evaluate.restore_state(self.prefs)
         self.server.restore_state(self.prefs)
         app = QApplication.instance()
         if isinstance(app, QApplication):
@@ -161,6 +163,7 @@ class MainWindow(QMainWindow):
         self.prefs.set("window/geometry", self.saveGeometry())
         self.prefs.set("window/page", self.page)
         self.compare.save_state(self.prefs)
+        self.evaluate.save_state(self.prefs)
         self.server.save_state(self.prefs)
         self.prefs.sync()
 
