@@ -13,10 +13,11 @@ ALLOWED = {
     "adapters": set(),
     "engine": {"kernels", "adapters", "default_model"},
     "server": {"engine", "adapters", "kernels"},
-    "gui": {"server", "engine", "adapters", "demo", "resources", "kernels"},
+    "evaluate": {"engine", "adapters"},
+    "gui": {"server", "engine", "adapters", "evaluate", "demo", "resources", "kernels"},
     "demo": {"engine", "adapters", "default_model", "kernels"},
     "bench": {"engine", "adapters", "server", "kernels", "default_model"},
-    "cli": {"gui", "server", "engine", "adapters", "demo", "bench", "default_model", "kernels"},
+    "cli": {"gui", "server", "engine", "adapters", "evaluate", "demo", "bench", "default_model", "kernels"},
     "default_model": set(),
 }
 SHARED = {"util", "paths", "resources"}
@@ -25,6 +26,7 @@ THIRD_PARTY_FORBIDDEN = {
     "adapters": {"PySide6", "fastapi", "uvicorn"},
     "engine": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
     "server": {"PySide6", "pyqtgraph"},
+    "evaluate": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
 }
 
 

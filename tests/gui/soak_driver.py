@@ -3,10 +3,12 @@
 The window runs on the embedded model (CPU) with the demo adapters in a fresh library. For
 ``--seconds`` it visits every view in turn, keeps a compare of base and every adapter running,
 lets the Monitor plot, switches the theme, and applies a restart in Settings ``--restarts``
-times (alternating the number of GPU slots). It writes what it measured as JSON: references to
-None over the run, resident memory after each restart, live Engine objects and engine threads
-at the end, and every problem seen. The test that runs it checks those numbers and that the
-process exited 0 with no fatal error; a binding that loses references aborts it before that.
+times (alternating the number of GPU slots); on the Evaluate page it keeps an evaluation of base
+and every adapter going, cancelling every other one (``EvaluateActions``). It writes what it
+measured as JSON: references to None over the run, resident memory after each restart, live
+Engine objects and engine threads at the end, and every problem seen. The test that runs it
+checks those numbers and that the process exited 0 with no fatal error; a binding that loses
+references aborts it before that.
 """
 
 from __future__ import annotations
@@ -38,8 +40,51 @@ from tests.live_objects import live_engines
 TICK_MS = 250
 PAGE_S = 2.0
 COMPARE_TOKENS = 12
+EVALUATE_TOKENS = 6
+EVALUATE_ROWS = [
+    {"prompt": "Name a colour.", "reference": " Blue", "check": "contains"},
+    {"prompt": "Is water wet?", "reference": " yes", "check": {"type": "choice", "choices": [" yes", " no"]}},
+    {"prompt": "Reply in JSON:", "check": {"type": "json_schema", "schema": {"type": "object"}}},
+]
 
 
+
+
+class EvaluateActions:
+    """The soak's Evaluate actions: while the Evaluate page shows, a run of base and every adapter
+    is kept going over a small prompt set, and every second run is cancelled as soon as it starts.
+    Errors (not cancellations) are problems."""
+
+    def __init__(self, window: MainWindow, folder: Path) -> None:
+        self.window = window
+        self.prompts = folder / "soak-prompts.jsonl"
+        self.prompts.write_text("".join(json.dumps(row) + "\n" for row in EVALUATE_ROWS))
+        self.started = self.finished = 0
+        self.problems: list[str] = []
+        window.evaluate.results_dir = folder / "evaluations"
+        window.evaluate.runFinished.connect(self.run_finished)
+
+    def tick(self) -> None:
+        view = self.window.evaluate
+        if view.running:
+            if self.started % 2 == 0:
+                view.stop()
+            return
+        if self.window.page != "Evaluate" or self.window.host.state != "ready":
+            return
+        view.path.setText(str(self.prompts))
+        view.max_tokens.setValue(EVALUATE_TOKENS)
+        view.tick_all(True)
+        if view.start():
+            self.started += 1
+        else:
+            self.problems.append(f"evaluation did not start: {view.banner.text}")
+
+    def run_finished(self) -> None:
+        self.finished += 1
+        banner = self.window.evaluate.banner
+        if banner.kind == "error":
+            self.problems.append(f"evaluation failed: {banner.text}")
 
 
 class Soak(QObject):
@@ -66,6 +111,7 @@ class Soak(QObject):
         window.host.ready.connect(self.engine_ready)
         window.host.failed.connect(lambda message: self.problems.append(f"engine failed: {message}"))
         window.compare.runFinished.connect(self.compare_finished)
+        self.evaluate_actions: EvaluateActions | None = None  # set by main()
 
     def engine_ready(self) -> None:
         if not self.timer.isActive():  # the first start
@@ -96,6 +142,8 @@ class Soak(QObject):
             if self.page == 0:  # once a tour of every view: the other theme
                 app = checked_application()
                 set_theme(app, "dark" if self.page_tours() % 2 else "light")
+        if self.evaluate_actions is not None:
+            self.evaluate_actions.tick()
         if self.window.host.state != "ready":
             return
         due = (self.restarts_done + 1) * self.seconds / (self.restarts + 1)
@@ -133,7 +181,8 @@ class Soak(QObject):
             "restarts": self.restarts_done,
             "compares": self.compares,
             "compare_errors": self.compare_errors,
-            "problems": self.problems,
+            "problems": self.problems + (self.evaluate_actions.problems if self.evaluate_actions else []),
+            "evaluations": self.evaluate_actions.finished if self.evaluate_actions else 0,
             "none_refs": self.none_refs,
             "rss_after_restart": self.rss_after_restart,
             "live_engines": len(live_engines()),
@@ -155,6 +204,7 @@ def main() -> int:
         prefs.set_engine_choice(replace(EngineChoice(), device="cpu", max_loras=2))
         window = MainWindow(prefs, Registry(Path(folder) / "library"))
         soak = Soak(window, args.seconds, args.restarts)
+        soak.evaluate_actions = EvaluateActions(window, Path(folder))
         window.resize(1280, 820)
         window.show()
         app.exec()
