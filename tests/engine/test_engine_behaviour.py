@@ -399,3 +399,16 @@ def test_the_start_up_heap_is_frozen_while_serving_and_collectable_after_shutdow
     del engine
     gc.collect()
     assert model() is None  # a heap left frozen would keep the stopped engine's model alive
+
+
+def test_queue_time_is_the_wait_before_the_first_step(make_engine):
+    engine = make_engine(max_num_seqs=1)  # one request at a time: the second waits for the first
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    first, second = engine.generate(["Once upon a time", "Other prompt here"], [None, "tiny-r4-qv"], params)
+    for output in (first, second):
+        assert output.first_scheduled_time is not None and output.first_token_time is not None
+        assert output.arrival_time <= output.first_scheduled_time <= output.first_token_time
+        assert output.queue_time == output.first_scheduled_time - output.arrival_time
+        assert output.ttft is not None and output.queue_time <= output.ttft
+    assert second.first_scheduled_time >= first.finish_time
+    assert second.queue_time > first.queue_time
