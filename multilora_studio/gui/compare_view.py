@@ -621,7 +621,10 @@ class CompareView(QWidget):
         tokenizer = engine.tokenizer
 
         def decode(token_id: int) -> str:
-            return f"<{token_id}>" if tokenizer is None else tokenizer.decode([token_id])
+            if tokenizer is None:
+                return f"<{token_id}>"
+            text = tokenizer.decode([token_id])
+            return text if "\ufffd" not in text else str(tokenizer.convert_ids_to_tokens(token_id))
 
         return decode
 
