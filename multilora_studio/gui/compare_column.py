@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFontMetrics, QResizeEvent, QTextCharFormat, QTextCursor
+from PySide6.QtGui import QColor, QFontMetrics, QResizeEvent, QTextBlockFormat, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -215,7 +215,7 @@ class CompareColumn(QFrame):
             self._insert_user(cursor, user)
             cursor.insertMarkdown(answer)
             cursor.movePosition(QTextCursor.MoveOperation.End)
-            cursor.insertBlock()
+            cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
         if self.history:
             self._insert_user(cursor, self.user_text)
         self.answer_start = cursor.position()
@@ -246,7 +246,7 @@ class CompareColumn(QFrame):
     def _insert_user(cursor: QTextCursor, text: str) -> None:
         escaped = html.escape(text).replace("\n", "<br>")
         cursor.insertHtml(f"<p style='{USER_STYLE}'><b>You:</b> {escaped}</p>")
-        cursor.insertBlock()
+        cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())  # the answer takes none of its style
 
     # ---------------------------------------------------------------- header
 

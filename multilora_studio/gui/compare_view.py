@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QListWidget,
     QPushButton,
     QScrollArea,
+    QSizePolicy,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -143,7 +144,9 @@ class CompareView(QWidget):
         self.markdown_button.clicked.connect(lambda: self._save("Markdown (*.md)", ".md"))
         self.json_button.clicked.connect(lambda: self._save("JSON (*.json)", ".json"))
         self.summary = QLabel()
-        self.summary.setMinimumWidth(0)
+        self.summary.setSizePolicy(
+            QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred
+        )  # never widens the bar
         self._lay_out(every, none)
         for keys in ("Ctrl+Shift+Return", "Ctrl+Shift+Enter"):
             shortcut = QShortcut(QKeySequence(keys), self, self.follow_up)
@@ -605,12 +608,16 @@ class CompareView(QWidget):
             decode = self._decoder(engine)
             for column, tokens in zip(scored, results, strict=True):
                 column.show_divergence(tokens, decode)
-            self.summary.setText(f"token divergence of {len(scored)} answers from the base")
+            self.summary.setText(
+                f"token divergence of {len(scored)} answers: green = more likely under the adapter than "
+                "the base, red = less; hover a token for both top lists"
+            )
             self.divergenceFinished.emit()
 
         def failed(message: str) -> None:
             self.divergence_busy = False
-            self.banner.show_message(f"Could not score the answers: {message}")
+            if self.host.engine is engine:  # not an engine stopped by a restart meanwhile
+                self.banner.show_message(f"Could not score the answers: {message}")
             self.divergenceFinished.emit()
 
         self.tasks.run("divergence", lambda task: score_divergence(engine, requests), shown, failed)

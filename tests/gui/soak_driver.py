@@ -3,10 +3,12 @@
 The window runs on the embedded model (CPU) with the demo adapters in a fresh library. For
 ``--seconds`` it visits every view in turn, keeps a compare of base and every adapter running,
 lets the Monitor plot, switches the theme, and applies a restart in Settings ``--restarts``
-times (alternating the number of GPU slots). It writes what it measured as JSON: references to
-None over the run, resident memory after each restart, live Engine objects and engine threads
-at the end, and every problem seen. The test that runs it checks those numbers and that the
-process exited 0 with no fatal error; a binding that loses references aborts it before that.
+times (alternating the number of GPU slots). Every other compare is a chat action
+(``start_chat_compare``: follow-ups, a column with its own settings, token divergence). It
+writes what it measured as JSON: references to None over the run, resident memory after each
+restart, live Engine objects and engine threads at the end, and every problem seen. The test
+that runs it checks those numbers and that the process exited 0 with no fatal error; a binding
+that loses references aborts it before that.
 """
 
 from __future__ import annotations
@@ -32,13 +34,16 @@ from multilora_studio.adapters.registry import Registry
 from multilora_studio.engine import Engine
 from multilora_studio.engine.host_memory import return_freed_memory
 from multilora_studio.gui.app import checked_application
+from multilora_studio.gui.compare_column import MARKDOWN, TOKENS
 from multilora_studio.gui.main_window import PAGES, MainWindow
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 from multilora_studio.gui.theme import set_theme
+from multilora_studio.run_records import ColumnOverrides
 
 TICK_MS = 250
 PAGE_S = 2.0
 COMPARE_TOKENS = 12
+CHAT_TOKENS = 6
 
 
 def live_engines() -> int:
@@ -60,6 +65,8 @@ class Soak(QObject):
         self.restarts_done = 0
         self.restart_pending = False
         self.compares = 0
+        self.chat_runs = 0
+        self.divergences = 0
         self.compare_errors: list[str] = []
         self.problems: list[str] = []
         self.rss_after_restart: list[int] = []
@@ -70,6 +77,7 @@ class Soak(QObject):
         window.host.ready.connect(self.engine_ready)
         window.host.failed.connect(lambda message: self.problems.append(f"engine failed: {message}"))
         window.compare.runFinished.connect(self.compare_finished)
+        window.compare.divergenceFinished.connect(lambda: divergence_finished(self))
 
     def engine_ready(self) -> None:
         if not self.timer.isActive():  # the first start
@@ -105,8 +113,11 @@ class Soak(QObject):
         due = (self.restarts_done + 1) * self.seconds / (self.restarts + 1)
         if not self.restart_pending and self.restarts_done < self.restarts and elapsed >= due:
             self.restart()
-        elif not self.window.compare.running:
-            self.start_compare()
+        elif not self.window.compare.running and not self.window.compare.divergence_busy:
+            if self.compares % 2:
+                start_chat_compare(self)
+            else:
+                self.start_compare()
 
     def page_tours(self) -> int:
         return int((time.monotonic() - self.started) / (PAGE_S * len(PAGES)))
@@ -136,6 +147,8 @@ class Soak(QObject):
             "seconds": time.monotonic() - self.started,
             "restarts": self.restarts_done,
             "compares": self.compares,
+            "chat_runs": self.chat_runs,
+            "divergences": self.divergences,
             "compare_errors": self.compare_errors,
             "problems": self.problems,
             "none_refs": self.none_refs,
@@ -145,6 +158,33 @@ class Soak(QObject):
         }
         self.window.close()
         checked_application().quit()
+
+
+def start_chat_compare(soak: Soak) -> None:
+    """Compare chat actions: a follow-up to every column (a new chat every third turn), the last
+    column with its own settings, and the token divergence view every other time."""
+    compare = soak.window.compare
+    names = compare.checked_names()
+    if names:
+        compare.set_column_overrides(names[-1], ColumnOverrides(max_tokens=CHAT_TOKENS, temperature=0.0))
+    view = TOKENS if soak.chat_runs % 2 else MARKDOWN
+    compare.view_mode.setCurrentIndex(compare.view_mode.findData(view))
+    compare.raw.setChecked(False)
+    compare.prompt.setPlainText(f"Follow-up {soak.chat_runs}: say more.")
+    chat = compare.conversation
+    follow = chat is not None and 0 < chat.turns < 3 and not chat.raw
+    if not (compare.follow_up() if follow else compare.start()):
+        soak.problems.append(f"chat compare did not start: {compare.banner.text}")
+        return
+    soak.chat_runs += 1
+
+
+def divergence_finished(soak: Soak) -> None:
+    banner = soak.window.compare.banner.text
+    if banner.startswith("Could not score"):
+        soak.problems.append(banner)
+    else:
+        soak.divergences += 1
 
 
 def main() -> int:
