@@ -11,7 +11,15 @@ import math
 from collections.abc import Callable
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFontMetrics, QResizeEvent, QTextBlockFormat, QTextCharFormat, QTextCursor
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QFontMetrics,
+    QResizeEvent,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+)
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -35,7 +43,7 @@ LESS_LIKELY = (220, 50, 47)  # red: less likely
 DIVERGENCE_SCALE = 4.0  # nats of |delta| that get the strongest colour
 RENDER_MS = 40  # a streaming answer is drawn again at most this often
 MARKDOWN, PLAIN, TOKENS = "markdown", "plain", "tokens"
-USER_STYLE = "background-color: rgba(127, 127, 127, 40); padding: 4px;"
+USER_BACKGROUND = QColor(127, 127, 127, 40)  # the user's turns: grey on light and dark themes
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -244,9 +252,17 @@ class CompareColumn(QFrame):
 
     @staticmethod
     def _insert_user(cursor: QTextCursor, text: str) -> None:
-        escaped = html.escape(text).replace("\n", "<br>")
-        cursor.insertHtml(f"<p style='{USER_STYLE}'><b>You:</b> {escaped}</p>")
-        cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())  # the answer takes none of its style
+        """The user's turn as its own shaded block; the answer after it starts a plain block."""
+        block = QTextBlockFormat()
+        block.setBackground(USER_BACKGROUND)
+        block.setTopMargin(8)
+        block.setBottomMargin(4)
+        cursor.setBlockFormat(block)
+        bold = QTextCharFormat()
+        bold.setFontWeight(QFont.Weight.Bold)
+        cursor.insertText("You: ", bold)
+        cursor.insertText(text, QTextCharFormat())
+        cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
 
     # ---------------------------------------------------------------- header
 
