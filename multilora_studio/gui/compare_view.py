@@ -133,7 +133,13 @@ class CompareView(QWidget):
         self.copy_button = QPushButton("Copy Markdown")
         self.markdown_button = QPushButton("Save Markdown…")
         self.json_button = QPushButton("Save JSON…")
-        for button in (self.copy_button, self.markdown_button, self.json_button, self.follow_button):
+        for button in (
+            self.copy_button,
+            self.markdown_button,
+            self.json_button,
+            self.follow_button,
+            self.edit_button,
+        ):
             button.setEnabled(False)
         self.run_button.clicked.connect(self.start)
         self.follow_button.clicked.connect(self.follow_up)
@@ -217,6 +223,7 @@ class CompareView(QWidget):
         vertical.addWidget(controls)
         vertical.addWidget(columns_area)
         vertical.setStretchFactor(1, 3)
+        vertical.setSizes([330, 490])  # the columns get most of the height
         layout = QVBoxLayout(self)
         layout.addWidget(vertical, 1)
         self.banner.setAutoFillBackground(True)
@@ -537,7 +544,9 @@ class CompareView(QWidget):
         self.stop_button.setEnabled(running)
         chat = self.conversation is not None and self.conversation.turns > 0 and not self.conversation.raw
         self.follow_button.setEnabled(not running and chat)
-        self.edit_button.setEnabled(not running)
+        self.edit_button.setEnabled(
+            not running and self.conversation is not None and self.conversation.turns > 0
+        )
         self.new_chat_button.setEnabled(not running)
         self.history_button.setEnabled(not running)
         for button in (self.copy_button, self.markdown_button, self.json_button):
