@@ -13,6 +13,7 @@ from PySide6.QtCore import Qt
 from multilora_studio.engine import SamplingParams
 from multilora_studio.gui.compare_column import MARKDOWN, TOKENS, CompareColumn
 from multilora_studio.gui.compare_run import ColumnUpdate
+from multilora_studio.gui.compare_settings import ColumnSettingsDialog
 from multilora_studio.run_records import ColumnOverrides, RunHistory, RunRecord
 from multilora_studio.util import sha256_file
 from tests.gui.conftest import save_screenshot
@@ -255,3 +256,21 @@ def test_slot_warning_queue_times_headers_banner_and_tab(
     qtbot.waitUntil(compare.prompt.hasFocus, timeout=5000)
     qtbot.keyClick(compare.prompt, Qt.Key.Key_Tab)
     assert not compare.prompt.hasFocus() and "\t" not in compare.prompt.toPlainText()
+
+
+def test_column_settings_refuse_bad_stop_strings_and_go_back_to_shared(qtbot):
+    dialog = ColumnSettingsDialog("tiny-r4-qv", ColumnOverrides(max_tokens=3, stop=("\n",)))
+    qtbot.addWidget(dialog)
+    assert (
+        dialog.max_tokens.value() == 3
+        and dialog.stop.text() == "\\n"
+        and dialog.temperature.text() == "shared"
+    )
+    changes = []
+    dialog.changed.connect(lambda name, overrides: changes.append((name, overrides)))
+    dialog.open()
+    dialog.stop.setText("a\\q")
+    dialog.accept()
+    assert changes == [] and dialog.isVisible() and "unknown escape" in dialog.error.text()
+    dialog.reset_button.click()
+    assert changes == [("tiny-r4-qv", ColumnOverrides())] and not dialog.isVisible()
