@@ -104,7 +104,10 @@ class CompareRun(QObject):
         with self._lock:
             self._stopped = True
             ids = [c.request_id for c in self.columns if c.request_id and c.output is None]
-        for request_id in ids:
+        self._abort(ids)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
             try:
                 self.engine.abort(request_id)
             except RuntimeError:  # the engine was shut down: its requests ended already
@@ -151,8 +154,7 @@ class CompareRun(QObject):
                 column.request_id = stream.request_id
             stopped = self._stopped
         if stopped:
-            for stream in streams:
-                self.engine.abort(stream.request_id)
+            self._abort([stream.request_id for stream in streams])
         for index, stream in enumerate(streams):
             threading.Thread(
                 target=self._read, args=(index, stream), name=f"compare-read-{index}", daemon=True
