@@ -116,7 +116,14 @@ class CompareColumn(QFrame):
         self.stats.setWordWrap(True)
         self.difference = QLabel("reference" if name == BASE else "")
         self.difference.setWordWrap(True)
-        for label in (self.stats, self.difference, self.overrides):
+        self.divergence_note = QLabel()
+        self.divergence_note.setWordWrap(True)
+        self.divergence_note.setToolTip(
+            "log p(token) under the adapter minus under the base: green more likely under the adapter, "
+            "red less; hover a token for both models' top alternatives"
+        )
+        self.divergence_note.hide()
+        for label in (self.stats, self.difference, self.overrides, self.divergence_note):
             label.setStyleSheet("color: palette(placeholder-text);")
         self.view = QTextBrowser()
         self.view.setOpenLinks(False)
@@ -133,6 +140,7 @@ class CompareColumn(QFrame):
         layout.addWidget(self.overrides)
         layout.addWidget(self.stats)
         layout.addWidget(self.difference)
+        layout.addWidget(self.divergence_note)
         layout.addWidget(self.view, 1)
         self._elide_title()
         self.show_overrides(ColumnOverrides())
@@ -152,6 +160,7 @@ class CompareColumn(QFrame):
         self.diverges_at = None
         self.agreed = 0
         self.divergence = None
+        self.divergence_note.hide()
         self.stats.setText("waiting…")
         self.difference.setText("reference" if self.name == BASE else "")
         self.difference.setStyleSheet("color: palette(placeholder-text);")
@@ -200,6 +209,12 @@ class CompareColumn(QFrame):
         """Colour the last answer's tokens by divergence from the base (``decode`` names alternatives)."""
         self.divergence = tokens
         self.decode = decode
+        more = sum(token.delta > 0 for token in tokens)
+        mean = sum(token.delta for token in tokens) / max(1, len(tokens))
+        self.divergence_note.setText(
+            f"vs base: mean Δ log p {mean:+.2f} nats; {more} of {len(tokens)} tokens more likely (green)"
+        )
+        self.divergence_note.setVisible(self.mode == TOKENS)
         if self.mode == TOKENS:
             self.redraw()
 
@@ -207,6 +222,7 @@ class CompareColumn(QFrame):
         if mode not in (MARKDOWN, PLAIN, TOKENS):
             raise ValueError(f"unknown view {mode!r}")
         self.mode = mode
+        self.divergence_note.setVisible(mode == TOKENS and self.divergence is not None)
         self.redraw()
 
     # ---------------------------------------------------------------- drawing

@@ -617,10 +617,7 @@ class CompareView(QWidget):
             decode = self._decoder(engine)
             for column, tokens in zip(scored, results, strict=True):
                 column.show_divergence(tokens, decode)
-            self.summary.setText(
-                f"token divergence of {len(scored)} answers: green = more likely under the adapter than "
-                "the base, red = less; hover a token for both top lists"
-            )
+            self.summary.setText(f"token divergence of {len(scored)} answers from the base (hover a token)")
             self.divergenceFinished.emit()
 
         def failed(message: str) -> None:

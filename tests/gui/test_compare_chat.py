@@ -169,6 +169,11 @@ def test_token_divergence_equals_the_engines_scores(qtbot, compare_window):
             assert [t for t, _ in token.base_top] == [t for t, _ in base_entry.top]
         assert "".join(t.text for t in column.divergence) == engine.tokenizer.decode(output.token_ids)
         assert any(abs(t.delta) > 0.01 for t in column.divergence)  # the adapter changes the distribution
+        more = sum(t.delta > 0 for t in column.divergence)
+        assert (
+            column.divergence_note.isVisible()
+            and f"{more} of {len(output.token_ids)}" in column.divergence_note.text()
+        )
         first = column.divergence[0]
         tooltip = column.answer_format_at(0).toolTip()
         assert f"Δ {first.delta:+.2f}" in tooltip and "base's top" in tooltip
