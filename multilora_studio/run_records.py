@@ -104,6 +104,7 @@ class ColumnRun:
     settings: RunSettings  # the shared settings with the overrides applied: what was sent
     prompt: Prompt  # chat messages (its own history) or raw text, as sent
     output: ColumnOutput | None = None
+    adapter_source: str | None = None  # where the library got it: a folder, or a Hub repo@revision
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ColumnRun:
@@ -116,6 +117,7 @@ class ColumnRun:
             settings=RunSettings.from_dict(data["settings"]),
             prompt=data["prompt"],
             output=None if output is None else ColumnOutput.from_dict(output),
+            adapter_source=data.get("adapter_source"),
         )
 
 

@@ -423,12 +423,8 @@ class CompareView(QWidget):
             column.begin_turn(self._history_of(conversation, index), conversation.user_turns[-1])
         self._show_turns()
         paths = {info.name: info.path for info in engine.list_adapters()}
-        names = [name for name in conversation.names if name != BASE]
-        run = CompareRun(
-            engine,
-            requests,
-            side_work=lambda: {name: self.digests.of(paths[name]) for name in names if name in paths},
-        )
+        names = [name for name in conversation.names if name != BASE and name in paths]
+        run = CompareRun(engine, requests, side_work=lambda: self._identify(names, paths))
         run.updated.connect(self._updated)
         run.columnFinished.connect(self._updated)
         run.finished.connect(self._finished)
@@ -440,6 +436,14 @@ class CompareView(QWidget):
         turn = f"turn {conversation.turns}: " if conversation.turns > 1 else ""
         self.summary.setText(f"{turn}{len(requests)} requests in one batch on {engine.model_name}…")
         run.start()
+
+    def _identify(self, names: list[str], paths: dict[str, Path]) -> dict[str, tuple[str, str | None]]:
+        """Each adapter's weights digest and library source (on the run's launch thread)."""
+        found = {}
+        for name in names:
+            record = self.host.registry.find(name)
+            found[name] = (self.digests.of(paths[name]), None if record is None else record.source_label)
+        return found
 
     @staticmethod
     def _history_of(conversation: Conversation, column: int) -> list[tuple[str, str]]:
@@ -495,16 +499,20 @@ class CompareView(QWidget):
             self.compute_divergence()
         self.runFinished.emit()
 
-    def _record(self, run: CompareRun, sending: _Sending, digests: dict[str, str]) -> RunRecord:
+    def _record(
+        self, run: CompareRun, sending: _Sending, identities: dict[str, tuple[str, str | None]]
+    ) -> RunRecord:
         conversation = sending.conversation
         columns = []
         for index, (request, column) in enumerate(zip(run.requests, self.columns, strict=True)):
             output = column.output
+            digest, source = identities.get(request.name, (None, None))
             columns.append(
                 ColumnRun(
                     name=request.name,
                     adapter=request.adapter,
-                    adapter_digest=digests.get(request.name),
+                    adapter_digest=digest,
+                    adapter_source=source,
                     overrides=sending.overrides[index],
                     settings=sending.settings[index],
                     prompt=request.prompt,

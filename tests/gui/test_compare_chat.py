@@ -201,6 +201,7 @@ def test_runs_are_recorded_and_rerun_reproduces_them(qtbot, compare_window, tiny
     assert record.engine.dtype == "float32" and record.shared.seed is not None  # a drawn seed is recorded
     for column in record.columns[1:]:
         assert column.adapter_digest == sha256_file(tiny_adapters[column.name] / "adapter_model.safetensors")
+        assert column.adapter_source == str(tiny_adapters[column.name])  # the folder it was imported from
     assert [list(c.output.token_ids) for c in record.columns] == answers
     assert json.loads(compare.export(tmp_path / "run.json").read_text())["id"] == record.id
 
