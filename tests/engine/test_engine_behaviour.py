@@ -417,3 +417,16 @@ def test_pinning_loads_the_adapter_into_a_slot_without_a_request(make_engine, ti
     assert pinned.token_ids and engine.metrics(fresh=True).gpu_hits >= 1
     engine.pin_adapter("tiny-r8-all", False)
     assert slots() == {"tiny-r8-all": False}  # unpinning keeps it resident, evictable
+
+
+def test_queue_time_is_the_wait_before_the_first_step(make_engine):
+    engine = make_engine(max_num_seqs=1)  # one request at a time: the second waits for the first
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    first, second = engine.generate(["Once upon a time", "Other prompt here"], [None, "tiny-r4-qv"], params)
+    for output in (first, second):
+        assert output.first_scheduled_time is not None and output.first_token_time is not None
+        assert output.arrival_time <= output.first_scheduled_time <= output.first_token_time
+        assert output.queue_time == output.first_scheduled_time - output.arrival_time
+        assert output.ttft is not None and output.queue_time <= output.ttft
+    assert second.first_scheduled_time >= first.finish_time
+    assert second.queue_time > first.queue_time

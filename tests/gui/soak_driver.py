@@ -3,12 +3,13 @@
 The window runs on the embedded model (CPU) with the demo adapters in a fresh library. For
 ``--seconds`` it visits every view in turn, keeps a compare of base and every adapter running,
 lets the Monitor plot, switches the theme, and applies a restart in Settings ``--restarts``
-times (alternating the number of GPU slots); on the Evaluate page it keeps an evaluation of base
-and every adapter going, cancelling every other one (``EvaluateActions``). It writes what it
-measured as JSON: references to None over the run, resident memory after each restart, live
-Engine objects and engine threads at the end, and every problem seen. The test that runs it
-checks those numbers and that the process exited 0 with no fatal error; a binding that loses
-references aborts it before that.
+times (alternating the number of GPU slots). Every other compare is a chat action
+(``start_chat_compare``: follow-ups, a column with its own settings, token divergence); on the
+Evaluate page it keeps an evaluation of base and every adapter going, cancelling every other
+one (``EvaluateActions``). It writes what it measured as JSON: references to None over the
+run, resident memory after each restart, live Engine objects and engine threads at the end,
+and every problem seen. The test that runs it checks those numbers and that the process exited
+0 with no fatal error; a binding that loses references aborts it before that.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from PySide6.QtCore import QObject, QSettings, QTimer
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.engine.host_memory import return_freed_memory
 from multilora_studio.gui.app import checked_application
+from multilora_studio.gui.compare_column import MARKDOWN, TOKENS
 from multilora_studio.gui.main_window import PAGES, MainWindow
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 from multilora_studio.gui.theme import set_theme
+from multilora_studio.run_records import ColumnOverrides
 from tests.live_objects import live_engines
 
 TICK_MS = 250
@@ -46,8 +49,7 @@ EVALUATE_ROWS = [
     {"prompt": "Is water wet?", "reference": " yes", "check": {"type": "choice", "choices": [" yes", " no"]}},
     {"prompt": "Reply in JSON:", "check": {"type": "json_schema", "schema": {"type": "object"}}},
 ]
-
-
+CHAT_TOKENS = 6
 
 
 class EvaluateActions:
@@ -101,6 +103,8 @@ class Soak(QObject):
         self.restarts_done = 0
         self.restart_pending = False
         self.compares = 0
+        self.chat_runs = 0
+        self.divergences = 0
         self.compare_errors: list[str] = []
         self.problems: list[str] = []
         self.rss_after_restart: list[int] = []
@@ -112,6 +116,7 @@ class Soak(QObject):
         window.host.failed.connect(lambda message: self.problems.append(f"engine failed: {message}"))
         window.compare.runFinished.connect(self.compare_finished)
         self.evaluate_actions: EvaluateActions | None = None  # set by main()
+        window.compare.divergenceFinished.connect(lambda: divergence_finished(self))
 
     def engine_ready(self) -> None:
         if not self.timer.isActive():  # the first start
@@ -149,8 +154,11 @@ class Soak(QObject):
         due = (self.restarts_done + 1) * self.seconds / (self.restarts + 1)
         if not self.restart_pending and self.restarts_done < self.restarts and elapsed >= due:
             self.restart()
-        elif not self.window.compare.running:
-            self.start_compare()
+        elif not self.window.compare.running and not self.window.compare.divergence_busy:
+            if self.compares % 2:
+                start_chat_compare(self)
+            else:
+                self.start_compare()
 
     def page_tours(self) -> int:
         return int((time.monotonic() - self.started) / (PAGE_S * len(PAGES)))
@@ -180,6 +188,8 @@ class Soak(QObject):
             "seconds": time.monotonic() - self.started,
             "restarts": self.restarts_done,
             "compares": self.compares,
+            "chat_runs": self.chat_runs,
+            "divergences": self.divergences,
             "compare_errors": self.compare_errors,
             "problems": self.problems + (self.evaluate_actions.problems if self.evaluate_actions else []),
             "evaluations": self.evaluate_actions.finished if self.evaluate_actions else 0,
@@ -190,6 +200,33 @@ class Soak(QObject):
         }
         self.window.close()
         checked_application().quit()
+
+
+def start_chat_compare(soak: Soak) -> None:
+    """Compare chat actions: a follow-up to every column (a new chat every third turn), the last
+    column with its own settings, and the token divergence view every other time."""
+    compare = soak.window.compare
+    names = compare.checked_names()
+    if names:
+        compare.set_column_overrides(names[-1], ColumnOverrides(max_tokens=CHAT_TOKENS, temperature=0.0))
+    view = TOKENS if soak.chat_runs % 2 else MARKDOWN
+    compare.view_mode.setCurrentIndex(compare.view_mode.findData(view))
+    compare.raw.setChecked(False)
+    compare.prompt.setPlainText(f"Follow-up {soak.chat_runs}: say more.")
+    chat = compare.conversation
+    follow = chat is not None and 0 < chat.turns < 3 and not chat.raw
+    if not (compare.follow_up() if follow else compare.start()):
+        soak.problems.append(f"chat compare did not start: {compare.banner.text}")
+        return
+    soak.chat_runs += 1
+
+
+def divergence_finished(soak: Soak) -> None:
+    banner = soak.window.compare.banner.text
+    if banner.startswith("Could not score"):
+        soak.problems.append(banner)
+    else:
+        soak.divergences += 1
 
 
 def main() -> int:
