@@ -23,6 +23,7 @@ class DivergenceRequest:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     adapter: str | None
+    adapter_scale: float = 1.0  # the strength it was written at
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ def score_divergence(
     sequences = [list(r.prompt_token_ids) + list(r.output_token_ids) for r in requests]
     prompts: list[list[int]] = [ids for ids in sequences for _ in range(2)]
     adapters = [name for r in requests for name in (r.adapter, None)]
-    scored = engine.score(prompts, adapters, top_k)
+    scales = [scale for r in requests for scale in (r.adapter_scale, 1.0)]
+    scored = engine.score(prompts, adapters, top_k, scales)
     for output in scored:
         if output.error:
             raise ValueError(f"scoring failed: {output.error}")

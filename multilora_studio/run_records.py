@@ -25,6 +25,27 @@ log = logging.getLogger(__name__)
 RECORD_VERSION = 1
 HISTORY_LIMIT = 500
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+BASE = "base"  # the column of the model without an adapter
+STRENGTH_MARK = " x"  # "demo-pirate x0.5": the adapter at half strength (adapter names hold no space)
+SWEEP_STRENGTHS = (0.25, 0.5, 1.0)  # Compare's one-click strength sweep
+
+
+def strength_column(adapter: str, scale: float) -> str:
+    """The column name of ``adapter`` at strength ``scale`` (its own name at 1)."""
+    return adapter if scale == 1.0 else f"{adapter}{STRENGTH_MARK}{scale:g}"
+
+
+def column_choice(name: str) -> tuple[str | None, float]:
+    """(the adapter, None for the base; its strength) of a column name."""
+    if name == BASE:
+        return None, 1.0
+    adapter, mark, scale = name.rpartition(STRENGTH_MARK)
+    if mark and adapter:
+        try:
+            return adapter, float(scale)
+        except ValueError:
+            pass
+    return name, 1.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +126,7 @@ class ColumnRun:
     prompt: Prompt  # chat messages (its own history) or raw text, as sent
     output: ColumnOutput | None = None
     adapter_source: str | None = None  # where the library got it: a folder, or a Hub repo@revision
+    adapter_scale: float = 1.0  # the adapter's strength (SamplingParams.adapter_scale)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ColumnRun:
@@ -118,6 +140,7 @@ class ColumnRun:
             prompt=data["prompt"],
             output=None if output is None else ColumnOutput.from_dict(output),
             adapter_source=data.get("adapter_source"),
+            adapter_scale=data.get("adapter_scale", 1.0),
         )
 
 

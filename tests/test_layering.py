@@ -13,7 +13,7 @@ ALLOWED = {
     "adapters": set(),
     "engine": {"kernels", "adapters", "default_model"},
     "server": {"engine", "adapters", "kernels"},
-    "evaluate": {"engine", "adapters"},
+    "evaluate": {"engine", "adapters", "run_records"},
     "gui": {
         "server",
         "engine",

@@ -18,8 +18,7 @@ from multilora_studio.cli.shared import (
     print_progress,
 )
 from multilora_studio.engine import Engine, RequestOutput, SamplingParams
-
-BASE = "base"
+from multilora_studio.run_records import BASE
 
 
 def add_compare_command(subparsers: Subcommands) -> None:

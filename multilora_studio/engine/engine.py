@@ -222,13 +222,16 @@ class Engine:
         prompts: Sequence[Prompt],
         adapter_names: Sequence[str | None] | None = None,
         top_k: int = 0,
+        adapter_scales: Sequence[float] | None = None,
     ) -> list[RequestOutput]:
         """Log-probability of every prompt token given the ones before it, all prompts in one batch.
 
         Each output's ``prompt_logprobs`` has one entry per prompt token (None for the first) with
         ``top_k`` alternatives; nothing is generated (``token_ids`` and ``text`` stay empty).
+        ``adapter_scales`` gives each prompt's adapter strength (``SamplingParams.adapter_scale``).
         """
-        params = SamplingParams(max_tokens=0, prompt_logprobs=top_k)
+        scales = list(adapter_scales) if adapter_scales is not None else [1.0] * len(prompts)
+        params = [SamplingParams(max_tokens=0, prompt_logprobs=top_k, adapter_scale=s) for s in scales]
         return self.generate(prompts, adapter_names, params)
 
     def stream(

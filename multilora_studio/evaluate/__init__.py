@@ -15,8 +15,9 @@ from multilora_studio.evaluate.export import (
 )
 from multilora_studio.evaluate.library import record_scores
 from multilora_studio.evaluate.prompt_set import PromptCase, PromptSet, load_prompt_set
-from multilora_studio.evaluate.results import BASE, AdapterScore, Cell, EvalResults
+from multilora_studio.evaluate.results import AdapterScore, Cell, EvalResults
 from multilora_studio.evaluate.runner import EvalCancelled, EvalSettings, run_eval
+from multilora_studio.run_records import BASE
 
 __all__ = [
     "BASE",

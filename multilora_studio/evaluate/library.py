@@ -6,7 +6,8 @@ from pathlib import Path
 
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.adapters.registry_schema import EvalScoreRecord
-from multilora_studio.evaluate.results import BASE, EvalResults
+from multilora_studio.evaluate.results import EvalResults
+from multilora_studio.run_records import BASE
 
 
 def record_scores(registry: Registry, results: EvalResults, results_path: Path | None = None) -> list[str]:

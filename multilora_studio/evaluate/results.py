@@ -6,8 +6,6 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
-BASE = "base"  # the name of the base model (no adapter) among the adapters evaluated
-
 
 @dataclass(frozen=True)
 class Cell:

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 
 from multilora_studio.engine import Engine, Prompt, RequestOutput, RequestStream, SamplingParams
 from multilora_studio.evaluate.prompt_set import PromptCase, PromptSet
-from multilora_studio.evaluate.results import BASE, Cell, EvalResults, PromptRow, adapter_scores
+from multilora_studio.evaluate.results import Cell, EvalResults, PromptRow, adapter_scores
 from multilora_studio.evaluate.scoring import SCORE_PARAMS, Continuation, continuation, summed_logprob
+from multilora_studio.run_records import BASE
 from multilora_studio.util import ProgressCallback
 
 POLL_S = 0.1

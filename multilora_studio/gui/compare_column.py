@@ -33,9 +33,9 @@ from PySide6.QtWidgets import (
 
 from multilora_studio.divergence import TokenDivergence
 from multilora_studio.engine import RequestOutput
-from multilora_studio.gui.compare_run import BASE, ColumnUpdate
+from multilora_studio.gui.compare_run import ColumnUpdate
 from multilora_studio.gui.diff import utf16_offset
-from multilora_studio.run_records import ColumnOverrides
+from multilora_studio.run_records import BASE, ColumnOverrides
 
 HIGHLIGHT = QColor(255, 179, 0, 90)  # amber, readable on light and dark backgrounds
 MORE_LIKELY = (46, 160, 67)  # green: the adapter makes the token more likely than the base does

@@ -18,10 +18,9 @@ from PySide6.QtWidgets import (
 )
 
 from multilora_studio.gui.compare_column import MARKDOWN, PLAIN, TOKENS
-from multilora_studio.gui.compare_run import BASE
 from multilora_studio.gui.preferences import Preferences
 from multilora_studio.gui.stop_strings import format_stop_strings, parse_stop_strings
-from multilora_studio.run_records import ColumnOverrides, RunSettings
+from multilora_studio.run_records import BASE, ColumnOverrides, RunSettings
 
 DEFAULT_PROMPT = "In one sentence, what is a LoRA adapter?"
 SEED_LIMIT = 2**31 - 1  # what a spin box holds; seeds drawn for a run stay below it

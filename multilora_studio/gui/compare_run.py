@@ -12,18 +12,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
 from multilora_studio.engine import Engine, Prompt, RequestOutput, RequestStream, SamplingParams
 from multilora_studio.gui.tasks import user_message
+from multilora_studio.run_records import column_choice
 
 log = logging.getLogger(__name__)
-
-BASE = "base"
-
 
 @dataclass
 class ColumnUpdate:
@@ -40,7 +38,8 @@ class ColumnUpdate:
 
 @dataclass(frozen=True)
 class ColumnRequest:
-    """What one column sends: 'base' or an adapter name, its prompt and its settings."""
+    """What one column sends: 'base', an adapter or an adapter at a strength (``column_choice``),
+    its prompt and its settings."""
 
     name: str
     prompt: Prompt
@@ -48,7 +47,13 @@ class ColumnRequest:
 
     @property
     def adapter(self) -> str | None:
-        return None if self.name == BASE else self.name
+        return column_choice(self.name)[0]
+
+    @property
+    def engine_params(self) -> SamplingParams:
+        """``params`` with the column's adapter strength."""
+        scale = column_choice(self.name)[1]
+        return self.params if scale == 1.0 else replace(self.params, adapter_scale=scale)
 
 
 @dataclass
@@ -85,7 +90,7 @@ class CompareRun(QObject):
         self.side_result: Any = None
         self._side_work = side_work
         self._side_done = threading.Event()
-        self.columns = [_Column(r.name, r.adapter, r.prompt, r.params) for r in requests]
+        self.columns = [_Column(r.name, r.adapter, r.prompt, r.engine_params) for r in requests]
         self._lock = threading.Lock()
         self._stopped = False
         self._remaining = len(requests)

@@ -37,7 +37,7 @@ from multilora_studio.gui.compare_column import TOKENS, CompareColumn
 from multilora_studio.gui.compare_export import Comparison, to_json, to_markdown
 from multilora_studio.gui.compare_history import RunHistoryDialog
 from multilora_studio.gui.compare_inputs import CompareInputs
-from multilora_studio.gui.compare_run import BASE, ColumnRequest, CompareRun
+from multilora_studio.gui.compare_run import ColumnRequest, CompareRun
 from multilora_studio.gui.compare_settings import ColumnSettingsDialog
 from multilora_studio.gui.diff import first_difference
 from multilora_studio.gui.engine_host import EngineHost
@@ -45,6 +45,8 @@ from multilora_studio.gui.preferences import Preferences
 from multilora_studio.gui.tasks import TaskRunner
 from multilora_studio.gui.widgets import MessageBanner
 from multilora_studio.run_records import (
+    BASE,
+    SWEEP_STRENGTHS,
     AdapterDigests,
     ColumnOutput,
     ColumnOverrides,
@@ -53,6 +55,8 @@ from multilora_studio.run_records import (
     RunHistory,
     RunRecord,
     RunSettings,
+    column_choice,
+    strength_column,
 )
 
 
@@ -91,6 +95,7 @@ class CompareView(QWidget):
         self.divergence_busy = False
         self._sending: _Sending | None = None
         self._wanted: set[str] = {BASE}
+        self._strengths: set[str] = set()  # columns of adapters at other strengths ("name x0.5")
         self.banner = MessageBanner()
 
         self.inputs = inputs = CompareInputs()
@@ -110,6 +115,13 @@ class CompareView(QWidget):
         self.column_settings_button = QPushButton("⚙")
         self.column_settings_button.setToolTip("Settings of the selected adapter's column")
         self.column_settings_button.clicked.connect(self._settings_of_selected)
+        self.sweep_button = QPushButton("Strength sweep")
+        self.sweep_button.setToolTip(
+            "The selected adapter at strengths "
+            + ", ".join(f"{s:g}" for s in SWEEP_STRENGTHS)
+            + " beside the base, in one batch"
+        )
+        self.sweep_button.clicked.connect(self._sweep_selected)
         self.slot_warning = QLabel()
         self.slot_warning.setWordWrap(True)
         self.slot_warning.setStyleSheet("color: #b26a00;")
@@ -182,6 +194,7 @@ class CompareView(QWidget):
         ticks.addWidget(every)
         ticks.addWidget(none)
         ticks.addWidget(self.column_settings_button)
+        ticks.addWidget(self.sweep_button)
         adapter_box.addLayout(ticks)
         adapter_box.addWidget(inputs.adapters, 1)
         adapter_box.addWidget(self.slot_warning)
@@ -233,7 +246,9 @@ class CompareView(QWidget):
     def refresh_adapters(self) -> None:
         """List 'base' and every adapter the engine serves, ticked as the person left them."""
         engine = self.host.engine
-        names = [BASE, *sorted(info.name for info in engine.list_adapters())] if engine is not None else []
+        served = {info.name for info in engine.list_adapters()} if engine is not None else set()
+        variants = {name for name in self._strengths if column_choice(name)[0] in served}
+        names = [BASE, *sorted(served | variants)] if engine is not None else []
         self.adapters.blockSignals(True)
         self.adapters.clear()
         for name in names:
@@ -264,6 +279,22 @@ class CompareView(QWidget):
         self.adapters.blockSignals(False)
         self.adapters.viewport().update()
         self._update_slot_warning()
+
+    def _sweep_selected(self) -> None:
+        """Sweep the selected adapter's strength (or the first ticked adapter's)."""
+        item = self.adapters.currentItem()
+        choice = column_choice(item.data(Qt.ItemDataRole.UserRole))[0] if item is not None else None
+        ticked = [column_choice(name)[0] for name in self.checked_names() if name != BASE]
+        adapter = choice or (ticked[0] if ticked else None)
+        if adapter is None:
+            self.banner.show_message("Select an adapter to sweep its strength.", "warning")
+            return
+        self.sweep_strength(adapter)
+
+    def sweep_strength(self, adapter: str) -> None:
+        """Tick the base and ``adapter`` at every SWEEP_STRENGTHS (columns "name x0.25", ...)."""
+        columns = [strength_column(adapter, scale) for scale in SWEEP_STRENGTHS]
+        self._choose([BASE, *columns])
 
     def tick_all(self, checked: bool) -> None:
         state = Qt.CheckState.Checked if checked else Qt.CheckState.Unchecked
@@ -423,7 +454,7 @@ class CompareView(QWidget):
             column.begin_turn(self._history_of(conversation, index), conversation.user_turns[-1])
         self._show_turns()
         paths = {info.name: info.path for info in engine.list_adapters()}
-        names = [name for name in conversation.names if name != BASE and name in paths]
+        names = [name for name in conversation.names if column_choice(name)[0] in paths]
         run = CompareRun(engine, requests, side_work=lambda: self._identify(names, paths))
         run.updated.connect(self._updated)
         run.columnFinished.connect(self._updated)
@@ -441,8 +472,10 @@ class CompareView(QWidget):
         """Each adapter's weights digest and library source (on the run's launch thread)."""
         found = {}
         for name in names:
-            record = self.host.registry.find(name)
-            found[name] = (self.digests.of(paths[name]), None if record is None else record.source_label)
+            adapter = column_choice(name)[0]
+            assert adapter is not None  # names holds adapter columns only
+            record = self.host.registry.find(adapter)
+            found[name] = (self.digests.of(paths[adapter]), None if record is None else record.source_label)
         return found
 
     @staticmethod
@@ -511,6 +544,7 @@ class CompareView(QWidget):
                 ColumnRun(
                     name=request.name,
                     adapter=request.adapter,
+                    adapter_scale=column_choice(request.name)[1],
                     adapter_digest=digest,
                     adapter_source=source,
                     overrides=sending.overrides[index],
@@ -611,7 +645,8 @@ class CompareView(QWidget):
             output = column.output
             if column.name != BASE and output is not None and output.token_ids:
                 scored.append(column)
-                requests.append(DivergenceRequest(output.prompt_token_ids, output.token_ids, column.name))
+                adapter, scale = column_choice(column.name)
+                requests.append(DivergenceRequest(output.prompt_token_ids, output.token_ids, adapter, scale))
         if not scored:
             return False
         comparison = self.comparison
@@ -683,8 +718,7 @@ class CompareView(QWidget):
         self.inputs.show_shared_settings(record.shared)
         for column in record.columns:
             self.inputs.overrides[column.name] = column.overrides
-        self.set_checked(names)
-        self.refresh_adapters()
+        self._choose(names)
         conversation = Conversation.from_prompts(
             names, [c.prompt for c in record.columns], record.raw, list(record.user_turns)
         )
@@ -743,5 +777,10 @@ class CompareView(QWidget):
         self.inputs.save_state(prefs, self._wanted)
 
     def restore_state(self, prefs: Preferences) -> None:
-        self.set_checked(self.inputs.restore_state(prefs))
+        self._choose(self.inputs.restore_state(prefs))
+
+    def _choose(self, names: list[str]) -> None:
+        """Tick ``names``, listing the strength columns among them."""
+        self._strengths.update(name for name in names if column_choice(name)[1] != 1.0)
+        self.set_checked(names)
         self.refresh_adapters()

@@ -280,3 +280,47 @@ def test_column_settings_refuse_bad_stop_strings_and_go_back_to_shared(qtbot):
     assert changes == [] and dialog.isVisible() and "unknown escape" in dialog.error.text()
     dialog.reset_button.click()
     assert changes == [("tiny-r4-qv", ColumnOverrides())] and not dialog.isVisible()
+
+
+def test_a_strength_sweep_runs_one_adapter_at_several_strengths_in_one_batch(qtbot, compare_window):
+    compare = compare_window.compare
+    engine = compare_window.host.engine
+    compare.ignore_eos.setChecked(True)
+    compare.sweep_strength("tiny-r8-all")
+    columns = ["base", "tiny-r8-all", "tiny-r8-all x0.25", "tiny-r8-all x0.5"]
+    assert compare.checked_names() == columns  # the strength columns are listed after their adapter
+    send(qtbot, compare, FIRST, compare.start)
+    assert [c.name for c in compare.columns] == columns
+    prompt = compare.columns[0].output.prompt_token_ids
+    params = [
+        SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, adapter_scale=s) for s in (0.25, 0.5, 1)
+    ]
+    expected = engine.generate(
+        [prompt] * 4, [None, *["tiny-r8-all"] * 3], [params[2], params[2], *params[:2]]
+    )
+    assert [c.output.token_ids for c in compare.columns] == [e.token_ids for e in expected]
+    assert expected[2].token_ids != expected[1].token_ids or expected[3].token_ids != expected[1].token_ids
+    record = compare.history.records()[0]
+    assert [(c.adapter, c.adapter_scale) for c in record.columns] == [
+        (None, 1.0),
+        ("tiny-r8-all", 1.0),
+        ("tiny-r8-all", 0.25),
+        ("tiny-r8-all", 0.5),
+    ]
+    assert record.columns[1].adapter_digest == record.columns[3].adapter_digest is not None
+
+    with qtbot.waitSignal(compare.divergenceFinished, timeout=RUN_MS):  # scored at each column's strength
+        compare.view_mode.setCurrentIndex(compare.view_mode.findData(TOKENS))
+    column = compare.columns[3]  # x0.5
+    ids = [*column.output.prompt_token_ids, *column.output.token_ids]
+    half = engine.score([ids], ["tiny-r8-all"], 5, adapter_scales=[0.5])[0].prompt_logprobs
+    start = len(column.output.prompt_token_ids)
+    assert column.divergence[0].logprob == pytest.approx(half[start].logprob, abs=1e-4)
+
+    compare.new_chat()
+    compare.set_checked(["base"])
+    with qtbot.waitSignal(compare.runFinished, timeout=RUN_MS):
+        assert compare.rerun(record)
+    assert compare.checked_names() == columns
+    assert [c.output.token_ids for c in compare.columns] == [e.token_ids for e in expected]
+    save_screenshot(compare_window, "compare-strength-sweep")
