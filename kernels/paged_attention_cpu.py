@@ -6,6 +6,12 @@ and operation overhead). This kernel reads the keys and values in place through 
 table: for each sequence and KV head, the scores of its query heads (the GQA group) against
 each position, a max-subtracted softmax, and the weighted sum of values, all in float32.
 Single-threaded, without the GIL. Prefill sequences keep the torch path.
+
+``invariant_attention`` is the batch-invariant mode's attention (``LoRAPlan.batch_invariant``):
+one kernel for every query row of a step, decode or prefill, reading every key from the cache
+(which already holds the step's own keys), in strict float32 (no fast-math reassociation). A
+query's scores, softmax and weighted sum run over positions 0..its own in one fixed order, so
+its result is the same bits whatever else is in the step and however its prompt was chunked.
 """
 
 from __future__ import annotations
@@ -83,6 +89,62 @@ def _decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, seqs, ro
 _kernel = numba.njit(fastmath=FASTMATH, nogil=True, cache=True)(_decode_attention) if AVAILABLE else None
 
 
+def _rows_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+    """Numba body. q / out [T, Hq, D] float32 contiguous; k_cache / v_cache [blocks, block_size,
+    Hkv, D] float32. Sequence n's queries are rows query_start_loc[n]..query_start_loc[n + 1],
+    the last of them at position seq_lens[n] - 1; a query at a negative position gets zeros.
+    """
+    block_size = k_cache.shape[1]
+    num_kv_heads = k_cache.shape[2]
+    head_dim = k_cache.shape[3]
+    group = q.shape[1] // num_kv_heads
+    longest = 1
+    for n in range(seq_lens.shape[0]):
+        longest = max(longest, seq_lens[n])
+    scores = np.empty(longest, np.float32)  # [L]
+    q_row = np.empty(head_dim, np.float32)  # [D]
+    acc = np.empty(head_dim, np.float32)  # [D]
+    for n in range(seq_lens.shape[0]):
+        first = query_start_loc[n]
+        q_len = query_start_loc[n + 1] - first
+        for j in range(q_len):
+            row = first + j
+            length = seq_lens[n] - q_len + j + 1  # keys this query sees: positions 0..length-1
+            for head in range(q.shape[1]):
+                if length <= 0:
+                    out[row, head, :] = 0.0
+                    continue
+                kv_head = head // group
+                for d in range(head_dim):
+                    q_row[d] = q[row, head, d] * scale
+                top = -np.inf
+                for p in range(length):
+                    k_row = k_cache[block_tables[n, p // block_size], p % block_size, kv_head]  # [D]
+                    s = np.float32(0.0)
+                    for d in range(head_dim):
+                        s += q_row[d] * k_row[d]
+                    scores[p] = s
+                    top = max(top, s)
+                total = np.float32(0.0)
+                for p in range(length):
+                    e = np.float32(math.exp(scores[p] - top))
+                    scores[p] = e
+                    total += e
+                inv = np.float32(1.0) / total
+                acc[:] = 0.0
+                for p in range(length):
+                    w = scores[p] * inv
+                    v_row = v_cache[block_tables[n, p // block_size], p % block_size, kv_head]  # [D]
+                    for d in range(head_dim):
+                        acc[d] += w * v_row[d]
+                for d in range(head_dim):
+                    out[row, head, d] = acc[d]
+
+
+# Strict IEEE float32: no reassociation, so the order of every sum is the loop order above.
+_rows_kernel = numba.njit(nogil=True, cache=True)(_rows_attention) if AVAILABLE else None
+
+
 def supports(q: torch.Tensor) -> bool:
     """Whether :func:`decode_attention` takes this query: float32 on the CPU, Numba present."""
     return AVAILABLE and q.dtype == torch.float32 and q.device.type == "cpu"
@@ -119,6 +181,51 @@ def decode_attention(
     )
 
 
+def invariant_attention(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> None:
+    """Causal attention of every query row over the paged cache, batch-invariant (module docstring).
+
+    Shapes as ``paged_attention``'s; any float dtype. A float32 cache is read in place; other
+    dtypes are widened to float32 (exactly) for the blocks the step reads, through a table
+    that maps each sequence's logical blocks to the gathered ones.
+    """
+    assert _rows_kernel is not None  # the plan builder refuses batch invariance without Numba
+    if k_cache.dtype != torch.float32:
+        counts = ((seq_lens.long() + k_cache.shape[1] - 1) // k_cache.shape[1]).tolist()
+        width = block_tables.shape[1]
+        used = torch.cat([block_tables[n, :c] for n, c in enumerate(counts)]).long()  # [B]
+        k_cache = k_cache.index_select(0, used).float()  # [B, block_size, Hkv, D]
+        v_cache = v_cache.index_select(0, used).float()
+        starts = [0]
+        for c in counts:
+            starts.append(starts[-1] + c)
+        block_tables = torch.tensor(
+            [list(range(starts[n], starts[n] + c)) + [0] * (width - c) for n, c in enumerate(counts)],
+            dtype=torch.int32,
+        ).view(len(counts), width)  # [S, width]
+    rows = torch.empty(q.shape, dtype=torch.float32)  # [T, Hq, D]
+    _rows_kernel(
+        rows.numpy(),
+        q.float().contiguous().numpy(),
+        k_cache.numpy(),
+        v_cache.numpy(),
+        block_tables.numpy(),
+        seq_lens.numpy(),
+        query_start_loc.numpy(),
+        np.float32(scale),
+    )
+    end = int(query_start_loc[-1])
+    out[:end].copy_(rows[:end])  # rows past the last query stay as they were
+
+
 def compile_now() -> None:
     """Compile (or load from Numba's cache) the kernel for the engine's argument types."""
     if not AVAILABLE:
@@ -130,3 +237,5 @@ def compile_now() -> None:
         q = torch.zeros(tokens, 12)[:, :4].view(tokens, 1, 4)
         out = torch.empty(tokens, 1, 4)
         decode_attention(out, q, cache, cache, tables, lens, list(range(tokens)), list(range(tokens)), 1.0)
+    starts = torch.tensor([0, 1, 2], dtype=torch.int32)
+    invariant_attention(torch.empty(2, 1, 4), torch.zeros(2, 1, 4), cache, cache, tables, lens, starts, 1.0)

@@ -1,0 +1,101 @@
+"""Batch-invariant mode: a request's tokens and log-probabilities are the same bits alone, in a
+mixed batch and with its prompt chunked across steps while other requests decode."""
+
+from __future__ import annotations
+
+import pytest
+
+from multilora_studio.engine import SamplingParams
+from tests.engine.test_fidelity import generate_matches_peft, mixed_requests
+
+TARGET_PROMPT = (
+    "The lighthouse keeper climbed the spiral stairs every evening, counting each of the "
+    "worn stone steps, and at the top he lit the great lamp while the storm gathered"
+)
+OTHER_PROMPTS = [
+    "Once upon a time",
+    "def fibonacci(n):",
+    "Paris is the capital of",
+    "1, 2, 3,",
+    "A short poem about the sea: the waves roll in, the gulls cry",
+    "The quick brown fox",
+    "Hello",
+]
+OTHER_ADAPTERS = ["tiny-r4-qv", None, "tiny-r16-mlp", "tiny-r32-ko-down", "tiny-r8-attn", None, "tiny-r8-all"]
+NEW_TOKENS = 10
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+SAMPLED = SamplingParams(
+    max_tokens=NEW_TOKENS, temperature=0.9, top_p=0.95, seed=7, ignore_eos=True, logprobs=3, prompt_logprobs=2
+)
+TARGETS = [("tiny-r8-all", GREEDY), ("tiny-r8-all", SAMPLED), (None, GREEDY), ("tiny-r32-ko-down", SAMPLED)]
+CHUNK_BUDGET = 16  # max_num_batched_tokens of the chunked engine: the target's prompt takes several steps
+
+
+def other_params(index: int) -> SamplingParams:
+    """The companions' settings: greedy and sampled with their own seeds, longer than the target."""
+    if index % 2:
+        return SamplingParams(max_tokens=3 * NEW_TOKENS, temperature=0, ignore_eos=True, logprobs=1)
+    return SamplingParams(max_tokens=3 * NEW_TOKENS, temperature=1.0, seed=100 + index, ignore_eos=True)
+
+
+def observed(output) -> tuple:
+    """Everything the request got back, compared bit for bit (floats compare exactly)."""
+    return (output.token_ids, output.logprobs, list(output.prompt_logprobs))
+
+
+def alone(engine, adapter, params) -> tuple:
+    (output,) = engine.generate([TARGET_PROMPT], [adapter], params)
+    return observed(output)
+
+
+def in_mixed_batch(engine, adapter, params) -> tuple:
+    """The target as the fourth of 8 requests over four adapters and the base, one submit."""
+    requests = [
+        (p, a, other_params(i)) for i, (p, a) in enumerate(zip(OTHER_PROMPTS, OTHER_ADAPTERS, strict=True))
+    ]
+    requests.insert(3, (TARGET_PROMPT, adapter, params))
+    streams = engine.submit_many(requests)
+    outputs = [stream.result(timeout=120) for stream in streams]
+    assert {len(o.token_ids) for i, o in enumerate(outputs) if i != 3} == {3 * NEW_TOKENS}
+    return observed(outputs[3])
+
+
+def joining_mid_decode(engine, adapter, params) -> tuple:
+    """Companions decode first; the target joins them, its prompt chunked over several steps,
+    and more companions join while it decodes."""
+    assert len(engine.encode(TARGET_PROMPT)) > CHUNK_BUDGET
+    early = [
+        engine.submit(p, a, other_params(i))
+        for i, (p, a) in enumerate(zip(OTHER_PROMPTS[:3], OTHER_ADAPTERS[:3], strict=True))
+    ]
+    for stream in early:
+        assert next(iter(stream)).token_ids  # each is decoding before the target arrives
+    target = engine.submit(TARGET_PROMPT, adapter, params)
+    assert next(iter(target)).token_ids  # the target's first token, then more join
+    late = [
+        engine.submit(p, a, other_params(i))
+        for i, (p, a) in enumerate(zip(OTHER_PROMPTS[3:], OTHER_ADAPTERS[3:], strict=True), 3)
+    ]
+    for stream in early + late:
+        stream.result(timeout=120)
+    return observed(target.result(timeout=120))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_request_is_the_same_bits_alone_batched_and_chunked(make_engine, dtype):
+    engine = make_engine(dtype=dtype, batch_invariant=True)
+    chunked = make_engine(
+        dtype=dtype, batch_invariant=True, max_num_batched_tokens=CHUNK_BUDGET, max_num_seqs=8
+    )
+    assert engine.runner.model.plan.batch_invariant
+    for adapter, params in TARGETS:
+        expected = alone(engine, adapter, params)
+        assert len(expected[0]) == NEW_TOKENS and all(entry is not None for entry in expected[1])
+        assert in_mixed_batch(engine, adapter, params) == expected, (adapter, params.temperature)
+        assert joining_mid_decode(chunked, adapter, params) == expected, (adapter, params.temperature)
+        assert alone(chunked, adapter, params) == expected, (adapter, params.temperature)
+
+
+def test_the_invariant_mode_still_matches_peft(make_engine, peft_reference):
+    engine = make_engine(batch_invariant=True)
+    generate_matches_peft(engine, peft_reference, {}, mixed_requests(engine))
