@@ -99,3 +99,18 @@ def test_a_request_is_the_same_bits_alone_batched_and_chunked(make_engine, dtype
 def test_the_invariant_mode_still_matches_peft(make_engine, peft_reference):
     engine = make_engine(batch_invariant=True)
     generate_matches_peft(engine, peft_reference, {}, mixed_requests(engine))
+
+
+def test_the_default_mode_is_not_batch_invariant(make_engine):
+    """Without the mode the same request gets other bits: in the mixed batch its step holds more
+    than LoRAPlan.numba_max_tokens tokens, so its LoRA term runs as torch ops instead of the
+    Numba kernel; chunked, its prompt rows attend through SDPA over cached keys and its decode
+    rows through the Numba decode kernel instead of one causal SDPA."""
+    engine = make_engine()
+    chunked = make_engine(max_num_batched_tokens=CHUNK_BUDGET, max_num_seqs=8)
+    assert not engine.runner.model.plan.batch_invariant
+    expected = alone(engine, "tiny-r8-all", GREEDY)
+    batched = in_mixed_batch(engine, "tiny-r8-all", GREEDY)
+    assert batched[2] != expected[2]  # the prompt's log-probabilities
+    base = alone(engine, None, GREEDY)
+    assert joining_mid_decode(chunked, None, GREEDY)[1:] != base[1:]
