@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from multilora_studio.engine import SamplingParams
+from multilora_studio.bench.random_adapters import write_random_adapter
+from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+from multilora_studio.engine.model_spec import load_spec
 from tests.engine.test_fidelity import generate_matches_peft, mixed_requests
 
 TARGET_PROMPT = (
@@ -48,11 +50,14 @@ def alone(engine, adapter, params) -> tuple:
     return observed(output)
 
 
-def in_mixed_batch(engine, adapter, params) -> tuple:
-    """The target as the fourth of 8 requests over four adapters and the base, one submit."""
-    requests = [
-        (p, a, other_params(i)) for i, (p, a) in enumerate(zip(OTHER_PROMPTS, OTHER_ADAPTERS, strict=True))
-    ]
+def companions(adapters: list[str | None], first: int, last: int) -> list[tuple[int, str, str | None]]:
+    """(index, prompt, adapter) of companions first..last-1, adapters taken in turn."""
+    return [(i, OTHER_PROMPTS[i], adapters[i % len(adapters)]) for i in range(first, last)]
+
+
+def in_mixed_batch(engine, adapter, params, adapters: list[str | None] = OTHER_ADAPTERS) -> tuple:
+    """The target as the fourth of 8 requests (companions over ``adapters``), one submit."""
+    requests = [(p, a, other_params(i)) for i, p, a in companions(adapters, 0, len(OTHER_PROMPTS))]
     requests.insert(3, (TARGET_PROMPT, adapter, params))
     streams = engine.submit_many(requests)
     outputs = [stream.result(timeout=120) for stream in streams]
@@ -60,22 +65,16 @@ def in_mixed_batch(engine, adapter, params) -> tuple:
     return observed(outputs[3])
 
 
-def joining_mid_decode(engine, adapter, params) -> tuple:
+def joining_mid_decode(engine, adapter, params, adapters: list[str | None] = OTHER_ADAPTERS) -> tuple:
     """Companions decode first; the target joins them, its prompt chunked over several steps,
     and more companions join while it decodes."""
     assert len(engine.encode(TARGET_PROMPT)) > CHUNK_BUDGET
-    early = [
-        engine.submit(p, a, other_params(i))
-        for i, (p, a) in enumerate(zip(OTHER_PROMPTS[:3], OTHER_ADAPTERS[:3], strict=True))
-    ]
+    early = [engine.submit(p, a, other_params(i)) for i, p, a in companions(adapters, 0, 3)]
     for stream in early:
         assert next(iter(stream)).token_ids  # each is decoding before the target arrives
     target = engine.submit(TARGET_PROMPT, adapter, params)
     assert next(iter(target)).token_ids  # the target's first token, then more join
-    late = [
-        engine.submit(p, a, other_params(i))
-        for i, (p, a) in enumerate(zip(OTHER_PROMPTS[3:], OTHER_ADAPTERS[3:], strict=True), 3)
-    ]
+    late = [engine.submit(p, a, other_params(i)) for i, p, a in companions(adapters, 3, len(OTHER_PROMPTS))]
     for stream in early + late:
         stream.result(timeout=120)
     return observed(target.result(timeout=120))
@@ -114,3 +113,27 @@ def test_the_default_mode_is_not_batch_invariant(make_engine):
     assert batched[2] != expected[2]  # the prompt's log-probabilities
     base = alone(engine, None, GREEDY)
     assert joining_mid_decode(chunked, None, GREEDY)[1:] != base[1:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_embedded_model_is_batch_invariant(default_model, tmp_path, dtype):
+    """The same on SmolLM2-135M with two random adapters: alone, batched, chunked."""
+    spec = load_spec(default_model.path)
+    adapters = {f"smol-r8-{i}": write_random_adapter(spec, tmp_path / f"a{i}", 8, seed=i) for i in range(2)}
+    settings = dict(
+        model=str(default_model.path), device="cpu", dtype=dtype, max_num_seqs=8, max_model_len=256
+    )
+    with (
+        Engine(EngineConfig(**settings, batch_invariant=True)) as engine,
+        Engine(
+            EngineConfig(**settings, batch_invariant=True, max_num_batched_tokens=CHUNK_BUDGET)
+        ) as chunked,
+    ):
+        for name, path in adapters.items():
+            engine.add_adapter(name, path)
+            chunked.add_adapter(name, path)
+        for adapter, params in (("smol-r8-0", GREEDY), (None, SAMPLED)):
+            expected = alone(engine, adapter, params)
+            assert in_mixed_batch(engine, adapter, params, ["smol-r8-1", None, "smol-r8-0"]) == expected
+            assert joining_mid_decode(chunked, adapter, params, ["smol-r8-1", None, "smol-r8-0"]) == expected

@@ -1,0 +1,70 @@
+"""Does a CPU GEMM give a row the same bits at every row count? (the reason for kernels/row_tiles.py)
+
+    python -m benchmarks.kernels.gemm_row_invariance
+
+For the embedded model's projection shapes, float32 and bfloat16, ``F.linear`` and the
+oneDNN-packed GEMM: row 0 of ``linear(x[:M])`` against row 0 of ``linear(x[:1])`` for M from 1
+to 300 (which M give other bits, and how many of the N outputs differ), and the same row moved
+to every position of a fixed 8-row tile whose other rows change (``row_tiled``'s case). Also
+the time of one tiled call against one untiled call.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from multilora_studio.kernels.cpu_linear import onednn_packing_available, pack_weight, packed_linear
+from multilora_studio.kernels.row_tiles import row_tiled
+
+SHAPES = {"qkv": (960, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
+ROW_COUNTS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65, 128, 256, 300)
+TILE = 8
+
+
+def seconds(fn, repeats: int = 20) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats
+
+
+def timings(linear, weight: torch.Tensor, x: torch.Tensor) -> tuple[float, float]:
+    """Seconds of one call over ``x``, and of the same in row tiles."""
+    return seconds(lambda: linear(x, weight)), seconds(lambda: row_tiled(linear, TILE, x, weight))
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, tile {TILE}")
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape_name, (n, k) in SHAPES.items():
+            weight = torch.randn(n, k).to(dtype)
+            x = torch.randn(ROW_COUNTS[-1], k).to(dtype)
+            linears = {"F.linear": (F.linear, weight)}
+            if onednn_packing_available(dtype):
+                linears["packed"] = (packed_linear, pack_weight(weight))
+            for name, (linear, w) in linears.items():
+                alone = linear(x[:1], w)[0]
+                differing = [(m, int((linear(x[:m], w)[0] != alone).sum())) for m in ROW_COUNTS]
+                differing = [(m, count) for m, count in differing if count]
+                in_tile = linear(x[:TILE].contiguous(), w)[0]
+                moved = max(
+                    int((linear(torch.roll(x[:TILE], r, 0).contiguous(), w)[r] != in_tile).sum())
+                    for r in range(TILE)
+                )
+                one, tiled = timings(linear, w, x[:1])
+                many, many_tiled = timings(linear, w, x[:256])
+                print(
+                    f"{dtype!s:15} {shape_name:8} {name:9} M with other bits than M=1 (M: outputs of {n}): "
+                    f"{differing or 'none'}; in a fixed {TILE}-row tile at any position: {moved} differ; "
+                    f"1 row {one * 1e6:.0f} us, tiled {tiled * 1e6:.0f} us; "
+                    f"256 rows {many * 1e3:.2f} ms, tiled {many_tiled * 1e3:.2f} ms"
+                )
+
+
+if __name__ == "__main__":
+    main()
