@@ -165,7 +165,7 @@ def paged_attention(
         num_splits: triton decode only, split-K factor over the context (None: from shapes).
         batch_invariant: every query computed in one fixed order whatever the step holds
             (decode, prefill chunk or mixed; keys from earlier steps or this one): on the CPU
-            ``paged_attention_cpu.invariant_attention`` (strict float32, every row); with
+            ``paged_attention_cpu.invariant_attention`` (float32, every row); with
             triton the unified kernel at fixed tile sizes for every step, never split-K.
 
     Padding: rows of ``out`` past ``query_start_loc[-1]`` are not written (they keep what

@@ -9,9 +9,9 @@ Single-threaded, without the GIL. Prefill sequences keep the torch path.
 
 ``invariant_attention`` is the batch-invariant mode's attention (``LoRAPlan.batch_invariant``):
 one kernel for every query row of a step, decode or prefill, reading every key from the cache
-(which already holds the step's own keys), in strict float32 (no fast-math reassociation). A
-query's scores, softmax and weighted sum run over positions 0..its own in one fixed order, so
-its result is the same bits whatever else is in the step and however its prompt was chunked.
+(which already holds the step's own keys), in float32. A query's scores, softmax and weighted
+sum run over positions 0..its own in loops that depend only on its own length and the shapes,
+so its result is the same bits whatever else is in the step and however its prompt was chunked.
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ def _rows_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_star
     """Numba body. q / out [T, Hq, D] float32 contiguous; k_cache / v_cache [blocks, block_size,
     Hkv, D] float32. Sequence n's queries are rows query_start_loc[n]..query_start_loc[n + 1],
     the last of them at position seq_lens[n] - 1; a query at a negative position gets zeros.
+    Every query runs the same loops over its own positions 0..pos, whatever the other rows.
     """
     block_size = k_cache.shape[1]
     num_kv_heads = k_cache.shape[2]
@@ -101,48 +102,59 @@ def _rows_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_star
     longest = 1
     for n in range(seq_lens.shape[0]):
         longest = max(longest, seq_lens[n])
-    scores = np.empty(longest, np.float32)  # [L]
-    q_row = np.empty(head_dim, np.float32)  # [D]
-    acc = np.empty(head_dim, np.float32)  # [D]
+    scores = np.empty((group, longest), np.float32)  # [G, L]
+    q_rows = np.empty((group, head_dim), np.float32)  # [G, D]
+    acc = np.empty((group, head_dim), np.float32)  # [G, D]
     for n in range(seq_lens.shape[0]):
         first = query_start_loc[n]
         q_len = query_start_loc[n + 1] - first
         for j in range(q_len):
             row = first + j
             length = seq_lens[n] - q_len + j + 1  # keys this query sees: positions 0..length-1
-            for head in range(q.shape[1]):
-                if length <= 0:
-                    out[row, head, :] = 0.0
-                    continue
-                kv_head = head // group
-                for d in range(head_dim):
-                    q_row[d] = q[row, head, d] * scale
-                top = -np.inf
+            if length <= 0:
+                out[row] = 0.0
+                continue
+            for kv_head in range(num_kv_heads):
+                head0 = kv_head * group
+                for g in range(group):
+                    for d in range(head_dim):
+                        q_rows[g, d] = q[row, head0 + g, d] * scale
                 for p in range(length):
                     k_row = k_cache[block_tables[n, p // block_size], p % block_size, kv_head]  # [D]
-                    s = np.float32(0.0)
-                    for d in range(head_dim):
-                        s += q_row[d] * k_row[d]
-                    scores[p] = s
-                    top = max(top, s)
-                total = np.float32(0.0)
+                    for g in range(group):
+                        q_row = q_rows[g]
+                        s = np.float32(0.0)
+                        for d in range(head_dim):
+                            s += q_row[d] * k_row[d]
+                        scores[g, p] = s
+                for g in range(group):
+                    top = -np.inf
+                    for p in range(length):
+                        top = max(top, scores[g, p])
+                    total = np.float32(0.0)
+                    for p in range(length):
+                        e = np.float32(math.exp(scores[g, p] - top))
+                        scores[g, p] = e
+                        total += e
+                    inv = np.float32(1.0) / total
+                    for p in range(length):
+                        scores[g, p] *= inv
+                    acc[g, :] = 0.0
                 for p in range(length):
-                    e = np.float32(math.exp(scores[p] - top))
-                    scores[p] = e
-                    total += e
-                inv = np.float32(1.0) / total
-                acc[:] = 0.0
-                for p in range(length):
-                    w = scores[p] * inv
                     v_row = v_cache[block_tables[n, p // block_size], p % block_size, kv_head]  # [D]
+                    for g in range(group):
+                        w = scores[g, p]
+                        a = acc[g]
+                        for d in range(head_dim):
+                            a[d] += w * v_row[d]
+                for g in range(group):
                     for d in range(head_dim):
-                        acc[d] += w * v_row[d]
-                for d in range(head_dim):
-                    out[row, head, d] = acc[d]
+                        out[row, head0 + g, d] = acc[g, d]
 
 
-# Strict IEEE float32: no reassociation, so the order of every sum is the loop order above.
-_rows_kernel = numba.njit(nogil=True, cache=True)(_rows_attention) if AVAILABLE else None
+# One compiled function for every call (its arguments are always contiguous float32 / int32
+# arrays): a query's loops, vectorised or not, depend only on its own length and the shapes.
+_rows_kernel = numba.njit(fastmath=FASTMATH, nogil=True, cache=True)(_rows_attention) if AVAILABLE else None
 
 
 def supports(q: torch.Tensor) -> bool:

@@ -5,36 +5,19 @@
 For the embedded model's projection shapes, float32 and bfloat16, ``F.linear`` and the
 oneDNN-packed GEMM: row 0 of ``linear(x[:M])`` against row 0 of ``linear(x[:1])`` for M from 1
 to 300 (which M give other bits, and how many of the N outputs differ), and the same row moved
-to every position of a fixed 8-row tile whose other rows change (``row_tiled``'s case). Also
-the time of one tiled call against one untiled call.
+to every position of a fixed 8-row tile whose other rows change (``row_tiled``'s case).
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 import torch.nn.functional as F
 
 from multilora_studio.kernels.cpu_linear import onednn_packing_available, pack_weight, packed_linear
-from multilora_studio.kernels.row_tiles import row_tiled
 
 SHAPES = {"qkv": (960, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 ROW_COUNTS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65, 128, 256, 300)
 TILE = 8
-
-
-def seconds(fn, repeats: int = 20) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - start) / repeats
-
-
-def timings(linear, weight: torch.Tensor, x: torch.Tensor) -> tuple[float, float]:
-    """Seconds of one call over ``x``, and of the same in row tiles."""
-    return seconds(lambda: linear(x, weight)), seconds(lambda: row_tiled(linear, TILE, x, weight))
 
 
 def main() -> None:
@@ -56,13 +39,9 @@ def main() -> None:
                     int((linear(torch.roll(x[:TILE], r, 0).contiguous(), w)[r] != in_tile).sum())
                     for r in range(TILE)
                 )
-                one, tiled = timings(linear, w, x[:1])
-                many, many_tiled = timings(linear, w, x[:256])
                 print(
                     f"{dtype!s:15} {shape_name:8} {name:9} M with other bits than M=1 (M: outputs of {n}): "
-                    f"{differing or 'none'}; in a fixed {TILE}-row tile at any position: {moved} differ; "
-                    f"1 row {one * 1e6:.0f} us, tiled {tiled * 1e6:.0f} us; "
-                    f"256 rows {many * 1e3:.2f} ms, tiled {many_tiled * 1e3:.2f} ms"
+                    f"{differing or 'none'}; in a fixed {TILE}-row tile at any position: {moved} differ"
                 )
 
 
