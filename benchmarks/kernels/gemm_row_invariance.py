@@ -10,6 +10,8 @@ to every position of a fixed 8-row tile whose other rows change (``row_tiled``'s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -27,7 +29,9 @@ def main() -> None:
         for shape_name, (n, k) in SHAPES.items():
             weight = torch.randn(n, k).to(dtype)
             x = torch.randn(ROW_COUNTS[-1], k).to(dtype)
-            linears = {"F.linear": (F.linear, weight)}
+            linears: dict[str, tuple[Callable[..., torch.Tensor], torch.Tensor]] = {
+                "F.linear": (F.linear, weight)
+            }
             if onednn_packing_available(dtype):
                 linears["packed"] = (packed_linear, pack_weight(weight))
             for name, (linear, w) in linears.items():
