@@ -20,9 +20,10 @@ from multilora_studio.kernels.triton_support import triton_runs_on
 # on the H200 it was faster at any adapter mix with 512 rows a slice, slower with 1024
 # (docs/kernels.md).
 SHRINK_IN_GEMM_MAX_ROWS = 768
-# Rows per GEMM call in batch-invariant mode (kernels/row_tiles.py), per device type. On the
-# CPU a step's weights are streamed once per tile, and a decode row padded to 8 rows costs
-# little more than one; on CUDA a 64-row tile keeps tensor cores busy (docs/BENCHMARKS.md).
+# Rows per GEMM call in batch-invariant mode (kernels/row_tiles.py), per device type. CPU: a
+# single stream's decode then computes 8 rows for its one and ran at 0.8-0.9 of the default
+# speed (docs/BENCHMARKS.md, "Batch invariance (CPU)"). CUDA: 64, a tile of the size the GEMM
+# kernels block rows in; not measured (no GPU run of the mode yet).
 INVARIANT_ROW_TILE = {"cpu": 8, "cuda": 64}
 
 
