@@ -1,12 +1,18 @@
 """Multi-LoRA shrink / expand: the LoRA term of a projection for a batch that mixes adapters.
 
-Every LoRA-targeted linear computes ``y = x W^T + (x A^T) B^T`` where the base GEMM is
-shared by all rows and the LoRA term uses, for each token, the adapter held in that
-token's GPU slot (scale already folded into B). The LoRA term runs as two launches per
-projection, whatever the mix of adapters (SGMV/BGMV style):
+Every LoRA-targeted linear computes ``y = x W^T + scale[t] * (x A^T) B^T`` where the base
+GEMM is shared by all rows and the LoRA term uses, for each token, the adapter held in that
+token's GPU slot (the adapter's alpha / r already folded into B) times the token's adapter
+strength ``scale[t]`` (``LoRABatch.token_scales``, 1.0 unless the request asks otherwise;
+the same adapter at several strengths shares one slot). The LoRA term runs as two launches
+per projection, whatever the mix of adapters (SGMV/BGMV style):
 
 * shrink:  ``buf[s, t, :] = x[t] @ lora_a[slot[t], s]^T``   (in_features -> rank)
-* expand:  ``y[t, off_s:off_s+n_s] += buf[s, t] @ lora_b[slot[t], off_s:off_s+n_s, :]^T``
+* expand:  ``y[t, off_s:off_s+n_s] += scale[t] * buf[s, t] @ lora_b[slot[t], off_s:off_s+n_s, :]^T``
+
+Every implementation multiplies a float32 value by the strength (the shrink or the summed
+term, before the term is rounded to y's dtype) or skips the multiply, so tokens at strength
+1.0 get bit for bit the result they got before strengths existed.
 
 Storage layout (allocated by the engine, one set per targeted projection and layer):
 
@@ -169,7 +175,7 @@ def lora_expand(
             if l >= 0:
                 for s in range(S):
                     lo, hi = slice_offsets[s], slice_offsets[s + 1]
-                    y[t, lo:hi] += (buf[s, t] @ lora_b[l, lo:hi].float().T).to(y.dtype)
+                    y[t, lo:hi] += (token_scales[t] * buf[s, t] @ lora_b[l, lo:hi].float().T).to(y.dtype)
     """
     offs = check_expand(y, buf, lora_b, batch, slice_offsets)
     plan = _plan_for(plan, y)
@@ -208,7 +214,8 @@ def lora_expand_shrunk_in_gemm(
             if l >= 0:
                 for s in range(S):
                     lo, hi = slice_offsets[s], slice_offsets[s + 1]
-                    y[t, lo:hi] += (shrunk[t, l, s].float() @ lora_b[l, lo:hi].float().T).to(y.dtype)
+                    h = token_scales[t] * shrunk[t, l, s].float()
+                    y[t, lo:hi] += (h @ lora_b[l, lo:hi].float().T).to(y.dtype)
     """
     if validate:
         if not isinstance(shrunk, torch.Tensor) or shrunk.dim() != 4 or not shrunk.is_floating_point():
@@ -250,7 +257,7 @@ def add_lora(
     Semantics::
 
         buf = lora_shrink(x, lora_a, batch)        # [S, T, R] float32
-        lora_expand(y, buf, lora_b, batch, slice_offsets)
+        lora_expand(y, buf, lora_b, batch, slice_offsets)   # times batch.token_scales[t]
     """
     if validate:
         check_shrink(x, lora_a, batch)

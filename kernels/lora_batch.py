@@ -27,12 +27,15 @@ class LoRABatch:
     searchsorted, no bincount / nonzero / unique / ``.item()``), so ``update`` can run
     between CUDA-graph replays and the kernels captured in the graph read fresh values.
 
-    Buffers (all int32, on ``device``):
+    Buffers (int32 unless noted, on ``device``):
 
     * ``token_slots``   ``[max_tokens]``: slot of each token; positions ``>= T`` of the
       last update, and slot values outside ``[0, num_slots)``, hold -1.
     * ``token_ranks``   ``[max_tokens]``: rank of each token's adapter, 0 for -1 tokens
       and empty slots (the token-major decode kernels read it next to ``token_slots``).
+    * ``token_scales``  ``[max_tokens]`` float32: each token's adapter strength, the factor
+      of its LoRA term (1.0 by default and for positions ``>= T``; stored as int32 words of
+      the shared storage, viewed as float32).
     * ``sorted_tokens`` ``[max_tokens]``: token indices stably sorted by slot; tokens
       without an adapter come last. Tokens of slot ``l`` are
       ``sorted_tokens[slot_starts[l] : slot_starts[l] + slot_counts[l]]``, ascending.
@@ -50,6 +53,7 @@ class LoRABatch:
     num_slots: int
     token_slots: torch.Tensor
     token_ranks: torch.Tensor
+    token_scales: torch.Tensor
     sorted_tokens: torch.Tensor
     slot_starts: torch.Tensor
     slot_counts: torch.Tensor
@@ -60,6 +64,9 @@ class LoRABatch:
     # dropped by every refill.
     host_grouping: Any = field(default=None, repr=False)
     _arrays: tuple[tuple[torch.Tensor, ...], tuple[np.ndarray, ...]] | None = field(default=None, repr=False)
+    # Whether some token of the last fill has a strength other than 1.0 (kept on the host,
+    # so the torch ops skip the multiply for batches that ask none without reading the device).
+    scaled: bool = field(default=False, repr=False)
 
     @classmethod
     def allocate(cls, max_tokens: int, num_slots: int, device: torch.device | str = "cpu") -> LoRABatch:
@@ -78,6 +85,7 @@ class LoRABatch:
             num_slots=num_slots,
             token_slots=torch.full((max_tokens,), -1, **i32),  # [max_tokens]
             token_ranks=torch.zeros(max_tokens, **i32),  # [max_tokens]
+            token_scales=torch.ones(max_tokens, dtype=torch.float32, device=device),  # [max_tokens]
             sorted_tokens=torch.arange(max_tokens, **i32),  # [max_tokens]
             slot_starts=torch.zeros(num_slots, **i32),  # [num_slots]
             slot_counts=torch.zeros(num_slots, **i32),  # [num_slots]
@@ -100,6 +108,7 @@ class LoRABatch:
         for name, length in (
             ("token_slots", max_tokens),
             ("token_ranks", max_tokens),
+            ("token_scales", max_tokens),
             ("sorted_tokens", max_tokens),
             ("slot_starts", num_slots),
             ("slot_counts", num_slots),
@@ -139,6 +148,7 @@ class LoRABatch:
             num_slots=num_slots,
             token_slots=view("token_slots"),
             token_ranks=view("token_ranks"),
+            token_scales=view("token_scales").view(torch.float32),
             sorted_tokens=view("sorted_tokens"),
             slot_starts=view("slot_starts"),
             slot_counts=view("slot_counts"),
@@ -147,30 +157,40 @@ class LoRABatch:
             _boundaries=torch.arange(num_slots + 1, dtype=torch.int32, device=storage.device),
         )
 
-    def host_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """numpy views of ``token_slots``, ``token_ranks``, ``sorted_tokens`` (CPU buffers only).
+    def host_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """numpy views of ``token_slots``, ``token_ranks``, ``sorted_tokens``, ``token_scales``
+        (CPU buffers only).
 
         Made once: ``update`` and the staged fills write the buffers in place, so the views
         always show the current step (checked by identity in case a buffer is replaced).
         """
-        buffers = (self.token_slots, self.token_ranks, self.sorted_tokens)
+        buffers = (self.token_slots, self.token_ranks, self.sorted_tokens, self.token_scales)
         arrays = self._arrays
         if arrays is None or any(a is not b for a, b in zip(arrays[0], buffers, strict=True)):
             self._arrays = arrays = (buffers, tuple(buffer.numpy() for buffer in buffers))
         return arrays[1]  # type: ignore[return-value]
 
-    def mark_filled(self, num_tokens: int) -> None:
-        """Record that the buffers were rewritten outside :meth:`update` for ``num_tokens`` tokens."""
+    def mark_filled(self, num_tokens: int, scaled: bool = False) -> None:
+        """Record that the buffers were rewritten outside :meth:`update` for ``num_tokens`` tokens
+        (``scaled``: some token's strength is not 1.0)."""
         self.host_grouping = None
+        self.scaled = scaled
 
     @property
     def device(self) -> torch.device:
         return self.token_slots.device
 
-    def update(self, slot_ids: torch.Tensor, slot_ranks: torch.Tensor) -> LoRABatch:
+    def update(
+        self,
+        slot_ids: torch.Tensor,
+        slot_ranks: torch.Tensor,
+        token_scales: torch.Tensor | None = None,
+    ) -> LoRABatch:
         """Refill the buffers in place from ``slot_ids [T]`` and ``slot_ranks [num_slots]``.
 
-        No host synchronisation; safe to call between CUDA-graph replays. Returns self.
+        ``token_scales`` (float32 ``[T]``, on the batch's device) gives each token's adapter
+        strength; None: 1.0 for every token. No host synchronisation; safe to call between
+        CUDA-graph replays. Returns self.
         """
         if not isinstance(slot_ids, torch.Tensor) or slot_ids.dim() != 1:
             raise ValueError("slot_ids must be a 1-D integer tensor [num_tokens]")
@@ -188,6 +208,13 @@ class LoRABatch:
         t = slot_ids.shape[0]
         if t > self.max_tokens:
             raise ValueError(f"{t} tokens exceed the batch's max_tokens={self.max_tokens}")
+        if token_scales is not None and (
+            not isinstance(token_scales, torch.Tensor)
+            or token_scales.shape != (t,)
+            or token_scales.dtype != torch.float32
+            or token_scales.device != self.device
+        ):
+            raise ValueError(f"token_scales must be a float32 tensor [{t}] on {self.device} (one per token)")
         ids = self.token_slots
         ids[:t].copy_(slot_ids)
         ids[t:].fill_(-1)
@@ -196,6 +223,9 @@ class LoRABatch:
         self.slot_ranks.copy_(slot_ranks)
         torch.index_select(self.slot_ranks, 0, ids.clamp(min=0), out=self.token_ranks)
         self.token_ranks.masked_fill_(invalid, 0)
+        self.token_scales.fill_(1.0)
+        if token_scales is not None:
+            self.token_scales[:t].copy_(token_scales)
         # Sort key: the slot, with "no adapter" mapped past the last slot.
         key = ids.masked_fill(invalid, self.num_slots)  # [max_tokens]
         sorted_key, order = torch.sort(key, stable=True)
@@ -207,15 +237,21 @@ class LoRABatch:
         # buffers above before waiting on the previous kernel, never num_tokens.
         self.num_tokens.fill_(t)
         self.host_grouping = None
+        self.scaled = token_scales is not None
         return self
 
 
-def build_lora_batch(slot_ids: torch.Tensor, slot_ranks: torch.Tensor, num_slots: int) -> LoRABatch:
+def build_lora_batch(
+    slot_ids: torch.Tensor,
+    slot_ranks: torch.Tensor,
+    num_slots: int,
+    token_scales: torch.Tensor | None = None,
+) -> LoRABatch:
     """Allocate a :class:`LoRABatch` sized for ``slot_ids`` and fill it."""
     if not isinstance(slot_ids, torch.Tensor) or slot_ids.dim() != 1:
         raise ValueError("slot_ids must be a 1-D integer tensor [num_tokens]")
     batch = LoRABatch.allocate(max(1, slot_ids.shape[0]), num_slots, slot_ids.device)
-    return batch.update(slot_ids, slot_ranks)
+    return batch.update(slot_ids, slot_ranks, token_scales)
 
 
 def fill_lora_metadata(
@@ -224,12 +260,14 @@ def fill_lora_metadata(
     num_slots: int,
     slot_ids: Sequence[int] | np.ndarray,
     slot_ranks: Sequence[int] | np.ndarray,
+    token_scales: Sequence[float] | np.ndarray | None = None,
 ) -> None:
     """Write the batch of ``slot_ids`` [T] into ``words`` (int32, ``storage_layout`` order).
 
-    The result equals what ``LoRABatch.update(slot_ids, slot_ranks)`` leaves in a batch
-    ``on_storage`` of the same words: slots outside ``[0, num_slots)`` count as -1,
-    positions ``>= T`` hold -1, tokens sorted stably by slot with -1 tokens last.
+    The result equals what ``LoRABatch.update(slot_ids, slot_ranks, token_scales)`` leaves
+    in a batch ``on_storage`` of the same words: slots outside ``[0, num_slots)`` count as
+    -1, positions ``>= T`` hold -1 and strength 1.0, tokens sorted stably by slot with -1
+    tokens last. ``token_scales`` None: 1.0 for every token.
     """
     layout = LoRABatch.storage_layout(max_tokens, num_slots)
     if words.dtype != np.int32 or words.ndim != 1 or words.shape[0] < layout["total"][1]:
@@ -241,6 +279,8 @@ def fill_lora_metadata(
         raise ValueError(f"slot_ids must be 1-D with at most max_tokens={max_tokens} entries")
     if ranks.shape != (num_slots,):
         raise ValueError(f"slot_ranks must have shape [{num_slots}] (one rank per slot)")
+    if token_scales is not None and np.shape(token_scales) != (t,):
+        raise ValueError(f"token_scales must have shape [{t}] (one per token)")
 
     def view(name: str) -> np.ndarray:
         offset, length = layout[name]
@@ -254,6 +294,10 @@ def fill_lora_metadata(
     token_ranks = ranks[np.clip(ids, 0, num_slots - 1)]  # [max_tokens]
     token_ranks[invalid] = 0
     view("token_ranks")[:] = token_ranks
+    scales = view("token_scales").view(np.float32)  # [max_tokens]
+    scales[:] = 1.0
+    if token_scales is not None:
+        scales[:t] = token_scales
     key = np.where(invalid, num_slots, ids)  # "no adapter" sorts past the last slot
     view("sorted_tokens")[:] = np.argsort(key, kind="stable")
     counts = np.bincount(key, minlength=num_slots + 1)[:num_slots]  # [num_slots]

@@ -10,8 +10,8 @@ same adapter re-read its tiles, which then come from L2.
   one ``BLOCK_K`` chunk of ``in_features`` (one tile, no loop over K) and stores a float32
   partial ``[splits, S, T, R]`` (the layout the expand kernels of ``lora_sgmv`` read too);
 * expand: program ``(t, n)`` loads a ``[BLOCK_N, BLOCK_R]`` tile of its slot's B, sums the
-  token's partials, and adds ``h @ B^T`` (float32 products and sum, rounded once) into
-  ``y[t, n-block]``.
+  token's partials, and adds ``scale * h @ B^T`` (float32 products and sum, times the token's
+  strength ``LoRABatch.token_scales[t]``, rounded once) into ``y[t, n-block]``.
 
 Products are formed in float32 from the stored values (no tensor-core rounding of ``h`` to
 the weight dtype), ranks above ``BLOCK_R`` loop over rank blocks up to the slot's rank, and
@@ -141,6 +141,7 @@ def _bgmv_expand_kernel(
     y_ptr,
     slots_ptr,
     ranks_ptr,
+    scales_ptr,
     num_splits,
     c1,
     c2,
@@ -166,7 +167,7 @@ def _bgmv_expand_kernel(
     RANK_ALIGN: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """y[t, n-block] += sum_r h[t, r] * B[slot[t], n, r], h = sum of the partials.
+    """y[t, n-block] += scale[t] * sum_r h[t, r] * B[slot[t], n, r], h = sum of the partials.
 
     The token's partials start at ``part + s * stride_ps + t * stride_pt + slot * stride_pl``:
     ``stride_pl`` is 0 for per-token partials and the slot stride for a shrink computed
@@ -176,6 +177,7 @@ def _bgmv_expand_kernel(
     n_prog = tl.program_id(1)
     slot = tl.load(slots_ptr + t)
     rank = tl.load(ranks_ptr + t)
+    scale = tl.load(scales_ptr + t)  # the token's adapter strength, float32
     s, n0, hi = slice_of(n_prog, c1, c2, c3, off0, off1, off2, off3, off4, BLOCK_N)
     offs_n = n0 + tl.arange(0, BLOCK_N)  # [BN]
     offs_r = tl.arange(0, BLOCK_R)  # [BR]
@@ -212,8 +214,8 @@ def _bgmv_expand_kernel(
             w = tl.where((rows < rank)[None, :], w, 0.0)
             h = _sum_partials(p_ptrs + r0 * stride_pr, rows, rank, num_splits, stride_pp, SPLIT_BLOCK)
             acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
-        # y += delta.to(y.dtype): the sum in float32, rounded once.
-        delta = acc.to(y_old.dtype).to(tl.float32)
+        # y += (scale * acc).to(y.dtype): the sum in float32 (exact for scale 1.0), rounded once.
+        delta = (acc * scale).to(y_old.dtype).to(tl.float32)
         tl.store(y_ptrs, (y_old.to(tl.float32) + delta).to(y_old.dtype), mask=n_ok)
 
 
@@ -232,13 +234,14 @@ def load_token_b(
 
 
 @triton.jit
-def add_token_lora(y, w, h_ptrs, rank, offs_r):
-    """``y + h @ w^T`` for one token (h: its ``rank`` shrink values at ``h_ptrs``), rounded as the
-    expand rounds y: the term to y's dtype, then the sum once. Rank padding never reaches it."""
+def add_token_lora(y, w, h_ptrs, rank, offs_r, scale):
+    """``y + scale * h @ w^T`` for one token (h: its ``rank`` shrink values at ``h_ptrs``, scale its
+    float32 strength), rounded as the expand rounds y: the term to y's dtype, then the sum once.
+    Rank padding never reaches it."""
     in_rank = offs_r < rank
     h = tl.load(h_ptrs, mask=in_rank, other=0.0).to(tl.float32)  # [BR]
     w = tl.where(in_rank[None, :], w, 0.0)  # [BN, BR]
-    delta = tl.sum(w.to(tl.float32) * h[None, :], axis=1)  # [BN]
+    delta = tl.sum(w.to(tl.float32) * h[None, :], axis=1) * scale  # [BN]
     return (y.to(tl.float32) + delta.to(y.dtype).to(tl.float32)).to(y.dtype)
 
 
@@ -349,6 +352,7 @@ def _launch_expand(
         y,
         batch.token_slots,
         batch.token_ranks,
+        batch.token_scales,
         splits,
         *cum,
         *padded_offsets(slice_offsets),

@@ -36,10 +36,11 @@ AVAILABLE = numba is not None
 FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 
-def _add_lora_rows(y, x, a, bt, token_slots, token_ranks, sorted_tokens, offsets):
+def _add_lora_rows(y, x, a, bt, token_slots, token_ranks, sorted_tokens, token_scales, offsets):
     """Numba body. Shapes: y [T, N], x [T, K], a [G, S, R, K], bt [G, R, N], offsets [S + 1].
 
     token_slots / token_ranks [>= T]: slot and rank of each token (-1 / 0: no adapter);
+    token_scales [>= T] float32: each token's strength, multiplied into its shrink (exact for 1.0);
     sorted_tokens: token indices grouped by slot (entries >= T are skipped).
     Slices index with ranges from 0 (never a possibly negative index), so loops vectorise.
     """
@@ -54,6 +55,7 @@ def _add_lora_rows(y, x, a, bt, token_slots, token_ranks, sorted_tokens, offsets
         rank = token_ranks[t]
         if slot < 0 or rank <= 0:
             continue
+        scale = token_scales[t]
         x_row = x[t]  # [K]
         y_row = y[t]  # [N]
         for s in range(num_slices):
@@ -62,7 +64,7 @@ def _add_lora_rows(y, x, a, bt, token_slots, token_ranks, sorted_tokens, offsets
                 acc = np.float32(0.0)
                 for k in range(x_row.shape[0]):
                     acc += x_row[k] * a_row[k]
-                h[r] = acc
+                h[r] = acc * scale
             y_slice = y_row[offsets[s] : offsets[s + 1]]  # [n_s]
             for r in range(rank):
                 h_r = h[r]
@@ -84,19 +86,19 @@ def add_lora_cpu(
     x: torch.Tensor,
     lora_a: torch.Tensor,
     lora_b: torch.Tensor,
-    token_arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
+    token_arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     slice_offsets: tuple[int, ...],
 ) -> None:
-    """``y[t, lo_s:hi_s] += (x[t] @ A[slot_t, s, :rank_t].T) @ B[slot_t, lo_s:hi_s, :rank_t].T``.
+    """``y[t, lo_s:hi_s] += scale_t * (x[t] @ A[slot_t, s, :rank_t].T) @ B[slot_t, lo_s:hi_s, :rank_t].T``.
 
     Shapes: y [T, out_total] and x [T, K] float32; lora_a [slots, S, R, K];
-    lora_b [slots, out_total, R]; ``token_arrays`` = (token_slots, token_ranks, sorted_tokens),
-    int32 numpy views [>= T] of the batch's buffers (``LoRABatch.host_arrays``; slot -1 or
-    rank 0 leaves the row untouched). No checks: the caller's tensors are consistent
-    (``add_lora`` checks them when asked to).
+    lora_b [slots, out_total, R]; ``token_arrays`` = (token_slots, token_ranks, sorted_tokens,
+    token_scales), int32 (float32 for the scales) numpy views [>= T] of the batch's buffers
+    (``LoRABatch.host_arrays``; slot -1 or rank 0 leaves the row untouched). No checks: the
+    caller's tensors are consistent (``add_lora`` checks them when asked to).
     """
     assert _kernel is not None  # a plan with backend "numba" needs AVAILABLE
-    token_slots, token_ranks, sorted_tokens = token_arrays
+    token_slots, token_ranks, sorted_tokens, token_scales = token_arrays
     _kernel(
         y.numpy(),
         x.numpy(),
@@ -105,6 +107,7 @@ def add_lora_cpu(
         token_slots,
         token_ranks,
         sorted_tokens,
+        token_scales,
         _offsets_array(slice_offsets),
     )
 
@@ -121,7 +124,8 @@ def compile_now() -> float:
     y = torch.zeros(1, 2)
     b = torch.zeros(1, 1, 2).transpose(1, 2)  # [slots, out_total, R] over [slots, R, out_total]
     slots = np.zeros(1, dtype=np.int32)
-    add_lora_cpu(y, torch.zeros(1, 2), torch.zeros(1, 1, 1, 2), b, (slots, slots, slots), (0, 2))
+    scales = np.ones(1, dtype=np.float32)
+    add_lora_cpu(y, torch.zeros(1, 2), torch.zeros(1, 1, 1, 2), b, (slots, slots, slots, scales), (0, 2))
     elapsed = time.perf_counter() - start
     log.debug("CPU LoRA kernel ready in %.2f s", elapsed)
     return elapsed

@@ -36,6 +36,7 @@ def _add_rms_norm_lora_kernel(
     b_ptr,
     slots_ptr,
     ranks_ptr,
+    scales_ptr,
     counter_ptr,
     n_cols,
     num_blocks,
@@ -60,6 +61,7 @@ def _add_rms_norm_lora_kernel(
     ok = cols < n_cols
     slot = tl.load(slots_ptr + t)
     rank = tl.load(ranks_ptr + t)  # 0 for tokens without an adapter
+    scale = tl.load(scales_ptr + t)  # the token's adapter strength, float32
     offs_r = tl.arange(0, BLOCK_R)  # [BR]
     # the token's B rows first: they do not wait on the previous kernel
     w = load_token_b(b_ptr, slot, rank, cols, ok, offs_r, stride_bl, stride_bn, stride_br, RANK_ALIGN)
@@ -69,7 +71,7 @@ def _add_rms_norm_lora_kernel(
     x = tl.load(x_ptr + t.to(tl.int64) * stride_xt + cols, mask=ok, other=0.0)  # [BN], model dtype
     if rank > 0:
         h_ptrs = shrunk_ptr + t.to(tl.int64) * stride_st + slot.to(tl.int64) * stride_sl + offs_r * stride_sr
-        x = add_token_lora(x, w, h_ptrs, rank, offs_r)
+        x = add_token_lora(x, w, h_ptrs, rank, offs_r, scale)
     res_row = res_ptr + t.to(tl.int64) * stride_rt
     res = tl.load(res_row + cols, mask=ok, other=0.0)
     tl.store(res_row + cols, (x.to(tl.float32) + res.to(tl.float32)).to(res.dtype), mask=ok)
@@ -128,6 +130,7 @@ def launch(
         lora_b,
         batch.token_slots,
         batch.token_ranks,
+        batch.token_scales,
         counters,
         hidden,
         num_blocks,

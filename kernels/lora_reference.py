@@ -29,10 +29,14 @@ def reference_lora(
     lora_b: torch.Tensor,
     slot_ids: torch.Tensor,
     slice_offsets: Sequence[int],
+    token_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Float64 ``y + LoRA(x)`` for tests (returns a new float64 tensor; y is unchanged)."""
+    """Float64 ``y + token_scales[t] * LoRA(x)[t]`` for tests (returns a new float64 tensor; y is
+    unchanged). ``token_scales`` ``[T]``: each token's adapter strength; None: 1.0."""
     out = y.double().clone()  # [T, out_total]
     h = reference_shrink(x, lora_a, slot_ids)  # [S, T, R]
+    if token_scales is not None:
+        h = h * token_scales.double()[:, None]  # [S, T, R] times [T, 1]
     for slot in slot_ids.unique().tolist():
         if slot < 0:
             continue

@@ -17,8 +17,9 @@ slots the tokens use), so one CUDA graph per batch-size bucket replays any adapt
 
 Shrink splits ``in_features`` across programs (split-K: decode has few tokens, a large K
 and a small rank) and writes one float32 partial per split; expand loads all partials of
-its rows in one tile and sums them. No atomics touch data, so results are bitwise
-reproducible and graph replay equals eager.
+its rows in one tile and sums them, then multiplies each row's float32 term by its token's
+adapter strength (``LoRABatch.token_scales``; exact for 1.0). No atomics touch data, so
+results are bitwise reproducible and graph replay equals eager.
 
 ``add_lora`` is one shrink launch then one expand launch. (A single-launch variant, in
 which expand programs waited on per-slot counters published by the shrink programs, was
@@ -215,6 +216,7 @@ def _expand_tile(
     b_ptr,
     y_ptr,
     sorted_ptr,
+    scales_ptr,
     slot,
     s,
     m_block,
@@ -242,7 +244,7 @@ def _expand_tile(
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """y[tok, n0:n0+BN] += h[tok] @ B^T for one tile; ``w0`` is its first B rank block."""
+    """y[tok, n0:n0+BN] += scale[tok] * h[tok] @ B^T for one tile; ``w0`` is its first B rank block."""
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
     m_ok = offs_m < count
     tok = tl.load(sorted_ptr + start + offs_m, mask=m_ok, other=0)
@@ -275,8 +277,10 @@ def _expand_tile(
     y_ptrs = y_ptr + tok[:, None] * stride_yt + offs_n[None, :] * stride_yn  # [BM, BN]
     mask = m_ok[:, None] & (offs_n < hi)[None, :]
     y_old = tl.load(y_ptrs, mask=mask, other=0.0)
-    # y += delta.to(y.dtype); the sum in float32, rounded once (as a bf16/fp16 add does).
-    delta = acc.to(y_old.dtype).to(tl.float32)
+    scale = tl.load(scales_ptr + tok, mask=m_ok, other=1.0)  # [BM] the tokens' strengths
+    # y += (scale * acc).to(y.dtype); the sum in float32 (exact for scale 1.0), rounded once
+    # (as a bf16/fp16 add does).
+    delta = (acc * scale[:, None]).to(y_old.dtype).to(tl.float32)
     tl.store(y_ptrs, (y_old.to(tl.float32) + delta).to(y_old.dtype), mask=mask)
 
 
@@ -341,6 +345,7 @@ def _lora_expand_kernel(
     b_ptr,
     y_ptr,
     sorted_ptr,
+    scales_ptr,
     starts_ptr,
     counts_ptr,
     ranks_ptr,
@@ -385,7 +390,7 @@ def _lora_expand_kernel(
             b_ptr, slot, n0, hi, 0, rank, stride_wl, stride_wn, stride_wr, BLOCK_N, BLOCK_R, RANK_ALIGN
         )
         _expand_tile(
-            w0, buf_ptr, b_ptr, y_ptr, sorted_ptr, slot, s, m_block, n0, hi, count, rank,
+            w0, buf_ptr, b_ptr, y_ptr, sorted_ptr, scales_ptr, slot, s, m_block, n0, hi, count, rank,
             start, num_tokens, num_splits,
             stride_bp, stride_bs, stride_bt, stride_br, stride_wl, stride_wn, stride_wr,
             stride_yt, stride_yn,
@@ -542,6 +547,7 @@ def expand(
         lora_b,
         y,
         batch.sorted_tokens,
+        batch.token_scales,
         batch.slot_starts,
         batch.slot_counts,
         batch.slot_ranks,

@@ -30,6 +30,7 @@ def _silu_mul_lora_kernel(
     out_ptr,
     slots_ptr,
     ranks_ptr,
+    scales_ptr,
     n_cols,
     stride_gt,
     stride_st,
@@ -51,6 +52,7 @@ def _silu_mul_lora_kernel(
     ok = cols < n_cols
     slot = tl.load(slots_ptr + t)
     rank = tl.load(ranks_ptr + t)  # 0 for tokens without an adapter
+    scale = tl.load(scales_ptr + t)  # the token's adapter strength, float32
     offs_r = tl.arange(0, BLOCK_R)  # [BR]
     # B rows of the gate columns, then of the up columns (n_cols further): weights first.
     w_gate = load_token_b(b_ptr, slot, rank, cols, ok, offs_r, stride_wl, stride_wn, stride_wr, RANK_ALIGN)
@@ -65,8 +67,8 @@ def _silu_mul_lora_kernel(
     up = tl.load(row + n_cols + cols, mask=ok, other=0.0)
     if rank > 0:
         h_ptrs = shrunk_ptr + t.to(tl.int64) * stride_st + slot.to(tl.int64) * stride_sl + offs_r * stride_sr
-        gate = add_token_lora(gate, w_gate, h_ptrs, rank, offs_r)
-        up = add_token_lora(up, w_up, h_ptrs + stride_ss, rank, offs_r)
+        gate = add_token_lora(gate, w_gate, h_ptrs, rank, offs_r, scale)
+        up = add_token_lora(up, w_up, h_ptrs + stride_ss, rank, offs_r, scale)
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(up.dtype).to(tl.float32)  # rounded like F.silu's output
     tl.store(out_ptr + t.to(tl.int64) * stride_ot + cols, (act * up.to(tl.float32)).to(up.dtype), mask=ok)
@@ -99,6 +101,7 @@ def launch(
         out,
         batch.token_slots,
         batch.token_ranks,
+        batch.token_scales,
         half,
         gate_up.stride(0),
         st_t,

@@ -5,7 +5,9 @@ batch until its next refill); each adapter's tokens run as a contiguous range (v
 in-place ``addmm_``) or an index list, reading only the rows below the adapter's rank. Decode
 steps with several adapters in consecutive slots use the stacked path (``LoRAPlan.stacks``):
 every token against every active adapter in a handful of large ops, masked. Rows with slot
--1 are never written.
+-1 are never written. Each token's shrink is multiplied by its strength
+(``LoRABatch.token_scales``) only when the batch has some strength other than 1.0
+(``LoRABatch.scaled``), so other batches run exactly the ops they ran without strengths.
 """
 
 from __future__ import annotations
@@ -93,6 +95,16 @@ def _rows(t: torch.Tensor, first: int, last: int, idx: torch.Tensor | None) -> t
     return t[first:last] if idx is None else t.index_select(0, idx)
 
 
+def _scaled(
+    h: torch.Tensor, batch: LoRABatch, first: int, last: int, idx: torch.Tensor | None
+) -> torch.Tensor:
+    """``h [S, n, rank]`` times each of its tokens' strength (h itself when the batch has none)."""
+    if not batch.scaled:
+        return h
+    scales = _rows(batch.token_scales, first, last, idx)  # [n] float32
+    return h * scales.to(h.dtype)[:, None]
+
+
 def _group_shrink(xs: torch.Tensor, a_slot: torch.Tensor, rank: int) -> torch.Tensor:
     """``[n, K] x [S, R, K] -> [S, n, rank]`` in xs's dtype, reading rank rows only."""
     num_slices, max_rank, k = a_slot.shape
@@ -131,6 +143,7 @@ def _stacked_add_lora(
     x: torch.Tensor,
     lora_a: torch.Tensor,
     lora_b: torch.Tensor,
+    batch: LoRABatch,
     host: HostGroups,
     offs: tuple[int, ...],
 ) -> None:
@@ -147,6 +160,8 @@ def _stacked_add_lora(
     else:
         h = torch.matmul(x, a[:, :, :r].transpose(2, 3)).transpose(0, 1)  # [S, G, T, r]
     h = torch.where(host.mask, h, 0)  # tokens keep only their own slot's row
+    if batch.scaled:
+        h = h * batch.token_scales[:t, None].to(h.dtype)  # [S, G, T, r] times [T, 1]
     b = lora_b[lo:hi, :, :r]  # [G, out_total, r]
     valid = host.valid
     rows = y if valid is None else y.index_select(0, valid)  # [n, out_total]
@@ -170,14 +185,18 @@ def _tiled_group_add_lora(
     first: int,
     last: int,
     idx: torch.Tensor | None,
+    batch: LoRABatch,
     tile: int,
 ) -> None:
-    """One adapter's ``y[rows] += (x[rows] A^T) B^T`` with every GEMM in ``tile``-row tiles, so a
-    row's result does not depend on how many tokens share its adapter (``row_tiles``)."""
+    """One adapter's ``y[rows] += token_scale * (x[rows] A^T) B^T`` with every GEMM in
+    ``tile``-row tiles, so a row's result does not depend on how many tokens share its adapter
+    (``row_tiles``); a strength of 1.0 multiplies exactly, so strengths elsewhere change nothing."""
     num_slices, _, k = a_slot.shape
     xs = _rows(x, first, last, idx)  # [n, K]
     a = a_slot[:, :rank].reshape(num_slices * rank, k)  # [S * rank, K]
     h = row_tiled(F.linear, tile, xs, a)  # [n, S * rank]
+    if batch.scaled:
+        h = h * _rows(batch.token_scales, first, last, idx).to(h.dtype)[:, None]
     rows = y[first:last] if idx is None else y.index_select(0, idx)  # [n, out_total]
     for s in range(num_slices):
         lo, hi = offs[s], offs[s + 1]
@@ -202,15 +221,15 @@ def add_lora(
     if plan.gemm_row_tile:
         for slot, rank, first, last, idx in host.groups:
             _tiled_group_add_lora(
-                y, x, lora_a[slot], lora_b[slot], rank, offs, first, last, idx, plan.gemm_row_tile
+                y, x, lora_a[slot], lora_b[slot], rank, offs, first, last, idx, batch, plan.gemm_row_tile
             )
         return
     if host.span is not None:
-        _stacked_add_lora(y, x, lora_a, lora_b, host, offs)
+        _stacked_add_lora(y, x, lora_a, lora_b, batch, host, offs)
         return
     for slot, rank, first, last, idx in host.groups:
         xs = _rows(x, first, last, idx)  # [n, K]
-        h = _group_shrink(xs, lora_a[slot], rank)  # [S, n, rank]
+        h = _scaled(_group_shrink(xs, lora_a[slot], rank), batch, first, last, idx)  # [S, n, rank]
         _group_expand(y, h, lora_b[slot], rank, offs, first, last, idx)
 
 
@@ -236,11 +255,11 @@ def expand(
     offs: tuple[int, ...],
     plan: LoRAPlan,
 ) -> None:
-    """``y += buf @ B^T`` per token and slice, in place (buf: float32 ``[S, T, R]``)."""
+    """``y += token_scale * buf @ B^T`` per token and slice, in place (buf: float32 ``[S, T, R]``)."""
     host = _host_groups(batch, y.shape[0], plan)
     for slot, rank, first, last, idx in host.groups:
         h = buf[:, first:last, :rank] if idx is None else buf[:, idx, :rank]  # [S, n, rank]
-        h = h.to(y.dtype)
+        h = _scaled(h, batch, first, last, idx).to(y.dtype)
         _group_expand(y, h, lora_b[slot], rank, offs, first, last, idx)
 
 

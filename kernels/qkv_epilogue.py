@@ -34,6 +34,7 @@ def _qkv_epilogue_kernel(
     b_ptr,
     slots_ptr,
     ranks_ptr,
+    scales_ptr,
     num_q_heads,
     num_kv_heads,
     stride_qt,
@@ -61,6 +62,7 @@ def _qkv_epilogue_kernel(
     if HAS_LORA:
         slot = tl.load(slots_ptr + t)
         rank = tl.load(ranks_ptr + t)  # 0 for tokens without an adapter
+        scale = tl.load(scales_ptr + t)  # the token's adapter strength, float32
         whole = d < HALF
         # the token's B rows of both halves of this head, before waiting on the GEMM
         w1 = load_token_b(
@@ -85,8 +87,8 @@ def _qkv_epilogue_kernel(
                 + part * stride_ss
                 + offs_r * stride_sr
             )
-            x1 = add_token_lora(x1, w1, h_ptrs, rank, offs_r)
-            x2 = add_token_lora(x2, w2, h_ptrs, rank, offs_r)
+            x1 = add_token_lora(x1, w1, h_ptrs, rank, offs_r, scale)
+            x2 = add_token_lora(x2, w2, h_ptrs, rank, offs_r, scale)
     if head < num_q_heads + num_kv_heads:  # q and k: rotate half, as rope_
         pos = tl.load(pos_ptr + t)
         cos = tl.load(cs_ptr + pos * stride_cs + d)
@@ -146,12 +148,12 @@ def launch(
     if lora is not None:
         shrunk, lora_b, batch = lora
         check_shrunk_in_gemm(num_tokens, width, qkv.dtype, shrunk, lora_b, slices=3)
-        lora_args = (shrunk, lora_b, batch.token_slots, batch.token_ranks)
+        lora_args = (shrunk, lora_b, batch.token_slots, batch.token_ranks, batch.token_scales)
         shrunk_strides = (shrunk.stride(0), shrunk.stride(1), shrunk.stride(2), shrunk.stride(3))
         b_strides = lora_b.stride()
         br, align = block_r(lora_b.shape[-1]), rank_align(lora_b)
     else:
-        lora_args = (qkv, qkv, slot_mapping, slot_mapping)  # never read
+        lora_args = (qkv, qkv, slot_mapping, slot_mapping, cos_sin)  # never read
         shrunk_strides, b_strides, br, align = (0, 0, 0, 0), (0, 0, 0), 8, 1
     _qkv_epilogue_kernel[(num_tokens, heads)](
         qkv,

@@ -24,3 +24,8 @@ def models_dir() -> Path:
     path = data_dir() / "models"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def runs_dir() -> Path:
+    """The history of runs (one JSON record each, ``run_records.py``)."""
+    return data_dir() / "runs"

@@ -32,6 +32,8 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     os.environ["MULTILORA_STUDIO_NO_DEMO_ADAPTERS"] = "1"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # no test (nor a window it starts) reaches the user's keyring; the key-store tests set their own
+    os.environ["PYTHON_KEYRING_BACKEND"] = "keyring.backends.fail.Keyring"
     return home
 
 

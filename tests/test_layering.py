@@ -13,11 +13,36 @@ ALLOWED = {
     "adapters": set(),
     "engine": {"kernels", "adapters", "default_model"},
     "server": {"engine", "adapters", "kernels"},
-    "gui": {"server", "engine", "adapters", "demo", "resources", "kernels"},
+    "evaluate": {"engine", "adapters"},
+    "gui": {
+        "server",
+        "engine",
+        "adapters",
+        "evaluate",
+        "demo",
+        "resources",
+        "kernels",
+        "run_records",
+        "divergence",
+    },
     "demo": {"engine", "adapters", "default_model", "kernels"},
     "bench": {"engine", "adapters", "server", "kernels", "default_model"},
-    "cli": {"gui", "server", "engine", "adapters", "demo", "bench", "default_model", "kernels"},
+    "cli": {
+        "gui",
+        "server",
+        "engine",
+        "adapters",
+        "evaluate",
+        "demo",
+        "bench",
+        "default_model",
+        "kernels",
+        "run_records",
+        "divergence",
+    },
     "default_model": set(),
+    "run_records": {"engine"},
+    "divergence": {"engine"},
 }
 SHARED = {"util", "paths", "resources"}
 THIRD_PARTY_FORBIDDEN = {
@@ -25,6 +50,7 @@ THIRD_PARTY_FORBIDDEN = {
     "adapters": {"PySide6", "fastapi", "uvicorn"},
     "engine": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
     "server": {"PySide6", "pyqtgraph"},
+    "evaluate": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
 }
 
 

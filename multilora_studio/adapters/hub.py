@@ -13,12 +13,14 @@ import logging
 import os
 import re
 import shutil
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from filelock import FileLock
 from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
@@ -39,6 +41,7 @@ Progress = Callable[[float, str], None]
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 ADAPTER_TAG = "base_model:adapter:{base}"
+REACH_TIMEOUT_S = 3.0  # how long a search waits to learn whether the Hub answers at all
 
 
 class HubError(RuntimeError):
@@ -99,6 +102,37 @@ def parse_repo_ref(text: str) -> tuple[str, str | None]:
     return repo_id, revision or None
 
 
+def check_reachable(endpoint: str, timeout: float = REACH_TIMEOUT_S) -> None:
+    """HubError unless a TCP connection to ``endpoint``'s host opens within ``timeout`` seconds.
+
+    Name resolution is not bounded by socket timeouts, so the whole attempt runs on a daemon
+    thread: without a network a search says so within ``timeout`` instead of after the
+    resolver's and the HTTP client's retries.
+    """
+    parts = urlsplit(endpoint)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    outcome: list[BaseException | None] = []
+
+    def attempt() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+        except OSError as error:
+            outcome.append(error)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=attempt, name="hub-reach", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        raise HubError(f"the Hub at {endpoint} did not answer within {timeout:g} s: are you offline?")
+    if outcome[0] is not None:
+        error = outcome[0]
+        kind = type(error).__name__
+        raise HubError(f"cannot reach the Hub at {endpoint} ({kind}: {error}): are you offline?")
+
+
 def search_adapters(
     base_model: str, text: str | None = None, limit: int = 20, settings: HubSettings | None = None
 ) -> list[HubModel]:
@@ -106,6 +140,7 @@ def search_adapters(
     settings = settings or HubSettings.from_env()
     if settings.offline:
         raise HubError("searching the Hub needs a connection; HF_HUB_OFFLINE is set")
+    check_reachable(settings.endpoint)
     api = HfApi(endpoint=settings.endpoint)
     with _hub_errors(base_model, None, settings):
         found = api.list_models(

@@ -2,7 +2,7 @@
 
 Layout under ``root`` (the user data directory by default)::
 
-    library.sqlite3          adapters, aliases, base models pulled from the Hub
+    library.sqlite3          adapters, aliases, base models pulled from the Hub, eval scores
     adapters/<id>/           imported adapter folders (copies; Hub pulls stay in the HF cache)
     adapters/.tmp-<id>/      an import in progress, renamed to <id> as its row commits
     adapters/.trash-<id>/    a removal in progress, deleted once its row is gone
@@ -37,7 +37,12 @@ from multilora_studio.adapters.peft_adapter import (
     read_adapter_config,
     weights_file,
 )
-from multilora_studio.adapters.registry_schema import AdapterRecord, BaseModelRecord, migrate
+from multilora_studio.adapters.registry_schema import (
+    AdapterRecord,
+    BaseModelRecord,
+    EvalScoreRecord,
+    migrate,
+)
 from multilora_studio.paths import data_dir
 
 log = logging.getLogger(__name__)
@@ -273,6 +278,46 @@ class Registry:
         with self._write() as conn:
             if conn.execute("DELETE FROM aliases WHERE alias = ?", (alias,)).rowcount != 1:
                 raise LibraryError(f"no alias {alias!r} in the library")
+
+    # ---------------------------------------------------------------- evaluation scores
+
+    def record_eval_scores(self, scores: Sequence[EvalScoreRecord]) -> None:
+        """Record each adapter's scores of one evaluation, all in one transaction (or none)."""
+        with self._write() as conn:
+            for score in scores:
+                row = self._row(conn, score.adapter)
+                if row is None:
+                    raise LibraryError(
+                        f"no adapter named {score.adapter!r} in the library; no scores recorded"
+                    )
+                conn.execute(
+                    "INSERT INTO eval_scores (adapter_id, prompt_set, prompt_set_digest, base_digest, "
+                    "prompts, checked, passed, reference_logprob, results_path, created) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        row["id"], score.prompt_set, score.prompt_set_digest, score.base_digest,
+                        score.prompts, score.checked, score.passed, score.reference_logprob,
+                        score.results_path, score.created,
+                    ),
+                )  # fmt: skip
+
+    def eval_scores(self, name: str) -> list[EvalScoreRecord]:
+        """The adapter's recorded evaluation scores, newest first."""
+        record = self.get(name)
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT * FROM eval_scores WHERE adapter_id = ? ORDER BY created DESC, id DESC", (record.id,)
+            ).fetchall()
+        return [EvalScoreRecord.from_row(row, record.name) for row in rows]
+
+    def latest_eval_scores(self) -> dict[str, EvalScoreRecord]:
+        """Each evaluated adapter's newest scores, by adapter name."""
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT eval_scores.*, adapters.name AS adapter_name FROM eval_scores "
+                "JOIN adapters ON adapters.id = eval_scores.adapter_id ORDER BY created, eval_scores.id"
+            ).fetchall()
+        return {row["adapter_name"]: EvalScoreRecord.from_row(row, row["adapter_name"]) for row in rows}
 
     # ---------------------------------------------------------------- the loaded base model
 

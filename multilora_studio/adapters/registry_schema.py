@@ -6,7 +6,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Migration n brings a database from user_version n-1 to n.
 MIGRATIONS = {
     1: """
@@ -45,6 +45,22 @@ MIGRATIONS = {
         created REAL NOT NULL,
         UNIQUE (repo_id, revision)
     );
+    """,
+    2: """
+    CREATE TABLE eval_scores (
+        id INTEGER PRIMARY KEY,
+        adapter_id TEXT NOT NULL REFERENCES adapters (id) ON DELETE CASCADE,
+        prompt_set TEXT NOT NULL,           -- the prompt set's name (its file name without suffix)
+        prompt_set_digest TEXT NOT NULL,    -- SHA-256 of the prompt set file
+        base_digest TEXT NOT NULL,          -- SHA-256 of the base weights it ran on ('' = unknown)
+        prompts INTEGER NOT NULL,
+        checked INTEGER NOT NULL,           -- prompts with a check
+        passed INTEGER NOT NULL,
+        reference_logprob REAL,             -- mean log-probability per reference token
+        results_path TEXT,                  -- the saved results file
+        created REAL NOT NULL               -- unix time
+    );
+    CREATE INDEX eval_scores_adapter ON eval_scores (adapter_id, created);
     """,
 }
 
@@ -122,6 +138,41 @@ class AdapterRecord:
         if self.source_kind == "hub":
             return f"{self.source}@{self.revision}"
         return self.source
+
+
+@dataclass(frozen=True)
+class EvalScoreRecord:
+    """One adapter's scores on one prompt set, as an evaluation recorded them."""
+
+    adapter: str
+    prompt_set: str
+    prompt_set_digest: str
+    base_digest: str
+    prompts: int
+    checked: int
+    passed: int
+    reference_logprob: float | None
+    results_path: str | None
+    created: float
+
+    @property
+    def pass_rate(self) -> float | None:
+        return self.passed / self.checked if self.checked else None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row, adapter: str) -> EvalScoreRecord:
+        return cls(
+            adapter=adapter,
+            prompt_set=row["prompt_set"],
+            prompt_set_digest=row["prompt_set_digest"],
+            base_digest=row["base_digest"],
+            prompts=row["prompts"],
+            checked=row["checked"],
+            passed=row["passed"],
+            reference_logprob=row["reference_logprob"],
+            results_path=row["results_path"],
+            created=row["created"],
+        )
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from multilora_studio import __version__
 from multilora_studio.cli.adapters import add_adapters_command
 from multilora_studio.cli.bench import add_bench_command
 from multilora_studio.cli.compare import add_compare_command
+from multilora_studio.cli.eval import add_eval_command
 from multilora_studio.cli.flag_words import in_flag_words, typed_flags
 from multilora_studio.cli.gui import add_gui_command
 from multilora_studio.cli.model import add_model_command
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_gui_command(subparsers)
     add_model_command(subparsers)
     add_compare_command(subparsers)
+    add_eval_command(subparsers)
     add_pull_command(subparsers)
     add_adapters_command(subparsers)
     add_serve_command(subparsers)

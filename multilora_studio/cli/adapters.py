@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.adapters.registry_schema import AdapterRecord
+from multilora_studio.adapters.registry_schema import AdapterRecord, EvalScoreRecord
 from multilora_studio.cli.shared import (
     Subcommands,
     add_base_arguments,
@@ -102,20 +102,21 @@ def run_list(args: argparse.Namespace) -> int:
         offer_demo_adapters(registry, base or (lambda: describe_base(None)))
     records = registry.list_adapters()
     digest = base.digest if base is not None else None
+    evaluated = registry.latest_eval_scores()
     if args.json:
-        print(json.dumps([_as_json(r, digest) for r in records], indent=2))
+        print(json.dumps([_as_json(r, digest, evaluated.get(r.name)) for r in records], indent=2))
         return 0
     if not records:
         print("the library is empty; add adapters with: multilora-studio adapters add PATH | pull REPO_ID")
         return 0
-    rows = [("NAME", "RANK", "TARGETS", "SIZE", "PIN", "BASE", "SOURCE")]
+    rows = [("NAME", "RANK", "TARGETS", "SIZE", "PIN", "BASE", "LAST EVAL", "SOURCE")]
     for r in records:
         flag = (
             "" if digest is None else {"ok": "", "mismatch": " (!)", "unknown": " (?)"}[r.base_status(digest)]
         )
         rows.append(
             (r.name, str(r.rank), ",".join(r.targets), _size(r.size_bytes), "yes" if r.pinned else "",
-             r.base_name + flag, r.source_label)
+             r.base_name + flag, _eval_label(evaluated.get(r.name)), r.source_label)
         )  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -126,15 +127,20 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    record = Registry().get(args.name)
+    registry = Registry()
+    record = registry.get(args.name)
     digest = describe_base(args.model).digest if args.model else None
     data = _as_json(record, digest)
+    scores = registry.eval_scores(record.name)
     if args.json:
+        data["evaluations"] = [_score_json(score) for score in scores]
         print(json.dumps(data, indent=2))
         return 0
     for key, value in data.items():
         shown = ", ".join(value) if isinstance(value, list) else ("" if value is None else value)
         print(f"{key + ':':20} {shown}")
+    for score in scores:
+        print(f"{'evaluation:':20} {_eval_label(score)}, {_time(score.created)}, {score.results_path or '-'}")
     return 0
 
 
@@ -175,7 +181,22 @@ def run_search(args: argparse.Namespace) -> int:
     return 0
 
 
-def _as_json(record: AdapterRecord, digest: str | None) -> dict:
+def _eval_label(score: EvalScoreRecord | None) -> str:
+    """``set: 3/4 passed, -1.23/token``, or '' when never evaluated."""
+    if score is None:
+        return ""
+    logprob = "" if score.reference_logprob is None else f", {score.reference_logprob:.2f}/token"
+    return f"{score.prompt_set}: {score.passed}/{score.checked} passed{logprob}"
+
+
+def _score_json(score: EvalScoreRecord) -> dict:
+    data = dataclasses.asdict(score)
+    data["pass_rate"] = score.pass_rate
+    data["created"] = _time(score.created)
+    return data
+
+
+def _as_json(record: AdapterRecord, digest: str | None, latest: EvalScoreRecord | None = None) -> dict:
     data = dataclasses.asdict(record)
     data["path"] = str(record.path)
     data["aliases"] = list(record.aliases)
@@ -184,6 +205,8 @@ def _as_json(record: AdapterRecord, digest: str | None) -> dict:
     data["last_used"] = _time(record.last_used) if record.last_used else None
     if digest is not None:
         data["base_status"] = record.base_status(digest)
+    if latest is not None:
+        data["last_eval"] = _score_json(latest)
     return data
 
 

@@ -7,17 +7,16 @@ import json
 import shutil
 import textwrap
 
-from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli.shared import (
     Subcommands,
+    add_adapters,
     add_demo_adapters_flag,
     add_engine_arguments,
-    describe_base,
     engine_config,
+    library_for,
     parse_lora_modules,
     print_progress,
 )
-from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.engine import Engine, RequestOutput, SamplingParams
 
 BASE = "base"
@@ -63,25 +62,15 @@ def run_compare(args: argparse.Namespace) -> int:
     if not choices:
         raise ValueError("--adapters names at least one adapter or 'base'")
     offer = args.model is None and not args.no_demo_adapters  # the demo adapters are for the embedded model
-    from_library = [name for name in dict.fromkeys(choices) if name != BASE and name not in modules]
-    registry = Registry() if from_library or offer else None
-    if offer and registry is not None:
-        offer_demo_adapters(registry, lambda: describe_base(None))
-    unknown = [name for name in from_library if registry is not None and registry.find(name) is None]
-    if unknown:
-        raise ValueError(
-            f"unknown adapters {', '.join(unknown)}: not in the library (multilora-studio adapters "
-            "list); give their folders with --lora-modules NAME=PATH"
-        )
+    adapter_names = [name for name in choices if name != BASE]
+    registry = library_for(adapter_names, modules, offer)
+    if args.max_tokens < 1:  # the engine takes 0 (the prompt only); a comparison needs an answer
+        raise ValueError(f"max_tokens must be >= 1, got {args.max_tokens}")
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
     )
     with Engine(engine_config(args), progress=print_progress) as engine:
-        for name in dict.fromkeys(c for c in choices if c != BASE):
-            if name in modules:
-                engine.add_adapter(name, modules[name])
-            elif registry is not None:
-                registry.load_into(engine, name, override=args.allow_other_base)
+        add_adapters(engine, adapter_names, modules, registry, args.allow_other_base)
         prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
         adapters = [None if name == BASE else name for name in choices]
         outputs = engine.generate([prompt] * len(choices), adapters, params)

@@ -1,5 +1,5 @@
 """What the commands share: engine flags and the EngineConfig they build, the base model
-adapters are checked against, the library flags, progress and error printing."""
+adapters are checked against, the library flags, the adapters a run names, progress and error printing."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import Any
 
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.peft_adapter import SUPPORTED_TARGETS
-from multilora_studio.demo import SKIP_ENV
-from multilora_studio.engine import EngineConfig
+from multilora_studio.adapters.registry import Registry
+from multilora_studio.demo import SKIP_ENV, offer_demo_adapters
+from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.engine.model_source import describe_model
 from multilora_studio.engine.model_spec import load_spec
 
@@ -161,3 +162,37 @@ def add_base_arguments(parser: argparse.ArgumentParser) -> None:
     """``--model`` and ``--max-lora-rank``: what an adapter entering the library is checked against."""
     parser.add_argument("--model", default=None, help="base model folder (default: the embedded model)")
     add_rank_argument(parser)
+
+
+def library_for(adapters: Sequence[str], modules: dict[str, Path], offer_demo: bool) -> Registry | None:
+    """The library, when an adapter is not among ``--lora-modules`` or the demo adapters are offered.
+
+    ``adapters`` are the names a run asks for (without the base); one that is neither a
+    ``--lora-modules`` entry nor in the library is refused with what to do.
+    """
+    from_library = [name for name in dict.fromkeys(adapters) if name not in modules]
+    registry = Registry() if from_library or offer_demo else None
+    if offer_demo and registry is not None:
+        offer_demo_adapters(registry, lambda: describe_base(None))
+    unknown = [name for name in from_library if registry is not None and registry.find(name) is None]
+    if unknown:
+        raise ValueError(
+            f"unknown adapters {', '.join(unknown)}: not in the library (multilora-studio adapters "
+            "list); give their folders with --lora-modules NAME=PATH"
+        )
+    return registry
+
+
+def add_adapters(
+    engine: Engine,
+    adapters: Sequence[str],
+    modules: dict[str, Path],
+    registry: Registry | None,
+    allow_other_base: bool,
+) -> None:
+    """Add each named adapter to ``engine``: from its ``--lora-modules`` folder, else from the library."""
+    for name in dict.fromkeys(adapters):
+        if name in modules:
+            engine.add_adapter(name, modules[name])
+        elif registry is not None:
+            registry.load_into(engine, name, override=allow_other_base)

@@ -1,7 +1,13 @@
 """The batched multi-LoRA engine (no Qt, no HTTP)."""
 
 from multilora_studio.engine.adapter_residency import AdapterInfo
-from multilora_studio.engine.config import MAX_LOGPROBS, MAX_SEED, EngineConfig, SamplingParams
+from multilora_studio.engine.config import (
+    MAX_ADAPTER_SCALE,
+    MAX_LOGPROBS,
+    MAX_SEED,
+    EngineConfig,
+    SamplingParams,
+)
 from multilora_studio.engine.device_setup import resolve_device, resolve_dtype
 from multilora_studio.engine.engine import Engine
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta, TokenLogprob
@@ -9,6 +15,7 @@ from multilora_studio.engine.prompts import Prompt
 from multilora_studio.engine.requests import RequestStream
 
 __all__ = [
+    "MAX_ADAPTER_SCALE",
     "MAX_LOGPROBS",
     "MAX_SEED",
     "AdapterInfo",

@@ -86,6 +86,7 @@ class AdapterResidency:
         # Slot uploads in flight: the event that completes them, and the host copy they read
         # (kept alive, with its pinned block, until the copies have completed).
         self._uploads: dict[str, tuple[torch.cuda.Event, PackedAdapter]] = {}
+        self._pinned_loads: set[str] = set()  # pinned adapters on their way into a slot
         self.arena = self._pinned_arena(block_bytes, config.max_cpu_loras)
         self._loader_process: LoaderProcess | None = None
         if self.loader == "process":
@@ -314,14 +315,32 @@ class AdapterResidency:
         if slot is not None:
             self.lora.clear(slot)
         self.host_cache.discard(name)
+        self._pinned_loads.discard(name)
         with self._lock:
             del self._adapters[name]
 
     def pin(self, name: str, pinned: bool) -> None:
+        """Pin ``name`` and bring it into a slot now (``load_pinned``), or unpin it."""
         with self._lock:
             if name not in self._adapters:
                 raise ValueError(f"unknown adapter {name!r}")
         (self.slots.pin if pinned else self.slots.unpin)(name)
+        if pinned and self.slots.slot_of(name) is None:
+            self._pinned_loads.add(name)
+        else:
+            self._pinned_loads.discard(name)
+
+    def load_pinned(self) -> bool:
+        """Advance the loads of pinned adapters into their slots; True while some are on their way.
+
+        Each goes through ``acquire`` like a request's adapter (disk -> host tier -> slot) and lets
+        go of the slot once it is there; being pinned, it stays.
+        """
+        for name in list(self._pinned_loads):
+            if self.acquire(name) is Admission.READY:
+                self.release(name)
+                self._pinned_loads.discard(name)
+        return bool(self._pinned_loads)
 
     def close(self) -> None:
         """Stop the loader threads and children (after the worker has ended)."""

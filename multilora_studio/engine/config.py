@@ -13,6 +13,9 @@ MAX_SLOTS = 1024
 MAX_SEED = 2**63 - 1  # torch.Generator seeds are signed 64-bit
 MAX_LOGPROBS = 20  # top alternatives a request may ask for per token (OpenAI's and vLLM's limit)
 GREEDY_BELOW = 1e-5
+# Largest adapter strength a request may ask for (SamplingParams.adapter_scale): 16x an
+# adapter's own scale is far past any useful extrapolation and still far from float overflow.
+MAX_ADAPTER_SCALE = 16.0
 DEVICE_NAME = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -174,6 +177,10 @@ class SamplingParams:
     logprobs: int | None = None
     # The same for every prompt token given the ones before it (vLLM's ``prompt_logprobs``).
     prompt_logprobs: int | None = None
+    # Adapter strength: the request's LoRA term is multiplied by it (on top of the adapter's own
+    # alpha / r); 0 gives the base model's output through the adapter's slot, 1 the adapter as
+    # trained. Needs an adapter (a base request with another value is refused at submit).
+    adapter_scale: float = 1.0
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 0)
@@ -195,6 +202,8 @@ class SamplingParams:
             _check_int("stop_token_ids entry", token, 0)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        _check_number("adapter_scale", self.adapter_scale, 0, MAX_ADAPTER_SCALE, low_inclusive=True)
+        self.adapter_scale = float(self.adapter_scale)
 
     @property
     def greedy(self) -> bool:

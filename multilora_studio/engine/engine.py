@@ -123,7 +123,11 @@ class Engine:
         return self.residency.prefetch(names, timeout)
 
     def pin_adapter(self, name: str, pinned: bool = True) -> None:
-        """Keep ``name`` in its GPU slot once loaded (or let it be evicted again)."""
+        """Keep ``name`` in a GPU slot, loading it into one now (or let it be evicted again).
+
+        The load runs in the background like a request's: ``list_adapters`` / the metrics show
+        the adapter in its slot once it is there.
+        """
         self._call(PinAdapter(name, pinned))
 
     def list_adapters(self) -> list[AdapterInfo]:
@@ -181,6 +185,11 @@ class Engine:
             )
         if adapter is not None:
             self.residency.check_known(adapter)
+        elif params.adapter_scale != 1.0:
+            raise ValueError(
+                f"adapter_scale={params.adapter_scale:g} needs an adapter: a base-model request "
+                "has no LoRA term to scale (pick an adapter, or leave adapter_scale at 1)"
+            )
         request_id = request_id or f"req-{next(self._request_counter)}-{uuid.uuid4().hex[:8]}"
         output = RequestOutput(request_id, adapter, token_ids, arrival_time=time.monotonic())
         stream = RequestStream(output, loop)

@@ -51,10 +51,16 @@ class RequestOutput:
     finish_reason: str | None = None
     error: str | None = None
     arrival_time: float = 0.0
+    first_scheduled_time: float | None = None  # when a step first ran part of it (its prefill began)
     first_token_time: float | None = None
     finish_time: float | None = None
     logprobs: list[TokenLogprob] | None = None  # one per generated token, when asked for
     prompt_logprobs: Sequence[TokenLogprob | None] | None = None  # one per prompt token (None first)
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds it waited (for a batch place, KV blocks, its adapter's slot) before its first step."""
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 
     @property
     def ttft(self) -> float | None:

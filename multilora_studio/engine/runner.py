@@ -62,6 +62,8 @@ class StepInputs:
     positions: torch.Tensor  # [T] int64
     attn: AttentionMetadata
     slot_ids: torch.Tensor  # [T] int32, -1 = base model
+    # [T] float32 adapter strength per token; None when every token's is 1.0 (costs nothing)
+    token_scales: torch.Tensor | None
     logits_rows: torch.Tensor  # [N] int64: rows of the hidden states to sample from
     lora_groups: frozenset[str]
     scoring: PromptScoring | None = None
@@ -173,6 +175,8 @@ class ModelRunner:
         positions: list[int] = []
         slot_mapping: list[int] = []
         slot_ids: list[int] = []
+        token_scales: list[float] = []
+        scaled = False  # whether some token's adapter strength is not 1.0
         seq_lens: list[int] = []
         query_start = [0]
         tables: list[list[int]] = []
@@ -190,6 +194,9 @@ class ModelRunner:
             slot_mapping.extend(blocks.slot_of(seq, p) for p in span)
             slot = slot_of.get(seq.adapter, -1)
             slot_ids.extend([slot] * chunk.num_tokens)
+            strength = seq.params.adapter_scale if slot >= 0 else 1.0
+            token_scales.extend([strength] * chunk.num_tokens)
+            scaled = scaled or strength != 1.0
             if slot >= 0:
                 groups |= self.lora.slot_groups[slot]
             seq_lens.append(end)
@@ -228,6 +235,7 @@ class ModelRunner:
             positions=on_device(positions, torch.int64),
             attn=attn,
             slot_ids=on_device(slot_ids, torch.int32),
+            token_scales=on_device(token_scales, torch.float32) if scaled else None,
             logits_rows=on_device(logits_rows, torch.int64),
             lora_groups=frozenset(groups),
             scoring=scoring,
@@ -240,7 +248,8 @@ class ModelRunner:
             return inputs.graphs.run(inputs.staged), None
         lora = None
         if inputs.lora_groups:
-            lora = LoRAStep(self.lora_batch.update(inputs.slot_ids, self.lora.slot_ranks), inputs.lora_groups)
+            batch = self.lora_batch.update(inputs.slot_ids, self.lora.slot_ranks, inputs.token_scales)
+            lora = LoRAStep(batch, inputs.lora_groups)
         hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.attn, self.kv_caches, lora)
         scoring = inputs.scoring
         prompt_scores = None

@@ -20,7 +20,8 @@ Device words (one int64 buffer; the int32 arrays reinterpret int64 words):
     logits_rows     [S] int64       token row whose hidden state each sampling sequence reads
     seq_lens        [S] int32       0 = padding sequence
     query_start_loc [S + 1] int32
-    lora            LoRABatch words (``LoRABatch.storage_layout(T, num_slots)``)
+    lora            LoRABatch words (``LoRABatch.storage_layout(T, num_slots)``; the
+                    per-token adapter strengths among them, float32 bits)
     block_tables    [S, W] int32    last, so a step copies only the rows it uses
 """
 
@@ -96,6 +97,8 @@ class StepStaging:
         self._h_lora = host32[self._lora_at : self._lora_at + lora_words]
         self._h_tables = host32[self._tables_at : self._tables_at + s * w].reshape(s, w)
         self._token_slots = np.full(t, -1, dtype=np.int64)  # [T] scratch: adapter slot per token
+        self._token_scales = np.ones(t, dtype=np.float32)  # [T] scratch: adapter strength per token
+        self._scaled = False  # whether _token_scales holds a strength other than 1.0
         self.clear()
 
     def clear(self) -> None:
@@ -134,6 +137,10 @@ class StepStaging:
         bs, width = self.block_size, self.width
         token_slots = self._token_slots
         token_slots[:] = -1
+        token_scales = self._token_scales  # all 1.0 unless the last step had strengths
+        if self._scaled:
+            token_scales[:] = 1.0
+        scaled = False  # whether some token's adapter strength is not 1.0
         t = 0
         sampled = 0
         for i, chunk in enumerate(chunks):
@@ -142,6 +149,10 @@ class StepStaging:
             if len(table) > width:
                 raise ValueError(f"request {seq.request_id} has {len(table)} KV blocks, more than {width}")
             slot = slot_of.get(seq.adapter, -1)
+            strength = seq.params.adapter_scale
+            if strength != 1.0 and slot >= 0:
+                token_scales[t : t + n] = strength
+                scaled = True
             if n == 1:  # a decode token: scalar writes cost less than numpy's calls
                 self._h_input_ids[t] = seq.token_at(start)
                 self._h_positions[t] = start
@@ -167,10 +178,18 @@ class StepStaging:
         self._pad(t, count, sampled)
         uses_lora = bool((token_slots[:t] >= 0).any())
         if uses_lora:
-            fill_lora_metadata(self._h_lora, self.max_tokens, self.num_slots, token_slots[:t], slot_ranks)
+            fill_lora_metadata(
+                self._h_lora,
+                self.max_tokens,
+                self.num_slots,
+                token_slots[:t],
+                slot_ranks,
+                token_scales[:t] if scaled else None,
+            )
         self._copy(count)
+        self._scaled = scaled
         if uses_lora:
-            self.lora_batch.mark_filled(t)
+            self.lora_batch.mark_filled(t, scaled)
         return StagedStep(t, sampled, uses_lora)
 
     def _pad(self, tokens: int, seqs: int, sampled: int) -> None:

@@ -99,9 +99,11 @@ class EngineWorker:
             if not self._drain_commands():
                 return
             self._fail_unloadable_adapters()
+            pinned_loading = self.residency.load_pinned()
             if not self.scheduler.has_work:
                 self.metrics.publish(force=True)
-                wake.wait()
+                # a pinned adapter on its way into a slot is checked again soon (the loader wakes us)
+                wake.wait(0.05 if pinned_loading else None)
                 continue
             started = time.perf_counter()
             plan = self.scheduler.schedule()
@@ -114,6 +116,7 @@ class EngineWorker:
             self._step(plan, started, scheduled)
 
     def _step(self, plan: StepPlan, scheduling_started: float, scheduled: float) -> None:
+        self._mark_scheduled(plan)
         try:
             slot_of = self._slots_of(plan)
             t_prepare = time.perf_counter()
@@ -157,6 +160,14 @@ class EngineWorker:
             )
         )
         self._last_step_end = end
+
+    def _mark_scheduled(self, plan: StepPlan) -> None:
+        """Record when each request of ``plan`` first ran (its queue time ends there)."""
+        now = time.monotonic()
+        for chunk in plan.chunks:
+            output = self._active[chunk.seq.request_id].stream.output
+            if output.first_scheduled_time is None:
+                output.first_scheduled_time = now
 
     def _slots_of(self, plan: StepPlan) -> dict[str | None, int]:
         """The GPU slot of each adapter in ``plan`` (None: -1, the base model)."""

@@ -1,5 +1,7 @@
 """One compare run: every column's request submitted at once (one batch), each stream read on its own thread.
 
+Each column sends its own prompt (a chat column its own history) with its own settings.
+
 Reader threads never touch widgets: they buffer text and emit ``updated(column)``
 once per batch of buffered text; the view drains the buffer with ``take``.
 """
@@ -9,7 +11,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
@@ -28,15 +32,31 @@ class ColumnUpdate:
     text: str
     tokens: int
     ttft_s: float | None
+    queue_s: float | None  # the wait before its first step (part of the TTFT)
     tokens_per_second: float | None
     done: bool
     output: RequestOutput | None
+
+
+@dataclass(frozen=True)
+class ColumnRequest:
+    """What one column sends: 'base' or an adapter name, its prompt and its settings."""
+
+    name: str
+    prompt: Prompt
+    params: SamplingParams
+
+    @property
+    def adapter(self) -> str | None:
+        return None if self.name == BASE else self.name
 
 
 @dataclass
 class _Column:
     name: str
     adapter: str | None
+    prompt: Prompt
+    params: SamplingParams
     pending: list[str] = field(default_factory=list)
     tokens: int = 0
     first_token: float | None = None
@@ -47,22 +67,28 @@ class _Column:
 
 
 class CompareRun(QObject):
-    """Runs ``prompt`` through each of ``names`` ('base' = no adapter) in one batched engine run."""
+    """Runs each column's request ('base' = no adapter) in one batched engine run."""
 
     updated = Signal(int)
     columnFinished = Signal(int)
     finished = Signal()
     failed = Signal(str)
 
-    def __init__(self, engine: Engine, prompt: Prompt, names: list[str], params: SamplingParams) -> None:
+    def __init__(
+        self, engine: Engine, requests: list[ColumnRequest], side_work: Callable[[], Any] | None = None
+    ) -> None:
+        """``side_work`` runs on the launch thread once the requests are queued; ``finished`` waits for it
+        and its result is ``side_result`` (slow bookkeeping the GUI thread must not do)."""
         super().__init__()
         self.engine = engine
-        self.prompt = prompt
-        self.params = params
-        self.columns = [_Column(name, None if name == BASE else name) for name in names]
+        self.requests = list(requests)
+        self.side_result: Any = None
+        self._side_work = side_work
+        self._side_done = threading.Event()
+        self.columns = [_Column(r.name, r.adapter, r.prompt, r.params) for r in requests]
         self._lock = threading.Lock()
         self._stopped = False
-        self._remaining = len(names)
+        self._remaining = len(requests)
         self.started_at = 0.0
 
     @property
@@ -78,7 +104,10 @@ class CompareRun(QObject):
         with self._lock:
             self._stopped = True
             ids = [c.request_id for c in self.columns if c.request_id and c.output is None]
-        for request_id in ids:
+        self._abort(ids)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
             try:
                 self.engine.abort(request_id)
             except RuntimeError:  # the engine was shut down: its requests ended already
@@ -97,43 +126,46 @@ class CompareRun(QObject):
                 rate = (column.tokens - 1) / span if span > 0 else None
             ttft = None if column.first_token is None else column.first_token - self.started_at
             output = column.output
+            queue = None
             if output is not None:
                 ttft = output.ttft if output.ttft is not None else ttft
                 rate = output.tokens_per_second if output.tokens_per_second is not None else rate
-            return ColumnUpdate(text, column.tokens, ttft, rate, output is not None, output)
+                queue = output.queue_time
+            return ColumnUpdate(text, column.tokens, ttft, queue, rate, output is not None, output)
 
     # ---------------------------------------------------------------- worker threads
 
     def _launch(self) -> None:
-        streams: list[RequestStream] = []
-        try:
-            for column in self.columns:
-                with self._lock:
-                    if self._stopped:
-                        break
-                stream = self.engine.submit(self.prompt, column.adapter, self.params)
-                with self._lock:
-                    column.request_id = stream.request_id
-                streams.append(stream)
-        except Exception as error:
-            for stream in streams:
-                try:
-                    self.engine.abort(stream.request_id)
-                except RuntimeError:
-                    break
-            self.failed.emit(user_message(error))
-            return
         with self._lock:
             stopped = self._stopped
         if stopped:
-            for stream in streams:
-                self.engine.abort(stream.request_id)
-        for index in range(len(streams), len(self.columns)):  # stopped before submitting these
-            self._close(index, None)
+            self._side_done.set()
+            for index in range(len(self.columns)):
+                self._close(index, None)
+            return
+        try:  # one submission: every column reaches the same step, or none is queued
+            streams = self.engine.submit_many([(c.prompt, c.adapter, c.params) for c in self.columns])
+        except Exception as error:
+            self._side_done.set()
+            self.failed.emit(user_message(error))
+            return
+        with self._lock:
+            for column, stream in zip(self.columns, streams, strict=True):
+                column.request_id = stream.request_id
+            stopped = self._stopped
+        if stopped:
+            self._abort([stream.request_id for stream in streams])
         for index, stream in enumerate(streams):
             threading.Thread(
                 target=self._read, args=(index, stream), name=f"compare-read-{index}", daemon=True
             ).start()
+        try:
+            self.side_result = self._side_work() if self._side_work is not None else None
+        except Exception:
+            log.exception("compare bookkeeping failed")
+        finally:
+            self._side_work = None
+            self._side_done.set()
 
     def _read(self, index: int, stream: RequestStream) -> None:
         column = self.columns[index]
@@ -160,4 +192,5 @@ class CompareRun(QObject):
             last = self._remaining == 0
         self.columnFinished.emit(index)
         if last:
+            self._side_done.wait()
             self.finished.emit()

@@ -1,120 +1,219 @@
-"""Compare view: one prompt, any number of adapters plus the base, one batched run, N streaming columns."""
+"""Compare view: a chat with any number of adapters and the base, one batched run per turn, N columns.
+
+Each send goes to every column at once (one ``submit_many``); a column's history holds its
+own adapter's answers. Each run is recorded (``run_records.py``) in the history, from which it
+can be rerun; exports carry the same record.
+"""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
-    QCheckBox,
-    QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
+    QGridLayout,
     QHBoxLayout,
     QLabel,
     QListWidget,
-    QListWidgetItem,
-    QPlainTextEdit,
     QPushButton,
     QScrollArea,
-    QSpinBox,
+    QSizePolicy,
     QSplitter,
     QVBoxLayout,
     QWidget,
 )
 
-from multilora_studio.engine import SamplingParams
-from multilora_studio.gui.compare_column import CompareColumn
-from multilora_studio.gui.compare_export import ColumnResult, Comparison, to_json, to_markdown
-from multilora_studio.gui.compare_run import BASE, CompareRun
+from multilora_studio.divergence import DivergenceRequest, TokenDivergence, score_divergence
+from multilora_studio.engine import Engine
+from multilora_studio.gui.compare_chat import Conversation
+from multilora_studio.gui.compare_column import TOKENS, CompareColumn
+from multilora_studio.gui.compare_export import Comparison, to_json, to_markdown
+from multilora_studio.gui.compare_history import RunHistoryDialog
+from multilora_studio.gui.compare_inputs import CompareInputs
+from multilora_studio.gui.compare_run import BASE, ColumnRequest, CompareRun
+from multilora_studio.gui.compare_settings import ColumnSettingsDialog
 from multilora_studio.gui.diff import first_difference
 from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.preferences import Preferences
+from multilora_studio.gui.tasks import TaskRunner
 from multilora_studio.gui.widgets import MessageBanner
+from multilora_studio.run_records import (
+    AdapterDigests,
+    ColumnOutput,
+    ColumnOverrides,
+    ColumnRun,
+    EngineRecord,
+    RunHistory,
+    RunRecord,
+    RunSettings,
+)
 
-DEFAULT_PROMPT = "In one sentence, what is a LoRA adapter?"
+
+@dataclass
+class _Sending:
+    """A send in flight: the chat before it (restored if it fails) and what each column sent."""
+
+    previous: Conversation | None
+    conversation: Conversation
+    shared: RunSettings
+    overrides: list[ColumnOverrides]
+    settings: list[RunSettings]
+    engine: EngineRecord
 
 
 class CompareView(QWidget):
-    """See the module docstring; ``runFinished`` fires when every column of a run has ended."""
+    """See the module docstring; ``runFinished`` fires when every column of a run has ended,
+    ``divergenceFinished`` when the token divergences of the last run are shown."""
 
     runFinished = Signal()
+    divergenceFinished = Signal()
 
-    def __init__(self, host: EngineHost, parent: QWidget | None = None) -> None:
+    def __init__(
+        self, host: EngineHost, parent: QWidget | None = None, history: RunHistory | None = None
+    ) -> None:
         super().__init__(parent)
         self.host = host
+        self.history = history or RunHistory()
+        self.digests = AdapterDigests()
+        self.tasks = TaskRunner(self)
         self.run: CompareRun | None = None
         self.columns: list[CompareColumn] = []
+        self.conversation: Conversation | None = None
         self.comparison: Comparison | None = None
+        self.editing: int | None = None  # the user turn being edited, if any
+        self.divergence_busy = False
+        self._sending: _Sending | None = None
         self._wanted: set[str] = {BASE}
-        self._prompt_text = ""
         self.banner = MessageBanner()
 
-        self.prompt = QPlainTextEdit(DEFAULT_PROMPT)
-        self.prompt.setPlaceholderText("Type a prompt; Ctrl+Enter runs it through every ticked adapter")
-        self.raw = QCheckBox("Raw prompt (no chat template)")
-        self.adapters = QListWidget()
-        self.adapters.setToolTip("Tick the adapters to compare; 'base' is the model without an adapter")
+        self.inputs = inputs = CompareInputs()
+        self.system, self.prompt, self.raw = inputs.system, inputs.prompt, inputs.raw
+        self.adapters, self.max_tokens, self.temperature = (
+            inputs.adapters,
+            inputs.max_tokens,
+            inputs.temperature,
+        )
+        self.top_p, self.seed, self.stop_strings = inputs.top_p, inputs.seed, inputs.stop
+        self.ignore_eos, self.view_mode = inputs.ignore_eos, inputs.view
         self.adapters.itemChanged.connect(self._ticks_changed)
+        self.view_mode.currentIndexChanged.connect(lambda *_: self._view_changed())
         every, none = QPushButton("All"), QPushButton("None")
         every.clicked.connect(lambda: self.tick_all(True))
         none.clicked.connect(lambda: self.tick_all(False))
-        self.max_tokens = QSpinBox(minimum=1, maximum=32768, value=128)
-        self.temperature = QDoubleSpinBox(minimum=0.0, maximum=5.0, singleStep=0.1, value=0.0, decimals=2)
-        self.top_p = QDoubleSpinBox(minimum=0.01, maximum=1.0, singleStep=0.05, value=1.0, decimals=2)
-        self.seed = QSpinBox(minimum=-1, maximum=2**31 - 1, value=-1)
-        self.seed.setSpecialValueText("random")
-        self.ignore_eos = QCheckBox("Ignore end of sequence")
+        self.column_settings_button = QPushButton("⚙")
+        self.column_settings_button.setToolTip("Settings of the selected adapter's column")
+        self.column_settings_button.clicked.connect(self._settings_of_selected)
+        self.slot_warning = QLabel()
+        self.slot_warning.setWordWrap(True)
+        self.slot_warning.setStyleSheet("color: #b26a00;")
+        self.slot_warning.hide()
+        self.turns = QListWidget()
+        self.turns.setToolTip("The chat's user turns; pick one and Edit to change it and resend from there")
+        self.turns.setMaximumHeight(90)
+        self.edit_button = QPushButton("Edit turn")
+        self.edit_button.clicked.connect(lambda: self.edit_turn(self.turns.currentRow()))
+        self.new_chat_button = QPushButton("New chat")
+        self.new_chat_button.clicked.connect(self.new_chat)
         self.run_button = QPushButton("Run  (Ctrl+Enter)")
+        self.run_button.setToolTip("A new chat: the message to every ticked adapter")
+        self.follow_button = QPushButton("Follow up  (Ctrl+Shift+Enter)")
+        self.follow_button.setToolTip("The message as the next turn of every column's own chat")
+        self.cancel_edit_button = QPushButton("Cancel edit")
+        self.cancel_edit_button.hide()
         self.stop_button = QPushButton("Stop  (Esc)")
         self.stop_button.setEnabled(False)
+        self.history_button = QPushButton("History…")
         self.copy_button = QPushButton("Copy Markdown")
         self.markdown_button = QPushButton("Save Markdown…")
         self.json_button = QPushButton("Save JSON…")
-        for button in (self.copy_button, self.markdown_button, self.json_button):
+        for button in (
+            self.copy_button,
+            self.markdown_button,
+            self.json_button,
+            self.follow_button,
+            self.edit_button,
+        ):
             button.setEnabled(False)
         self.run_button.clicked.connect(self.start)
+        self.follow_button.clicked.connect(self.follow_up)
+        self.cancel_edit_button.clicked.connect(self.cancel_edit)
         self.stop_button.clicked.connect(self.stop)
+        self.history_button.clicked.connect(self.open_history)
         self.copy_button.clicked.connect(self.copy_markdown)
         self.markdown_button.clicked.connect(lambda: self._save("Markdown (*.md)", ".md"))
         self.json_button.clicked.connect(lambda: self._save("JSON (*.json)", ".json"))
         self.summary = QLabel()
+        self.summary.setSizePolicy(
+            QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred
+        )  # never widens the bar
+        self._lay_out(every, none)
+        for keys in ("Ctrl+Shift+Return", "Ctrl+Shift+Enter"):
+            shortcut = QShortcut(QKeySequence(keys), self, self.follow_up)
+            shortcut.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        host.adaptersChanged.connect(self.refresh_adapters)
+        host.stateChanged.connect(lambda state: self.refresh_adapters())
 
+    def _lay_out(self, every: QPushButton, none: QPushButton) -> None:
+        inputs = self.inputs
         prompt_box = QVBoxLayout()
-        prompt_box.addWidget(QLabel("<b>Prompt</b>"))
-        prompt_box.addWidget(self.prompt, 1)
-        prompt_box.addWidget(self.raw)
+        prompt_box.addWidget(QLabel("<b>System prompt</b>"))
+        prompt_box.addWidget(inputs.system)
+        prompt_box.addWidget(QLabel("<b>Message</b>"))
+        prompt_box.addWidget(inputs.prompt, 1)
+        prompt_box.addWidget(inputs.raw)
+        turns = QHBoxLayout()
+        turns.addWidget(self.turns, 1)
+        turn_buttons = QVBoxLayout()
+        turn_buttons.addWidget(self.edit_button)
+        turn_buttons.addWidget(self.new_chat_button)
+        turn_buttons.addStretch(1)
+        turns.addLayout(turn_buttons)
+        prompt_box.addLayout(turns)
         adapter_box = QVBoxLayout()
         ticks = QHBoxLayout()
         ticks.addWidget(QLabel("<b>Adapters</b>"), 1)
         ticks.addWidget(every)
         ticks.addWidget(none)
+        ticks.addWidget(self.column_settings_button)
         adapter_box.addLayout(ticks)
-        adapter_box.addWidget(self.adapters, 1)
+        adapter_box.addWidget(inputs.adapters, 1)
+        adapter_box.addWidget(self.slot_warning)
         sampling = QFormLayout()
-        sampling.addRow("Max tokens", self.max_tokens)
-        sampling.addRow("Temperature", self.temperature)
-        sampling.addRow("Top p", self.top_p)
-        sampling.addRow("Seed", self.seed)
-        sampling.addRow(self.ignore_eos)
+        sampling.addRow("Max tokens", inputs.max_tokens)
+        sampling.addRow("Temperature", inputs.temperature)
+        sampling.addRow("Top p", inputs.top_p)
+        sampling.addRow("Seed", inputs.seed)
+        sampling.addRow("Stop strings", inputs.stop)
+        sampling.addRow(inputs.ignore_eos)
+        sampling.addRow("Show", inputs.view)
         top = QHBoxLayout()
         top.addLayout(prompt_box, 3)
         top.addLayout(adapter_box, 2)
-        top.addLayout(sampling, 1)
+        top.addLayout(sampling, 2)
         buttons = QHBoxLayout()
-        buttons.addWidget(self.run_button)
-        buttons.addWidget(self.stop_button)
+        for button in (self.run_button, self.follow_button, self.cancel_edit_button, self.stop_button):
+            buttons.addWidget(button)
         buttons.addWidget(self.summary, 1)
-        buttons.addWidget(self.copy_button)
-        buttons.addWidget(self.markdown_button)
-        buttons.addWidget(self.json_button)
+        for button in (self.history_button, self.copy_button, self.markdown_button, self.json_button):
+            buttons.addWidget(button)
 
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.setChildrenCollapsible(False)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setWidget(self.splitter)
+        columns_area = QWidget()
+        overlay = QGridLayout(columns_area)  # the banner lies over the columns' top: nothing above it moves
+        overlay.setContentsMargins(0, 0, 0, 0)
+        overlay.addWidget(scroll, 0, 0)
+        overlay.addWidget(self.banner, 0, 0, Qt.AlignmentFlag.AlignTop)
         controls = QWidget()
         controls_layout = QVBoxLayout(controls)
         controls_layout.setContentsMargins(0, 0, 0, 0)
@@ -122,13 +221,12 @@ class CompareView(QWidget):
         controls_layout.addLayout(buttons)
         vertical = QSplitter(Qt.Orientation.Vertical)
         vertical.addWidget(controls)
-        vertical.addWidget(scroll)
+        vertical.addWidget(columns_area)
         vertical.setStretchFactor(1, 3)
+        vertical.setSizes([330, 490])  # the columns get most of the height
         layout = QVBoxLayout(self)
-        layout.addWidget(self.banner)
         layout.addWidget(vertical, 1)
-        host.adaptersChanged.connect(self.refresh_adapters)
-        host.stateChanged.connect(lambda state: self.refresh_adapters())
+        self.banner.setAutoFillBackground(True)
 
     # ---------------------------------------------------------------- choices
 
@@ -139,16 +237,15 @@ class CompareView(QWidget):
         self.adapters.blockSignals(True)
         self.adapters.clear()
         for name in names:
-            item = QListWidgetItem(f"{name} ({engine.model_name})" if name == BASE and engine else name)
-            item.setData(Qt.ItemDataRole.UserRole, name)
-            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
-            item.setCheckState(Qt.CheckState.Checked if name in self._wanted else Qt.CheckState.Unchecked)
-            self.adapters.addItem(item)
+            label = f"{name} ({engine.model_name})" if name == BASE and engine else name
+            self.adapters.addItem(self.inputs.list_item(name, label, name in self._wanted))
         self.adapters.blockSignals(False)
+        self._update_slot_warning()
 
     def _ticks_changed(self) -> None:
         listed = {self.adapters.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.adapters.count())}
         self._wanted = (self._wanted - listed) | set(self.checked_names())
+        self._update_slot_warning()
 
     def checked_names(self) -> list[str]:
         return [
@@ -166,67 +263,191 @@ class CompareView(QWidget):
             item.setCheckState(Qt.CheckState.Checked if name in self._wanted else Qt.CheckState.Unchecked)
         self.adapters.blockSignals(False)
         self.adapters.viewport().update()
+        self._update_slot_warning()
 
     def tick_all(self, checked: bool) -> None:
         state = Qt.CheckState.Checked if checked else Qt.CheckState.Unchecked
         for i in range(self.adapters.count()):
             self.adapters.item(i).setCheckState(state)
 
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=self.max_tokens.value(),
-            temperature=self.temperature.value(),
-            top_p=self.top_p.value(),
-            seed=None if self.seed.value() < 0 else self.seed.value(),
-            ignore_eos=self.ignore_eos.isChecked(),
+    def _update_slot_warning(self) -> None:
+        """Warn when the ticked adapters outnumber the GPU slots: they cannot all run in one batch."""
+        engine = self.host.engine
+        adapters = [name for name in self.checked_names() if name != BASE]
+        slots = engine.config.max_loras if engine is not None else 0
+        if engine is None or len(adapters) <= slots:
+            self.slot_warning.hide()
+            return
+        self.slot_warning.setText(
+            f"{len(adapters)} adapters ticked but the engine has {slots} GPU slots (max_loras): "
+            f"{len(adapters) - slots} wait until a slot frees, so the columns do not all run in one "
+            "batch and their numbers are not comparable (see each column's queue time). "
+            "Tick fewer or raise max_loras in Settings."
         )
+        self.slot_warning.show()
 
-    # ---------------------------------------------------------------- running
+    # ---------------------------------------------------------------- column settings
+
+    def column_overrides(self, name: str) -> ColumnOverrides:
+        return self.inputs.overrides.get(name, ColumnOverrides())
+
+    def set_column_overrides(self, name: str, overrides: ColumnOverrides) -> None:
+        """Give column ``name`` its own settings (from its next send on)."""
+        self.inputs.overrides[name] = overrides
+        for column in self.columns:
+            if column.name == name:
+                column.show_overrides(overrides)
+        self.refresh_adapters()
+
+    def open_column_settings(self, name: str) -> ColumnSettingsDialog:
+        dialog = ColumnSettingsDialog(name, self.column_overrides(name), self)
+        dialog.changed.connect(self.set_column_overrides)
+        dialog.finished.connect(dialog.deleteLater)
+        dialog.open()
+        return dialog
+
+    def _settings_of_selected(self) -> None:
+        item = self.adapters.currentItem()
+        if item is None:
+            self.banner.show_message("Select an adapter in the list first.", "info")
+            return
+        self.open_column_settings(item.data(Qt.ItemDataRole.UserRole))
+
+    # ---------------------------------------------------------------- sending
 
     @property
     def running(self) -> bool:
         return self.run is not None
 
     def start(self) -> bool:
-        """Start a run with the current choices; a problem shows in the banner."""
+        """Run the message as a new chat with the ticked adapters (or resend the turn being edited)."""
+        if self.editing is not None:
+            return self._resend(self.editing)
+        names = self.checked_names()
+        if not names:
+            self.banner.show_message("Tick at least one adapter or the base model.", "warning")
+            return False
+        conversation = Conversation(names, self.system.toPlainText().strip(), self.raw.isChecked())
+        return self._send(conversation, previous=self.conversation, new_columns=True)
+
+    def follow_up(self) -> bool:
+        """Send the message as the next turn to every column of the chat, each with its own history."""
+        if self.conversation is None or self.conversation.turns == 0:
+            return self.start()
+        if self.conversation.raw:
+            self.banner.show_message(
+                "A raw prompt has no turns: untick Raw prompt and Run a new chat.", "warning"
+            )
+            return False
+        return self._send(copy.deepcopy(self.conversation), previous=self.conversation, new_columns=False)
+
+    def edit_turn(self, turn: int) -> None:
+        """Put user turn ``turn`` (0-based) in the message box; Run resends the chat from there."""
+        if self.conversation is None or not 0 <= turn < self.conversation.turns:
+            self.banner.show_message("Pick a turn of the chat to edit.", "info")
+            return
+        self.editing = turn
+        self.prompt.setPlainText(self.conversation.user_turns[turn])
+        self.run_button.setText(f"Resend from turn {turn + 1}  (Ctrl+Enter)")
+        self.cancel_edit_button.show()
+        self.prompt.setFocus()
+
+    def cancel_edit(self) -> None:
+        self.editing = None
+        self.run_button.setText("Run  (Ctrl+Enter)")
+        self.cancel_edit_button.hide()
+
+    def new_chat(self) -> None:
+        """Forget the chat (its runs stay in the history)."""
+        if self.run is not None:
+            return
+        self.cancel_edit()
+        self.conversation = None
+        self._clear_columns()
+        self._show_turns()
+        self.comparison = None
+        self._set_running(False)
+        self.summary.clear()
+
+    def _resend(self, turn: int) -> bool:
+        assert self.conversation is not None
+        conversation = copy.deepcopy(self.conversation)
+        conversation.cut(turn)
+        return self._send(conversation, previous=self.conversation, new_columns=False)
+
+    def _send(self, conversation: Conversation, previous: Conversation | None, new_columns: bool) -> bool:
+        """Ask ``conversation`` the message box's text and run it; a problem shows in the banner."""
         if self.run is not None:
             return False
         engine = self.host.engine
         if engine is None:
             self.banner.show_message("The engine is not ready yet (see the status bar).", "warning")
             return False
-        names = self.checked_names()
         text = self.prompt.toPlainText().strip()
-        if not names:
-            self.banner.show_message("Tick at least one adapter or the base model.", "warning")
-            return False
         if not text:
             self.banner.show_message("Type a prompt first.", "warning")
             return False
         try:
-            params = self.sampling_params()
+            shared = self.inputs.shared_settings()
+            conversation.ask(text)
+            overrides = [self.column_overrides(name) for name in conversation.names]
+            settings = [shared.with_overrides(o) for o in overrides]
+            requests = [
+                ColumnRequest(name, conversation.prompt(i), s.sampling_params())
+                for i, (name, s) in enumerate(zip(conversation.names, settings, strict=True))
+            ]
         except ValueError as error:
             self.banner.show_message(str(error))
             return False
+        sending = _Sending(previous, conversation, shared, overrides, settings, EngineRecord.of(engine))
+        self._launch(engine, sending, requests, new_columns)
+        return True
+
+    def _launch(
+        self, engine: Engine, sending: _Sending, requests: list[ColumnRequest], new_columns: bool
+    ) -> None:
         self.banner.clear()
-        self._prompt_text = text
-        prompt = text if self.raw.isChecked() else [{"role": "user", "content": text}]
-        self._clear_columns()
-        for name in names:
-            column = CompareColumn(name)
-            self.columns.append(column)
-            self.splitter.addWidget(column)
-        run = CompareRun(engine, prompt, names, params)
+        self.cancel_edit()
+        conversation = sending.conversation
+        self.conversation = conversation
+        if new_columns or [c.name for c in self.columns] != conversation.names:
+            self._clear_columns()
+            for name in conversation.names:
+                column = CompareColumn(name)
+                column.settingsRequested.connect(self.open_column_settings)
+                column.set_mode(self.inputs.view_mode)
+                self.columns.append(column)
+                self.splitter.addWidget(column)
+        for index, column in enumerate(self.columns):
+            column.show_overrides(sending.overrides[index])
+            column.begin_turn(self._history_of(conversation, index), conversation.user_turns[-1])
+        self._show_turns()
+        paths = {info.name: info.path for info in engine.list_adapters()}
+        names = [name for name in conversation.names if name != BASE and name in paths]
+        run = CompareRun(engine, requests, side_work=lambda: self._identify(names, paths))
         run.updated.connect(self._updated)
         run.columnFinished.connect(self._updated)
         run.finished.connect(self._finished)
         run.failed.connect(self._failed)
         self.run = run
+        self._sending = sending
         self.comparison = None
         self._set_running(True)
-        self.summary.setText(f"{len(names)} requests in one batch on {engine.model_name}…")
+        turn = f"turn {conversation.turns}: " if conversation.turns > 1 else ""
+        self.summary.setText(f"{turn}{len(requests)} requests in one batch on {engine.model_name}…")
         run.start()
-        return True
+
+    def _identify(self, names: list[str], paths: dict[str, Path]) -> dict[str, tuple[str, str | None]]:
+        """Each adapter's weights digest and library source (on the run's launch thread)."""
+        found = {}
+        for name in names:
+            record = self.host.registry.find(name)
+            found[name] = (self.digests.of(paths[name]), None if record is None else record.source_label)
+        return found
+
+    @staticmethod
+    def _history_of(conversation: Conversation, column: int) -> list[tuple[str, str]]:
+        return list(zip(conversation.user_turns[:-1], conversation.answers[column], strict=False))
 
     def stop(self) -> None:
         if self.run is not None:
@@ -256,22 +477,72 @@ class CompareView(QWidget):
                     column.mark_same()
 
     def _finished(self) -> None:
-        run = self.run
-        if run is None:
+        run, sending = self.run, self._sending
+        if run is None or sending is None:
             return
         for index in range(len(self.columns)):
             self.columns[index].apply(run.take(index))
         self._check_differences()
-        self.comparison = self._comparison(run)
-        self.run = None
+        for index, column in enumerate(self.columns):
+            sending.conversation.answer(index, column.text)
+        record = self._record(run, sending, run.side_result or {})
+        self.comparison = Comparison(record, {c.name: c.diverges_at for c in self.columns if c.name != BASE})
+        self.run = self._sending = None
         self._set_running(False)
         tokens = sum(c.tokens for c in self.columns)
         self.summary.setText(f"{len(self.columns)} answers, {tokens} tokens in one batched run")
+        try:
+            self.history.add(record)
+        except OSError as error:
+            self.banner.show_message(f"The run could not be kept in the history: {error}", "warning")
+        if self.inputs.view_mode == TOKENS:
+            self.compute_divergence()
         self.runFinished.emit()
 
+    def _record(
+        self, run: CompareRun, sending: _Sending, identities: dict[str, tuple[str, str | None]]
+    ) -> RunRecord:
+        conversation = sending.conversation
+        columns = []
+        for index, (request, column) in enumerate(zip(run.requests, self.columns, strict=True)):
+            output = column.output
+            digest, source = identities.get(request.name, (None, None))
+            columns.append(
+                ColumnRun(
+                    name=request.name,
+                    adapter=request.adapter,
+                    adapter_digest=digest,
+                    adapter_source=source,
+                    overrides=sending.overrides[index],
+                    settings=sending.settings[index],
+                    prompt=request.prompt,
+                    output=ColumnOutput(
+                        text=column.text,
+                        token_ids=tuple(output.token_ids) if output is not None else (),
+                        finish_reason=column.finish_reason,
+                        error=column.error,
+                        ttft_s=column.ttft_s,
+                        queue_s=column.queue_s,
+                        tokens_per_second=column.tokens_per_second,
+                    ),
+                )
+            )
+        return RunRecord(
+            engine=sending.engine,
+            raw=conversation.raw,
+            system_prompt=conversation.system_prompt,
+            user_turns=tuple(conversation.user_turns),
+            shared=sending.shared,
+            columns=tuple(columns),
+        )
+
     def _failed(self, message: str) -> None:
+        sending = self._sending
         self.banner.show_message(message)
-        self.run = None
+        self.run = self._sending = None
+        self.conversation = sending.previous if sending is not None else None
+        self._show_conversation()
+        self._show_turns()
         self._set_running(False)
         self.summary.clear()
         self.runFinished.emit()
@@ -279,8 +550,39 @@ class CompareView(QWidget):
     def _set_running(self, running: bool) -> None:
         self.run_button.setEnabled(not running)
         self.stop_button.setEnabled(running)
+        chat = self.conversation is not None and self.conversation.turns > 0 and not self.conversation.raw
+        self.follow_button.setEnabled(not running and chat)
+        self.edit_button.setEnabled(
+            not running and self.conversation is not None and self.conversation.turns > 0
+        )
+        self.new_chat_button.setEnabled(not running)
+        self.history_button.setEnabled(not running)
         for button in (self.copy_button, self.markdown_button, self.json_button):
             button.setEnabled(not running and self.comparison is not None)
+
+    def _show_conversation(self) -> None:
+        """Draw each column's chat as ``conversation`` holds it (after a send that failed)."""
+        conversation = self.conversation
+        if (
+            conversation is None
+            or [c.name for c in self.columns] != conversation.names
+            or not conversation.turns
+        ):
+            return
+        for index, column in enumerate(self.columns):
+            answers = conversation.answers[index]
+            column.begin_turn(
+                list(zip(conversation.user_turns[:-1], answers[:-1], strict=False)),
+                conversation.user_turns[-1],
+            )
+            column.text = answers[-1] if answers else ""
+            column.redraw()
+
+    def _show_turns(self) -> None:
+        self.turns.clear()
+        if self.conversation is not None:
+            for number, text in enumerate(self.conversation.user_turns, 1):
+                self.turns.addItem(f"{number}. {text.splitlines()[0] if text else ''}")
 
     def _clear_columns(self) -> None:
         for column in self.columns:
@@ -288,29 +590,123 @@ class CompareView(QWidget):
             column.deleteLater()
         self.columns = []
 
-    # ---------------------------------------------------------------- export
+    # ---------------------------------------------------------------- divergence
 
-    def _comparison(self, run: CompareRun) -> Comparison:
-        params = run.params
-        engine = run.engine
-        return Comparison(
-            model=engine.model_name,
-            prompt=self._prompt_text,
-            chat=isinstance(run.prompt, list),
-            sampling={
-                "max_tokens": params.max_tokens,
-                "temperature": params.temperature,
-                "top_p": params.top_p,
-                "seed": params.seed,
-                "ignore_eos": params.ignore_eos,
-            },
-            columns=[
-                ColumnResult(
-                    c.name, c.text, c.tokens, c.finish_reason, c.ttft_s, c.tokens_per_second, c.diverges_at
-                )
-                for c in self.columns
-            ],
+    def _view_changed(self) -> None:
+        mode = self.inputs.view_mode
+        for column in self.columns:
+            column.set_mode(mode)
+        if mode == TOKENS and self.comparison is not None and self.run is None:
+            missing = [c for c in self.columns if c.name != BASE and c.divergence is None]
+            if missing:
+                self.compute_divergence()
+
+    def compute_divergence(self) -> bool:
+        """Score the last answers under their adapters and the base (one batch, off the GUI thread)."""
+        engine = self.host.engine
+        if engine is None or self.run is not None or self.divergence_busy:
+            return False
+        scored, requests = [], []
+        for column in self.columns:
+            output = column.output
+            if column.name != BASE and output is not None and output.token_ids:
+                scored.append(column)
+                requests.append(DivergenceRequest(output.prompt_token_ids, output.token_ids, column.name))
+        if not scored:
+            return False
+        comparison = self.comparison
+        self.divergence_busy = True
+        self.summary.setText(f"scoring {len(scored)} answers under their adapters and the base…")
+
+        def shown(results: list[list[TokenDivergence]]) -> None:
+            self.divergence_busy = False
+            if self.comparison is not comparison:  # a newer run replaced these columns
+                return
+            decode = self._decoder(engine)
+            for column, tokens in zip(scored, results, strict=True):
+                column.show_divergence(tokens, decode)
+            self.summary.setText(f"token divergence of {len(scored)} answers from the base (hover a token)")
+            self.divergenceFinished.emit()
+
+        def failed(message: str) -> None:
+            self.divergence_busy = False
+            if self.host.engine is engine:  # not an engine stopped by a restart meanwhile
+                self.banner.show_message(f"Could not score the answers: {message}")
+            self.divergenceFinished.emit()
+
+        self.tasks.run("divergence", lambda task: score_divergence(engine, requests), shown, failed)
+        return True
+
+    @staticmethod
+    def _decoder(engine: Engine) -> Callable[[int], str]:
+        tokenizer = engine.tokenizer
+
+        def decode(token_id: int) -> str:
+            if tokenizer is None:
+                return f"<{token_id}>"
+            text = tokenizer.decode([token_id])
+            return text if "\ufffd" not in text else str(tokenizer.convert_ids_to_tokens(token_id))
+
+        return decode
+
+    # ---------------------------------------------------------------- history
+
+    def open_history(self) -> RunHistoryDialog:
+        dialog = RunHistoryDialog(self.history, self)
+        dialog.rerunRequested.connect(self.rerun)
+        dialog.finished.connect(dialog.deleteLater)
+        dialog.open()
+        return dialog
+
+    def rerun(self, record: RunRecord) -> bool:
+        """Restore a past run's inputs and run it again with the prompts and settings it recorded."""
+        if self.run is not None:
+            return False
+        engine = self.host.engine
+        if engine is None:
+            self.banner.show_message("The engine is not ready yet (see the status bar).", "warning")
+            return False
+        served = {info.name for info in engine.list_adapters()}
+        missing = [c.name for c in record.columns if c.adapter is not None and c.adapter not in served]
+        if missing:
+            self.banner.show_message(f"Cannot rerun: the engine does not serve {', '.join(missing)}.")
+            return False
+        try:
+            requests = [ColumnRequest(c.name, c.prompt, c.settings.sampling_params()) for c in record.columns]
+        except ValueError as error:
+            self.banner.show_message(f"Cannot rerun: {error}")
+            return False
+        names = [c.name for c in record.columns]
+        self.system.setPlainText(record.system_prompt)
+        self.raw.setChecked(record.raw)
+        self.prompt.setPlainText(record.user_turns[-1] if record.user_turns else "")
+        self.inputs.show_shared_settings(record.shared)
+        for column in record.columns:
+            self.inputs.overrides[column.name] = column.overrides
+        self.set_checked(names)
+        self.refresh_adapters()
+        conversation = Conversation.from_prompts(
+            names, [c.prompt for c in record.columns], record.raw, list(record.user_turns)
         )
+        sending = _Sending(
+            self.conversation,
+            conversation,
+            record.shared,
+            [c.overrides for c in record.columns],
+            [c.settings for c in record.columns],
+            EngineRecord.of(engine),
+        )
+        self._launch(engine, sending, requests, new_columns=True)
+        if record.engine.model_digest != engine.base_digest:
+            self.banner.show_message(
+                f"This run was recorded on {record.engine.model_name} "
+                f"(sha256 {record.engine.model_digest[:12]}); the engine serves {engine.model_name} "
+                f"(sha256 {engine.base_digest[:12]}): answers may differ.",
+                "warning",
+            )
+        return True
+
+    # ---------------------------------------------------------------- export
 
     def copy_markdown(self) -> None:
         if self.comparison is not None:
@@ -341,33 +737,11 @@ class CompareView(QWidget):
 
     def saved_widgets(self) -> list[QWidget]:
         """The inputs ``save_state`` records (the window saves again when any of them changes)."""
-        return [
-            self.prompt,
-            self.raw,
-            self.adapters,
-            self.max_tokens,
-            self.temperature,
-            self.top_p,
-            self.seed,
-            self.ignore_eos,
-        ]
+        return self.inputs.saved_widgets()
 
     def save_state(self, prefs: Preferences) -> None:
-        prefs.set("compare/prompt", self.prompt.toPlainText())
-        prefs.set("compare/raw", self.raw.isChecked())
-        prefs.set("compare/adapters", sorted(self._wanted))
-        prefs.set("compare/max_tokens", self.max_tokens.value())
-        prefs.set("compare/temperature", self.temperature.value())
-        prefs.set("compare/top_p", self.top_p.value())
-        prefs.set("compare/seed", self.seed.value())
-        prefs.set("compare/ignore_eos", self.ignore_eos.isChecked())
+        self.inputs.save_state(prefs, self._wanted)
 
     def restore_state(self, prefs: Preferences) -> None:
-        self.prompt.setPlainText(prefs.get("compare/prompt", DEFAULT_PROMPT))
-        self.raw.setChecked(prefs.get("compare/raw", False))
-        self.set_checked(prefs.get("compare/adapters", [BASE]))
-        self.max_tokens.setValue(prefs.get("compare/max_tokens", 128))
-        self.temperature.setValue(prefs.get("compare/temperature", 0.0))
-        self.top_p.setValue(prefs.get("compare/top_p", 1.0))
-        self.seed.setValue(prefs.get("compare/seed", -1))
-        self.ignore_eos.setChecked(prefs.get("compare/ignore_eos", False))
+        self.set_checked(self.inputs.restore_state(prefs))
+        self.refresh_adapters()

@@ -11,7 +11,8 @@ from multilora_studio.adapters.registry_schema import AdapterRecord
 from multilora_studio.engine import EngineMetrics
 from multilora_studio.gui.widgets import format_bytes, format_time
 
-COLUMNS = ("Name", "Aliases", "Source", "Base", "Rank", "Targets", "Size", "Tier", "Pinned", "Last used")
+# Name first (it stays in place when the table scrolls sideways), then what changes while serving
+COLUMNS = ("Name", "Tier", "Pinned", "Rank", "Size", "Base", "Targets", "Source", "Aliases", "Last used")
 TIER_COLUMN = COLUMNS.index("Tier")
 SORT_ROLE = Qt.ItemDataRole.UserRole
 Index = QModelIndex | QPersistentModelIndex

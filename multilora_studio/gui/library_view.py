@@ -17,7 +17,6 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QPushButton,
     QSplitter,
-    QTableView,
     QTextBrowser,
     QVBoxLayout,
     QWidget,
@@ -27,6 +26,7 @@ from multilora_studio.adapters.registry_schema import AdapterRecord
 from multilora_studio.engine import EngineMetrics
 from multilora_studio.gui import library_ops
 from multilora_studio.gui.engine_host import EngineHost
+from multilora_studio.gui.frozen_table import FrozenFirstColumnTable
 from multilora_studio.gui.library_model import SORT_ROLE, LibraryModel, tiers_of
 from multilora_studio.gui.tasks import Task
 from multilora_studio.gui.widgets import MessageBanner, format_bytes, format_time
@@ -79,7 +79,7 @@ class LibraryView(QWidget):
         buttons.addStretch(1)
         buttons.addWidget(self.filter, 2)
 
-        self.table = QTableView()
+        self.table = FrozenFirstColumnTable()
         self.table.setModel(self.proxy)
         self.table.setSortingEnabled(True)
         self.table.sortByColumn(0, Qt.SortOrder.AscendingOrder)

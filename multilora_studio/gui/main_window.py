@@ -1,4 +1,4 @@
-"""The main window: a sidebar of views (Library, Compare, Monitor, Server, Settings) and the status bar."""
+"""The main window: a sidebar of views (Library, Compare, Evaluate, Monitor, Server, Settings)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QApplication, QHBoxLayout, QListWidget, QMainWindo
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.gui.compare_view import CompareView
 from multilora_studio.gui.engine_host import READY, EngineHost
+from multilora_studio.gui.evaluate_view import EvaluateView
 from multilora_studio.gui.library_view import LibraryView
 from multilora_studio.gui.monitor_view import MonitorView
 from multilora_studio.gui.preferences import EngineChoice, Preferences
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 
 METRICS_INTERVAL_MS = 200  # 5 Hz
 AUTOSAVE_MS = 1000  # window state, prompt and choices are saved this long after the last change
-PAGES = ("Library", "Compare", "Monitor", "Server", "Settings")
+PAGES = ("Library", "Compare", "Evaluate", "Monitor", "Server", "Settings")
 DEFAULT_HUB_BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
@@ -46,6 +47,7 @@ class MainWindow(QMainWindow):
         self.control = ServerControl(self)
         self.library = LibraryView(self.host)
         self.compare = CompareView(self.host)
+        self.evaluate = EvaluateView(self.host)
         self.monitor = MonitorView(self.host)
         self.server = ServerView(self.host, self.control)
         self.settings = SettingsView(self.host, prefs)
@@ -62,7 +64,7 @@ class MainWindow(QMainWindow):
             "#sidebar::item:selected { background: palette(highlight); color: palette(highlighted-text); }"
         )
         self.stack = QStackedWidget()
-        for view in (self.library, self.compare, self.monitor, self.server, self.settings):
+        for view in (self.library, self.compare, self.evaluate, self.monitor, self.server, self.settings):
             self.stack.addWidget(view)
         self.sidebar.currentRowChanged.connect(self.stack.setCurrentIndex)
         central = QWidget()
@@ -84,7 +86,8 @@ class MainWindow(QMainWindow):
         self._shortcuts()
         self._restore()
         self.autosave.timeout.connect(self.save_state)
-        on_any_edit(self.autosave.start, self.compare.saved_widgets() + self.server.saved_widgets())
+        saved = self.compare.saved_widgets() + self.evaluate.saved_widgets() + self.server.saved_widgets()
+        on_any_edit(self.autosave.start, saved)
         self.sidebar.currentRowChanged.connect(lambda *_: self.autosave.start())
         if start_engine:
             self.host.start(prefs.engine_choice())
@@ -107,6 +110,7 @@ class MainWindow(QMainWindow):
     def restart_engine(self, choice: EngineChoice) -> None:
         """Restart with new settings; a compare run stops, a running server restarts on the new engine."""
         self.compare.stop()
+        self.evaluate.stop()
         self._serve_after_restart = self.control.state == ON
         self.control.stop()
         self.host.start(choice)
@@ -149,6 +153,7 @@ class MainWindow(QMainWindow):
         page = self.prefs.get("window/page", "Compare")
         self.show_page(page if page in PAGES else "Compare")
         self.compare.restore_state(self.prefs)
+        self.evaluate.restore_state(self.prefs)
         self.server.restore_state(self.prefs)
         app = QApplication.instance()
         if isinstance(app, QApplication):
@@ -158,6 +163,7 @@ class MainWindow(QMainWindow):
         self.prefs.set("window/geometry", self.saveGeometry())
         self.prefs.set("window/page", self.page)
         self.compare.save_state(self.prefs)
+        self.evaluate.save_state(self.prefs)
         self.server.save_state(self.prefs)
         self.prefs.sync()
 
@@ -176,6 +182,7 @@ class MainWindow(QMainWindow):
         if self.pull_dialog is not None:
             self.pull_dialog.cancel()
         self.compare.stop()
+        self.evaluate.stop()
         self.control.shutdown()
         self.host.shutdown()
         super().closeEvent(event)

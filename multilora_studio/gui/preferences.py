@@ -107,6 +107,9 @@ class Preferences:
     def set(self, key: str, value: Any) -> None:
         self.store.setValue(key, json.dumps(value) if isinstance(value, (list, dict)) else value)
 
+    def remove(self, key: str) -> None:
+        self.store.remove(key)
+
     def geometry(self, key: str) -> QByteArray | None:
         value = self.store.value(key, None)
         return value if isinstance(value, QByteArray) else None

@@ -39,7 +39,8 @@ class PullDialog(QDialog):
         self.setWindowTitle("Pull an adapter from the Hugging Face Hub")
         self.resize(640, 480)
         self.host = host
-        self.task: Task | None = None
+        self.task: Task | None = None  # the pull
+        self.search_task: Task | None = None
         self.banner = MessageBanner()
         self.base = QLineEdit(base_repo, placeholderText="base model repo id, e.g. ORG/NAME")
         self.query = QLineEdit(placeholderText="words in the adapter's repo id (optional)")
@@ -88,9 +89,12 @@ class PullDialog(QDialog):
         self.status.setText(f"Searching adapters of {base}…")
         self.banner.clear()
         self.search_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
 
         def found(models: list[HubModel]) -> None:
-            self.search_button.setEnabled(True)
+            if search is not self.search_task:
+                return  # cancelled, or a newer search runs
+            self._search_over()
             for model in models:
                 item = QListWidgetItem(f"{model.repo_id}    ↓{model.downloads or 0}  ♥{model.likes or 0}")
                 item.setData(Qt.ItemDataRole.UserRole, model.repo_id)
@@ -98,13 +102,22 @@ class PullDialog(QDialog):
             self.status.setText(f"{len(models)} adapters of {base}" + (f" matching {text!r}" if text else ""))
 
         def failed(message: str) -> None:
-            self.search_button.setEnabled(True)
+            if search is not self.search_task:
+                return
+            self._search_over()
             self.status.clear()
             self.banner.show_message(message)
 
-        return self.host.tasks.run(
+        search = self.host.tasks.run(
             "hub-search", lambda task: search_adapters(base, text or None, SEARCH_LIMIT), found, failed
         )
+        self.search_task = search
+        return search
+
+    def _search_over(self) -> None:
+        self.search_task = None
+        self.search_button.setEnabled(True)
+        self.cancel_button.setEnabled(self.task is not None)
 
     def start_pull(self, ref: str, name: str = "") -> Task | None:
         engine = self.host.engine
@@ -139,6 +152,11 @@ class PullDialog(QDialog):
         return self.task
 
     def cancel(self) -> None:
+        """Cancel the pull (it stops at its next chunk) or stop waiting for the search."""
+        if self.search_task is not None:
+            self.search_task.cancel()
+            self._search_over()  # a late answer is dropped
+            self.status.setText("Search cancelled.")
         if self.task is not None:
             self.task.cancel()
             self.status.setText("Cancelling…")

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from multilora_studio.gui.engine_host import EngineHost
+from multilora_studio.gui.key_store import load_api_key, save_api_key
 from multilora_studio.gui.preferences import Preferences
 from multilora_studio.gui.server_control import OFF, ON, ServerControl
 from multilora_studio.gui.widgets import MessageBanner, format_ms
@@ -44,6 +45,7 @@ LOG_COLUMNS = (
     "Error",
 )
 MAX_LOG_ROWS = 1000
+LEGACY_KEY_PREF = "server/api_key"  # earlier versions kept the key here, in plain text
 
 
 def curl_example(url: str, model: str, api_key: str) -> str:
@@ -82,6 +84,9 @@ class ServerView(QWidget):
         self.port.setSpecialValueText("any free port")
         self.api_key = QLineEdit(placeholderText="optional; at least 8 characters")
         self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
+        self.key_note = QLabel()  # says when no OS keyring can keep the key
+        self.key_note.setWordWrap(True)
+        self._stored_key = ""
         generate = QPushButton("Generate")
         generate.clicked.connect(lambda: self.api_key.setText("sk-studio-" + secrets.token_urlsafe(18)))
         key_row = QHBoxLayout()
@@ -101,6 +106,7 @@ class ServerView(QWidget):
         form.addRow("Host", self.host_edit)
         form.addRow("Port", self.port)
         form.addRow("API key", key_row)
+        form.addRow("", self.key_note)
         form.addRow(self.toggle, self.state_label)
         form.addRow("Base URL", url_row)
 
@@ -243,11 +249,22 @@ class ServerView(QWidget):
         return [self.host_edit, self.port, self.api_key]
 
     def save_state(self, prefs: Preferences) -> None:
+        """Host and port to the preferences; the API key to the OS keyring (never the preferences)."""
         prefs.set("server/host", self.host_edit.text().strip())
         prefs.set("server/port", self.port.value())
-        prefs.set("server/api_key", self.api_key.text().strip())
+        key = self.api_key.text().strip()
+        if key != self._stored_key:
+            problem = save_api_key(key)
+            self._stored_key = key
+            self.key_note.setText(f"Note: {problem}." if problem and key else "")
 
     def restore_state(self, prefs: Preferences) -> None:
         self.host_edit.setText(prefs.get("server/host", "127.0.0.1"))
         self.port.setValue(prefs.get("server/port", 8000))
-        self.api_key.setText(prefs.get("server/api_key", ""))
+        legacy = prefs.get(LEGACY_KEY_PREF, "")  # where earlier versions kept it, in plain text
+        if legacy:
+            prefs.remove(LEGACY_KEY_PREF)
+            problem = save_api_key(legacy)
+            self.key_note.setText(f"Note: {problem}." if problem else "")
+        self._stored_key = legacy or load_api_key()
+        self.api_key.setText(self._stored_key)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from PySide6.QtCore import Signal
@@ -27,28 +26,10 @@ from PySide6.QtWidgets import (
 
 from multilora_studio.engine.config import MAX_SLOTS, SUPPORTED_DTYPES
 from multilora_studio.gui.engine_host import LOADING, EngineHost
+from multilora_studio.gui.field_labels import FIELD_LABELS, in_field_labels
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 from multilora_studio.gui.theme import THEMES, set_theme
 from multilora_studio.gui.widgets import MessageBanner
-
-# EngineConfig's field names -> this view's field labels, for the engine's ValueError messages
-FIELD_LABELS = {
-    "max_loras": "GPU adapter slots",
-    "max_lora_rank": "Largest adapter rank",
-    "max_cpu_loras": "Adapters kept in CPU RAM",
-    "device": "Device",
-    "dtype": "Data type",
-    "batch_invariant": "Batch-invariant outputs",
-    "model": "Base model",
-}
-
-
-def in_field_labels(message: str) -> str:
-    """An engine message with the field names of this view replaced by their labels."""
-    for field, label in FIELD_LABELS.items():
-        word = rf"(?<![\w-]){field}(?![\w-])" if "_" in field else rf"^{field}(?= must )"
-        message = re.sub(word, f"'{label}'", message)
-    return message
 
 
 def device_names() -> list[str]:
@@ -158,7 +139,7 @@ class SettingsView(QWidget):
         host.failed.connect(self._start_failed)
         host.rejected.connect(
             lambda message: self.banner.show_message(
-                f"Not applied: {in_field_labels(message)}. "
+                f"Not applied: {in_field_labels(message, where='')}. "
                 "The engine keeps running with its current settings."
             )
         )
@@ -201,7 +182,7 @@ class SettingsView(QWidget):
             if choice.model_source == "folder" and not Path(choice.model).expanduser().is_dir():
                 raise ValueError(f"model folder {choice.model} does not exist")
         except ValueError as error:
-            self.banner.show_message(in_field_labels(str(error)))
+            self.banner.show_message(in_field_labels(str(error), where=""))
             return False
         self.banner.clear()
         self.applied.emit(choice)
@@ -209,7 +190,9 @@ class SettingsView(QWidget):
 
     def _start_failed(self, message: str) -> None:
         again = " Starting again with the last settings that worked." if self.host.state == LOADING else ""
-        self.banner.show_message(f"The engine did not start: {in_field_labels(message).rstrip('.')}.{again}")
+        self.banner.show_message(
+            f"The engine did not start: {in_field_labels(message, where='').rstrip('.')}.{again}"
+        )
 
     def _theme_changed(self, index: int) -> None:
         mode = THEMES[index]

@@ -9,6 +9,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
+from multilora_studio.gui.field_labels import in_field_labels
+
 log = logging.getLogger(__name__)
 
 USER_ERRORS = (ValueError, RuntimeError, OSError, TimeoutError)
@@ -25,7 +27,7 @@ def user_message(error: BaseException) -> str:
     if isinstance(error, FileNotFoundError) and error.filename:
         return f"{error.filename} does not exist"
     if isinstance(error, USER_ERRORS) and str(error):
-        return str(error)
+        return in_field_labels(str(error))
     return f"unexpected error ({type(error).__name__}): {error}"
 
 

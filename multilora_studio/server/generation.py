@@ -110,6 +110,13 @@ class Job:
             assert choice.stream is not None
             self._pumps.append(asyncio.create_task(self._pump(choice, choice.stream)))
 
+    def _submit_param(self, message: str) -> str:
+        """The request field an engine submit error is about: the prompt, or the adapter strength
+        (the engine refuses a strength on a base-model request)."""
+        if message.startswith("adapter_scale"):
+            return "adapter_scale"
+        return "messages" if self.route == "chat" else "prompt"
+
     def _submit_all(self, loop: asyncio.AbstractEventLoop) -> None:
         engine = self.state.engine
         for choice in self.choices:
@@ -126,8 +133,7 @@ class Job:
                     raise ApiError(
                         404, f"The model `{self.model}` does not exist.", "model_not_found", "model"
                     ) from None
-                param = "messages" if self.route == "chat" else "prompt"  # the prompt is all submit checks
-                raise ApiError(400, str(error), "invalid_value", param) from None
+                raise ApiError(400, str(error), "invalid_value", self._submit_param(str(error))) from None
             except RuntimeError as error:
                 if not engine.running:
                     raise ApiError(503, f"the engine is not running: {error}", "engine_unavailable") from None

@@ -21,6 +21,7 @@ PARAM_NAMES = (
     "stop_token_ids",
     "logprobs",
     "prompt_logprobs",
+    "adapter_scale",
 )
 
 
@@ -88,6 +89,7 @@ def sampling_params(
             ignore_eos=body.ignore_eos,
             logprobs=options.logprobs,
             prompt_logprobs=_engine_prompt_logprobs(options),
+            adapter_scale=body.adapter_scale,
         )
     except ValueError as error:
         first = str(error).split(" ", 1)[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from multilora_studio.adapters.hub import (
     HubError,
     HubSettings,
     PullCancelled,
+    check_reachable,
     repo_cache_dir,
     search_adapters,
 )
@@ -264,3 +266,13 @@ def test_offline_mode_pulls_from_the_cache_alone(hub, hub_env, registry, tiny_ba
     with pytest.raises(HubError, match="HF_HUB_OFFLINE"):
         search_adapters(BASE_REPO, settings=settings)
     assert [r.name for r in fresh.list_adapters()] == [LORA]
+
+
+def test_an_unreachable_hub_is_named_at_once_and_a_listening_one_passes():
+    closed = free_port()
+    with pytest.raises(HubError, match=rf"cannot reach the Hub at http://127.0.0.1:{closed} .*offline"):
+        check_reachable(f"http://127.0.0.1:{closed}")
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1)
+        check_reachable(f"http://127.0.0.1:{listening.getsockname()[1]}")

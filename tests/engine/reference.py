@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -35,14 +37,36 @@ class PeftReference:
             self.model.load_adapter(str(adapters[name]), adapter_name=name)
         self.model.eval()
 
-    def greedy(self, adapter: str | None, prompt_ids: list[int], new_tokens: int) -> list[int]:
+    @contextmanager
+    def strength(self, adapter: str, factor: float) -> Iterator[None]:
+        """The adapter with every layer's PEFT ``scaling`` (alpha / r) multiplied by ``factor``."""
+        layers = [
+            m
+            for m in self.model.modules()
+            if isinstance(getattr(m, "scaling", None), dict) and adapter in m.scaling
+        ]
+        if not layers:
+            raise ValueError(f"no PEFT layer of adapter {adapter!r}")
+        saved = [m.scaling[adapter] for m in layers]
+        for module in layers:
+            module.scaling[adapter] *= factor
+        try:
+            yield
+        finally:
+            for module, value in zip(layers, saved, strict=True):
+                module.scaling[adapter] = value
+
+    def greedy(
+        self, adapter: str | None, prompt_ids: list[int], new_tokens: int, adapter_scale: float = 1.0
+    ) -> list[int]:
         if adapter is None:
             with self.model.disable_adapter():
                 return greedy_tokens(self.model, prompt_ids, new_tokens)
         self.model.set_adapter(adapter)
-        return greedy_tokens(self.model, prompt_ids, new_tokens)
+        with self.strength(adapter, adapter_scale):
+            return greedy_tokens(self.model, prompt_ids, new_tokens)
 
-    def logprobs(self, adapter: str | None, ids: list[int]) -> torch.Tensor:
+    def logprobs(self, adapter: str | None, ids: list[int], adapter_scale: float = 1.0) -> torch.Tensor:
         """[len(ids), V] float32: log_softmax of the logits at every position of ``ids``."""
         with torch.no_grad():
             if adapter is None:
@@ -50,5 +74,6 @@ class PeftReference:
                     logits = self.model(input_ids=torch.tensor([ids])).logits[0]
             else:
                 self.model.set_adapter(adapter)
-                logits = self.model(input_ids=torch.tensor([ids])).logits[0]
+                with self.strength(adapter, adapter_scale):
+                    logits = self.model(input_ids=torch.tensor([ids])).logits[0]
         return torch.log_softmax(logits.float(), dim=-1)

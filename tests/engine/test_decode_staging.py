@@ -134,3 +134,44 @@ def test_staged_decode_forward_equals_the_eager_step(runner_with_adapters):
     base_only = forward_staged(runner.model, runner.kv_caches, staging, 8, False)
     assert not torch.allclose(base_only[1:5], eager[1:5], atol=1e-4)
     torch.testing.assert_close(base_only[0], eager[0], rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_staged_strengths_equal_the_eager_step_and_never_linger(runner_with_adapters):
+    """Adapter strengths reach the staged LoRA words (the graphs' inputs): the staged forward
+    equals the eager step with the same strengths, and the next step without strengths reads 1.0."""
+    runner, slot_of_name = runner_with_adapters
+    rng = random.Random(11)
+    blocks = BlockManager(64, BLOCK)
+    seqs = make_sequences(5, blocks, rng)
+    # the same adapter at three strengths, another at 2, a base row
+    setup = [
+        ("tiny-r8-all", 0.5),
+        ("tiny-r8-all", 0.0),
+        ("tiny-r8-all", 1.0),
+        ("tiny-r16-mlp", 2.0),
+        (None, 1.0),
+    ]
+    for seq, (adapter, strength) in zip(seqs, setup, strict=True):
+        seq.adapter = adapter
+        seq.params = SamplingParams(max_tokens=8, adapter_scale=strength) if adapter else seq.params
+    slot_of: dict[str | None, int] = {None: -1, **slot_of_name}
+    prefill = StepPlan([ScheduledChunk(s, 0, s.num_tokens - 1) for s in seqs])
+    runner.run(runner.prepare(prefill, blocks, slot_of))
+    plan = decode_plan(seqs)
+    eager = runner.run(runner.prepare(plan, blocks, slot_of))[0].clone()  # [5, V]
+    staging = decode_staging(16, runner.max_blocks_per_seq, runner.lora.num_slots)
+    staged = staging.stage(plan.chunks, slot_of, runner.lora.slot_ranks_host)
+    batch = staging.lora_batch
+    assert batch.scaled
+    assert batch.token_scales.tolist() == [0.5, 0.0, 1.0, 2.0, 1.0] + [1.0] * 11
+    logits = forward_staged(runner.model, runner.kv_caches, staging, 8, staged.uses_lora)
+    torch.testing.assert_close(logits[:5], eager, rtol=1e-5, atol=1e-5)
+    full = [SamplingParams(max_tokens=8) for _ in seqs]
+    for seq, params in zip(seqs, full, strict=True):
+        seq.params = params
+    staging.stage(plan.chunks, slot_of, runner.lora.slot_ranks_host)
+    assert not batch.scaled and batch.token_scales.eq(1.0).all()
+    unscaled = forward_staged(runner.model, runner.kv_caches, staging, 8, True)
+    assert not torch.allclose(unscaled[:2], logits[:2], atol=1e-4)  # strengths 0.5 and 0 mattered
+    torch.testing.assert_close(unscaled[2], logits[2], rtol=0, atol=0)  # strength 1.0 is unchanged

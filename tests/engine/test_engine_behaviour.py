@@ -399,3 +399,34 @@ def test_the_start_up_heap_is_frozen_while_serving_and_collectable_after_shutdow
     del engine
     gc.collect()
     assert model() is None  # a heap left frozen would keep the stopped engine's model alive
+
+
+def test_pinning_loads_the_adapter_into_a_slot_without_a_request(make_engine, tiny_adapters):
+    engine = make_engine(adapters=[], max_loras=2)
+    for name in ("tiny-r4-qv", "tiny-r8-all"):
+        engine.add_adapter(name, tiny_adapters[name], preload=False)  # weights read on first use
+
+    def slots() -> dict[str, bool]:
+        return {s.adapter: s.pinned for s in engine.metrics(fresh=True).slots if s.adapter is not None}
+
+    assert slots() == {}
+    engine.pin_adapter("tiny-r8-all")
+    wait_until(lambda: slots() == {"tiny-r8-all": True}, timeout=60)
+    params = SamplingParams(max_tokens=4, temperature=0)
+    pinned = engine.generate(["Hello"], ["tiny-r8-all"], params)[0]  # served from its slot
+    assert pinned.token_ids and engine.metrics(fresh=True).gpu_hits >= 1
+    engine.pin_adapter("tiny-r8-all", False)
+    assert slots() == {"tiny-r8-all": False}  # unpinning keeps it resident, evictable
+
+
+def test_queue_time_is_the_wait_before_the_first_step(make_engine):
+    engine = make_engine(max_num_seqs=1)  # one request at a time: the second waits for the first
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    first, second = engine.generate(["Once upon a time", "Other prompt here"], [None, "tiny-r4-qv"], params)
+    for output in (first, second):
+        assert output.first_scheduled_time is not None and output.first_token_time is not None
+        assert output.arrival_time <= output.first_scheduled_time <= output.first_token_time
+        assert output.queue_time == output.first_scheduled_time - output.arrival_time
+        assert output.ttft is not None and output.queue_time <= output.ttft
+    assert second.first_scheduled_time >= first.finish_time
+    assert second.queue_time > first.queue_time

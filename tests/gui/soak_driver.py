@@ -3,16 +3,18 @@
 The window runs on the embedded model (CPU) with the demo adapters in a fresh library. For
 ``--seconds`` it visits every view in turn, keeps a compare of base and every adapter running,
 lets the Monitor plot, switches the theme, and applies a restart in Settings ``--restarts``
-times (alternating the number of GPU slots). It writes what it measured as JSON: references to
-None over the run, resident memory after each restart, live Engine objects and engine threads
-at the end, and every problem seen. The test that runs it checks those numbers and that the
-process exited 0 with no fatal error; a binding that loses references aborts it before that.
+times (alternating the number of GPU slots). Every other compare is a chat action
+(``start_chat_compare``: follow-ups, a column with its own settings, token divergence); on the
+Evaluate page it keeps an evaluation of base and every adapter going, cancelling every other
+one (``EvaluateActions``). It writes what it measured as JSON: references to None over the
+run, resident memory after each restart, live Engine objects and engine threads at the end,
+and every problem seen. The test that runs it checks those numbers and that the process exited
+0 with no fatal error; a binding that loses references aborts it before that.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -29,21 +31,62 @@ import psutil
 from PySide6.QtCore import QObject, QSettings, QTimer
 
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.engine import Engine
 from multilora_studio.engine.host_memory import return_freed_memory
 from multilora_studio.gui.app import checked_application
+from multilora_studio.gui.compare_column import MARKDOWN, TOKENS
 from multilora_studio.gui.main_window import PAGES, MainWindow
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 from multilora_studio.gui.theme import set_theme
+from multilora_studio.run_records import ColumnOverrides
+from tests.live_objects import live_engines
 
 TICK_MS = 250
 PAGE_S = 2.0
 COMPARE_TOKENS = 12
+EVALUATE_TOKENS = 6
+EVALUATE_ROWS = [
+    {"prompt": "Name a colour.", "reference": " Blue", "check": "contains"},
+    {"prompt": "Is water wet?", "reference": " yes", "check": {"type": "choice", "choices": [" yes", " no"]}},
+    {"prompt": "Reply in JSON:", "check": {"type": "json_schema", "schema": {"type": "object"}}},
+]
+CHAT_TOKENS = 6
 
 
-def live_engines() -> int:
-    gc.collect()
-    return sum(isinstance(item, Engine) for item in gc.get_objects())
+class EvaluateActions:
+    """The soak's Evaluate actions: while the Evaluate page shows, a run of base and every adapter
+    is kept going over a small prompt set, and every second run is cancelled as soon as it starts.
+    Errors (not cancellations) are problems."""
+
+    def __init__(self, window: MainWindow, folder: Path) -> None:
+        self.window = window
+        self.prompts = folder / "soak-prompts.jsonl"
+        self.prompts.write_text("".join(json.dumps(row) + "\n" for row in EVALUATE_ROWS))
+        self.started = self.finished = 0
+        self.problems: list[str] = []
+        window.evaluate.results_dir = folder / "evaluations"
+        window.evaluate.runFinished.connect(self.run_finished)
+
+    def tick(self) -> None:
+        view = self.window.evaluate
+        if view.running:
+            if self.started % 2 == 0:
+                view.stop()
+            return
+        if self.window.page != "Evaluate" or self.window.host.state != "ready":
+            return
+        view.path.setText(str(self.prompts))
+        view.max_tokens.setValue(EVALUATE_TOKENS)
+        view.tick_all(True)
+        if view.start():
+            self.started += 1
+        else:
+            self.problems.append(f"evaluation did not start: {view.banner.text}")
+
+    def run_finished(self) -> None:
+        self.finished += 1
+        banner = self.window.evaluate.banner
+        if banner.kind == "error":
+            self.problems.append(f"evaluation failed: {banner.text}")
 
 
 class Soak(QObject):
@@ -60,6 +103,8 @@ class Soak(QObject):
         self.restarts_done = 0
         self.restart_pending = False
         self.compares = 0
+        self.chat_runs = 0
+        self.divergences = 0
         self.compare_errors: list[str] = []
         self.problems: list[str] = []
         self.rss_after_restart: list[int] = []
@@ -70,6 +115,8 @@ class Soak(QObject):
         window.host.ready.connect(self.engine_ready)
         window.host.failed.connect(lambda message: self.problems.append(f"engine failed: {message}"))
         window.compare.runFinished.connect(self.compare_finished)
+        self.evaluate_actions: EvaluateActions | None = None  # set by main()
+        window.compare.divergenceFinished.connect(lambda: divergence_finished(self))
 
     def engine_ready(self) -> None:
         if not self.timer.isActive():  # the first start
@@ -100,13 +147,18 @@ class Soak(QObject):
             if self.page == 0:  # once a tour of every view: the other theme
                 app = checked_application()
                 set_theme(app, "dark" if self.page_tours() % 2 else "light")
+        if self.evaluate_actions is not None:
+            self.evaluate_actions.tick()
         if self.window.host.state != "ready":
             return
         due = (self.restarts_done + 1) * self.seconds / (self.restarts + 1)
         if not self.restart_pending and self.restarts_done < self.restarts and elapsed >= due:
             self.restart()
-        elif not self.window.compare.running:
-            self.start_compare()
+        elif not self.window.compare.running and not self.window.compare.divergence_busy:
+            if self.compares % 2:
+                start_chat_compare(self)
+            else:
+                self.start_compare()
 
     def page_tours(self) -> int:
         return int((time.monotonic() - self.started) / (PAGE_S * len(PAGES)))
@@ -136,15 +188,45 @@ class Soak(QObject):
             "seconds": time.monotonic() - self.started,
             "restarts": self.restarts_done,
             "compares": self.compares,
+            "chat_runs": self.chat_runs,
+            "divergences": self.divergences,
             "compare_errors": self.compare_errors,
-            "problems": self.problems,
+            "problems": self.problems + (self.evaluate_actions.problems if self.evaluate_actions else []),
+            "evaluations": self.evaluate_actions.finished if self.evaluate_actions else 0,
             "none_refs": self.none_refs,
             "rss_after_restart": self.rss_after_restart,
-            "live_engines": live_engines(),
+            "live_engines": len(live_engines()),
             "engine_threads": sum(t.name == "engine-worker" for t in threading.enumerate()),
         }
         self.window.close()
         checked_application().quit()
+
+
+def start_chat_compare(soak: Soak) -> None:
+    """Compare chat actions: a follow-up to every column (a new chat every third turn), the last
+    column with its own settings, and the token divergence view every other time."""
+    compare = soak.window.compare
+    names = compare.checked_names()
+    if names:
+        compare.set_column_overrides(names[-1], ColumnOverrides(max_tokens=CHAT_TOKENS, temperature=0.0))
+    view = TOKENS if soak.chat_runs % 2 else MARKDOWN
+    compare.view_mode.setCurrentIndex(compare.view_mode.findData(view))
+    compare.raw.setChecked(False)
+    compare.prompt.setPlainText(f"Follow-up {soak.chat_runs}: say more.")
+    chat = compare.conversation
+    follow = chat is not None and 0 < chat.turns < 3 and not chat.raw
+    if not (compare.follow_up() if follow else compare.start()):
+        soak.problems.append(f"chat compare did not start: {compare.banner.text}")
+        return
+    soak.chat_runs += 1
+
+
+def divergence_finished(soak: Soak) -> None:
+    banner = soak.window.compare.banner.text
+    if banner.startswith("Could not score"):
+        soak.problems.append(banner)
+    else:
+        soak.divergences += 1
 
 
 def main() -> int:
@@ -159,6 +241,7 @@ def main() -> int:
         prefs.set_engine_choice(replace(EngineChoice(), device="cpu", max_loras=2))
         window = MainWindow(prefs, Registry(Path(folder) / "library"))
         soak = Soak(window, args.seconds, args.restarts)
+        soak.evaluate_actions = EvaluateActions(window, Path(folder))
         window.resize(1280, 820)
         window.show()
         app.exec()

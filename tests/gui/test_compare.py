@@ -56,7 +56,7 @@ def test_columns_equal_the_engines_outputs_for_the_same_requests(
     assert [c.name for c in compare.columns] == names
     for column, output in zip(compare.columns, expected, strict=True):
         assert column.text == output.text, column.name
-        assert column.view.toPlainText() == output.text
+        assert column.output is not None and column.output.token_ids == output.token_ids
         assert column.tokens == len(output.token_ids)
         assert column.finish_reason == output.finish_reason
         assert column.ttft_s is not None and column.ttft_s > 0
@@ -73,9 +73,10 @@ def test_columns_equal_the_engines_outputs_for_the_same_requests(
 
     markdown = compare.export(tmp_path / "comparison.md").read_text()
     data = json.loads(compare.export(tmp_path / "comparison.json").read_text())
-    assert [o["name"] for o in data["outputs"]] == names
-    assert [o["text"] for o in data["outputs"]] == [o.text for o in expected]
-    assert data["prompt"] == PROMPT and data["chat"] is True and data["sampling"]["max_tokens"] == 40
+    assert [c["name"] for c in data["columns"]] == names
+    assert [c["output"]["text"] for c in data["columns"]] == [o.text for o in expected]
+    assert data["user_turns"] == [PROMPT] and data["raw"] is False and data["shared"]["max_tokens"] == 40
+    assert [c["prompt"] for c in data["columns"]] == [chat] * 4
     for name, output in zip(names, expected, strict=True):
         assert f"## {name}" in markdown and output.text in markdown
     save_screenshot(window, "compare")

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import gc
 import threading
 
-from multilora_studio.engine import Engine
 from tests.gui.conftest import wait_ready
+from tests.live_objects import live_engines
 
 RESTARTS = 3
-
-
-def live_engines() -> list[Engine]:
-    gc.collect()
-    return [item for item in gc.get_objects() if isinstance(item, Engine)]
 
 
 def engine_threads() -> int:

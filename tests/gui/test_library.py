@@ -9,6 +9,7 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 
 from multilora_studio.engine import SamplingParams
+from multilora_studio.gui.library_model import COLUMNS
 from tests.gui.conftest import save_screenshot, wait_task
 
 
@@ -28,7 +29,7 @@ def test_import_pin_rename_alias_remove_through_the_view(qtbot, open_window, reg
     assert row["Tier"] == "disk"  # served, weights not read yet
     assert row["Base"] == Path(window.host.choice.model).name
 
-    library.table.sortByColumn(4, Qt.SortOrder.DescendingOrder)  # Rank
+    library.table.sortByColumn(COLUMNS.index("Rank"), Qt.SortOrder.DescendingOrder)
     assert library.names() == ["tiny-r16-mlp", "tiny-r8-attn", "tiny-r4-qv"]
     library.filter.setText("MLP")  # case-insensitive, any column
     assert library.names() == ["tiny-r16-mlp"]
@@ -37,6 +38,8 @@ def test_import_pin_rename_alias_remove_through_the_view(qtbot, open_window, reg
     wait_task(qtbot, library.set_pinned("tiny-r4-qv", True))
     assert registry.get("tiny-r4-qv").pinned
     assert library.row_of("tiny-r4-qv")["Pinned"] == "yes"
+    # pinning loads it into a GPU slot, no request needed
+    qtbot.waitUntil(lambda: library.row_of("tiny-r4-qv")["Tier"].startswith("GPU slot"), timeout=30_000)
     assert library.select("tiny-r4-qv")
     assert library.pin_button.text() == "Unpin"
     assert "tiny-r4-qv" in library.details.toPlainText()
@@ -100,3 +103,29 @@ def test_bad_adapters_show_the_validation_message_and_change_nothing(
     save_screenshot(window, "library-validation-message")
     engine = window.host.engine  # the engine thread is unharmed
     assert engine.generate(["Hello"], [None], None)[0].finish_reason in ("stop", "length")
+
+
+def test_the_name_column_stays_and_tier_and_pinned_show_at_1280_px(qtbot, open_window, tiny_adapters):
+    window = open_window()
+    window.resize(1280, 800)
+    library = window.library
+    window.show_page("Library")
+    for name in ("tiny-r4-qv", "tiny-r16-mlp"):
+        wait_task(qtbot, library.import_folder(tiny_adapters[name]))
+    table = library.table
+    width = table.viewport().width()
+    for title in ("Name", "Tier", "Pinned"):
+        column = COLUMNS.index(title)
+        right = table.columnViewportPosition(column) + table.columnWidth(column)
+        assert table.columnViewportPosition(column) >= 0 and right <= width, (title, right, width)
+    table.horizontalScrollBar().setValue(table.horizontalScrollBar().maximum())
+    qtbot.wait(50)
+    assert table.horizontalScrollBar().maximum() > 0  # the other columns do scroll at this width
+    assert table.columnViewportPosition(0) < 0  # the table's own first column scrolled away
+    frozen = table.frozen
+    assert frozen.isVisible() and frozen.geometry().left() <= table.frameWidth() + 1
+    assert frozen.width() == table.columnWidth(0)
+    shown = [frozen.model().index(row, 0).data() for row in range(frozen.model().rowCount())]
+    assert sorted(shown) == ["tiny-r16-mlp", "tiny-r4-qv"]
+    assert frozen.visualRect(frozen.model().index(0, 0)).isValid()
+    save_screenshot(window, "library-1280-scrolled")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.adapters.hub_repos import LocalRepos, model_card
-from tests.adapters.hub_server import HubServer, point_client_at
+from tests.adapters.hub_server import HubServer, free_port, point_client_at
 from tests.gui.conftest import save_screenshot, wait_ready, wait_task
 
 BASE_REPO = "studio-tests/tiny-llama"
@@ -88,3 +89,35 @@ def test_settings_start_the_engine_on_a_base_model_pulled_from_the_hub(
     qtbot.waitUntil(lambda: "Not applied" in settings.banner.text, timeout=60_000)
     assert "adapter, not a base model" in settings.banner.text
     assert window.host.state == "ready" and window.host.engine is engine  # the running engine stays
+
+
+def test_search_without_a_reachable_hub_says_so_and_a_hanging_one_can_be_cancelled(
+    qtbot, open_window, tmp_path, monkeypatch
+):
+    window = open_window()
+    window.show_page("Library")
+    window.library.pull_button.click()
+    dialog = window.pull_dialog
+    point_client_at(monkeypatch, f"http://127.0.0.1:{free_port()}", tmp_path / "hf-cache", offline=False)
+    wait_task(qtbot, dialog.search())
+    assert dialog.banner.kind == "error" and "cannot reach the Hub" in dialog.banner.text
+    assert dialog.search_button.isEnabled() and not dialog.cancel_button.isEnabled()
+
+    silent = socket.socket()  # accepts connections and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    point_client_at(
+        monkeypatch, f"http://127.0.0.1:{silent.getsockname()[1]}", tmp_path / "hf-cache", offline=False
+    )
+    try:
+        search = dialog.search()
+        assert dialog.cancel_button.isEnabled() and not dialog.search_button.isEnabled()
+        qtbot.wait(500)
+        assert not search.wait(0)  # still waiting for an answer
+        dialog.cancel_button.click()
+        assert dialog.search_button.isEnabled() and not dialog.cancel_button.isEnabled()
+        assert dialog.status.text() == "Search cancelled."
+    finally:
+        silent.close()
+    wait_task(qtbot, search)  # the abandoned search ends; its late answer changes nothing
+    assert dialog.status.text() == "Search cancelled." and dialog.results.count() == 0

@@ -60,6 +60,8 @@ def test_prompt_ticks_and_page_are_saved_a_moment_after_each_change(qtbot, open_
     window = open_window()
     window.compare.prompt.setPlainText("kept after a crash")
     window.compare.max_tokens.setValue(33)
+    window.evaluate.path.setText("/data/my-prompts.jsonl")
+    window.evaluate.default_check.setCurrentText("contains")
     window.show_page("Server")
     window.server.port.setValue(8765)
 
@@ -69,3 +71,5 @@ def test_prompt_ticks_and_page_are_saved_a_moment_after_each_change(qtbot, open_
     qtbot.waitUntil(lambda: stored("compare/prompt") == "kept after a crash", timeout=AUTOSAVE_MS * 5)
     assert int(stored("compare/max_tokens")) == 33 and int(stored("server/port")) == 8765
     assert stored("window/page") == "Server" and stored("window/geometry") is not None
+    assert stored("evaluate/prompt_set") == "/data/my-prompts.jsonl"
+    assert stored("evaluate/default_check") == "contains"

@@ -825,6 +825,160 @@ def test_add_rms_norm_lora_rejects_bad_input():
         call(counters=counters[:2])
 
 
+# ------------------------------------------------------------ per-token adapter strength
+
+# Strengths mixed token by token in one batch (the same adapter at several of them included).
+STRENGTHS = torch.tensor([0.0, 0.5, 1.0, 2.0, 1.0, 0.25])
+# Every path that adds a LoRA term: (path, backend, fused tile)
+# Every path that adds a LoRA term: (path, backend, fused tile); "triton-grouped" forces the
+# slot-grouped kernels at every token count.
+LINEAR_BACKENDS = [
+    ("triton", NEEDS_TRITON),
+    ("triton-grouped", NEEDS_TRITON),
+    ("torch", ()),
+    ("numba", NEEDS_NUMBA),
+]
+SCALED_PATHS = [
+    *(pytest.param("add_lora", b, None, marks=m, id=f"add_lora-{b}") for b, m in LINEAR_BACKENDS),
+    *(
+        pytest.param("shrink_expand", b, None, marks=m, id=f"shrink_expand-{b}")
+        for b, m in LINEAR_BACKENDS[:3]
+    ),
+    pytest.param("shrunk_in_gemm", "triton", None, marks=NEEDS_TRITON, id="shrunk_in_gemm-triton"),
+    pytest.param("shrunk_in_gemm", "torch", None, id="shrunk_in_gemm-torch"),
+    pytest.param("silu", "triton", None, marks=NEEDS_TRITON, id="silu-triton"),
+    pytest.param("silu", "triton", 1024, marks=NEEDS_TRITON, id="silu-triton-small-tiles"),
+    pytest.param("silu", "torch", None, id="silu-torch"),
+    pytest.param("norm", "triton", None, marks=NEEDS_TRITON, id="norm-triton"),
+    pytest.param("norm", "triton", 1024, marks=NEEDS_TRITON, id="norm-triton-small-tiles"),
+    pytest.param("norm", "torch", None, id="norm-torch"),
+]
+PATH_SHAPE = {
+    "add_lora": "qkv",
+    "shrink_expand": "gate_up",
+    "shrunk_in_gemm": "qkv",
+    "silu": "gate_up",
+    "norm": "single",
+}
+
+
+def strengths_for(num_tokens: int) -> torch.Tensor:
+    return STRENGTHS[torch.arange(num_tokens) % len(STRENGTHS)].to(DEVICE)  # [T] float32
+
+
+def run_path(path: str, backend: str, tile: int | None, case: Case, batch: LoRABatch, gen_seed: int):
+    """The path's output: y (LoRA added) for the linear paths, (act, residual) for the fused ones."""
+    grouped = backend == "triton-grouped"
+    plan = plan_for("triton" if grouped else backend, grouped=grouped)
+    if grouped:
+        assert plan is not None and not plan.uses_bgmv(case.x.shape[0])
+    gen = torch.Generator().manual_seed(gen_seed)
+    if path == "add_lora":
+        return add_lora(case.y.clone(), case.x, case.lora_a, case.lora_b, batch, case.offsets, plan=plan)
+    if path == "shrink_expand":
+        buf = lora_shrink(case.x, case.lora_a, batch, plan=plan)
+        return lora_expand(case.y.clone(), buf, case.lora_b, batch, case.offsets, plan=plan)
+    shrunk = gathered_shrink(case, gen)
+    if path == "shrunk_in_gemm":
+        return lora_expand_shrunk_in_gemm(case.y.clone(), shrunk, case.lora_b, batch, case.offsets, plan=plan)
+    fused_plan = plan if tile is None else replace(plan, bgmv_expand_tile=tile)
+    if path == "silu":
+        from multilora_studio.kernels.lora import silu_and_mul_lora
+
+        return silu_and_mul_lora(case.y.clone(), shrunk, case.lora_b, batch, fused_plan)
+    from multilora_studio.kernels.lora import add_rms_norm_lora
+
+    residual = torch.randn(case.y.shape, generator=gen).to(case.y.dtype).to(DEVICE)
+    weight = torch.ones(case.offsets[-1], dtype=case.y.dtype, device=DEVICE)
+    counters = torch.zeros(64, dtype=torch.int32, device=DEVICE)
+    add_rms_norm_lora(
+        case.y.clone(), residual, weight, 1e-5, shrunk, case.lora_b, batch, counters, fused_plan
+    )
+    return residual
+
+
+def scaled_case(path: str, backend: str, dtype: torch.dtype, num_tokens: int) -> tuple[Case, int]:
+    seed = seed_of("strength", path, backend, dtype, num_tokens)
+    case = make_case(dtype, num_tokens, PATH_SHAPE[path], "base_mixed", torch.Generator().manual_seed(seed))
+    if path == "norm":
+        case.y = torch.nan_to_num(case.y, nan=0.5)  # the norm reads every row: no NaN poison
+    return case, seed
+
+
+@pytest.mark.parametrize(("path", "backend", "tile"), SCALED_PATHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("num_tokens", [6, 33])
+def test_strengths_per_token_match_reference(path, backend, tile, dtype, num_tokens):
+    """Strengths 0 / 0.25 / 0.5 / 1 / 2 mixed token by token: each row gets its own strength
+    times its adapter's term (float64 reference); rows at 0 and rows without an adapter keep y."""
+    if backend == "numba" and dtype != torch.float32:
+        pytest.skip("the numba backend computes float32 only")
+    case, seed = scaled_case(path, backend, dtype, num_tokens)
+    scales = strengths_for(num_tokens)
+    batch = build_lora_batch(case.slot_ids, case.slot_ranks, NUM_SLOTS, scales)
+    out = run_path(path, backend, tile, case, batch, seed)
+    ref = reference_lora(case.y, case.x, case.lora_a, case.lora_b, case.slot_ids, case.offsets, scales)
+    written = (case.slot_ids >= 0) & (scales != 0)
+    if path == "silu":
+        half = case.offsets[1]
+        ref = torch.nn.functional.silu(ref[:, :half]) * ref[:, half:]
+        assert rel_err(out[written], ref[written]) < 2 * TOL[dtype]
+        return
+    if path == "norm":
+        gen = torch.Generator().manual_seed(seed)
+        gathered_shrink(case, gen)  # the same draws as run_path before the residual
+        residual = torch.randn(case.y.shape, generator=gen).to(dtype).to(DEVICE)
+        assert rel_err(out[written], (residual.double() + ref)[written]) < 4 * TOL[dtype]
+        return
+    keep = ~written  # no adapter, or strength 0: y bit for bit
+    assert torch.equal(out[keep].view(torch.int8), case.y[keep].view(torch.int8))
+    err = rel_err(out[written], ref[written])
+    assert err < TOL[dtype], f"relative error {err:.3e} over {TOL[dtype]:.1e}"
+
+
+@pytest.mark.parametrize(("path", "backend", "tile"), SCALED_PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("num_tokens", [6, 33])
+def test_strength_one_rows_are_bit_for_bit_unchanged(path, backend, tile, dtype, num_tokens):
+    """Rows at strength 1.0 in a batch that mixes strengths give exactly what the batch without
+    strengths gives; rows at 0 give exactly what a batch without their adapter gives."""
+    if backend == "numba" and dtype != torch.float32:
+        pytest.skip("the numba backend computes float32 only")
+    case, seed = scaled_case(path, backend, dtype, num_tokens)
+    scales = strengths_for(num_tokens)
+    plain = run_path(path, backend, tile, case, case.batch, seed)
+    scaled = run_path(
+        path, backend, tile, case, build_lora_batch(case.slot_ids, case.slot_ranks, NUM_SLOTS, scales), seed
+    )
+    no_adapter = case.slot_ids.masked_fill(scales == 0, -1)
+    base = run_path(path, backend, tile, case, build_lora_batch(no_adapter, case.slot_ranks, NUM_SLOTS), seed)
+    at_one, at_zero = scales == 1.0, scales == 0.0
+    assert torch.equal(scaled[at_one].view(torch.int8), plain[at_one].view(torch.int8))
+    assert torch.equal(scaled[at_zero].view(torch.int8), base[at_zero].view(torch.int8))
+    moved = ~(at_one | at_zero) & (case.slot_ids >= 0)
+    if moved.any():
+        assert not torch.equal(scaled[moved], plain[moved])
+
+
+@pytest.mark.parametrize("stacked_max", [0, 64])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_strengths_on_the_torch_stacked_and_grouped_paths(stacked_max, dtype):
+    """The torch backend's stacked (decode) path and per-adapter path apply each token's strength;
+    rows at 1.0 stay bit for bit what the batch without strengths gives."""
+    plan = LoRAPlan(backend="torch", stacked_max_tokens=stacked_max)
+    gen = torch.Generator().manual_seed(seed_of("stacked-strength", stacked_max, dtype))
+    case = make_case(dtype, 12, "qkv", "distinct", gen)  # every active slot, consecutive
+    scales = strengths_for(12)
+    batch = build_lora_batch(case.slot_ids, case.slot_ranks, NUM_SLOTS, scales)
+    out = add_lora(case.y.clone(), case.x, case.lora_a, case.lora_b, batch, case.offsets, plan)
+    plain = add_lora(case.y.clone(), case.x, case.lora_a, case.lora_b, case.batch, case.offsets, plan)
+    ref = reference_lora(case.y, case.x, case.lora_a, case.lora_b, case.slot_ids, case.offsets, scales)
+    written = (case.slot_ids >= 0) & (scales != 0)
+    assert rel_err(out[written], ref[written]) < TOL[dtype]
+    assert torch.equal(out[scales == 0].view(torch.int8), case.y[scales == 0].view(torch.int8))
+    assert torch.equal(out[scales == 1].view(torch.int8), plain[scales == 1].view(torch.int8))
+
+
 # --------------------------------------------------------------------------- batch invariance
 
 ROW_TILED = LoRAPlan(backend="torch", stacked_max_tokens=0, batch_invariant=True, gemm_row_tile=8)
@@ -851,3 +1005,21 @@ def test_row_tiled_torch_lora_matches_reference_and_keeps_each_rows_bits(dtype, 
         y_part = part.y.clone()
         add_lora(y_part, part.x, part.lora_a, part.lora_b, part.batch, part.offsets, plan=ROW_TILED)
         assert torch.equal(y_part[0], y[0]), tokens
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the torch ops' row tiles are the CPU engine's")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_row_tiled_torch_lora_applies_per_token_strengths(dtype):
+    gen = torch.Generator().manual_seed(seed_of("row-tiled-strengths", dtype))
+    case = make_case(dtype, 41, "gate_up", "uniform", gen)
+    scales = STRENGTHS[torch.arange(41) % len(STRENGTHS)].to(DEVICE)  # [T]
+    batch = build_lora_batch(case.slot_ids, case.slot_ranks, NUM_SLOTS, scales)
+    out = add_lora(case.y.clone(), case.x, case.lora_a, case.lora_b, batch, case.offsets, plan=ROW_TILED)
+    plain = add_lora(
+        case.y.clone(), case.x, case.lora_a, case.lora_b, case.batch, case.offsets, plan=ROW_TILED
+    )
+    ref = reference_lora(case.y, case.x, case.lora_a, case.lora_b, case.slot_ids, case.offsets, scales)
+    written = (case.slot_ids >= 0) & (scales != 0)
+    assert rel_err(out[written], ref[written]) < TOL[dtype]
+    assert torch.equal(out[scales == 0].view(torch.int8), case.y[scales == 0].view(torch.int8))
+    assert torch.equal(out[scales == 1].view(torch.int8), plain[scales == 1].view(torch.int8))

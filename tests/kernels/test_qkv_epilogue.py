@@ -33,7 +33,11 @@ RANKS = [8, 16, 0]  # the last slot is empty
 BLOCKS, BLOCK_SIZE = 6, 4
 
 
-def make(dtype: torch.dtype, num_tokens: int, with_lora: bool, seed: int):
+# per-token adapter strengths of the "scaled" cases (1.0 among them: those rows are unchanged)
+STRENGTHS = torch.tensor([0.0, 0.5, 1.0, 2.0])
+
+
+def make(dtype: torch.dtype, num_tokens: int, with_lora: bool, seed: int, scaled: bool = False):
     gen = torch.Generator().manual_seed(seed)
     width = (HQ + 2 * HKV) * D
     qkv = torch.randn(num_tokens, width + 8, generator=gen).to(dtype)[:, :width]  # strided rows
@@ -56,8 +60,9 @@ def make(dtype: torch.dtype, num_tokens: int, with_lora: bool, seed: int):
                     shrunk[t, other] = float("nan")
             if slot >= 0:
                 shrunk[t, slot, :, RANKS[slot] :] = float("nan")
+        scales = STRENGTHS[torch.arange(num_tokens) % len(STRENGTHS)].to(DEVICE) if scaled else None
         batch = build_lora_batch(
-            slot_ids.to(DEVICE), torch.tensor(RANKS, dtype=torch.int32, device=DEVICE), SLOTS
+            slot_ids.to(DEVICE), torch.tensor(RANKS, dtype=torch.int32, device=DEVICE), SLOTS, scales
         )
         lora = (shrunk.to(DEVICE), lora_b.to(dtype).to(DEVICE), batch)
     to = lambda x: x.to(DEVICE)  # noqa: E731
@@ -77,11 +82,13 @@ def assert_same_rotation(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("with_lora", [False, True], ids=["base", "lora"])
+@pytest.mark.parametrize(
+    ("with_lora", "scaled"), [(False, False), (True, False), (True, True)], ids=["base", "lora", "scaled"]
+)
 @pytest.mark.parametrize("num_tokens", [1, 7])
-def test_one_launch_equals_expand_rope_and_cache_write(dtype, with_lora, num_tokens):
+def test_one_launch_equals_expand_rope_and_cache_write(dtype, with_lora, scaled, num_tokens):
     qkv, positions, slot_mapping, cos_sin, k_cache, v_cache, lora = make(
-        dtype, num_tokens, with_lora, num_tokens
+        dtype, num_tokens, with_lora, num_tokens, scaled
     )
     ref_qkv, ref_k, ref_v = qkv.clone(), k_cache.clone(), v_cache.clone()
     q = qkv_rope_write(qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping, lora, FUSED)
@@ -102,6 +109,28 @@ def test_one_launch_equals_expand_rope_and_cache_write(dtype, with_lora, num_tok
     assert_same_rotation(k_cache, ref_k)  # padding slots untouched too
     assert torch.equal(v_cache.view(torch.int8), ref_v.view(torch.int8))
     assert torch.isfinite(q).all()  # NaN in the entries a token must not read never reached it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_strength_one_is_bit_for_bit_and_zero_is_the_base(dtype):
+    """Rows at strength 1.0 give exactly what a batch without strengths gives; rows at 0 give
+    exactly the base projection's rotation (no LoRA term)."""
+    num_tokens = 8
+    outs = {}
+    for name, with_lora, scaled in (("plain", True, False), ("scaled", True, True), ("base", False, False)):
+        qkv, positions, slot_mapping, cos_sin, k_cache, v_cache, lora = make(
+            dtype, num_tokens, with_lora, 11, scaled
+        )
+        outs[name] = qkv_rope_write(
+            qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping, lora, FUSED
+        ).clone()
+    strengths = STRENGTHS[torch.arange(num_tokens) % len(STRENGTHS)]
+    at_one, at_zero = (strengths == 1.0).to(DEVICE), (strengths == 0.0).to(DEVICE)
+    bits = lambda t: t.view(torch.int8)  # noqa: E731
+    assert torch.equal(bits(outs["scaled"][at_one]), bits(outs["plain"][at_one]))
+    assert torch.equal(bits(outs["scaled"][at_zero]), bits(outs["base"][at_zero]))
+    moved = ~(at_one | at_zero)
+    assert not torch.equal(outs["scaled"][moved], outs["plain"][moved])
 
 
 def test_bad_input_is_refused():

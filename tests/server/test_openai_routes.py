@@ -62,6 +62,38 @@ def test_streamed_completion_adds_up_to_engine_output(serve, engine):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
 
 
+def test_adapter_scale_in_extra_body_sets_the_adapter_strength(serve, engine):
+    """extra_body={"adapter_scale": s} on both routes: the engine's output at that strength; 0 is
+    the base model's, and a base-model request with a strength is a 400 naming the field."""
+    api = client(serve())
+    adapter = "tiny-r8-all"
+    half = api.completions.create(
+        model=adapter,
+        prompt=PROMPT,
+        max_tokens=12,
+        extra_body={**GREEDY["extra_body"], "adapter_scale": 0.5},
+        temperature=0,
+    )
+    expected = direct(engine, PROMPT, adapter, 12, adapter_scale=0.5)
+    assert half.choices[0].text == expected.text
+    assert expected.token_ids != direct(engine, PROMPT, adapter, 12).token_ids  # the strength mattered
+    off = api.chat.completions.create(
+        model=adapter,
+        messages=CHAT,
+        max_tokens=9,
+        extra_body={**GREEDY["extra_body"], "adapter_scale": 0},
+        temperature=0,
+    )
+    base = api.chat.completions.create(model=engine.model_name, messages=CHAT, max_tokens=9, **GREEDY)
+    assert off.choices[0].message.content == base.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(
+            model=engine.model_name, messages=CHAT, max_tokens=4, extra_body={"adapter_scale": 0.5}
+        )
+    error = caught.value.body
+    assert error["param"] == "adapter_scale" and "needs an adapter" in error["message"], error
+
+
 def test_chat_equals_engine_output_streamed_and_not(serve, engine):
     api = client(serve())
     expected = direct(engine, CHAT, "tiny-r4-qv", 9)
@@ -144,6 +176,9 @@ def test_unknown_model_is_404_never_the_base(serve):
         ({"n": 200}, "n"),
         ({"prompt": "word " * 1100}, "prompt"),
         ({"prompt": [10**9]}, "prompt"),
+        ({"extra_body": {"adapter_scale": -0.5}}, "adapter_scale"),
+        ({"extra_body": {"adapter_scale": 17}}, "adapter_scale"),
+        ({"extra_body": {"adapter_scale": "strong"}}, "adapter_scale"),
     ],
 )
 def test_bad_parameters_are_400_with_the_parameter_named(serve, options, param):

@@ -1,0 +1,122 @@
+"""``multilora-studio eval``: a prompt set through several adapters (and the base), scored per adapter."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from multilora_studio.cli.shared import (
+    Subcommands,
+    add_adapters,
+    add_demo_adapters_flag,
+    add_engine_arguments,
+    engine_config,
+    library_for,
+    parse_lora_modules,
+    print_progress,
+)
+from multilora_studio.engine import Engine
+from multilora_studio.evaluate import (
+    BASE,
+    CHECK_KINDS,
+    FORMATS,
+    EvalSettings,
+    load_prompt_set,
+    record_scores,
+    run_eval,
+    save_results,
+    write_export,
+)
+from multilora_studio.evaluate.export import score_lines
+
+
+def add_eval_command(subparsers: Subcommands) -> None:
+    parser = subparsers.add_parser(
+        "eval",
+        help="evaluate adapters on your own prompt set",
+        description="Run every prompt of a JSONL or CSV prompt set through each adapter and the base "
+        "model, in shared batches, check each output and print the per-adapter scores. The results "
+        "are saved as JSON and each library adapter's scores are recorded in the library.",
+    )
+    parser.add_argument("--prompts", type=Path, required=True, help="the prompt set (.jsonl or .csv)")
+    parser.add_argument(
+        "--adapters", default=BASE, help=f"comma-separated adapter names; '{BASE}' is the base model"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder of the results (default: evaluations/ in the data dir)"
+    )
+    parser.add_argument("--format", choices=FORMATS, default=None, help="also write an export in this format")
+    parser.add_argument(
+        "--check",
+        default=None,
+        help=f"default check of rows without one: {', '.join(CHECK_KINDS)} or a JSON check object",
+    )
+    parser.add_argument("--chat", action="store_true", help="send text prompts as one user message")
+    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per answer at most")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="0: greedy (the same answer every run)"
+    )
+    parser.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling: keep this much probability"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="seed of the sampling (default: the engine's)")
+    parser.add_argument(
+        "--batch-prompts", type=int, default=8, help="prompts per batch, each with every adapter"
+    )
+    parser.add_argument("--no-record", action="store_true", help="do not record the scores in the library")
+    parser.add_argument(
+        "--allow-other-base",
+        action="store_true",
+        help="use library adapters recorded against other base weights",
+    )
+    add_engine_arguments(parser)
+    add_demo_adapters_flag(parser)
+    parser.set_defaults(handler=run_eval_command)
+
+
+def default_check(text: str | None) -> Any:
+    """``--check``: a kind name or a JSON check object (checked against each row it applies to)."""
+    if text is None or not text.lstrip().startswith("{"):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise ValueError(f"--check is a check kind or a JSON object: {error}") from None
+
+
+def run_eval_command(args: argparse.Namespace) -> int:
+    prompt_set = load_prompt_set(args.prompts, default_check(args.check))
+    modules = parse_lora_modules(args.lora_modules)
+    names = list(dict.fromkeys(name.strip() for name in args.adapters.split(",") if name.strip()))
+    if not names:
+        raise ValueError("--adapters names at least one adapter or 'base'")
+    settings = EvalSettings(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        chat=args.chat,
+        batch_prompts=args.batch_prompts,
+    )
+    adapters = [name for name in names if name != BASE]
+    offer = args.model is None and not args.no_demo_adapters  # the demo adapters are for the embedded model
+    registry = library_for(adapters, modules, offer)
+    with Engine(engine_config(args), progress=print_progress) as engine:
+        add_adapters(engine, adapters, modules, registry, args.allow_other_base)
+        results = run_eval(engine, prompt_set, names, settings, progress=print_progress)
+    saved = save_results(results, args.out)
+    print(f"model: {results.model}   prompt set: {prompt_set.name} ({len(prompt_set.cases)} prompts)\n")
+    print("\n".join(score_lines(results)))
+    print(f"\nresults: {saved}")
+    if args.format is not None:  # JSON: the results file is the export
+        target = (
+            saved if args.format == "json" else write_export(results, saved.with_suffix("." + args.format))
+        )
+        print(f"export: {target}")
+    if registry is not None and not args.no_record:
+        recorded = record_scores(registry, results, saved)
+        if recorded:
+            print(f"recorded in the library: {', '.join(recorded)}")
+    return 0

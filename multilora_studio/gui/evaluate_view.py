@@ -1,0 +1,340 @@
+"""Evaluate view: a prompt-set file through the ticked adapters (and the base), scored per adapter.
+
+The run is one background task over the window's engine (``evaluate.run_eval``: every prompt
+with every adapter in shared batches), with progress and Cancel. When it ends the matrix shows
+each output tinted by pass or fail, the scores table each adapter's numbers, the drill-down one
+prompt's outputs side by side; the results are saved as JSON and the library records the scores
+of its adapters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from multilora_studio.evaluate import (
+    BASE,
+    EvalResults,
+    EvalSettings,
+    load_prompt_set,
+    record_scores,
+    run_eval,
+    save_results,
+    write_export,
+)
+from multilora_studio.gui.engine_host import EngineHost
+from multilora_studio.gui.evaluate_tables import DrillDown, MatrixTable, ScoresTable
+from multilora_studio.gui.preferences import Preferences
+from multilora_studio.gui.tasks import Task
+from multilora_studio.gui.widgets import MessageBanner
+
+DEFAULT_CHECKS = ("the file's", "exact", "contains")  # the first: each row's own check only
+EXPORTS = (("CSV", ".csv"), ("JSON", ".json"), ("Markdown", ".md"))
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What a run's task hands back: the results, where they were saved, the adapters recorded."""
+
+    results: EvalResults
+    saved: Path
+    recorded: list[str]
+
+
+class EvaluateView(QWidget):
+    """See the module docstring; ``runFinished`` fires when a run ended (done, failed or cancelled)."""
+
+    runFinished = Signal()
+
+    def __init__(self, host: EngineHost, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.host = host
+        self.task: Task | None = None
+        self.results: EvalResults | None = None
+        self.saved: Path | None = None
+        self.results_dir: Path | None = None  # None: evaluations/ in the user data directory
+        self._wanted: set[str] = {BASE}
+        self.banner = MessageBanner()
+
+        self.path = QLineEdit()
+        self.path.setPlaceholderText("A prompt set: .jsonl (prompt or messages, reference, check) or .csv")
+        browse = QPushButton("Choose…")
+        browse.clicked.connect(self._choose_file)
+        self.adapters = QListWidget()
+        self.adapters.setToolTip("Tick the adapters to evaluate; 'base' is the model without an adapter")
+        self.adapters.itemChanged.connect(self._ticks_changed)
+        self.adapters.setMaximumHeight(120)
+        every, none = QPushButton("All"), QPushButton("None")
+        every.clicked.connect(lambda: self.tick_all(True))
+        none.clicked.connect(lambda: self.tick_all(False))
+        self.max_tokens = QSpinBox(minimum=0, maximum=32768, value=EvalSettings().max_tokens)
+        self.max_tokens.setToolTip("0: score references and choices only, generate nothing")
+        self.chat = QCheckBox("Send text prompts as chat")
+        self.default_check = QComboBox()
+        self.default_check.addItems(list(DEFAULT_CHECKS))
+        self.default_check.setToolTip(
+            "The check of rows that have none (exact and contains need a reference)"
+        )
+        self.run_button = QPushButton("Run")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(False)
+        self.run_button.clicked.connect(self.start)
+        self.cancel_button.clicked.connect(self.stop)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setValue(0)
+        self.summary = QLabel()
+        self.summary.setWordWrap(True)
+        self.export_buttons = []
+        for label, suffix in EXPORTS:
+            button = QPushButton(f"Save {label}…")
+            button.setEnabled(False)
+            button.clicked.connect(lambda checked=False, s=suffix, k=label: self._save(k, s))
+            self.export_buttons.append(button)
+
+        self.matrix = MatrixTable()
+        self.matrix.itemSelectionChanged.connect(self._selection_changed)
+        self.scores = ScoresTable()
+        self.drill_down = DrillDown()
+
+        file_row = QHBoxLayout()
+        file_row.addWidget(QLabel("<b>Prompt set</b>"))
+        file_row.addWidget(self.path, 1)
+        file_row.addWidget(browse)
+        ticks = QHBoxLayout()
+        ticks.addWidget(QLabel("<b>Adapters</b>"), 1)
+        ticks.addWidget(every)
+        ticks.addWidget(none)
+        adapter_box = QVBoxLayout()
+        adapter_box.addLayout(ticks)
+        adapter_box.addWidget(self.adapters, 1)
+        options = QFormLayout()
+        options.addRow("Max tokens", self.max_tokens)
+        options.addRow("Default check", self.default_check)
+        options.addRow(self.chat)
+        top = QHBoxLayout()
+        top.addLayout(adapter_box, 2)
+        top.addLayout(options, 1)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.run_button)
+        buttons.addWidget(self.cancel_button)
+        buttons.addWidget(self.progress, 1)
+        for button in self.export_buttons:
+            buttons.addWidget(button)
+        controls = QWidget()
+        controls_layout = QVBoxLayout(controls)
+        controls_layout.setContentsMargins(0, 0, 0, 0)
+        controls_layout.addLayout(file_row)
+        controls_layout.addLayout(top)
+        controls_layout.addLayout(buttons)
+        controls_layout.addWidget(self.summary)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.matrix, "Matrix")
+        self.tabs.addTab(self.scores, "Scores")
+        results = QSplitter(Qt.Orientation.Vertical)
+        results.addWidget(self.tabs)
+        results.addWidget(self.drill_down)
+        results.setStretchFactor(0, 3)
+        results.setStretchFactor(1, 2)
+        vertical = QSplitter(Qt.Orientation.Vertical)
+        vertical.addWidget(controls)
+        vertical.addWidget(results)
+        vertical.setStretchFactor(1, 3)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.banner)
+        layout.addWidget(vertical, 1)
+        host.adaptersChanged.connect(self.refresh_adapters)
+        host.stateChanged.connect(lambda state: self.refresh_adapters())
+
+    # ---------------------------------------------------------------- choices
+
+    def refresh_adapters(self) -> None:
+        """List 'base' and every adapter the engine serves, ticked as the person left them."""
+        engine = self.host.engine
+        names = [BASE, *sorted(info.name for info in engine.list_adapters())] if engine is not None else []
+        self.adapters.blockSignals(True)
+        self.adapters.clear()
+        for name in names:
+            item = QListWidgetItem(name)
+            item.setData(Qt.ItemDataRole.UserRole, name)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(Qt.CheckState.Checked if name in self._wanted else Qt.CheckState.Unchecked)
+            self.adapters.addItem(item)
+        self.adapters.blockSignals(False)
+
+    def _ticks_changed(self) -> None:
+        listed = {self.adapters.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.adapters.count())}
+        self._wanted = (self._wanted - listed) | set(self.checked_names())
+
+    def checked_names(self) -> list[str]:
+        items = [self.adapters.item(i) for i in range(self.adapters.count())]
+        return [
+            item.data(Qt.ItemDataRole.UserRole)
+            for item in items
+            if item.checkState() == Qt.CheckState.Checked
+        ]
+
+    def set_checked(self, names: list[str]) -> None:
+        self._wanted = set(names)
+        self.refresh_adapters()
+
+    def tick_all(self, checked: bool) -> None:
+        state = Qt.CheckState.Checked if checked else Qt.CheckState.Unchecked
+        for i in range(self.adapters.count()):
+            self.adapters.item(i).setCheckState(state)
+
+    def settings(self) -> EvalSettings:
+        return EvalSettings(max_tokens=self.max_tokens.value(), chat=self.chat.isChecked())
+
+    def _choose_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a prompt set", "", "Prompt sets (*.jsonl *.csv)")
+        if path:
+            self.path.setText(path)
+
+    # ---------------------------------------------------------------- running
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None
+
+    def start(self) -> bool:
+        """Start a run with the current choices; a problem shows in the banner."""
+        if self.task is not None:
+            return False
+        engine, names, path = self.host.engine, self.checked_names(), self.path.text().strip()
+        problem = (
+            "Choose a prompt set file first."
+            if not path
+            else "The engine is not ready yet."
+            if engine is None
+            else "Tick at least one adapter (or base)."
+            if not names
+            else None
+        )
+        if problem is not None or engine is None:
+            self.banner.show_message(problem or "The engine is not ready yet.", "warning")
+            return False
+        default = self.default_check.currentText() if self.default_check.currentIndex() > 0 else None
+        settings, registry, folder = self.settings(), self.host.registry, self.results_dir
+
+        def work(task: Task) -> Finished:
+            prompt_set = load_prompt_set(Path(path), default)
+            results = run_eval(engine, prompt_set, names, settings, task.report, task.cancel_event)
+            saved = save_results(results, folder)
+            return Finished(results, saved, record_scores(registry, results, saved))
+
+        self.banner.clear()
+        self.progress.setValue(0)
+        self.summary.setText(f"Evaluating {Path(path).name} on {', '.join(names)}…")
+        self.run_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.task = self.host.tasks.run("evaluate", work, self._succeeded, self._failed, self._progressed)
+        self.task.done.connect(self._ended)
+        return True
+
+    def stop(self) -> None:
+        """Cancel the run (its requests are aborted in the engine)."""
+        if self.task is not None:
+            self.task.cancel()
+
+    def _progressed(self, fraction: float, message: str) -> None:
+        self.progress.setValue(round(fraction * 1000))
+        self.progress.setFormat(message)
+
+    def _succeeded(self, finished: Finished) -> None:
+        self.show_results(finished.results)
+        self.saved = finished.saved
+        recorded = (
+            f"; scores recorded in the library for {', '.join(finished.recorded)}"
+            if finished.recorded
+            else ""
+        )
+        self.summary.setText(f"Saved {finished.saved}{recorded}.")
+
+    def _failed(self, message: str) -> None:
+        if self.task is not None and self.task.cancelled:
+            self.banner.show_message("The evaluation was cancelled.", "info")
+            self.summary.setText("")
+        else:
+            self.banner.show_message(message)
+
+    def _ended(self) -> None:
+        self.task = None
+        self.run_button.setEnabled(True)
+        self.cancel_button.setEnabled(False)
+        self.runFinished.emit()
+
+    # ---------------------------------------------------------------- results
+
+    def show_results(self, results: EvalResults) -> None:
+        self.results = results
+        self.matrix.show_results(results)
+        self.scores.show_results(results)
+        for button in self.export_buttons:
+            button.setEnabled(True)
+        if results.prompts:
+            self.matrix.selectRow(0)
+
+    def _selection_changed(self) -> None:
+        rows = {index.row() for index in self.matrix.selectedIndexes()}
+        if self.results is not None and len(rows) == 1:
+            self.drill_down.show_row(self.results, rows.pop())
+
+    def export(self, path: str | Path) -> Path:
+        """Write the last results as CSV, JSON or Markdown (by the suffix)."""
+        if self.results is None:
+            raise ValueError("run an evaluation first")
+        return write_export(self.results, Path(path))
+
+    def _save(self, kind: str, suffix: str) -> None:
+        name = f"{self.results.prompt_set if self.results else 'evaluation'}{suffix}"
+        path, _ = QFileDialog.getSaveFileName(self, "Export the evaluation", name, f"{kind} (*{suffix})")
+        if not path:
+            return
+        try:
+            written = self.export(path if path.endswith(suffix) else path + suffix)
+        except (OSError, ValueError) as error:
+            self.banner.show_message(f"Could not write {path}: {error}")
+        else:
+            self.banner.show_message(f"Saved {written}", "success")
+
+    # ---------------------------------------------------------------- remembered choices
+
+    def saved_widgets(self) -> list[QWidget]:
+        """The inputs ``save_state`` records (the window saves again when any of them changes)."""
+        return [self.path, self.adapters, self.max_tokens, self.default_check, self.chat]
+
+    def save_state(self, prefs: Preferences) -> None:
+        prefs.set("evaluate/prompt_set", self.path.text())
+        prefs.set("evaluate/adapters", sorted(self._wanted))
+        prefs.set("evaluate/max_tokens", self.max_tokens.value())
+        prefs.set("evaluate/default_check", self.default_check.currentText())
+        prefs.set("evaluate/chat", self.chat.isChecked())
+
+    def restore_state(self, prefs: Preferences) -> None:
+        self.path.setText(prefs.get("evaluate/prompt_set", ""))
+        self.set_checked(prefs.get("evaluate/adapters", [BASE]))
+        self.max_tokens.setValue(prefs.get("evaluate/max_tokens", EvalSettings().max_tokens))
+        check = prefs.get("evaluate/default_check", DEFAULT_CHECKS[0])
+        self.default_check.setCurrentIndex(max(0, self.default_check.findText(check)))
+        self.chat.setChecked(prefs.get("evaluate/chat", False))
