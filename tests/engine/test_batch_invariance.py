@@ -137,3 +137,15 @@ def test_the_embedded_model_is_batch_invariant(default_model, tmp_path, dtype):
             expected = alone(engine, adapter, params)
             assert in_mixed_batch(engine, adapter, params, ["smol-r8-1", None, "smol-r8-0"]) == expected
             assert joining_mid_decode(chunked, adapter, params, ["smol-r8-1", None, "smol-r8-0"]) == expected
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_other_requests_adapter_strengths_change_nothing(make_engine, dtype):
+    """A request at the adapter's own strength keeps its bits when others in its batch scale theirs."""
+    engine = make_engine(dtype=dtype, batch_invariant=True)
+    expected = alone(engine, "tiny-r8-all", GREEDY)
+    scaled = SamplingParams(max_tokens=3 * NEW_TOKENS, temperature=0, ignore_eos=True, adapter_scale=0.5)
+    requests = [(p, "tiny-r8-all", scaled) for p in OTHER_PROMPTS[:3]]
+    requests.insert(1, (TARGET_PROMPT, "tiny-r8-all", GREEDY))
+    outputs = [stream.result(timeout=120) for stream in engine.submit_many(requests)]
+    assert observed(outputs[1]) == expected
