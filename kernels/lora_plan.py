@@ -81,6 +81,13 @@ class LoRAPlan:
     bgmv_shrink_warps: int = 4
     bgmv_expand_tile: int = 8192
     bgmv_expand_warps: int = 4
+    # Batch-invariant mode (EngineConfig.batch_invariant): a row's arithmetic never depends on
+    # the batch. The model computes every dense GEMM (and the torch LoRA ops) in tiles of
+    # exactly gemm_row_tile rows (kernels/row_tiles.py) and attention in one fixed order for
+    # every query (kernels/paged_attention.py); the builder also pins the token-count switches
+    # above to one path. 0 = GEMMs take any row count.
+    batch_invariant: bool = False
+    gemm_row_tile: int = 0
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -89,7 +96,10 @@ class LoRAPlan:
             raise ValueError("backend='numba' but Numba cannot be imported")
         for name in ("bgmv_max_tokens", "numba_max_tokens", "stacked_max_tokens", "stacked_min_adapters"):
             _check_count(name, getattr(self, name))
-        for name in ("shrink_in_gemm", "fused_qkv", "pdl"):
+        _check_count("gemm_row_tile", self.gemm_row_tile)
+        if self.batch_invariant and not self.gemm_row_tile:
+            raise ValueError("a batch-invariant plan needs gemm_row_tile >= 1")
+        for name in ("shrink_in_gemm", "fused_qkv", "pdl", "batch_invariant"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("bgmv_shrink_tile", "bgmv_expand_tile"):

@@ -15,9 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .lora_batch import LoRABatch
 from .lora_plan import LoRAPlan
+from .row_tiles import row_tiled
 
 __all__ = ["HostGroups", "add_lora", "expand", "expand_shrunk_in_gemm", "shrink"]
 
@@ -173,6 +175,37 @@ def _stacked_add_lora(
         y.index_copy_(0, valid, rows)
 
 
+def _tiled_group_add_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    a_slot: torch.Tensor,
+    b_slot: torch.Tensor,
+    rank: int,
+    offs: tuple[int, ...],
+    first: int,
+    last: int,
+    idx: torch.Tensor | None,
+    batch: LoRABatch,
+    tile: int,
+) -> None:
+    """One adapter's ``y[rows] += token_scale * (x[rows] A^T) B^T`` with every GEMM in
+    ``tile``-row tiles, so a row's result does not depend on how many tokens share its adapter
+    (``row_tiles``); a strength of 1.0 multiplies exactly, so strengths elsewhere change nothing."""
+    num_slices, _, k = a_slot.shape
+    xs = _rows(x, first, last, idx)  # [n, K]
+    a = a_slot[:, :rank].reshape(num_slices * rank, k)  # [S * rank, K]
+    h = row_tiled(F.linear, tile, xs, a)  # [n, S * rank]
+    if batch.scaled:
+        h = h * _rows(batch.token_scales, first, last, idx).to(h.dtype)[:, None]
+    rows = y[first:last] if idx is None else y.index_select(0, idx)  # [n, out_total]
+    for s in range(num_slices):
+        lo, hi = offs[s], offs[s + 1]
+        if hi > lo:
+            rows[:, lo:hi] += row_tiled(F.linear, tile, h[:, s * rank : (s + 1) * rank], b_slot[lo:hi, :rank])
+    if idx is not None:
+        y.index_copy_(0, idx, rows)
+
+
 def add_lora(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -182,8 +215,15 @@ def add_lora(
     offs: tuple[int, ...],
     plan: LoRAPlan,
 ) -> None:
-    """``y += LoRA(x)`` in place: per adapter, or stacked where ``plan.stacks`` says so."""
+    """``y += LoRA(x)`` in place: per adapter, or stacked where ``plan.stacks`` says so; in
+    row tiles where ``plan.gemm_row_tile`` is set (batch-invariant mode)."""
     host = _host_groups(batch, x.shape[0], plan)
+    if plan.gemm_row_tile:
+        for slot, rank, first, last, idx in host.groups:
+            _tiled_group_add_lora(
+                y, x, lora_a[slot], lora_b[slot], rank, offs, first, last, idx, batch, plan.gemm_row_tile
+            )
+        return
     if host.span is not None:
         _stacked_add_lora(y, x, lora_a, lora_b, batch, host, offs)
         return

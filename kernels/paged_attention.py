@@ -143,6 +143,7 @@ def paged_attention(
     max_query_len: int | None = None,
     backend: str = "auto",
     num_splits: int | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """Causal attention of this step's queries over a paged KV cache (prefill + decode mixed).
 
@@ -162,6 +163,10 @@ def paged_attention(
             "triton", "torch" or "numba" (decode rows through the Numba kernel in
             ``paged_attention_cpu``, prefill rows as torch; float32 only).
         num_splits: triton decode only, split-K factor over the context (None: from shapes).
+        batch_invariant: every query computed in one fixed order whatever the step holds
+            (decode, prefill chunk or mixed; keys from earlier steps or this one): on the CPU
+            ``paged_attention_cpu.invariant_attention`` (float32, every row); with
+            triton the unified kernel at fixed tile sizes for every step, never split-K.
 
     Padding: rows of ``out`` past ``query_start_loc[-1]`` are not written (they keep what
     ``out`` held; uninitialised memory when ``out`` is None). A query whose absolute position
@@ -194,6 +199,13 @@ def paged_attention(
         out = torch.empty_like(q)
     if q.shape[0] == 0 or block_tables.shape[0] == 0:
         return out
+    if batch_invariant and backend != "triton":
+        if not paged_attention_cpu.AVAILABLE:
+            raise ValueError("batch_invariant attention on the CPU needs Numba")
+        paged_attention_cpu.invariant_attention(
+            out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+        )
+        return out
     if backend in ("torch", "numba"):
         _torch_paged_attention(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, backend == "numba"
@@ -219,6 +231,7 @@ def paged_attention(
         out,
         max_query_len,
         num_splits=num_splits,
+        batch_invariant=batch_invariant,
     )
 
 

@@ -326,8 +326,15 @@ def launch_paged_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
-    """Launch the kernels; inputs are already validated. No host sync."""
+    """Launch the kernels; inputs are already validated. No host sync.
+
+    ``batch_invariant``: the unified kernel for every step (decode steps too) with tile sizes,
+    warps and stages that depend on the dtype and head size only, and no split-K: each query
+    row then meets the same key tiles in the same order, and its dots the same tile shapes,
+    whatever else the step holds (a fully masked tile leaves a row's state unchanged exactly).
+    """
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = seq_lens.shape[0]
@@ -341,7 +348,14 @@ def launch_paged_attention(
     # Defaults from the sweep of paged_attention_bench on an H200 (bf16, Hq=32, Hkv=8, D=128):
     # decode BLOCK_N=64, 4 warps, 2 stages; prefill BLOCK_M=64, BLOCK_N=64, 4 warps, 2 stages.
     default_bn = 64 if (head_dim <= 128 and dot_mode != 2) else 32
-    if max_query_len <= 1:
+    if batch_invariant:
+        num_splits = 1
+        bm = max(32 if dot_mode == 2 else 64, g_pad)
+        bq = bm // g_pad
+        bn = default_bn
+        warps, stages = 4, 2
+        grid = (num_tokens // bq + num_seqs, num_kv_heads, 1)
+    elif max_query_len <= 1:
         bm = max(16, g_pad)
         bq = 1
         bn = block_n or default_bn
@@ -383,7 +397,7 @@ def launch_paged_attention(
         block_tables.stride(0),
         NUM_Q_HEADS=num_q_heads, GROUP=group, G_PAD=g_pad, BLOCK_Q=bq, BLOCK_M=bm,
         BLOCK_N=bn, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        DECODE=max_query_len <= 1, SPLIT=split, DOT_MODE=dot_mode,
+        DECODE=max_query_len <= 1 and not batch_invariant, SPLIT=split, DOT_MODE=dot_mode,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if split:

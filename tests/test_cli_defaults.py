@@ -37,6 +37,14 @@ def test_cli_flags_default_to_engine_config(argv):
 
 
 @pytest.mark.parametrize("command", ["compare", "serve"])
+def test_batch_invariant_flag_reaches_the_engine_config(command):
+    args = build_parser().parse_args(
+        [command, "--batch-invariant", *(["--prompt", "hi"] if command == "compare" else [])]
+    )
+    assert engine_config(args) == EngineConfig(batch_invariant=True)
+
+
+@pytest.mark.parametrize("command", ["compare", "serve"])
 def test_an_engine_from_default_flags_is_the_default_engine_config(command):
     args = build_parser().parse_args([command, *(["--prompt", "hi"] if command == "compare" else [])])
     assert engine_config(args) == EngineConfig()
@@ -47,10 +55,13 @@ def test_the_windows_defaults_are_engine_configs():
     for name in ("device", "dtype", "max_loras", "max_lora_rank"):
         assert getattr(choice, name) == ENGINE[name]
     assert choice.max_cpu_loras == 0 and ENGINE["max_cpu_loras"] is None  # both mean 2 x max_loras
-    assert choice.engine_config(None) == EngineConfig()
+    # the one exception: the window compares outputs across batches, so it runs batch-invariant
+    assert choice.batch_invariant and not ENGINE["batch_invariant"]
+    assert choice.engine_config(None) == EngineConfig(batch_invariant=True)
 
 
 def test_the_window_keeps_explicit_values():
-    choice = EngineChoice(device="cpu", max_loras=3, max_lora_rank=32, max_cpu_loras=5)
+    choice = EngineChoice(device="cpu", max_loras=3, max_lora_rank=32, max_cpu_loras=5, batch_invariant=False)
     config = choice.engine_config(None)
     assert (config.device, config.max_loras, config.max_lora_rank, config.max_cpu_loras) == ("cpu", 3, 32, 5)
+    assert not config.batch_invariant

@@ -79,6 +79,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="PEFT adapter folders to serve"
     )
+    parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        default=engine_default("batch_invariant"),
+        help="a request's tokens do not depend on the rest of the batch or on prompt chunking (slower)",
+    )
 
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +119,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras,
         max_model_len=args.max_model_len,
+        batch_invariant=args.batch_invariant,
     )
 
 

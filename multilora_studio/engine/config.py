@@ -91,6 +91,11 @@ class EngineConfig:
     # CPU: reorder the base GEMM weights once into oneDNN's blocked layout (about 1.7x faster
     # decode GEMMs, kernels/cpu_linear.py) where this torch build supports it.
     cpu_weight_packing: bool = True
+    # Batch invariance: a request's logits, and so its tokens and log-probabilities, do not
+    # depend on what else is in the batch or on how its prompt is split into steps. Every
+    # choice that makes a row's arithmetic depend on the batch is pinned in the plan
+    # (engine/lora_plan_builder.py; docs/engine.md, "Batch-invariant mode"); it costs speed.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):
@@ -133,8 +138,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be True, False or None, got {value!r}")
-        if not isinstance(self.cpu_weight_packing, bool):
-            raise ValueError(f"cpu_weight_packing must be True or False, got {self.cpu_weight_packing!r}")
+        for name in ("cpu_weight_packing", "batch_invariant"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     def loader_for(self, device_type: str) -> str:
         """The adapter loader used on ``device_type``, "thread" or "process" (see ``adapter_loader``)."""

@@ -16,6 +16,7 @@ that follows o and down (``kernels/lora_norm.py``) where the plan folds expands;
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,7 @@ from multilora_studio.kernels.lora import (
     silu_and_mul_lora,
 )
 from multilora_studio.kernels.paged_attention import paged_attention
+from multilora_studio.kernels.row_tiles import row_tiled
 
 
 @dataclass
@@ -77,7 +79,12 @@ class LlamaModel:
         device = weights.embed.device
         self.rope = cos_sin_cache(spec.rope, spec.head_dim, max_positions, device)  # [P, D]
         self.scale = spec.head_dim**-0.5
-        self.linear = packed_linear if weights.onednn_packed else F.linear
+        base_linear = packed_linear if weights.onednn_packed else F.linear
+        self.linear = (
+            functools.partial(row_tiled, base_linear, plan.gemm_row_tile)
+            if plan.gemm_row_tile
+            else base_linear
+        )
         # Per-row arrival counters of the residual-add + RMSNorm kernels that do the o / down
         # expand with the shrink in GEMM (kernels/lora_norm.py); every launch leaves them zero.
         counters = plan.bgmv_max_tokens if plan.shrink_in_gemm else 0
@@ -194,6 +201,7 @@ class LlamaModel:
                 attn.query_start_loc,
                 self.scale,
                 max_query_len=attn.max_query_len,
+                batch_invariant=self.plan.batch_invariant,
             ).view(tokens, q_size)  # [T, q]
             # residual += o (+ LoRA), h = its RMSNorm
             h = self._project_add_norm("o", index, context, layer.o, residual, layer.post_norm, lora)

@@ -12,6 +12,7 @@ from dataclasses import replace
 import torch
 
 from multilora_studio.engine.config import EngineConfig
+from multilora_studio.kernels import lora_cpu
 from multilora_studio.kernels.lora_plan import LoRAPlan
 from multilora_studio.kernels.triton_support import triton_runs_on
 
@@ -19,6 +20,11 @@ from multilora_studio.kernels.triton_support import triton_runs_on
 # on the H200 it was faster at any adapter mix with 512 rows a slice, slower with 1024
 # (docs/kernels.md).
 SHRINK_IN_GEMM_MAX_ROWS = 768
+# Rows per GEMM call in batch-invariant mode (kernels/row_tiles.py), per device type. CPU: a
+# single stream's decode then computes 8 rows for its one and ran at 0.8-0.9 of the default
+# speed (docs/BENCHMARKS.md, "Batch invariance (CPU)"). CUDA: 64, a tile of the size the GEMM
+# kernels block rows in; not measured (no GPU run of the mode yet).
+INVARIANT_ROW_TILE = {"cpu": 8, "cuda": 64}
 
 
 def build_lora_plan(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> LoRAPlan:
@@ -36,10 +42,36 @@ def build_lora_plan(config: EngineConfig, device: torch.device, dtype: torch.dty
             device.type == "cuda" and config.max_loras * config.max_lora_rank <= SHRINK_IN_GEMM_MAX_ROWS
         )
     fused_qkv = config.fused_qkv_epilogue if config.fused_qkv_epilogue is not None else device.type == "cuda"
-    return replace(
+    plan = replace(
         LoRAPlan.for_device(device, dtype),
         shrink_in_gemm=shrink_in_gemm,
         fused_qkv=fused_qkv and triton_runs_on(device),
+    )
+    return batch_invariant_plan(config, device, plan) if config.batch_invariant else plan
+
+
+def batch_invariant_plan(config: EngineConfig, device: torch.device, plan: LoRAPlan) -> LoRAPlan:
+    """``plan`` with every choice that depends on a step's token or adapter count pinned to one.
+
+    - Triton: the token-major kernels at every token count (each token's shrink and expand is
+      its own program; their K split depends on the shapes only), no shrink in GEMM (its
+      folded expands switch with the token count).
+    - Numba: the compiled kernel (one token at a time) at every token count.
+    - torch: never the stacked path, and the per-adapter GEMMs in row tiles.
+    - every dense GEMM in tiles of ``INVARIANT_ROW_TILE`` rows, attention in one order.
+    """
+    if device.type != "cuda" and not lora_cpu.AVAILABLE:
+        raise ValueError("batch_invariant needs Numba on the CPU (its attention kernel); install numba")
+    if config.lora_shrink_in_gemm:
+        raise ValueError("batch_invariant cannot be combined with lora_shrink_in_gemm=True")
+    return replace(
+        plan,
+        batch_invariant=True,
+        gemm_row_tile=INVARIANT_ROW_TILE["cuda" if device.type == "cuda" else "cpu"],
+        bgmv_max_tokens=max(plan.bgmv_max_tokens, config.max_num_batched_tokens),
+        numba_max_tokens=max(plan.numba_max_tokens, config.max_num_batched_tokens),
+        stacked_max_tokens=0,
+        shrink_in_gemm=False,
     )
 
 

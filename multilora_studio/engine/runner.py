@@ -143,6 +143,8 @@ class ModelRunner:
             lora_cpu.compile_now()
             fused_ops_cpu.compile_now()
             paged_attention_cpu.compile_now()
+        elif plan.batch_invariant:
+            paged_attention_cpu.compile_now()  # the invariant attention runs every dtype in float32
 
     def _staging(self, max_tokens: int, max_seqs: int, one_token_per_seq: bool) -> StepStaging:
         return StepStaging(

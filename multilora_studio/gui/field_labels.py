@@ -15,6 +15,7 @@ FIELD_LABELS = {
     "max_cpu_loras": "Adapters kept in CPU RAM",
     "device": "Device",
     "dtype": "Data type",
+    "batch_invariant": "Batch-invariant outputs",
     "model": "Base model",
 }
 

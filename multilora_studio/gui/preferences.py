@@ -23,7 +23,8 @@ class EngineChoice:
     ``model_source`` is ``embedded`` (the default model), ``folder`` (a HF folder at
     ``model``) or ``hub`` (a Hub repo id in ``model``, pulled into the HF cache first).
     ``max_cpu_loras = 0`` means twice ``max_loras`` (EngineConfig's None). The engine
-    settings default to EngineConfig's.
+    settings default to EngineConfig's, except ``batch_invariant``: on in the window, whose
+    Compare and Evaluate views compare outputs that must not depend on the batch they ran in.
     """
 
     model_source: str = "embedded"
@@ -33,6 +34,7 @@ class EngineChoice:
     max_loras: int = ENGINE_DEFAULTS["max_loras"]
     max_lora_rank: int = ENGINE_DEFAULTS["max_lora_rank"]
     max_cpu_loras: int = ENGINE_DEFAULTS["max_cpu_loras"] or 0
+    batch_invariant: bool = True
 
     def check(self) -> None:
         """ValueError with a clear message for settings the engine would refuse."""
@@ -52,6 +54,7 @@ class EngineChoice:
             max_loras=self.max_loras,
             max_lora_rank=self.max_lora_rank,
             max_cpu_loras=self.max_cpu_loras or None,
+            batch_invariant=self.batch_invariant,
         )
 
     @property
@@ -70,11 +73,7 @@ class Preferences:
         values: dict[str, Any] = {}
         for item in fields(EngineChoice):
             fallback = getattr(default, item.name)
-            raw = self.store.value(f"{ENGINE_GROUP}/{item.name}", fallback)
-            try:
-                values[item.name] = type(fallback)(raw)
-            except (TypeError, ValueError):
-                values[item.name] = fallback
+            values[item.name] = self.get(f"{ENGINE_GROUP}/{item.name}", fallback)
         choice = EngineChoice(**values)
         try:
             choice.check()

@@ -8,6 +8,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QApplication,
     QButtonGroup,
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QFormLayout,
@@ -74,6 +75,11 @@ class SettingsView(QWidget):
         self.max_lora_rank = QSpinBox(minimum=1, maximum=512)
         self.max_cpu_loras = QSpinBox(minimum=0, maximum=1 << 16)
         self.max_cpu_loras.setSpecialValueText(f"2 × {FIELD_LABELS['max_loras']}")
+        self.batch_invariant = QCheckBox()
+        self.batch_invariant.setToolTip(
+            "A request's output does not depend on what else runs with it (slower); "
+            "keeps Compare and Evaluate columns comparable"
+        )
 
         model_box = QGroupBox("Base model")
         model_layout = QVBoxLayout(model_box)
@@ -87,6 +93,7 @@ class SettingsView(QWidget):
         form.addRow(f"{FIELD_LABELS['max_loras']} (max_loras)", self.max_loras)
         form.addRow(f"{FIELD_LABELS['max_lora_rank']} (max_lora_rank)", self.max_lora_rank)
         form.addRow(f"{FIELD_LABELS['max_cpu_loras']} (max_cpu_loras)", self.max_cpu_loras)
+        form.addRow(f"{FIELD_LABELS['batch_invariant']} (batch_invariant)", self.batch_invariant)
 
         self.theme = QComboBox()
         self.theme.addItems(["Follow the system", "Light", "Dark"])
@@ -149,6 +156,7 @@ class SettingsView(QWidget):
         self.max_loras.setValue(choice.max_loras)
         self.max_lora_rank.setValue(choice.max_lora_rank)
         self.max_cpu_loras.setValue(choice.max_cpu_loras)
+        self.batch_invariant.setChecked(choice.batch_invariant)
 
     def choice(self) -> EngineChoice:
         source = ("embedded", "folder", "hub")[max(0, self.sources.checkedId())]
@@ -160,6 +168,7 @@ class SettingsView(QWidget):
             max_loras=self.max_loras.value(),
             max_lora_rank=self.max_lora_rank.value(),
             max_cpu_loras=self.max_cpu_loras.value(),
+            batch_invariant=self.batch_invariant.isChecked(),
         )
 
     def apply(self) -> bool:

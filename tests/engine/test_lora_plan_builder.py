@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from multilora_studio.engine.config import EngineConfig
@@ -45,3 +46,21 @@ def test_the_kernels_follow_the_device_and_dtype():
     cpu_float32 = build_lora_plan(EngineConfig(), CPU, torch.float32)
     assert cpu_float32.backend in ("numba", "torch") and not cpu_float32.pdl
     assert build_lora_plan(EngineConfig(), CPU, torch.bfloat16).backend == "torch"
+
+
+def test_batch_invariance_pins_every_token_count_switch():
+    for device, dtype in ((CPU, torch.float32), (CPU, torch.bfloat16), (CUDA, torch.bfloat16)):
+        config = EngineConfig(batch_invariant=True, max_num_batched_tokens=4096)
+        plan = build_lora_plan(config, device, dtype)
+        assert plan.batch_invariant and plan.gemm_row_tile >= 1
+        assert not plan.shrink_in_gemm and not plan.shrinks_in_gemm(1)
+        for tokens in (1, 7, 64, 65, 257, 4096):  # one path at every token count the engine runs
+            assert plan.uses_bgmv(tokens) == (device.type == "cuda")
+            assert plan.uses_numba(tokens) == (plan.backend == "numba")
+            assert not plan.stacks(tokens, 8)
+        assert not build_lora_plan(EngineConfig(), device, dtype).batch_invariant
+
+
+def test_batch_invariance_refuses_the_shrink_in_gemm():
+    with pytest.raises(ValueError, match="lora_shrink_in_gemm"):
+        build_lora_plan(EngineConfig(batch_invariant=True, lora_shrink_in_gemm=True), CUDA, torch.bfloat16)

@@ -20,8 +20,12 @@ def test_apply_restarts_the_engine_and_everything_persists(qtbot, open_window, m
     window.show_page("Settings")
     first_engine = window.host.engine
     assert settings.folder.isChecked() and settings.max_loras.value() == 4
+    assert (
+        settings.batch_invariant.isChecked() and first_engine.config.batch_invariant
+    )  # the window's default
     settings.max_loras.setValue(3)
     settings.max_cpu_loras.setValue(5)
+    settings.batch_invariant.setChecked(False)
     messages: list[str] = []
     window.host.progress.connect(lambda fraction, message: messages.append(message))
     assert settings.apply()
@@ -30,6 +34,7 @@ def test_apply_restarts_the_engine_and_everything_persists(qtbot, open_window, m
     engine = window.host.engine
     assert engine is not first_engine and first_engine._stopping
     assert engine.config.max_loras == 3 and engine.config.max_cpu_loras == 5
+    assert not engine.config.batch_invariant and not engine.runner.model.plan.batch_invariant
     assert len(engine.metrics(fresh=True).slots) == 3
     assert any("stopping" in m for m in messages) and any("loading" in m for m in messages)
     assert settings.progress.value() == 1000 and "ready" in settings.status.text().lower()
@@ -50,6 +55,7 @@ def test_apply_restarts_the_engine_and_everything_persists(qtbot, open_window, m
     again = open_window()
     assert again.settings.max_loras.value() == 3 and again.settings.max_cpu_loras.value() == 5
     assert again.host.engine.config.max_loras == 3
+    assert not again.settings.batch_invariant.isChecked() and not again.host.engine.config.batch_invariant
     assert again.compare.prompt.toPlainText() == "Remember this prompt"
     assert again.compare.checked_names() == ["base"] and again.compare.max_tokens.value() == 77
     assert again.server.port.value() == 8123

@@ -977,3 +977,49 @@ def test_strengths_on_the_torch_stacked_and_grouped_paths(stacked_max, dtype):
     assert rel_err(out[written], ref[written]) < TOL[dtype]
     assert torch.equal(out[scales == 0].view(torch.int8), case.y[scales == 0].view(torch.int8))
     assert torch.equal(out[scales == 1].view(torch.int8), plain[scales == 1].view(torch.int8))
+
+
+# --------------------------------------------------------------------------- batch invariance
+
+ROW_TILED = LoRAPlan(backend="torch", stacked_max_tokens=0, batch_invariant=True, gemm_row_tile=8)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the torch ops' row tiles are the CPU engine's")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_row_tiled_torch_lora_matches_reference_and_keeps_each_rows_bits(dtype, pattern):
+    """The torch ops in 8-row tiles: right, and token 0's row is the same bits whether it is
+    alone or among 1..40 tokens (its adapter's group growing or not)."""
+    gen = torch.Generator().manual_seed(seed_of("row-tiled", dtype, pattern))
+    case = make_case(dtype, 41, "qkv", pattern, gen)
+    case.slot_ids[0] = 1  # token 0 always has an adapter (rank 8), and an unpoisoned row
+    case.y[0] = torch.randn(case.y.shape[1], generator=gen).to(dtype).to(DEVICE)
+    y = case.y.clone()
+    add_lora(y, case.x, case.lora_a, case.lora_b, case.batch, case.offsets, plan=ROW_TILED)
+    untouched = case.slot_ids < 0
+    assert torch.equal(y[untouched].view(torch.int8), case.y[untouched].view(torch.int8))
+    ref = reference_lora(case.y, case.x, case.lora_a, case.lora_b, case.slot_ids, case.offsets)
+    assert rel_err(y[~untouched], ref[~untouched]) < TOL[dtype]
+    for tokens in (1, 2, 9, 17, 40):
+        part = replace(case, x=case.x[:tokens], slot_ids=case.slot_ids[:tokens], y=case.y[:tokens])
+        y_part = part.y.clone()
+        add_lora(y_part, part.x, part.lora_a, part.lora_b, part.batch, part.offsets, plan=ROW_TILED)
+        assert torch.equal(y_part[0], y[0]), tokens
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the torch ops' row tiles are the CPU engine's")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_row_tiled_torch_lora_applies_per_token_strengths(dtype):
+    gen = torch.Generator().manual_seed(seed_of("row-tiled-strengths", dtype))
+    case = make_case(dtype, 41, "gate_up", "uniform", gen)
+    scales = STRENGTHS[torch.arange(41) % len(STRENGTHS)].to(DEVICE)  # [T]
+    batch = build_lora_batch(case.slot_ids, case.slot_ranks, NUM_SLOTS, scales)
+    out = add_lora(case.y.clone(), case.x, case.lora_a, case.lora_b, batch, case.offsets, plan=ROW_TILED)
+    plain = add_lora(
+        case.y.clone(), case.x, case.lora_a, case.lora_b, case.batch, case.offsets, plan=ROW_TILED
+    )
+    ref = reference_lora(case.y, case.x, case.lora_a, case.lora_b, case.slot_ids, case.offsets, scales)
+    written = (case.slot_ids >= 0) & (scales != 0)
+    assert rel_err(out[written], ref[written]) < TOL[dtype]
+    assert torch.equal(out[scales == 0].view(torch.int8), case.y[scales == 0].view(torch.int8))
+    assert torch.equal(out[scales == 1].view(torch.int8), plain[scales == 1].view(torch.int8))

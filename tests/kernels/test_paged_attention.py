@@ -295,3 +295,69 @@ def test_write_kv_errors():
         write_kv(k.half(), v.half(), k_cache, v_cache, slots)
     with pytest.raises(ValueError, match="per slot"):
         write_kv(k[:, :2], v[:, :2], k_cache, v_cache, slots)
+
+
+# Batch-invariant attention: the CPU kernel, and the Triton kernel at its pinned tiles.
+INVARIANT_BACKENDS = [
+    pytest.param("torch", marks=pytest.mark.skipif(not NUMBA_OK, reason="needs Numba")),
+    pytest.param("triton", marks=needs_triton),
+]
+
+
+def invariant_attention(case, backend, max_query_len=None):
+    q, k_cache, v_cache, tables, seq_lens, qsl = case
+    out = torch.full_like(q, float("nan"))  # poisoned
+    paged_attention(
+        q, k_cache, v_cache, tables, seq_lens, qsl, q.shape[-1] ** -0.5, out=out,
+        max_query_len=max_query_len, backend=backend, batch_invariant=True,
+    )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("backend", INVARIANT_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_batch_invariant_attention_matches_reference(scenario, dtype, backend):
+    seqs, max_query_len = SCENARIOS[scenario]
+    case = make_case(seqs, 6, 2, 32, 16, dtype, pad_tokens=3)
+    q, k_cache, v_cache, tables, seq_lens, qsl = case
+    out = invariant_attention(case, backend, max_query_len)
+    n = int(qsl[-1])
+    assert torch.isnan(out[n:]).all(), "padding rows past query_start_loc[-1] were written"
+    ref = reference_paged_attention(q, k_cache, v_cache, tables, seq_lens, qsl, q.shape[-1] ** -0.5)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out[:n].double().cpu(), ref[:n], atol=atol, rtol=rtol)
+
+
+# The Triton kernel is invariant by construction on a GPU (pinned tiles, no split-K) but is not
+# checked bit for bit here: under the interpreter, whose tl.dot / tl.exp2 / tl.sum are numpy
+# ops, a row changed in its last bit (2.4e-7) with the rows that shared its query tile.
+@pytest.mark.skipif(not NUMBA_OK, reason="needs Numba")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_batch_invariant_attention_gives_a_query_the_same_bits_in_any_step(dtype):
+    """One sequence of 40 tokens: its queries computed as one prefill, as chunks after cached
+    keys, one decode at a time, and next to other sequences give identical rows."""
+    backend = "torch"
+    length, heads, kv_heads, dim, block = 40, 6, 2, 32, 16
+    q_all, k_cache, v_cache, tables, _, _ = make_case([(length, length)], heads, kv_heads, dim, block, dtype)
+    table = tables[:1]
+
+    def step(first: int, last: int, neighbours: int = 0) -> torch.Tensor:
+        """Queries first..last-1 of the sequence (its keys 0..last-1 cached), after ``neighbours``
+        decode rows of other sequences that read the same blocks."""
+        q = torch.cat([q_all[:neighbours] * 0.5, q_all[first:last]])
+        lens = torch.tensor(
+            [length - 3 * i for i in range(neighbours)] + [last], dtype=torch.int32, device=DEVICE
+        )
+        starts = torch.tensor(
+            [*range(neighbours + 1), neighbours + last - first], dtype=torch.int32, device=DEVICE
+        )
+        step_tables = table.repeat(neighbours + 1, 1)
+        case = (q, k_cache, v_cache, step_tables, lens, starts)
+        return invariant_attention(case, backend, max(1, last - first))[neighbours:]
+
+    whole = step(0, length)
+    chunked = torch.cat([step(0, 13), step(13, 29, neighbours=2), step(29, length, neighbours=5)])
+    decoded = torch.cat([step(p, p + 1, neighbours=p % 4) for p in range(length)])
+    assert torch.equal(chunked, whole)
+    assert torch.equal(decoded, whole)
