@@ -44,10 +44,18 @@ def test_batch_invariant_flag_reaches_the_engine_config(command):
     assert engine_config(args) == EngineConfig(batch_invariant=True)
 
 
-@pytest.mark.parametrize("command", ["compare", "serve"])
-def test_an_engine_from_default_flags_is_the_default_engine_config(command):
-    args = build_parser().parse_args([command, *(["--prompt", "hi"] if command == "compare" else [])])
-    assert engine_config(args) == EngineConfig()
+def test_an_engine_from_default_flags_is_the_default_engine_config():
+    assert engine_config(build_parser().parse_args(["serve"])) == EngineConfig()
+
+
+@pytest.mark.parametrize(
+    "argv", [["compare", "--prompt", "hi"], ["eval", "--prompts", "set.jsonl", "--adapters", "base"]]
+)
+def test_commands_that_compare_outputs_run_batch_invariant_unless_told_not_to(argv):
+    # like the window: a comparison must not depend on what else shared the batch
+    assert engine_config(build_parser().parse_args(argv)) == EngineConfig(batch_invariant=True)
+    off = build_parser().parse_args([*argv, "--no-batch-invariant"])
+    assert engine_config(off) == EngineConfig()
 
 
 def test_the_windows_defaults_are_engine_configs():

@@ -71,7 +71,7 @@ def add_eval_command(subparsers: Subcommands) -> None:
         action="store_true",
         help="use library adapters recorded against other base weights",
     )
-    add_engine_arguments(parser)
+    add_engine_arguments(parser, comparing=True)
     add_demo_adapters_flag(parser)
     parser.set_defaults(handler=run_eval_command)
 

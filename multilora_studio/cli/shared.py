@@ -53,8 +53,12 @@ def parse_lora_modules(items: Sequence[str]) -> dict[str, Path]:
     return modules
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Engine flags shared by the commands that start an engine (vLLM names)."""
+def add_engine_arguments(parser: argparse.ArgumentParser, comparing: bool = False) -> None:
+    """Engine flags shared by the commands that start an engine (vLLM names).
+
+    ``comparing``: the command compares outputs across adapters (compare, eval), so its engine is
+    batch-invariant unless ``--no-batch-invariant`` is given; a server's is not unless asked.
+    """
     parser.add_argument("--model", default=None, help="HF model folder (default: the embedded model)")
     add_device_arguments(parser)
     parser.add_argument(
@@ -81,9 +85,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--batch-invariant",
-        action="store_true",
-        default=engine_default("batch_invariant"),
-        help="a request's tokens do not depend on the rest of the batch or on prompt chunking (slower)",
+        action=argparse.BooleanOptionalAction,
+        default=comparing or engine_default("batch_invariant"),
+        help="a request's tokens do not depend on the rest of the batch or on prompt chunking "
+        "(slower; default: %(default)s)",
     )
 
 
