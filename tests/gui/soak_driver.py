@@ -4,7 +4,8 @@ The window runs on the embedded model (CPU) with the demo adapters in a fresh li
 ``--seconds`` it visits every view in turn, keeps a compare of base and every adapter running,
 lets the Monitor plot, switches the theme, and applies a restart in Settings ``--restarts``
 times (alternating the number of GPU slots). Every other compare is a chat action
-(``start_chat_compare``: follow-ups, a column with its own settings, token divergence); on the
+(``start_chat_compare``: follow-ups, a column with its own settings, token divergence), every
+fourth an adapter's strength sweep; on the
 Evaluate page it keeps an evaluation of base and every adapter going, cancelling every other
 one (``EvaluateActions``). It writes what it measured as JSON: references to None over the
 run, resident memory after each restart, live Engine objects and engine threads at the end,
@@ -104,6 +105,7 @@ class Soak(QObject):
         self.restart_pending = False
         self.compares = 0
         self.chat_runs = 0
+        self.strength_sweeps = 0
         self.divergences = 0
         self.compare_errors: list[str] = []
         self.problems: list[str] = []
@@ -164,10 +166,17 @@ class Soak(QObject):
         return int((time.monotonic() - self.started) / (PAGE_S * len(PAGES)))
 
     def start_compare(self) -> None:
+        """Every adapter and the base; every other time one adapter's strength sweep instead."""
         compare = self.window.compare
         compare.max_tokens.setValue(COMPARE_TOKENS)
         compare.temperature.setValue(0.7)
-        compare.tick_all(True)
+        engine = self.window.host.engine
+        served = sorted(info.name for info in engine.list_adapters()) if engine is not None else []
+        if self.compares % 4 == 2 and served:
+            compare.sweep_strength(served[self.strength_sweeps % len(served)])
+            self.strength_sweeps += 1
+        else:
+            compare.tick_all(True)
         if not compare.start():
             self.problems.append(f"compare did not start: {compare.banner.text}")
 
@@ -189,6 +198,7 @@ class Soak(QObject):
             "restarts": self.restarts_done,
             "compares": self.compares,
             "chat_runs": self.chat_runs,
+            "strength_sweeps": self.strength_sweeps,
             "divergences": self.divergences,
             "compare_errors": self.compare_errors,
             "problems": self.problems + (self.evaluate_actions.problems if self.evaluate_actions else []),
