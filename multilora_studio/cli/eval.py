@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli.shared import (
     Subcommands,
     add_adapters,
@@ -17,19 +20,24 @@ from multilora_studio.cli.shared import (
     parse_lora_modules,
     print_progress,
 )
-from multilora_studio.engine import Engine
+from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.evaluate import (
     BASE,
     CHECK_KINDS,
     FORMATS,
+    EvalResults,
     EvalSettings,
+    Rerun,
+    changed_cells,
     load_prompt_set,
+    read_results_json,
     record_scores,
     run_eval,
     save_results,
     write_export,
 )
 from multilora_studio.evaluate.export import score_lines
+from multilora_studio.run_records import AdapterDigests, EngineRecord
 
 
 def add_eval_command(subparsers: Subcommands) -> None:
@@ -40,7 +48,26 @@ def add_eval_command(subparsers: Subcommands) -> None:
         "model, in shared batches, check each output and print the per-adapter scores. The results "
         "are saved as JSON and each library adapter's scores are recorded in the library.",
     )
-    parser.add_argument("--prompts", type=Path, required=True, help="the prompt set (.jsonl or .csv)")
+    parser.add_argument(
+        "--prompts",
+        type=Path,
+        default=None,
+        help="the prompt set (.jsonl or .csv); with --rerun: where it moved",
+    )
+    parser.add_argument(
+        "--rerun",
+        type=Path,
+        default=None,
+        metavar="RESULTS.json",
+        help="run a saved evaluation again: its prompt set (refused if the file changed), adapters, "
+        "settings and engine dtype, slots, rank and batch invariance (refused on another base); "
+        "the other evaluation flags are not used",
+    )
+    parser.add_argument(
+        "--allow-changed-adapters",
+        action="store_true",
+        help="with --rerun: run even when an adapter's weights differ from the recorded digest",
+    )
     parser.add_argument(
         "--adapters", default=BASE, help=f"comma-separated adapter names; '{BASE}' is the base model"
     )
@@ -87,6 +114,10 @@ def default_check(text: str | None) -> Any:
 
 
 def run_eval_command(args: argparse.Namespace) -> int:
+    if args.rerun is not None:
+        return rerun_command(args)
+    if args.prompts is None:
+        raise ValueError("give the prompt set with --prompts FILE (or a saved evaluation with --rerun)")
     prompt_set = load_prompt_set(args.prompts, default_check(args.check))
     modules = parse_lora_modules(args.lora_modules)
     names = list(dict.fromkeys(name.strip() for name in args.adapters.split(",") if name.strip()))
@@ -106,8 +137,56 @@ def run_eval_command(args: argparse.Namespace) -> int:
     with Engine(engine_config(args), progress=print_progress) as engine:
         add_adapters(engine, adapters, modules, registry, args.allow_other_base)
         results = run_eval(engine, prompt_set, names, settings, progress=print_progress)
+    return report(args, results, registry)
+
+
+def rerun_command(args: argparse.Namespace) -> int:
+    """``--rerun``: the saved evaluation again, on the recorded engine settings, checked first."""
+    rerun = Rerun.of(read_results_json(args.rerun), args.prompts)
+    modules = {**recorded_folders(rerun), **parse_lora_modules(args.lora_modules)}
+    offer = args.model is None and not args.no_demo_adapters
+    registry = library_for(rerun.adapters, modules, offer)
+    digests = AdapterDigests()
+    with Engine(rerun_config(engine_config(args), rerun.saved.engine), progress=print_progress) as engine:
+        add_adapters(engine, rerun.adapters, modules, registry, args.allow_other_base)
+        for warning in rerun.check_engine(engine, digests, args.allow_changed_adapters):
+            print(f"warning: {warning}", file=sys.stderr)
+        results = rerun.run(engine, print_progress, digests=digests)
+    changed = changed_cells(rerun.saved, results)
+    print(f"rerun of {args.rerun}: {len(results.cells) - changed} of {len(results.cells)} cells as saved\n")
+    return report(args, results, registry)
+
+
+def recorded_folders(rerun: Rerun) -> dict[str, Path]:
+    """The recorded folders of adapters the library does not hold by that name and that still exist."""
+    folders = {
+        name: Path(folder) for name, folder in rerun.saved.adapter_folders.items() if Path(folder).is_dir()
+    }
+    if not folders:
+        return {}
+    registry = Registry()
+    return {name: folder for name, folder in folders.items() if registry.find(name) is None}
+
+
+def rerun_config(config: EngineConfig, record: EngineRecord | None) -> EngineConfig:
+    """``config`` with the recorded dtype, slots, rank and batch invariance (as given without a record)."""
+    if record is None:
+        return config
+    assert config.max_cpu_loras is not None  # set by EngineConfig's validation
+    return dataclasses.replace(
+        config,
+        dtype=record.dtype,
+        max_loras=record.max_loras,
+        max_cpu_loras=max(config.max_cpu_loras, record.max_loras),
+        max_lora_rank=record.max_lora_rank,
+        batch_invariant=config.batch_invariant if record.batch_invariant is None else record.batch_invariant,
+    )
+
+
+def report(args: argparse.Namespace, results: EvalResults, registry: Registry | None) -> int:
+    """Save the results, print the scores and where they went, write the export, record the scores."""
     saved = save_results(results, args.out)
-    print(f"model: {results.model}   prompt set: {prompt_set.name} ({len(prompt_set.cases)} prompts)\n")
+    print(f"model: {results.model}   prompt set: {results.prompt_set} ({len(results.prompts)} prompts)\n")
     print("\n".join(score_lines(results)))
     print(f"\nresults: {saved}")
     if args.format is not None:  # JSON: the results file is the export
