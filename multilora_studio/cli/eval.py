@@ -148,6 +148,7 @@ def rerun_command(args: argparse.Namespace) -> int:
     registry = library_for(rerun.adapters, modules, offer)
     digests = AdapterDigests()
     with Engine(rerun_config(engine_config(args), rerun.saved.engine), progress=print_progress) as engine:
+        rerun.check_base(engine)  # before the adapters, which the library checks against the base
         add_adapters(engine, rerun.adapters, modules, registry, args.allow_other_base)
         for warning in rerun.check_engine(engine, digests, args.allow_changed_adapters):
             print(f"warning: {warning}", file=sys.stderr)

@@ -54,10 +54,8 @@ class Rerun:
     def adapters(self) -> list[str]:
         return [name for name in self.saved.adapters if name != BASE]
 
-    def check_engine(
-        self, engine: Engine, digests: AdapterDigests, allow_changed_adapters: bool = False
-    ) -> list[str]:
-        """Warnings for ``engine``; ValueError for other base weights or changed adapters."""
+    def check_base(self, engine: Engine) -> None:
+        """ValueError when ``engine`` runs other base weights than the evaluation (unknown: another name)."""
         saved = self.saved
         if saved.base_digest != engine.base_digest or (
             not saved.base_digest and saved.model != engine.model_name
@@ -67,6 +65,13 @@ class Rerun:
                 f"engine runs {engine.model_name} (sha256 {engine.base_digest[:12] or 'unknown'}): rerun it "
                 "on the same base (--model FOLDER, or the window's Settings)"
             )
+
+    def check_engine(
+        self, engine: Engine, digests: AdapterDigests, allow_changed_adapters: bool = False
+    ) -> list[str]:
+        """Warnings for ``engine``; ValueError for other base weights or changed adapters."""
+        self.check_base(engine)
+        saved = self.saved
         served = {info.name: info.path for info in engine.list_adapters()}
         missing = [name for name in self.adapters if name not in served]
         if missing:
