@@ -39,6 +39,15 @@ from multilora_studio.evaluate import (
 from multilora_studio.evaluate.export import score_lines
 from multilora_studio.run_records import AdapterDigests, EngineRecord
 
+SETTING_FLAGS = {
+    "max_tokens": "--max-tokens",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "seed": "--seed",
+    "chat": "--chat",
+    "batch_prompts": "--batch-prompts",
+}  # EvalSettings' fields and their flags: None when not given (EvalSettings' default; a rerun's own)
+
 
 def add_eval_command(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
@@ -60,8 +69,7 @@ def add_eval_command(subparsers: Subcommands) -> None:
         default=None,
         metavar="RESULTS.json",
         help="run a saved evaluation again: its prompt set (refused if the file changed), adapters, "
-        "settings and engine dtype, slots, rank and batch invariance (refused on another base); "
-        "the other evaluation flags are not used",
+        "settings and engine dtype, slots, rank and batch invariance (refused on another base)",
     )
     parser.add_argument(
         "--allow-changed-adapters",
@@ -69,7 +77,9 @@ def add_eval_command(subparsers: Subcommands) -> None:
         help="with --rerun: run even when an adapter's weights differ from the recorded digest",
     )
     parser.add_argument(
-        "--adapters", default=BASE, help=f"comma-separated adapter names; '{BASE}' is the base model"
+        "--adapters",
+        default=None,
+        help=f"comma-separated adapter names; '{BASE}' is the base model (default)",
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="folder of the results (default: evaluations/ in the data dir)"
@@ -80,17 +90,36 @@ def add_eval_command(subparsers: Subcommands) -> None:
         default=None,
         help=f"default check of rows without one: {', '.join(CHECK_KINDS)} or a JSON check object",
     )
-    parser.add_argument("--chat", action="store_true", help="send text prompts as one user message")
-    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per answer at most")
+    defaults = EvalSettings()
     parser.add_argument(
-        "--temperature", type=float, default=0.0, help="0: greedy (the same answer every run)"
+        "--chat", action="store_true", default=None, help="send text prompts as one user message"
     )
     parser.add_argument(
-        "--top-p", type=float, default=1.0, help="nucleus sampling: keep this much probability"
+        "--max-tokens", type=int, default=None, help=f"new tokens per answer at most ({defaults.max_tokens})"
     )
-    parser.add_argument("--seed", type=int, default=None, help="seed of the sampling (default: the engine's)")
     parser.add_argument(
-        "--batch-prompts", type=int, default=8, help="prompts per batch, each with every adapter"
+        "--temperature",
+        type=float,
+        default=None,
+        help=f"0: greedy, the same answer every run ({defaults.temperature:g})",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help=f"nucleus sampling: keep this much probability ({defaults.top_p:g})",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the sampling (a sampled run without one draws one and records it)",
+    )
+    parser.add_argument(
+        "--batch-prompts",
+        type=int,
+        default=None,
+        help=f"prompts per batch, each with every adapter ({defaults.batch_prompts})",
     )
     parser.add_argument("--no-record", action="store_true", help="do not record the scores in the library")
     parser.add_argument(
@@ -120,17 +149,11 @@ def run_eval_command(args: argparse.Namespace) -> int:
         raise ValueError("give the prompt set with --prompts FILE (or a saved evaluation with --rerun)")
     prompt_set = load_prompt_set(args.prompts, default_check(args.check))
     modules = parse_lora_modules(args.lora_modules)
-    names = list(dict.fromkeys(name.strip() for name in args.adapters.split(",") if name.strip()))
+    names = list(dict.fromkeys(name.strip() for name in (args.adapters or BASE).split(",") if name.strip()))
     if not names:
         raise ValueError("--adapters names at least one adapter or 'base'")
-    settings = EvalSettings(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        chat=args.chat,
-        batch_prompts=args.batch_prompts,
-    )
+    given = {name: getattr(args, name) for name in SETTING_FLAGS if getattr(args, name) is not None}
+    settings = EvalSettings(**given)
     adapters = [name for name in names if name != BASE]
     offer = args.model is None and not args.no_demo_adapters  # the demo adapters are for the embedded model
     registry = library_for(adapters, modules, offer)
@@ -142,6 +165,15 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
 def rerun_command(args: argparse.Namespace) -> int:
     """``--rerun``: the saved evaluation again, on the recorded engine settings, checked first."""
+    taken = [SETTING_FLAGS[name] for name in SETTING_FLAGS if getattr(args, name) is not None]
+    taken += [
+        flag for name, flag in (("adapters", "--adapters"), ("check", "--check")) if getattr(args, name)
+    ]
+    if taken:
+        raise ValueError(
+            f"--rerun runs the saved adapters and settings; leave out {', '.join(taken)} "
+            "(or run a new evaluation with --prompts)"
+        )
     rerun = Rerun.of(read_results_json(args.rerun), args.prompts)
     modules = {**recorded_folders(rerun), **parse_lora_modules(args.lora_modules)}
     offer = args.model is None and not args.no_demo_adapters

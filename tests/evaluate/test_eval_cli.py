@@ -138,6 +138,10 @@ def test_eval_rerun_reproduces_the_cells_and_refuses_a_changed_set_or_base(
     assert f"the evaluation ran on {first.model} (sha256 {first.base_digest[:12]}); this engine runs" in err
     assert "rerun it on the same base (--model FOLDER" in err
 
+    assert main(["eval", "--rerun", str(first_file), "--max-tokens", "3", "--adapters", "base", *model]) == 1
+    assert "--rerun runs the saved adapters and settings; leave out --max-tokens, --adapters" in (
+        capsys.readouterr().err
+    )
     prompts.write_text(prompts.read_text() + '{"prompt": "One more", "reference": " x"}\n')
     assert main(["eval", "--rerun", str(first_file), *model]) == 1
     assert "mine.jsonl changed since the evaluation" in capsys.readouterr().err
