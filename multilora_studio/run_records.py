@@ -155,6 +155,7 @@ class EngineRecord:
     max_loras: int
     max_lora_rank: int
     version: str = __version__
+    batch_invariant: bool | None = None  # None: recorded before the record kept it
 
     @classmethod
     def of(cls, engine: Engine) -> EngineRecord:
@@ -165,6 +166,18 @@ class EngineRecord:
             device=str(engine.device),
             max_loras=engine.config.max_loras,
             max_lora_rank=engine.config.max_lora_rank,
+            batch_invariant=engine.config.batch_invariant,
+        )
+
+    def describe(self) -> str:
+        """The engine in one line of Markdown (the exports' header)."""
+        invariant = {True: ", batch-invariant", False: ", not batch-invariant", None: ""}[
+            self.batch_invariant
+        ]
+        return (
+            f"Base `{self.model_name}` sha256 `{self.model_digest or 'unknown'}`, dtype {self.dtype} on "
+            f"{self.device}, max_loras {self.max_loras}, max_lora_rank {self.max_lora_rank}{invariant}, "
+            f"MultiLoRA Studio {self.version}"
         )
 
 

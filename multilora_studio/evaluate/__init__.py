@@ -9,12 +9,14 @@ from multilora_studio.evaluate.export import (
     default_results_dir,
     read_cells_csv,
     read_results_json,
+    recent_results,
     render,
     save_results,
     write_export,
 )
 from multilora_studio.evaluate.library import record_scores
 from multilora_studio.evaluate.prompt_set import PromptCase, PromptSet, load_prompt_set
+from multilora_studio.evaluate.rerun import Rerun, changed_cells
 from multilora_studio.evaluate.results import AdapterScore, Cell, EvalResults
 from multilora_studio.evaluate.runner import EvalCancelled, EvalSettings, run_eval
 from multilora_studio.run_records import BASE
@@ -31,10 +33,13 @@ __all__ = [
     "EvalSettings",
     "PromptCase",
     "PromptSet",
+    "Rerun",
+    "changed_cells",
     "default_results_dir",
     "load_prompt_set",
     "read_cells_csv",
     "read_results_json",
+    "recent_results",
     "record_scores",
     "render",
     "run_eval",

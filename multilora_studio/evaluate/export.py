@@ -1,8 +1,10 @@
 """Results as CSV, JSON or Markdown, and the saved results file.
 
 CSV has one line per cell (prompt x adapter) and reads back into the same cells
-(``read_cells_csv``); JSON is the whole ``EvalResults`` and reads back into it
-(``read_results_json``); Markdown is the scores table and every prompt's outputs.
+(``read_cells_csv``), each line with the run's record (``record_columns``: prompt set, engine,
+settings, the cell's adapter digest); JSON is the whole ``EvalResults`` and reads back into it
+(``read_results_json``); Markdown is a header block with the record, the scores table and every
+prompt's outputs.
 """
 
 from __future__ import annotations
@@ -15,12 +17,17 @@ from pathlib import Path
 
 from multilora_studio.evaluate.results import Cell, EvalResults
 from multilora_studio.paths import data_dir
+from multilora_studio.run_records import BASE
 
 FORMATS = ("csv", "json", "md")
 RESULTS_DIR = "evaluations"
 CSV_COLUMNS = (
     "prompt", "row", "adapter", "prompt_text", "reference", "output", "tokens", "finish_reason",
-    "passed", "chosen", "reference_logprob", "reference_tokens",
+    "passed", "chosen", "reference_logprob", "reference_tokens", "adapter_digest",
+)  # fmt: skip
+RECORD_COLUMNS = (
+    "prompt_set", "prompt_set_digest", "model", "model_digest", "dtype", "device", "max_loras",
+    "max_lora_rank", "batch_invariant", "version", "settings",
 )  # fmt: skip
 
 
@@ -62,13 +69,46 @@ def save_results(results: EvalResults, directory: Path | None = None) -> Path:
 
 
 def read_results_json(path: Path) -> EvalResults:
-    return EvalResults.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+    """A saved results file (or JSON export); ValueError saying why when it is not one."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return EvalResults.from_dict(data)
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path} is not a saved evaluation: {error!r}") from None
+
+
+def recent_results(directory: Path | None = None, limit: int = 10) -> list[Path]:
+    """The newest saved results files in ``directory`` (default: where they are saved), newest first."""
+    folder = Path(directory).expanduser() if directory is not None else default_results_dir()
+    if not folder.is_dir():
+        return []
+    files = [path for path in folder.glob("*.json") if path.is_file()]
+    return sorted(files, key=lambda path: path.stat().st_mtime_ns, reverse=True)[:limit]
+
+
+def record_columns(results: EvalResults) -> dict[str, str]:
+    """The run's record as the CSV's columns (the engine's "" in files saved before it was kept)."""
+    engine = results.engine
+    return {
+        "prompt_set": results.prompt_set,
+        "prompt_set_digest": results.prompt_set_digest,
+        "model": results.model,
+        "model_digest": results.base_digest,
+        "dtype": "" if engine is None else engine.dtype,
+        "device": "" if engine is None else engine.device,
+        "max_loras": "" if engine is None else str(engine.max_loras),
+        "max_lora_rank": "" if engine is None else str(engine.max_lora_rank),
+        "batch_invariant": "" if engine is None else _text(engine.batch_invariant),
+        "version": "" if engine is None else engine.version,
+        "settings": json.dumps(results.settings, sort_keys=True),
+    }
 
 
 def to_csv(results: EvalResults) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(CSV_COLUMNS)
+    writer.writerow(CSV_COLUMNS + RECORD_COLUMNS)
+    record = list(record_columns(results).values())
     for cell in results.cells:
         prompt = results.prompts[cell.prompt]
         writer.writerow(
@@ -76,7 +116,7 @@ def to_csv(results: EvalResults) -> str:
                 cell.prompt, prompt.row, cell.adapter, prompt.prompt, _text(prompt.reference), cell.output,
                 cell.tokens, _text(cell.finish_reason), _text(cell.passed), _text(cell.chosen),
                 _text(None if cell.reference_logprob is None else repr(cell.reference_logprob)),
-                cell.reference_tokens,
+                cell.reference_tokens, results.adapter_digests.get(cell.adapter, ""), *record,
             ]
         )  # fmt: skip
     return buffer.getvalue()
@@ -118,13 +158,35 @@ def score_lines(results: EvalResults) -> list[str]:
     return lines
 
 
+def header_lines(results: EvalResults) -> list[str]:
+    """The Markdown header block: prompt set, engine, adapters' digests and settings."""
+    engine = (
+        results.engine.describe()
+        if results.engine is not None
+        else f"Base `{results.model}` sha256 `{results.base_digest or 'unknown'}` (engine not recorded)"
+    )
+    digests = ", ".join(
+        f"`{name}` sha256 `{results.adapter_digests.get(name) or 'not recorded'}`"
+        for name in results.adapters
+        if name != BASE
+    )
+    settings = ", ".join(f"{key}={value}" for key, value in results.settings.items())
+    check = "the file's" if results.default_check is None else json.dumps(results.default_check)
+    return [
+        f"- Prompt set `{results.prompt_set}` sha256 `{results.prompt_set_digest}`, "
+        f"{len(results.prompts)} prompts, default check {check}"
+        + (f", file `{results.prompt_set_path}`" if results.prompt_set_path else ""),
+        f"- {engine}",
+        f"- Adapters: {digests or 'base only'}",
+        f"- Settings: {settings}",
+    ]
+
+
 def to_markdown(results: EvalResults) -> str:
     lines = [
         f"# Evaluation of {results.prompt_set} on {results.model}",
         "",
-        f"Prompt set sha256 {results.prompt_set_digest[:12]}, base sha256 {results.base_digest[:12] or '-'}, "
-        f"{len(results.prompts)} prompts, settings: "
-        + ", ".join(f"{key}={value}" for key, value in results.settings.items()),
+        *header_lines(results),
         "",
         *score_lines(results),
     ]

@@ -44,11 +44,17 @@ class PromptCase:
 
 @dataclass(frozen=True)
 class PromptSet:
-    """The rows of one file; ``digest`` is the SHA-256 of its bytes."""
+    """The rows of one file; ``digest`` is the SHA-256 of its bytes.
+
+    ``path`` is the file (absolute), ``default_check`` the default it was read with (None: the
+    file's own), what a rerun reads it again with.
+    """
 
     name: str
     digest: str
     cases: tuple[PromptCase, ...]
+    path: str = ""
+    default_check: dict[str, Any] | None = None
 
 
 def load_prompt_set(path: Path, default_check: Check | str | dict[str, Any] | None = None) -> PromptSet:
@@ -74,12 +80,13 @@ def load_prompt_set(path: Path, default_check: Check | str | dict[str, Any] | No
     if rows and set(rows[0][1]) == {"default_check"}:
         row, fields = rows.pop(0)
         default = _at(path, row, lambda: check_spec(fields["default_check"]))
-    if default_check is not None:
-        default = check_spec(default_check)
+    given = None if default_check is None else check_spec(default_check)
+    if given is not None:
+        default = given
     cases = tuple(_at(path, row, lambda f=fields, r=row: _case(r, f, default)) for row, fields in rows)
     if not cases:
         raise ValueError(f"{path} has no prompts")
-    return PromptSet(path.stem, hashlib.sha256(data).hexdigest(), cases)
+    return PromptSet(path.stem, hashlib.sha256(data).hexdigest(), cases, str(path.resolve()), given)
 
 
 def _at(path: Path, row: int, build: Any) -> Any:

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
+from multilora_studio.run_records import EngineRecord
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -55,7 +57,13 @@ class PromptRow:
 
 @dataclass
 class EvalResults:
-    """Everything one run produced and what is needed to rerun it."""
+    """Everything one run produced and what is needed to rerun it.
+
+    ``settings`` are ``EvalSettings.to_dict()`` (the seed a sampled run used, or ``greedy``);
+    ``adapter_digests`` the SHA-256 of each adapter's weights and ``adapter_folders`` where the
+    engine read them; ``engine`` is how the engine ran. Files saved before these were kept
+    read back with None / empty values (``prompt_set_path`` "").
+    """
 
     prompt_set: str
     prompt_set_digest: str
@@ -67,6 +75,11 @@ class EvalResults:
     cells: list[Cell]
     created: float
     scores: list[AdapterScore] = field(default_factory=list)
+    engine: EngineRecord | None = None
+    adapter_digests: dict[str, str] = field(default_factory=dict)
+    adapter_folders: dict[str, str] = field(default_factory=dict)
+    prompt_set_path: str = ""
+    default_check: dict[str, Any] | None = None
 
     def cell(self, prompt: int, adapter: str) -> Cell:
         return self._by_key[(prompt, adapter)]
@@ -95,6 +108,7 @@ class EvalResults:
         scores = [
             AdapterScore(**{k: v for k, v in item.items() if k != "pass_rate"}) for item in data["scores"]
         ]
+        engine = data.get("engine")
         return cls(
             prompt_set=data["prompt_set"],
             prompt_set_digest=data["prompt_set_digest"],
@@ -106,6 +120,11 @@ class EvalResults:
             cells=[Cell(**item) for item in data["cells"]],
             created=data["created"],
             scores=scores,
+            engine=None if engine is None else EngineRecord(**engine),
+            adapter_digests=dict(data.get("adapter_digests", {})),
+            adapter_folders=dict(data.get("adapter_folders", {})),
+            prompt_set_path=data.get("prompt_set_path", ""),
+            default_check=data.get("default_check"),
         )
 
 

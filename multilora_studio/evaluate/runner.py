@@ -9,16 +9,18 @@ finished request (it may raise to stop the run); ``cancel`` (an Event) stops it 
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
-from multilora_studio.engine import Engine, Prompt, RequestOutput, RequestStream, SamplingParams
+from multilora_studio.engine import MAX_SEED, Engine, Prompt, RequestOutput, RequestStream, SamplingParams
 from multilora_studio.evaluate.prompt_set import PromptCase, PromptSet
 from multilora_studio.evaluate.results import Cell, EvalResults, PromptRow, adapter_scores
 from multilora_studio.evaluate.scoring import SCORE_PARAMS, Continuation, continuation, summed_logprob
-from multilora_studio.run_records import BASE
+from multilora_studio.run_records import BASE, AdapterDigests, EngineRecord
 from multilora_studio.util import ProgressCallback
 
 POLL_S = 0.1
@@ -49,6 +51,26 @@ class EvalSettings:
             max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed
         )
 
+    @property
+    def greedy(self) -> bool:
+        return self.sampling_params().greedy
+
+    def seeded(self) -> EvalSettings:
+        """These settings with a seed when they sample and have none, so a rerun samples the same."""
+        if self.greedy or self.seed is not None:
+            return self
+        return replace(self, seed=secrets.randbelow(MAX_SEED + 1))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as the results record them, with whether the run was greedy (seed unused)."""
+        return {**asdict(self), "greedy": self.greedy}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalSettings:
+        """Read ``to_dict`` back (``greedy`` follows from the rest)."""
+        names = {item.name for item in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in names})
+
     def prompt_of(self, case: PromptCase) -> Prompt:
         if self.chat and isinstance(case.prompt, str):
             return [{"role": "user", "content": case.prompt}]
@@ -71,10 +93,18 @@ def run_eval(
     settings: EvalSettings | None = None,
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
+    digests: AdapterDigests | None = None,
 ) -> EvalResults:
-    """The results of every prompt through every adapter (``'base'`` = no adapter)."""
-    settings = settings or EvalSettings()
+    """The results of every prompt through every adapter (``'base'`` = no adapter).
+
+    A sampled run without a seed gets one (``EvalSettings.seeded``), recorded in the results;
+    ``digests`` caches the adapters' weight digests across runs.
+    """
+    settings = (settings or EvalSettings()).seeded()
     names = check_adapters(engine, adapters)
+    folders = {info.name: info.path for info in engine.list_adapters() if info.name in names}
+    known = digests or AdapterDigests()
+    adapter_digests = {name: known.of(folder) for name, folder in folders.items()}
     plans = [plan(engine, case, settings) for case in prompt_set.cases]
     per_prompt = [len(names) * (1 + len(p.continuations)) for p in plans]
     total, done = sum(per_prompt), 0
@@ -101,7 +131,7 @@ def run_eval(
         model=engine.model_name,
         base_digest=engine.base_digest,
         adapters=names,
-        settings=asdict(settings),
+        settings=settings.to_dict(),
         prompts=[
             PromptRow(
                 row=p.case.row,
@@ -115,6 +145,11 @@ def run_eval(
         cells=cells,
         created=time.time(),
         scores=adapter_scores(names, cells),
+        engine=EngineRecord.of(engine),
+        adapter_digests=adapter_digests,
+        adapter_folders={name: str(folder) for name, folder in folders.items()},
+        prompt_set_path=prompt_set.path,
+        default_check=prompt_set.default_check,
     )
 
 

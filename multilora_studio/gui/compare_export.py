@@ -47,9 +47,7 @@ def to_markdown(comparison: Comparison) -> str:
     lines = [
         f"# Comparison on {engine.model_name}",
         "",
-        f"Base `{engine.model_name}` sha256 `{engine.model_digest or 'unknown'}`, dtype {engine.dtype} "
-        f"on {engine.device}, max_loras {engine.max_loras}, MultiLoRA Studio {engine.version}; "
-        f"run `{record.id}`.",
+        f"{engine.describe()}; run `{record.id}`.",
         "",
         f"Sampling: {_settings(record.shared)}",
         "",

@@ -4,11 +4,14 @@ The run is one background task over the window's engine (``evaluate.run_eval``: 
 with every adapter in shared batches), with progress and Cancel. When it ends the matrix shows
 each output tinted by pass or fail, the scores table each adapter's numbers, the drill-down one
 prompt's outputs side by side; the results are saved as JSON and the library records the scores
-of its adapters.
+of its adapters. *Rerun…* (or a double click in *Recent*, the newest saved results first) runs a
+saved evaluation again (``evaluate.Rerun``): the view's inputs show what it ran, and a changed
+prompt set, another base or changed adapter weights are refused in the banner.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +39,12 @@ from multilora_studio.evaluate import (
     BASE,
     EvalResults,
     EvalSettings,
+    Rerun,
+    changed_cells,
+    default_results_dir,
     load_prompt_set,
+    read_results_json,
+    recent_results,
     record_scores,
     run_eval,
     save_results,
@@ -47,18 +55,25 @@ from multilora_studio.gui.evaluate_tables import DrillDown, MatrixTable, ScoresT
 from multilora_studio.gui.preferences import Preferences
 from multilora_studio.gui.tasks import Task
 from multilora_studio.gui.widgets import MessageBanner
+from multilora_studio.run_records import AdapterDigests
 
 DEFAULT_CHECKS = ("the file's", "exact", "contains")  # the first: each row's own check only
 EXPORTS = (("CSV", ".csv"), ("JSON", ".json"), ("Markdown", ".md"))
+RECENT = 10  # saved evaluations listed
 
 
 @dataclass(frozen=True)
 class Finished:
-    """What a run's task hands back: the results, where they were saved, the adapters recorded."""
+    """What a run's task hands back: the results, where they were saved, the adapters recorded.
+
+    A rerun also hands back the rerun (``rerun``) and its warnings.
+    """
 
     results: EvalResults
     saved: Path
     recorded: list[str]
+    rerun: Rerun | None = None
+    warnings: tuple[str, ...] = ()
 
 
 class EvaluateView(QWidget):
@@ -74,6 +89,7 @@ class EvaluateView(QWidget):
         self.saved: Path | None = None
         self.results_dir: Path | None = None  # None: evaluations/ in the user data directory
         self._wanted: set[str] = {BASE}
+        self.digests = AdapterDigests()
         self.banner = MessageBanner()
 
         self.path = QLineEdit()
@@ -100,6 +116,15 @@ class EvaluateView(QWidget):
         self.cancel_button.setEnabled(False)
         self.run_button.clicked.connect(self.start)
         self.cancel_button.clicked.connect(self.stop)
+        self.rerun_button = QPushButton("Rerun…")
+        self.rerun_button.setToolTip(
+            "Run a saved evaluation again: the same prompt set, adapters and settings"
+        )
+        self.rerun_button.clicked.connect(self._choose_rerun)
+        self.recent = QListWidget()
+        self.recent.setToolTip("Saved evaluations, newest first: double-click one to run it again")
+        self.recent.setMaximumHeight(90)
+        self.recent.itemActivated.connect(lambda item: self.rerun(Path(item.data(Qt.ItemDataRole.UserRole))))
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.progress.setValue(0)
@@ -132,11 +157,16 @@ class EvaluateView(QWidget):
         options.addRow("Max tokens", self.max_tokens)
         options.addRow("Default check", self.default_check)
         options.addRow(self.chat)
+        recent_box = QVBoxLayout()
+        recent_box.addWidget(QLabel("<b>Recent</b>"))
+        recent_box.addWidget(self.recent, 1)
         top = QHBoxLayout()
         top.addLayout(adapter_box, 2)
         top.addLayout(options, 1)
+        top.addLayout(recent_box, 1)
         buttons = QHBoxLayout()
         buttons.addWidget(self.run_button)
+        buttons.addWidget(self.rerun_button)
         buttons.addWidget(self.cancel_button)
         buttons.addWidget(self.progress, 1)
         for button in self.export_buttons:
@@ -165,6 +195,7 @@ class EvaluateView(QWidget):
         layout.addWidget(vertical, 1)
         host.adaptersChanged.connect(self.refresh_adapters)
         host.stateChanged.connect(lambda state: self.refresh_adapters())
+        self.refresh_recent()
 
     # ---------------------------------------------------------------- choices
 
@@ -206,6 +237,15 @@ class EvaluateView(QWidget):
     def settings(self) -> EvalSettings:
         return EvalSettings(max_tokens=self.max_tokens.value(), chat=self.chat.isChecked())
 
+    def refresh_recent(self) -> None:
+        """List the newest saved evaluations of the results folder."""
+        self.recent.clear()
+        for path in recent_results(self.results_dir, RECENT):
+            item = QListWidgetItem(path.stem)
+            item.setData(Qt.ItemDataRole.UserRole, str(path))
+            item.setToolTip(str(path))
+            self.recent.addItem(item)
+
     def _choose_file(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Choose a prompt set", "", "Prompt sets (*.jsonl *.csv)")
         if path:
@@ -235,22 +275,77 @@ class EvaluateView(QWidget):
             self.banner.show_message(problem or "The engine is not ready yet.", "warning")
             return False
         default = self.default_check.currentText() if self.default_check.currentIndex() > 0 else None
-        settings, registry, folder = self.settings(), self.host.registry, self.results_dir
+        settings, registry, folder, digests = (
+            self.settings(),
+            self.host.registry,
+            self.results_dir,
+            self.digests,
+        )
 
         def work(task: Task) -> Finished:
             prompt_set = load_prompt_set(Path(path), default)
-            results = run_eval(engine, prompt_set, names, settings, task.report, task.cancel_event)
+            results = run_eval(engine, prompt_set, names, settings, task.report, task.cancel_event, digests)
             saved = save_results(results, folder)
             return Finished(results, saved, record_scores(registry, results, saved))
 
+        self._launch(work, f"Evaluating {Path(path).name} on {', '.join(names)}…")
+        return True
+
+    def rerun(self, path: Path) -> bool:
+        """Run the saved evaluation ``path`` again, its inputs shown in the view; problems in the banner."""
+        if self.task is not None:
+            return False
+        engine = self.host.engine
+        if engine is None:
+            self.banner.show_message("The engine is not ready yet.", "warning")
+            return False
+        try:
+            saved = read_results_json(path)
+        except (OSError, ValueError) as error:
+            self.banner.show_message(f"Cannot rerun: {error}")
+            return False
+        self.show_inputs(saved)
+        registry, folder, digests = self.host.registry, self.results_dir, self.digests
+
+        def work(task: Task) -> Finished:
+            rerun = Rerun.of(saved)
+            warnings = rerun.check_engine(engine, digests)
+            results = rerun.run(engine, task.report, task.cancel_event, digests)
+            written = save_results(results, folder)
+            return Finished(
+                results, written, record_scores(registry, results, written), rerun, tuple(warnings)
+            )
+
+        self._launch(work, f"Rerunning {Path(path).name} on {', '.join(saved.adapters)}…")
+        return True
+
+    def show_inputs(self, saved: EvalResults) -> None:
+        """Show what ``saved`` ran in the view's inputs (the prompt set, ticks, max tokens, check, chat)."""
+        settings = EvalSettings.from_dict(saved.settings)
+        self.path.setText(saved.prompt_set_path)
+        self.set_checked(saved.adapters)
+        self.max_tokens.setValue(settings.max_tokens)
+        self.chat.setChecked(settings.chat)
+        kind = None if saved.default_check is None else saved.default_check.get("type")
+        self.default_check.setCurrentIndex(max(0, self.default_check.findText(kind)) if kind else 0)
+
+    def _choose_rerun(self) -> None:
+        folder = self.results_dir if self.results_dir is not None else default_results_dir()
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Rerun a saved evaluation", str(folder), "Saved evaluations (*.json)"
+        )
+        if path:
+            self.rerun(Path(path))
+
+    def _launch(self, work: Callable[[Task], Finished], message: str) -> None:
         self.banner.clear()
         self.progress.setValue(0)
-        self.summary.setText(f"Evaluating {Path(path).name} on {', '.join(names)}…")
+        self.summary.setText(message)
         self.run_button.setEnabled(False)
+        self.rerun_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
         self.task = self.host.tasks.run("evaluate", work, self._succeeded, self._failed, self._progressed)
         self.task.done.connect(self._ended)
-        return True
 
     def stop(self) -> None:
         """Cancel the run (its requests are aborted in the engine)."""
@@ -269,7 +364,15 @@ class EvaluateView(QWidget):
             if finished.recorded
             else ""
         )
-        self.summary.setText(f"Saved {finished.saved}{recorded}.")
+        again = ""
+        if finished.rerun is not None:
+            changed = changed_cells(finished.rerun.saved, finished.results)
+            total = len(finished.results.cells)
+            again = f"Rerun: {total - changed} of {total} cells as saved. "
+        self.summary.setText(f"{again}Saved {finished.saved}{recorded}.")
+        if finished.warnings:
+            self.banner.show_message("Rerun: " + "; ".join(finished.warnings) + ".", "warning")
+        self.refresh_recent()
 
     def _failed(self, message: str) -> None:
         if self.task is not None and self.task.cancelled:
@@ -281,6 +384,7 @@ class EvaluateView(QWidget):
     def _ended(self) -> None:
         self.task = None
         self.run_button.setEnabled(True)
+        self.rerun_button.setEnabled(True)
         self.cancel_button.setEnabled(False)
         self.runFinished.emit()
 

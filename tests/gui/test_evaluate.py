@@ -1,4 +1,4 @@
-"""Evaluate view over a real engine: run, the matrix and scores, drill-down, exports, library, cancel."""
+"""Evaluate view over a real engine: run, matrix and scores, drill-down, exports, library, cancel, rerun."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from PySide6.QtCore import Qt
 
 from multilora_studio.engine import SamplingParams
 from multilora_studio.evaluate import BASE, read_cells_csv, read_results_json
+from multilora_studio.run_records import ADAPTER_WEIGHTS
+from multilora_studio.util import sha256_file
 from tests.gui.conftest import save_screenshot
 
 ADAPTERS = ("tiny-r4-qv", "tiny-r8-all")
@@ -125,3 +127,56 @@ def test_cancel_stops_the_run_and_bad_files_show_their_row(
         assert view.start()
     assert "bad.csv, row 2:" in view.banner.text and "fuzzy" in view.banner.text
     assert window.host.state == "ready"
+
+
+def test_rerun_from_the_recent_list_restores_the_inputs_and_reproduces_the_cells(
+    qtbot, open_window, library_with_adapters, prompt_file, tmp_path
+):
+    window = open_window()
+    window.show_page("Evaluate")
+    view = window.evaluate
+    engine = window.host.engine
+    view.results_dir = tmp_path / "runs"
+    view.path.setText(str(prompt_file))
+    view.set_checked([ADAPTERS[0], BASE])
+    view.max_tokens.setValue(6)
+    view.default_check.setCurrentIndex(view.default_check.findText("contains"))
+    with qtbot.waitSignal(view.runFinished, timeout=120_000):
+        assert view.start()
+    assert view.banner.text == "", view.banner.text
+    first_file = view.saved
+    first = read_results_json(first_file)
+    assert first.engine is not None and first.engine.model_digest == engine.base_digest
+    assert first.engine.batch_invariant is engine.config.batch_invariant
+    assert first.adapter_digests == {ADAPTERS[0]: sha256_file(engine_path(engine, ADAPTERS[0]))}
+    assert view.recent.count() == 1 and view.recent.item(0).data(Qt.ItemDataRole.UserRole) == str(first_file)
+
+    view.path.setText("")
+    view.set_checked([ADAPTERS[1]])
+    view.max_tokens.setValue(2)
+    view.default_check.setCurrentIndex(0)
+    with qtbot.waitSignal(view.runFinished, timeout=120_000):
+        view.recent.itemActivated.emit(view.recent.item(0))
+        assert view.running and not view.rerun_button.isEnabled()
+    assert view.banner.text == "", view.banner.text
+    assert view.path.text() == str(prompt_file.resolve())
+    assert view.checked_names() == sorted([ADAPTERS[0], BASE])
+    assert (view.max_tokens.value(), view.default_check.currentText()) == (6, "contains")
+    assert view.results is not None and view.results.cells == first.cells
+    total = len(first.cells)
+    assert f"Rerun: {total} of {total} cells as saved." in view.summary.text()
+    assert view.saved != first_file and read_results_json(view.saved).cells == first.cells
+    assert view.recent.item(0).data(Qt.ItemDataRole.UserRole) == str(view.saved)  # newest first
+
+    prompt_file.write_text(prompt_file.read_text() + json.dumps({"prompt": "One more"}) + "\n")
+    with qtbot.waitSignal(view.runFinished, timeout=60_000):
+        assert view.rerun(first_file)
+    assert "changed since the evaluation" in view.banner.text and "my-prompts.jsonl" in view.banner.text
+    assert not view.rerun(tmp_path / "missing.json")
+    assert "Cannot rerun" in view.banner.text
+    assert window.host.state == "ready" and view.rerun_button.isEnabled()
+
+
+def engine_path(engine, name):
+    (info,) = (info for info in engine.list_adapters() if info.name == name)
+    return info.path / ADAPTER_WEIGHTS
