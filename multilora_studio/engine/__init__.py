@@ -13,6 +13,7 @@ from multilora_studio.engine.engine import Engine
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta, TokenLogprob
 from multilora_studio.engine.prompts import Prompt
 from multilora_studio.engine.requests import RequestStream
+from multilora_studio.engine.structured import StructuredOutput
 
 __all__ = [
     "MAX_ADAPTER_SCALE",
@@ -26,6 +27,7 @@ __all__ = [
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
+    "StructuredOutput",
     "TokenDelta",
     "TokenLogprob",
     "resolve_device",

@@ -8,6 +8,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from multilora_studio.engine.structured import StructuredOutput
+
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "auto")
 MAX_SLOTS = 1024
 MAX_SEED = 2**63 - 1  # torch.Generator seeds are signed 64-bit
@@ -181,6 +183,8 @@ class SamplingParams:
     # alpha / r); 0 gives the base model's output through the adapter's slot, 1 the adapter as
     # trained. Needs an adapter (a base request with another value is refused at submit).
     adapter_scale: float = 1.0
+    # What the output must match (a JSON schema, a regex, a grammar ...); None: free text.
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 0)
@@ -204,6 +208,8 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         _check_number("adapter_scale", self.adapter_scale, 0, MAX_ADAPTER_SCALE, low_inclusive=True)
         self.adapter_scale = float(self.adapter_scale)
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise ValueError(f"structured must be a StructuredOutput, got {self.structured!r}")
 
     @property
     def greedy(self) -> bool:
