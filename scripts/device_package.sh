@@ -19,11 +19,12 @@ wanted=$("$PY" - <<'PYEOF'
 from importlib.metadata import version
 
 names = """platformdirs gguf openai fastapi starlette uvicorn httpx httpcore h11 anyio sniffio
-jiter pydantic pydantic-core typing-inspection annotated-types""".split()
+jiter pydantic pydantic-core typing-inspection annotated-types llguidance jsonschema
+jsonschema-specifications referencing rpds-py attrs""".split()
 print(" ".join(f"{name}=={version(name)}" for name in names))
 PYEOF
 )
 # shellcheck disable=SC2086
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .device_pkg/whl $wanted
+  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64 -d .device_pkg/whl $wanted
 du -sh .device_pkg
