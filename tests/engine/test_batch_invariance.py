@@ -100,11 +100,14 @@ def test_the_invariant_mode_still_matches_peft(make_engine, peft_reference):
     generate_matches_peft(engine, peft_reference, {}, mixed_requests(engine))
 
 
-def test_the_default_mode_is_not_batch_invariant(make_engine):
-    """Without the mode the same request gets other bits: in the mixed batch its step holds more
-    than LoRAPlan.numba_max_tokens tokens, so its LoRA term runs as torch ops instead of the
-    Numba kernel; chunked, its prompt rows attend through SDPA over cached keys and its decode
-    rows through the Numba decode kernel instead of one causal SDPA."""
+def test_the_default_mode_is_not_batch_invariant(make_engine, engine_device):
+    """Without the mode the same request gets other bits on the CPU: in the mixed batch its step
+    holds more than LoRAPlan.numba_max_tokens tokens, so its LoRA term runs as torch ops instead
+    of the Numba kernel; chunked, its prompt rows attend through SDPA over cached keys and its
+    decode rows through the Numba decode kernel instead of one causal SDPA. (On CUDA the tiny
+    model's default kernels happen to give these requests the same bits: seen on the H200.)"""
+    if engine_device != "cpu":
+        pytest.skip("the kernel switches this test relies on are the CPU's")
     engine = make_engine()
     chunked = make_engine(max_num_batched_tokens=CHUNK_BUDGET, max_num_seqs=8)
     assert not engine.runner.model.plan.batch_invariant
