@@ -92,6 +92,11 @@ def main() -> None:
         help="EngineConfig.fused_qkv_epilogue: auto (on with CUDA), on or off",
     )
     parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="EngineConfig.batch_invariant: every row the same bits whatever the batch holds",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=3, help="alternating base / distinct runs with graphs (medians)"
     )
     parser.add_argument("--json", type=Path, default=None)
@@ -109,6 +114,7 @@ def main() -> None:
         "rank": args.rank,
         "shrink_in_gemm": args.shrink_in_gemm,
         "fused_qkv_epilogue": args.fused_qkv_epilogue,
+        "batch_invariant": args.batch_invariant,
         "gpu": torch.cuda.get_device_name(),
     }
 
@@ -144,6 +150,7 @@ def main() -> None:
             enforce_eager=eager,
             lora_shrink_in_gemm=shrink_in_gemm,
             fused_qkv_epilogue=fused_qkv,
+            batch_invariant=args.batch_invariant,
         )
         start = time.perf_counter()
         with Engine(config) as engine:
