@@ -1,4 +1,4 @@
-"""Request bodies of the OpenAI (and vLLM) routes; unknown fields are ignored, as OpenAI's servers do."""
+"""Request bodies of the OpenAI (and vLLM) routes; request_fields decides on fields they do not declare."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ class StreamOptions(_Body):
 
 class _Sampling(_Body):
     """Fields both generation routes share."""
+
+    model_config = ConfigDict(extra="allow")  # request_fields.check_fields reads the undeclared ones
 
     model: str = Field(min_length=1, max_length=256)
     n: int = Field(1, ge=1, le=128)
