@@ -130,7 +130,10 @@ class Job:
             try:
                 token_ids = engine.encode(choice.prompt)
                 check_fits(
-                    len(token_ids), choice.params.max_tokens, engine.config.max_model_len, self.max_tokens_param
+                    len(token_ids),
+                    choice.params.max_tokens,
+                    engine.config.max_model_len,
+                    self.max_tokens_param,
                 )
                 choice.stream = engine.submit(
                     token_ids, self.adapter, choice.params, f"{self.id}-{choice.index}", loop

@@ -69,7 +69,9 @@ FIELDS: tuple[RequestField, ...] = (
     _honoured("presence_penalty", BOTH, "OpenAI", _OTHER_HELPER),
     _honoured("frequency_penalty", BOTH, "OpenAI", _OTHER_HELPER),
     _honoured("logit_bias", BOTH, "OpenAI", "added to the logits of the given token ids"),
-    _ignored("user", (*BOTH, RESPONSES), "OpenAI", "an end-user tag for abuse monitoring; nothing to monitor"),
+    _ignored(
+        "user", (*BOTH, RESPONSES), "OpenAI", "an end-user tag for abuse monitoring; nothing to monitor"
+    ),
     # ---- OpenAI, completions
     _honoured("prompt", (COMPLETIONS,), "OpenAI", "text, texts, token ids or lists of token ids"),
     _honoured("echo", (COMPLETIONS,), "OpenAI", "the prompt before the completion (and its logprobs)"),
@@ -87,11 +89,19 @@ FIELDS: tuple[RequestField, ...] = (
     _refused("modalities", (CHAT,), "OpenAI", "text only", ["text", "audio"], (None, ["text"])),
     _refused("functions", (CHAT,), "OpenAI", "deprecated; use tools", [{"name": "f"}], (None, [])),
     _refused("function_call", (CHAT,), "OpenAI", "deprecated; use tool_choice", "auto", (None, "none")),
-    _refused("prediction", (CHAT,), "OpenAI", "predicted outputs are not supported", {"type": "content", "content": "x"}),
+    _refused(
+        "prediction",
+        (CHAT,),
+        "OpenAI",
+        "predicted outputs are not supported",
+        {"type": "content", "content": "x"},
+    ),
     _refused("web_search_options", (CHAT,), "OpenAI", "no web search", {}),
     _refused("reasoning_effort", (CHAT,), "OpenAI", "not a reasoning model", "high"),
     _refused("verbosity", (CHAT,), "OpenAI", "no verbosity control", "low"),
-    _refused("store", (CHAT, RESPONSES), "OpenAI", "nothing is stored; false is accepted", True, (None, False)),
+    _refused(
+        "store", (CHAT, RESPONSES), "OpenAI", "nothing is stored; false is accepted", True, (None, False)
+    ),
     _refused(
         "service_tier",
         (CHAT, RESPONSES),
@@ -103,19 +113,34 @@ FIELDS: tuple[RequestField, ...] = (
     _refused("moderation", (CHAT, RESPONSES), "OpenAI", "no moderation", {"input": {"mode": "block"}}),
     _ignored("metadata", (CHAT, RESPONSES), "OpenAI", "tags for stored completions; nothing is stored"),
     _ignored("safety_identifier", (CHAT, RESPONSES), "OpenAI", "an end-user id for abuse monitoring"),
-    _ignored("prompt_cache_key", (CHAT, RESPONSES), "OpenAI", "a cache-routing hint; one engine, prefix cache automatic"),
-    _ignored("prompt_cache_options", (CHAT, RESPONSES), "OpenAI", "cache hints; the prefix cache is automatic"),
-    _ignored("prompt_cache_retention", (CHAT, RESPONSES), "OpenAI", "cache hints; the prefix cache is automatic"),
+    _ignored(
+        "prompt_cache_key",
+        (CHAT, RESPONSES),
+        "OpenAI",
+        "a cache-routing hint; one engine, prefix cache automatic",
+    ),
+    _ignored(
+        "prompt_cache_options", (CHAT, RESPONSES), "OpenAI", "cache hints; the prefix cache is automatic"
+    ),
+    _ignored(
+        "prompt_cache_retention", (CHAT, RESPONSES), "OpenAI", "cache hints; the prefix cache is automatic"
+    ),
     # ---- OpenAI, responses
     _honoured("input", (RESPONSES,), "OpenAI", "a string or message items with text content"),
     _honoured("instructions", (RESPONSES,), "OpenAI", "a system message before the input"),
     _honoured("max_output_tokens", (RESPONSES,), "OpenAI", "as chat's max_completion_tokens"),
-    _refused("previous_response_id", (RESPONSES,), "OpenAI", "nothing is stored; send the whole input", "resp_1"),
+    _refused(
+        "previous_response_id", (RESPONSES,), "OpenAI", "nothing is stored; send the whole input", "resp_1"
+    ),
     _refused("conversation", (RESPONSES,), "OpenAI", "nothing is stored; send the whole input", "conv_1"),
-    _refused("context_management", (RESPONSES,), "OpenAI", "no server-side context", [{"type": "compaction"}]),
+    _refused(
+        "context_management", (RESPONSES,), "OpenAI", "no server-side context", [{"type": "compaction"}]
+    ),
     _refused("reasoning", (RESPONSES,), "OpenAI", "not a reasoning model", {"effort": "high"}),
     _refused("text", (RESPONSES,), "OpenAI", "text output only", {"format": {"type": "json_object"}}),
-    _refused("include", (RESPONSES,), "OpenAI", "no extra output", ["reasoning.encrypted_content"], (None, [])),
+    _refused(
+        "include", (RESPONSES,), "OpenAI", "no extra output", ["reasoning.encrypted_content"], (None, [])
+    ),
     _refused("background", (RESPONSES,), "OpenAI", "no background runs", True, (None, False)),
     _refused("background_options", (RESPONSES,), "OpenAI", "no background runs", {"x": 1}, (None, {})),
     _refused("prompt", (RESPONSES,), "OpenAI", "no stored prompts", {"id": "pmpt_1"}),
@@ -123,8 +148,12 @@ FIELDS: tuple[RequestField, ...] = (
     _refused("truncation", (RESPONSES,), "OpenAI", "inputs are never truncated", "auto", (None, "disabled")),
     _refused("image", (RESPONSES,), "OpenAI", "text only", {"size": "auto"}),
     _refused("access_programs", (RESPONSES,), "OpenAI", "no access programs", {"x": 1}),
-    _refused("tools", (RESPONSES,), "OpenAI", "no tools on /v1/responses", [{"type": "web_search"}], (None, [])),
-    _refused("tool_choice", (RESPONSES,), "OpenAI", "no tools on /v1/responses", "required", (None, "none", "auto")),
+    _refused(
+        "tools", (RESPONSES,), "OpenAI", "no tools on /v1/responses", [{"type": "web_search"}], (None, [])
+    ),
+    _refused(
+        "tool_choice", (RESPONSES,), "OpenAI", "no tools on /v1/responses", "required", (None, "none", "auto")
+    ),
     _ignored("parallel_tool_calls", (RESPONSES,), "OpenAI", "no tools on /v1/responses"),
     _ignored("max_tool_calls", (RESPONSES,), "OpenAI", "no built-in tools run on the server"),
     _ignored("stream_options", (RESPONSES,), "OpenAI", "include_obfuscation: streams are never padded"),
@@ -144,9 +173,13 @@ FIELDS: tuple[RequestField, ...] = (
     _honoured("guided_grammar", BOTH, "vLLM", "structured output"),
     _refused("use_beam_search", BOTH, "vLLM", "no beam search", True, (None, False)),
     _refused("length_penalty", BOTH, "vLLM", "beam search only", 0.5, (None, 1, 1.0)),
-    _refused("include_stop_str_in_output", BOTH, "vLLM", "the stop string is always cut", True, (None, False)),
+    _refused(
+        "include_stop_str_in_output", BOTH, "vLLM", "the stop string is always cut", True, (None, False)
+    ),
     _refused("skip_special_tokens", BOTH, "vLLM", "special tokens are always skipped", False, (None, True)),
-    _refused("spaces_between_special_tokens", BOTH, "vLLM", "special tokens are skipped", False, (None, True)),
+    _refused(
+        "spaces_between_special_tokens", BOTH, "vLLM", "special tokens are skipped", False, (None, True)
+    ),
     _refused("truncate_prompt_tokens", BOTH, "vLLM", "prompts are never truncated", 8),
     _refused("allowed_token_ids", BOTH, "vLLM", "use logit_bias", [1, 2]),
     _refused("guided_decoding_backend", BOTH, "vLLM", "one structured-output backend", "outlines"),
@@ -154,17 +187,32 @@ FIELDS: tuple[RequestField, ...] = (
     _refused("structural_tag", BOTH, "vLLM", "not supported", "{}"),
     _refused("logits_processors", BOTH, "vLLM", "no custom logits processors", ["my.processor"], (None, [])),
     _refused("priority", BOTH, "vLLM", "first come, first served", 1, (None, 0)),
-    _refused("add_special_tokens", (COMPLETIONS,), "vLLM", "the tokenizer's special tokens are added", False, (None, True)),
+    _refused(
+        "add_special_tokens",
+        (COMPLETIONS,),
+        "vLLM",
+        "the tokenizer's special tokens are added",
+        False,
+        (None, True),
+    ),
     _refused("add_special_tokens", (CHAT,), "vLLM", "the chat template adds its own", True, (None, False)),
     _refused("mm_processor_kwargs", BOTH, "vLLM", "text only", {"x": 1}, (None, {})),
     _refused("kv_transfer_params", BOTH, "vLLM", "no KV transfer", {"x": 1}),
     _refused("vllm_xargs", BOTH, "vLLM", "no extension arguments", {"x": 1}, (None, {})),
     _refused("echo", (CHAT,), "vLLM", "no echo of the last message", True, (None, False)),
-    _refused("add_generation_prompt", (CHAT,), "vLLM", "the assistant turn is always opened", False, (None, True)),
-    _refused("continue_final_message", (CHAT,), "vLLM", "the assistant turn is always new", True, (None, False)),
+    _refused(
+        "add_generation_prompt", (CHAT,), "vLLM", "the assistant turn is always opened", False, (None, True)
+    ),
+    _refused(
+        "continue_final_message", (CHAT,), "vLLM", "the assistant turn is always new", True, (None, False)
+    ),
     _refused("chat_template", (CHAT,), "vLLM", "the model's template is used", "{{ messages }}"),
-    _refused("chat_template_kwargs", (CHAT,), "vLLM", "the template takes no extra variables", {"x": 1}, (None, {})),
-    _refused("documents", (CHAT,), "vLLM", "no retrieval documents in the template", [{"text": "d"}], (None, [])),
+    _refused(
+        "chat_template_kwargs", (CHAT,), "vLLM", "the template takes no extra variables", {"x": 1}, (None, {})
+    ),
+    _refused(
+        "documents", (CHAT,), "vLLM", "no retrieval documents in the template", [{"text": "d"}], (None, [])
+    ),
     _ignored("request_id", BOTH, "vLLM", "responses carry the server's own id"),
     _ignored("cache_salt", BOTH, "vLLM", "one tenant's prefix cache; nothing to isolate"),
     # ---- ours
@@ -198,5 +246,7 @@ def field_table() -> str:
         if entry.status == REFUSED:
             accepted = ", ".join(json.dumps(h) for h in entry.harmless)
             status = f"refused unless {accepted}"
-        rows.append(f"| `{entry.name}` | {', '.join(entry.routes)} | {entry.source} | {status} | {entry.note} |")
+        rows.append(
+            f"| `{entry.name}` | {', '.join(entry.routes)} | {entry.source} | {status} | {entry.note} |"
+        )
     return "\n".join(rows) + "\n"

@@ -118,4 +118,6 @@ async def response_events(settings: Settings, job: Job, include_usage: bool) -> 
     item = _message(item_id, text)
     yield event("response.output_item.done", output_index=0, item=item)
     final = _response(job, settings, [item], done=True)
-    yield event(f"response.{'incomplete' if final['status'] == 'incomplete' else 'completed'}", response=final)
+    yield event(
+        f"response.{'incomplete' if final['status'] == 'incomplete' else 'completed'}", response=final
+    )

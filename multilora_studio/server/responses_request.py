@@ -39,7 +39,9 @@ def _item_text(item: dict[str, Any], position: int) -> tuple[str, str]:
     """(role, text) of one input item: a message with string content or text parts."""
     where = f"input.{position}"
     if item.get("type", "message") != "message":
-        raise _invalid(f"only message input items are supported, got type {item.get('type')!r}", f"{where}.type")
+        raise _invalid(
+            f"only message input items are supported, got type {item.get('type')!r}", f"{where}.type"
+        )
     role = item.get("role")
     if role not in ROLES:
         raise _invalid(f"role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
@@ -50,7 +52,11 @@ def _item_text(item: dict[str, Any], position: int) -> tuple[str, str]:
         raise _invalid("content must be a string or a list of input_text parts", f"{where}.content")
     texts = []
     for index, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS or not isinstance(part.get("text"), str):
+        if (
+            not isinstance(part, dict)
+            or part.get("type") not in TEXT_PARTS
+            or not isinstance(part.get("text"), str)
+        ):
             raise _invalid("only input_text content parts are supported", f"{where}.content.{index}")
         texts.append(part["text"])
     return role, "\n".join(texts)
@@ -67,7 +73,9 @@ def as_chat(body: ResponsesRequest) -> ChatCompletionRequest:
         for position, item in enumerate(body.input):
             role, text = _item_text(item, position)
             messages.append({"role": role, "content": text})
-    shared = body.model_dump(include={"model", "temperature", "top_p", "stream", "top_k", "ignore_eos", "adapter_scale"})
+    shared = body.model_dump(
+        include={"model", "temperature", "top_p", "stream", "top_k", "ignore_eos", "adapter_scale"}
+    )
     return ChatCompletionRequest.model_validate(
         shared | {"messages": messages, "max_completion_tokens": body.max_output_tokens}
     )

@@ -55,7 +55,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     return await generate(request, "chat", body, prepare, chat_body, chat_events, chat_max_tokens_field(body))
 
 
-def chat_request(body: ChatCompletionRequest, max_model_len: int) -> tuple[list[Prompt], list[SamplingParams]]:
+def chat_request(
+    body: ChatCompletionRequest, max_model_len: int
+) -> tuple[list[Prompt], list[SamplingParams]]:
     """The engine prompt and the parameters of each choice of a chat request."""
     max_tokens = chat_max_tokens(body, max_model_len)
     return [chat_prompt(body.messages)], [sampling_params(body, max_tokens, i) for i in range(body.n)]
@@ -78,7 +80,16 @@ async def generate(
         check_fields(route, body)
         prompts, params = prepare()
         job = Job(
-            state, route, body.model, adapter, key, body.stream, prompts, params, score_options(body), max_tokens_field
+            state,
+            route,
+            body.model,
+            adapter,
+            key,
+            body.stream,
+            prompts,
+            params,
+            score_options(body),
+            max_tokens_field,
         )
     except ApiError as error:
         record_rejection(state, route, body.model, key, body.stream, error)

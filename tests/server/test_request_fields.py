@@ -1,4 +1,4 @@
-"""The request-field table: complete for OpenAI's request params, enforced by the server, shown in the docs."""
+"""The request-field table: complete for OpenAI's params, enforced by the server, shown in the docs."""
 
 from __future__ import annotations
 
@@ -27,8 +27,14 @@ START, END = "<!-- request-fields:start -->\n", "<!-- request-fields:end -->"
 MODEL = "tiny-r4-qv"
 OPENAI_PARAMS = {
     CHAT: (chat_params.CompletionCreateParamsStreaming, chat_params.CompletionCreateParamsNonStreaming),
-    COMPLETIONS: (completion_params.CompletionCreateParamsStreaming, completion_params.CompletionCreateParamsNonStreaming),
-    RESPONSES: (responses_params.ResponseCreateParamsStreaming, responses_params.ResponseCreateParamsNonStreaming),
+    COMPLETIONS: (
+        completion_params.CompletionCreateParamsStreaming,
+        completion_params.CompletionCreateParamsNonStreaming,
+    ),
+    RESPONSES: (
+        responses_params.ResponseCreateParamsStreaming,
+        responses_params.ResponseCreateParamsNonStreaming,
+    ),
 }
 MODELS = {CHAT: ChatCompletionRequest, COMPLETIONS: CompletionRequest, RESPONSES: ResponsesRequest}
 BASE_BODIES = {

@@ -29,7 +29,8 @@ def test_a_stop_string_longer_than_the_list_limit_is_honoured(serve, engine):
 
 
 @pytest.mark.parametrize(
-    "stop", [[f"s{i}" for i in range(MAX_STOP + 1)], "x" * (MAX_STOP_CHARS + 1), ["ok", "y" * (MAX_STOP_CHARS + 1)]]
+    "stop",
+    [[f"s{i}" for i in range(MAX_STOP + 1)], "x" * (MAX_STOP_CHARS + 1), ["ok", "y" * (MAX_STOP_CHARS + 1)]],
 )
 def test_too_many_or_too_long_stop_strings_are_400(serve, stop):
     with pytest.raises(openai.BadRequestError) as caught:
@@ -42,7 +43,12 @@ def test_negative_seed_is_accepted_and_maps_into_the_engine_range(serve):
 
     def sample(seed):
         reply = api.completions.create(
-            model=MODEL, prompt=PROMPT, max_tokens=10, temperature=1.0, seed=seed, extra_body={"ignore_eos": True}
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=10,
+            temperature=1.0,
+            seed=seed,
+            extra_body={"ignore_eos": True},
         )
         return reply.choices[0].text
 
@@ -55,7 +61,13 @@ def test_negative_seed_is_accepted_and_maps_into_the_engine_range(serve):
 def test_top_p_zero_is_greedy(serve, engine):
     api = client(serve())
     reply = api.completions.create(
-        model=MODEL, prompt=PROMPT, max_tokens=10, temperature=1.0, top_p=0, seed=3, extra_body={"ignore_eos": True}
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=10,
+        temperature=1.0,
+        top_p=0,
+        seed=3,
+        extra_body={"ignore_eos": True},
     )
     assert reply.choices[0].text == greedy_text(engine, PROMPT, 10)
 
@@ -81,8 +93,14 @@ def test_max_tokens_beyond_the_context_is_400_naming_it(serve, engine):
     chat = [{"role": "user", "content": "word " * 600}]
     chat_room = limit - len(engine.encode([dict(m) for m in chat]))
     for field in ("max_tokens", "max_completion_tokens"):
-        error = _context_error(api.chat.completions.create, model=MODEL, messages=chat, **{field: chat_room + 1})
-        assert error["param"] == field and str(limit) in error["message"] and str(chat_room + 1) in error["message"]
+        error = _context_error(
+            api.chat.completions.create, model=MODEL, messages=chat, **{field: chat_room + 1}
+        )
+        assert (
+            error["param"] == field
+            and str(limit) in error["message"]
+            and str(chat_room + 1) in error["message"]
+        )
 
 
 def test_chat_without_max_tokens_fills_the_context_and_ends_with_length(serve, engine):

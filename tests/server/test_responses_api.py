@@ -36,7 +36,9 @@ def test_response_equals_the_chat_completion_of_the_same_messages(serve):
         {"role": "system", "content": INSTRUCTIONS},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
     ]
-    assert api.responses.create(model=MODEL, input=items, max_output_tokens=9, **GREEDY).output_text == expected
+    assert (
+        api.responses.create(model=MODEL, input=items, max_output_tokens=9, **GREEDY).output_text == expected
+    )
 
 
 def test_streamed_response_events_reassemble_the_text(serve):
@@ -78,7 +80,10 @@ def test_streamed_response_events_reassemble_the_text(serve):
         ({"store": True}, "store"),
         ({"tools": [{"type": "web_search"}]}, "tools"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input.0.content.0",
+        ),
         ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input.0.type"),
         ({"max_output_tokens": 5000}, "max_output_tokens"),
     ],
