@@ -10,6 +10,7 @@ from multilora_studio.server.errors import install_error_handlers
 from multilora_studio.server.middleware import ApiKeyAuth, BodyLimit, HostCheck
 from multilora_studio.server.routes_admin import router as admin_router
 from multilora_studio.server.routes_generate import router as generate_router
+from multilora_studio.server.routes_responses import router as responses_router
 from multilora_studio.server.routes_tokenize import router as tokenize_router
 from multilora_studio.server.state import ServerState
 
@@ -25,6 +26,7 @@ def create_app(state: ServerState) -> FastAPI:
     )
     app.state.studio = state
     app.include_router(generate_router)
+    app.include_router(responses_router)
     app.include_router(admin_router)
     app.include_router(tokenize_router)
     install_error_handlers(app)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from starlette.types import Receive
 
 from multilora_studio.engine import Prompt, RequestStream, SamplingParams, TokenDelta, TokenLogprob
+from multilora_studio.server.context_window import check_fits
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.logprob_shapes import ScoreOptions
 from multilora_studio.server.request_log import RequestRecord
@@ -26,6 +27,8 @@ from multilora_studio.server.state import ServerState
 log = logging.getLogger(__name__)
 
 CLIENT_GONE = 499
+ID_PREFIXES = {"chat": "chatcmpl-", "responses": "resp_"}  # other routes: "cmpl-"
+PROMPT_FIELDS = {"chat": "messages", "responses": "input"}  # other routes: "prompt"
 
 
 @dataclass
@@ -72,6 +75,7 @@ class Job:
         prompts: Sequence[Prompt],
         params: Sequence[SamplingParams],
         options: ScoreOptions | None = None,
+        max_tokens_param: str | None = None,
     ) -> None:
         _check_sequences(state, route, len(prompts), len(params))
         sequences = len(prompts) * len(params)
@@ -83,7 +87,8 @@ class Job:
         self.key = key
         self.stream = stream
         self.options = options or ScoreOptions()
-        self.id = f"{'chatcmpl' if route == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        self.max_tokens_param = max_tokens_param  # the field that set max_tokens; None: the default
+        self.id = f"{ID_PREFIXES.get(route, 'cmpl-')}{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.arrival = time.time()
         self.started = time.perf_counter()
@@ -115,7 +120,7 @@ class Job:
         (the engine refuses a strength on a base-model request)."""
         if message.startswith("adapter_scale"):
             return "adapter_scale"
-        return "messages" if self.route == "chat" else "prompt"
+        return PROMPT_FIELDS.get(self.route, "prompt")
 
     def _submit_all(self, loop: asyncio.AbstractEventLoop) -> None:
         engine = self.state.engine
@@ -123,9 +128,18 @@ class Job:
             if self._aborted:
                 return
             try:
-                choice.stream = engine.submit(
-                    choice.prompt, self.adapter, choice.params, f"{self.id}-{choice.index}", loop
+                token_ids = engine.encode(choice.prompt)
+                check_fits(
+                    len(token_ids),
+                    choice.params.max_tokens,
+                    engine.config.max_model_len,
+                    self.max_tokens_param,
                 )
+                choice.stream = engine.submit(
+                    token_ids, self.adapter, choice.params, f"{self.id}-{choice.index}", loop
+                )
+            except ApiError:
+                raise
             except ValueError as error:
                 if self.adapter is not None and not any(
                     a.name == self.adapter for a in engine.list_adapters()
@@ -264,7 +278,7 @@ def _check_sequences(state: ServerState, route: str, prompts: int, n: int) -> No
         limit, flag = config.max_in_flight, "--max-in-flight"
     if prompts * n <= limit:
         return
-    param = "n" if n > 1 else ("messages" if route == "chat" else "prompt")
+    param = "n" if n > 1 else PROMPT_FIELDS.get(route, "prompt")
     raise ApiError(
         400,
         f"this request asks for {prompts * n} sequences ({prompts} prompt{'s' * (prompts != 1)} x n={n}); "

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from multilora_studio import __version__
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import LoadLoraRequest, UnloadLoraRequest
 from multilora_studio.server.state import ServerState, server_state
@@ -34,6 +35,11 @@ def model_cards(state: ServerState) -> list[dict[str, Any]]:
 @router.get("/health")
 async def health() -> JSONResponse:
     return JSONResponse({"status": "ok"})
+
+
+@router.get("/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": __version__})
 
 
 @router.get("/v1/models")

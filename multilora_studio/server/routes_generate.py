@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from multilora_studio.engine import Prompt, SamplingParams
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.generation import CLIENT_GONE, Job, record_rejection
+from multilora_studio.server.request_fields import check_fields
 from multilora_studio.server.responses import (
     EventStream,
     chat_body,
@@ -20,6 +21,7 @@ from multilora_studio.server.responses import (
 )
 from multilora_studio.server.sampling import (
     chat_max_tokens,
+    chat_max_tokens_field,
     chat_prompt,
     check_supported,
     completion_prompts,
@@ -40,32 +42,55 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         params = [sampling_params(body, max_tokens, i) for i in range(body.n)]
         return prompts, params
 
-    return await _generate(request, "completions", body, prepare, completion_body, completion_events)
+    return await generate(
+        request, "completions", body, prepare, completion_body, completion_events, "max_tokens"
+    )
 
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
-        max_tokens = chat_max_tokens(body, server_state(request).engine.config.max_model_len)
-        return [chat_prompt(body.messages)], [sampling_params(body, max_tokens, i) for i in range(body.n)]
+        return chat_request(body, server_state(request).engine.config.max_model_len)
 
-    return await _generate(request, "chat", body, prepare, chat_body, chat_events)
+    return await generate(request, "chat", body, prepare, chat_body, chat_events, chat_max_tokens_field(body))
 
 
-async def _generate(
+def chat_request(
+    body: ChatCompletionRequest, max_model_len: int
+) -> tuple[list[Prompt], list[SamplingParams]]:
+    """The engine prompt and the parameters of each choice of a chat request."""
+    max_tokens = chat_max_tokens(body, max_model_len)
+    return [chat_prompt(body.messages)], [sampling_params(body, max_tokens, i) for i in range(body.n)]
+
+
+async def generate(
     request: Request,
     route: str,
     body: CompletionRequest | ChatCompletionRequest,
     prepare: Callable[[], tuple[list[Prompt], list[SamplingParams]]],
     build_body: Callable[[Job], dict[str, Any]],
     build_events: Callable[[Job, bool], AsyncIterator[bytes]],
+    max_tokens_field: str | None,
 ) -> Response:
+    """Run one generation request; ``max_tokens_field`` names the field that set the output cap."""
     state, key = server_state(request), api_key_label(request)
     try:
         adapter = state.resolve_model(body.model)
         check_supported(body)
+        check_fields(route, body)
         prompts, params = prepare()
-        job = Job(state, route, body.model, adapter, key, body.stream, prompts, params, score_options(body))
+        job = Job(
+            state,
+            route,
+            body.model,
+            adapter,
+            key,
+            body.stream,
+            prompts,
+            params,
+            score_options(body),
+            max_tokens_field,
+        )
     except ApiError as error:
         record_rejection(state, route, body.model, key, body.stream, error)
         raise

@@ -134,3 +134,10 @@ def chat_prompt(given: list[ChatMessage]) -> list[dict[str, str]]:
 def chat_max_tokens(body: ChatCompletionRequest, max_model_len: int) -> int:
     """The requested cap, or as many tokens as the context allows (the engine stops at max_model_len)."""
     return body.max_completion_tokens or body.max_tokens or max_model_len
+
+
+def chat_max_tokens_field(body: ChatCompletionRequest) -> str | None:
+    """The field that set the chat cap (checked against the context), or None: the rest of the context."""
+    if body.max_completion_tokens:
+        return "max_completion_tokens"
+    return "max_tokens" if body.max_tokens else None

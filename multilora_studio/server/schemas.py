@@ -1,14 +1,16 @@
-"""Request bodies of the OpenAI (and vLLM) routes; unknown fields are ignored, as OpenAI's servers do."""
+"""Request bodies of the OpenAI (and vLLM) routes; request_fields decides on fields they do not declare."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from multilora_studio.engine import MAX_LOGPROBS, MAX_SEED
 
-MAX_STOP = 16
+MAX_STOP = 16  # stop strings (and stop_token_ids) per request
+MAX_STOP_CHARS = 1024  # characters in one stop string
+MIN_SEED = -(1 << 63)  # OpenAI takes any signed 64-bit seed; sampling maps it into the engine's range
 
 
 class _Body(BaseModel):
@@ -22,12 +24,14 @@ class StreamOptions(_Body):
 class _Sampling(_Body):
     """Fields both generation routes share."""
 
+    model_config = ConfigDict(extra="allow")  # request_fields.check_fields reads the undeclared ones
+
     model: str = Field(min_length=1, max_length=256)
     n: int = Field(1, ge=1, le=128)
     temperature: float | None = Field(None, ge=0, le=100)
-    top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    stop: str | list[str] | None = Field(None, max_length=MAX_STOP)
+    top_p: float | None = Field(None, ge=0, le=1)  # 0: only the most likely token (MIN_TOP_P)
+    seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
+    stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
@@ -42,6 +46,16 @@ class _Sampling(_Body):
     return_tokens_as_token_ids: bool = False
     # MultiLoRA Studio's own: the adapter's strength (SamplingParams.adapter_scale validates it)
     adapter_scale: float = 1.0
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        texts = [stop] if isinstance(stop, str) else stop or []
+        if len(texts) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(texts)}")
+        if any(len(text) > MAX_STOP_CHARS for text in texts):
+            raise ValueError(f"a stop string has at most {MAX_STOP_CHARS} characters")
+        return stop
 
 
 class CompletionRequest(_Sampling):

@@ -172,7 +172,7 @@ def test_unknown_model_is_404_never_the_base(serve):
         ({"logprobs": 21}, "logprobs"),
         ({"extra_body": {"prompt_logprobs": -1}}, "prompt_logprobs"),
         ({"temperature": -1}, "temperature"),
-        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
         ({"n": 200}, "n"),
         ({"prompt": "word " * 1100}, "prompt"),
         ({"prompt": [10**9]}, "prompt"),

@@ -23,7 +23,7 @@ def steer(case, real_model: bool) -> None:
     body = case.body
     if not isinstance(body, dict) or "model" not in body:
         return
-    for field in ("max_tokens", "max_completion_tokens"):
+    for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(field)
         if value is None or (
             isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_TOKENS
@@ -56,6 +56,7 @@ def test_no_route_answers_a_server_error(serve, engine, mode):
     assert {op.path for op in operations} >= {
         "/v1/completions",
         "/v1/chat/completions",
+        "/v1/responses",
         "/v1/load_lora_adapter",
         "/tokenize",
         "/detokenize",
