@@ -83,6 +83,7 @@ class Job:
         self.key = key
         self.stream = stream
         self.options = options or ScoreOptions()
+        self.tool_format: str | None = None  # the call format answers are parsed in (chat with tools)
         self.id = f"{'chatcmpl' if route == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.arrival = time.time()

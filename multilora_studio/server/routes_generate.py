@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -28,6 +29,7 @@ from multilora_studio.server.sampling import (
 )
 from multilora_studio.server.schemas import ChatCompletionRequest, CompletionRequest
 from multilora_studio.server.state import api_key_label, server_state
+from multilora_studio.server.tools.setup import tool_plan, uses_tools
 
 router = APIRouter()
 
@@ -45,11 +47,24 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
-        max_tokens = chat_max_tokens(body, server_state(request).engine.config.max_model_len)
-        return [chat_prompt(body.messages)], [sampling_params(body, max_tokens, i) for i in range(body.n)]
+    engine = server_state(request).engine
+    tool_format: list[str | None] = [None]
 
-    return await _generate(request, "chat", body, prepare, chat_body, chat_events)
+    def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
+        max_tokens = chat_max_tokens(body, engine.config.max_model_len)
+        params = [sampling_params(body, max_tokens, i) for i in range(body.n)]
+        if not uses_tools(body):
+            return [chat_prompt(body.messages)], params
+        plan = tool_plan(body, engine.tokenizer, engine.spec.model_type)
+        tool_format[0] = plan.format
+        if plan.structure is not None:
+            params = [replace(p, structured=plan.structure) for p in params]
+        return [plan.token_ids], params
+
+    def chat_job(job: Job) -> None:
+        job.tool_format = tool_format[0]
+
+    return await _generate(request, "chat", body, prepare, chat_body, chat_events, chat_job)
 
 
 async def _generate(
@@ -59,6 +74,7 @@ async def _generate(
     prepare: Callable[[], tuple[list[Prompt], list[SamplingParams]]],
     build_body: Callable[[Job], dict[str, Any]],
     build_events: Callable[[Job, bool], AsyncIterator[bytes]],
+    configure: Callable[[Job], None] | None = None,
 ) -> Response:
     state, key = server_state(request), api_key_label(request)
     try:
@@ -66,6 +82,8 @@ async def _generate(
         check_supported(body)
         prompts, params = prepare()
         job = Job(state, route, body.model, adapter, key, body.stream, prompts, params, score_options(body))
+        if configure is not None:
+            configure(job)
     except ApiError as error:
         record_rejection(state, route, body.model, key, body.stream, error)
         raise

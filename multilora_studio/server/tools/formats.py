@@ -1,7 +1,8 @@
 """The tool-call formats the engine's families write, and parsing a completion into text and calls.
 
-``hermes`` (Qwen2.5, Hermes, the fallback prompt): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
-one block per call. ``llama3_json`` (Llama 3.x): the whole answer is ``{"name": ..., "parameters": {...}}``,
+``hermes`` (Qwen2.5, Hermes, the fallback prompt): one block per call,
+``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
+``llama3_json`` (Llama 3.x): the whole answer is ``{"name": ..., "parameters": {...}}``,
 optionally after ``<|python_tag|>``, several separated by ``;``. ``mistral``:
 ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`` (the marker is a special token, which the
 detokenizer may drop, so a leading JSON array counts too). A call that does not parse stays text.
@@ -29,7 +30,11 @@ class ToolCall:
     id: str = ""
 
     def openai(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,8 @@ def parse_hermes(text: str) -> Parsed:
 
 def _json_values(body: str, separators: str) -> list[Any] | None:
     """Every JSON value in ``body``, separated by whitespace or ``separators``; None unless it is all JSON."""
-    decoder, values, at = json.JSONDecoder(), [], 0
+    decoder, at = json.JSONDecoder(), 0
+    values: list[Any] = []
     while True:
         while at < len(body) and (body[at].isspace() or body[at] in separators):
             at += 1
@@ -123,7 +129,11 @@ def parse_mistral(text: str) -> Parsed:
     return Parsed(_content([before]), tuple(call for call in calls if call is not None))
 
 
-PARSERS: dict[str, Callable[[str], Parsed]] = {HERMES: parse_hermes, LLAMA3: parse_llama3, MISTRAL: parse_mistral}
+PARSERS: dict[str, Callable[[str], Parsed]] = {
+    HERMES: parse_hermes,
+    LLAMA3: parse_llama3,
+    MISTRAL: parse_mistral,
+}
 
 
 def parse(format_name: str, text: str) -> Parsed:

@@ -18,7 +18,7 @@ ARGUMENT_KEYS = {HERMES: "arguments", LLAMA3: "parameters", MISTRAL: "arguments"
 
 
 def call_schema(request: ToolRequest, format_name: str) -> dict[str, Any]:
-    """JSON Schema of one call object: ``{"name": <const>, <arguments key>: <parameters>}`` per offered tool."""
+    """JSON Schema of one call: ``{"name": <const>, <arguments key>: <parameters>}`` per offered tool."""
     key = ARGUMENT_KEYS[format_name]
     variants = [
         {

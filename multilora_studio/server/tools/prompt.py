@@ -14,7 +14,14 @@ from typing import Any
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.sampling import chat_prompt
 from multilora_studio.server.schemas import ChatMessage
-from multilora_studio.server.tools.formats import HERMES, HERMES_OPEN, LLAMA3, MISTRAL, MISTRAL_MARKER, hermes_text
+from multilora_studio.server.tools.formats import (
+    HERMES,
+    HERMES_OPEN,
+    LLAMA3,
+    MISTRAL,
+    MISTRAL_MARKER,
+    hermes_text,
+)
 from multilora_studio.server.tools.spec import Tool, ToolRequest
 
 PROBE_NAME = "multilora_probe_function_x7"
@@ -23,8 +30,8 @@ FALLBACK_SYSTEM = (
     "You may call one or more functions to assist with the user query. The functions are listed "
     "in <tools></tools>:\n<tools>\n{tools}\n</tools>\n"
     "For each function call, return a JSON object with the function name and arguments within "
-    '<tool_call></tool_call> tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n'
-    "</tool_call>"
+    "<tool_call></tool_call> tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
 _TEMPLATE_RENDERS_TOOLS: dict[str, bool] = {}  # chat template text -> whether it shows `tools`
 
@@ -43,7 +50,9 @@ def renders_tools(tokenizer: Any) -> bool:
         probe = [{"role": "user", "content": "hello"}]
         tool = Tool(PROBE_NAME, "probe", {"type": "object", "properties": {}}).openai()
         try:
-            shown = tokenizer.apply_chat_template(probe, tools=[tool], tokenize=False, add_generation_prompt=True)
+            shown = tokenizer.apply_chat_template(
+                probe, tools=[tool], tokenize=False, add_generation_prompt=True
+            )
         except Exception:  # a template that cannot take tools at all
             shown = ""
         _TEMPLATE_RENDERS_TOOLS[template] = PROBE_NAME in shown
@@ -51,7 +60,7 @@ def renders_tools(tokenizer: Any) -> bool:
 
 
 def call_format(tokenizer: Any, model_type: str) -> str:
-    """The parser for this model: hermes for the fallback; else the template's own markers, else the family's."""
+    """The parser: hermes for the fallback; else the template's own markers; else the family's."""
     if not renders_tools(tokenizer):
         return HERMES
     template = str(tokenizer.chat_template)
@@ -102,19 +111,23 @@ def _native_messages(given: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def _fallback_messages(given: list[ChatMessage], tools: tuple[Tool, ...]) -> list[dict[str, Any]]:
-    """Plain messages: earlier calls as Hermes text, tool results as user turns, the tools in a system block."""
+    """Plain messages: calls as Hermes text, tool results as user turns, the tools in a system block."""
     messages: list[dict[str, Any]] = []
     for position, (message, plain) in enumerate(zip(given, chat_prompt(given), strict=True)):
         calls = _history_calls(position, message)
         content = plain["content"]
         if calls:
-            content = "\n".join(part for part in (content, hermes_text([(n, a) for n, a, _ in calls])) if part)
+            content = "\n".join(
+                part for part in (content, hermes_text([(n, a) for n, a, _ in calls])) if part
+            )
         if message.role == "tool":
             messages.append({"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"})
         else:
             messages.append({"role": plain["role"], "content": content})
     if tools:
-        block = FALLBACK_SYSTEM.format(tools="\n".join(json.dumps(t.openai(), ensure_ascii=False) for t in tools))
+        block = FALLBACK_SYSTEM.format(
+            tools="\n".join(json.dumps(t.openai(), ensure_ascii=False) for t in tools)
+        )
         if messages and messages[0]["role"] == "system":
             messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{block}"}
         else:
@@ -122,7 +135,9 @@ def _fallback_messages(given: list[ChatMessage], tools: tuple[Tool, ...]) -> lis
     return messages
 
 
-def tool_prompt(tokenizer: Any, model_type: str, given: list[ChatMessage], request: ToolRequest) -> ToolPrompt:
+def tool_prompt(
+    tokenizer: Any, model_type: str, given: list[ChatMessage], request: ToolRequest
+) -> ToolPrompt:
     """The prompt's token ids and the answer's format; template errors are a 400 about ``messages``."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ApiError(400, "this model has no chat template; tools need one", "invalid_value", "messages")
@@ -140,6 +155,8 @@ def tool_prompt(tokenizer: Any, model_type: str, given: list[ChatMessage], reque
     except ApiError:
         raise
     except Exception as error:  # the template can refuse a conversation (jinja errors)
-        raise ApiError(400, f"the prompt could not be prepared: {error}", "invalid_value", "messages") from None
+        raise ApiError(
+            400, f"the prompt could not be prepared: {error}", "invalid_value", "messages"
+        ) from None
     ids = list(tokenizer(text, add_special_tokens=False).input_ids)
     return ToolPrompt(ids, call_format(tokenizer, model_type), native)

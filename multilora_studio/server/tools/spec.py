@@ -1,4 +1,4 @@
-"""The ``tools``/``tool_choice``/``parallel_tool_calls`` of a chat request, checked (bad input -> a 400 naming the field)."""
+"""A chat request's ``tools``, ``tool_choice`` and ``parallel_tool_calls``, checked (400s name the field)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,33 @@
+"""A chat request's tool handling, decided once: its prompt, the answer's format and the constraint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from multilora_studio.engine import StructuredOutput
+from multilora_studio.server.schemas import ChatCompletionRequest
+from multilora_studio.server.tools.grammar import tool_structure
+from multilora_studio.server.tools.prompt import tool_prompt
+from multilora_studio.server.tools.spec import tool_request
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    token_ids: list[int]
+    format: str | None  # None: tool_choice none, the answer is plain content
+    structure: StructuredOutput | None  # required / named tool_choice
+
+
+def uses_tools(body: ChatCompletionRequest) -> bool:
+    """Whether the request has tools or tool turns in its history."""
+    return bool(body.tools) or any(m.tool_calls or m.role == "tool" for m in body.messages)
+
+
+def tool_plan(body: ChatCompletionRequest, tokenizer: Any, model_type: str) -> ToolPlan:
+    """Checks the tool options (400s), renders the prompt, and picks the format and constraint."""
+    request = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls)
+    prompt = tool_prompt(tokenizer, model_type, body.messages, request)
+    if request.mode == "none":
+        return ToolPlan(prompt.token_ids, None, None)
+    return ToolPlan(prompt.token_ids, prompt.format, tool_structure(request, prompt.format))
