@@ -177,7 +177,8 @@ def assemble(format_name, pieces):
     [
         (
             HERMES,
-            'I will check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+            'I will check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
+            "\n</tool_call>",
         ),
         (
             HERMES,
@@ -300,7 +301,7 @@ def test_a_template_that_renders_tools_is_used_and_picks_the_parser(tokenizer):
     prompt = tool_prompt(qwen, "qwen2", history(), tool_request(TOOLS, None, None))
     text = qwen.decode(prompt.token_ids)
     assert prompt.native and '"name": "add"' in text
-    shown = text.split("<tool_call>")[-1].split("</tool_call>")[0]  # the history's call, as the template wrote it
+    shown = text.split("<tool_call>")[-1].split("</tool_call>")[0]  # the history's call
     assert json.loads(shown) == {"name": "get_weather", "arguments": {"city": "Paris"}}
     assert "<|im_start|>tool\n18 degrees and sunny" in text
     llama = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
