@@ -20,8 +20,12 @@ class ToolPlan:
 
 
 def uses_tools(body: ChatCompletionRequest) -> bool:
-    """Whether the request has tools or tool turns in its history."""
-    return bool(body.tools) or any(m.tool_calls or m.role == "tool" for m in body.messages)
+    """Whether the request has tools, a tool_choice or tool turns in its history."""
+    return (
+        bool(body.tools)
+        or body.tool_choice is not None
+        or any(m.tool_calls or m.role == "tool" for m in body.messages)
+    )
 
 
 def tool_plan(body: ChatCompletionRequest, tokenizer: Any, model_type: str) -> ToolPlan:
