@@ -362,6 +362,7 @@ def test_named_grammar_compiles_and_takes_only_that_call(ll_tokenizer, tokenizer
     )  # extra key
     assert not matches(ll_tokenizer, tokenizer, grammar, "Sure! " + good)  # text first
     assert not matches(ll_tokenizer, tokenizer, grammar, good[: len(good) // 2])  # unfinished
+    assert not matches(ll_tokenizer, tokenizer, grammar, good.replace('": "', '":   "'))  # padded JSON
 
 
 @pytest.mark.parametrize("format_name", [HERMES, LLAMA3, MISTRAL])
