@@ -58,6 +58,13 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         plan = tool_plan(body, engine.tokenizer, engine.spec.model_type)
         tool_format[0] = plan.format
         if plan.structure is not None:
+            if any(p.structured is not None for p in params):
+                raise ApiError(
+                    400,
+                    "tool_choice required or named cannot be combined with another output constraint",
+                    "invalid_value",
+                    "tool_choice",
+                )
             params = [replace(p, structured=plan.structure) for p in params]
         return [plan.token_ids], params
 

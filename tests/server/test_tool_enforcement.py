@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import openai
 import pytest
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
@@ -133,3 +134,14 @@ def test_langchain_forced_tool_call(serve, engine):
     [call] = message.tool_calls
     assert call["name"] == "forecast"
     assert call["args"]["city"] in CITY["enum"] and 1 <= call["args"]["days"] <= 7
+
+
+def test_forced_tools_with_another_constraint_is_a_400(serve, engine):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client(serve()).chat.completions.create(
+            model=engine.model_name,
+            tool_choice="required",
+            response_format={"type": "json_object"},
+            **ASK_OPTIONS,
+        )
+    assert raised.value.body["param"] == "tool_choice"
