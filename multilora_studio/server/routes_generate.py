@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -29,7 +28,7 @@ from multilora_studio.server.sampling import (
 )
 from multilora_studio.server.schemas import ChatCompletionRequest, CompletionRequest
 from multilora_studio.server.state import api_key_label, server_state
-from multilora_studio.server.tools.setup import tool_plan, uses_tools
+from multilora_studio.server.tools.setup import tool_plan, uses_tools, with_tool_structure
 
 router = APIRouter()
 
@@ -48,7 +47,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     engine = server_state(request).engine
-    tool_format: list[str | None] = [None]
+    tool_format: list[str | None] = [None]  # prepare() sets it: the format answers are parsed in
 
     def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
         max_tokens = chat_max_tokens(body, engine.config.max_model_len)
@@ -57,15 +56,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             return [chat_prompt(body.messages)], params
         plan = tool_plan(body, engine.tokenizer, engine.spec.model_type)
         tool_format[0] = plan.format
-        if plan.structure is not None:
-            if any(p.structured is not None for p in params):
-                raise ApiError(
-                    400,
-                    "tool_choice required or named cannot be combined with another output constraint",
-                    "invalid_value",
-                    "tool_choice",
-                )
-            params = [replace(p, structured=plan.structure) for p in params]
+        params = with_tool_structure(params, plan.structure)
         return [plan.token_ids], params
 
     def chat_job(job: Job) -> None:

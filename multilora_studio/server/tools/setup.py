@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from multilora_studio.engine import StructuredOutput
+from multilora_studio.engine import SamplingParams, StructuredOutput
+from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import ChatCompletionRequest
 from multilora_studio.server.tools.grammar import tool_structure
 from multilora_studio.server.tools.prompt import tool_prompt
@@ -35,3 +36,19 @@ def tool_plan(body: ChatCompletionRequest, tokenizer: Any, model_type: str) -> T
     if request.mode == "none":
         return ToolPlan(prompt.token_ids, None, None)
     return ToolPlan(prompt.token_ids, prompt.format, tool_structure(request, prompt.format))
+
+
+def with_tool_structure(
+    params: list[SamplingParams], structure: StructuredOutput | None
+) -> list[SamplingParams]:
+    """The choices' parameters constrained to the forced call; with another constraint too, a 400."""
+    if structure is None:
+        return params
+    if any(p.structured is not None for p in params):
+        raise ApiError(
+            400,
+            "tool_choice required or named cannot be combined with another output constraint",
+            "invalid_value",
+            "tool_choice",
+        )
+    return [replace(p, structured=structure) for p in params]
