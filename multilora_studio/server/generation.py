@@ -89,6 +89,7 @@ class Job:
         self.options = options or ScoreOptions()
         self.max_tokens_param = max_tokens_param  # the field that set max_tokens; None: the default
         self.id = f"{ID_PREFIXES.get(route, 'cmpl-')}{uuid.uuid4().hex}"
+        self.tool_format: str | None = None  # the call format answers are parsed in (chat with tools)
         self.created = int(time.time())
         self.arrival = time.time()
         self.started = time.perf_counter()

@@ -19,6 +19,8 @@ from multilora_studio.server.logprob_shapes import (
     prompt_logprobs,
 )
 from multilora_studio.server.token_text import TokenNamer
+from multilora_studio.server.tools.reply import tool_finish, tool_message
+from multilora_studio.server.tools.stream import ToolStream
 
 DONE = b"data: [DONE]\n\n"
 
@@ -80,20 +82,23 @@ def _chat_logprobs(job: Job, entries: Sequence[TokenLogprob]) -> dict[str, Any] 
     return None if top is None else chat_logprobs(entries, top, _namer(job))
 
 
+def _chat_message(job: Job, choice: Choice) -> tuple[dict[str, Any], str | None]:
+    if job.tool_format is None:
+        return {"role": "assistant", "content": choice.text}, choice.finish_reason
+    return tool_message(choice.text, job.tool_format, choice.finish_reason)
+
+
 def chat_body(job: Job) -> dict[str, Any]:
-    choices = [
-        _with_prompt_logprobs(
-            job,
-            {
-                "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": _chat_logprobs(job, c.logprobs),
-                "finish_reason": c.finish_reason,
-            },
-            c,
-        )
-        for c in job.choices
-    ]
+    choices = []
+    for c in job.choices:
+        message, reason = _chat_message(job, c)
+        item = {
+            "index": c.index,
+            "message": message,
+            "logprobs": _chat_logprobs(job, c.logprobs),
+            "finish_reason": reason,
+        }
+        choices.append(_with_prompt_logprobs(job, item, c))
     body = _envelope(job, "chat.completion", choices)
     if job.options.prompt_logprobs is not None:  # vLLM puts the chat prompt's scores at the top too
         body["prompt_logprobs"] = choices[0]["prompt_logprobs"]
@@ -145,14 +150,16 @@ async def chat_events(job: Job, include_usage: bool) -> AsyncIterator[bytes]:
                 job, kind, [{"index": choice.index, "delta": first, "logprobs": None, "finish_reason": None}]
             )
         )
+    held = {c.index: ToolStream(job.tool_format) for c in job.choices} if job.tool_format else {}
     async for choice, delta in job.deltas():
         if job.error is not None:
             break
         logprobs = _chat_logprobs(job, delta.logprobs) if delta.logprobs else None
-        if delta.text or logprobs is not None or delta.prompt_logprobs is not None:
+        text = held[choice.index].feed(delta.text) if held else delta.text
+        if text or logprobs is not None or delta.prompt_logprobs is not None:
             item = {
                 "index": choice.index,
-                "delta": {"content": delta.text},
+                "delta": {"content": text},
                 "logprobs": logprobs,
                 "finish_reason": None,
             }
@@ -160,12 +167,15 @@ async def chat_events(job: Job, include_usage: bool) -> AsyncIterator[bytes]:
                 item = _with_prompt_logprobs(job, item, choice)
             yield sse(_envelope(job, kind, [item]))
         if delta.finished:
-            item = {
-                "index": choice.index,
-                "delta": {},
-                "logprobs": None,
-                "finish_reason": choice.finish_reason,
-            }
+            reason = choice.finish_reason
+            if held:
+                rest, calls = held[choice.index].finish()
+                pieces = ([{"content": rest}] if rest else []) + [{"tool_calls": [call]} for call in calls]
+                for piece in pieces:
+                    item = {"index": choice.index, "delta": piece, "logprobs": None, "finish_reason": None}
+                    yield sse(_envelope(job, kind, [item]))
+                reason = tool_finish(len(calls), reason)
+            item = {"index": choice.index, "delta": {}, "logprobs": None, "finish_reason": reason}
             yield sse(_envelope(job, kind, [item]))
     async for tail in _tail(job, kind, include_usage):
         yield tail

@@ -30,6 +30,7 @@ from multilora_studio.server.sampling import (
 )
 from multilora_studio.server.schemas import ChatCompletionRequest, CompletionRequest
 from multilora_studio.server.state import api_key_label, server_state
+from multilora_studio.server.tools.setup import tool_plan, uses_tools, with_tool_structure
 
 router = APIRouter()
 
@@ -49,10 +50,24 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
-        return chat_request(body, server_state(request).engine.config.max_model_len)
+    engine = server_state(request).engine
+    tool_format: list[str | None] = [None]  # prepare() sets it: the format answers are parsed in
 
-    return await generate(request, "chat", body, prepare, chat_body, chat_events, chat_max_tokens_field(body))
+    def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
+        if not uses_tools(body):
+            return chat_request(body, engine.config.max_model_len)
+        max_tokens = chat_max_tokens(body, engine.config.max_model_len)
+        params = [sampling_params(body, max_tokens, i) for i in range(body.n)]
+        plan = tool_plan(body, engine.tokenizer, engine.spec.model_type)
+        tool_format[0] = plan.format
+        return [plan.token_ids], with_tool_structure(params, plan.structure)
+
+    def chat_job(job: Job) -> None:
+        job.tool_format = tool_format[0]
+
+    return await generate(
+        request, "chat", body, prepare, chat_body, chat_events, chat_max_tokens_field(body), chat_job
+    )
 
 
 def chat_request(
@@ -71,6 +86,7 @@ async def generate(
     build_body: Callable[[Job], dict[str, Any]],
     build_events: Callable[[Job, bool], AsyncIterator[bytes]],
     max_tokens_field: str | None,
+    configure: Callable[[Job], None] | None = None,
 ) -> Response:
     """Run one generation request; ``max_tokens_field`` names the field that set the output cap."""
     state, key = server_state(request), api_key_label(request)
@@ -91,6 +107,8 @@ async def generate(
             score_options(body),
             max_tokens_field,
         )
+        if configure is not None:
+            configure(job)
     except ApiError as error:
         record_rejection(state, route, body.model, key, body.stream, error)
         raise

@@ -44,10 +44,6 @@ def check_supported(body: CompletionRequest | ChatCompletionRequest) -> None:
     else:
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", "invalid_value", "top_logprobs")
-        if body.tools:
-            raise _refuse("tools", "tool calling is not supported")
-        if body.tool_choice not in (None, "none", "auto"):
-            raise _refuse("tool_choice", "tool calling is not supported")
         if body.response_format and body.response_format.get("type", "text") != "text":
             raise _refuse("response_format", "only response_format type 'text' is supported")
 
