@@ -6,6 +6,7 @@ import functools
 import json
 
 import llguidance
+from llguidance.gbnf_to_lark import any_to_lark
 
 from multilora_studio.engine.structured import StructuredOutput
 
@@ -54,6 +55,14 @@ def lark_json(schema: dict) -> str:
     (``JSON_OPTIONS``; the schema's own "x-guidance" options win): for grammars that embed JSON."""
     options = {**JSON_OPTIONS, **schema.get("x-guidance", {})}
     return "%json " + json.dumps({**schema, "x-guidance": options})
+
+
+def as_lark(grammar: str) -> str:
+    """A grammar in Lark syntax, or in llama.cpp's GBNF converted to it (ValueError if neither)."""
+    try:
+        return any_to_lark(grammar)
+    except Exception as error:  # the converter raises whatever its parser met
+        raise ValueError(f"invalid grammar (neither Lark nor GBNF): {error}") from None
 
 
 def invalid(spec: StructuredOutput, detail: str) -> ValueError:
