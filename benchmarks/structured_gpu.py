@@ -75,7 +75,9 @@ def decode_run(engine: Engine, prompts: list[list[int]], new_tokens: int, constr
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shape", default="llama3-8b", choices=sorted(RANDOM_SHAPES))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch", type=int, default=32)
@@ -95,7 +97,9 @@ def main() -> None:
         max_num_batched_tokens=max(4096, args.batch),
     )
     generator = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, spec.vocab_size, (128,), generator=generator).tolist() for _ in range(args.batch)]
+    prompts = [
+        torch.randint(0, spec.vocab_size, (128,), generator=generator).tolist() for _ in range(args.batch)
+    ]
     tokenizer = load_tokenizer(tokenizer_folder(args.tokenizer))
     with Engine(config) as engine:
         # a random shape has no tokenizer: its grammars use this one
@@ -107,11 +111,21 @@ def main() -> None:
             constrained.append(decode_run(engine, prompts, args.new_tokens, True))
     device = torch.cuda.get_device_name() if args.device != "cpu" else "cpu"
     a, b = statistics.median(plain), statistics.median(constrained)
-    results = {"device": device, "shape": args.shape, "batch": args.batch, "without": a, "with": b,
-               "ratio": b / a, "rounds_without": plain, "rounds_with": constrained}
+    results = {
+        "device": device,
+        "shape": args.shape,
+        "batch": args.batch,
+        "without": a,
+        "with": b,
+        "ratio": b / a,
+        "rounds_without": plain,
+        "rounds_with": constrained,
+    }
     each = [round(y / x, 3) for x, y in zip(plain, constrained, strict=True)]
-    print(f"decode, half the rows under a JSON schema: without {a:9.1f} tok/s  with {b:9.1f} tok/s"
-          f"  ratio {b / a:.3f}  (rounds {each})")
+    print(
+        f"decode, half the rows under a JSON schema: without {a:9.1f} tok/s  with {b:9.1f} tok/s"
+        f"  ratio {b / a:.3f}  (rounds {each})"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
 

@@ -180,7 +180,9 @@ class EngineWorker:
         if not rows:
             return None
         if self._token_masks is None:
-            self._token_masks = TokenMasks(self.grammars.vocab_size, self.config.max_num_seqs, self.runner.device)
+            self._token_masks = TokenMasks(
+                self.grammars.vocab_size, self.config.max_num_seqs, self.runner.device
+            )
         return self._token_masks.fill(rows)
 
     def _mark_scheduled(self, plan: StepPlan) -> None:

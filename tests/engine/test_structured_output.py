@@ -131,14 +131,19 @@ def test_logprobs_stay_the_models_and_n_copies_each_follow_the_grammar(make_engi
     # the first token's top alternatives are the unconstrained model's, whatever the mask allowed
     assert tied.logprobs[0].top == free.logprobs[0].top
     assert tied.text in CHOICES
-    copies = engine.generate(["Pick"] * 6, None, [constrained(spec, temperature=1.0, seed=s) for s in range(6)])
+    copies = engine.generate(
+        ["Pick"] * 6, None, [constrained(spec, temperature=1.0, seed=s) for s in range(6)]
+    )
     assert all(c.text in CHOICES and c.finish_reason == "stop" for c in copies)
 
 
 def test_preempted_constrained_requests_still_match(make_engine):
     prompts = [f"Record number {i}: write it down as" for i in range(8)]
     digits = {"type": "array", "items": {"enum": [0, 1, 2]}, "minItems": 25, "maxItems": 25}
-    specs = [StructuredOutput(json_schema=json.dumps(digits)), StructuredOutput(regex="([a-z] ){40}[a-z]")] * 4
+    specs = [
+        StructuredOutput(json_schema=json.dumps(digits)),
+        StructuredOutput(regex="([a-z] ){40}[a-z]"),
+    ] * 4
     params = [constrained(spec, max_tokens=120) for spec in specs]
     roomy = make_engine(adapters=[])
     expected = [o.token_ids for o in roomy.generate(prompts, None, params)]

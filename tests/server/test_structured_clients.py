@@ -49,6 +49,7 @@ def test_openai_parse_returns_the_pydantic_object(smol_server):
 
 def test_litellm_json_mode_gives_a_json_object(smol_server):
     import litellm
+
     server, model = smol_server
     response = litellm.completion(
         model=f"openai/{model}",

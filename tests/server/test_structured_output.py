@@ -14,7 +14,10 @@ from tests.server.conftest import client
 
 SCHEMA = {
     "type": "object",
-    "properties": {"size": {"enum": ["s", "m", "l"]}, "count": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "properties": {
+        "size": {"enum": ["s", "m", "l"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
     "required": ["size", "count"],
     "additionalProperties": False,
 }
@@ -22,7 +25,10 @@ CHAT = [{"role": "user", "content": "Describe the box."}]
 
 
 def test_chat_response_format_json_schema_is_met(serve, engine):
-    response_format = {"type": "json_schema", "json_schema": {"name": "box", "schema": SCHEMA, "strict": True}}
+    response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "box", "schema": SCHEMA, "strict": True},
+    }
     response = client(serve()).chat.completions.create(
         model=engine.model_name, messages=CHAT, temperature=0, max_tokens=60, response_format=response_format
     )
@@ -50,8 +56,10 @@ def test_n_choices_each_follow_the_schema(serve, engine):
         ({"guided_json": SCHEMA}, lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
         ({"guided_grammar": 'start: "v" /[0-9]/ "." /[0-9]/'}, lambda t: re.fullmatch(r"v\d\.\d", t)),
         ({"guided_grammar": 'root ::= "v" [0-9] "." [0-9]'}, lambda t: re.fullmatch(r"v\d\.\d", t)),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": SCHEMA}}},
-         lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": SCHEMA}}},
+            lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None,
+        ),
     ],
     ids=["regex", "choice", "json_text", "json_object", "lark", "gbnf", "response_format"],
 )
@@ -80,7 +88,9 @@ def test_streamed_constrained_chat_adds_up_to_a_match(serve, engine):
 
 
 def test_text_response_format_is_free_text(serve, engine):
-    plain = client(serve()).chat.completions.create(model=engine.model_name, messages=CHAT, temperature=0, max_tokens=8)
+    plain = client(serve()).chat.completions.create(
+        model=engine.model_name, messages=CHAT, temperature=0, max_tokens=8
+    )
     text = client(serve()).chat.completions.create(
         model=engine.model_name, messages=CHAT, temperature=0, max_tokens=8, response_format={"type": "text"}
     )
@@ -90,9 +100,21 @@ def test_text_response_format_is_free_text(serve, engine):
 @pytest.mark.parametrize(
     ("extra", "param", "message"),
     [
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}},
-         "response_format", "objekt"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", "schema"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "objekt"}},
+                }
+            },
+            "response_format",
+            "objekt",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format",
+            "schema",
+        ),
         ({"response_format": {"type": "xml"}}, "response_format", "xml"),
         ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
         ({"guided_json": "[1, 2]"}, "guided_json", "JSON object"),
@@ -102,19 +124,33 @@ def test_text_response_format_is_free_text(serve, engine):
         ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice", "give one"),
         ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex", "give one"),
     ],
-    ids=["bad_schema", "no_schema", "bad_type", "json_text", "json_array", "regex", "choice", "grammar",
-         "two_guided", "format_and_guided"],
+    ids=[
+        "bad_schema",
+        "no_schema",
+        "bad_type",
+        "json_text",
+        "json_array",
+        "regex",
+        "choice",
+        "grammar",
+        "two_guided",
+        "format_and_guided",
+    ],
 )
 @pytest.mark.parametrize("route", ["chat", "completions"])
 def test_bad_constraints_are_400s_naming_the_field(serve, engine, extra, param, message, route):
     api = client(serve())
     with pytest.raises(openai.BadRequestError) as caught:
         if route == "chat":
-            api.chat.completions.create(model=engine.model_name, messages=CHAT, max_tokens=4, extra_body=extra)
+            api.chat.completions.create(
+                model=engine.model_name, messages=CHAT, max_tokens=4, extra_body=extra
+            )
         else:
             api.completions.create(model=engine.model_name, prompt="x", max_tokens=4, extra_body=extra)
     error = caught.value.body
     assert error["param"] == param
     assert message in error["message"]
     # the engine keeps serving
-    assert api.completions.create(model=engine.model_name, prompt="x", max_tokens=2).choices[0].text is not None
+    assert (
+        api.completions.create(model=engine.model_name, prompt="x", max_tokens=2).choices[0].text is not None
+    )

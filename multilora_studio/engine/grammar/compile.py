@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import TYPE_CHECKING
 
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
 from multilora_studio.engine.structured import StructuredOutput
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # the stub's type of the JSON options
+
 # JSON is written on one line with json.dumps' separators ({"a": 1, "b": [2, 3]}); no other
 # whitespace is allowed, so a model cannot spend its tokens on blank lines between two keys.
 # A schema's own "x-guidance" options override these.
-JSON_OPTIONS: llguidance.JsonCompileOptions = {
+JSON_OPTIONS: JsonCompileOptions = {
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",
