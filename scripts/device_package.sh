@@ -19,7 +19,7 @@ wanted=$("$PY" - <<'PYEOF'
 from importlib.metadata import version
 
 names = """platformdirs gguf openai fastapi starlette uvicorn httpx httpcore h11 anyio sniffio
-jiter pydantic pydantic-core typing-inspection annotated-types llguidance""".split()
+jiter pydantic pydantic-core typing-inspection annotated-types""".split()
 print(" ".join(f"{name}=={version(name)}" for name in names))
 PYEOF
 )
