@@ -190,6 +190,8 @@ class Engine:
                 f"adapter_scale={params.adapter_scale:g} needs an adapter: a base-model request "
                 "has no LoRA term to scale (pick an adapter, or leave adapter_scale at 1)"
             )
+        if params.structured is not None:
+            self.worker.grammars.compile(params.structured)  # ValueError now, not in the step loop
         request_id = request_id or f"req-{next(self._request_counter)}-{uuid.uuid4().hex[:8]}"
         output = RequestOutput(request_id, adapter, token_ids, arrival_time=time.monotonic())
         stream = RequestStream(output, loop)

@@ -13,6 +13,7 @@ import torch
 
 from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.grammar import DeviceMasks, apply_token_masks
 from multilora_studio.engine.kernel_warmup import warm_up_kernels, warmup_steps
 from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
 from multilora_studio.engine.logprobs import (
@@ -271,9 +272,12 @@ class ModelRunner:
         scoring: PromptScoring | None,
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
+        masks: DeviceMasks | None = None,
     ) -> StepOutput:
-        """Sample every row, score the rows that asked, and bring it all to the host with one wait."""
-        tokens = sample(logits, params, generators)  # [N] on the device
+        """Sample every row (within its grammar's ``masks``), score the rows that asked (raw
+        logits), and bring it all to the host with one wait."""
+        allowed = apply_token_masks(logits, masks) if masks is not None else logits  # [N, V]
+        tokens = sample(allowed, params, generators)  # [N] on the device
         wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
         scores = None
         if wanted:

@@ -1,4 +1,4 @@
-"""What a request's output must match: a JSON schema, any JSON object, a regex, one of several strings, or a grammar."""
+"""What a request's output must match: a JSON schema, any JSON object, a regex, a choice, or a grammar."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ class StructuredOutput:
     def __post_init__(self) -> None:
         given = [kind for kind in STRUCTURE_KINDS if getattr(self, kind) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(f"structured output needs exactly one of {', '.join(STRUCTURE_KINDS)}, got {given}")
+            kinds = ", ".join(STRUCTURE_KINDS)
+            raise ValueError(f"structured output needs exactly one of {kinds}, got {given}")
         if self.choice is not None:
             if not self.choice or any(not isinstance(c, str) or not c for c in self.choice):
                 raise ValueError("structured output choice must be a non-empty list of non-empty strings")

@@ -11,6 +11,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+import llguidance
 import torch
 
 from multilora_studio.engine.adapter_residency import AdapterResidency
@@ -28,6 +29,7 @@ from multilora_studio.engine.commands import (
 )
 from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
+from multilora_studio.engine.grammar import DeviceMasks, GrammarCompiler, TokenMasks, advance
 from multilora_studio.engine.logprobs import PromptScores, ScoredRows
 from multilora_studio.engine.metrics_publisher import MetricsPublisher
 from multilora_studio.engine.model_source import BaseModel
@@ -53,6 +55,8 @@ class ActiveRequest:
     stream: RequestStream
     detok: IncrementalDetokenizer | None
     generator: torch.Generator | None
+    # the request's grammar state (``SamplingParams.structured``): it has consumed every output token
+    matcher: llguidance.LLMatcher | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if asked
     prompt_scores: list[ScoredRows] = field(default_factory=list)  # host rows of prompt positions, if asked
     prompt_logprobs_sent: PromptScores | None = None  # what a delta carried, once it has
@@ -85,6 +89,9 @@ class EngineWorker:
         # host time to enqueue the forward pass; on CUDA the device time shows up in ``sample``,
         # which waits for the logits.
         self.phase_seconds = dict.fromkeys((*PHASES, "steps"), 0.0)
+        # structured output: grammars for the model's tokenizer (the engine compiles at submit)
+        self.grammars = GrammarCompiler(base.tokenizer, base.spec.eos_token_ids)
+        self._token_masks: TokenMasks | None = None  # built by the first step with a grammar
         self._seeds = random.Random(config.seed)  # each request's sampling seed, unless it sets one
         self._active: dict[str, ActiveRequest] = {}
         self._last_step_end = 0.0
@@ -125,6 +132,7 @@ class EngineWorker:
             logits, prompt_scores = self.runner.run(inputs)
             t_sample = self._tick("launch", t_launch)
             sampling = [self._active[c.seq.request_id] for c in plan.chunks if c.completes]
+            masks = self._fill_masks(sampling)  # on the host while the device runs the step
             scoring = inputs.scoring if isinstance(inputs, StepInputs) else None
             output = self.runner.sample(
                 logits,
@@ -132,6 +140,7 @@ class EngineWorker:
                 scoring,
                 [a.seq.params for a in sampling],
                 [a.generator for a in sampling],
+                masks,
             )
             t_post = self._tick("sample", t_sample)
         except Exception as error:
@@ -160,6 +169,21 @@ class EngineWorker:
             )
         )
         self._last_step_end = end
+
+    def _fill_masks(self, sampling: list[ActiveRequest]) -> DeviceMasks | None:
+        """The token masks of the sampling rows under a grammar; None when no row has one."""
+        rows = [
+            (row, active.matcher)
+            for row, active in enumerate(sampling)
+            if active.matcher is not None and active.seq.params.max_tokens > 0
+        ]
+        if not rows:
+            return None
+        if self._token_masks is None:
+            self._token_masks = TokenMasks(
+                self.grammars.vocab_size, self.config.max_num_seqs, self.runner.device
+            )
+        return self._token_masks.fill(rows)
 
     def _mark_scheduled(self, plan: StepPlan) -> None:
         """Record when each request of ``plan`` first ran (its queue time ends there)."""
@@ -217,15 +241,22 @@ class EngineWorker:
         params = seq.params
         reason = None
         stopped_by_text = active.detok.add(token) if active.detok is not None else False
+        new_logprobs = (logprob,) if logprob is not None else ()
+        try:
+            grammar_done = active.matcher is not None and advance(active.matcher, token)
+        except RuntimeError as error:  # the grammar refused a token it allowed: this request only
+            log.error("request %s: %s", seq.request_id, error)
+            self._finish(seq.request_id, "error", str(error), pending=[token], pending_logprobs=new_logprobs)
+            return
         if (
             stopped_by_text
+            or grammar_done
             or token in params.stop_token_ids
             or (not params.ignore_eos and token in self.base.spec.eos_token_ids)
         ):
             reason = "stop"
         elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
             reason = "length"
-        new_logprobs = (logprob,) if logprob is not None else ()
         if reason is not None:
             self._finish(seq.request_id, reason, None, pending=[token], pending_logprobs=new_logprobs)
         else:
@@ -286,9 +317,15 @@ class EngineWorker:
             seq.arrival_step = self.scheduler.step_count
             detok = IncrementalDetokenizer(tokenizer, tuple(seq.params.stop)) if tokenizer else None
             generator = make_generator(seq.params, device, self._seeds.getrandbits(63))
-            self._active[seq.request_id] = ActiveRequest(seq, stream, detok, generator)
+            active = ActiveRequest(seq, stream, detok, generator)
+            self._active[seq.request_id] = active
             self.residency.want(seq.adapter)
             self.scheduler.add(seq)
+            if seq.params.structured is not None:
+                try:
+                    active.matcher = self.grammars.matcher(seq.params.structured)
+                except ValueError as error:  # compiled at submit; only a failed recompile lands here
+                    self._finish(seq.request_id, "error", str(error))
 
     def _fail_unloadable_adapters(self) -> None:
         for request_id, active in list(self._active.items()):

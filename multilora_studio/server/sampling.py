@@ -8,6 +8,7 @@ from multilora_studio.engine import Prompt, SamplingParams
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.logprob_shapes import ScoreOptions
 from multilora_studio.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from multilora_studio.server.structured import requested_structure
 
 GREEDY_BELOW = 1e-5  # temperatures this small sample greedily, as in vLLM
 MIN_TOP_P = 1e-6  # smaller values round to 0 in float32 and empty the distribution; same choice as 1e-6
@@ -44,8 +45,6 @@ def check_supported(body: CompletionRequest | ChatCompletionRequest) -> None:
     else:
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", "invalid_value", "top_logprobs")
-        if body.response_format and body.response_format.get("type", "text") != "text":
-            raise _refuse("response_format", "only response_format type 'text' is supported")
 
 
 def score_options(body: CompletionRequest | ChatCompletionRequest) -> ScoreOptions:
@@ -73,6 +72,7 @@ def sampling_params(
     options = score_options(body)
     temperature = 1.0 if body.temperature is None else body.temperature
     seed = None if body.seed is None else (body.seed + choice) % (1 << 63)
+    structured = requested_structure(body)
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -86,6 +86,7 @@ def sampling_params(
             logprobs=options.logprobs,
             prompt_logprobs=_engine_prompt_logprobs(options),
             adapter_scale=body.adapter_scale,
+            structured=structured,
         )
     except ValueError as error:
         first = str(error).split(" ", 1)[0]

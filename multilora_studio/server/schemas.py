@@ -44,6 +44,12 @@ class _Sampling(_Body):
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP)
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     return_tokens_as_token_ids: bool = False
+    # structured output: OpenAI's response_format, vLLM's guided_* (at most one; server/structured.py)
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_grammar: str | None = None
     # MultiLoRA Studio's own: the adapter's strength (SamplingParams.adapter_scale validates it)
     adapter_scale: float = 1.0
 
@@ -93,7 +99,6 @@ class ChatCompletionRequest(_Sampling):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
 
 
 class LoadLoraRequest(_Body):

@@ -1,0 +1,101 @@
+"""Grammars compiled for the engine's tokenizer (cached), a matcher per request, and its advance."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import llguidance
+import llguidance.hf
+
+from multilora_studio.engine.grammar.compile import grammar_text, invalid
+from multilora_studio.engine.structured import StructuredOutput
+
+CACHED_GRAMMARS = 128
+# Errors without the parser state dump: they reach API clients.
+LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+
+
+class GrammarCompiler:
+    """Compiles ``StructuredOutput`` specs for one tokenizer; thread-safe.
+
+    The llguidance tokenizer is built on first use (about a second for a 128k vocabulary), so
+    an engine that never sees a structured request never pays for it. Compiled grammars stay
+    in an LRU cache keyed by the spec: each request's matcher is a copy of the cached,
+    never-advanced one (a copy costs microseconds; compiling a schema costs milliseconds).
+    """
+
+    def __init__(self, tokenizer: object | None, eos_token_ids: Sequence[int]) -> None:
+        self._hf_tokenizer = tokenizer
+        self._eos = list(eos_token_ids)
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._cache: OrderedDict[StructuredOutput, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compiles = 0  # grammars compiled (cache misses), for tests and diagnosis
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        """The llguidance view of the model's tokenizer (built on first use)."""
+        with self._lock:
+            return self._llg_tokenizer()
+
+    def _llg_tokenizer(self) -> llguidance.LLTokenizer:
+        if self._tokenizer is None:
+            if self._hf_tokenizer is None:
+                raise ValueError("structured output needs the model's tokenizer, and this model has none")
+            try:
+                self._tokenizer = llguidance.hf.from_tokenizer(
+                    self._hf_tokenizer,  # type: ignore[arg-type]
+                    eos_token=self._eos or None,
+                )
+            except ValueError as error:
+                raise ValueError(f"structured output cannot use this model's tokenizer: {error}") from None
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the grammar masks cover (the tokenizer's vocabulary)."""
+        return self.tokenizer.vocab_size
+
+    def compile(self, spec: StructuredOutput) -> None:
+        """Compile ``spec`` into the cache; ValueError (naming what is wrong) if it is invalid."""
+        with self._lock:
+            self._template(spec)
+
+    def matcher(self, spec: StructuredOutput) -> llguidance.LLMatcher:
+        """A fresh matcher of ``spec`` for one request (compiled now if it left the cache)."""
+        with self._lock:
+            return self._template(spec).deep_copy()
+
+    def _template(self, spec: StructuredOutput) -> llguidance.LLMatcher:
+        cached = self._cache.get(spec)
+        if cached is not None:
+            self._cache.move_to_end(spec)
+            return cached
+        tokenizer = self._llg_tokenizer()
+        try:
+            grammar = grammar_text(spec)
+        except ValueError as error:
+            raise invalid(spec, str(error)) from None
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            grammar, tokenizer, limits=LIMITS
+        )
+        if is_error:
+            raise invalid(spec, messages[0])
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
+        if matcher.is_error():
+            raise invalid(spec, matcher.get_error())
+        self.compiles += 1
+        self._cache[spec] = matcher
+        if len(self._cache) > CACHED_GRAMMARS:
+            self._cache.popitem(last=False)
+        return matcher
+
+
+def advance(matcher: llguidance.LLMatcher, token: int) -> bool:
+    """Feed the sampled ``token`` to ``matcher``: True once the grammar is complete (the request
+    stops), False while it goes on; RuntimeError if the matcher refused it."""
+    if not matcher.consume_token(token):
+        raise RuntimeError(f"structured output failed: {matcher.get_error() or 'the token was refused'}")
+    return matcher.is_stopped()
