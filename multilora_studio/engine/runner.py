@@ -15,6 +15,7 @@ from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.kernel_warmup import warm_up_kernels, warmup_steps
 from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
+from multilora_studio.engine.logits_processors import History, apply_processors
 from multilora_studio.engine.logprobs import (
     ScoredRows,
     score_chunk_rows,
@@ -271,9 +272,15 @@ class ModelRunner:
         scoring: PromptScoring | None,
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
+        histories: list[History],
     ) -> StepOutput:
-        """Sample every row, score the rows that asked, and bring it all to the host with one wait."""
-        tokens = sample(logits, params, generators)  # [N] on the device
+        """Sample every row, score the rows that asked, and bring it all to the host with one wait.
+
+        ``histories`` holds each row's (prompt, output) token ids, for the logits processors;
+        log-probabilities are scored from the raw ``logits``.
+        """
+        processed = apply_processors(logits, params, histories, self.spec.eos_token_ids)  # [N, V]
+        tokens = sample(processed, params, generators)  # [N] on the device
         wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
         scores = None
         if wanted:

@@ -132,6 +132,7 @@ class EngineWorker:
                 scoring,
                 [a.seq.params for a in sampling],
                 [a.generator for a in sampling],
+                [(a.seq.prompt_token_ids, a.seq.output_token_ids) for a in sampling],
             )
             t_post = self._tick("sample", t_sample)
         except Exception as error:
@@ -216,7 +217,7 @@ class EngineWorker:
             output.first_token_time = now
         params = seq.params
         reason = None
-        stopped_by_text = active.detok.add(token) if active.detok is not None else False
+        stopped_by_text = active.detok.add(token) if active.detok is not None else False  # after min_tokens
         if (
             stopped_by_text
             or token in params.stop_token_ids
@@ -284,7 +285,11 @@ class EngineWorker:
         tokenizer, device = self.base.tokenizer, self.runner.device
         for seq, stream in requests:
             seq.arrival_step = self.scheduler.step_count
-            detok = IncrementalDetokenizer(tokenizer, tuple(seq.params.stop)) if tokenizer else None
+            detok = (
+                IncrementalDetokenizer(tokenizer, tuple(seq.params.stop), seq.params.min_tokens)
+                if tokenizer
+                else None
+            )
             generator = make_generator(seq.params, device, self._seeds.getrandbits(63))
             self._active[seq.request_id] = ActiveRequest(seq, stream, detok, generator)
             self.residency.want(seq.adapter)

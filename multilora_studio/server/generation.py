@@ -113,8 +113,11 @@ class Job:
     def _submit_param(self, message: str) -> str:
         """The request field an engine submit error is about: the prompt, or the adapter strength
         (the engine refuses a strength on a base-model request)."""
-        if message.startswith("adapter_scale"):
-            return "adapter_scale"
+        for name in ("adapter_scale", "stop_token_ids", "logit_bias"):
+            if message.startswith(name):
+                return name
+        if message.startswith("bad_words"):
+            return "bad_words"
         return "messages" if self.route == "chat" else "prompt"
 
     def _submit_all(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -37,7 +37,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
         prompts = completion_prompts(body)
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        params = [sampling_params(body, max_tokens, i) for i in range(body.n)]
+        tokenizer = server_state(request).engine.tokenizer
+        params = [sampling_params(body, max_tokens, i, tokenizer) for i in range(body.n)]
         return prompts, params
 
     return await _generate(request, "completions", body, prepare, completion_body, completion_events)
@@ -47,7 +48,10 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
         max_tokens = chat_max_tokens(body, server_state(request).engine.config.max_model_len)
-        return [chat_prompt(body.messages)], [sampling_params(body, max_tokens, i) for i in range(body.n)]
+        tokenizer = server_state(request).engine.tokenizer
+        return [chat_prompt(body.messages)], [
+            sampling_params(body, max_tokens, i, tokenizer) for i in range(body.n)
+        ]
 
     return await _generate(request, "chat", body, prepare, chat_body, chat_events)
 

@@ -40,6 +40,10 @@ class _Sampling(_Body):
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP)
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     return_tokens_as_token_ids: bool = False
+    repetition_penalty: float | None = None  # SamplingParams validates these four
+    min_p: float | None = None
+    min_tokens: int | None = None
+    bad_words: list[str] | None = Field(None, max_length=256)
     # MultiLoRA Studio's own: the adapter's strength (SamplingParams.adapter_scale validates it)
     adapter_scale: float = 1.0
 
