@@ -13,8 +13,7 @@ from tests.server.raw_http import call
 
 MAX_TOKENS = 4
 REFUSED = (
-    "suffix", "best_of", "presence_penalty", "frequency_penalty", "logit_bias", "tools", "tool_choice",
-    "response_format",
+    "suffix", "best_of", "tools", "tool_choice", "response_format",
 )  # fmt: skip
 
 
