@@ -22,18 +22,20 @@ import torch
 
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 
-PENALTIES = dict(
-    presence_penalty=0.5,
-    frequency_penalty=0.3,
-    repetition_penalty=1.2,
-    logit_bias={17: 1.5},
-    bad_words_token_ids=[[11, 12]],
-)
-
 
 def decode_run(engine: Engine, prompts: list[list[int]], new_tokens: int, penalised: bool) -> float:
-    extra = PENALTIES if penalised else {}
-    params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True, **extra)
+    params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+    if penalised:
+        params = SamplingParams(
+            max_tokens=new_tokens,
+            temperature=0,
+            ignore_eos=True,
+            presence_penalty=0.5,
+            frequency_penalty=0.3,
+            repetition_penalty=1.2,
+            logit_bias={17: 1.5},
+            bad_words_token_ids=[[11, 12]],
+        )
     outputs = engine.generate(prompts, None, params)
     first = max(o.first_token_time or 0.0 for o in outputs)
     finish = max(o.finish_time or 0.0 for o in outputs)

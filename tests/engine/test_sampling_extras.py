@@ -46,7 +46,9 @@ def test_mixed_batch_rows_with_processors_follow_the_reference_and_others_stay_t
         SamplingParams(max_tokens=12, logit_bias={100: 3.0, 200: 2.5}, bad_words_token_ids=[[300]], **GREEDY),
         plain[3],
     ]
-    alone = [engine.generate([p], [a], [s])[0].token_ids for p, a, s in zip(prompts, adapters, plain)]
+    alone = [
+        engine.generate([p], [a], [s])[0].token_ids for p, a, s in zip(prompts, adapters, plain, strict=True)
+    ]
     mixed = [o.token_ids for o in engine.generate(prompts, adapters, processed)]
     assert mixed[0] == alone[0] and mixed[3] == alone[3]
     for row in (1, 2):
