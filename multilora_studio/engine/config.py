@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from multilora_studio.engine.structured import StructuredOutput
@@ -18,6 +18,10 @@ GREEDY_BELOW = 1e-5
 # Largest adapter strength a request may ask for (SamplingParams.adapter_scale): 16x an
 # adapter's own scale is far past any useful extrapolation and still far from float overflow.
 MAX_ADAPTER_SCALE = 16.0
+MAX_PENALTY = 2.0  # presence_penalty / frequency_penalty range is [-2, 2] (OpenAI's)
+MAX_REPETITION_PENALTY = 100.0  # past this a seen token's logit is as good as removed
+MAX_LOGIT_BIAS = 100.0  # logit_bias values range over [-100, 100] (OpenAI's)
+MAX_BAD_WORDS = 1024  # bad_words_token_ids sequences per request
 DEVICE_NAME = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -185,6 +189,24 @@ class SamplingParams:
     adapter_scale: float = 1.0
     # What the output must match (a JSON schema, a regex, a grammar ...); None: free text.
     structured: StructuredOutput | None = None
+    # Logits processors (engine/logits_processors.py; docs/engine.md, "Sampling order"), all
+    # off by default. OpenAI's penalties over the tokens generated so far: logit -= presence *
+    # (count > 0) + frequency * count.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM's / HF's: a token seen in the prompt or the output has its logit divided by it when
+    # positive, multiplied when not; 1.0 = off.
+    repetition_penalty: float = 1.0
+    # Tokens whose probability (after temperature) is below min_p x the largest are dropped.
+    min_p: float = 0.0
+    # token id -> bias added to its logit (ids checked against the vocabulary at submit).
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    # EOS (unless ignore_eos) and stop_token_ids are banned, and stop strings do not end the
+    # request, until this many tokens are generated.
+    min_tokens: int = 0
+    # Banned token sequences: a sequence's last token is banned when the output ends with the
+    # tokens before it (a one-token sequence is always banned), as vLLM's bad_words.
+    bad_words_token_ids: Sequence[Sequence[int]] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 0)
@@ -210,6 +232,41 @@ class SamplingParams:
         self.adapter_scale = float(self.adapter_scale)
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise ValueError(f"structured must be a StructuredOutput, got {self.structured!r}")
+        self._check_processors()
+
+    def _check_processors(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check_number(name, getattr(self, name), -MAX_PENALTY, MAX_PENALTY, low_inclusive=True)
+            setattr(self, name, float(getattr(self, name)))
+        _check_number("repetition_penalty", self.repetition_penalty, 0, MAX_REPETITION_PENALTY, False)
+        self.repetition_penalty = float(self.repetition_penalty)
+        _check_number("min_p", self.min_p, 0, 1, low_inclusive=True)
+        self.min_p = float(self.min_p)
+        if self.logit_bias is None:
+            self.logit_bias = {}
+        if not isinstance(self.logit_bias, Mapping):
+            raise ValueError(f"logit_bias must be a mapping of token id to bias, got {self.logit_bias!r}")
+        bias = {}
+        for token, value in self.logit_bias.items():
+            _check_int("logit_bias token id", token, 0)
+            _check_number("logit_bias value", value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS, low_inclusive=True)
+            bias[token] = float(value)
+        self.logit_bias = bias
+        _check_int("min_tokens", self.min_tokens, 0)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        words = _as_tuple("bad_words_token_ids", self.bad_words_token_ids, "lists of token ids")
+        if len(words) > MAX_BAD_WORDS:
+            raise ValueError(f"bad_words_token_ids may hold at most {MAX_BAD_WORDS} sequences")
+        checked = []
+        for word in words:
+            ids = _as_tuple("bad_words_token_ids", word, "lists of token ids")
+            if not ids:
+                raise ValueError("bad_words_token_ids must not hold an empty sequence")
+            for token in ids:
+                _check_int("bad_words_token_ids entry", token, 0)
+            checked.append(ids)
+        self.bad_words_token_ids = tuple(checked)
 
     @property
     def greedy(self) -> bool:

@@ -12,12 +12,14 @@ class IncrementalDetokenizer:
     trailing incomplete UTF-8 sequence and the last ``len(longest stop) - 1`` characters,
     so no delta is ever retracted when a stop string completes later. When the request
     finishes, whatever is still held back is flushed, so the final text is the decode of
-    all ids (cut before the first stop string).
+    all ids (cut before the first stop string). Stop strings are looked for only once
+    ``min_tokens`` ids have come (vLLM's rule: text before that never stops the request).
     """
 
-    def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...], min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
+        self.min_tokens = min_tokens
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.ids: list[int] = []
         self.prefix_offset = 0
@@ -37,7 +39,7 @@ class IncrementalDetokenizer:
         if len(full) > len(prefix) and (final or not full.endswith("\ufffd")):
             self.text += full[len(prefix) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        if not self.stop:
+        if not self.stop or len(self.ids) < self.min_tokens:
             return False
         start = max(0, before - self.holdback)  # a stop string may straddle old and new text
         hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]

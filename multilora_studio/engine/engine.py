@@ -183,6 +183,15 @@ class Engine:
             raise ValueError(
                 f"the prompt has {len(token_ids)} tokens; max_model_len is {self.config.max_model_len}"
             )
+        vocab = self.spec.vocab_size
+        for name, ids in (
+            ("stop_token_ids", params.stop_token_ids),
+            ("logit_bias", params.logit_bias),
+            ("bad_words_token_ids", [t for word in params.bad_words_token_ids for t in word]),
+        ):
+            bad = [t for t in ids if t >= vocab]
+            if bad:
+                raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         if adapter is not None:
             self.residency.check_known(adapter)
         elif params.adapter_scale != 1.0:

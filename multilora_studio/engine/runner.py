@@ -16,6 +16,7 @@ from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.grammar import DeviceMasks, apply_token_masks
 from multilora_studio.engine.kernel_warmup import warm_up_kernels, warmup_steps
 from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
+from multilora_studio.engine.logits_processors import History, apply_processors
 from multilora_studio.engine.logprobs import (
     ScoredRows,
     score_chunk_rows,
@@ -272,11 +273,17 @@ class ModelRunner:
         scoring: PromptScoring | None,
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
+        histories: list[History],
         masks: DeviceMasks | None = None,
     ) -> StepOutput:
-        """Sample every row (within its grammar's ``masks``), score the rows that asked (raw
-        logits), and bring it all to the host with one wait."""
-        allowed = apply_token_masks(logits, masks) if masks is not None else logits  # [N, V]
+        """Sample every row (after the logits processors, within its grammar's ``masks``), score
+        the rows that asked, and bring it all to the host with one wait.
+
+        ``histories`` holds each row's (prompt, output) token ids, for the logits processors;
+        log-probabilities are scored from the raw ``logits``.
+        """
+        processed = apply_processors(logits, params, histories, self.spec.eos_token_ids)  # [N, V]
+        allowed = apply_token_masks(processed, masks) if masks is not None else processed  # [N, V]
         tokens = sample(allowed, params, generators)  # [N] on the device
         wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
         scores = None

@@ -18,8 +18,11 @@ def make_generator(
 
 
 def _filter(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, top-k and top-p applied to one row [V] of float32 logits."""
+    """Temperature, min-p, top-k and top-p, in that order (vLLM's), on one row [V] of float32 logits."""
     logits = logits / params.temperature
+    if params.min_p > 0.0:
+        probs = logits.softmax(-1)  # [V]
+        logits = logits.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
     if 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

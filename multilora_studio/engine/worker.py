@@ -140,6 +140,7 @@ class EngineWorker:
                 scoring,
                 [a.seq.params for a in sampling],
                 [a.generator for a in sampling],
+                [(a.seq.prompt_token_ids, a.seq.output_token_ids) for a in sampling],
                 masks,
             )
             t_post = self._tick("sample", t_sample)
@@ -240,7 +241,7 @@ class EngineWorker:
             output.first_token_time = now
         params = seq.params
         reason = None
-        stopped_by_text = active.detok.add(token) if active.detok is not None else False
+        stopped_by_text = active.detok.add(token) if active.detok is not None else False  # after min_tokens
         new_logprobs = (logprob,) if logprob is not None else ()
         try:
             grammar_done = active.matcher is not None and advance(active.matcher, token)
@@ -315,7 +316,11 @@ class EngineWorker:
         tokenizer, device = self.base.tokenizer, self.runner.device
         for seq, stream in requests:
             seq.arrival_step = self.scheduler.step_count
-            detok = IncrementalDetokenizer(tokenizer, tuple(seq.params.stop)) if tokenizer else None
+            detok = (
+                IncrementalDetokenizer(tokenizer, tuple(seq.params.stop), seq.params.min_tokens)
+                if tokenizer
+                else None
+            )
             generator = make_generator(seq.params, device, self._seeds.getrandbits(63))
             active = ActiveRequest(seq, stream, detok, generator)
             self._active[seq.request_id] = active

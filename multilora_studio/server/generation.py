@@ -117,10 +117,11 @@ class Job:
             self._pumps.append(asyncio.create_task(self._pump(choice, choice.stream)))
 
     def _submit_param(self, message: str) -> str:
-        """The request field an engine submit error is about: the prompt, or the adapter strength
-        (the engine refuses a strength on a base-model request)."""
-        if message.startswith("adapter_scale"):
-            return "adapter_scale"
+        """The request field an engine submit error is about: the prompt, the adapter strength
+        (refused on a base-model request), or token ids outside the vocabulary."""
+        for name in ("adapter_scale", "stop_token_ids", "logit_bias", "bad_words"):
+            if message.startswith(name):  # bad_words_token_ids too: the server's bad_words
+                return name
         return PROMPT_FIELDS.get(self.route, "prompt")
 
     def _submit_all(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -53,7 +53,6 @@ def _refused(
     return RequestField(name, routes, source, REFUSED, note, harmless, example)
 
 
-_OTHER_HELPER = "sampled as vLLM does"
 FIELDS: tuple[RequestField, ...] = (
     # ---- OpenAI, both routes
     _honoured("model", (*BOTH, RESPONSES), "OpenAI", "the base model or an adapter name"),
@@ -66,8 +65,8 @@ FIELDS: tuple[RequestField, ...] = (
     _honoured("stream_options", BOTH, "OpenAI", "include_usage: a last chunk with usage"),
     _honoured("max_tokens", BOTH, "OpenAI", "prompt + max_tokens above max_model_len is a 400"),
     _honoured("logprobs", BOTH, "OpenAI", "completions: top-k count; chat: true/false"),
-    _honoured("presence_penalty", BOTH, "OpenAI", _OTHER_HELPER),
-    _honoured("frequency_penalty", BOTH, "OpenAI", _OTHER_HELPER),
+    _honoured("presence_penalty", BOTH, "OpenAI", "subtracted once from each token already generated (OpenAI's formula)"),
+    _honoured("frequency_penalty", BOTH, "OpenAI", "subtracted per occurrence of each token already generated"),
     _honoured("logit_bias", BOTH, "OpenAI", "added to the logits of the given token ids"),
     _ignored(
         "user", (*BOTH, RESPONSES), "OpenAI", "an end-user tag for abuse monitoring; nothing to monitor"
@@ -163,10 +162,10 @@ FIELDS: tuple[RequestField, ...] = (
     _honoured("stop_token_ids", BOTH, "vLLM", "up to 16 token ids"),
     _honoured("prompt_logprobs", BOTH, "vLLM", "scores of the prompt tokens"),
     _honoured("return_tokens_as_token_ids", BOTH, "vLLM", "logprob tokens as token:<id>"),
-    _honoured("min_p", BOTH, "vLLM", _OTHER_HELPER),
-    _honoured("min_tokens", BOTH, "vLLM", _OTHER_HELPER),
-    _honoured("repetition_penalty", BOTH, "vLLM", _OTHER_HELPER),
-    _honoured("bad_words", BOTH, "vLLM", _OTHER_HELPER),
+    _honoured("min_p", BOTH, "vLLM", "drops tokens below min_p x the top probability (after temperature)"),
+    _honoured("min_tokens", BOTH, "vLLM", "no end of sequence, stop token or stop string before that many tokens"),
+    _honoured("repetition_penalty", BOTH, "vLLM", "divides positive / multiplies negative logits of prompt and output tokens"),
+    _honoured("bad_words", BOTH, "vLLM", "token sequences never completed (each word with and without a leading space)"),
     _honoured("guided_json", BOTH, "vLLM", "structured output"),
     _honoured("guided_regex", BOTH, "vLLM", "structured output"),
     _honoured("guided_choice", BOTH, "vLLM", "structured output"),

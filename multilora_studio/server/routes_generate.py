@@ -40,7 +40,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
         prompts = completion_prompts(body)
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        params = [sampling_params(body, max_tokens, i) for i in range(body.n)]
+        tokenizer = server_state(request).engine.tokenizer
+        params = [sampling_params(body, max_tokens, i, tokenizer) for i in range(body.n)]
         return prompts, params
 
     return await generate(
@@ -55,9 +56,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 
     def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
         if not uses_tools(body):
-            return chat_request(body, engine.config.max_model_len)
+            return chat_request(body, engine.config.max_model_len, engine.tokenizer)
         max_tokens = chat_max_tokens(body, engine.config.max_model_len)
-        params = [sampling_params(body, max_tokens, i) for i in range(body.n)]
+        params = [sampling_params(body, max_tokens, i, engine.tokenizer) for i in range(body.n)]
         plan = tool_plan(body, engine.tokenizer, engine.spec.model_type)
         tool_format[0] = plan.format
         return [plan.token_ids], with_tool_structure(params, plan.structure)
@@ -71,11 +72,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 
 
 def chat_request(
-    body: ChatCompletionRequest, max_model_len: int
+    body: ChatCompletionRequest, max_model_len: int, tokenizer: Any
 ) -> tuple[list[Prompt], list[SamplingParams]]:
     """The engine prompt and the parameters of each choice of a chat request."""
     max_tokens = chat_max_tokens(body, max_model_len)
-    return [chat_prompt(body.messages)], [sampling_params(body, max_tokens, i) for i in range(body.n)]
+    params = [sampling_params(body, max_tokens, i, tokenizer) for i in range(body.n)]
+    return [chat_prompt(body.messages)], params
 
 
 async def generate(

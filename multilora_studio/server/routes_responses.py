@@ -27,11 +27,11 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     except ApiError as error:
         record_rejection(state, RESPONSES, body.model, api_key_label(request), body.stream, error)
         raise
-    max_model_len = state.engine.config.max_model_len
+    engine = state.engine
 
     def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
         check_fields(RESPONSES, body)
-        return chat_request(chat, max_model_len)
+        return chat_request(chat, engine.config.max_model_len, engine.tokenizer)
 
     settings = Settings(body.instructions, body.max_output_tokens, body.temperature, body.top_p)
     return await generate(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from multilora_studio.engine import Prompt, SamplingParams
 from multilora_studio.server.errors import ApiError
@@ -23,6 +23,13 @@ PARAM_NAMES = (
     "logprobs",
     "prompt_logprobs",
     "adapter_scale",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    "logit_bias",
+    "min_tokens",
+    "bad_words",
 )
 
 
@@ -32,11 +39,6 @@ def _refuse(param: str, message: str) -> ApiError:
 
 def check_supported(body: CompletionRequest | ChatCompletionRequest) -> None:
     """Options we cannot honour are a 400, never silently ignored."""
-    if body.presence_penalty or body.frequency_penalty:
-        param = "presence_penalty" if body.presence_penalty else "frequency_penalty"
-        raise _refuse(param, f"{param} is not supported; leave it at 0")
-    if body.logit_bias:
-        raise _refuse("logit_bias", "logit_bias is not supported")
     if isinstance(body, CompletionRequest):
         if body.suffix:
             raise _refuse("suffix", "suffix is not supported")
@@ -65,8 +67,40 @@ def _engine_prompt_logprobs(options: ScoreOptions) -> int | None:
     return max(given) if given else None
 
 
+def _logit_bias(given: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's logit_bias (token-id strings -> bias) with integer keys."""
+    bias = {}
+    for key, value in (given or {}).items():
+        try:
+            bias[int(key)] = value
+        except ValueError:
+            raise ApiError(
+                400, f"logit_bias keys must be token ids, got {key!r}", "invalid_value", "logit_bias"
+            ) from None
+    return bias
+
+
+def bad_words_token_ids(words: list[str] | None, tokenizer: Any | None) -> list[list[int]]:
+    """vLLM's tokenization of ``bad_words``: each word as is and, where that gives other tokens of
+    the same count, with a leading space (the word inside a sentence)."""
+    if not words:
+        return []
+    if tokenizer is None:
+        raise ApiError(400, "bad_words needs a model with a tokenizer", "invalid_value", "bad_words")
+    sequences: list[list[int]] = []
+    for word in words:
+        plain = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = list(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        if not plain:
+            raise ApiError(400, f"bad_words entry {word!r} has no tokens", "invalid_value", "bad_words")
+        sequences.append(plain)
+        if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+            sequences.append(spaced)
+    return sequences
+
+
 def sampling_params(
-    body: CompletionRequest | ChatCompletionRequest, max_tokens: int, choice: int
+    body: CompletionRequest | ChatCompletionRequest, max_tokens: int, choice: int, tokenizer: Any = None
 ) -> SamplingParams:
     """Parameters of choice ``choice`` (0..n-1); a given seed becomes ``seed + choice``."""
     options = score_options(body)
@@ -87,6 +121,13 @@ def sampling_params(
             prompt_logprobs=_engine_prompt_logprobs(options),
             adapter_scale=body.adapter_scale,
             structured=structured,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            min_p=body.min_p or 0.0,
+            logit_bias=_logit_bias(body.logit_bias),
+            min_tokens=body.min_tokens or 0,
+            bad_words_token_ids=bad_words_token_ids(body.bad_words, tokenizer),
         )
     except ValueError as error:
         first = str(error).split(" ", 1)[0]

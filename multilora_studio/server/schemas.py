@@ -50,6 +50,10 @@ class _Sampling(_Body):
     guided_regex: str | None = None
     guided_choice: list[str] | None = Field(None, min_length=1)
     guided_grammar: str | None = None
+    repetition_penalty: float | None = None  # SamplingParams validates these four
+    min_p: float | None = None
+    min_tokens: int | None = None
+    bad_words: list[str] | None = Field(None, max_length=256)
     # MultiLoRA Studio's own: the adapter's strength (SamplingParams.adapter_scale validates it)
     adapter_scale: float = 1.0
 

@@ -13,7 +13,7 @@ from tests.server.raw_http import call
 
 MAX_TOKENS = 4
 REFUSED = (
-    "suffix", "best_of", "presence_penalty", "frequency_penalty", "logit_bias", "tools", "tool_choice",
+    "suffix", "best_of",
 )  # fmt: skip
 
 
