@@ -46,7 +46,7 @@ def build_tiny_model(tokenizer_dir: Path, target: Path, architecture: str = "lla
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    common = dict(
+    common: dict[str, object] = dict(
         vocab_size=49152,
         hidden_size=64,
         intermediate_size=160,

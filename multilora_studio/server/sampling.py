@@ -44,9 +44,8 @@ def check_supported(body: CompletionRequest | ChatCompletionRequest) -> None:
             raise _refuse("suffix", "suffix is not supported")
         if body.best_of is not None and body.best_of != body.n:
             raise _refuse("best_of", "best_of is not supported; use n")
-    else:
-        if body.top_logprobs is not None and not body.logprobs:
-            raise ApiError(400, "top_logprobs needs logprobs: true", "invalid_value", "top_logprobs")
+    elif body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", "invalid_value", "top_logprobs")
 
 
 def score_options(body: CompletionRequest | ChatCompletionRequest) -> ScoreOptions:
