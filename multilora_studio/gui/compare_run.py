@@ -23,6 +23,7 @@ from multilora_studio.run_records import column_choice
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class ColumnUpdate:
     """What a column gained since the last ``take``, and its running numbers."""
