@@ -2,7 +2,7 @@
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft, with
 # .device_pkg/ carried (scripts/device_package.sh builds it: the tokenizer and the other wheels).
-# Usage: scripts/gpu_session.sh [gpu-tests] [engine-tests|engine-fidelity] [engine-bench] [engine-bench-invariant] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
+# Usage: scripts/gpu_session.sh [gpu-tests] [engine-tests|engine-fidelity] [engine-bench] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 # Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
 set -u
@@ -39,6 +39,13 @@ for step in $steps; do
         timeout 280 python3 -m benchmarks.engine_gpu --rounds 1 $flag --json "$OUT/engine_gpu${flag:+_invariant}.json" \
           2>&1 | tee "$OUT/engine-bench${flag:+-invariant}.log" | grep -v "^INFO" | tail -40
       done ;;
+    api-bench)
+      # structured output (half the rows under a JSON schema) and the logits processors (every row),
+      # each against the same batch without, alternating rounds
+      timeout 280 python3 -m benchmarks.structured_gpu --json "$OUT/structured_gpu.json" 2>&1 \
+        | tee "$OUT/structured-bench.log" | grep -v "^INFO" | tail -12
+      timeout 280 python3 -m benchmarks.sampling_gpu --json "$OUT/sampling_gpu.json" 2>&1 \
+        | tee "$OUT/sampling-bench.log" | grep -v "^INFO" | tail -12 ;;
     gpu-tests)
       # the whole GPU test set natively: kernels, engine and server tests on CUDA (no interpreter);
       # lm-evaluation-harness is not carried (its parity test runs in CI)
