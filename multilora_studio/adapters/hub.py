@@ -310,7 +310,9 @@ def _hub_errors(repo_id: str, revision: str | None, settings: HubSettings) -> It
             "(private repositories need a login: hf auth login)"
         ) from None
     except RevisionNotFoundError:
-        raise HubNotFoundError(f"revision {revision!r} of {repo_id} was not found on {settings.endpoint}") from None
+        raise HubNotFoundError(
+            f"revision {revision!r} of {repo_id} was not found on {settings.endpoint}"
+        ) from None
     except OfflineModeIsEnabled:
         raise HubError(f"{where}: the Hub client is in offline mode (HF_HUB_OFFLINE)") from None
     except Exception as error:  # network and server errors of whichever HTTP stack the client uses
@@ -318,7 +320,9 @@ def _hub_errors(repo_id: str, revision: str | None, settings: HubSettings) -> It
         if isinstance(error, OSError) or any(
             w in kind for w in ("Connect", "Timeout", "Network", "Protocol")
         ):
-            raise HubUnreachableError(f"{where}: could not reach {settings.endpoint} ({kind}: {error})") from error
+            raise HubUnreachableError(
+                f"{where}: could not reach {settings.endpoint} ({kind}: {error})"
+            ) from error
         raise HubError(f"{where}: unexpected answer from {settings.endpoint} ({kind}: {error})") from error
 
 

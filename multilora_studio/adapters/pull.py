@@ -88,7 +88,9 @@ def pull(
             snapshot, registry, base, name, aliases, notes, max_rank, progress, cancel, settings
         )
     if adapter_only:
-        raise HubError(f"{repo_id} is not a LoRA adapter: it has no {CONFIG_FILE} at {snapshot.revision[:12]}")
+        raise HubError(
+            f"{repo_id} is not a LoRA adapter: it has no {CONFIG_FILE} at {snapshot.revision[:12]}"
+        )
     if MODEL_CONFIG in snapshot.files:
         return _pull_model(snapshot, registry, progress, cancel, settings)
     raise HubError(

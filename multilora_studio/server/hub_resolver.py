@@ -23,7 +23,6 @@ from multilora_studio.server.errors import ApiError
 log = logging.getLogger(__name__)
 
 
-
 class HubResolver:
     """Pull, register and serve Hub adapters named by a request's ``model``; one pull per repo@rev."""
 
@@ -49,16 +48,23 @@ class HubResolver:
             self.pulls_started += 1
             task = asyncio.ensure_future(asyncio.to_thread(self._pull, model))
             self._pulls[key] = task
-            task.add_done_callback(lambda _: self._pulls.pop(key, None))
+            task.add_done_callback(lambda done: self._forget(key, done))
         try:
             return await asyncio.wait_for(asyncio.shield(task), self.wait_s)
         except TimeoutError:
             raise ApiError(
                 504,
-                f"The model `{model}` is still being pulled from the Hub after {self.wait_s:g} s; retry later.",
+                f"The model `{model}` is still being pulled from the Hub after {self.wait_s:g} s; "
+                "retry later.",
                 "model_pull_timeout",
                 "model",
             ) from None
+
+    def _forget(self, key: tuple[str, str | None], task: asyncio.Task[str]) -> None:
+        """A finished pull is not shared any more: a success is served, a failure may be retried."""
+        self._pulls.pop(key, None)
+        if not task.cancelled():
+            task.exception()  # retrieved even when every waiter timed out
 
     def _pull(self, model: str) -> str:
         """On a worker thread: pull ``model`` into the library and add it to the engine."""
@@ -74,12 +80,19 @@ class HubResolver:
             assert result.adapter is not None  # adapter_only
             record = self.registry.load_into(self.engine, result.adapter.name, preload=False)
         except HubNotFoundError as error:
-            raise ApiError(404, f"The model `{model}` does not exist: {error}", "model_not_found", "model") from None
+            raise ApiError(
+                404, f"The model `{model}` does not exist: {error}", "model_not_found", "model"
+            ) from None
         except HubUnreachableError as error:
-            raise ApiError(502, f"The model `{model}` could not be pulled: {error}", "hub_unreachable", "model") from None
+            raise ApiError(
+                502, f"The model `{model}` could not be pulled: {error}", "hub_unreachable", "model"
+            ) from None
         except (HubError, AdapterError, ValueError, OSError) as error:
             raise ApiError(
-                400, f"The model `{model}` cannot be served from the Hub: {error}", "invalid_hub_adapter", "model"
+                400,
+                f"The model `{model}` cannot be served from the Hub: {error}",
+                "invalid_hub_adapter",
+                "model",
             ) from None
         log.info("pulled %s from the Hub and serving it as %s", model, record.name)
         return record.name

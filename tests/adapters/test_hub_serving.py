@@ -97,9 +97,7 @@ def test_concurrent_requests_for_one_new_adapter_share_one_pull(hub, serve, regi
     assert library_rows(registry) == [(model, model, hub.repos.shas[(model, "v1")])]
 
 
-def test_a_missing_repository_is_a_404_naming_model_and_is_retried_later(
-    hub, serve, registry, tiny_adapters
-):
+def test_a_missing_repository_is_a_404_naming_model_and_is_retried_later(hub, serve, registry, tiny_adapters):
     server = serve(allow_hub_adapters=True)
     model = f"{HUB_ORG}/late-lora"
     with pytest.raises(openai.NotFoundError) as caught:
