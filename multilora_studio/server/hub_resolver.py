@@ -87,7 +87,7 @@ class HubResolver:
             raise ApiError(
                 502, f"The model `{model}` could not be pulled: {error}", "hub_unreachable", "model"
             ) from None
-        except (HubError, AdapterError, ValueError, OSError) as error:
+        except (HubError, AdapterError, ValueError) as error:
             raise ApiError(
                 400,
                 f"The model `{model}` cannot be served from the Hub: {error}",

@@ -134,8 +134,9 @@ def test_without_the_flag_an_unknown_model_is_a_404_and_nothing_is_pulled(hub, s
 def test_an_unreachable_hub_is_a_502_naming_model(serve, registry, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     server = serve(allow_hub_adapters=True)
+    model = f"{LORA}@v1-unreached"  # served by no other test
     with pytest.raises(openai.InternalServerError) as caught:
-        chat(server, LORA)
+        chat(server, model)
     assert caught.value.status_code == 502
-    assert caught.value.body["param"] == "model" and LORA in caught.value.body["message"]
+    assert caught.value.body["param"] == "model" and model in caught.value.body["message"]
     assert library_rows(registry) == []
