@@ -52,6 +52,14 @@ class PullCancelled(HubError):
     """The user cancelled a download."""
 
 
+class HubNotFoundError(HubError):
+    """The repository or revision does not exist (or is private)."""
+
+
+class HubUnreachableError(HubError):
+    """The Hub did not answer."""
+
+
 @dataclass(frozen=True)
 class HubSettings:
     """Where the Hub is and where its files are cached, read from the environment."""
@@ -297,12 +305,14 @@ def _hub_errors(repo_id: str, revision: str | None, settings: HubSettings) -> It
             f"{repo_id} is gated; accept its terms on the Hub and log in (hf auth login)"
         ) from None
     except RepositoryNotFoundError:
-        raise HubError(
+        raise HubNotFoundError(
             f"{where} was not found on {settings.endpoint}: check the repository id and revision "
             "(private repositories need a login: hf auth login)"
         ) from None
     except RevisionNotFoundError:
-        raise HubError(f"revision {revision!r} of {repo_id} was not found on {settings.endpoint}") from None
+        raise HubNotFoundError(
+            f"revision {revision!r} of {repo_id} was not found on {settings.endpoint}"
+        ) from None
     except OfflineModeIsEnabled:
         raise HubError(f"{where}: the Hub client is in offline mode (HF_HUB_OFFLINE)") from None
     except Exception as error:  # network and server errors of whichever HTTP stack the client uses
@@ -310,7 +320,9 @@ def _hub_errors(repo_id: str, revision: str | None, settings: HubSettings) -> It
         if isinstance(error, OSError) or any(
             w in kind for w in ("Connect", "Timeout", "Network", "Protocol")
         ):
-            raise HubError(f"{where}: could not reach {settings.endpoint} ({kind}: {error})") from error
+            raise HubUnreachableError(
+                f"{where}: could not reach {settings.endpoint} ({kind}: {error})"
+            ) from error
         raise HubError(f"{where}: unexpected answer from {settings.endpoint} ({kind}: {error})") from error
 
 

@@ -74,14 +74,22 @@ def pull(
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
     settings: HubSettings | None = None,
+    adapter_only: bool = False,
 ) -> PullResult:
-    """Pull ``ORG/NAME[@REV]``; ``base`` (or a function returning it) is what adapters are checked against."""
+    """Pull ``ORG/NAME[@REV]``; ``base`` (or a function returning it) is what adapters are checked against.
+
+    ``adapter_only`` refuses a repository that is not a PEFT adapter (a base model, say).
+    """
     settings = settings or HubSettings.from_env()
     repo_id, revision = parse_repo_ref(ref)
     snapshot = resolve(repo_id, revision, settings)
     if CONFIG_FILE in snapshot.files:
         return _pull_adapter(
             snapshot, registry, base, name, aliases, notes, max_rank, progress, cancel, settings
+        )
+    if adapter_only:
+        raise HubError(
+            f"{repo_id} is not a LoRA adapter: it has no {CONFIG_FILE} at {snapshot.revision[:12]}"
         )
     if MODEL_CONFIG in snapshot.files:
         return _pull_model(snapshot, registry, progress, cancel, settings)

@@ -66,6 +66,19 @@ def add_serve_command(subparsers: Subcommands) -> None:
     parser.add_argument(
         "--allowed-origins", nargs="*", default=[], metavar="ORIGIN", help="enable CORS for these origins"
     )
+    parser.add_argument(
+        "--allow-hub-adapters",
+        action="store_true",
+        help="a request whose model is an unserved ORG/NAME[@REV] pulls that adapter from the Hub "
+        "(HF_ENDPOINT), validates it, adds it to the library and serves it",
+    )
+    parser.add_argument(
+        "--hub-pull-timeout",
+        type=int,
+        default=120,
+        metavar="SECONDS",
+        help="how long a request waits for its Hub adapter's pull before a 504",
+    )
     parser.set_defaults(handler=run_serve)
 
 
@@ -118,6 +131,8 @@ def run_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         allowed_hosts=tuple(args.allowed_hosts),
         cors_origins=tuple(args.allowed_origins),
+        allow_hub_adapters=args.allow_hub_adapters,
+        hub_pull_timeout_s=args.hub_pull_timeout,
     )
     modules = parse_lora_modules(args.lora_modules)
     if not config.loopback and not config.api_keys:

@@ -53,6 +53,8 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()
     request_log_size: int = 1000
     graceful_shutdown_s: int = 2
+    allow_hub_adapters: bool = False  # pull an unknown ``org/name[@rev]`` model from the Hub
+    hub_pull_timeout_s: int = 120  # how long a request waits for that pull
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host.strip():
@@ -72,6 +74,9 @@ class ServerConfig:
         self.cors_origins = _strings("cors_origins", self.cors_origins)
         _check_limit("request_log_size", self.request_log_size)
         _check_limit("graceful_shutdown_s", self.graceful_shutdown_s, 0)
+        if not isinstance(self.allow_hub_adapters, bool):
+            raise ValueError(f"allow_hub_adapters must be true or false, got {self.allow_hub_adapters!r}")
+        _check_limit("hub_pull_timeout_s", self.hub_pull_timeout_s)
 
     @property
     def loopback(self) -> bool:

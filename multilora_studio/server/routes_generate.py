@@ -93,7 +93,7 @@ async def generate(
     """Run one generation request; ``max_tokens_field`` names the field that set the output cap."""
     state, key = server_state(request), api_key_label(request)
     try:
-        adapter = state.resolve_model(body.model)
+        adapter = await state.resolve_model(body.model)
         check_supported(body)
         check_fields(route, body)
         prompts, params = prepare()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -29,11 +29,11 @@ def _tokenizer(state: ServerState) -> Any:
     return tokenizer
 
 
-@contextlib.contextmanager
-def _admitted(state: ServerState, request: Request, model: str | None) -> Iterator[None]:
+@contextlib.asynccontextmanager
+async def _admitted(state: ServerState, request: Request, model: str | None) -> AsyncIterator[None]:
     """The caller's per-key limits apply as to generation (no engine request, no tokens charged)."""
     if model is not None:
-        state.resolve_model(model)
+        await state.resolve_model(model)
     key = api_key_label(request)
     state.admission.acquire(key, 0)
     try:
@@ -57,7 +57,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     state = server_state(request)
     if (body.prompt is None) == (body.messages is None):
         raise ApiError(400, "send either `prompt` or `messages`", "invalid_value", "prompt")
-    with _admitted(state, request, body.model):
+    async with _admitted(state, request, body.model):
         tokenizer = _tokenizer(state)
         if body.messages is not None and not getattr(tokenizer, "chat_template", None):
             raise ApiError(400, "this model has no chat template; send a prompt", "invalid_value", "messages")
@@ -79,7 +79,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
     state = server_state(request)
-    with _admitted(state, request, body.model):
+    async with _admitted(state, request, body.model):
         tokenizer = _tokenizer(state)
         vocab = state.engine.spec.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]

@@ -17,9 +17,11 @@ import time
 
 import uvicorn
 
+from multilora_studio.adapters.registry import Registry
 from multilora_studio.engine import Engine
 from multilora_studio.server.app import create_app
 from multilora_studio.server.config import ServerConfig
+from multilora_studio.server.hub_resolver import HubResolver
 from multilora_studio.server.limits import Admission
 from multilora_studio.server.metrics import ServerMetrics
 from multilora_studio.server.request_log import RequestLog
@@ -67,8 +69,13 @@ class ApiServer:
     """The OpenAI-compatible endpoint over ``engine``; ``start()``/``stop()`` from any thread."""
 
     def __init__(
-        self, engine: Engine, config: ServerConfig | None = None, request_log: RequestLog | None = None
+        self,
+        engine: Engine,
+        config: ServerConfig | None = None,
+        request_log: RequestLog | None = None,
+        registry: Registry | None = None,
     ):
+        """``registry``: the library Hub adapters are pulled into (default: the user's)."""
         self.engine = engine
         self.config = config or ServerConfig()
         self.request_log = request_log or RequestLog(self.config.request_log_size)
@@ -81,6 +88,8 @@ class ApiServer:
         self.state = ServerState(
             engine, self.config, admission, self.metrics, self.request_log, int(time.time())
         )
+        if self.config.allow_hub_adapters:
+            self.state.hub = HubResolver(engine, registry or Registry(), self.config.hub_pull_timeout_s)
         self.app = create_app(self.state)
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None

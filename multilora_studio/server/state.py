@@ -10,6 +10,7 @@ from fastapi import Request
 from multilora_studio.engine import Engine
 from multilora_studio.server.config import ServerConfig
 from multilora_studio.server.errors import ApiError
+from multilora_studio.server.hub_resolver import HubResolver
 from multilora_studio.server.limits import Admission
 from multilora_studio.server.metrics import ServerMetrics
 from multilora_studio.server.request_log import RequestLog
@@ -32,18 +33,24 @@ class ServerState:
     metrics: ServerMetrics
     request_log: RequestLog
     created: int
+    hub: HubResolver | None = None  # set: unknown ``org/name[@rev]`` models are pulled from the Hub
     jobs: set[LiveJob] = field(default_factory=set)
     token_text: TokenText = field(init=False)
 
     def __post_init__(self) -> None:
         self.token_text = TokenText(self.engine.tokenizer)
 
-    def resolve_model(self, model: str) -> str | None:
-        """The adapter that ``model`` names (None: the base model); 404 for anything else."""
+    async def resolve_model(self, model: str) -> str | None:
+        """The adapter that ``model`` names (None: the base model); 404 for anything else.
+
+        With Hub adapters on, an unknown ``org/name[@rev]`` is pulled and served first.
+        """
         if model == self.engine.model_name:
             return None
         if any(info.name == model for info in self.engine.list_adapters()):
             return model
+        if self.hub is not None:
+            return await self.hub.resolve(model)
         raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
 
     def abort_all(self) -> None:
