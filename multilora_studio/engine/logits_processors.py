@@ -12,6 +12,7 @@ nothing waits for the device.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 import torch
@@ -73,18 +74,32 @@ class _PromptTokens:
 _prompt_tokens = _PromptTokens()
 
 
-def _penalty_pairs(p: SamplingParams, history: History) -> tuple[np.ndarray, np.ndarray]:
-    """One penalised row's touched tokens [M] (unique) and the value subtracted from each [M]:
-    ``frequency * count + presence * (count > 0)``, counts over the output."""
-    prompt, output = history
-    tokens, counts = np.unique(np.asarray(output, dtype=np.int64), return_counts=True)  # [Mo] each
-    if p.repetition_penalty != 1.0:  # the prompt's tokens are touched too (count 0)
-        union = np.union1d(_prompt_tokens.unique(prompt), tokens)  # [M] sorted
-        union_counts = np.zeros(len(union), dtype=np.int64)  # [M]
-        union_counts[np.searchsorted(union, tokens)] = counts
-        tokens, counts = union, union_counts
-    subtract = p.frequency_penalty * counts + p.presence_penalty * (counts > 0)  # [M]
-    return tokens, subtract
+def _penalty_pairs(
+    params: Sequence[SamplingParams], histories: Sequence[History], vocab: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The penalised rows' (row, token) pairs [M] (unique), their repetition penalties [M] and the
+    values subtracted from them [M]: ``frequency * count + presence * (count > 0)``, counts over
+    the output. A row's prompt tokens are touched (count 0) only when its repetition penalty is on."""
+    rows = [row for row, p in enumerate(params) if _penalised(p)]
+    outputs = [histories[row][1] for row in rows]
+    lengths = np.fromiter((len(out) for out in outputs), dtype=np.int64, count=len(rows))  # [R]
+    out_tokens = np.fromiter(chain.from_iterable(outputs), dtype=np.int64, count=int(lengths.sum()))
+    out_keys = (
+        np.repeat(np.asarray(rows, dtype=np.int64) * vocab, lengths) + out_tokens
+    )  # [Lo]: row * V + token
+    repeating = [row for row in rows if params[row].repetition_penalty != 1.0]
+    prompts = [_prompt_tokens.unique(histories[row][0]) for row in repeating]
+    prompt_rows = np.repeat(np.asarray(repeating, dtype=np.int64) * vocab, [len(t) for t in prompts])
+    prompt_keys = prompt_rows + np.concatenate(prompts) if prompts else prompt_rows  # [Lp]
+    keys, inverse = np.unique(np.concatenate([out_keys, prompt_keys]), return_inverse=True)  # [M], [Lo + Lp]
+    counts = np.bincount(inverse[: len(out_keys)], minlength=len(keys))  # [M]
+    pair_rows = keys // vocab  # [M]
+    table = np.array(
+        [(p.repetition_penalty, p.frequency_penalty, p.presence_penalty) for p in params], dtype=np.float64
+    )  # [N, 3]
+    repetition, frequency, presence = table[pair_rows].T  # [M] each
+    pairs = np.stack([pair_rows, keys % vocab])  # [2, M]: rows, tokens
+    return pairs, repetition, frequency * counts + presence * (counts > 0)
 
 
 def apply_processors(
@@ -120,35 +135,26 @@ def apply_processors(
             add_rows.append(row)
             add_tokens.append(token)
             add_values.append(bias)
-    # penalty pairs (row, token): unique within a row, so one index_put without accumulate
-    pen_rows, pen_tokens, pen_subtract, pen_repetition = [], [], [], []
-    for row, (p, history) in enumerate(zip(params, histories, strict=True)):
-        if not _penalised(p):
-            continue
-        tokens, subtract = _penalty_pairs(p, history)
-        pen_rows.append(np.full(len(tokens), row, dtype=np.int64))
-        pen_tokens.append(tokens)
-        pen_subtract.append(subtract)
-        pen_repetition.append(np.full(len(tokens), p.repetition_penalty))
-    entries = len(add_rows)
-    pairs = sum(len(t) for t in pen_tokens)
+    # penalty pairs (row, token): unique, so one index_put without accumulate
+    pairs, repetition, subtract = _penalty_pairs(params, histories, logits.shape[-1])  # [2, M], [M], [M]
+    entries, count = len(add_rows), pairs.shape[1]
     # one host buffer per dtype, one non-blocking copy each
-    ints = np.concatenate([np.asarray(add_rows + add_tokens, dtype=np.int64), *pen_rows, *pen_tokens])
-    floats = np.concatenate(
-        [np.asarray(add_values, dtype=np.float64), *pen_repetition, *pen_subtract]
-    ).astype(np.float32)
+    ints = np.concatenate([np.asarray(add_rows + add_tokens, dtype=np.int64), pairs.reshape(-1)])
+    floats = np.concatenate([np.asarray(add_values, dtype=np.float64), repetition, subtract]).astype(
+        np.float32
+    )
     ints_device = _to_device(torch.from_numpy(ints), device)  # [2E + 2M]
     floats_device = _to_device(torch.from_numpy(floats), device)  # [E + 2M]
     result = logits if in_place else logits.clone()  # [N, V]
     if entries:
         index = (ints_device[:entries], ints_device[entries : 2 * entries])
         result.index_put_(index, floats_device[:entries], accumulate=True)
-    if pairs:
-        pair_index = ints_device[2 * entries :].view(2, pairs)  # [2, M]: rows, tokens
-        repetition, subtract = floats_device[entries:].view(2, pairs)  # [M] each
+    if count:
+        pair_index = ints_device[2 * entries :].view(2, count)  # [2, M]: rows, tokens
+        penalty, minus = floats_device[entries:].view(2, count)  # [M] each
         chosen = result[pair_index[0], pair_index[1]]  # [M]
-        scaled = torch.where(chosen > 0, chosen / repetition, chosen * repetition)  # [M]
-        result.index_put_((pair_index[0], pair_index[1]), scaled - subtract)
+        scaled = torch.where(chosen > 0, chosen / penalty, chosen * penalty)  # [M]
+        result.index_put_((pair_index[0], pair_index[1]), scaled - minus)
     return result
 
 
