@@ -1,15 +1,20 @@
-"""Per-row logits processors of one step: bans, logit_bias and penalties, vectorised on the device.
+"""Per-row logits processors of one step: bans, logit_bias and penalties, as sparse updates.
 
 Order (vLLM v1's): bad words, min_tokens and logit_bias are added first (bans as -inf), then
 repetition_penalty, then frequency and presence penalties. Temperature, min_p, top-k and
-top-p follow in the sampler (engine/sampler.py). The host builds small padded index tensors
-(O(history)); the device does O(rows x V) elementwise work; nothing waits for the device.
+top-p follow in the sampler (engine/sampler.py). The host (numpy, O(history)) lists the
+(row, token) pairs each processor touches: the additive entries, and for a penalised row the
+unique tokens of its prompt and output with their output counts. The device gathers those
+pairs, applies the formulas and writes them back: O(pairs) work, never a dense [R, V] temporary;
+nothing waits for the device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
+import numpy as np
 import torch
 
 from multilora_studio.engine.config import SamplingParams
@@ -44,9 +49,57 @@ def banned_tokens(p: SamplingParams, output: Sequence[int], eos_token_ids: Seque
     return banned
 
 
-def _padded(lists: list[Sequence[int]], pad: int) -> list[int]:
-    width = max((len(ids) for ids in lists), default=0) or 1
-    return [t for ids in lists for t in (*ids, *[pad] * (width - len(ids)))]
+class _PromptTokens:
+    """The unique tokens of each prompt, computed once per request (a prompt never changes).
+
+    Keyed by the prompt list's identity; the entry keeps the list alive, so an id is not reused
+    while it is cached. The oldest entries go once ``capacity`` prompts are cached.
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self.entries: dict[int, tuple[Sequence[int], np.ndarray]] = {}
+
+    def unique(self, prompt: Sequence[int]) -> np.ndarray:
+        entry = self.entries.get(id(prompt))
+        if entry is not None and entry[0] is prompt:
+            return entry[1]
+        tokens = np.unique(np.asarray(prompt, dtype=np.int64))  # [P'] sorted
+        if len(self.entries) >= self.capacity:
+            del self.entries[next(iter(self.entries))]
+        self.entries[id(prompt)] = (prompt, tokens)
+        return tokens
+
+
+_prompt_tokens = _PromptTokens()
+
+
+def _penalty_pairs(
+    params: Sequence[SamplingParams], histories: Sequence[History], vocab: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The penalised rows' (row, token) pairs [M] (unique), their repetition penalties [M] and the
+    values subtracted from them [M]: ``frequency * count + presence * (count > 0)``, counts over
+    the output. A row's prompt tokens are touched (count 0) only when its repetition penalty is on."""
+    rows = [row for row, p in enumerate(params) if _penalised(p)]
+    outputs = [histories[row][1] for row in rows]
+    lengths = np.fromiter((len(out) for out in outputs), dtype=np.int64, count=len(rows))  # [R]
+    out_tokens = np.fromiter(chain.from_iterable(outputs), dtype=np.int64, count=int(lengths.sum()))
+    out_keys = (
+        np.repeat(np.asarray(rows, dtype=np.int64) * vocab, lengths) + out_tokens
+    )  # [Lo]: row * V + token
+    repeating = [row for row in rows if params[row].repetition_penalty != 1.0]
+    prompts = [_prompt_tokens.unique(histories[row][0]) for row in repeating]
+    prompt_rows = np.repeat(np.asarray(repeating, dtype=np.int64) * vocab, [len(t) for t in prompts])
+    prompt_keys = prompt_rows + np.concatenate(prompts) if prompts else prompt_rows  # [Lp]
+    keys, inverse = np.unique(np.concatenate([out_keys, prompt_keys]), return_inverse=True)  # [M], [Lo + Lp]
+    counts = np.bincount(inverse[: len(out_keys)], minlength=len(keys))  # [M]
+    pair_rows = keys // vocab  # [M]
+    table = np.array(
+        [(p.repetition_penalty, p.frequency_penalty, p.presence_penalty) for p in params], dtype=np.float64
+    )  # [N, 3]
+    repetition, frequency, presence = table[pair_rows].T  # [M] each
+    pairs = np.stack([pair_rows, keys % vocab])  # [2, M]: rows, tokens
+    return pairs, repetition, frequency * counts + presence * (counts > 0)
 
 
 def apply_processors(
@@ -54,14 +107,18 @@ def apply_processors(
     params: Sequence[SamplingParams],
     histories: Sequence[History],
     eos_token_ids: Sequence[int],
+    *,
+    in_place: bool = False,
 ) -> torch.Tensor:
-    """``logits`` [N, V] float32 with every row's processors applied (a new tensor; the input stays).
+    """``logits`` [N, V] float32 with every row's processors applied.
 
-    Returns ``logits`` itself, untouched, when no row uses any processor.
+    By default the result is a new tensor and ``logits`` stays as it was (the caller scores
+    log-probabilities from it). With ``in_place`` the caller gives up ``logits``: it is updated
+    and returned, with no [N, V] copy. Returns ``logits`` itself, untouched, when no row uses
+    any processor.
     """
     if not needs_processing(params, histories):
         return logits
-    vocab = logits.shape[-1]
     device = logits.device
     # additive entries (row, token, value): bans (-inf) and logit_bias
     add_rows: list[int] = []
@@ -78,47 +135,31 @@ def apply_processors(
             add_rows.append(row)
             add_tokens.append(token)
             add_values.append(bias)
-    pen_rows = [row for row, p in enumerate(params) if _penalised(p)]
-    repetition = any(params[row].repetition_penalty != 1.0 for row in pen_rows)
-    outputs = [histories[row][1] for row in pen_rows]
-    prompts = [histories[row][0] for row in pen_rows] if repetition else []
-    out_flat, prompt_flat = _padded(outputs, vocab), _padded(prompts, vocab) if repetition else []
+    # penalty pairs (row, token): unique, so one index_put without accumulate
+    pairs, repetition, subtract = _penalty_pairs(params, histories, logits.shape[-1])  # [2, M], [M], [M]
+    entries, count = len(add_rows), pairs.shape[1]
     # one host buffer per dtype, one non-blocking copy each
-    ints = torch.tensor([*add_rows, *add_tokens, *pen_rows, *out_flat, *prompt_flat], dtype=torch.int64)
-    floats = torch.tensor(
-        [
-            *add_values,
-            *(params[r].repetition_penalty for r in pen_rows),
-            *(params[r].frequency_penalty for r in pen_rows),
-            *(params[r].presence_penalty for r in pen_rows),
-        ],
-        dtype=torch.float32,
+    ints = np.concatenate([np.asarray(add_rows + add_tokens, dtype=np.int64), pairs.reshape(-1)])
+    floats = np.concatenate([np.asarray(add_values, dtype=np.float64), repetition, subtract]).astype(
+        np.float32
     )
-    ints = ints.to(device, non_blocking=True)
-    floats = floats.to(device, non_blocking=True)
-    entries, rows = len(add_rows), len(pen_rows)
-    result = logits.clone()  # [N, V]
+    ints_device = _to_device(torch.from_numpy(ints), device)  # [2E + 2M]
+    floats_device = _to_device(torch.from_numpy(floats), device)  # [E + 2M]
+    result = logits if in_place else logits.clone()  # [N, V]
     if entries:
-        index = (ints[:entries], ints[entries : 2 * entries])
-        result.index_put_(index, floats[:entries], accumulate=True)
-    if rows:
-        start = 2 * entries
-        row_index = ints[start : start + rows]  # [R]
-        start += rows
-        out_ids = ints[start : start + len(out_flat)].view(rows, -1)  # [R, Lo], padded with V
-        start += len(out_flat)
-        repetition_penalty, frequency, presence = floats[entries:].view(3, rows, 1)  # [R, 1] each
-        counts = torch.zeros(rows, vocab + 1, dtype=torch.float32, device=device)  # [R, V + 1]
-        counts.scatter_add_(1, out_ids, torch.ones_like(out_ids, dtype=torch.float32))
-        counts = counts[:, :vocab]  # [R, V]: the padding column dropped
-        chosen = result[row_index]  # [R, V]
-        if repetition:
-            prompt_ids = ints[start:].view(rows, -1)  # [R, Lp], padded with V
-            seen = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=device)  # [R, V + 1]
-            seen.scatter_(1, prompt_ids, True)
-            seen = seen[:, :vocab] | (counts > 0)  # [R, V]
-            scaled = torch.where(chosen > 0, chosen / repetition_penalty, chosen * repetition_penalty)
-            chosen = torch.where(seen, scaled, chosen)
-        chosen = chosen - frequency * counts - presence * (counts > 0).float()
-        result[row_index] = chosen
+        index = (ints_device[:entries], ints_device[entries : 2 * entries])
+        result.index_put_(index, floats_device[:entries], accumulate=True)
+    if count:
+        pair_index = ints_device[2 * entries :].view(2, count)  # [2, M]: rows, tokens
+        penalty, minus = floats_device[entries:].view(2, count)  # [M] each
+        chosen = result[pair_index[0], pair_index[1]]  # [M]
+        scaled = torch.where(chosen > 0, chosen / penalty, chosen * penalty)  # [M]
+        result.index_put_((pair_index[0], pair_index[1]), scaled - minus)
     return result
+
+
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` on ``device``, copied without blocking (from pinned memory on CUDA)."""
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)

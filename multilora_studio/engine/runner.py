@@ -280,12 +280,15 @@ class ModelRunner:
         the rows that asked, and bring it all to the host with one wait.
 
         ``histories`` holds each row's (prompt, output) token ids, for the logits processors;
-        log-probabilities are scored from the raw ``logits``.
+        log-probabilities are scored from the raw ``logits``. When no row asks for them, the
+        processors update ``logits`` in place (nothing reads it after this step; under CUDA graphs
+        it is the graph's output buffer, which the next replay overwrites).
         """
-        processed = apply_processors(logits, params, histories, self.spec.eos_token_ids)  # [N, V]
+        wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
+        eos = self.spec.eos_token_ids
+        processed = apply_processors(logits, params, histories, eos, in_place=not wanted)  # [N, V]
         allowed = apply_token_masks(processed, masks) if masks is not None else processed  # [N, V]
         tokens = sample(allowed, params, generators)  # [N] on the device
-        wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
         scores = None
         if wanted:
             k = max(params[row].logprobs or 0 for row in wanted)

@@ -91,3 +91,36 @@ def test_validation_names_the_field():
     ]:
         with pytest.raises(ValueError, match=f"^{name}"):
             SamplingParams(**kwargs)
+
+
+def test_sparse_penalties_cover_duplicates_overlap_empty_output_and_plain_rows():
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(5, V, generator=g) * 3
+    penalties = dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2)
+    params = [
+        SamplingParams(**penalties),  # duplicates in the output, a token also in the prompt
+        SamplingParams(),  # no processor, between processed rows
+        SamplingParams(**penalties),  # empty output: only the prompt's repetition penalty
+        SamplingParams(frequency_penalty=0.9),  # no repetition penalty: the prompt is not touched
+        SamplingParams(**penalties, logit_bias={9: 2.0}),
+    ]
+    histories = [
+        ([1, 4, 4, 8], [4, 4, 4, 6, 6, 10]),
+        ([3], [3, 3]),
+        ([5, 5, 7], []),
+        ([2, 8], [8, 8, 11]),
+        ([9], [9]),
+    ]
+    got = apply_processors(logits, params, histories, EOS)
+    for row, p in enumerate(params):
+        want = reference_row(logits[row], p, *histories[row], EOS)
+        torch.testing.assert_close(got[row], want, rtol=1e-5, atol=1e-5, msg=f"row {row}: {p}")
+    assert torch.equal(got[1], logits[1])
+
+
+def test_in_place_updates_and_returns_the_given_logits():
+    logits, histories = random_case(len(ROW_PARAMS), 4)
+    kept = apply_processors(logits, ROW_PARAMS, histories, EOS)
+    updated = apply_processors(logits, ROW_PARAMS, histories, EOS, in_place=True)
+    assert updated is logits
+    assert torch.equal(updated, kept)

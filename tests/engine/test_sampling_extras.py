@@ -137,3 +137,24 @@ def test_token_ids_outside_the_vocabulary_are_refused_at_submit(make_engine):
             assert str(error).startswith(name)
         else:
             raise AssertionError(f"{name} outside the vocabulary was accepted")
+
+
+def test_logprobs_stay_the_raw_models_next_to_processed_rows(make_engine, peft_reference):
+    engine = make_engine()
+    forced = 1234
+    penalties = dict(
+        presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2, logit_bias={forced: 100}
+    )
+    params = [
+        SamplingParams(max_tokens=5, logprobs=2, **penalties, **GREEDY),
+        SamplingParams(max_tokens=5, **penalties, **GREEDY),
+    ]
+    outputs = engine.generate([PROMPT, "Paris is"], [None, "tiny-r8-attn"], params)
+    assert outputs[0].token_ids == [forced] * 5 and outputs[1].token_ids == [forced] * 5
+    assert outputs[1].logprobs is None
+    ids = engine.encode(PROMPT)
+    raw = peft_reference.logprobs(None, ids + outputs[0].token_ids)  # [L + n, V]
+    for i, entry in enumerate(outputs[0].logprobs):
+        # the raw model's, not the biased distribution's (where the forced token is ~0)
+        assert abs(entry.logprob - float(raw[len(ids) + i - 1, forced])) < 1e-4
+        assert entry.logprob < -0.5
