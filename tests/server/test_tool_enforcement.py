@@ -17,7 +17,6 @@ from langchain_openai import ChatOpenAI
 
 from tests.server.conftest import client
 
-
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 CITY = {"type": "string", "enum": ["Paris", "Oslo", "Lima"]}
 FORECAST = {
