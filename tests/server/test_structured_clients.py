@@ -1,5 +1,6 @@
-"""Real clients' structured-output helpers against the embedded SmolLM2 model on a loopback server:
-openai's ``chat.completions.parse``, litellm's JSON mode, LangChain's ``with_structured_output``."""
+"""Real clients' structured-output helpers against the embedded SmolLM2 model and one of its demo
+adapters on a loopback server: openai's ``chat.completions.parse``, litellm's JSON mode,
+LangChain's ``with_structured_output``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from multilora_studio.demo import demo_adapter_dirs
 from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.server import ApiServer, ServerConfig
 
@@ -24,16 +26,23 @@ class Capital(BaseModel):
 def smol_server(default_model):
     config = EngineConfig(model=str(default_model.path), device="cpu", max_num_seqs=4, max_model_len=1024)
     with Engine(config) as engine:
+        name, folder = next(iter(demo_adapter_dirs().items()))
+        engine.add_adapter(name, folder)
         server = ApiServer(engine, ServerConfig(port=0))
         server.start()
         try:
-            yield server, engine.model_name
+            yield server, {"base": engine.model_name, "adapter": name}
         finally:
             server.stop()
 
 
-def test_openai_parse_returns_the_pydantic_object(smol_server):
-    server, model = smol_server
+MODELS = pytest.mark.parametrize("which", ["base", "adapter"])
+
+
+@MODELS
+def test_openai_parse_returns_the_pydantic_object(smol_server, which):
+    server, models = smol_server
+    model = models[which]
     api = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
     completion = api.chat.completions.parse(
         model=model,
@@ -47,10 +56,12 @@ def test_openai_parse_returns_the_pydantic_object(smol_server):
     assert completion.choices[0].finish_reason == "stop"
 
 
-def test_litellm_json_mode_gives_a_json_object(smol_server):
+@MODELS
+def test_litellm_json_mode_gives_a_json_object(smol_server, which):
     import litellm
 
-    server, model = smol_server
+    server, models = smol_server
+    model = models[which]
     response = litellm.completion(
         model=f"openai/{model}",
         api_base=f"{server.url}/v1",
@@ -63,10 +74,12 @@ def test_litellm_json_mode_gives_a_json_object(smol_server):
     assert isinstance(json.loads(response.choices[0].message.content), dict)
 
 
-def test_langchain_structured_output_parses(smol_server):
+@MODELS
+def test_langchain_structured_output_parses(smol_server, which):
     from langchain_openai import ChatOpenAI
 
-    server, model = smol_server
+    server, models = smol_server
+    model = models[which]
     chat = ChatOpenAI(
         model=model, base_url=f"{server.url}/v1", api_key="unused", temperature=0, max_tokens=80, timeout=300
     )
