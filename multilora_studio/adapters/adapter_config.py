@@ -10,9 +10,17 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+from multilora_studio.adapters.module_patterns import (
+    ADAPTER_BUDGET_S,
+    MAX_KEY_CHARS,
+    PatternMatcher,
+    PatternTimeout,
+)
 
 CONFIG_FILE = "adapter_config.json"
 SUPPORTED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -53,13 +61,29 @@ class AdapterConfig:
     alpha_pattern: dict[str, float]
     use_rslora: bool
     base_model: str | None
+    budget: list[float] = field(default_factory=lambda: [ADAPTER_BUDGET_S], compare=False, repr=False)
+
+    @cached_property
+    def _matchers(self) -> dict[str, PatternMatcher]:
+        return {
+            "rank_pattern": PatternMatcher("rank_pattern", self.rank_pattern, self.budget),
+            "alpha_pattern": PatternMatcher("alpha_pattern", self.alpha_pattern, self.budget),
+        }
 
     def rank_of(self, layer: int, module: str) -> int:
-        return int(pattern_value(self.rank_pattern, layer, module, self.rank))
+        return int(self._value("rank_pattern", layer, module, self.rank))
 
     def scale_of(self, layer: int, module: str, rank: int) -> float:
-        alpha = float(pattern_value(self.alpha_pattern, layer, module, self.alpha))
+        alpha = float(self._value("alpha_pattern", layer, module, self.alpha))
         return alpha / (math.sqrt(rank) if self.use_rslora else rank)
+
+    def _value(self, name: str, layer: int, module: str, default: float) -> float:
+        """PEFT's rank/alpha patterns: a key matches a dotted suffix (a regex) of the module's name."""
+        block = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+        try:
+            return self._matchers[name].value(f"model.layers.{layer}.{block}.{module}", default)
+        except PatternTimeout as error:
+            raise AdapterError(str(error)) from None
 
 
 def read_adapter_config(folder: Path) -> dict:
@@ -125,19 +149,6 @@ def parse_adapter_config(config: dict, where: Path | str, max_rank: int) -> Adap
     )
 
 
-def pattern_value(pattern: dict, layer: int, module: str, default: float) -> float:
-    """PEFT's rank/alpha patterns: a key matches a dotted suffix (a regex) of the module's name."""
-    block = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-    full = f"model.layers.{layer}.{block}.{module}"
-    for key, value in pattern.items():
-        try:
-            if re.match(rf"(.*\.)?({key})$", full):
-                return value
-        except re.error:
-            continue
-    return default
-
-
 def _targets(targets: object, where: Path | str) -> tuple[str, ...] | None:
     if isinstance(targets, str):
         try:
@@ -174,6 +185,11 @@ def _pattern(
     pattern = config.get(key) or {}
     if not isinstance(pattern, dict) or not all(isinstance(k, str) and valid(v) for k, v in pattern.items()):
         raise AdapterError(f"{where}: '{key}' must map module names to {expected}")
+    for name in pattern:
+        if len(name) > MAX_KEY_CHARS:
+            raise AdapterError(
+                f"{where}: {key} key {name[:40]!r}... is longer than {MAX_KEY_CHARS} characters"
+            )
     return pattern
 
 

@@ -1,0 +1,58 @@
+"""Adapter files crafted to hang, crash or overflow validation are refused with a clear error."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter
+from tests.adapters.conftest import edit_config
+
+# Backtracks exponentially in Python's re (the test would hang), matched at once by `regex`.
+NESTED_QUANTIFIER = "m(.+)+Z"
+# Backtracks exponentially in `regex` too: only the timeout stops it.
+ALTERNATION_BLOWUP = r"(\w|[a-z]|_|\.)+\d"
+
+
+def load(folder: Path, tiny_base):
+    return load_peft_adapter("x", folder, tiny_base.num_layers, tiny_base.shape_of, 16, tiny_base.vocab_size)
+
+
+def copy(folder: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(folder, tmp_path / "adapter"))
+
+
+def ranks_and_factors(host) -> dict:
+    return {key: (a.shape[0], b) for key, (a, b) in host.weights.items()}
+
+
+@pytest.mark.timeout(60)
+def test_nested_quantifier_pattern_matches_in_bounded_time_with_peft_semantics(
+    peft_variants, tiny_base, tmp_path
+):
+    expected = ranks_and_factors(load(peft_variants["rank_pattern"], tiny_base))
+    folder = copy(peft_variants["rank_pattern"], tmp_path)
+    edit_config(folder, rank_pattern={NESTED_QUANTIFIER: 4, "v_proj": 8})
+    got = ranks_and_factors(load(folder, tiny_base))
+    assert got.keys() == expected.keys()
+    for key, (rank, b) in got.items():
+        assert rank == expected[key][0]
+        assert b.equal(expected[key][1])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("field", ["rank_pattern", "alpha_pattern"])
+def test_catastrophic_pattern_is_refused_naming_the_key(field, peft_variants, tiny_base, tmp_path):
+    folder = copy(peft_variants[field], tmp_path)
+    edit_config(folder, **{field: {ALTERNATION_BLOWUP: 4}})
+    with pytest.raises(AdapterError, match=rf"{field} key .* took too long to match; simplify it"):
+        load(folder, tiny_base)
+
+
+def test_overlong_pattern_key_is_refused(peft_variants, tiny_base, tmp_path):
+    folder = copy(peft_variants["rank_pattern"], tmp_path)
+    edit_config(folder, rank_pattern={"q_proj|" * 60 + "v_proj": 8})
+    with pytest.raises(AdapterError, match=r"rank_pattern key .* longer than 256 characters"):
+        load(folder, tiny_base)
