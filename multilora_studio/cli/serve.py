@@ -83,8 +83,27 @@ def add_serve_command(subparsers: Subcommands) -> None:
 
 
 def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
-    given = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV, "").split(",")
-    return tuple(key.strip() for key in given if key.strip())
+    """The --api-key flags, else $MULTILORA_STUDIO_API_KEY; an empty key (an unset $KEY) is an error."""
+    if args.api_key is not None:
+        given, source = args.api_key, "--api-key"
+    elif API_KEY_ENV in os.environ:
+        given, source = os.environ[API_KEY_ENV].split(","), f"${API_KEY_ENV}"
+    else:
+        return ()
+    if any(not key.strip() for key in given):
+        raise ValueError(f"{source} holds an empty key; give the key itself (is the variable unset?)")
+    return tuple(key.strip() for key in given)
+
+
+def check_exposure(host: str, allowed_hosts: list[str]) -> None:
+    """A non-loopback --host needs --allowed-hosts: without it the Host header check is off."""
+    from multilora_studio.server.config import is_loopback
+
+    if not is_loopback(host) and not allowed_hosts:
+        raise ValueError(
+            f"--host {host} is reachable from other machines: also give --allowed-hosts with the "
+            "names clients use to reach it (e.g. --allowed-hosts studio.lan), so the Host header is checked"
+        )
 
 
 def serve_library(engine: Engine, demo_adapters: bool = True) -> list[str]:
@@ -120,6 +139,7 @@ def serve_library(engine: Engine, demo_adapters: bool = True) -> list[str]:
 def run_serve(args: argparse.Namespace) -> int:
     from multilora_studio.server import ApiServer, ServerConfig, bind_socket
 
+    check_exposure(args.host, args.allowed_hosts)
     config = ServerConfig(
         host=args.host,
         port=args.port,
