@@ -100,6 +100,8 @@ def read_adapter_config(folder: Path) -> dict:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise AdapterError(f"{path} is not valid JSON: {error}") from None
+    except RecursionError:
+        raise AdapterError(f"{path}: JSON nested too deeply") from None
     if not isinstance(config, dict):
         raise AdapterError(f"{path} must hold a JSON object")
     return config

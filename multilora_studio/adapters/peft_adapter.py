@@ -188,6 +188,8 @@ def _check_added_tokens(folder: Path, vocab_size: int) -> None:
         added = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise AdapterError(f"{path} is not valid JSON: {error}") from None
+    except RecursionError:
+        raise AdapterError(f"{path}: JSON nested too deeply") from None
     if not isinstance(added, dict):
         raise AdapterError(f"{path} must map token strings to ids")
     new = sorted(t for t, i in added.items() if not isinstance(i, int) or i >= vocab_size)

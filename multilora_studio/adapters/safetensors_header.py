@@ -68,6 +68,8 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise AdapterError(f"{bad}: its header is not valid JSON ({error})") from None
+    except RecursionError:
+        raise AdapterError(f"{path}: JSON nested too deeply") from None
     if not isinstance(header, dict):
         raise AdapterError(f"{bad}: its header is not a JSON object")
     data_bytes = size - 8 - length
