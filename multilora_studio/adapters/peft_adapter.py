@@ -10,6 +10,7 @@ Every problem raises ``AdapterError`` with a message a person can act on.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +58,9 @@ _UNSUPPORTED_TENSORS = (
 )
 
 ShapeOf = Callable[[str], tuple[int, int]]
+# The largest gain lora_gain allows: an activation of float16's largest value (65504) through
+# the adapter still fits float32.
+MAX_LORA_GAIN = torch.finfo(torch.float32).max / torch.finfo(torch.float16).max
 Factor = tuple[int, str, str]  # (layer, module, "A" | "B")
 
 
@@ -88,6 +92,19 @@ def all_finite(tensor: torch.Tensor) -> bool:
     return bool(torch.isfinite(low) and torch.isfinite(high))
 
 
+def lora_gain(a: torch.Tensor, b_scaled: torch.Tensor) -> float:
+    """A bound on |x @ A.T @ B_scaled.T| for |x| <= 1 (NaN or Inf when the factors overflow)."""
+    rank, inputs = a.shape  # a: [rank, in], b_scaled: [out, rank]
+    return _magnitude(a) * inputs * _magnitude(b_scaled) * rank
+
+
+def _magnitude(tensor: torch.Tensor) -> float:
+    if tensor.numel() == 0:
+        return 0.0
+    low, high = torch.aminmax(tensor)
+    return max(abs(float(low)), abs(float(high)))
+
+
 def load_peft_adapter(
     name: str,
     folder: Path,
@@ -115,7 +132,13 @@ def load_peft_adapter(
         if not (all_finite(a) and all_finite(b)):
             raise AdapterError(f"{folder}: layer {layer} {module} holds NaN or Inf weights")
         scale = config.scale_of(layer, module, a.shape[0])
-        weights[(layer, module)] = (a.contiguous(), (b * scale).contiguous())
+        b_scaled = b * scale  # [out, rank]
+        if not (math.isfinite(scale) and lora_gain(a, b_scaled) <= MAX_LORA_GAIN):
+            raise AdapterError(
+                f"{folder}: layer {layer} {module}: lora_alpha (or its alpha_pattern) gives scale "
+                f"{scale:g}, and the scaled factors overflow float32; lora_alpha is too large"
+            )
+        weights[(layer, module)] = (a.contiguous(), b_scaled.contiguous())
     return HostAdapter(
         name=name,
         path=folder,

@@ -56,3 +56,21 @@ def test_overlong_pattern_key_is_refused(peft_variants, tiny_base, tmp_path):
     edit_config(folder, rank_pattern={"q_proj|" * 60 + "v_proj": 8})
     with pytest.raises(AdapterError, match=r"rank_pattern key .* longer than 256 characters"):
         load(folder, tiny_base)
+
+
+@pytest.mark.parametrize(
+    ("case", "change"),
+    [
+        ("rank_pattern", {"lora_alpha": 1e38}),
+        ("alpha_pattern", {"alpha_pattern": {"o_proj": 1e38}}),
+        ("rslora", {"lora_alpha": 3e37}),
+    ],
+)
+def test_an_alpha_whose_scale_overflows_is_refused_naming_lora_alpha(
+    case, change, peft_variants, tiny_base, tmp_path
+):
+    folder = copy(peft_variants[case], tmp_path)
+    load(folder, tiny_base)  # the adapter itself is fine
+    edit_config(folder, **change)
+    with pytest.raises(AdapterError, match=r"lora_alpha .* overflow float32; lora_alpha is too large"):
+        load(folder, tiny_base)
