@@ -14,6 +14,29 @@ from multilora_studio.server.routes_responses import router as responses_router
 from multilora_studio.server.routes_tokenize import router as tokenize_router
 from multilora_studio.server.state import ServerState
 
+# Request headers a browser app may send from an allowed origin: the official openai JS
+# client's (its x-stainless-* telemetry, OpenAI-Beta, idempotency keys) and the plain ones.
+CORS_HEADERS = (
+    "Authorization",
+    "Content-Type",
+    "Accept",
+    "OpenAI-Organization",
+    "OpenAI-Project",
+    "OpenAI-Beta",
+    "Idempotency-Key",
+    "X-Stainless-Arch",
+    "X-Stainless-Async",
+    "X-Stainless-Helper-Method",
+    "X-Stainless-Lang",
+    "X-Stainless-OS",
+    "X-Stainless-Package-Version",
+    "X-Stainless-Poll-Helper",
+    "X-Stainless-Retry-Count",
+    "X-Stainless-Runtime",
+    "X-Stainless-Runtime-Version",
+    "X-Stainless-Timeout",
+)
+
 
 def create_app(state: ServerState) -> FastAPI:
     """Outermost first: Host check, CORS (only when origins are configured), API keys, body size."""
@@ -38,7 +61,7 @@ def create_app(state: ServerState) -> FastAPI:
             CORSMiddleware,
             allow_origins=list(config.cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=list(CORS_HEADERS),
         )
     if config.loopback or config.allowed_hosts:
         app.add_middleware(HostCheck, allowed=config.allowed_hosts, loopback=config.loopback)

@@ -191,6 +191,27 @@ def test_cors_is_off_unless_configured(serve):
     assert status == 400 and "access-control-allow-origin" not in headers
 
 
+def test_cors_lets_the_openai_js_client_send_its_headers(serve):
+    """The openai npm package's preflight names its x-stainless-* headers; a header outside the
+    list is still refused."""
+    server = serve(cors_origins=("http://app.example",), api_keys=(KEY,))
+    sent = ",".join(
+        ["authorization", "content-type", "x-stainless-os", "x-stainless-lang", "x-stainless-retry-count"]
+    )
+    preflight = {
+        "Origin": "http://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": sent,
+    }
+    status, headers, _ = call(server.url, "OPTIONS", "/v1/chat/completions", headers=preflight)
+    assert status == 200
+    allowed = {h.strip().lower() for h in headers["access-control-allow-headers"].split(",")}
+    assert set(sent.split(",")) <= allowed
+    odd = preflight | {"Access-Control-Request-Headers": "x-not-a-client-header"}
+    status, _, _ = call(server.url, "OPTIONS", "/v1/chat/completions", headers=odd)
+    assert status == 400
+
+
 @pytest.mark.parametrize(
     "options",
     [
