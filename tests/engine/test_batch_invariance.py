@@ -103,19 +103,16 @@ def test_the_invariant_mode_still_matches_peft(make_engine, peft_reference):
 def test_the_default_mode_is_not_batch_invariant(make_engine, engine_device):
     """Without the mode the same request gets other bits on the CPU: in the mixed batch its step
     holds more than LoRAPlan.numba_max_tokens tokens, so its LoRA term runs as torch ops instead
-    of the Numba kernel; chunked, its prompt rows attend through SDPA over cached keys and its
-    decode rows through the Numba decode kernel instead of one causal SDPA. (On CUDA the tiny
-    model's default kernels happen to give these requests the same bits: seen on the H200.)"""
+    of the Numba kernel. (Whether a chunked prompt's bits differ depends on which steps it
+    happens to share, so that case is not asserted here. On CUDA the tiny model's default
+    kernels happen to give these requests the same bits: seen on the H200.)"""
     if engine_device != "cpu":
         pytest.skip("the kernel switches this test relies on are the CPU's")
     engine = make_engine()
-    chunked = make_engine(max_num_batched_tokens=CHUNK_BUDGET, max_num_seqs=8)
     assert not engine.runner.model.plan.batch_invariant
     expected = alone(engine, "tiny-r8-all", GREEDY)
     batched = in_mixed_batch(engine, "tiny-r8-all", GREEDY)
     assert batched[2] != expected[2]  # the prompt's log-probabilities
-    base = alone(engine, None, GREEDY)
-    assert joining_mid_decode(chunked, None, GREEDY)[1:] != base[1:]
 
 
 @pytest.mark.slow
