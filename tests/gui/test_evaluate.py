@@ -118,7 +118,7 @@ def test_cancel_stops_the_run_and_bad_files_show_their_row(
     assert view.banner.text == "The evaluation was cancelled."
     assert view.results is None and library_with_adapters.eval_scores(ADAPTERS[0]) == []
     engine = window.host.engine
-    qtbot.waitUntil(lambda: engine.metrics().running + engine.metrics().waiting == 0, timeout=10_000)
+    qtbot.waitUntil(lambda: engine.metrics().running + engine.metrics().waiting == 0, timeout=60_000)
 
     bad = tmp_path / "bad.csv"
     bad.write_text("prompt,check\nfine,\nx,fuzzy\n")
