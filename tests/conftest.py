@@ -13,6 +13,8 @@ import pytest
 
 from tests.fixtures import TINY_ADAPTERS, build_adapter, build_tiny_model, extract_tokenizer
 
+pytest_plugins = ["tests.server_fixtures"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # An exception that ends any thread during a test fails that test instead of printing a

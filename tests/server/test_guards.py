@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from tests.server.conftest import GREEDY, client
+from tests.server_fixtures import GREEDY, client
 from tests.server.raw_http import call, post_json
 from tests.waiting import wait_until
 

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from multilora_studio.engine import SamplingParams
 from multilora_studio.server import ApiServer, PortInUseError, ServerConfig
-from tests.server.conftest import GREEDY, client
+from tests.server_fixtures import GREEDY, client
 from tests.server.raw_http import call, connect, post_json
 from tests.waiting import wait_until
 

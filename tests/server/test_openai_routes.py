@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from multilora_studio.engine import SamplingParams
-from tests.server.conftest import GREEDY, client
+from tests.server_fixtures import GREEDY, client
 
 PROMPT = "Once upon a time"
 CHAT = [{"role": "user", "content": "Tell me about the sea."}]

@@ -7,7 +7,7 @@ import pytest
 
 from multilora_studio.engine import SamplingParams
 from multilora_studio.server.schemas import MAX_STOP, MAX_STOP_CHARS
-from tests.server.conftest import GREEDY, client
+from tests.server_fixtures import GREEDY, client
 
 PROMPT = "Once upon a time"
 MODEL = "tiny-r4-qv"

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 import multilora_studio
-from tests.server.conftest import GREEDY, client
+from tests.server_fixtures import GREEDY, client
 
 MODEL = "tiny-r8-qo"
 INSTRUCTIONS = "You are terse."

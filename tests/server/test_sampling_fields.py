@@ -7,7 +7,7 @@ import pytest
 
 from multilora_studio.engine import SamplingParams
 from multilora_studio.server.sampling import bad_words_token_ids
-from tests.server.conftest import client
+from tests.server_fixtures import client
 
 PROMPT = "Once upon a time"
 CHAT = [{"role": "user", "content": "Tell me about the sea."}]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.engine.reference import PeftReference
-from tests.server.conftest import client
+from tests.server_fixtures import client
 
 TOLERANCE = 1e-4
 TOP = 5

@@ -12,7 +12,7 @@ import pytest
 
 from multilora_studio.cli import build_parser, main
 from multilora_studio.server import ServerConfig, bind_socket
-from tests.server.conftest import GREEDY
+from tests.server_fixtures import GREEDY
 
 KEY = "sk-serve-test-key-1"
 

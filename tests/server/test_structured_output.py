@@ -10,7 +10,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.conftest import client
+from tests.server_fixtures import client
 
 SCHEMA = {
     "type": "object",

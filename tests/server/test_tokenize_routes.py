@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lm_eval.utils import RemoteTokenizer, check_remote_tokenizer_support
 
-from tests.server.conftest import GREEDY, client
+from tests.server_fixtures import GREEDY, client
 from tests.server.raw_http import call, post_json
 
 KEY = "sk-tokenize-test-1"

@@ -15,7 +15,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
 
-from tests.server.conftest import client
+from tests.server_fixtures import client
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 CITY = {"type": "string", "enum": ["Paris", "Oslo", "Lima"]}

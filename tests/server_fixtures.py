@@ -1,4 +1,5 @@
-"""A real engine on the tiny model with eight adapters, and real servers on random loopback ports."""
+"""Server fixtures for every suite that needs one: a real engine on the tiny model with eight adapters,
+and real servers on random loopback ports (registered as a plugin by tests/conftest.py)."""
 
 from __future__ import annotations
 
