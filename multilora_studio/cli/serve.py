@@ -8,6 +8,7 @@ import os
 import signal
 import sqlite3
 import threading
+from typing import TYPE_CHECKING
 
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
@@ -21,6 +22,9 @@ from multilora_studio.cli.shared import (
 )
 from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.engine import Engine
+
+if TYPE_CHECKING:
+    from multilora_studio.server.api_keys import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,27 @@ def add_serve_command(subparsers: Subcommands) -> None:
         "--api-key",
         action="append",
         default=None,
-        help=f"require this bearer key (repeatable; default: ${API_KEY_ENV}, comma-separated)",
+        help=f"require this bearer key, an admin key: every route (repeatable; default: ${API_KEY_ENV}, "
+        "comma-separated)",
+    )
+    parser.add_argument(
+        "--user-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a bearer key that may only generate (no adapter loading, unloading or metrics); repeatable",
+    )
+    parser.add_argument(
+        "--keys-file",
+        default=None,
+        metavar="FILE",
+        help='JSON list of keys: {"key" or "key_env", "role": "user"|"admin", "models": [patterns], '
+        '"name"}; readable by you only',
+    )
+    parser.add_argument(
+        "--allow-no-key",
+        action="store_true",
+        help="serve a non-loopback --host without any key (only on a network you trust)",
     )
     parser.add_argument("--max-concurrent-per-key", type=int, default=None, help="open requests per key")
     parser.add_argument("--tokens-per-minute", type=int, default=None, help="token budget per key")
@@ -61,7 +85,12 @@ def add_serve_command(subparsers: Subcommands) -> None:
     )
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body")
     parser.add_argument(
-        "--allowed-hosts", nargs="*", default=[], metavar="HOST", help="extra Host header names to accept"
+        "--allowed-hosts",
+        nargs="*",
+        default=[],
+        metavar="HOST",
+        help="Host header names to accept besides the bound address's own (its addresses, the "
+        "machine's name, loopback), e.g. a DNS name clients use",
     )
     parser.add_argument(
         "--allowed-origins", nargs="*", default=[], metavar="ORIGIN", help="enable CORS for these origins"
@@ -82,28 +111,23 @@ def add_serve_command(subparsers: Subcommands) -> None:
     parser.set_defaults(handler=run_serve)
 
 
-def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
-    """The --api-key flags, else $MULTILORA_STUDIO_API_KEY; an empty key (an unset $KEY) is an error."""
+def api_keys(args: argparse.Namespace) -> tuple[str | ApiKey, ...]:
+    """--api-key (else $MULTILORA_STUDIO_API_KEY), --user-key and --keys-file; an empty key is an error."""
+    from multilora_studio.server.api_keys import USER, ApiKey, read_keys_file
+
     if args.api_key is not None:
         given, source = args.api_key, "--api-key"
     elif API_KEY_ENV in os.environ:
         given, source = os.environ[API_KEY_ENV].split(","), f"${API_KEY_ENV}"
     else:
-        return ()
-    if any(not key.strip() for key in given):
-        raise ValueError(f"{source} holds an empty key; give the key itself (is the variable unset?)")
-    return tuple(key.strip() for key in given)
-
-
-def check_exposure(host: str, allowed_hosts: list[str]) -> None:
-    """A non-loopback --host needs --allowed-hosts: without it the Host header check is off."""
-    from multilora_studio.server.config import is_loopback
-
-    if not is_loopback(host) and not allowed_hosts:
-        raise ValueError(
-            f"--host {host} is reachable from other machines: also give --allowed-hosts with the "
-            "names clients use to reach it (e.g. --allowed-hosts studio.lan), so the Host header is checked"
-        )
+        given, source = [], ""
+    for keys, where in ((given, source), (args.user_key, "--user-key")):
+        if any(not key.strip() for key in keys):
+            raise ValueError(f"{where} holds an empty key: authentication would be off; give a key")
+    admin: list[str | ApiKey] = [key.strip() for key in given]
+    users = [ApiKey(key.strip(), USER) for key in args.user_key]
+    from_file = read_keys_file(args.keys_file) if args.keys_file else ()
+    return (*admin, *users, *from_file)
 
 
 def serve_library(engine: Engine, demo_adapters: bool = True) -> list[str]:
@@ -139,11 +163,11 @@ def serve_library(engine: Engine, demo_adapters: bool = True) -> list[str]:
 def run_serve(args: argparse.Namespace) -> int:
     from multilora_studio.server import ApiServer, ServerConfig, bind_socket
 
-    check_exposure(args.host, args.allowed_hosts)
     config = ServerConfig(
         host=args.host,
         port=args.port,
         api_keys=api_keys(args),
+        allow_no_key=args.allow_no_key,
         max_concurrent_per_key=args.max_concurrent_per_key,
         tokens_per_minute_per_key=args.tokens_per_minute,
         max_in_flight=args.max_in_flight,
@@ -155,8 +179,10 @@ def run_serve(args: argparse.Namespace) -> int:
         hub_pull_timeout_s=args.hub_pull_timeout,
     )
     modules = parse_lora_modules(args.lora_modules)
-    if not config.loopback and not config.api_keys:
-        log.warning("serving on %s without an API key: anyone who can reach it can use it", config.host)
+    if not config.loopback:
+        print(f"Host header checked against: {', '.join(config.host_names())}", flush=True)
+        if not config.api_keys:
+            log.warning("serving on %s without an API key: anyone who can reach it can use it", config.host)
     listener = bind_socket(config.host, config.port)  # a busy port fails now, not after the model loads
     try:
         with Engine(engine_config(args), progress=print_progress) as engine:

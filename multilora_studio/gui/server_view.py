@@ -157,12 +157,7 @@ class ServerView(QWidget):
 
     def server_config(self) -> ServerConfig:
         keys = (self.api_key.text().strip(),) if self.api_key.text().strip() else ()
-        config = ServerConfig(host=self.host_edit.text().strip(), port=self.port.value(), api_keys=keys)
-        if not config.loopback and not config.api_keys:
-            raise ValueError(
-                f"{config.host} can be reached from other machines: set an API key first (or use 127.0.0.1)"
-            )
-        return config
+        return ServerConfig(host=self.host_edit.text().strip(), port=self.port.value(), api_keys=keys)
 
     def start(self) -> bool:
         engine = self.host.engine

@@ -55,7 +55,7 @@ def create_app(state: ServerState) -> FastAPI:
     install_error_handlers(app)
     config = state.config
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
-    app.add_middleware(ApiKeyAuth, keys=config.api_keys)
+    app.add_middleware(ApiKeyAuth, keys=config.keys)
     if config.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -63,6 +63,5 @@ def create_app(state: ServerState) -> FastAPI:
             allow_methods=["GET", "POST"],
             allow_headers=list(CORS_HEADERS),
         )
-    if config.loopback or config.allowed_hosts:
-        app.add_middleware(HostCheck, allowed=config.allowed_hosts, loopback=config.loopback)
+    app.add_middleware(HostCheck, names=config.host_names())
     return app

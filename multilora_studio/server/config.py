@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+from multilora_studio.server.api_keys import ApiKey, named_keys
+from multilora_studio.server.exposure import bound_host_names, is_loopback
 
 
 def _check_limit(name: str, value: object, low: int = 1, optional: bool = False) -> None:
@@ -23,27 +23,20 @@ def _strings(name: str, value: object) -> tuple[str, ...]:
     return tuple(item.strip() for item in value)
 
 
-def is_loopback(host: str) -> bool:
-    """True for names and addresses that only this machine can reach."""
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 @dataclass
 class ServerConfig:
     """Bind address, API keys and limits of the endpoint.
 
     ``port=0`` picks a free port. Limits set to None are off; the in-flight bound is
-    always on so memory stays bounded however many clients connect.
+    always on so memory stays bounded however many clients connect. ``api_keys`` holds
+    strings (admin keys) or ``ApiKey`` entries with a role and models. An address other
+    machines can reach needs a key unless ``allow_no_key`` says the network is trusted.
     """
 
     host: str = "127.0.0.1"
     port: int = 8000
-    api_keys: tuple[str, ...] = ()
+    api_keys: tuple[str | ApiKey, ...] = ()
+    allow_no_key: bool = False  # serve a non-loopback address without keys (a trusted network)
     max_concurrent_per_key: int | None = None
     tokens_per_minute_per_key: int | None = None
     max_in_flight: int = 256
@@ -62,9 +55,16 @@ class ServerConfig:
         _check_limit("port", self.port, 0)
         if self.port > 65535:
             raise ValueError(f"port must be between 0 and 65535, got {self.port}")
-        self.api_keys = _strings("api_keys", self.api_keys)
-        if any(len(key) < 8 for key in self.api_keys):
-            raise ValueError("API keys must be at least 8 characters long")
+        if isinstance(self.api_keys, str) or not isinstance(self.api_keys, (list, tuple)):
+            raise ValueError(f"api_keys must be a list of keys, got {self.api_keys!r}")
+        self.api_keys = named_keys(self.api_keys)
+        if not isinstance(self.allow_no_key, bool):
+            raise ValueError(f"allow_no_key must be true or false, got {self.allow_no_key!r}")
+        if not self.loopback and not self.api_keys and not self.allow_no_key:
+            raise ValueError(
+                f"{self.host} can be reached from other machines: set an API key "
+                "(or allow serving without one on a trusted network)"
+            )
         _check_limit("max_concurrent_per_key", self.max_concurrent_per_key, optional=True)
         _check_limit("tokens_per_minute_per_key", self.tokens_per_minute_per_key, optional=True)
         _check_limit("max_in_flight", self.max_in_flight)
@@ -81,3 +81,12 @@ class ServerConfig:
     @property
     def loopback(self) -> bool:
         return is_loopback(self.host)
+
+    @property
+    def keys(self) -> tuple[ApiKey, ...]:
+        """``api_keys`` as named ``ApiKey`` entries (normalised on construction)."""
+        return tuple(key for key in self.api_keys if isinstance(key, ApiKey))
+
+    def host_names(self) -> tuple[str, ...]:
+        """The Host header names accepted: the bound address's own names plus ``allowed_hosts``."""
+        return tuple(dict.fromkeys([*bound_host_names(self.host), *(h.lower() for h in self.allowed_hosts)]))

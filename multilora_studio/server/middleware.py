@@ -8,8 +8,9 @@ from collections.abc import Iterable
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from multilora_studio.server.config import LOOPBACK_NAMES, is_loopback
+from multilora_studio.server.api_keys import ApiKey
 from multilora_studio.server.errors import ApiError, send_error
+from multilora_studio.server.exposure import is_loopback
 from multilora_studio.server.state import API_KEY_SCOPE
 
 OPEN_PATHS = frozenset({"/health"})
@@ -31,60 +32,59 @@ def host_name(header: str) -> str:
 
 
 class HostCheck:
-    """Refuse requests whose Host is not ours: a DNS-rebinding page cannot reach a loopback server.
+    """Refuse requests whose Host is not one of ours: a DNS-rebinding page cannot reach the server.
 
-    With ``loopback`` any loopback name or address is accepted, plus ``allowed``; otherwise only
-    ``allowed`` (this guard is installed only when there is something to check).
+    ``names`` are the bound address's names and the configured extra hosts
+    (``ServerConfig.host_names``); any loopback address is accepted too.
     """
 
-    def __init__(self, app: ASGIApp, allowed: Iterable[str], loopback: bool) -> None:
+    def __init__(self, app: ASGIApp, names: Iterable[str]) -> None:
         self.app = app
-        self.allowed = {name.lower() for name in allowed} | (set(LOOPBACK_NAMES) if loopback else set())
-        self.loopback = loopback
+        self.names = {name.lower() for name in names}
 
     def accepts(self, header: str | None) -> bool:
         if not header:
             return False
         name = host_name(header)
-        return name in self.allowed or (self.loopback and is_loopback(name))
+        return name in self.names or is_loopback(name)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not self.accepts(_header(scope, b"host")):
-            message = "the Host header names a host this server does not serve"
+            message = "the Host header names a host this server does not serve (see --allowed-hosts)"
             await send_error(send, ApiError(403, message, "host_not_allowed"))
             return
         await self.app(scope, receive, send)
 
 
 class ApiKeyAuth:
-    """``Authorization: Bearer KEY`` on every route but /health; records the key's label in the scope."""
+    """``Authorization: Bearer KEY`` on every route but /health; puts the caller's ``ApiKey`` in the scope."""
 
-    def __init__(self, app: ASGIApp, keys: Iterable[str]) -> None:
+    def __init__(self, app: ASGIApp, keys: Iterable[ApiKey]) -> None:
         self.app = app
-        self.keys = [(key.encode(), f"key-{number}") for number, key in enumerate(keys, 1)]
+        self.keys = [(key.secret.encode(), key) for key in keys]
 
-    def label_of(self, header: str | None) -> str | None:
+    def key_of(self, header: str | None) -> ApiKey | None:
         if not header or not header.lower().startswith("bearer "):
             return None
         given = header[7:].strip().encode()
-        label = None
-        for key, name in self.keys:  # compare against every key: timing says nothing about which matched
-            if hmac.compare_digest(given, key):
-                label = name
-        return label
+        found = None
+        for secret, key in self.keys:  # compare against every key: timing says nothing about which matched
+            if hmac.compare_digest(given, secret):
+                found = key
+        return found
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.keys or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         header = _header(scope, b"authorization")
-        label = self.label_of(header)
-        if label is None:
+        key = self.key_of(header)
+        if key is None:
             message = "invalid API key" if header else "missing API key: send 'Authorization: Bearer <key>'"
             error = ApiError(401, message, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             await send_error(send, error)
             return
-        scope[API_KEY_SCOPE] = label
+        scope[API_KEY_SCOPE] = key
         await self.app(scope, receive, send)
 
 

@@ -12,14 +12,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from multilora_studio import __version__
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import LoadLoraRequest, UnloadLoraRequest
-from multilora_studio.server.state import ServerState, server_state
+from multilora_studio.server.state import ServerState, caller, require_admin, server_state
 
 router = APIRouter()
 OWNER = "multilora-studio"
 
 
-def model_cards(state: ServerState) -> list[dict[str, Any]]:
-    """The base model and every adapter; adapters name the base as ``parent`` (vLLM's shape)."""
+def model_cards(state: ServerState, request: Request) -> list[dict[str, Any]]:
+    """The base model and every adapter the caller's key may use; adapters name the base as
+    ``parent`` (vLLM's shape)."""
     engine = state.engine
     base = engine.model_name
     common = {"object": "model", "created": state.created, "owned_by": OWNER}
@@ -29,7 +30,8 @@ def model_cards(state: ServerState) -> list[dict[str, Any]]:
         cards.append(
             {"id": info.name, **common, "root": str(info.path), "parent": base, "max_model_len": max_len}
         )
-    return cards
+    key = caller(request)
+    return [card for card in cards if key.may_use(str(card["id"]))]
 
 
 @router.get("/health")
@@ -44,12 +46,12 @@ async def version() -> JSONResponse:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
-    return JSONResponse({"object": "list", "data": model_cards(server_state(request))})
+    return JSONResponse({"object": "list", "data": model_cards(server_state(request), request)})
 
 
 @router.get("/v1/models/{model:path}")
 async def retrieve_model(model: str, request: Request) -> JSONResponse:
-    for card in model_cards(server_state(request)):
+    for card in model_cards(server_state(request), request):
         if card["id"] == model:
             return JSONResponse(card)
     raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
@@ -57,6 +59,7 @@ async def retrieve_model(model: str, request: Request) -> JSONResponse:
 
 @router.post("/v1/load_lora_adapter")
 async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> PlainTextResponse:
+    require_admin(request)
     engine = server_state(request).engine
     try:
         await asyncio.to_thread(engine.add_adapter, body.lora_name, body.lora_path)
@@ -69,6 +72,7 @@ async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> PlainTex
 
 @router.post("/v1/unload_lora_adapter")
 async def unload_lora_adapter(body: UnloadLoraRequest, request: Request) -> PlainTextResponse:
+    require_admin(request)
     engine = server_state(request).engine
     if not any(info.name == body.lora_name for info in engine.list_adapters()):
         raise ApiError(404, f"The adapter `{body.lora_name}` does not exist.", "model_not_found", "lora_name")
@@ -83,4 +87,5 @@ async def unload_lora_adapter(body: UnloadLoraRequest, request: Request) -> Plai
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
+    require_admin(request)
     return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)

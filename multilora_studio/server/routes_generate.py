@@ -29,7 +29,7 @@ from multilora_studio.server.sampling import (
     score_options,
 )
 from multilora_studio.server.schemas import ChatCompletionRequest, CompletionRequest
-from multilora_studio.server.state import api_key_label, server_state
+from multilora_studio.server.state import api_key_label, caller, server_state
 from multilora_studio.server.tools.setup import tool_plan, uses_tools, with_tool_structure
 
 router = APIRouter()
@@ -93,7 +93,7 @@ async def generate(
     """Run one generation request; ``max_tokens_field`` names the field that set the output cap."""
     state, key = server_state(request), api_key_label(request)
     try:
-        adapter = await state.resolve_model(body.model)
+        adapter = await state.resolve_model(body.model, caller(request))
         check_supported(body)
         check_fields(route, body)
         prompts, params = prepare()

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.sampling import chat_prompt
 from multilora_studio.server.schemas import DetokenizeRequest, TokenizeRequest
-from multilora_studio.server.state import ServerState, api_key_label, server_state
+from multilora_studio.server.state import ServerState, api_key_label, caller, server_state
 
 router = APIRouter()
 
@@ -33,7 +33,7 @@ def _tokenizer(state: ServerState) -> Any:
 async def _admitted(state: ServerState, request: Request, model: str | None) -> AsyncIterator[None]:
     """The caller's per-key limits apply as to generation (no engine request, no tokens charged)."""
     if model is not None:
-        await state.resolve_model(model)
+        await state.resolve_model(model, caller(request))
     key = api_key_label(request)
     state.admission.acquire(key, 0)
     try:

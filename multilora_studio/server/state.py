@@ -8,6 +8,7 @@ from typing import Protocol
 from fastapi import Request
 
 from multilora_studio.engine import Engine
+from multilora_studio.server.api_keys import ANONYMOUS, ApiKey
 from multilora_studio.server.config import ServerConfig
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.hub_resolver import HubResolver
@@ -16,7 +17,7 @@ from multilora_studio.server.metrics import ServerMetrics
 from multilora_studio.server.request_log import RequestLog
 from multilora_studio.server.token_text import TokenText
 
-API_KEY_SCOPE = "multilora.api_key"  # set by the auth middleware: the caller's key label
+API_KEY_SCOPE = "multilora.api_key"  # set by the auth middleware: the caller's ApiKey
 
 
 class LiveJob(Protocol):
@@ -40,11 +41,14 @@ class ServerState:
     def __post_init__(self) -> None:
         self.token_text = TokenText(self.engine.tokenizer)
 
-    async def resolve_model(self, model: str) -> str | None:
+    async def resolve_model(self, model: str, caller: ApiKey) -> str | None:
         """The adapter that ``model`` names (None: the base model); 404 for anything else.
 
-        With Hub adapters on, an unknown ``org/name[@rev]`` is pulled and served first.
+        A model the caller's key may not use is a 404 too, as if it did not exist. With Hub
+        adapters on, an unknown ``org/name[@rev]`` is pulled and served first.
         """
+        if not caller.may_use(model):
+            raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
         if model == self.engine.model_name:
             return None
         if any(info.name == model for info in self.engine.list_adapters()):
@@ -63,5 +67,17 @@ def server_state(request: Request) -> ServerState:
     return request.app.state.studio
 
 
+def caller(request: Request) -> ApiKey:
+    """The key the request came with (every caller is an anonymous admin when no key is set)."""
+    return request.scope.get(API_KEY_SCOPE, ANONYMOUS)
+
+
 def api_key_label(request: Request) -> str:
-    return request.scope.get(API_KEY_SCOPE, "anonymous")
+    return caller(request).name
+
+
+def require_admin(request: Request) -> None:
+    """403 unless the caller's key is an admin key."""
+    if not caller(request).admin:
+        message = "this API key may only generate: loading, unloading and metrics need an admin key"
+        raise ApiError(403, message, "permission_denied")
