@@ -20,7 +20,7 @@ from multilora_studio.adapters.peft_adapter import AdapterError
 from multilora_studio.adapters.pull import pull
 from multilora_studio.adapters.registry import LibraryError, Registry
 from multilora_studio.cli.shared import describe_base
-from tests.adapters.conftest import BASE_REPO, BIG_RANK, HUB_ORG, OTHER_BASE
+from tests.adapter_fixtures import BASE_REPO, BIG_RANK, HUB_ORG, OTHER_BASE
 from tests.adapters.hub_server import HubServer, free_port, point_client_at
 
 LORA = f"{HUB_ORG}/tiny-lora"  # v1 (tag): rank 4 on q,v; main: rank 8 on attention

@@ -11,7 +11,7 @@ import pytest
 from multilora_studio.adapters.hub import repo_cache_dir
 from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.server import ApiServer, ServerConfig
-from tests.adapters.conftest import BASE_REPO, HUB_ORG
+from tests.adapter_fixtures import BASE_REPO, HUB_ORG
 from tests.adapters.hub_server import free_port
 
 LORA = f"{HUB_ORG}/tiny-lora"  # v1 (tag): rank 4 on q,v; main: rank 8 on attention

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from multilora_studio.cli import main
-from tests.adapters.conftest import BASE_REPO, HUB_ORG, edit_config
+from tests.adapter_fixtures import BASE_REPO, HUB_ORG, edit_config
 from tests.adapters.hub_server import free_port
 
 LORA = f"{HUB_ORG}/tiny-lora"

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter
-from tests.adapters.conftest import edit_config, edit_tensors
+from tests.adapter_fixtures import edit_config, edit_tensors
 
 GOOD = "tiny-r8-all"  # rank 8 on all seven projections
 FIRST_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"

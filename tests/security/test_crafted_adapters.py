@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter
-from tests.adapters.conftest import edit_config
+from tests.adapter_fixtures import edit_config
 
 # Backtracks exponentially in Python's re (the test would hang), matched at once by `regex`.
 NESTED_QUANTIFIER = "m(.+)+Z"

@@ -1,5 +1,6 @@
-"""Adapter-library fixtures: the tiny base as a BaseModelRef, a library on a real SQLite file,
-real PEFT variants of the tiny model, and a Hub-compatible server (olah) on loopback."""
+"""Adapter-library fixtures for every suite (a plugin of tests/conftest.py): the tiny base as a
+BaseModelRef, a library on a real SQLite file, real PEFT variants of the tiny model, and a
+Hub-compatible server (olah) on loopback."""
 
 from __future__ import annotations
 
