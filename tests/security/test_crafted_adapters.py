@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 
 from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter
 from tests.adapter_fixtures import edit_config
+from tests.server.raw_http import call, post_json
 
 # Backtracks exponentially in Python's re (the test would hang), matched at once by `regex`.
 NESTED_QUANTIFIER = "m(.+)+Z"
@@ -74,3 +76,29 @@ def test_an_alpha_whose_scale_overflows_is_refused_naming_lora_alpha(
     edit_config(folder, **change)
     with pytest.raises(AdapterError, match=r"lora_alpha .* overflow float32; lora_alpha is too large"):
         load(folder, tiny_base)
+
+
+@pytest.mark.timeout(120)
+def test_a_hostile_pattern_over_http_is_a_400_while_the_server_keeps_answering(
+    serve, peft_variants, tmp_path, engine
+):
+    folder = copy(peft_variants["rank_pattern"], tmp_path)
+    edit_config(folder, rank_pattern={ALTERNATION_BLOWUP: 4})
+    server = serve()
+    answer: dict[str, object] = {}
+
+    def load_it() -> None:
+        body = {"lora_name": "hostile", "lora_path": str(folder)}
+        answer["reply"] = post_json(server.url, "/v1/load_lora_adapter", body)
+
+    loader = threading.Thread(target=load_it)
+    loader.start()
+    health = []
+    while loader.is_alive():  # validation runs off the event loop: /health answers throughout
+        health.append(call(server.url, "GET", "/health")[0])
+    loader.join()
+    status, _, body = answer["reply"]
+    assert status == 400 and "rank_pattern key" in body["error"]["message"]
+    assert "took too long to match" in body["error"]["message"]
+    assert health and set(health) == {200}
+    assert "hostile" not in {info.name for info in engine.list_adapters()}
