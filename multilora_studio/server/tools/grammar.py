@@ -2,9 +2,10 @@
 
 A Lark grammar in llguidance's dialect whose ``%json`` rule holds the call's schema: the named
 function's ``parameters``, or (required) a choice among every tool. The JSON is written as
-``json.dumps`` writes it (``", "`` and ``": "``, no other whitespace), which also keeps a model
-from padding it forever. The JSON formats (Llama 3, Mistral) are written without their
-special-token marker, which their parsers do not need.
+``json.dumps`` writes it (``", "`` and ``": "``, no other whitespace: the engine's
+``lark_json``, as for ``json_schema`` outputs), which also keeps a model from padding it
+forever. The JSON formats (Llama 3, Mistral) are written without their special-token marker,
+which their parsers do not need.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ import json
 from typing import Any
 
 from multilora_studio.engine import StructuredOutput
+from multilora_studio.engine.grammar import lark_json
 from multilora_studio.server.tools.formats import HERMES, HERMES_CLOSE, HERMES_OPEN, LLAMA3, MISTRAL
 from multilora_studio.server.tools.spec import ToolRequest
 
 ARGUMENT_KEYS = {HERMES: "arguments", LLAMA3: "parameters", MISTRAL: "arguments"}
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _json_rule(schema: dict[str, Any]) -> str:
-    return f"body: %json {json.dumps(schema | {'x-guidance': JSON_STYLE})}"
+    return f"body: {lark_json(schema)}"
 
 
 def call_schema(request: ToolRequest, format_name: str) -> dict[str, Any]:
