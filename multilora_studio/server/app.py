@@ -41,7 +41,8 @@ CORS_HEADERS = (
 
 
 def create_app(state: ServerState) -> FastAPI:
-    """Outermost first: requests in progress, framing, Host check, CORS (only when origins are configured), API keys, body size."""
+    """Outermost first: requests in progress, framing, Host check, CORS (only when origins are
+    configured), API keys, body size."""
     app = FastAPI(
         title="MultiLoRA Studio",
         version=__version__,

@@ -17,7 +17,12 @@ def _check_limit(name: str, value: object, low: int = 1, optional: bool = False)
 
 
 def _check_seconds(name: str, value: object) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
 
 

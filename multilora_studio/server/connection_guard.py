@@ -55,7 +55,7 @@ class ClientCounts:
 
 
 class GuardedH11Protocol(H11Protocol):
-    """H11Protocol with header and body read deadlines and the per-address limit (set by ``guarded_protocol``)."""
+    """H11Protocol with read deadlines and the per-address limit (values set by ``guarded_protocol``)."""
 
     counts: ClientCounts
     header_timeout_s: float

@@ -1,4 +1,4 @@
-"""Plain ASGI guards in front of the routes: requests in progress, framing, Host check, API keys, body size."""
+"""Plain ASGI guards in front of the routes: requests in progress, framing, Host, API keys, body size."""
 
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ class FramingCheck:
             and _header(scope, b"transfer-encoding") is not None
         ):
             message = "the request has both Content-Length and Transfer-Encoding headers; send only one"
-            await send_error(send, ApiError(400, message, "conflicting_framing", headers={"Connection": "close"}))
+            error = ApiError(400, message, "conflicting_framing", headers={"Connection": "close"})
+            await send_error(send, error)
             return
         await self.app(scope, receive, send)
 

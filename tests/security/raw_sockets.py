@@ -1,4 +1,4 @@
-"""Raw TCP clients for connection-level attacks: half-open sockets, trickled bytes, chosen source addresses."""
+"""Raw TCP clients for connection-level attacks: half-open sockets, trickled bytes, other source addresses."""
 
 from __future__ import annotations
 
