@@ -108,6 +108,27 @@ def add_serve_command(subparsers: Subcommands) -> None:
         metavar="SECONDS",
         help="how long a request waits for its Hub adapter's pull before a 504",
     )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="close a connection whose request head is not complete this long after its first byte",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="answer 408 and close when a request body is not complete this long after its head",
+    )
+    parser.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=64,
+        metavar="N",
+        help="open connections one client address may hold (loopback included); more are refused at once",
+    )
     parser.set_defaults(handler=run_serve)
 
 
@@ -177,6 +198,9 @@ def run_serve(args: argparse.Namespace) -> int:
         cors_origins=tuple(args.allowed_origins),
         allow_hub_adapters=args.allow_hub_adapters,
         hub_pull_timeout_s=args.hub_pull_timeout,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        max_connections_per_client=args.max_connections_per_client,
     )
     modules = parse_lora_modules(args.lora_modules)
     if not config.loopback:

@@ -7,12 +7,14 @@ from starlette.middleware.cors import CORSMiddleware
 
 from multilora_studio import __version__
 from multilora_studio.server.errors import install_error_handlers
-from multilora_studio.server.middleware import ApiKeyAuth, BodyLimit, HostCheck
+from multilora_studio.server.middleware import ApiKeyAuth, BodyLimit, FramingCheck, HostCheck, RequestCap
 from multilora_studio.server.routes_admin import router as admin_router
 from multilora_studio.server.routes_generate import router as generate_router
 from multilora_studio.server.routes_responses import router as responses_router
 from multilora_studio.server.routes_tokenize import router as tokenize_router
 from multilora_studio.server.state import ServerState
+
+EXTRA_REQUESTS = 64  # in progress beyond max_in_flight: /health, /metrics, /v1/models and the like
 
 # Request headers a browser app may send from an allowed origin: the official openai JS
 # client's (its x-stainless-* telemetry, OpenAI-Beta, idempotency keys) and the plain ones.
@@ -39,7 +41,8 @@ CORS_HEADERS = (
 
 
 def create_app(state: ServerState) -> FastAPI:
-    """Outermost first: Host check, CORS (only when origins are configured), API keys, body size."""
+    """Outermost first: requests in progress, framing, Host check, CORS (only when origins are
+    configured), API keys, body size."""
     app = FastAPI(
         title="MultiLoRA Studio",
         version=__version__,
@@ -64,4 +67,6 @@ def create_app(state: ServerState) -> FastAPI:
             allow_headers=list(CORS_HEADERS),
         )
     app.add_middleware(HostCheck, names=config.host_names())
+    app.add_middleware(FramingCheck)
+    app.add_middleware(RequestCap, limit=config.max_in_flight + EXTRA_REQUESTS)
     return app

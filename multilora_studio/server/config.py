@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from multilora_studio.server.api_keys import ApiKey, named_keys
@@ -13,6 +14,16 @@ def _check_limit(name: str, value: object, low: int = 1, optional: bool = False)
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}{' or None' if optional else ''}, got {value!r}")
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
 
 
 def _strings(name: str, value: object) -> tuple[str, ...]:
@@ -48,6 +59,9 @@ class ServerConfig:
     graceful_shutdown_s: int = 2
     allow_hub_adapters: bool = False  # pull an unknown ``org/name[@rev]`` model from the Hub
     hub_pull_timeout_s: int = 120  # how long a request waits for that pull
+    header_timeout_s: float = 10.0  # from a connection's first byte (or its opening) to a whole request head
+    body_timeout_s: float = 60.0  # from the request head to the end of its body, however steadily it arrives
+    max_connections_per_client: int = 64  # open connections from one client address, loopback included
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host.strip():
@@ -77,6 +91,9 @@ class ServerConfig:
         if not isinstance(self.allow_hub_adapters, bool):
             raise ValueError(f"allow_hub_adapters must be true or false, got {self.allow_hub_adapters!r}")
         _check_limit("hub_pull_timeout_s", self.hub_pull_timeout_s)
+        _check_seconds("header_timeout_s", self.header_timeout_s)
+        _check_seconds("body_timeout_s", self.body_timeout_s)
+        _check_limit("max_connections_per_client", self.max_connections_per_client)
 
     @property
     def loopback(self) -> bool:

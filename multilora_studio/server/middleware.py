@@ -1,4 +1,4 @@
-"""Plain ASGI guards in front of the routes: Host check, API keys, request body size."""
+"""Plain ASGI guards in front of the routes: requests in progress, framing, Host, API keys, body size."""
 
 from __future__ import annotations
 
@@ -29,6 +29,52 @@ def host_name(header: str) -> str:
     if header.startswith("["):
         return header[1 : header.find("]")] if "]" in header else header
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class RequestCap:
+    """At most ``limit`` requests in progress (idle connections do not count); past it a 503 at once."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.active = 0  # one event loop: no lock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.active >= self.limit:
+            message = f"the server is busy: {self.limit} requests are in progress"
+            await send_error(send, ApiError(503, message, "server_busy", headers={"Retry-After": "1"}))
+            return
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+
+class FramingCheck:
+    """Refuse a request with both Content-Length and Transfer-Encoding (RFC 9112 6.1), then close.
+
+    Front ends may disagree on which header frames the body: that is how a second request is
+    smuggled inside the first one's body.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and _header(scope, b"content-length") is not None
+            and _header(scope, b"transfer-encoding") is not None
+        ):
+            message = "the request has both Content-Length and Transfer-Encoding headers; send only one"
+            error = ApiError(400, message, "conflicting_framing", headers={"Connection": "close"})
+            await send_error(send, error)
+            return
+        await self.app(scope, receive, send)
 
 
 class HostCheck:

@@ -21,6 +21,7 @@ from multilora_studio.adapters.registry import Registry
 from multilora_studio.engine import Engine
 from multilora_studio.server.app import create_app
 from multilora_studio.server.config import ServerConfig
+from multilora_studio.server.connection_guard import guarded_protocol
 from multilora_studio.server.hub_resolver import HubResolver
 from multilora_studio.server.limits import Admission
 from multilora_studio.server.metrics import ServerMetrics
@@ -28,8 +29,6 @@ from multilora_studio.server.request_log import RequestLog
 from multilora_studio.server.state import ServerState
 
 log = logging.getLogger(__name__)
-
-EXTRA_CONNECTIONS = 64  # beyond max_in_flight, for /health, /metrics and idle keep-alive connections
 
 
 class PortInUseError(RuntimeError):
@@ -119,14 +118,13 @@ class ApiServer:
             sock = sock or bind_socket(self.config.host, self.config.port)
             config = uvicorn.Config(
                 self.app,
-                http="h11",
+                http=guarded_protocol(self.config),
                 lifespan="off",
                 log_config=None,
                 log_level="warning",
                 access_log=False,
                 server_header=False,
                 timeout_graceful_shutdown=self.config.graceful_shutdown_s,
-                limit_concurrency=self.config.max_in_flight + EXTRA_CONNECTIONS,
                 timeout_keep_alive=5,
             )
             server = uvicorn.Server(config)
