@@ -12,8 +12,7 @@ the last first token). Runs alternate ``--rounds`` times; medians and their rati
 
 from __future__ import annotations
 
-import argparse
-import json
+import functools
 import logging
 import statistics
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.engine_gpu import run_batch
+from benchmarks.rounds import alternate, decode_tok_s, parser, random_prompts, summary, write_results
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from multilora_studio.engine.model_source import RANDOM_SHAPES
@@ -32,10 +32,8 @@ from multilora_studio.kernels.row_scores import row_scores, top_k_torch
 def decode_run(engine: Engine, prompts: list[list[int]], adapters: list, logprobs: int | None) -> float:
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True, logprobs=logprobs)
     outputs = engine.generate(prompts, adapters, params)
-    first = max(o.first_token_time or 0.0 for o in outputs)
-    finish = max(o.finish_time or 0.0 for o in outputs)
     assert logprobs is None or all(len(o.logprobs or []) == len(o.token_ids) for o in outputs)
-    return sum(len(o.token_ids) - 1 for o in outputs) / (finish - first)
+    return decode_tok_s(outputs)
 
 
 def entries_ms(engine: Engine, prompts: list[list[int]], adapters: list) -> float:
@@ -110,23 +108,12 @@ def profile_prefill(engine: Engine, prompts: list[list[int]], adapters: list) ->
         print(table)
 
 
-def alternate(rounds: int, without, with_) -> dict:
-    plain, scored = [], []
-    for _ in range(rounds):
-        plain.append(without())
-        scored.append(with_())
-    a, b = statistics.median(plain), statistics.median(scored)
-    return {"without": a, "with": b, "ratio": b / a, "rounds_without": plain, "rounds_with": scored}
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    arguments = parser(__doc__)
+    arguments.add_argument(
+        "--profile", action="store_true", help="print where a scored prefill spends its time"
     )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--profile", action="store_true", help="print where a scored prefill spends its time")
-    args = parser.parse_args()
+    args = arguments.parse_args()
     logging.basicConfig(level=logging.WARNING)
     spec = RANDOM_SHAPES["llama3-8b"]
     workdir = Path(tempfile.mkdtemp(prefix="mls-logprobs-bench-"))
@@ -135,11 +122,6 @@ def main() -> None:
         for i in range(32)
     }
     generator = torch.Generator().manual_seed(0)
-
-    def random_prompts(count: int, length: int) -> list[list[int]]:
-        return [
-            torch.randint(0, spec.vocab_size, (length,), generator=generator).tolist() for _ in range(count)
-        ]
 
     config = EngineConfig(
         model="random:llama3-8b",
@@ -158,17 +140,17 @@ def main() -> None:
     with Engine(config) as engine:
         for name, path in adapters.items():
             engine.add_adapter(name, path)
-        decode_prompts = random_prompts(32, 128)
+        decode_prompts = random_prompts(32, 128, spec.vocab_size, generator)
         distinct, base = list(adapters), [None] * 32
         run_batch(engine, decode_prompts, distinct, 8)  # warm-up: adapters into slots
         decode_run(engine, decode_prompts, base, 5)
         for name, names in (("base", base), ("distinct", distinct)):
             results[f"decode_{name}"] = alternate(
                 args.rounds,
-                lambda names=names: decode_run(engine, decode_prompts, names, None),
-                lambda names=names: decode_run(engine, decode_prompts, names, 5),
+                functools.partial(decode_run, engine, decode_prompts, names, None),
+                functools.partial(decode_run, engine, decode_prompts, names, 5),
             )
-        score_prompts = random_prompts(16, 1024)
+        score_prompts = random_prompts(16, 1024, spec.vocab_size, generator)
         four = [f"a{i % 4}" for i in range(16)]
         prefill_run(engine, score_prompts, four, True)  # warm-up
         results["prompt_scoring"] = alternate(
@@ -181,14 +163,8 @@ def main() -> None:
         if args.profile:
             profile_prefill(engine, score_prompts, four)
     for key in ("decode_base", "decode_distinct", "prompt_scoring"):
-        r = results[key]
-        each = [round(b / a, 3) for a, b in zip(r["rounds_without"], r["rounds_with"], strict=True)]
-        print(
-            f"{key:16s} without {r['without']:9.1f} tok/s  with {r['with']:9.1f} tok/s"
-            f"  ratio {r['ratio']:.3f}  (rounds {each})"
-        )
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1))
+        print(summary(key, results[key]))
+    write_results(args.json, results)
 
 
 if __name__ == "__main__":

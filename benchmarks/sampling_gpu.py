@@ -12,14 +12,19 @@ printed (the target on an H200 is a ratio >= 0.95).
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import statistics
-from pathlib import Path
 
 import torch
 
+from benchmarks.rounds import (
+    alternate,
+    decode_tok_s,
+    device_name,
+    parser,
+    random_prompts,
+    summary,
+    write_results,
+)
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 
 
@@ -36,20 +41,13 @@ def decode_run(engine: Engine, prompts: list[list[int]], new_tokens: int, penali
             logit_bias={17: 1.5},
             bad_words_token_ids=[[11, 12]],
         )
-    outputs = engine.generate(prompts, None, params)
-    first = max(o.first_token_time or 0.0 for o in outputs)
-    finish = max(o.finish_time or 0.0 for o in outputs)
-    return sum(len(o.token_ids) - 1 for o in outputs) / (finish - first)
+    return decode_tok_s(engine.generate(prompts, None, params))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--cpu", action="store_true", help="small smoke run on the CPU")
-    args = parser.parse_args()
+    arguments = parser(__doc__)
+    arguments.add_argument("--cpu", action="store_true", help="small smoke run on the CPU")
+    args = arguments.parse_args()
     logging.basicConfig(level=logging.WARNING)
     shape, device, dtype = (
         ("smollm2-135m", "cpu", "float32") if args.cpu else ("llama3-8b", "cuda", "bfloat16")
@@ -66,29 +64,15 @@ def main() -> None:
     )
     generator = torch.Generator().manual_seed(0)
     with Engine(config) as engine:
-        vocab = engine.spec.vocab_size
-        prompts = [torch.randint(0, vocab, (prompt_len,), generator=generator).tolist() for _ in range(batch)]
+        prompts = random_prompts(batch, prompt_len, engine.spec.vocab_size, generator)
         decode_run(engine, prompts, new_tokens, True)  # warm-up
-        plain, penalised = [], []
-        for _ in range(args.rounds):
-            plain.append(decode_run(engine, prompts, new_tokens, False))
-            penalised.append(decode_run(engine, prompts, new_tokens, True))
-    without, with_ = statistics.median(plain), statistics.median(penalised)
-    results = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "shape": shape,
-        "batch": batch,
-        "without_tok_s": without,
-        "with_tok_s": with_,
-        "ratio": with_ / without,
-        "rounds_without": plain,
-        "rounds_with": penalised,
-    }
-    print(
-        f"decode without {without:9.1f} tok/s  with penalties {with_:9.1f} tok/s  ratio {with_ / without:.3f}"
-    )
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1))
+        result = alternate(
+            args.rounds,
+            lambda: decode_run(engine, prompts, new_tokens, False),
+            lambda: decode_run(engine, prompts, new_tokens, True),
+        )
+    print(summary("decode, penalties", result))
+    write_results(args.json, {"device": device_name(device), "shape": shape, "batch": batch, **result})
 
 
 if __name__ == "__main__":

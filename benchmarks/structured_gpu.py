@@ -14,15 +14,22 @@ vocabulary masked onto the model's (ids past it are never allowed).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import statistics
 import tempfile
 from pathlib import Path
 
 import torch
 
+from benchmarks.rounds import (
+    alternate,
+    decode_tok_s,
+    device_name,
+    parser,
+    random_prompts,
+    summary,
+    write_results,
+)
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams, StructuredOutput
 from multilora_studio.engine.grammar import GrammarCompiler
 from multilora_studio.engine.model_source import RANDOM_SHAPES, load_tokenizer
@@ -69,23 +76,17 @@ def decode_run(engine: Engine, prompts: list[list[int]], new_tokens: int, constr
     ]
     outputs = engine.generate(prompts, None, params)
     assert all(len(o.token_ids) == new_tokens for o in outputs), [o.finish_reason for o in outputs]
-    first = max(o.first_token_time or 0.0 for o in outputs)
-    finish = max(o.finish_time or 0.0 for o in outputs)
-    return sum(len(o.token_ids) - 1 for o in outputs) / (finish - first)
+    return decode_tok_s(outputs)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--shape", default="llama3-8b", choices=sorted(RANDOM_SHAPES))
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tokenizer", type=Path, default=None)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    arguments = parser(__doc__)
+    arguments.add_argument("--shape", default="llama3-8b", choices=sorted(RANDOM_SHAPES))
+    arguments.add_argument("--device", default="cuda")
+    arguments.add_argument("--batch", type=int, default=32)
+    arguments.add_argument("--new-tokens", type=int, default=64)
+    arguments.add_argument("--tokenizer", type=Path, default=None)
+    args = arguments.parse_args()
     logging.basicConfig(level=logging.WARNING)
     spec = RANDOM_SHAPES[args.shape]
     config = EngineConfig(
@@ -97,37 +98,21 @@ def main() -> None:
         max_num_batched_tokens=max(4096, args.batch),
     )
     generator = torch.Generator().manual_seed(0)
-    prompts = [
-        torch.randint(0, spec.vocab_size, (128,), generator=generator).tolist() for _ in range(args.batch)
-    ]
+    prompts = random_prompts(args.batch, 128, spec.vocab_size, generator)
     tokenizer = load_tokenizer(tokenizer_folder(args.tokenizer))
     with Engine(config) as engine:
         # a random shape has no tokenizer: its grammars use this one
         engine.worker.grammars = GrammarCompiler(tokenizer, [tokenizer.eos_token_id])
         decode_run(engine, prompts, args.new_tokens, True)  # warm-up: the grammar compiles, masks allocate
-        plain, constrained = [], []
-        for _ in range(args.rounds):
-            plain.append(decode_run(engine, prompts, args.new_tokens, False))
-            constrained.append(decode_run(engine, prompts, args.new_tokens, True))
-    device = torch.cuda.get_device_name() if args.device != "cpu" else "cpu"
-    a, b = statistics.median(plain), statistics.median(constrained)
-    results = {
-        "device": device,
-        "shape": args.shape,
-        "batch": args.batch,
-        "without": a,
-        "with": b,
-        "ratio": b / a,
-        "rounds_without": plain,
-        "rounds_with": constrained,
-    }
-    each = [round(y / x, 3) for x, y in zip(plain, constrained, strict=True)]
-    print(
-        f"decode, half the rows under a JSON schema: without {a:9.1f} tok/s  with {b:9.1f} tok/s"
-        f"  ratio {b / a:.3f}  (rounds {each})"
+        result = alternate(
+            args.rounds,
+            lambda: decode_run(engine, prompts, args.new_tokens, False),
+            lambda: decode_run(engine, prompts, args.new_tokens, True),
+        )
+    print(summary("decode, half the rows under a JSON schema:", result))
+    write_results(
+        args.json, {"device": device_name(args.device), "shape": args.shape, "batch": args.batch, **result}
     )
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
