@@ -49,11 +49,12 @@ def engine(tiny_model_dir, server_adapters, engine_device):
 
 @pytest.fixture
 def serve(engine):
-    """Start an ApiServer on a free loopback port with these ServerConfig fields; stopped after the test."""
+    """Start an ApiServer on a free loopback port with these ServerConfig fields (and the library
+    ``registry`` for Hub pulls); stopped after the test."""
     servers: list[ApiServer] = []
 
-    def start(**settings) -> ApiServer:
-        server = ApiServer(engine, ServerConfig(port=0, **settings))
+    def start(registry=None, **settings) -> ApiServer:
+        server = ApiServer(engine, ServerConfig(port=0, **settings), registry=registry)
         server.start()
         servers.append(server)
         return server

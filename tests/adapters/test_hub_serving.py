@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,44 +10,22 @@ import openai
 import pytest
 
 from multilora_studio.adapters.hub import repo_cache_dir
-from multilora_studio.engine import Engine, EngineConfig
-from multilora_studio.server import ApiServer, ServerConfig
+from multilora_studio.server import ApiServer
 from tests.adapter_fixtures import BASE_REPO, HUB_ORG
 from tests.adapters.hub_server import free_port
 
 LORA = f"{HUB_ORG}/tiny-lora"  # v1 (tag): rank 4 on q,v; main: rank 8 on attention
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir, engine_device):
-    config = EngineConfig(
-        model=str(tiny_model_dir),
-        device=engine_device,
-        dtype="float32",
-        max_loras=4,
-        max_lora_rank=16,
-        max_num_seqs=8,
-        max_model_len=256,
-        max_num_batched_tokens=256,
-    )
-    with Engine(config) as built:
-        yield built
-
-
 @pytest.fixture
-def serve(engine, registry, hub_env):
-    """Start a server over ``engine`` with these ServerConfig fields; Hub pulls go into ``registry``."""
-    servers: list[ApiServer] = []
-
-    def start(**settings) -> ApiServer:
-        server = ApiServer(engine, ServerConfig(port=0, **settings), registry=registry)
-        server.start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
+def serve(serve, engine, registry, hub_env):
+    """The shared server fixture with Hub pulls going into ``registry``; the adapters a test
+    pulled are unloaded from the shared engine afterwards."""
+    before = {info.name for info in engine.list_adapters()}
+    yield functools.partial(serve, registry=registry)
+    for info in engine.list_adapters():
+        if info.name not in before:
+            engine.remove_adapter(info.name)
 
 
 def client(server: ApiServer) -> openai.OpenAI:
