@@ -13,15 +13,43 @@ from tests.fixtures import extract_tokenizer
 
 extract_tokenizer(gguf_path(), Path(".device_pkg/tokenizer"))
 PYEOF
-# what the engine imports beyond torch/transformers/peft, and what the server tests need, at the
-# versions this environment tests with
+# what the engine imports beyond torch/transformers/peft, and what the engine and server tests
+# need, with their dependencies, at the versions this environment tests with
 wanted=$("$PY" - <<'PYEOF'
-from importlib.metadata import version
+import re
+from importlib.metadata import PackageNotFoundError, distribution
 
-names = """platformdirs gguf openai fastapi starlette uvicorn httpx httpcore h11 anyio sniffio
-jiter pydantic pydantic-core typing-inspection annotated-types llguidance jsonschema
-jsonschema-specifications referencing rpds-py attrs""".split()
-print(" ".join(f"{name}=={version(name)}" for name in names))
+from packaging.requirements import Requirement
+
+# what the device has (torch's image with transformers and peft, and pytest)
+ON_DEVICE = set("""torch triton transformers peft numpy safetensors tokenizers huggingface-hub jinja2
+markupsafe pyyaml packaging filelock fsspec tqdm requests urllib3 idna certifi charset-normalizer regex
+sympy networkx mpmath pytest pluggy iniconfig setuptools accelerate psutil typing-extensions
+hf-xet""".split())
+# what the engine imports beyond those, and what the engine and server tests need
+WANTED = """platformdirs gguf openai fastapi starlette uvicorn httpx llguidance jsonschema
+prometheus-client pytest-timeout hypothesis""".split()
+closure: dict[str, str] = {}
+
+
+def add(name: str) -> None:
+    key = re.sub(r"[-_.]+", "-", name).lower()
+    if key in closure or key in ON_DEVICE or key.startswith("nvidia-"):
+        return
+    try:
+        found = distribution(key)
+    except PackageNotFoundError:
+        return  # an optional dependency this environment does not use
+    closure[key] = found.version
+    for line in found.requires or []:
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate({"extra": "", "python_version": "3.12"}):
+            add(requirement.name)
+
+
+for name in WANTED:
+    add(name)
+print(" ".join(f"{name}=={version}" for name, version in sorted(closure.items())))
 PYEOF
 )
 # shellcheck disable=SC2086
