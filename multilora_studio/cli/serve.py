@@ -79,6 +79,12 @@ def add_serve_command(subparsers: Subcommands) -> None:
         metavar="SECONDS",
         help="how long a request waits for its Hub adapter's pull before a 504",
     )
+    parser.add_argument(
+        "--allow-special-tokens-in-content",
+        action="store_true",
+        help="trusted clients only: a chat message's text that spells a special token (<|im_start|>) "
+        "becomes that control token (default: it is tokenized as plain text)",
+    )
     parser.set_defaults(handler=run_serve)
 
 
@@ -153,6 +159,7 @@ def run_serve(args: argparse.Namespace) -> int:
         cors_origins=tuple(args.allowed_origins),
         allow_hub_adapters=args.allow_hub_adapters,
         hub_pull_timeout_s=args.hub_pull_timeout,
+        allow_special_tokens_in_content=args.allow_special_tokens_in_content,
     )
     modules = parse_lora_modules(args.lora_modules)
     if not config.loopback and not config.api_keys:

@@ -130,7 +130,7 @@ class Job:
             if self._aborted:
                 return
             try:
-                token_ids = engine.encode(choice.prompt)
+                token_ids = engine.encode(choice.prompt, self.state.config.allow_special_tokens_in_content)
                 check_fits(
                     len(token_ids),
                     choice.params.max_tokens,
