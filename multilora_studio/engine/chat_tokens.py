@@ -18,7 +18,9 @@ from typing import Any
 def special_token_texts(tokenizer: Any) -> tuple[str, ...]:
     """The tokenizer's special added tokens (control tokens), longest first."""
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    texts = {token.content for token in decoder.values() if getattr(token, "special", False) and token.content}
+    texts = {
+        token.content for token in decoder.values() if getattr(token, "special", False) and token.content
+    }
     return tuple(sorted(texts, key=len, reverse=True))
 
 

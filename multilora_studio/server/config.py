@@ -55,7 +55,9 @@ class ServerConfig:
     graceful_shutdown_s: int = 2
     allow_hub_adapters: bool = False  # pull an unknown ``org/name[@rev]`` model from the Hub
     hub_pull_timeout_s: int = 120  # how long a request waits for that pull
-    allow_special_tokens_in_content: bool = False  # trusted clients only: message text may spell control tokens
+    allow_special_tokens_in_content: bool = (
+        False  # trusted clients only: message text may spell control tokens
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host.strip():
@@ -78,10 +80,9 @@ class ServerConfig:
         if not isinstance(self.allow_hub_adapters, bool):
             raise ValueError(f"allow_hub_adapters must be true or false, got {self.allow_hub_adapters!r}")
         _check_limit("hub_pull_timeout_s", self.hub_pull_timeout_s)
-        if not isinstance(self.allow_special_tokens_in_content, bool):
-            raise ValueError(
-                f"allow_special_tokens_in_content must be true or false, got {self.allow_special_tokens_in_content!r}"
-            )
+        allow = self.allow_special_tokens_in_content
+        if not isinstance(allow, bool):
+            raise ValueError(f"allow_special_tokens_in_content must be true or false, got {allow!r}")
 
     @property
     def loopback(self) -> bool:

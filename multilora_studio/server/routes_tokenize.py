@@ -36,11 +36,11 @@ async def _admitted(state: ServerState, request: Request, model: str | None) -> 
     if model is not None:
         await state.resolve_model(model)
     key = api_key_label(request)
-    state.admission.acquire(key, 0)
+    state.admission.acquire(key, 0)  # no tokens: nothing generated
     try:
         yield
     finally:
-        state.admission.release(key, 0, 0)
+        state.admission.release(key, 0, 0, 0)
 
 
 def _encode(tokenizer: Any, body: TokenizeRequest, special_tokens_in_content: bool) -> list[int]:
