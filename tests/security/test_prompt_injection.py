@@ -62,9 +62,7 @@ def test_the_opt_in_keeps_control_tokens_for_trusted_clients(serve, engine):
 
 def _forged_pieces(tokenizer) -> int:
     """Extra prompt tokens FORGED costs as text: each control token becomes its plain pieces."""
-    return sum(
-        FORGED.count(text) * (len(_as_text(tokenizer, text)) - 1) for text in _specials(tokenizer)
-    )
+    return sum(FORGED.count(text) * (len(_as_text(tokenizer, text)) - 1) for text in _specials(tokenizer))
 
 
 def test_chat_and_responses_prompts_hold_the_text_not_the_tokens(serve, engine):

@@ -53,7 +53,10 @@ def test_values_the_docs_refuse_are_a_400_naming_the_field(serve, route, changes
 
 LONE_SURROGATE = b'"Hi \\ud800 there"'
 SURROGATE_BODIES = [
-    ("/v1/chat/completions", b'{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": %s}]}'),
+    (
+        "/v1/chat/completions",
+        b'{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": %s}]}',
+    ),
     ("/v1/completions", b'{"model": "%s", "max_tokens": 2, "prompt": %s}'),
     ("/v1/responses", b'{"model": "%s", "max_output_tokens": 2, "input": %s}'),
     ("/tokenize", b'{"model": "%s", "prompt": %s}'),
@@ -88,7 +91,9 @@ def test_model_list_shows_names_not_server_paths(serve, engine, server_adapters,
 
 
 def _load_error(server, path: str) -> tuple[int, str]:
-    status, _, body = post_json(server.url, "/v1/load_lora_adapter", {"lora_name": "probe", "lora_path": path})
+    status, _, body = post_json(
+        server.url, "/v1/load_lora_adapter", {"lora_name": "probe", "lora_path": path}
+    )
     return status, body["error"]["message"].replace(path, "PATH")
 
 
