@@ -244,8 +244,17 @@ class Job:
                 remaining -= 1
                 choice.finish_reason = delta.finish_reason or "stop"
                 if self.error is None and choice.finish_reason in ("error", "abort"):
-                    self.error = _finish_error(choice.finish_reason, delta.error)
+                    self.error = _finish_error(choice.finish_reason, self._without_paths(delta.error))
             yield choice, delta
+
+    def _without_paths(self, message: str | None) -> str | None:
+        """An engine error with the adapter's server folder written as its name (key holders read it)."""
+        if message is None or self.adapter is None:
+            return message
+        for info in self.state.engine.list_adapters():
+            if info.name == self.adapter:
+                return message.replace(str(info.path), f"<adapter {info.name}>")
+        return message
 
     async def run_to_end(self, receive: Receive) -> bool:
         """Consume every delta; False when the client disconnected first."""
