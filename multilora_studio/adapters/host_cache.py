@@ -3,6 +3,11 @@
 A miss never blocks the caller: ``lookup`` queues a load on a loader thread and
 ``on_ready`` is called when it is done (or failed), so the engine keeps stepping. A
 load that ``put`` or ``discard`` overtook while it ran is dropped when it finishes.
+
+A failed load is remembered (requests for the adapter fail with its error, without reading
+the disk again) only while the adapter's files are unchanged and for ``FAILED_LOAD_TTL_S``:
+the next lookup after a repair, or after that time, loads it again, once for every request
+that waits.
 """
 
 from __future__ import annotations
@@ -29,6 +34,33 @@ class Cacheable(Protocol):
 
 
 AdapterT = TypeVar("AdapterT", bound=Cacheable)
+FAILED_LOAD_TTL_S = 10.0  # a failure whose files did not change is retried after this long
+
+Fingerprint = tuple[tuple[str, int, int, int], ...] | None
+
+
+def files_fingerprint(folder: Path) -> Fingerprint:
+    """(name, size, mtime, inode) of the folder's files: changes whenever a file is written or
+    replaced; None when the folder cannot be read."""
+    try:
+        entries = sorted(folder.iterdir())
+        return tuple((e.name, (st := e.stat()).st_size, st.st_mtime_ns, st.st_ino) for e in entries)
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class _Failure:
+    error: Exception
+    path: Path
+    fingerprint: Fingerprint
+    at: float  # time.monotonic()
+
+    def stale(self) -> bool:
+        """Whether a new load could succeed: the files changed or the failure is old."""
+        if time.monotonic() - self.at >= FAILED_LOAD_TTL_S:
+            return True
+        return files_fingerprint(self.path) != self.fingerprint
 
 
 @dataclass
@@ -69,7 +101,7 @@ class HostAdapterCache(Generic[AdapterT]):
         self._on_ready = on_ready
         self._entries: OrderedDict[str, AdapterT] = OrderedDict()
         self._pending: dict[str, object] = {}  # name -> ticket of its load in flight
-        self._errors: dict[str, Exception] = {}
+        self._errors: dict[str, _Failure] = {}
         self._fresh: set[str] = set()  # loaded after a miss and not looked up since
         self._lock = threading.Lock()
         self._workers = ShortLivedWorkers(load_workers, "adapter-loader")
@@ -109,8 +141,17 @@ class HostAdapterCache(Generic[AdapterT]):
             return list(self._entries)
 
     def error_of(self, name: str) -> Exception | None:
+        """Why the last load of ``name`` failed, while that still holds (see the module docstring)."""
         with self._lock:
-            return self._errors.get(name)
+            failure = self._errors.get(name)
+        if failure is None:
+            return None
+        if failure.stale():
+            with self._lock:
+                if self._errors.get(name) is failure:
+                    del self._errors[name]
+            return None
+        return failure.error
 
     def put(self, adapter: AdapterT) -> None:
         with self._lock:
@@ -135,8 +176,15 @@ class HostAdapterCache(Generic[AdapterT]):
                 else:
                     self.counters.hits += 1
                 return adapter
-            if name in self._pending or name in self._errors:
+            if name in self._pending:
                 return None
+            failure = self._errors.get(name)
+        if failure is not None and not failure.stale():
+            return None
+        with self._lock:
+            if name in self._entries or name in self._pending or self._errors.get(name) is not failure:
+                return None  # another thread got here first: its load serves this lookup too
+            self._errors.pop(name, None)
             self.counters.misses += 1
             ticket = self._pending[name] = object()
             self._workers.submit(self._load, name, path, ticket)
@@ -144,12 +192,13 @@ class HostAdapterCache(Generic[AdapterT]):
 
     def _load(self, name: str, path: Path, ticket: object) -> None:
         start = time.perf_counter()
+        fingerprint = files_fingerprint(path)  # before reading: a repair during the load counts
         try:
             adapter = self._loader(name, path)
         except Exception as error:  # reported to the requests that wait for it
             with self._lock:
                 if self._pending.get(name) is ticket:
-                    self._errors[name] = error
+                    self._errors[name] = _Failure(error, path, fingerprint, time.monotonic())
                     del self._pending[name]
         else:
             with self._lock:

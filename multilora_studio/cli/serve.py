@@ -129,6 +129,12 @@ def add_serve_command(subparsers: Subcommands) -> None:
         metavar="N",
         help="open connections one client address may hold (loopback included); more are refused at once",
     )
+    parser.add_argument(
+        "--allow-special-tokens-in-content",
+        action="store_true",
+        help="trusted clients only: a chat message's text that spells a special token (<|im_start|>) "
+        "becomes that control token (default: it is tokenized as plain text)",
+    )
     parser.set_defaults(handler=run_serve)
 
 
@@ -201,6 +207,7 @@ def run_serve(args: argparse.Namespace) -> int:
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
         max_connections_per_client=args.max_connections_per_client,
+        allow_special_tokens_in_content=args.allow_special_tokens_in_content,
     )
     modules = parse_lora_modules(args.lora_modules)
     if not config.loopback:

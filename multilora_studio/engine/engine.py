@@ -135,9 +135,13 @@ class Engine:
 
     # ---------------------------------------------------------------- requests
 
-    def encode(self, prompt: Any) -> list[int]:
-        """Token ids of a text prompt, chat messages (through the chat template) or ids as given."""
-        return encode_prompt(prompt, self.tokenizer, self.spec.vocab_size)
+    def encode(self, prompt: Any, special_tokens_in_content: bool = False) -> list[int]:
+        """Token ids of a text prompt, chat messages (through the chat template) or ids as given.
+
+        A chat message's text that spells a special token (``<|im_start|>``) is tokenized as
+        text unless ``special_tokens_in_content`` (trusted input only).
+        """
+        return encode_prompt(prompt, self.tokenizer, self.spec.vocab_size, special_tokens_in_content)
 
     def submit(
         self,

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from multilora_studio.engine.chat_tokens import chat_token_ids
+
 Prompt = str | list[int] | list[dict[str, str]]  # text, token ids, or chat messages
 
 
-def encode_prompt(prompt: Any, tokenizer: Any | None, vocab_size: int) -> list[int]:
-    """Token ids of a text prompt, chat messages (through the chat template) or ids as given."""
+def encode_prompt(
+    prompt: Any, tokenizer: Any | None, vocab_size: int, special_tokens_in_content: bool = False
+) -> list[int]:
+    """Token ids of a text prompt, chat messages (through the chat template) or ids as given.
+
+    Special tokens spelled in a chat message's text stay text unless ``special_tokens_in_content``
+    (chat_tokens.py); a text prompt is the caller's whole prompt, its special tokens parsed.
+    """
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("this model has no tokenizer; pass token ids")
@@ -19,8 +27,7 @@ def encode_prompt(prompt: Any, tokenizer: Any | None, vocab_size: int) -> list[i
         for message in prompt:
             if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
                 raise ValueError("each chat message needs string 'role' and 'content' fields")
-        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        return list(tokenizer(text, add_special_tokens=False).input_ids)
+        return chat_token_ids(tokenizer, prompt, special_tokens_in_content, add_generation_prompt=True)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         bad = [t for t in prompt if not 0 <= t < vocab_size]
         if bad:

@@ -62,6 +62,7 @@ class ServerConfig:
     header_timeout_s: float = 10.0  # from a connection's first byte (or its opening) to a whole request head
     body_timeout_s: float = 60.0  # from the request head to the end of its body, however steadily it arrives
     max_connections_per_client: int = 64  # open connections from one client address, loopback included
+    allow_special_tokens_in_content: bool = False  # trusted clients: message text may spell control tokens
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host.strip():
@@ -94,6 +95,9 @@ class ServerConfig:
         _check_seconds("header_timeout_s", self.header_timeout_s)
         _check_seconds("body_timeout_s", self.body_timeout_s)
         _check_limit("max_connections_per_client", self.max_connections_per_client)
+        allow = self.allow_special_tokens_in_content
+        if not isinstance(allow, bool):
+            raise ValueError(f"allow_special_tokens_in_content must be true or false, got {allow!r}")
 
     @property
     def loopback(self) -> bool:

@@ -12,6 +12,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import Send
 
+from multilora_studio.server.unicode_check import INVALID_UNICODE
+
 log = logging.getLogger(__name__)
 
 ERROR_TYPES = {
@@ -76,6 +78,8 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     if first.get("type") == "json_invalid":
         detail = first.get("ctx", {}).get("error", "")
         return ApiError(400, f"the request body is not valid JSON: {detail}".rstrip(": "), "invalid_json")
+    if first.get("type") == INVALID_UNICODE:
+        return ApiError(400, first.get("msg", "invalid Unicode"), "invalid_value", first["ctx"]["field"])
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(location) or None
     message = first.get("msg", "invalid request")

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from starlette.types import Receive
@@ -79,7 +80,9 @@ class Job:
     ) -> None:
         _check_sequences(state, route, len(prompts), len(params))
         sequences = len(prompts) * len(params)
-        state.admission.acquire(key, sequences)
+        capped = max_tokens_param is not None  # None: each choice may run to the end of the context
+        wanted = len(prompts) * sum(p.max_tokens for p in params) if capped else 0
+        self.reserved = state.admission.acquire(key, sequences, wanted, max_tokens_param)
         self.state = state
         self.route = route
         self.model = model
@@ -109,9 +112,12 @@ class Job:
     # ------------------------------------------------------------ engine side
 
     async def submit(self) -> None:
-        """Tokenize and queue every choice (off the event loop); engine ValueErrors become 400s."""
+        """Tokenize every prompt, reserve its tokens, and queue every choice (tokenizing and
+        queueing off the event loop); engine ValueErrors become 400s, an exhausted budget a 429."""
         loop = asyncio.get_running_loop()
-        await asyncio.shield(loop.run_in_executor(None, self._submit_all, loop))
+        prompt_ids = await asyncio.shield(loop.run_in_executor(None, self._encode_all))
+        self._reserve_prompts(prompt_ids)
+        await asyncio.shield(loop.run_in_executor(None, self._submit_all, loop, prompt_ids))
         for choice in self.choices:
             assert choice.stream is not None
             self._pumps.append(asyncio.create_task(self._pump(choice, choice.stream)))
@@ -124,13 +130,66 @@ class Job:
                 return name
         return PROMPT_FIELDS.get(self.route, "prompt")
 
-    def _submit_all(self, loop: asyncio.AbstractEventLoop) -> None:
-        engine = self.state.engine
+    def _encode_all(self) -> list[list[int]]:
+        """Token ids of each choice's prompt (each prompt tokenized once)."""
+        engine, specials = self.state.engine, self.state.config.allow_special_tokens_in_content
+        encoded: list[list[int]] = []
         for choice in self.choices:
             if self._aborted:
+                break
+            if choice.counts_prompt:
+                with self._engine_errors():
+                    ids = engine.encode(choice.prompt, specials)
+            encoded.append(ids)
+        return encoded
+
+    def _reserve_prompts(self, prompt_ids: list[list[int]]) -> None:
+        """Reserve the prompts' tokens on the caller's budget (on the event loop). Choices without a
+        cap get the budget that is left, shared out, as their cap (never more than the context)."""
+        admission, param = self.state.admission, PROMPT_FIELDS.get(self.route, "prompt")
+        prompt_tokens = sum(
+            len(ids) for ids, c in zip(prompt_ids, self.choices, strict=False) if c.counts_prompt
+        )
+        room = admission.room(self.key)
+        if self.max_tokens_param is None and room is not None:
+            max_len = self.state.engine.config.max_model_len
+            share = (room - prompt_tokens) // len(self.choices)
+            caps = [max(1, min(share, max_len - len(ids))) for ids in prompt_ids]
+            self.reserved += admission.reserve(self.key, self.reserved, prompt_tokens + sum(caps), param)
+            for choice, cap in zip(self.choices, caps, strict=False):
+                choice.params = dataclasses.replace(
+                    choice.params, max_tokens=min(cap, choice.params.max_tokens)
+                )
+            return
+        self.reserved += admission.reserve(self.key, self.reserved, prompt_tokens, param)
+
+    @contextlib.contextmanager
+    def _engine_errors(self) -> Iterator[None]:
+        """Engine errors as API errors: ValueError 400 (404 for an adapter removed meanwhile)."""
+        engine = self.state.engine
+        try:
+            yield
+        except ApiError:
+            raise
+        except ValueError as error:
+            if self.adapter is not None and not any(a.name == self.adapter for a in engine.list_adapters()):
+                raise ApiError(
+                    404, f"The model `{self.model}` does not exist.", "model_not_found", "model"
+                ) from None
+            raise ApiError(400, str(error), "invalid_value", self._submit_param(str(error))) from None
+        except RuntimeError as error:
+            if not engine.running:
+                raise ApiError(503, f"the engine is not running: {error}", "engine_unavailable") from None
+            raise ApiError(500, f"the prompt could not be prepared: {error}", "engine_error") from None
+        except Exception as error:  # the chat template can refuse a conversation (jinja errors)
+            raise ApiError(400, f"the prompt could not be prepared: {error}", "invalid_value") from None
+
+    def _submit_all(self, loop: asyncio.AbstractEventLoop, prompt_ids: list[list[int]]) -> None:
+        engine = self.state.engine
+        for choice, token_ids in zip(self.choices, prompt_ids, strict=False):
+            if self._aborted:
                 return
-            try:
-                token_ids = engine.encode(choice.prompt)
+            with self._engine_errors():
                 check_fits(
                     len(token_ids),
                     choice.params.max_tokens,
@@ -140,22 +199,6 @@ class Job:
                 choice.stream = engine.submit(
                     token_ids, self.adapter, choice.params, f"{self.id}-{choice.index}", loop
                 )
-            except ApiError:
-                raise
-            except ValueError as error:
-                if self.adapter is not None and not any(
-                    a.name == self.adapter for a in engine.list_adapters()
-                ):
-                    raise ApiError(
-                        404, f"The model `{self.model}` does not exist.", "model_not_found", "model"
-                    ) from None
-                raise ApiError(400, str(error), "invalid_value", self._submit_param(str(error))) from None
-            except RuntimeError as error:
-                if not engine.running:
-                    raise ApiError(503, f"the engine is not running: {error}", "engine_unavailable") from None
-                raise ApiError(500, f"the prompt could not be prepared: {error}", "engine_error") from None
-            except Exception as error:  # the chat template can refuse a conversation (jinja errors)
-                raise ApiError(400, f"the prompt could not be prepared: {error}", "invalid_value") from None
             if self._aborted:  # close() ran meanwhile on the loop: it may have missed this stream
                 self._abort_engine_request(choice.stream.request_id)
 
@@ -201,8 +244,17 @@ class Job:
                 remaining -= 1
                 choice.finish_reason = delta.finish_reason or "stop"
                 if self.error is None and choice.finish_reason in ("error", "abort"):
-                    self.error = _finish_error(choice.finish_reason, delta.error)
+                    self.error = _finish_error(choice.finish_reason, self._without_paths(delta.error))
             yield choice, delta
+
+    def _without_paths(self, message: str | None) -> str | None:
+        """An engine error with the adapter's server folder written as its name (key holders read it)."""
+        if message is None or self.adapter is None:
+            return message
+        for info in self.state.engine.list_adapters():
+            if info.name == self.adapter:
+                return message.replace(str(info.path), f"<adapter {info.name}>")
+        return message
 
     async def run_to_end(self, receive: Receive) -> bool:
         """Consume every delta; False when the client disconnected first."""
@@ -242,7 +294,7 @@ class Job:
             status = self.error.status if self.error is not None else 200
         state, sequences = self.state, len(self.choices)
         prompt_tokens, completion_tokens = self.prompt_tokens, self.completion_tokens
-        state.admission.release(self.key, sequences, prompt_tokens + completion_tokens)
+        state.admission.release(self.key, sequences, self.reserved, prompt_tokens + completion_tokens)
         state.jobs.discard(self)
         latency = time.perf_counter() - self.started
         metrics = state.metrics

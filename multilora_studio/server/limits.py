@@ -1,6 +1,10 @@
 """Admission control: a server-wide in-flight bound and per-key concurrency and token budgets.
 
-All methods run on the server's event loop thread; none of them waits.
+The token budget counts what usage reports (prompt + completion tokens) over a sliding
+minute. A request reserves its worst case before it runs (its caps at admission, its prompt
+once tokenized) and is charged what it used when it ends; the rest is refunded. So requests
+in flight together can never spend more than the budget. All methods run on the server's
+event loop thread; none of them waits.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ WINDOW_S = 60.0
 @dataclass
 class _KeyUsage:
     active: int = 0
+    reserved: int = 0  # tokens held by this key's requests in flight
     spent: deque[tuple[float, int]] = field(default_factory=deque)  # (time, tokens), oldest first
     spent_total: int = 0
 
@@ -38,8 +43,10 @@ class Admission:
         self.in_flight = 0
         self._keys: dict[str, _KeyUsage] = {}
 
-    def acquire(self, key: str, sequences: int) -> None:
-        """Reserve ``sequences`` engine requests for ``key``, or raise ApiError (429/503)."""
+    def acquire(self, key: str, sequences: int, tokens: int = 0, param: str | None = None) -> int:
+        """Reserve ``sequences`` engine requests and ``tokens`` of the budget for ``key`` (``param``:
+        the field that asked for them), or raise ApiError (429/503). Returns the tokens reserved
+        (0 without a budget)."""
         usage = self._keys.setdefault(key, _KeyUsage())
         if self.max_concurrent is not None and usage.active >= self.max_concurrent:
             raise ApiError(
@@ -48,18 +55,7 @@ class Admission:
                 "concurrency_limit_exceeded",
                 headers={"Retry-After": "1"},
             )
-        if self.tokens_per_minute is not None:
-            now = time.monotonic()
-            usage.expire(now)
-            if usage.spent_total >= self.tokens_per_minute:
-                wait = self._seconds_until_under_budget(usage, now)
-                raise ApiError(
-                    429,
-                    f"token budget of this API key is used up ({self.tokens_per_minute} tokens per "
-                    f"minute); retry in {wait} s",
-                    "rate_limit_exceeded",
-                    headers={"Retry-After": str(wait)},
-                )
+        self._check_budget(usage, 0, tokens, param)
         if self.in_flight + sequences > self.max_in_flight:
             raise ApiError(
                 503,
@@ -70,21 +66,71 @@ class Admission:
             )
         self.in_flight += sequences
         usage.active += 1
+        return self._hold(usage, tokens)
 
-    def release(self, key: str, sequences: int, tokens: int) -> None:
+    def reserve(self, key: str, held: int, tokens: int, param: str | None) -> int:
+        """Reserve ``tokens`` more for an admitted request that holds ``held``; returns the tokens
+        reserved (0 without a budget), or raises ApiError (429)."""
+        usage = self._keys[key]
+        self._check_budget(usage, held, tokens, param)
+        return self._hold(usage, tokens)
+
+    def room(self, key: str) -> int | None:
+        """Tokens ``key`` may still reserve now; None without a budget."""
+        if self.tokens_per_minute is None:
+            return None
+        usage = self._keys.setdefault(key, _KeyUsage())
+        usage.expire(time.monotonic())
+        return max(0, self.tokens_per_minute - usage.spent_total - usage.reserved)
+
+    def release(self, key: str, sequences: int, reserved: int, tokens: int) -> None:
         """Return the reservation and charge ``tokens`` (prompt + completion) to ``key``."""
         self.in_flight -= sequences
         usage = self._keys[key]
         usage.active -= 1
+        usage.reserved -= reserved
         if self.tokens_per_minute is not None and tokens > 0:
             usage.spent.append((time.monotonic(), tokens))
             usage.spent_total += tokens
 
-    def _seconds_until_under_budget(self, usage: _KeyUsage, now: float) -> int:
-        assert self.tokens_per_minute is not None
-        excess = usage.spent_total - self.tokens_per_minute
+    def _hold(self, usage: _KeyUsage, tokens: int) -> int:
+        if self.tokens_per_minute is None:
+            return 0
+        usage.reserved += tokens
+        return tokens
+
+    def _check_budget(self, usage: _KeyUsage, held: int, tokens: int, param: str | None) -> None:
+        """429 unless ``tokens`` more fit the key's budget next to what is spent and reserved."""
+        limit = self.tokens_per_minute
+        if limit is None:
+            return
+        if held + tokens > limit:  # never fits, however long the client waits
+            raise ApiError(
+                429,
+                f"request too large: it needs up to {held + tokens} tokens (prompt + max tokens of every "
+                f"choice) but this API key's budget is {limit} tokens per minute; "
+                f"lower {param or 'the prompt or max_tokens'}",
+                "request_too_large",
+                param,
+            )
+        now = time.monotonic()
+        usage.expire(now)
+        used = usage.spent_total + usage.reserved
+        if used + tokens > limit or (tokens == 0 and used >= limit):
+            wait = self._seconds_until_room(usage, used + max(tokens, 1) - limit, now)
+            raise ApiError(
+                429,
+                f"token budget of this API key is used up ({limit} tokens per minute; {used} spent or "
+                f"reserved by requests in flight, this request needs up to {tokens}); retry in {wait} s",
+                "rate_limit_exceeded",
+                headers={"Retry-After": str(wait)},
+            )
+
+    @staticmethod
+    def _seconds_until_room(usage: _KeyUsage, excess: int, now: float) -> int:
+        """When enough spent tokens leave the window; 1 s when only requests in flight can free it."""
         for stamp, tokens in usage.spent:
             excess -= tokens
-            if excess < 0:
+            if excess <= 0:
                 return max(1, math.ceil(stamp + WINDOW_S - now))
         return 1

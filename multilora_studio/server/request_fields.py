@@ -60,11 +60,18 @@ FIELDS: tuple[RequestField, ...] = (
     _honoured("temperature", (*BOTH, RESPONSES), "OpenAI", "below 1e-5 is greedy"),
     _honoured("top_p", (*BOTH, RESPONSES), "OpenAI", "0 is greedy"),
     _honoured("seed", BOTH, "OpenAI", "choice i samples with (seed + i) mod 2**63"),
-    _honoured("stop", BOTH, "OpenAI", "up to 16 strings of at most 1024 characters"),
+    _honoured("stop", BOTH, "OpenAI", "up to 16 non-empty strings of at most 1024 characters"),
     _honoured("stream", (*BOTH, RESPONSES), "OpenAI", "server-sent events"),
-    _honoured("stream_options", BOTH, "OpenAI", "include_usage: a last chunk with usage"),
+    _honoured(
+        "stream_options", BOTH, "OpenAI", "include_usage: a last chunk with usage; only with stream: true"
+    ),
     _honoured("max_tokens", BOTH, "OpenAI", "prompt + max_tokens above max_model_len is a 400"),
-    _honoured("logprobs", BOTH, "OpenAI", "completions: top-k count; chat: true/false"),
+    _honoured(
+        "logprobs",
+        BOTH,
+        "OpenAI",
+        "completions: top-k count (0: the chosen token only); chat: true/false only",
+    ),
     _honoured("presence_penalty", BOTH, "OpenAI", "minus once per token already generated"),
     _honoured("frequency_penalty", BOTH, "OpenAI", "minus per occurrence of a generated token"),
     _honoured("logit_bias", BOTH, "OpenAI", "added to the logits of the given token ids"),

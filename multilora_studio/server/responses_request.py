@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import ChatCompletionRequest
+from multilora_studio.server.unicode_check import refuse_invalid_unicode
 
 ROLES = ("system", "developer", "user", "assistant")
 TEXT_PARTS = ("input_text", "output_text")  # output_text: an earlier assistant turn given back
@@ -21,14 +22,19 @@ class ResponsesRequest(BaseModel):
     model: str = Field(min_length=1, max_length=256)
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=100)
-    top_p: float | None = Field(None, ge=0, le=1)
-    stream: bool = False
+    max_output_tokens: StrictInt | None = Field(None, ge=1)
+    temperature: StrictFloat | None = Field(None, ge=0, le=100)
+    top_p: StrictFloat | None = Field(None, ge=0, le=1)
+    stream: StrictBool = False
     # vLLM's extras and ours, as on chat
-    top_k: int | None = Field(None, ge=-1, le=1 << 20)
-    ignore_eos: bool = False
-    adapter_scale: float = 1.0
+    top_k: StrictInt | None = Field(None, ge=-1, le=1 << 20)
+    ignore_eos: StrictBool = False
+    adapter_scale: StrictFloat = 1.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        return refuse_invalid_unicode(data)
 
 
 def _invalid(message: str, param: str) -> ApiError:

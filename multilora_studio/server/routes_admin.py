@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -10,6 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from multilora_studio import __version__
+from multilora_studio.adapters.peft_adapter import CONFIG_FILE
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import LoadLoraRequest, UnloadLoraRequest
 from multilora_studio.server.state import ServerState, caller, require_admin, server_state
@@ -20,16 +23,17 @@ OWNER = "multilora-studio"
 
 def model_cards(state: ServerState, request: Request) -> list[dict[str, Any]]:
     """The base model and every adapter the caller's key may use; adapters name the base as
-    ``parent`` (vLLM's shape)."""
+    ``parent`` (vLLM's shape).
+
+    ``root`` is a name (the base's, an adapter's own), never a folder: any key holder reads this.
+    """
     engine = state.engine
     base = engine.model_name
     common = {"object": "model", "created": state.created, "owned_by": OWNER}
     max_len = engine.config.max_model_len
     cards = [{"id": base, **common, "root": base, "parent": None, "max_model_len": max_len}]
     for info in sorted(engine.list_adapters(), key=lambda a: a.name):
-        cards.append(
-            {"id": info.name, **common, "root": str(info.path), "parent": base, "max_model_len": max_len}
-        )
+        cards.append({"id": info.name, **common, "root": info.name, "parent": base, "max_model_len": max_len})
     key = caller(request)
     return [card for card in cards if key.may_use(str(card["id"]))]
 
@@ -57,13 +61,37 @@ async def retrieve_model(model: str, request: Request) -> JSONResponse:
     raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
 
 
+def _no_adapter_at(path: str) -> ApiError:
+    """One answer for a missing path, a file, an unreadable folder or one without adapter_config.json,
+    so the route tells nobody which paths exist on the server."""
+    return ApiError(
+        400,
+        f"no adapter at {path} (a readable folder with {CONFIG_FILE} is needed)",
+        "invalid_adapter",
+        "lora_path",
+    )
+
+
+def _has_adapter_config(path: str) -> bool:
+    config = Path(path) / CONFIG_FILE
+    try:
+        return config.is_file() and os.access(config, os.R_OK)
+    except (OSError, ValueError):  # a name too long, a NUL byte
+        return False
+
+
 @router.post("/v1/load_lora_adapter")
 async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> PlainTextResponse:
     require_admin(request)
     engine = server_state(request).engine
+    taken = any(info.name == body.lora_name for info in engine.list_adapters())  # the engine says so
+    if not taken and not await asyncio.to_thread(_has_adapter_config, body.lora_path):
+        raise _no_adapter_at(body.lora_path)
     try:
         await asyncio.to_thread(engine.add_adapter, body.lora_name, body.lora_path)
-    except (ValueError, OSError) as error:
+    except OSError:
+        raise _no_adapter_at(body.lora_path) from None
+    except ValueError as error:
         raise ApiError(
             400, f"could not load adapter {body.lora_name!r}: {error}", "invalid_adapter"
         ) from None

@@ -51,7 +51,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    engine = server_state(request).engine
+    state = server_state(request)
+    engine = state.engine
     tool_format: list[str | None] = [None]  # prepare() sets it: the format answers are parsed in
 
     def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
@@ -59,7 +60,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             return chat_request(body, engine.config.max_model_len, engine.tokenizer)
         max_tokens = chat_max_tokens(body, engine.config.max_model_len)
         params = [sampling_params(body, max_tokens, i, engine.tokenizer) for i in range(body.n)]
-        plan = tool_plan(body, engine.tokenizer, engine.spec.model_type)
+        specials = state.config.allow_special_tokens_in_content
+        plan = tool_plan(body, engine.tokenizer, engine.spec.model_type, specials)
         tool_format[0] = plan.format
         return [plan.token_ids], with_tool_structure(params, plan.structure)
 

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from multilora_studio.engine.chat_tokens import chat_token_ids
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.sampling import chat_prompt
 from multilora_studio.server.schemas import DetokenizeRequest, TokenizeRequest
@@ -35,19 +36,22 @@ async def _admitted(state: ServerState, request: Request, model: str | None) -> 
     if model is not None:
         await state.resolve_model(model, caller(request))
     key = api_key_label(request)
-    state.admission.acquire(key, 0)
+    state.admission.acquire(key, 0)  # no tokens: nothing generated
     try:
         yield
     finally:
-        state.admission.release(key, 0, 0)
+        state.admission.release(key, 0, 0, 0)
 
 
-def _encode(tokenizer: Any, body: TokenizeRequest) -> list[int]:
+def _encode(tokenizer: Any, body: TokenizeRequest, special_tokens_in_content: bool) -> list[int]:
     if body.messages is not None:
-        text = tokenizer.apply_chat_template(
-            chat_prompt(body.messages), add_generation_prompt=body.add_generation_prompt, tokenize=False
+        return chat_token_ids(
+            tokenizer,
+            chat_prompt(body.messages),
+            special_tokens_in_content,
+            bool(body.add_special_tokens),
+            add_generation_prompt=body.add_generation_prompt,
         )
-        return list(tokenizer(text, add_special_tokens=bool(body.add_special_tokens)).input_ids)
     special = True if body.add_special_tokens is None else body.add_special_tokens
     return list(tokenizer(body.prompt, add_special_tokens=special).input_ids)
 
@@ -62,7 +66,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
         if body.messages is not None and not getattr(tokenizer, "chat_template", None):
             raise ApiError(400, "this model has no chat template; send a prompt", "invalid_value", "messages")
         try:
-            tokens = await asyncio.to_thread(_encode, tokenizer, body)
+            specials = state.config.allow_special_tokens_in_content
+            tokens = await asyncio.to_thread(_encode, tokenizer, body, specials)
         except ApiError:
             raise
         except Exception as error:  # the chat template can refuse a conversation (jinja errors)

@@ -39,6 +39,10 @@ def _refuse(param: str, message: str) -> ApiError:
 
 def check_supported(body: CompletionRequest | ChatCompletionRequest) -> None:
     """Options we cannot honour are a 400, never silently ignored."""
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(
+            400, "stream_options is only allowed when stream is true", "invalid_value", "stream_options"
+        )
     if isinstance(body, CompletionRequest):
         if body.suffix:
             raise _refuse("suffix", "suffix is not supported")

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from multilora_studio.engine import MAX_LOGPROBS, MAX_SEED
+from multilora_studio.server.unicode_check import refuse_invalid_unicode
 
 MAX_STOP = 16  # stop strings (and stop_token_ids) per request
 MAX_STOP_CHARS = 1024  # characters in one stop string
@@ -14,11 +24,18 @@ MIN_SEED = -(1 << 63)  # OpenAI takes any signed 64-bit seed; sampling maps it i
 
 
 class _Body(BaseModel):
+    """Numbers and booleans are strict (``true`` is no count, ``"yes"`` no boolean); text is valid Unicode."""
+
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        return refuse_invalid_unicode(data)
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class _Sampling(_Body):
@@ -27,22 +44,22 @@ class _Sampling(_Body):
     model_config = ConfigDict(extra="allow")  # request_fields.check_fields reads the undeclared ones
 
     model: str = Field(min_length=1, max_length=256)
-    n: int = Field(1, ge=1, le=128)
-    temperature: float | None = Field(None, ge=0, le=100)
-    top_p: float | None = Field(None, ge=0, le=1)  # 0: only the most likely token (MIN_TOP_P)
-    seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
+    n: StrictInt = Field(1, ge=1, le=128)
+    temperature: StrictFloat | None = Field(None, ge=0, le=100)
+    top_p: StrictFloat | None = Field(None, ge=0, le=1)  # 0: only the most likely token (MIN_TOP_P)
+    seed: StrictInt | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
     user: str | None = None
     # vLLM's extra sampling fields
-    top_k: int | None = Field(None, ge=-1, le=1 << 20)
-    ignore_eos: bool = False
-    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP)
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_k: StrictInt | None = Field(None, ge=-1, le=1 << 20)
+    ignore_eos: StrictBool = False
+    stop_token_ids: list[StrictInt] | None = Field(None, max_length=MAX_STOP)
+    prompt_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     return_tokens_as_token_ids: bool = False
     # structured output: OpenAI's response_format, vLLM's guided_* (at most one; server/structured.py)
     response_format: dict[str, Any] | None = None
@@ -50,12 +67,12 @@ class _Sampling(_Body):
     guided_regex: str | None = None
     guided_choice: list[str] | None = Field(None, min_length=1)
     guided_grammar: str | None = None
-    repetition_penalty: float | None = None  # SamplingParams validates these four
-    min_p: float | None = None
-    min_tokens: int | None = None
+    repetition_penalty: StrictFloat | None = None  # SamplingParams validates these four
+    min_p: StrictFloat | None = None
+    min_tokens: StrictInt | None = None
     bad_words: list[str] | None = Field(None, max_length=256)
     # MultiLoRA Studio's own: the adapter's strength (SamplingParams.adapter_scale validates it)
-    adapter_scale: float = 1.0
+    adapter_scale: StrictFloat = 1.0
 
     @field_validator("stop")
     @classmethod
@@ -63,6 +80,8 @@ class _Sampling(_Body):
         texts = [stop] if isinstance(stop, str) else stop or []
         if len(texts) > MAX_STOP:
             raise ValueError(f"at most {MAX_STOP} stop strings, got {len(texts)}")
+        if any(not text for text in texts):
+            raise ValueError("a stop string must not be empty")
         if any(len(text) > MAX_STOP_CHARS for text in texts):
             raise ValueError(f"a stop string has at most {MAX_STOP_CHARS} characters")
         return stop
@@ -71,12 +90,14 @@ class _Sampling(_Body):
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``; ``prompt`` is text, texts, token ids or lists of token ids."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=0)  # 0: the prompt only (with echo: scored, as OpenAI's legacy API)
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = Field(
+        16, ge=0
+    )  # 0: the prompt only (with echo: scored, as OpenAI's legacy API)
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: StrictBool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: StrictInt | None = None
 
 
 class ContentPart(_Body):
@@ -96,13 +117,13 @@ class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
 
 
 class LoadLoraRequest(_Body):
@@ -116,7 +137,7 @@ class UnloadLoraRequest(_Body):
     """vLLM's ``POST /v1/unload_lora_adapter`` body."""
 
     lora_name: str = Field(min_length=1, max_length=128)
-    lora_int_id: int | None = None
+    lora_int_id: StrictInt | None = None
 
 
 class TokenizeRequest(_Body):
@@ -125,8 +146,8 @@ class TokenizeRequest(_Body):
     model: str | None = Field(None, min_length=1, max_length=256)
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
-    add_generation_prompt: bool = True  # messages only
+    add_special_tokens: StrictBool | None = None  # default: True for a prompt, False for messages
+    add_generation_prompt: StrictBool = True  # messages only
     return_token_strs: bool = False
 
 
@@ -134,4 +155,4 @@ class DetokenizeRequest(_Body):
     """vLLM's ``POST /detokenize`` body."""
 
     model: str | None = Field(None, min_length=1, max_length=256)
-    tokens: list[int]
+    tokens: list[StrictInt]

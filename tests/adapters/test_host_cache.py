@@ -145,6 +145,37 @@ def test_loader_errors_are_recorded_reported_and_not_retried(cache, loader, read
     assert cache.get("broken") is not None and len(loader.calls) == 2
 
 
+def test_a_failure_is_retried_once_after_its_files_change(cache, loader, ready, tmp_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text("{}")
+    assert cache.lookup("broken", folder) is None
+    ready.wait_for(1)
+    assert cache.lookup("broken", folder) is None and cache.error_of("broken") is not None
+    assert len(loader.calls) == 1  # unchanged files: the failure holds
+    loader.fail.clear()
+    loader.gate.clear()
+    (folder / "adapter_config.json").write_text('{"r": 8}')  # the repair
+    assert cache.error_of("broken") is None
+    for _ in range(5):  # a burst of lookups shares one load
+        assert cache.lookup("broken", folder) is None
+    loader.gate.set()
+    ready.wait_for(2)
+    assert len(loader.calls) == 2 and cache.get("broken") is not None
+
+
+def test_an_old_failure_is_retried_even_with_unchanged_files(cache, loader, ready, monkeypatch):
+    monkeypatch.setattr("multilora_studio.adapters.host_cache.FAILED_LOAD_TTL_S", 0.0)
+    assert cache.lookup("broken", Path("/broken")) is None
+    ready.wait_for(1)
+    loader.gate.clear()
+    assert cache.lookup("broken", Path("/broken")) is None and cache.loading("broken")
+    assert cache.lookup("broken", Path("/broken")) is None
+    loader.gate.set()
+    ready.wait_for(2)
+    assert len(loader.calls) == 2
+
+
 def test_put_clears_a_recorded_error(cache, ready):
     cache.lookup("broken", Path("/broken"))
     ready.wait_for(1)

@@ -106,7 +106,7 @@ def test_tokens_per_minute_limit_answers_429_with_retry_after(serve):
             used += api.completions.create(
                 model="tiny-r4-qv", prompt="Hi", max_tokens=12, **GREEDY
             ).usage.total_tokens
-    assert 30 <= used < 60  # refused as soon as the minute's budget was spent, not before
+    assert 30 - 16 < used <= 30  # refused once the next request (12 + its prompt) could overshoot
     assert caught.value.body["code"] == "rate_limit_exceeded"
     retry_after = int(caught.value.response.headers["retry-after"])
     assert 1 <= retry_after <= 60

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from multilora_studio.engine.chat_tokens import chat_token_ids
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.sampling import chat_prompt
 from multilora_studio.server.schemas import ChatMessage
@@ -136,7 +137,11 @@ def _fallback_messages(given: list[ChatMessage], tools: tuple[Tool, ...]) -> lis
 
 
 def tool_prompt(
-    tokenizer: Any, model_type: str, given: list[ChatMessage], request: ToolRequest
+    tokenizer: Any,
+    model_type: str,
+    given: list[ChatMessage],
+    request: ToolRequest,
+    special_tokens_in_content: bool = False,
 ) -> ToolPrompt:
     """The prompt's token ids and the answer's format; template errors are a 400 about ``messages``."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
@@ -145,12 +150,19 @@ def tool_prompt(
     tools = [tool.openai() for tool in request.offered]
     try:
         if native:
-            text = tokenizer.apply_chat_template(
-                _native_messages(given), tools=tools or None, tokenize=False, add_generation_prompt=True
+            ids = chat_token_ids(
+                tokenizer,
+                _native_messages(given),
+                special_tokens_in_content,
+                tools=tools or None,
+                add_generation_prompt=True,
             )
         else:
-            text = tokenizer.apply_chat_template(
-                _fallback_messages(given, request.offered), tokenize=False, add_generation_prompt=True
+            ids = chat_token_ids(
+                tokenizer,
+                _fallback_messages(given, request.offered),
+                special_tokens_in_content,
+                add_generation_prompt=True,
             )
     except ApiError:
         raise
@@ -158,5 +170,4 @@ def tool_prompt(
         raise ApiError(
             400, f"the prompt could not be prepared: {error}", "invalid_value", "messages"
         ) from None
-    ids = list(tokenizer(text, add_special_tokens=False).input_ids)
     return ToolPrompt(ids, call_format(tokenizer, model_type), native)

@@ -29,10 +29,12 @@ def uses_tools(body: ChatCompletionRequest) -> bool:
     )
 
 
-def tool_plan(body: ChatCompletionRequest, tokenizer: Any, model_type: str) -> ToolPlan:
+def tool_plan(
+    body: ChatCompletionRequest, tokenizer: Any, model_type: str, special_tokens_in_content: bool = False
+) -> ToolPlan:
     """Checks the tool options (400s), renders the prompt, and picks the format and constraint."""
     request = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls)
-    prompt = tool_prompt(tokenizer, model_type, body.messages, request)
+    prompt = tool_prompt(tokenizer, model_type, body.messages, request, special_tokens_in_content)
     if request.mode == "none":
         return ToolPlan(prompt.token_ids, None, None)
     return ToolPlan(prompt.token_ids, prompt.format, tool_structure(request, prompt.format))
