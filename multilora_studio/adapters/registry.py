@@ -69,7 +69,6 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")  # the engine's ada
 RESERVED_NAMES = ("base",)
 DEFAULT_MAX_RANK = 64
 BUSY_TIMEOUT_S = 30.0
-SQLITE_SIDE_FILES = ("-wal", "-shm")
 READ_ONLY_OPENS = ("mode=ro", "mode=ro&immutable=1")  # immutable: a read-only disk without the -shm file
 
 
@@ -401,8 +400,9 @@ class Registry:
             conn.execute("PRAGMA journal_mode = WAL")
         with self._write() as conn:
             migrate(conn)
-        for suffix in SQLITE_SIDE_FILES:  # SQLite gives them the database file's mode
-            tighten(self.db_path.with_name(self.db_path.name + suffix))
+        for entry in self.root.iterdir():  # the database, its -wal and -shm, the lock, markers
+            if not entry.is_dir():
+                tighten(entry)
         tighten_tree(self.adapters_dir)
         sweep(self.adapters_dir, self.lock_path, self._known_ids)
 
