@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
+from pathlib import Path
 
 CAUSES = {
     errno.ENOSPC: "no space left on device",
@@ -19,6 +21,10 @@ SQLITE_CAUSES = {  # primary result codes (sqlite3 names them since Python 3.11)
     sqlite3.SQLITE_CANTOPEN: (errno.EACCES, "the database cannot be opened"),
     sqlite3.SQLITE_PERM: (errno.EACCES, "permission denied"),
     sqlite3.SQLITE_IOERR: (errno.EIO, "disk I/O error"),
+}
+
+SQLITE_EXTENDED_CAUSES = {  # the -shm file could not grow: what a full disk gives a WAL database
+    sqlite3.SQLITE_IOERR_SHMSIZE: (errno.ENOSPC, "no space left on device"),
 }
 
 
@@ -50,7 +56,19 @@ def cause_of(error: OSError | sqlite3.Error) -> tuple[int | None, str]:
     """The errno-like code and the words for what went wrong."""
     if isinstance(error, OSError):
         return error.errno, CAUSES.get(error.errno or 0, (error.strerror or str(error)).lower())
-    primary = getattr(error, "sqlite_errorcode", 0) & 0xFF
+    code = getattr(error, "sqlite_errorcode", 0)
+    if code in SQLITE_EXTENDED_CAUSES:
+        return SQLITE_EXTENDED_CAUSES[code]
+    primary = code & 0xFF
     if primary in SQLITE_CAUSES:
         return SQLITE_CAUSES[primary]
     return None, str(error)
+
+
+def unwritable(folder: Path) -> OSError | None:
+    """Why the existing ``folder`` cannot be written (read-only file system, permissions), or None."""
+    if not folder.is_dir() or os.access(folder, os.W_OK):
+        return None
+    read_only = hasattr(os, "statvfs") and bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    code = errno.EROFS if read_only else errno.EACCES
+    return OSError(code, os.strerror(code), str(folder))

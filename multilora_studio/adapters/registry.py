@@ -35,7 +35,7 @@ from typing import Any
 
 from multilora_studio.adapters.adapter_config import CONFIG_FILE, AdapterError
 from multilora_studio.adapters.base_model import BaseModelRef
-from multilora_studio.adapters.library_errors import LibraryError, StorageError, storage_error
+from multilora_studio.adapters.library_errors import LibraryError, StorageError, storage_error, unwritable
 from multilora_studio.adapters.library_sweep import LOCK_FILE, STAGING_PREFIX, TRASH_PREFIX, sweep, writing
 from multilora_studio.adapters.peft_adapter import (
     ADDED_TOKENS_FILE,
@@ -392,6 +392,9 @@ class Registry:
     # ---------------------------------------------------------------- internals
 
     def _open_for_writing(self) -> None:
+        refused = unwritable(self.root)
+        if refused is not None:
+            raise refused
         self.root.parent.mkdir(parents=True, exist_ok=True)
         make_private_dir(self.root)
         make_private_dir(self.adapters_dir)
