@@ -7,6 +7,7 @@ library in a loop and is killed with SIGKILL in the middle of each kind of write
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.library_sweep import STAGING_PREFIX, TRASH_PREFIX
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli.shared import describe_base
@@ -110,9 +112,10 @@ def test_a_read_only_disk_without_a_library_is_one_line(capsys, disk, home):
     )
 
 
-def start_writer(root: Path, model: Path, source: Path, label: str) -> subprocess.Popen:
+def start_writer(root: Path, base: BaseModelRef, source: Path, label: str) -> subprocess.Popen:
+    fields = json.dumps(dataclasses.asdict(base))
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.security.library_writer", str(root), str(model), str(source), label],
+        [sys.executable, "-m", "tests.security.library_writer", str(root), fields, str(source), label],
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE,
@@ -146,15 +149,14 @@ KILL_POINTS = [
 ]
 
 
-def test_kill_9_during_every_library_write_leaves_a_consistent_library(
-    tmp_path, tiny_adapters, tiny_model_dir
-):
+def test_kill_9_during_every_library_write_leaves_it_consistent(tmp_path, tiny_adapters, tiny_model_dir):
     root = tmp_path / "library"
     Registry(root)
     source = tiny_adapters["tiny-r4-qv"]
+    base = describe_base(str(tiny_model_dir))
     shuffle = random.Random(25)
     for number, (kind, what) in enumerate(KILL_POINTS):
-        writer = start_writer(root, tiny_model_dir, source, f"run{number}")
+        writer = start_writer(root, base, source, f"run{number}")
         try:
             if kind == "step":
                 wait_for_step(writer, what)
@@ -169,6 +171,17 @@ def test_kill_9_during_every_library_write_leaves_a_consistent_library(
         assert writer.returncode == -signal.SIGKILL, (kind, what)
         assert_consistent(root)
     registry = assert_consistent(root)
-    record = registry.import_folder(source, describe_base(str(tiny_model_dir)), name="after-the-kills")
+    record = registry.import_folder(source, base, name="after-the-kills")
     assert record.path.is_dir() and registry.get("after-the-kills").id == record.id
     assert_consistent(root)
+
+
+def test_a_removal_killed_before_its_commit_is_put_back(tmp_path, tiny_adapters, tiny_model_dir):
+    """The state a kill between moving the folder to the trash and the commit leaves: row, no folder."""
+    registry = Registry(tmp_path / "library")
+    record = registry.import_folder(tiny_adapters["tiny-r4-qv"], describe_base(str(tiny_model_dir)))
+    os.replace(record.path, registry.adapters_dir / f"{TRASH_PREFIX}{record.id}")
+    staging = registry.adapters_dir / f"{STAGING_PREFIX}killed-import"
+    staging.mkdir()
+    reopened = assert_consistent(registry.root)
+    assert reopened.get(record.name).path.is_dir() and not staging.exists()
