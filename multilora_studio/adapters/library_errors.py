@@ -14,17 +14,16 @@ CAUSES = {
     errno.EACCES: "permission denied",
     errno.EPERM: "operation not permitted",
 }
-READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
-SQLITE_CAUSES = {  # primary result codes (sqlite3 names them since Python 3.11)
-    sqlite3.SQLITE_FULL: (errno.ENOSPC, "no space left on device"),
-    sqlite3.SQLITE_READONLY: (errno.EROFS, "the database is read-only"),
-    sqlite3.SQLITE_CANTOPEN: (errno.EACCES, "the database cannot be opened"),
-    sqlite3.SQLITE_PERM: (errno.EACCES, "permission denied"),
-    sqlite3.SQLITE_IOERR: (errno.EIO, "disk I/O error"),
-}
-
-SQLITE_EXTENDED_CAUSES = {  # the -shm file could not grow: what a full disk gives a WAL database
-    sqlite3.SQLITE_IOERR_SHMSIZE: (errno.ENOSPC, "no space left on device"),
+# SQLite result codes (sqlite3.h; Python's sqlite3 has them, its type stubs do not)
+SQLITE_PERM, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN = 3, 8, 10, 13, 14
+SQLITE_IOERR_SHMSIZE = SQLITE_IOERR | (19 << 8)  # the -shm file could not grow: a full disk under WAL
+SQLITE_CAUSES = {  # extended codes first, then primary ones
+    SQLITE_IOERR_SHMSIZE: (errno.ENOSPC, "no space left on device"),
+    SQLITE_FULL: (errno.ENOSPC, "no space left on device"),
+    SQLITE_READONLY: (errno.EROFS, "the database is read-only"),
+    SQLITE_CANTOPEN: (errno.EACCES, "the database cannot be opened"),
+    SQLITE_PERM: (errno.EACCES, "permission denied"),
+    SQLITE_IOERR: (errno.EIO, "disk I/O error"),
 }
 
 
@@ -40,11 +39,6 @@ class StorageError(LibraryError):
         self.code = code
         self.cause = cause or message
 
-    @property
-    def read_only(self) -> bool:
-        """The disk or folder cannot be written (as opposed to full or failing)."""
-        return self.code in READ_ONLY
-
 
 def storage_error(error: OSError | sqlite3.Error, action: str) -> StorageError:
     """``<cause> while <action>; nothing was changed`` as a StorageError (``action`` names the place)."""
@@ -57,11 +51,9 @@ def cause_of(error: OSError | sqlite3.Error) -> tuple[int | None, str]:
     if isinstance(error, OSError):
         return error.errno, CAUSES.get(error.errno or 0, (error.strerror or str(error)).lower())
     code = getattr(error, "sqlite_errorcode", 0)
-    if code in SQLITE_EXTENDED_CAUSES:
-        return SQLITE_EXTENDED_CAUSES[code]
-    primary = code & 0xFF
-    if primary in SQLITE_CAUSES:
-        return SQLITE_CAUSES[primary]
+    for known in (code, code & 0xFF):
+        if known in SQLITE_CAUSES:
+            return SQLITE_CAUSES[known]
     return None, str(error)
 
 

@@ -35,7 +35,13 @@ from typing import Any
 
 from multilora_studio.adapters.adapter_config import CONFIG_FILE, AdapterError
 from multilora_studio.adapters.base_model import BaseModelRef
-from multilora_studio.adapters.library_errors import LibraryError, StorageError, storage_error, unwritable
+from multilora_studio.adapters.library_errors import (
+    LibraryError,
+    StorageError,
+    cause_of,
+    storage_error,
+    unwritable,
+)
 from multilora_studio.adapters.library_sweep import LOCK_FILE, STAGING_PREFIX, TRASH_PREFIX, sweep, writing
 from multilora_studio.adapters.peft_adapter import (
     ADDED_TOKENS_FILE,
@@ -86,7 +92,7 @@ class Registry:
         self.adapters_dir = self.root / ADAPTERS_DIR
         self.lock_path = self.root / LOCK_FILE
         self.read_only_cause = ""  # why the library could only be opened for reading
-        self._read_only_uri = ""
+        self._read_only_uri = ""  # set while it is open read-only
         try:
             self._open_for_writing()
         except OSError as error:
@@ -96,17 +102,25 @@ class Registry:
 
     @property
     def read_only(self) -> bool:
-        """The library could not be opened for writing (read-only, full or not our disk)."""
-        return bool(self.read_only_cause)
+        """The library is open for reading only (its disk is read-only, full or not ours)."""
+        return bool(self._read_only_uri)
 
     def check_writable(self) -> None:
-        """StorageError if the library was opened read-only."""
-        if self.read_only:
+        """StorageError if the library is open read-only and still cannot be opened for writing."""
+        if not self.read_only:
+            return
+        uri, self._read_only_uri = self._read_only_uri, ""
+        try:
+            self._open_for_writing()  # the disk may have been freed or remounted since
+        except (OSError, StorageError) as error:
+            self._read_only_uri = uri
+            code, cause = (error.code, error.cause) if isinstance(error, StorageError) else cause_of(error)
             raise StorageError(
-                f"the adapter library {self.root} can only be read ({self.read_only_cause}); "
-                "nothing was changed",
-                None,
-            )
+                f"the adapter library {self.root} can only be read ({cause}); nothing was changed",
+                code,
+                cause,
+            ) from error
+        self.read_only_cause = ""
 
     # ---------------------------------------------------------------- reading
 

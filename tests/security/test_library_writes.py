@@ -82,6 +82,8 @@ def test_a_read_only_disk_still_lists_and_refuses_every_write_in_one_line(
     assert add(capsys, tiny_adapters["tiny-r4-qv"], tiny_model_dir, "kept")[0] == 0
     remount(disk, read_only=True)
     try:
+        opened = Registry(home)
+        assert opened.read_only
         assert names(capsys) == ["kept"]
         writes = [
             ["adapters", "add", str(tiny_adapters["tiny-r8-all"]), "--model", str(tiny_model_dir)],
@@ -98,6 +100,7 @@ def test_a_read_only_disk_still_lists_and_refuses_every_write_in_one_line(
         remount(disk, read_only=False)
     registry = assert_consistent(home)
     assert [(r.name, r.pinned) for r in registry.list_adapters()] == [("kept", False)]
+    assert opened.set_pinned("kept").pinned and not opened.read_only  # writable again once remounted
 
 
 @needs_mount
