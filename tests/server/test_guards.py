@@ -7,8 +7,8 @@ import json
 import openai
 import pytest
 
-from tests.server.raw_http import call, post_json
 from tests.server_fixtures import GREEDY, client
+from tests.server.raw_http import call, post_json
 from tests.waiting import wait_until
 
 KEY = "sk-test-0123456789"

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from multilora_studio.engine import SamplingParams
 from multilora_studio.server import ApiServer, PortInUseError, ServerConfig
-from tests.server.raw_http import call, connect, post_json
 from tests.server_fixtures import GREEDY, client
+from tests.server.raw_http import call, connect, post_json
 from tests.waiting import wait_until
 
 LONG = {"max_tokens": 900, **GREEDY}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from lm_eval.utils import RemoteTokenizer, check_remote_tokenizer_support
 
-from tests.server.raw_http import call, post_json
 from tests.server_fixtures import GREEDY, client
+from tests.server.raw_http import call, post_json
 
 KEY = "sk-tokenize-test-1"
 AUTH = {"Authorization": f"Bearer {KEY}"}

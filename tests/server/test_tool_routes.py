@@ -12,8 +12,8 @@ from langchain_openai import ChatOpenAI
 from multilora_studio.server.schemas import ChatMessage
 from multilora_studio.server.tools.prompt import tool_prompt
 from multilora_studio.server.tools.spec import tool_request
-from tests.server.test_tool_formats import TOOLS
 from tests.server_fixtures import GREEDY, client
+from tests.server.test_tool_formats import TOOLS
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 HISTORY = [
