@@ -91,7 +91,6 @@ class Registry:
         self.db_path = self.root / DB_FILE
         self.adapters_dir = self.root / ADAPTERS_DIR
         self.lock_path = self.root / LOCK_FILE
-        self.read_only_cause = ""  # why the library could only be opened for reading
         self._read_only_uri = ""  # set while it is open read-only
         try:
             self._open_for_writing()
@@ -120,7 +119,6 @@ class Registry:
                 code,
                 cause,
             ) from error
-        self.read_only_cause = ""
 
     # ---------------------------------------------------------------- reading
 
@@ -427,7 +425,6 @@ class Registry:
         """Open the existing library for reading only, or raise ``error`` if that fails too."""
         if not self.db_path.is_file():
             raise error
-        self.read_only_cause = error.cause
         for query in READ_ONLY_OPENS:
             self._read_only_uri = f"{self.db_path.absolute().as_uri()}?{query}"
             try:
