@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from multilora_studio.adapters.file_kinds import not_regular
 from multilora_studio.adapters.module_patterns import (
     ADAPTER_BUDGET_S,
     MAX_KEY_CHARS,
@@ -92,8 +93,9 @@ def read_adapter_config(folder: Path) -> dict:
     if not folder.is_dir():
         raise AdapterError(f"{folder} is not a folder")
     path = folder / CONFIG_FILE
-    if not path.is_file():
+    if not path.exists():
         raise AdapterError(f"{folder} has no {CONFIG_FILE}; is it a PEFT adapter folder?")
+    refuse_unless_regular(path)
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise AdapterError(f"{path} is larger than {MAX_CONFIG_BYTES >> 20} MiB; not a PEFT adapter config")
     try:
@@ -209,3 +211,10 @@ def _is_rank(value: object) -> bool:
 
 def _is_finite(value: object) -> bool:
     return _is_number(value) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def refuse_unless_regular(path: Path) -> None:
+    """AdapterError unless ``path`` (links followed) is a regular file: a pipe would block its reader."""
+    kind = not_regular(path.stat().st_mode)
+    if kind is not None:
+        raise AdapterError(f"{path} is {kind}, not a regular file")

@@ -27,6 +27,7 @@ from multilora_studio.adapters.adapter_config import (
     AdapterError,
     parse_adapter_config,
     read_adapter_config,
+    refuse_unless_regular,
 )
 from multilora_studio.adapters.safetensors_header import FLOAT_DTYPES, TensorEntry, read_header
 
@@ -190,7 +191,7 @@ def inspect_peft_adapter(
 def weights_file(folder: Path) -> Path:
     """The folder's safetensors weights; AdapterError if missing (naming pickles), or too large."""
     path = folder / WEIGHTS_FILE
-    if not path.is_file():
+    if not path.exists():
         pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
             raise AdapterError(
@@ -198,6 +199,7 @@ def weights_file(folder: Path) -> Path:
                 "code when loaded and are refused. Re-save the adapter with safe_serialization=True"
             )
         raise AdapterError(f"{folder} has no {WEIGHTS_FILE}")
+    refuse_unless_regular(path)
     if path.stat().st_size > MAX_ADAPTER_BYTES:
         raise AdapterError(f"{path} is larger than {MAX_ADAPTER_BYTES >> 30} GiB")
     return path
@@ -205,8 +207,9 @@ def weights_file(folder: Path) -> Path:
 
 def _check_added_tokens(folder: Path, vocab_size: int) -> None:
     path = folder / ADDED_TOKENS_FILE
-    if not path.is_file():
+    if not path.exists():
         return
+    refuse_unless_regular(path)
     try:
         added = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:

@@ -82,6 +82,7 @@ def pull(
     """
     settings = settings or HubSettings.from_env()
     repo_id, revision = parse_repo_ref(ref)
+    registry.check_writable()  # a read-only library refuses before anything is downloaded
     snapshot = resolve(repo_id, revision, settings)
     if CONFIG_FILE in snapshot.files:
         return _pull_adapter(

@@ -3,6 +3,7 @@
 Layout under ``root`` (the user data directory by default)::
 
     library.sqlite3          adapters, aliases, base models pulled from the Hub, eval scores
+    library.lock             held (shared) by imports and removals, see ``library_sweep``
     adapters/<id>/           imported adapter folders (copies; Hub pulls stay in the HF cache)
     adapters/.tmp-<id>/      an import in progress, renamed to <id> as its row commits
     adapters/.trash-<id>/    a removal in progress, deleted once its row is gone
@@ -10,8 +11,12 @@ Layout under ``root`` (the user data directory by default)::
 Every operation opens its own connection (WAL journal, busy timeout), and every
 write is one ``BEGIN IMMEDIATE`` transaction, so GUI, server and engine threads and
 other processes can share the library. A failed import or pull leaves no row and
-no folder; a crash between the rename and the commit leaves an orphan folder that
-the next start sweeps away.
+no folder; what a crash (kill -9) leaves is swept when the library is next opened
+(``library_sweep``). The library is private: folders 0700, files 0600, tightened on
+every open (``private_files``). An import copies only the regular files of the folder
+and refuses links, pipes and devices. A full, read-only or unwritable disk is a
+one-line StorageError and changes nothing; a library that cannot be written is
+opened read-only, so it can still be listed.
 """
 
 from __future__ import annotations
@@ -30,6 +35,14 @@ from typing import Any
 
 from multilora_studio.adapters.adapter_config import CONFIG_FILE, AdapterError
 from multilora_studio.adapters.base_model import BaseModelRef
+from multilora_studio.adapters.library_errors import (
+    LibraryError,
+    StorageError,
+    cause_of,
+    storage_error,
+    unwritable,
+)
+from multilora_studio.adapters.library_sweep import LOCK_FILE, STAGING_PREFIX, TRASH_PREFIX, sweep, writing
 from multilora_studio.adapters.peft_adapter import (
     ADDED_TOKENS_FILE,
     WEIGHTS_FILE,
@@ -37,13 +50,21 @@ from multilora_studio.adapters.peft_adapter import (
     read_adapter_config,
     weights_file,
 )
+from multilora_studio.adapters.private_files import (
+    copy_regular_file,
+    create_private_file,
+    make_private_dir,
+    refusal,
+    tighten,
+    tighten_tree,
+)
 from multilora_studio.adapters.registry_schema import (
     AdapterRecord,
     BaseModelRecord,
     EvalScoreRecord,
     migrate,
 )
-from multilora_studio.paths import data_dir
+from multilora_studio.paths import data_dir_path
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +75,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")  # the engine's ada
 RESERVED_NAMES = ("base",)
 DEFAULT_MAX_RANK = 64
 BUSY_TIMEOUT_S = 30.0
-STALE_AFTER_S = 3600.0
-
-
-class LibraryError(ValueError):
-    """A library operation that cannot be done, with the reason."""
+READ_ONLY_OPENS = ("mode=ro", "mode=ro&immutable=1")  # immutable: a read-only disk without the -shm file
 
 
 class BaseMismatchError(LibraryError):
@@ -69,17 +86,39 @@ class Registry:
     """The adapter library (see the module docstring); safe to share between threads."""
 
     def __init__(self, root: Path | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
-        self.root = Path(root) if root is not None else data_dir()
+        self.root = Path(root) if root is not None else data_dir_path()
         self.busy_timeout_s = busy_timeout_s
-        self.root.mkdir(parents=True, exist_ok=True)
         self.db_path = self.root / DB_FILE
         self.adapters_dir = self.root / ADAPTERS_DIR
-        self.adapters_dir.mkdir(exist_ok=True)
-        with self._connect() as conn:
-            conn.execute("PRAGMA journal_mode = WAL")
-        with self._write() as conn:
-            migrate(conn)
-        self._sweep()
+        self.lock_path = self.root / LOCK_FILE
+        self._read_only_uri = ""  # set while it is open read-only
+        try:
+            self._open_for_writing()
+        except OSError as error:
+            self._open_read_only(storage_error(error, f"opening the adapter library in {self.root}"))
+        except StorageError as error:
+            self._open_read_only(error)
+
+    @property
+    def read_only(self) -> bool:
+        """The library is open for reading only (its disk is read-only, full or not ours)."""
+        return bool(self._read_only_uri)
+
+    def check_writable(self) -> None:
+        """StorageError if the library is open read-only and still cannot be opened for writing."""
+        if not self.read_only:
+            return
+        uri, self._read_only_uri = self._read_only_uri, ""
+        try:
+            self._open_for_writing()  # the disk may have been freed or remounted since
+        except (OSError, StorageError) as error:
+            self._read_only_uri = uri
+            code, cause = (error.code, error.cause) if isinstance(error, StorageError) else cause_of(error)
+            raise StorageError(
+                f"the adapter library {self.root} can only be read ({cause}); nothing was changed",
+                code,
+                cause,
+            ) from error
 
     # ---------------------------------------------------------------- reading
 
@@ -147,29 +186,36 @@ class Registry:
         source = Path(folder).expanduser().resolve()
         if not source.is_dir():
             raise LibraryError(f"{source} is not a folder")
+        self._refuse_special_files(source)
         read_adapter_config(source)
         weights_file(source)  # refuses pickle-only folders by name before anything is copied
         name = name or source.name
         names = self.check_names(name, aliases)
         adapter_id = uuid.uuid4().hex
-        staging = self.adapters_dir / f".tmp-{adapter_id}"
+        staging = self.adapters_dir / f"{STAGING_PREFIX}{adapter_id}"
         final = self.adapters_dir / adapter_id
+        self.check_writable()
         try:
-            staging.mkdir()
-            for file in COPIED_FILES:
-                if (source / file).is_file():
-                    shutil.copyfile(source / file, staging / file)
-            try:
-                row = self._validated_row(staging, base, name, max_rank)
-            except AdapterError as error:  # name the user's folder, not the staging copy
-                raise AdapterError(str(error).replace(str(staging), str(source))) from None
-            row.update(id=adapter_id, source_kind="local", source=str(source), path=str(final), notes=notes)
-            with self._write() as conn:
-                self._insert(conn, row, names)
-                os.replace(staging, final)  # inside the transaction: a failed commit undoes it below
-        except BaseException:
+            with writing(self.lock_path):
+                make_private_dir(staging)
+                for file in COPIED_FILES:
+                    if os.path.lexists(source / file):
+                        copy_regular_file(source / file, staging / file)
+                try:
+                    row = self._validated_row(staging, base, name, max_rank)
+                except AdapterError as error:  # name the user's folder, not the staging copy
+                    raise AdapterError(str(error).replace(str(staging), str(source))) from None
+                row.update(
+                    id=adapter_id, source_kind="local", source=str(source), path=str(final), notes=notes
+                )
+                with self._write() as conn:
+                    self._insert(conn, row, names)
+                    os.replace(staging, final)  # inside the transaction: a failed commit undoes it below
+        except BaseException as error:
             for leftover in (staging, final):
                 shutil.rmtree(leftover, ignore_errors=True)
+            if isinstance(error, OSError):
+                raise storage_error(error, f"copying {source} into the library {self.root}") from error
             raise
         log.info("imported %s as %r", source, name)
         return self.get(name)
@@ -222,22 +268,32 @@ class Registry:
     def remove(self, name: str) -> AdapterRecord:
         """Forget an adapter; an imported copy is deleted, a Hub snapshot stays in the shared HF cache."""
         record = self.get(name)
-        trash = self.adapters_dir / f".trash-{record.id}"
+        trash = self.adapters_dir / f"{TRASH_PREFIX}{record.id}"
+        owned = record.source_kind == "local" and record.path.parent == self.adapters_dir
+        self.check_writable()
+        try:
+            with writing(self.lock_path):
+                self._delete(record, trash if owned and record.path.exists() else None)
+        except OSError as error:
+            raise storage_error(error, f"removing {record.name!r} from the library {self.root}") from error
+        shutil.rmtree(trash, ignore_errors=True)
+        log.info("removed %r", record.name)
+        return record
+
+    def _delete(self, record: AdapterRecord, trash: Path | None) -> None:
+        """Delete the row and move the folder to ``trash`` (if given) in one transaction."""
         moved = False
         try:
             with self._write() as conn:
                 if conn.execute("DELETE FROM adapters WHERE id = ?", (record.id,)).rowcount != 1:
-                    raise LibraryError(f"{name!r} was removed meanwhile")
-                if record.source_kind == "local" and record.path.parent == self.adapters_dir:
+                    raise LibraryError(f"{record.name!r} was removed meanwhile")
+                if trash is not None:
                     os.replace(record.path, trash)
                     moved = True
         except BaseException:
-            if moved:
+            if moved and trash is not None:
                 os.replace(trash, record.path)
             raise
-        shutil.rmtree(trash, ignore_errors=True)
-        log.info("removed %r", record.name)
-        return record
 
     # ---------------------------------------------------------------- small updates
 
@@ -347,27 +403,82 @@ class Registry:
 
     # ---------------------------------------------------------------- internals
 
+    def _open_for_writing(self) -> None:
+        refused = unwritable(self.root)
+        if refused is not None:
+            raise refused
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.root)
+        make_private_dir(self.adapters_dir)
+        create_private_file(self.db_path)  # before SQLite creates it with the umask's mode
+        with self._connect() as conn:
+            conn.execute("PRAGMA journal_mode = WAL")
+        with self._write() as conn:
+            migrate(conn)
+        for entry in self.root.iterdir():  # the database, its -wal and -shm, the lock, markers
+            if not entry.is_dir():
+                tighten(entry)
+        tighten_tree(self.adapters_dir)
+        sweep(self.adapters_dir, self.lock_path, self._known_ids)
+
+    def _open_read_only(self, error: StorageError) -> None:
+        """Open the existing library for reading only, or raise ``error`` if that fails too."""
+        if not self.db_path.is_file():
+            raise error
+        for query in READ_ONLY_OPENS:
+            self._read_only_uri = f"{self.db_path.absolute().as_uri()}?{query}"
+            try:
+                with self._connect() as conn:
+                    conn.execute("SELECT count(*) FROM adapters").fetchone()
+            except (LibraryError, sqlite3.Error):
+                continue
+            log.warning("the adapter library %s can only be read: %s", self.root, error.cause)
+            return
+        raise error
+
+    def _refuse_special_files(self, source: Path) -> None:
+        """LibraryError naming the first copied file that is a link, a pipe or a device."""
+        for file in COPIED_FILES:
+            path = source / file
+            why = refusal(path) if os.path.lexists(path) else None
+            if why is not None:
+                raise LibraryError(f"{why}; nothing was imported")
+
+    def _known_ids(self) -> set[str]:
+        with self._connect() as conn:
+            return {row[0] for row in conn.execute("SELECT id FROM adapters")}
+
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.db_path, timeout=self.busy_timeout_s, isolation_level=None)
+        conn = None
         try:
-            conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-            conn.execute("PRAGMA foreign_keys = ON")
+            conn = self._new_connection()
             yield conn
         except sqlite3.OperationalError as error:
             if "locked" not in str(error) and "busy" not in str(error):
-                raise
+                raise storage_error(error, f"using the adapter library {self.db_path}") from error
             raise LibraryError(
                 f"the adapter library {self.db_path} stayed locked by another writer for "
                 f"{self.busy_timeout_s:g} s; try again"
             ) from error
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
+
+    def _new_connection(self) -> sqlite3.Connection:
+        if self._read_only_uri:
+            conn = sqlite3.connect(self._read_only_uri, self.busy_timeout_s, isolation_level=None, uri=True)
+        else:
+            conn = sqlite3.connect(self.db_path, self.busy_timeout_s, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        return conn
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction: committed when the block ends, rolled back if it raises."""
+        self.check_writable()
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -434,19 +545,3 @@ class Registry:
             f"INSERT INTO adapters ({columns}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
         )
         conn.executemany("INSERT INTO aliases VALUES (?, ?)", [(alias, row["id"]) for alias in names[1:]])
-
-    def _sweep(self) -> None:
-        """Delete staging and trash folders, and folders without a row, left by a crash long ago."""
-        with self._connect() as conn:
-            known = {row[0] for row in conn.execute("SELECT id FROM adapters")}
-        cutoff = time.time() - STALE_AFTER_S
-        for entry in self.adapters_dir.iterdir():
-            if entry.name in known or not entry.is_dir():
-                continue
-            try:
-                stale = entry.stat().st_mtime < cutoff
-            except FileNotFoundError:
-                continue
-            if stale:
-                log.info("removing leftover %s", entry)
-                shutil.rmtree(entry, ignore_errors=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from multilora_studio.adapters.adapter_config import AdapterError
 from multilora_studio.adapters.base_model import BaseModelRef
+from multilora_studio.adapters.private_files import write_private_text
 from multilora_studio.adapters.registry import LibraryError, Registry
 from multilora_studio.adapters.registry_schema import AdapterRecord
 
@@ -86,6 +87,9 @@ def offer_demo_adapters(
     if skip_requested():
         log.debug("demo adapters not offered: $%s is set", SKIP_ENV)
         return []
+    if registry.read_only:
+        log.debug("demo adapters not offered: the library can only be read")
+        return []
     try:
         names = {adapter.name for adapter in demo_adapters(root)}
         if names <= offered_names(registry):
@@ -129,7 +133,5 @@ def register_demo_adapters(
             except LibraryError as error:  # the name was taken meanwhile
                 log.info("demo adapter %s not registered: %s", adapter.name, error)
         offered.add(adapter.name)
-    staging = marker.with_name(f".{marker.name}.{os.getpid()}")
-    staging.write_text(json.dumps(sorted(offered)))
-    os.replace(staging, marker)
+    write_private_text(marker, json.dumps(sorted(offered)))
     return added

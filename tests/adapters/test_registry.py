@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from multilora_studio.adapters.library_sweep import writing
 from multilora_studio.adapters.registry import BaseMismatchError, LibraryError, Registry
 from multilora_studio.adapters.registry_schema import SCHEMA_VERSION
 from multilora_studio.cli.shared import describe_base
@@ -114,9 +115,12 @@ def test_leftovers_of_a_crash_are_swept_at_the_next_start(registry, tiny_adapter
     os.utime(kept.path, (old, old))
     recent = registry.adapters_dir / ".tmp-running-import"
     recent.mkdir()
-    Registry(registry.root)
+    with writing(registry.lock_path):  # another writer is under way: only old leftovers go
+        Registry(registry.root)
     assert not any(folder.exists() for folder in leftovers)
     assert recent.is_dir() and kept.path.is_dir()
+    Registry(registry.root)  # no writer holds the lock: the recent staging folder is a leftover too
+    assert not recent.exists() and kept.path.is_dir()
 
 
 def test_schema_version_and_wal_journal(registry, tmp_path):
