@@ -89,7 +89,7 @@ def test_tokenize_obeys_the_models_of_the_key(scoped):
 
 
 def test_per_key_limits_follow_the_key_names(serve):
-    server = serve(api_keys=(TEAM_A, EVERY_MODEL_USER), tokens_per_minute_per_key=8)
+    server = serve(api_keys=(TEAM_A, EVERY_MODEL_USER), tokens_per_minute_per_key=12)
     team = client(server, api_key=TEAM_A.secret)
     team.completions.create(model="tiny-r4-qv", prompt="Hi", max_tokens=8, **GREEDY)
     with pytest.raises(openai.RateLimitError):
