@@ -137,7 +137,8 @@ class Engine:
 
     def encode(self, prompt: Any) -> list[int]:
         """Token ids of a text prompt, chat messages (through the chat template) or ids as given."""
-        return encode_prompt(prompt, self.tokenizer, self.spec.vocab_size)
+        where = str(self.base.folder) if self.base.folder is not None else self.model_name
+        return encode_prompt(prompt, self.tokenizer, self.spec.vocab_size, where)
 
     def submit(
         self,

@@ -7,11 +7,14 @@ from typing import Any
 Prompt = str | list[int] | list[dict[str, str]]  # text, token ids, or chat messages
 
 
-def encode_prompt(prompt: Any, tokenizer: Any | None, vocab_size: int) -> list[int]:
-    """Token ids of a text prompt, chat messages (through the chat template) or ids as given."""
+def encode_prompt(prompt: Any, tokenizer: Any | None, vocab_size: int, model: str = "this model") -> list[int]:
+    """Token ids of a text prompt, chat messages (through the chat template) or ids as given.
+
+    ``model`` names the model (its folder) in the error for text without a tokenizer.
+    """
     if isinstance(prompt, str):
         if tokenizer is None:
-            raise ValueError("this model has no tokenizer; pass token ids")
+            raise ValueError(f"{model} has no tokenizer (no tokenizer files); pass token ids")
         return list(tokenizer(prompt).input_ids)
     if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
