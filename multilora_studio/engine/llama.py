@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
-from multilora_studio.engine.rope import cos_sin_cache
+from multilora_studio.engine.rope import cos_sin_cache, rope_rows
 from multilora_studio.engine.weights import ModelWeights
 from multilora_studio.kernels.cpu_linear import packed_linear
 from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, silu_and_mul
@@ -77,7 +77,8 @@ class LlamaModel:
         self.lora = lora
         self.plan = plan
         device = weights.embed.device
-        self.rope = cos_sin_cache(spec.rope, spec.head_dim, max_positions, device)  # [P, D]
+        self.max_positions = max_positions
+        self.rope = cos_sin_cache(spec.rope, spec.head_dim, max_positions, device)  # [P, D] ([2P, D] longrope)
         self.scale = spec.head_dim**-0.5
         base_linear = packed_linear if weights.onednn_packed else F.linear
         self.linear = (
@@ -182,6 +183,7 @@ class LlamaModel:
         q_size, eps = spec.q_size, spec.rms_norm_eps
         tokens = input_ids.shape[0]
         layers = self.weights.layers
+        rows = rope_rows(spec.rope, positions, attn.seq_lens, attn.query_start_loc, self.max_positions)  # [T]
         residual = F.embedding(input_ids, self.weights.embed)  # [T, H], the residual stream
         h = rms_norm(residual, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
@@ -189,7 +191,7 @@ class LlamaModel:
             qkv, pending = self._qkv_gemm(index, h, lora)  # [T, q + 2 kv]
             # q [T, Hq, D] after the expand (if pending), RoPE and the cache write: one launch if fused
             q = qkv_rope_write(
-                qkv, spec.num_heads, spec.num_kv_heads, self.rope, positions,
+                qkv, spec.num_heads, spec.num_kv_heads, self.rope, rows,
                 k_cache, v_cache, attn.slot_mapping, pending, self.plan,
             )  # fmt: skip
             context = paged_attention(

@@ -7,17 +7,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
 class RopeSpec:
+    """RoPE and its scaling, with the fields of HF's ``rope_parameters`` (``rope.py`` reads them).
+
+    ``attention_factor``: what cos and sin are multiplied by (yarn / longrope; None: inferred
+    from ``factor`` as HF does). longrope: ``short_factor`` / ``long_factor`` per frequency,
+    the long ones for sequences longer than ``original_max_position``.
+    """
+
     theta: float
     kind: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,7 +84,14 @@ class ModelSpec:
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def _optional_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
 def _rope_from_config(config: dict) -> RopeSpec:
+    """The RoPE of a HF config (``rope_parameters``, or the older ``rope_scaling`` + ``rope_theta``),
+    with HF's defaults: ``original_max_position_embeddings`` from the config's top level (Phi-3),
+    the parameters, or ``max_position_embeddings``; yarn / longrope ``factor`` from their ratio."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default")) or "default"
@@ -77,13 +99,35 @@ def _rope_from_config(config: dict) -> RopeSpec:
         raise ValueError(
             f"RoPE scaling type {kind!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
+    if float(params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise ValueError("partial_rotary_factor is not supported (RoPE over the whole head only)")
+    max_position = int(config.get("max_position_embeddings", 2048))
+    original = int(
+        config.get("original_max_position_embeddings")
+        or params.get("original_max_position_embeddings")
+        or max_position
+    )
+    factor = params.get("factor")
+    if factor is None:
+        factor = max_position / original if kind in ("yarn", "longrope") else 1.0
+    short, long = tuple(params.get("short_factor") or ()), tuple(params.get("long_factor") or ())
+    if kind == "longrope" and not (short and long):
+        raise ValueError("longrope RoPE scaling needs short_factor and long_factor")
     return RopeSpec(
         theta=theta,
         kind=kind,
-        factor=float(params.get("factor", 1.0)),
+        factor=float(factor),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position=int(params.get("original_max_position_embeddings", 8192)),
+        original_max_position=original,
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        truncate=bool(params.get("truncate", True)),
+        attention_factor=_optional_float(params.get("attention_factor")),
+        mscale=_optional_float(params.get("mscale")),
+        mscale_all_dim=_optional_float(params.get("mscale_all_dim")),
+        short_factor=tuple(float(x) for x in short),
+        long_factor=tuple(float(x) for x in long),
     )
 
 

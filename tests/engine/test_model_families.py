@@ -72,3 +72,20 @@ def test_family_mixed_batch_matches_peft(variant, path, tiny_family_models, tmp_
     rows, outputs = run_mixed_batch(base, adapters, family_prompts, engine_device, **PATHS[path])
     for (prompt, name), output in zip(rows, outputs, strict=True):
         assert output.token_ids == reference.greedy(name, prompt, NEW_TOKENS), (variant, name)
+
+
+def test_longrope_picks_short_or_long_factors_per_sequence_as_peft(tiny_family_models, tmp_path, engine_device):
+    """A sequence that stays within ``original_max_position_embeddings`` (64) uses the short
+    factors, one longer from its prompt on the long ones, in the same batch (as HF decides)."""
+    base = tiny_family_models["llama-longrope"]
+    adapters = {spec.name: build_adapter(base, spec, tmp_path / spec.name) for spec in SPECS}
+    reference = PeftReference(base, adapters)
+    short = [1, *range(300, 309)]  # 10 + 32 new tokens <= 64
+    long, longer = [1, *range(500, 569)], [1, *range(900, 979)]  # 70 and 80 > 64
+
+    def prompts_of(engine: Engine) -> list[list[int]]:
+        return [short, long, longer]
+
+    rows, outputs = run_mixed_batch(base, adapters, prompts_of, engine_device, **PATHS["kernel-shrink"])
+    for (prompt, name), output in zip(rows, outputs, strict=True):
+        assert output.token_ids == reference.greedy(name, prompt, NEW_TOKENS), name
