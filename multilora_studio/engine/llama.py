@@ -1,4 +1,4 @@
-"""Forward pass of the Llama family (llama, mistral, qwen2) over a paged KV cache.
+"""Forward pass of the Llama family (llama, mistral, qwen2, qwen3) over a paged KV cache.
 
 Plain functions over the fused weights: per layer one qkv GEMM, one gate_up GEMM,
 and the LoRA term of each targeted projection group added by the multi-LoRA
@@ -189,10 +189,14 @@ class LlamaModel:
         for index, layer in enumerate(layers):
             k_cache, v_cache = kv_caches[index]
             qkv, pending = self._qkv_gemm(index, h, lora)  # [T, q + 2 kv]
-            # q [T, Hq, D] after the expand (if pending), RoPE and the cache write: one launch if fused
+            # qwen3: RMSNorm of each q and k head ([D] weights), after LoRA and before RoPE
+            q_norm, k_norm = layer.q_norm, layer.k_norm
+            qk_norm = (q_norm, k_norm, eps) if q_norm is not None and k_norm is not None else None
+            # q [T, Hq, D] after the expand (if pending), q/k norms, RoPE and the cache write:
+            # one launch if fused
             q = qkv_rope_write(
                 qkv, spec.num_heads, spec.num_kv_heads, self.rope, rows,
-                k_cache, v_cache, attn.slot_mapping, pending, self.plan,
+                k_cache, v_cache, attn.slot_mapping, pending, self.plan, qk_norm,
             )  # fmt: skip
             context = paged_attention(
                 q,

@@ -1,4 +1,4 @@
-"""The shape of a Llama-family checkpoint, read from its HF ``config.json``."""
+"""The shape of a Llama-family checkpoint (llama, mistral, qwen2, qwen3), read from its HF ``config.json``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+QK_NORM_MODEL_TYPES = ("qwen3",)  # RMSNorm of each q and k head before RoPE
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -52,6 +53,7 @@ class ModelSpec:
     rope: RopeSpec
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     sliding_window: int | None = None
+    qk_norm: bool = False  # q_norm / k_norm weights [head_dim] per layer (qwen3)
 
     @property
     def q_size(self) -> int:
@@ -142,10 +144,12 @@ def spec_from_config(config: dict) -> ModelSpec:
         hidden = int(config["hidden_size"])
         heads = int(config["num_attention_heads"])
         kv_heads = int(config.get("num_key_value_heads") or heads)
-        head_dim = int(config.get("head_dim") or hidden // heads)
+        default_head_dim = 128 if model_type == "qwen3" else hidden // heads  # transformers' defaults
+        head_dim = int(config.get("head_dim") or default_head_dim)
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        sliding = config.get("sliding_window") if config.get("use_sliding_window", True) else None
+        uses_window = config.get("use_sliding_window", model_type != "qwen3")
+        sliding = config.get("sliding_window") if uses_window else None
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {config.get('hidden_act')!r} is not supported (only silu)")
         if config.get("mlp_bias"):
@@ -166,6 +170,7 @@ def spec_from_config(config: dict) -> ModelSpec:
             rope=_rope_from_config(config),
             eos_token_ids=eos_ids,
             sliding_window=int(sliding) if sliding else None,
+            qk_norm=model_type in QK_NORM_MODEL_TYPES,
         )
     except KeyError as missing:
         raise ValueError(f"config.json lacks the field {missing}") from None

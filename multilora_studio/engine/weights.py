@@ -54,6 +54,8 @@ class LayerWeights:
     post_norm: torch.Tensor  # [H]
     gate_up: torch.Tensor  # [2 I, H]
     down: torch.Tensor  # [H, I]
+    q_norm: torch.Tensor | None = None  # [D], RMSNorm of each q head (qwen3)
+    k_norm: torch.Tensor | None = None  # [D], of each k head
 
 
 @dataclass
@@ -191,6 +193,8 @@ def load_weights(
                 post_norm=take(f"{prefix}.post_attention_layernorm.weight", (hidden,)),
                 gate_up=gate_up,
                 down=take(f"{prefix}.mlp.down_proj.weight", (hidden, inter), into("down")),
+                q_norm=take(f"{prefix}.self_attn.q_norm.weight", (spec.head_dim,)) if spec.qk_norm else None,
+                k_norm=take(f"{prefix}.self_attn.k_norm.weight", (spec.head_dim,)) if spec.qk_norm else None,
             )
         )
     embed_name, head_name = "model.embed_tokens.weight", "lm_head.weight"
@@ -247,6 +251,8 @@ def random_weights(
             post_norm=ones(hidden),
             gate_up=gemm("gate_up", index),
             down=gemm("down", index),
+            q_norm=ones(spec.head_dim) if spec.qk_norm else None,
+            k_norm=ones(spec.head_dim) if spec.qk_norm else None,
         )
         for index in range(spec.num_layers)
     ]

@@ -29,7 +29,6 @@ CASES = [
     ("mistral", "shrink-in-gemm"),
     ("qwen3", "kernel-shrink"),
     ("qwen3", "shrink-in-gemm"),
-    ("qwen3", "fused-qkv"),
     ("qwen2-yarn", "kernel-shrink"),
     ("qwen3-yarn", "fused-qkv"),
     ("llama3.2-tied", "shrink-in-gemm"),
