@@ -77,7 +77,8 @@ class ModelSpec:
         return shapes[module]
 
     def num_parameters(self) -> int:
-        per_layer = sum(o * i for o, i in map(self.projection_shape, PROJECTIONS)) + 2 * self.hidden_size
+        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        per_layer = sum(o * i for o, i in map(self.projection_shape, PROJECTIONS)) + norms
         embed = self.vocab_size * self.hidden_size
         head = 0 if self.tie_word_embeddings else embed
         return self.num_layers * per_layer + embed + head + self.hidden_size
