@@ -111,7 +111,9 @@ def head_rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: s
         x.copy_(rms_norm(x.reshape(T * heads, D), weight, eps).view(T, heads, D))
     """
     if x.dim() != 3 or x.stride(-1) != 1:
-        raise ValueError(f"x must be [tokens, heads, head_dim] with a contiguous last dim, got {tuple(x.shape)}")
+        raise ValueError(
+            f"x must be [tokens, heads, head_dim] with a contiguous last dim, got {tuple(x.shape)}"
+        )
     tokens, heads, dim = x.shape
     if weight.shape != (dim,):
         raise ValueError(f"the head norm's weight must be [{dim}], got {tuple(weight.shape)}")

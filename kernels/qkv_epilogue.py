@@ -1,4 +1,4 @@
-"""What follows the q/k/v GEMM, in one launch: the LoRA expand, q/k norms, RoPE on q and k, K/V into the cache.
+"""What follows the q/k/v GEMM, in one launch: LoRA expand, q/k norms, RoPE on q and k, K/V to the cache.
 
 The q/k/v GEMM's output is read by RoPE (q and k, in place) and by the cache write (k and
 v); with the shrink in GEMM (``lora.lora_expand_shrunk_in_gemm``) the LoRA expand comes first.

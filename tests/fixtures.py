@@ -60,7 +60,12 @@ LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }
-YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32}
+YARN_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 # Phi-3 style: short factors up to 64 positions, long ones beyond (head_dim 16: 8 factors each)
 LONGROPE_ROPE = {
     "rope_type": "longrope",

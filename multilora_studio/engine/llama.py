@@ -78,7 +78,9 @@ class LlamaModel:
         self.plan = plan
         device = weights.embed.device
         self.max_positions = max_positions
-        self.rope = cos_sin_cache(spec.rope, spec.head_dim, max_positions, device)  # [P, D] ([2P, D] longrope)
+        self.rope = cos_sin_cache(
+            spec.rope, spec.head_dim, max_positions, device
+        )  # [P, D] ([2P, D] longrope)
         self.scale = spec.head_dim**-0.5
         base_linear = packed_linear if weights.onednn_packed else F.linear
         self.linear = (

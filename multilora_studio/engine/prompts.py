@@ -7,7 +7,9 @@ from typing import Any
 Prompt = str | list[int] | list[dict[str, str]]  # text, token ids, or chat messages
 
 
-def encode_prompt(prompt: Any, tokenizer: Any | None, vocab_size: int, model: str = "this model") -> list[int]:
+def encode_prompt(
+    prompt: Any, tokenizer: Any | None, vocab_size: int, model: str = "this model"
+) -> list[int]:
     """Token ids of a text prompt, chat messages (through the chat template) or ids as given.
 
     ``model`` names the model (its folder) in the error for text without a tokenizer.

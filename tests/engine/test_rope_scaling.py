@@ -80,7 +80,9 @@ CONFIGS = {
             "original_max_position_embeddings": 8192,
         },
     ),
-    "linear": dict(model_type="llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}),
+    "linear": dict(
+        model_type="llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
+    ),
 }
 
 
@@ -123,4 +125,10 @@ def test_cos_sin_carry_the_attention_factor_and_longrope_picks_rows_by_sequence_
     seq_lens = torch.tensor([original, original + 1], dtype=torch.int32)
     starts = torch.tensor([0, 3, 5], dtype=torch.int32)
     at = torch.tensor([1, 2, 3, 4, 5])
-    assert rope_rows(rope, at, seq_lens, starts, positions).tolist() == [1, 2, 3, 4 + positions, 5 + positions]
+    assert rope_rows(rope, at, seq_lens, starts, positions).tolist() == [
+        1,
+        2,
+        3,
+        4 + positions,
+        5 + positions,
+    ]

@@ -168,16 +168,30 @@ def test_qk_norms_come_after_the_lora_term_and_before_rope(dtype, fused):
     ref_qkv, plain_qkv = qkv.clone(), qkv.clone()
     plan = FUSED if fused else replace(FUSED, fused_qkv=False)
     q = qkv_rope_write(
-        qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping, lora, plan, (q_weight, k_weight, eps)
+        qkv,
+        HQ,
+        HKV,
+        cos_sin,
+        positions,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        lora,
+        plan,
+        (q_weight, k_weight, eps),
     )
     assert q.data_ptr() == qkv.data_ptr()
     shrunk, lora_b, batch = lora
     q_size, kv_size = HQ * D, HKV * D
     offsets = (0, q_size, q_size + kv_size, q_size + 2 * kv_size)
     lora_expand_shrunk_in_gemm(ref_qkv, shrunk, lora_b, batch, offsets, plan)
-    ref_q = hf_rotated(hf_head_norm(ref_qkv[:, :q_size].view(num_tokens, HQ, D), q_weight, eps), cos_sin, positions)
+    ref_q = hf_rotated(
+        hf_head_norm(ref_qkv[:, :q_size].view(num_tokens, HQ, D), q_weight, eps), cos_sin, positions
+    )
     ref_k = hf_rotated(
-        hf_head_norm(ref_qkv[:, q_size : q_size + kv_size].view(num_tokens, HKV, D), k_weight, eps), cos_sin, positions
+        hf_head_norm(ref_qkv[:, q_size : q_size + kv_size].view(num_tokens, HKV, D), k_weight, eps),
+        cos_sin,
+        positions,
     )
     tolerance = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=1.6e-2)
     torch.testing.assert_close(q, ref_q, **tolerance)
@@ -186,5 +200,7 @@ def test_qk_norms_come_after_the_lora_term_and_before_rope(dtype, fused):
     torch.testing.assert_close(cached, ref_k[written], **tolerance)
     v = ref_qkv[:, q_size + kv_size :].view(num_tokens, HKV, D)
     assert torch.equal(v_cache.view(-1, HKV, D)[slot_mapping[written]], v[written])  # v: no norm
-    without = qkv_rope_write(plain_qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping, lora, plan)
+    without = qkv_rope_write(
+        plain_qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping, lora, plan
+    )
     assert not torch.allclose(without, ref_q, atol=1e-2)  # the norms changed q
