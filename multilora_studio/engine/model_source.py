@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from multilora_studio.adapters.safetensors_header import read_header
+from multilora_studio.checkpoint_files import checkpoint_digest, checkpoint_files
 from multilora_studio.default_model import ensure_default_model
-from multilora_studio.engine.checkpoint_files import checkpoint_digest, checkpoint_files
 from multilora_studio.engine.model_spec import ModelSpec, RopeSpec, load_spec
 from multilora_studio.engine.weights import ModelWeights, load_weights, random_weights
 from multilora_studio.util import ProgressCallback

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from multilora_studio.engine.checkpoint_files import checkpoint_files
+from multilora_studio.checkpoint_files import checkpoint_files
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.kernels.cpu_linear import pack_weight
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from multilora_studio.adapters.safetensors_header import read_header
-from multilora_studio.engine.checkpoint_files import checkpoint_files
+from multilora_studio.checkpoint_files import checkpoint_files
 from multilora_studio.engine.model_source import (
     check_model_folder,
     describe_model,
