@@ -104,6 +104,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "
     return out
 
 
+def head_rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto") -> torch.Tensor:
+    """RMSNorm of every head of ``x`` [T, heads, D] over its D values, in place (Qwen3's q/k norms).
+
+    Semantics:
+        x.copy_(rms_norm(x.reshape(T * heads, D), weight, eps).view(T, heads, D))
+    """
+    if x.dim() != 3 or x.stride(-1) != 1:
+        raise ValueError(
+            f"x must be [tokens, heads, head_dim] with a contiguous last dim, got {tuple(x.shape)}"
+        )
+    tokens, heads, dim = x.shape
+    if weight.shape != (dim,):
+        raise ValueError(f"the head norm's weight must be [{dim}], got {tuple(weight.shape)}")
+    if tokens:
+        x.copy_(rms_norm(x.reshape(tokens * heads, dim), weight, eps, backend).view(tokens, heads, dim))
+    return x
+
+
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto"
 ) -> torch.Tensor:

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 import torch
 
 from . import lora_bgmv, lora_cpu, lora_norm, lora_sgmv, lora_silu, lora_torch, qkv_epilogue
-from .fused_ops import add_rms_norm, rope_, silu_and_mul
+from .fused_ops import add_rms_norm, head_rms_norm_, rope_, silu_and_mul
 from .lora_batch import LoRABatch, build_lora_batch
 from .lora_checks import check_b, check_device, check_expand, check_shrink
 from .lora_plan import FOLDED_EXPAND_MAX_RANK, LoRAPlan
@@ -378,8 +378,10 @@ def qkv_rope_write(
     slot_mapping: torch.Tensor,
     lora: tuple[torch.Tensor, torch.Tensor, LoRABatch] | None = None,
     plan: LoRAPlan | None = None,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
-    """LoRA expand (optional), RoPE on q and k, and k / v into the paged cache; returns q ``[T, Hq, D]``.
+    """LoRA expand (optional), q/k norms per head (optional), RoPE on q and k, and k / v into the
+    paged cache; returns q ``[T, Hq, D]``.
 
     Args:
         qkv: ``[T, (Hq + 2 Hkv) * D]`` output of the q/k/v GEMM (last dim contiguous, any row
@@ -390,6 +392,8 @@ def qkv_rope_write(
             :func:`lora_expand_shrunk_in_gemm`, or None (base rows only).
         plan: one Triton launch (``qkv_epilogue``) where ``plan.fused_qkv``, for a power-of-two
             head_dim >= 8 and LoRA ranks up to 64; otherwise the launches below, one after the other.
+        qk_norm: ``(q_weight [D], k_weight [D], eps)``: Qwen3's RMSNorm of each q and k head,
+            after the LoRA term and before RoPE; None: no norm.
 
     Semantics::
 
@@ -398,6 +402,9 @@ def qkv_rope_write(
             offsets = (0, q_size, q_size + kv_size, q_size + 2 * kv_size)
             lora_expand_shrunk_in_gemm(qkv, shrunk, lora_b, batch, offsets)
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=1)  # viewed as [T, heads, D]
+        if qk_norm is not None:
+            q_weight, k_weight, eps = qk_norm
+            head_rms_norm_(q, q_weight, eps); head_rms_norm_(k, k_weight, eps)
         rope_(q, cos_sin, positions); rope_(k, cos_sin, positions)
         write_kv(k, v, k_cache, v_cache, slot_mapping)
         return q
@@ -420,8 +427,9 @@ def qkv_rope_write(
         if not triton_runs_on(qkv.device):
             raise ValueError(f"fused_qkv needs CUDA tensors (got {qkv.device}) or TRITON_INTERPRET=1")
         return qkv_epilogue.launch(
-            qkv, num_q_heads, num_kv_heads, cos_sin, positions, k_cache, v_cache, slot_mapping, lora, plan
-        )
+            qkv, num_q_heads, num_kv_heads, cos_sin, positions, k_cache, v_cache, slot_mapping, lora, plan,
+            qk_norm,
+        )  # fmt: skip
     q_size, kv_size = num_q_heads * head_dim, num_kv_heads * head_dim
     q = qkv[:, :q_size].view(num_tokens, num_q_heads, head_dim)
     k = qkv[:, q_size : q_size + kv_size].view(num_tokens, num_kv_heads, head_dim)
@@ -429,6 +437,10 @@ def qkv_rope_write(
     if lora is not None:
         shrunk, lora_b, batch = lora
         lora_expand_shrunk_in_gemm(qkv, shrunk, lora_b, batch, (0, q_size, q_size + kv_size, width), plan)
+    if qk_norm is not None:
+        q_weight, k_weight, eps = qk_norm
+        head_rms_norm_(q, q_weight, eps)
+        head_rms_norm_(k, k_weight, eps)
     rope_(q, cos_sin, positions)
     rope_(k, cos_sin, positions)
     write_kv(k, v, k_cache, v_cache, slot_mapping)

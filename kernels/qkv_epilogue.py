@@ -1,12 +1,14 @@
-"""What follows the q/k/v GEMM, in one launch: the LoRA expand, RoPE on q and k, K/V into the cache.
+"""What follows the q/k/v GEMM, in one launch: LoRA expand, q/k norms, RoPE on q and k, K/V to the cache.
 
 The q/k/v GEMM's output is read by RoPE (q and k, in place) and by the cache write (k and
 v); with the shrink in GEMM (``lora.lora_expand_shrunk_in_gemm``) the LoRA expand comes first.
 Program ``(t, head)`` takes one head of q, k or v of token ``t``: it loads the token's B rows
 for that head (the weights first, before waiting on the GEMM), adds the LoRA term (rounded
-as the expand rounds), rotates q and k heads as ``rope_`` does, and stores q back in place
+as the expand rounds), normalises q and k heads where the model has q/k norms (Qwen3,
+``head_rms_norm_``), rotates q and k heads as ``rope_`` does, and stores q back in place
 and k / v into their cache slot (none for padding tokens, slot -1). Three launches (four
-with LoRA) become one; the results are equal bit for bit to those launches.
+with LoRA, six with q/k norms) become one; the results are equal bit for bit to those
+launches, but for the norms' sum of squares (over the two halves of the head, then added).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def _qkv_epilogue_kernel(
     slots_ptr,
     ranks_ptr,
     scales_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    eps,
     num_q_heads,
     num_kv_heads,
     stride_qt,
@@ -52,6 +57,7 @@ def _qkv_epilogue_kernel(
     BLOCK_R: tl.constexpr,
     RANK_ALIGN: tl.constexpr,
     HAS_LORA: tl.constexpr,
+    HAS_QK_NORM: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
@@ -89,6 +95,17 @@ def _qkv_epilogue_kernel(
             )
             x1 = add_token_lora(x1, w1, h_ptrs, rank, offs_r, scale)
             x2 = add_token_lora(x2, w2, h_ptrs, rank, offs_r, scale)
+    if HAS_QK_NORM:  # noqa: SIM102 (a compile-time branch)
+        if head < num_q_heads + num_kv_heads:  # q and k: RMSNorm over the head, as rms_norm rounds
+            norm_ptr = q_norm_ptr
+            if head >= num_q_heads:
+                norm_ptr = k_norm_ptr
+            n1, n2 = x1.to(tl.float32), x2.to(tl.float32)  # [HALF] each
+            inv = tl.rsqrt((tl.sum(n1 * n1, axis=0) + tl.sum(n2 * n2, axis=0)) / (2 * HALF) + eps)
+            w1n = tl.load(norm_ptr + d).to(tl.float32)
+            w2n = tl.load(norm_ptr + HALF + d).to(tl.float32)
+            x1 = (w1n * (n1 * inv).to(x1.dtype).to(tl.float32)).to(x1.dtype)
+            x2 = (w2n * (n2 * inv).to(x2.dtype).to(tl.float32)).to(x2.dtype)
     if head < num_q_heads + num_kv_heads:  # q and k: rotate half, as rope_
         pos = tl.load(pos_ptr + t)
         cos = tl.load(cs_ptr + pos * stride_cs + d)
@@ -122,6 +139,7 @@ def launch(
     slot_mapping: torch.Tensor,
     lora: tuple[torch.Tensor, torch.Tensor, LoRABatch] | None,
     plan: LoRAPlan,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
     """Launch the kernel (``lora.qkv_rope_write`` has the semantics); returns q ``[T, Hq, D]``.
 
@@ -145,6 +163,13 @@ def launch(
         raise ValueError(f"slot_mapping must be int64 [{num_tokens}]")
     if num_tokens == 0:
         return q
+    if qk_norm is not None:
+        q_norm, k_norm, eps = qk_norm
+        if q_norm.shape != (head_dim,) or k_norm.shape != (head_dim,):
+            raise ValueError(f"q/k norm weights must be [{head_dim}]")
+        norm_args: tuple[torch.Tensor, torch.Tensor, float] = (q_norm, k_norm, float(eps))
+    else:
+        norm_args = (cos_sin, cos_sin, 0.0)  # never read
     if lora is not None:
         shrunk, lora_b, batch = lora
         check_shrunk_in_gemm(num_tokens, width, qkv.dtype, shrunk, lora_b, slices=3)
@@ -163,6 +188,7 @@ def launch(
         k_cache,
         v_cache,
         *lora_args,
+        *norm_args,
         num_q_heads,
         num_kv_heads,
         qkv.stride(0),
@@ -175,6 +201,7 @@ def launch(
         BLOCK_R=br,
         RANK_ALIGN=align,
         HAS_LORA=lora is not None,
+        HAS_QK_NORM=qk_norm is not None,
         **launch_options(plan.pdl, 1),
     )
     return q

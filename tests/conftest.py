@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import TINY_ADAPTERS, build_adapter, build_tiny_model, extract_tokenizer
+from tests.fixtures import FAMILY_VARIANTS, TINY_ADAPTERS, build_adapter, build_tiny_model, extract_tokenizer
 
 pytest_plugins = ["tests.server_fixtures", "tests.adapter_fixtures"]
 
@@ -86,16 +86,27 @@ def default_model():
     return ensure_default_model()
 
 
+class TinyFamilyModels:
+    """``FAMILY_VARIANTS`` name -> its tiny checkpoint folder, each built the first time it is asked for."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> None:
+        self._factory = tmp_path_factory
+        self._tokenizer_dir = tokenizer_dir
+        self._built: dict[str, Path] = {}
+
+    def __getitem__(self, name: str) -> Path:
+        if name not in self._built:
+            self._built[name] = build_tiny_model(
+                self._tokenizer_dir, self._factory.mktemp(f"tiny-{name}"), variant=FAMILY_VARIANTS[name]
+            )
+        return self._built[name]
+
+
 @pytest.fixture(scope="session")
-def tiny_family_models(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> dict[str, Path]:
-    """Tiny qwen2 (attention bias) and mistral models, each with two adapters."""
-    models = {}
-    for architecture in ("qwen2", "mistral"):
-        folder = build_tiny_model(
-            tokenizer_dir, tmp_path_factory.mktemp(f"tiny-{architecture}"), architecture
-        )
-        models[architecture] = folder
-    return models
+def tiny_family_models(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> TinyFamilyModels:
+    """Tiny models of every ``FAMILY_VARIANTS`` entry (qwen2 with attention bias, mistral, qwen3,
+    yarn and longrope RoPE, a tied Llama 3.2, a sharded tokenizer-less bf16 checkpoint)."""
+    return TinyFamilyModels(tmp_path_factory, tokenizer_dir)
 
 
 @pytest.fixture

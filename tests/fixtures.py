@@ -40,12 +40,72 @@ def extract_tokenizer(gguf_file: Path, target: Path) -> Path:
     return target
 
 
-def build_tiny_model(tokenizer_dir: Path, target: Path, architecture: str = "llama") -> Path:
-    """A random-weight model of the Llama family (a few MB) with the default tokenizer."""
+@dataclass(frozen=True)
+class TinyVariant:
+    """A tiny random checkpoint of one family, stored as some Hub checkpoints are."""
+
+    architecture: str
+    config: tuple[tuple[str, object], ...] = ()  # config.json fields over the common ones
+    max_shard_size: str | None = None  # sharded, with model.safetensors.index.json
+    stored_dtype: torch.dtype = torch.float32  # the dtype of the tensors in the files
+    tokenizer: bool = True
+    lm_head_only: bool = False  # the tied matrix stored only as lm_head.weight (save_model)
+
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+YARN_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+# Phi-3 style: short factors up to 64 positions, long ones beyond (head_dim 16: 8 factors each)
+LONGROPE_ROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 3.0, 4.0, 5.0],
+    "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 12.0, 16.0],
+    "original_max_position_embeddings": 64,
+}
+
+FAMILY_VARIANTS = {
+    "qwen2": TinyVariant("qwen2"),
+    "mistral": TinyVariant("mistral"),
+    "qwen3": TinyVariant("qwen3"),
+    "qwen2-yarn": TinyVariant("qwen2", (("rope_parameters", YARN_ROPE), ("max_position_embeddings", 128))),
+    "qwen3-yarn": TinyVariant("qwen3", (("rope_parameters", YARN_ROPE), ("max_position_embeddings", 128))),
+    "llama3.2-tied": TinyVariant(
+        "llama", (("rope_parameters", LLAMA3_ROPE),), stored_dtype=torch.float16, lm_head_only=True
+    ),
+    "llama-sharded-bf16-no-tokenizer": TinyVariant(
+        "llama", max_shard_size="2MB", stored_dtype=torch.bfloat16, tokenizer=False
+    ),
+    "llama-longrope": TinyVariant(
+        "llama", (("rope_parameters", LONGROPE_ROPE), ("max_position_embeddings", 256))
+    ),
+}
+
+
+def build_tiny_model(
+    tokenizer_dir: Path | None, target: Path, architecture: str = "llama", variant: TinyVariant | None = None
+) -> Path:
+    """A random-weight model of the Llama family (a few MB) with the default tokenizer.
+
+    ``variant`` (it overrides ``architecture``): its config fields, shards, stored dtype,
+    tokenizer or not, and the tied matrix under ``lm_head.weight`` only.
+    """
     import shutil
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    variant = variant or TinyVariant(architecture)
     common: dict[str, object] = dict(
         vocab_size=49152,
         hidden_size=64,
@@ -61,16 +121,32 @@ def build_tiny_model(tokenizer_dir: Path, target: Path, architecture: str = "lla
         eos_token_id=2,
         pad_token_id=2,
     )
-    if architecture == "qwen2":
+    if variant.architecture in ("qwen2", "qwen3"):
         common.update(use_sliding_window=False)
-    if architecture == "mistral":
+    if variant.architecture in ("mistral", "qwen3"):
         common.update(sliding_window=None, head_dim=16)
-    config = AutoConfig.for_model(architecture, **common)
+    common.update(dict(variant.config))
+    config = AutoConfig.for_model(variant.architecture, **common)
     torch.manual_seed(1234)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(str(target), safe_serialization=True)
-    for item in tokenizer_dir.iterdir():
-        shutil.copy(item, target / item.name)
+    if variant.architecture == "qwen3":  # q/k norm weights away from ones, so that they matter
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    param.uniform_(0.5, 1.5)
+    model = model.to(variant.stored_dtype)
+    if variant.lm_head_only:
+        from safetensors.torch import save_model
+
+        target.mkdir(parents=True, exist_ok=True)
+        config.save_pretrained(str(target))
+        save_model(model, str(target / "model.safetensors"))
+    else:
+        shards = {"max_shard_size": variant.max_shard_size} if variant.max_shard_size else {}
+        model.save_pretrained(str(target), safe_serialization=True, **shards)
+    if variant.tokenizer and tokenizer_dir is not None:
+        for item in tokenizer_dir.iterdir():
+            shutil.copy(item, target / item.name)
     return target
 
 

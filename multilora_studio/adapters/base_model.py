@@ -13,7 +13,8 @@ from multilora_studio.adapters.adapter_config import SUPPORTED_TARGETS
 class BaseModelRef:
     """What validation and the library need to know about a base model, without its weights.
 
-    ``digest`` is the SHA-256 of the weights ("" when unknown, e.g. sharded checkpoints);
+    ``digest`` identifies the weights (``checkpoint_files.checkpoint_digest``: the SHA-256
+    of ``model.safetensors``, or of every shard's name and SHA-256; "" when unknown);
     ``shapes[module] = (out_features, in_features)`` for every LoRA-targetable projection.
     """
 

@@ -30,7 +30,7 @@ from multilora_studio.adapters.hub import (
 from multilora_studio.adapters.peft_adapter import ADDED_TOKENS_FILE, PICKLE_SUFFIXES, WEIGHTS_FILE
 from multilora_studio.adapters.registry import DEFAULT_MAX_RANK, Registry
 from multilora_studio.adapters.registry_schema import AdapterRecord, BaseModelRecord
-from multilora_studio.util import sha256_file
+from multilora_studio.checkpoint_files import checkpoint_digest, checkpoint_files
 
 MODEL_CONFIG = "config.json"
 ADAPTER_EXTRAS = ("README.md", ADDED_TOKENS_FILE)
@@ -169,8 +169,7 @@ def _pull_model(
         config = _model_config(folder / MODEL_CONFIG, snapshot.repo_id)
         if progress is not None:
             progress(0.95, "computing the weights digest")
-        single = folder / "model.safetensors"  # the engine's rule: sharded weights have no digest
-        digest = sha256_file(single) if single.is_file() else ""
+        digest = checkpoint_digest(checkpoint_files(folder))  # the engine's Engine.base_digest
         record = registry.register_base_model(
             snapshot.repo_id, snapshot.revision, snapshot.requested, folder, digest
         )

@@ -141,7 +141,8 @@ class Engine:
         A chat message's text that spells a special token (``<|im_start|>``) is tokenized as
         text unless ``special_tokens_in_content`` (trusted input only).
         """
-        return encode_prompt(prompt, self.tokenizer, self.spec.vocab_size, special_tokens_in_content)
+        where = str(self.base.folder) if self.base.folder is not None else self.model_name
+        return encode_prompt(prompt, self.tokenizer, self.spec.vocab_size, special_tokens_in_content, where)
 
     def submit(
         self,

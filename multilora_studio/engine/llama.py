@@ -1,4 +1,4 @@
-"""Forward pass of the Llama family (llama, mistral, qwen2) over a paged KV cache.
+"""Forward pass of the Llama family (llama, mistral, qwen2, qwen3) over a paged KV cache.
 
 Plain functions over the fused weights: per layer one qkv GEMM, one gate_up GEMM,
 and the LoRA term of each targeted projection group added by the multi-LoRA
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
-from multilora_studio.engine.rope import cos_sin_cache
+from multilora_studio.engine.rope import cos_sin_cache, rope_rows
 from multilora_studio.engine.weights import ModelWeights
 from multilora_studio.kernels.cpu_linear import packed_linear
 from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, silu_and_mul
@@ -77,7 +77,10 @@ class LlamaModel:
         self.lora = lora
         self.plan = plan
         device = weights.embed.device
-        self.rope = cos_sin_cache(spec.rope, spec.head_dim, max_positions, device)  # [P, D]
+        self.max_positions = max_positions
+        self.rope = cos_sin_cache(
+            spec.rope, spec.head_dim, max_positions, device
+        )  # [P, D] ([2P, D] longrope)
         self.scale = spec.head_dim**-0.5
         base_linear = packed_linear if weights.onednn_packed else F.linear
         self.linear = (
@@ -182,15 +185,20 @@ class LlamaModel:
         q_size, eps = spec.q_size, spec.rms_norm_eps
         tokens = input_ids.shape[0]
         layers = self.weights.layers
+        rows = rope_rows(spec.rope, positions, attn.seq_lens, attn.query_start_loc, self.max_positions)  # [T]
         residual = F.embedding(input_ids, self.weights.embed)  # [T, H], the residual stream
         h = rms_norm(residual, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
             k_cache, v_cache = kv_caches[index]
             qkv, pending = self._qkv_gemm(index, h, lora)  # [T, q + 2 kv]
-            # q [T, Hq, D] after the expand (if pending), RoPE and the cache write: one launch if fused
+            # qwen3: RMSNorm of each q and k head ([D] weights), after LoRA and before RoPE
+            q_norm, k_norm = layer.q_norm, layer.k_norm
+            qk_norm = (q_norm, k_norm, eps) if q_norm is not None and k_norm is not None else None
+            # q [T, Hq, D] after the expand (if pending), q/k norms, RoPE and the cache write:
+            # one launch if fused
             q = qkv_rope_write(
-                qkv, spec.num_heads, spec.num_kv_heads, self.rope, positions,
-                k_cache, v_cache, attn.slot_mapping, pending, self.plan,
+                qkv, spec.num_heads, spec.num_kv_heads, self.rope, rows,
+                k_cache, v_cache, attn.slot_mapping, pending, self.plan, qk_norm,
             )  # fmt: skip
             context = paged_attention(
                 q,

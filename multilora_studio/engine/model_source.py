@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,10 +10,11 @@ from typing import Any
 import torch
 
 from multilora_studio.adapters.safetensors_header import read_header
+from multilora_studio.checkpoint_files import checkpoint_digest, checkpoint_files
 from multilora_studio.default_model import ensure_default_model
 from multilora_studio.engine.model_spec import ModelSpec, RopeSpec, load_spec
 from multilora_studio.engine.weights import ModelWeights, load_weights, random_weights
-from multilora_studio.util import ProgressCallback, sha256_file
+from multilora_studio.util import ProgressCallback
 
 RANDOM_PREFIX = "random:"
 # Named shapes for random-weight models (benchmarks without a download).
@@ -33,6 +33,39 @@ RANDOM_SHAPES: dict[str, ModelSpec] = {
         attention_bias=False,
         max_position_embeddings=8192,
         rope=RopeSpec(theta=500000.0, kind="llama3", factor=8.0, original_max_position=8192),
+        eos_token_ids=(128009,),
+    ),
+    "qwen3-8b": ModelSpec(
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_layers=36,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        max_position_embeddings=40960,
+        rope=RopeSpec(theta=1000000.0, original_max_position=40960),
+        eos_token_ids=(151645,),
+        qk_norm=True,
+    ),
+    "llama3.2-1b": ModelSpec(
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        max_position_embeddings=131072,
+        rope=RopeSpec(theta=500000.0, kind="llama3", factor=32.0, original_max_position=8192),
         eos_token_ids=(128009,),
     ),
     "smollm2-135m": ModelSpec(
@@ -66,7 +99,15 @@ class BaseModel:
     folder: Path | None
 
 
+# Files of which at least one is in a folder that has a tokenizer (the fast, sentencepiece,
+# BPE-vocabulary and tiktoken forms); without any, the model serves token-id prompts only.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer.tiktoken", "tiktoken.model")
+
+
 def load_tokenizer(folder: Path) -> Any:
+    """The folder's tokenizer, or None when it has no tokenizer files."""
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder))
@@ -76,8 +117,8 @@ def load_tokenizer(folder: Path) -> Any:
 class ModelIdentity:
     """Where a base model's folder is, its name, and the SHA-256 of its weights.
 
-    The digest is that of ``model.safetensors`` ("" for sharded checkpoints); the embedded
-    model's digest is recorded when it is converted.
+    The digest is ``checkpoint_digest`` of its safetensors files (one file or every shard);
+    the embedded model's digest is recorded when it is converted.
     """
 
     folder: Path
@@ -93,8 +134,7 @@ def describe_model(model: str | None, progress: ProgressCallback | None = None) 
     folder = Path(model).expanduser()
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder {folder} does not exist")
-    weights_file = folder / "model.safetensors"
-    digest = sha256_file(weights_file) if weights_file.is_file() else ""
+    digest = checkpoint_digest(checkpoint_files(folder))
     return ModelIdentity(folder, display_name(folder), digest)
 
 
@@ -154,24 +194,6 @@ def check_model_folder(folder: Path) -> None:
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder {folder} does not exist")
     load_spec(folder)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise ValueError(f"{index} is not a safetensors index (no weight_map)") from None
-        files = [folder / name for name in shards]
-    elif (folder / "model.safetensors").is_file():
-        files = [folder / "model.safetensors"]
-    elif any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
-        raise ValueError(
-            f"{folder} holds only pickle weights (.bin/.pt), which can run code when loaded; "
-            "convert them to safetensors first"
-        )
-    else:
-        raise FileNotFoundError(f"{folder} has no model.safetensors")
-    for path in files:
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is listed in the safetensors index but missing")
+    for path in checkpoint_files(folder):
         if not read_header(path):
             raise ValueError(f"{path} holds no tensors")

@@ -1,4 +1,4 @@
-"""The shape of a Llama-family checkpoint, read from its HF ``config.json``."""
+"""The shape of a Llama-family checkpoint (llama, mistral, qwen2, qwen3), read from its HF ``config.json``."""
 
 from __future__ import annotations
 
@@ -6,18 +6,34 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+QK_NORM_MODEL_TYPES = ("qwen3",)  # RMSNorm of each q and k head before RoPE
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
 class RopeSpec:
+    """RoPE and its scaling, with the fields of HF's ``rope_parameters`` (``rope.py`` reads them).
+
+    ``attention_factor``: what cos and sin are multiplied by (yarn / longrope; None: inferred
+    from ``factor`` as HF does). longrope: ``short_factor`` / ``long_factor`` per frequency,
+    the long ones for sequences longer than ``original_max_position``.
+    """
+
     theta: float
     kind: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -37,6 +53,7 @@ class ModelSpec:
     rope: RopeSpec
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     sliding_window: int | None = None
+    qk_norm: bool = False  # q_norm / k_norm weights [head_dim] per layer (qwen3)
 
     @property
     def q_size(self) -> int:
@@ -60,7 +77,8 @@ class ModelSpec:
         return shapes[module]
 
     def num_parameters(self) -> int:
-        per_layer = sum(o * i for o, i in map(self.projection_shape, PROJECTIONS)) + 2 * self.hidden_size
+        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        per_layer = sum(o * i for o, i in map(self.projection_shape, PROJECTIONS)) + norms
         embed = self.vocab_size * self.hidden_size
         head = 0 if self.tie_word_embeddings else embed
         return self.num_layers * per_layer + embed + head + self.hidden_size
@@ -69,7 +87,14 @@ class ModelSpec:
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def _optional_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
 def _rope_from_config(config: dict) -> RopeSpec:
+    """The RoPE of a HF config (``rope_parameters``, or the older ``rope_scaling`` + ``rope_theta``),
+    with HF's defaults: ``original_max_position_embeddings`` from the config's top level (Phi-3),
+    the parameters, or ``max_position_embeddings``; yarn / longrope ``factor`` from their ratio."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default")) or "default"
@@ -77,13 +102,35 @@ def _rope_from_config(config: dict) -> RopeSpec:
         raise ValueError(
             f"RoPE scaling type {kind!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
+    if float(params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise ValueError("partial_rotary_factor is not supported (RoPE over the whole head only)")
+    max_position = int(config.get("max_position_embeddings", 2048))
+    original = int(
+        config.get("original_max_position_embeddings")
+        or params.get("original_max_position_embeddings")
+        or max_position
+    )
+    factor = params.get("factor")
+    if factor is None:
+        factor = max_position / original if kind in ("yarn", "longrope") else 1.0
+    short, long = tuple(params.get("short_factor") or ()), tuple(params.get("long_factor") or ())
+    if kind == "longrope" and not (short and long):
+        raise ValueError("longrope RoPE scaling needs short_factor and long_factor")
     return RopeSpec(
         theta=theta,
         kind=kind,
-        factor=float(params.get("factor", 1.0)),
+        factor=float(factor),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position=int(params.get("original_max_position_embeddings", 8192)),
+        original_max_position=original,
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        truncate=bool(params.get("truncate", True)),
+        attention_factor=_optional_float(params.get("attention_factor")),
+        mscale=_optional_float(params.get("mscale")),
+        mscale_all_dim=_optional_float(params.get("mscale_all_dim")),
+        short_factor=tuple(float(x) for x in short),
+        long_factor=tuple(float(x) for x in long),
     )
 
 
@@ -98,10 +145,12 @@ def spec_from_config(config: dict) -> ModelSpec:
         hidden = int(config["hidden_size"])
         heads = int(config["num_attention_heads"])
         kv_heads = int(config.get("num_key_value_heads") or heads)
-        head_dim = int(config.get("head_dim") or hidden // heads)
+        default_head_dim = 128 if model_type == "qwen3" else hidden // heads  # transformers' defaults
+        head_dim = int(config.get("head_dim") or default_head_dim)
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        sliding = config.get("sliding_window") if config.get("use_sliding_window", True) else None
+        uses_window = config.get("use_sliding_window", model_type != "qwen3")
+        sliding = config.get("sliding_window") if uses_window else None
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {config.get('hidden_act')!r} is not supported (only silu)")
         if config.get("mlp_bias"):
@@ -122,6 +171,7 @@ def spec_from_config(config: dict) -> ModelSpec:
             rope=_rope_from_config(config),
             eos_token_ids=eos_ids,
             sliding_window=int(sliding) if sliding else None,
+            qk_norm=model_type in QK_NORM_MODEL_TYPES,
         )
     except KeyError as missing:
         raise ValueError(f"config.json lacks the field {missing}") from None

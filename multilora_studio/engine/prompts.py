@@ -10,19 +10,26 @@ Prompt = str | list[int] | list[dict[str, str]]  # text, token ids, or chat mess
 
 
 def encode_prompt(
-    prompt: Any, tokenizer: Any | None, vocab_size: int, special_tokens_in_content: bool = False
+    prompt: Any,
+    tokenizer: Any | None,
+    vocab_size: int,
+    special_tokens_in_content: bool = False,
+    model: str = "this model",
 ) -> list[int]:
     """Token ids of a text prompt, chat messages (through the chat template) or ids as given.
 
     Special tokens spelled in a chat message's text stay text unless ``special_tokens_in_content``
     (chat_tokens.py); a text prompt is the caller's whole prompt, its special tokens parsed.
+    ``model`` names the model (its folder) in the error for a prompt without a tokenizer.
     """
     if isinstance(prompt, str):
         if tokenizer is None:
-            raise ValueError("this model has no tokenizer; pass token ids")
+            raise ValueError(f"{model} has no tokenizer (no tokenizer files); pass token ids")
         return list(tokenizer(prompt).input_ids)
     if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        if tokenizer is None:
+            raise ValueError(f"{model} has no tokenizer (no tokenizer files); pass token ids")
+        if not getattr(tokenizer, "chat_template", None):
             raise ValueError("this model has no chat template; pass a plain prompt")
         for message in prompt:
             if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):

@@ -14,13 +14,13 @@ slot's shrink. qkv's bias gets the same extra (zero) entries.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from multilora_studio.checkpoint_files import checkpoint_files
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.kernels.cpu_linear import pack_weight
 
@@ -54,6 +54,8 @@ class LayerWeights:
     post_norm: torch.Tensor  # [H]
     gate_up: torch.Tensor  # [2 I, H]
     down: torch.Tensor  # [H, I]
+    q_norm: torch.Tensor | None = None  # [D], RMSNorm of each q head (qwen3)
+    k_norm: torch.Tensor | None = None  # [D], of each k head
 
 
 @dataclass
@@ -113,22 +115,6 @@ def base_rows(
     return shrink_in_gemm[group][layer, : gemm_shape(spec, group)[0]] if group in shrink_in_gemm else None
 
 
-def _shard_files(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [folder / name for name in names]
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return [single]
-    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
-        raise ValueError(
-            f"{folder} holds only pickle weights (.bin/.pt), which can run code when loaded; "
-            "convert them to safetensors first"
-        )
-    raise FileNotFoundError(f"{folder} has no model.safetensors")
-
-
 class _TensorSource:
     """Name -> tensor over all shards, memory-mapped."""
 
@@ -141,7 +127,7 @@ class _TensorSource:
 
     def get(self, name: str) -> torch.Tensor:
         if name not in self._where:
-            raise ValueError(f"checkpoint lacks tensor {name!r}")
+            raise ValueError(f"checkpoint lacks tensor {name!r}, which config.json's architecture needs")
         return self._where[name].get_tensor(name)
 
 
@@ -153,7 +139,7 @@ def load_weights(
     ``lora_rows`` (slots x max rank): reserve that many rows per LoRA slice after each GEMM
     weight (module docstring).
     """
-    source = _TensorSource(_shard_files(Path(folder)))
+    source = _TensorSource(checkpoint_files(Path(folder)))
     shrink_in_gemm, shrink_in_gemm_bias = allocate_shrink_in_gemm_weights(spec, lora_rows, dtype, device)
 
     def take(name: str, shape: tuple[int, ...], into: torch.Tensor | None = None) -> torch.Tensor:
@@ -207,13 +193,19 @@ def load_weights(
                 post_norm=take(f"{prefix}.post_attention_layernorm.weight", (hidden,)),
                 gate_up=gate_up,
                 down=take(f"{prefix}.mlp.down_proj.weight", (hidden, inter), into("down")),
+                q_norm=take(f"{prefix}.self_attn.q_norm.weight", (spec.head_dim,)) if spec.qk_norm else None,
+                k_norm=take(f"{prefix}.self_attn.k_norm.weight", (spec.head_dim,)) if spec.qk_norm else None,
             )
         )
-    embed = take("model.embed_tokens.weight", (spec.vocab_size, hidden))
-    if spec.tie_word_embeddings or not source.has("lm_head.weight"):
+    embed_name, head_name = "model.embed_tokens.weight", "lm_head.weight"
+    # tied: the shared matrix under either name (save_model may keep only lm_head.weight)
+    if spec.tie_word_embeddings and not source.has(embed_name) and source.has(head_name):
+        embed_name = head_name
+    embed = take(embed_name, (spec.vocab_size, hidden))
+    if spec.tie_word_embeddings or not source.has(head_name):
         lm_head = embed
     else:
-        lm_head = take("lm_head.weight", (spec.vocab_size, hidden))
+        lm_head = take(head_name, (spec.vocab_size, hidden))
     return ModelWeights(
         embed,
         layers,
@@ -259,6 +251,8 @@ def random_weights(
             post_norm=ones(hidden),
             gate_up=gemm("gate_up", index),
             down=gemm("down", index),
+            q_norm=ones(spec.head_dim) if spec.qk_norm else None,
+            k_norm=ones(spec.head_dim) if spec.qk_norm else None,
         )
         for index in range(spec.num_layers)
     ]

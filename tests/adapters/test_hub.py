@@ -196,6 +196,20 @@ def test_pull_a_base_model(hub, hub_env, registry, tiny_base):
     assert registry.list_adapters() == []
 
 
+def test_pull_a_sharded_base_model_records_the_digest_the_engine_serves(
+    hub, hub_env, registry, tiny_base, tiny_family_models
+):
+    """Shards with an index: the registry's digest covers every shard and equals the engine's."""
+    sharded = tiny_family_models["llama-sharded-bf16-no-tokenizer"]
+    repo_id = f"{HUB_ORG}/tiny-sharded"
+    hub.repos.commit(repo_id, "v1", {p.name: p for p in sharded.iterdir() if p.is_file()})
+    result = pull(repo_id, registry, tiny_base)
+    assert result.model is not None and "model.safetensors.index.json" in {
+        p.name for p in result.path.iterdir()
+    }
+    assert result.model.digest and result.model.digest == describe_base(str(sharded)).digest
+
+
 def test_search_lists_the_adapters_of_a_base_model(hub, hub_env):
     found = search_adapters(BASE_REPO)
     assert {m.repo_id for m in found} >= ADAPTERS_OF_BASE

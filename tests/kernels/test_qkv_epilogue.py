@@ -141,3 +141,66 @@ def test_bad_input_is_refused():
         qkv_rope_write(qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping.int(), plan=FUSED)
     with pytest.raises(ValueError, match="k_cache/v_cache"):
         qkv_rope_write(qkv, HQ, HKV, cos_sin, positions, k_cache[:, :, :1], v_cache, slot_mapping, plan=FUSED)
+
+
+def hf_rotated(x: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """HF's rotate-half RoPE of ``x`` [T, heads, D] in float32, rounded to its dtype."""
+    cs = cos_sin[positions][:, None, :]  # [T, 1, D]
+    cos, sin = cs[..., : D // 2], cs[..., D // 2 :]
+    x1, x2 = x[..., : D // 2].float(), x[..., D // 2 :].float()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def hf_head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3RMSNorm over the last dim of ``x`` [T, heads, D]."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "launches"])
+def test_qk_norms_come_after_the_lora_term_and_before_rope(dtype, fused):
+    """Qwen3's q/k RMSNorm per head, in the one launch and in the launches: q = RoPE(norm(q + LoRA))."""
+    num_tokens, eps = 7, 1e-6
+    qkv, positions, slot_mapping, cos_sin, k_cache, v_cache, lora = make(dtype, num_tokens, True, 5)
+    gen = torch.Generator().manual_seed(3)
+    q_weight, k_weight = ((torch.rand(D, generator=gen) + 0.5).to(dtype).to(DEVICE) for _ in range(2))
+    ref_qkv, plain_qkv = qkv.clone(), qkv.clone()
+    plan = FUSED if fused else replace(FUSED, fused_qkv=False)
+    q = qkv_rope_write(
+        qkv,
+        HQ,
+        HKV,
+        cos_sin,
+        positions,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        lora,
+        plan,
+        (q_weight, k_weight, eps),
+    )
+    assert q.data_ptr() == qkv.data_ptr()
+    shrunk, lora_b, batch = lora
+    q_size, kv_size = HQ * D, HKV * D
+    offsets = (0, q_size, q_size + kv_size, q_size + 2 * kv_size)
+    lora_expand_shrunk_in_gemm(ref_qkv, shrunk, lora_b, batch, offsets, plan)
+    ref_q = hf_rotated(
+        hf_head_norm(ref_qkv[:, :q_size].view(num_tokens, HQ, D), q_weight, eps), cos_sin, positions
+    )
+    ref_k = hf_rotated(
+        hf_head_norm(ref_qkv[:, q_size : q_size + kv_size].view(num_tokens, HKV, D), k_weight, eps),
+        cos_sin,
+        positions,
+    )
+    tolerance = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=1.6e-2)
+    torch.testing.assert_close(q, ref_q, **tolerance)
+    written = slot_mapping >= 0
+    cached = k_cache.view(-1, HKV, D)[slot_mapping[written]]  # [written, Hkv, D]
+    torch.testing.assert_close(cached, ref_k[written], **tolerance)
+    v = ref_qkv[:, q_size + kv_size :].view(num_tokens, HKV, D)
+    assert torch.equal(v_cache.view(-1, HKV, D)[slot_mapping[written]], v[written])  # v: no norm
+    without = qkv_rope_write(
+        plain_qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping, lora, plan
+    )
+    assert not torch.allclose(without, ref_q, atol=1e-2)  # the norms changed q

@@ -26,7 +26,7 @@ from multilora_studio.server.tools.formats import (
 from multilora_studio.server.tools.spec import Tool, ToolRequest
 
 PROBE_NAME = "multilora_probe_function_x7"
-FAMILY_FORMATS = {"llama": LLAMA3, "mistral": MISTRAL, "qwen2": HERMES}
+FAMILY_FORMATS = {"llama": LLAMA3, "mistral": MISTRAL, "qwen2": HERMES, "qwen3": HERMES}
 FALLBACK_SYSTEM = (
     "You may call one or more functions to assist with the user query. The functions are listed "
     "in <tools></tools>:\n<tools>\n{tools}\n</tools>\n"

@@ -1,0 +1,54 @@
+"""Which safetensors files hold a checkpoint (one file or an index of shards), and their digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from multilora_studio.util import sha256_file
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The checkpoint's safetensors files: the shards an index lists (sorted), or ``model.safetensors``.
+
+    ValueError / FileNotFoundError name the problem (pickle-only weights, a broken index, a
+    missing shard, no weights at all).
+    """
+    folder = Path(folder)
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{index} is not a safetensors index (no weight_map)") from None
+        files = [folder / name for name in names]
+        for path in files:
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} is listed in the safetensors index but missing")
+        return files
+    single = folder / SINGLE_FILE
+    if single.is_file():
+        return [single]
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
+        raise ValueError(
+            f"{folder} holds only pickle weights (.bin/.pt), which can run code when loaded; "
+            "convert them to safetensors first"
+        )
+    raise FileNotFoundError(f"{folder} has no {SINGLE_FILE} (nor {INDEX_FILE} with its shards)")
+
+
+def checkpoint_digest(files: list[Path]) -> str:
+    """Hex SHA-256 identifying the weights: that of the file itself for one file; for shards, the
+    SHA-256 of every shard's name and content digest in order (equal for copies of the folder,
+    different after re-sharding)."""
+    if len(files) == 1:
+        return sha256_file(files[0])
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.name}\0{sha256_file(path)}\n".encode())
+    return digest.hexdigest()

@@ -1,0 +1,75 @@
+"""config.json of each family -> ModelSpec, checked against the models transformers builds from it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.engine.model_spec import spec_from_config
+
+# the published configs' shape fields of the random shapes' models
+HUB_CONFIGS = {
+    "qwen3-8b": dict(
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+        rope_theta=1000000.0,
+        eos_token_id=151645,
+    ),
+    "llama3.2-1b": dict(
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        max_position_embeddings=131072,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        rope_theta=500000.0,
+        eos_token_id=128009,
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", list(HUB_CONFIGS))
+def test_random_shapes_are_the_published_models(shape):
+    """The spec read from the config equals the random shape, and its parameter count is that of
+    the model transformers builds (q/k norms and a tied head included)."""
+    fields = dict(HUB_CONFIGS[shape])
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    spec = spec_from_config(config.to_dict())
+    assert spec == dataclasses.replace(RANDOM_SHAPES[shape], sliding_window=spec.sliding_window)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert spec.num_parameters() == sum(p.numel() for p in model.parameters())
+
+
+def test_qwen3_has_qk_norms_and_no_attention_bias_by_default():
+    config = AutoConfig.for_model("qwen3", hidden_size=64, num_attention_heads=4, num_hidden_layers=1)
+    spec = spec_from_config({k: v for k, v in config.to_dict().items() if k != "head_dim"})
+    assert spec.qk_norm and not spec.attention_bias and spec.head_dim == 128  # transformers' default
+    assert spec.sliding_window is None  # use_sliding_window is off unless the config says so
+    qwen2 = spec_from_config(AutoConfig.for_model("qwen2", hidden_size=64, num_attention_heads=4).to_dict())
+    assert not qwen2.qk_norm and qwen2.attention_bias
