@@ -19,11 +19,10 @@ def peft_reference(tiny_model_dir, tiny_adapters) -> PeftReference:
     return PeftReference(tiny_model_dir, tiny_adapters)
 
 
-def tiny_engine_config(model_dir, device: str, **overrides) -> EngineConfig:
-    """The tiny model's engine settings of these tests, with ``overrides``."""
+def tiny_engine_config(model_dir, **overrides) -> EngineConfig:
+    """The tiny model's engine settings of these tests, with ``overrides`` (``device`` among them)."""
     settings = dict(
         model=str(model_dir),
-        device=device,
         dtype="float32",
         max_loras=8,
         max_lora_rank=32,
@@ -41,7 +40,7 @@ def make_engine(tiny_model_dir, tiny_adapters, engine_device):
     engines: list[Engine] = []
 
     def build(adapters: list[str] | None = None, **overrides) -> Engine:
-        engine = Engine(tiny_engine_config(tiny_model_dir, engine_device, **overrides))
+        engine = Engine(tiny_engine_config(tiny_model_dir, **{"device": engine_device, **overrides}))
         engines.append(engine)
         for name in tiny_adapters if adapters is None else adapters:
             engine.add_adapter(name, tiny_adapters[name])
@@ -57,7 +56,7 @@ def tiny_engine(tiny_model_dir, tiny_adapters, engine_device):
     """One engine for the engine suite, as ``make_engine()`` builds it (default settings, every
     fixture adapter), for tests that only submit requests: they leave its adapters and settings
     as they found them, and nothing running when they end."""
-    with Engine(tiny_engine_config(tiny_model_dir, engine_device)) as engine:
+    with Engine(tiny_engine_config(tiny_model_dir, device=engine_device)) as engine:
         for name, path in tiny_adapters.items():
             engine.add_adapter(name, path)
         yield engine
