@@ -19,24 +19,28 @@ def peft_reference(tiny_model_dir, tiny_adapters) -> PeftReference:
     return PeftReference(tiny_model_dir, tiny_adapters)
 
 
+def tiny_engine_config(model_dir, **overrides) -> EngineConfig:
+    """The tiny model's engine settings of these tests, with ``overrides`` (``device`` among them)."""
+    settings = dict(
+        model=str(model_dir),
+        dtype="float32",
+        max_loras=8,
+        max_lora_rank=32,
+        max_num_seqs=16,
+        max_model_len=256,
+        max_num_batched_tokens=512,
+    )
+    settings.update(overrides)
+    return EngineConfig(**settings)
+
+
 @pytest.fixture
 def make_engine(tiny_model_dir, tiny_adapters, engine_device):
     """Build an engine on the tiny model with every fixture adapter added; shut down after the test."""
     engines: list[Engine] = []
 
     def build(adapters: list[str] | None = None, **overrides) -> Engine:
-        settings = dict(
-            model=str(tiny_model_dir),
-            device=engine_device,
-            dtype="float32",
-            max_loras=8,
-            max_lora_rank=32,
-            max_num_seqs=16,
-            max_model_len=256,
-            max_num_batched_tokens=512,
-        )
-        settings.update(overrides)
-        engine = Engine(EngineConfig(**settings))
+        engine = Engine(tiny_engine_config(tiny_model_dir, **{"device": engine_device, **overrides}))
         engines.append(engine)
         for name in tiny_adapters if adapters is None else adapters:
             engine.add_adapter(name, tiny_adapters[name])
@@ -45,6 +49,17 @@ def make_engine(tiny_model_dir, tiny_adapters, engine_device):
     yield build
     for engine in engines:
         engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir, tiny_adapters, engine_device):
+    """One engine for the engine suite, as ``make_engine()`` builds it (default settings, every
+    fixture adapter), for tests that only submit requests: they leave its adapters and settings
+    as they found them, and nothing running when they end."""
+    with Engine(tiny_engine_config(tiny_model_dir, device=engine_device)) as engine:
+        for name, path in tiny_adapters.items():
+            engine.add_adapter(name, path)
+        yield engine
 
 
 RUNNER_BLOCK = 4  # KV block size of runner_with_adapters

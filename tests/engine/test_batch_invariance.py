@@ -100,7 +100,7 @@ def test_the_invariant_mode_still_matches_peft(make_engine, peft_reference):
     generate_matches_peft(engine, peft_reference, {}, mixed_requests(engine))
 
 
-def test_the_default_mode_is_not_batch_invariant(make_engine, engine_device):
+def test_the_default_mode_is_not_batch_invariant(tiny_engine, engine_device):
     """Without the mode the same request gets other bits on the CPU: in the mixed batch its step
     holds more than LoRAPlan.numba_max_tokens tokens, so its LoRA term runs as torch ops instead
     of the Numba kernel. (Whether a chunked prompt's bits differ depends on which steps it
@@ -108,7 +108,7 @@ def test_the_default_mode_is_not_batch_invariant(make_engine, engine_device):
     kernels happen to give these requests the same bits: seen on the H200.)"""
     if engine_device != "cpu":
         pytest.skip("the kernel switches this test relies on are the CPU's")
-    engine = make_engine()
+    engine = tiny_engine
     assert not engine.runner.model.plan.batch_invariant
     expected = alone(engine, "tiny-r8-all", GREEDY)
     batched = in_mixed_batch(engine, "tiny-r8-all", GREEDY)

@@ -20,8 +20,8 @@ from tests.waiting import wait_until
 GREEDY = dict(temperature=0, ignore_eos=True)
 
 
-def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(make_engine):
-    engine = make_engine()
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(tiny_engine):
+    engine = tiny_engine
     params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, top_k=50, seed=7, ignore_eos=True)
     alone = engine.generate(["Once upon a time"], ["tiny-r8-all"], params)[0].token_ids
     again = engine.generate(["Once upon a time"], ["tiny-r8-all"], params)[0].token_ids
@@ -56,8 +56,8 @@ def test_the_engine_seed_makes_unseeded_sampling_reproducible(make_engine):
     assert first[0] != first[2]  # each request has a stream of its own
 
 
-def test_top_k_one_equals_greedy(make_engine):
-    engine = make_engine()
+def test_top_k_one_equals_greedy(tiny_engine):
+    engine = tiny_engine
     greedy = engine.generate(["The sea"], ["tiny-r16-mlp"], SamplingParams(max_tokens=16, **GREEDY))[0]
     top1 = engine.generate(
         ["The sea"],
@@ -67,8 +67,8 @@ def test_top_k_one_equals_greedy(make_engine):
     assert top1.token_ids == greedy.token_ids
 
 
-def test_stop_string_cuts_text_and_streamed_deltas_add_up(make_engine):
-    engine = make_engine()
+def test_stop_string_cuts_text_and_streamed_deltas_add_up(tiny_engine):
+    engine = tiny_engine
     full = engine.generate(["Once upon a time"], [None], SamplingParams(max_tokens=40, **GREEDY))[0]
     assert len(full.text) > 20
     stop = full.text[12:15]
@@ -82,8 +82,8 @@ def test_stop_string_cuts_text_and_streamed_deltas_add_up(make_engine):
     assert tokens == full.token_ids[: len(tokens)] and len(tokens) < 40
 
 
-def test_stop_token_ends_request_including_that_token(make_engine):
-    engine = make_engine()
+def test_stop_token_ends_request_including_that_token(tiny_engine):
+    engine = tiny_engine
     full = engine.generate(["Paris is"], ["tiny-r8-attn"], SamplingParams(max_tokens=30, **GREEDY))[0]
     stop_token = full.token_ids[6]
     first = full.token_ids.index(stop_token)
@@ -94,8 +94,8 @@ def test_stop_token_ends_request_including_that_token(make_engine):
     assert out.token_ids == full.token_ids[: first + 1]
 
 
-def test_abort_ends_request_and_frees_its_blocks(make_engine):
-    engine = make_engine()
+def test_abort_ends_request_and_frees_its_blocks(tiny_engine):
+    engine = tiny_engine
     stream = engine.submit("Once upon a time", "tiny-r4-qv", SamplingParams(max_tokens=200, **GREEDY))
     iterator = iter(stream)
     next(iterator)
@@ -109,11 +109,11 @@ def test_abort_ends_request_and_frees_its_blocks(make_engine):
     assert all(slot.in_use == 0 for slot in metrics.slots)
 
 
-def test_preemption_keeps_greedy_outputs(make_engine):
+def test_preemption_keeps_greedy_outputs(make_engine, tiny_engine):
     prompts = [f"Story number {i}: once upon a time there was" for i in range(8)]
     adapters = ["tiny-r4-qv", None, "tiny-r8-all", "tiny-r32-ko-down"] * 2
     params = SamplingParams(max_tokens=60, **GREEDY)
-    roomy = make_engine()
+    roomy = tiny_engine
     expected = [o.token_ids for o in roomy.generate(prompts, adapters, params)]
     # 20 blocks of 16 tokens: room for a few of the 8 requests of ~75 tokens each
     block_bytes = kv_bytes_per_block(roomy.spec, roomy.config.block_size, torch.float32)
@@ -124,8 +124,8 @@ def test_preemption_keeps_greedy_outputs(make_engine):
     assert tight.metrics(fresh=True).preemptions > 0
 
 
-def test_async_stream_matches_generate(make_engine):
-    engine = make_engine()
+def test_async_stream_matches_generate(tiny_engine):
+    engine = tiny_engine
     params = SamplingParams(max_tokens=20, **GREEDY)
     expected = engine.generate(["Hello there"], ["tiny-r16-mlp"], params)[0]
 
@@ -137,8 +137,8 @@ def test_async_stream_matches_generate(make_engine):
     assert "".join(d.text for d in deltas) == expected.text
 
 
-def test_chat_messages_use_the_chat_template(make_engine):
-    engine = make_engine()
+def test_chat_messages_use_the_chat_template(tiny_engine):
+    engine = tiny_engine
     ids = engine.encode([{"role": "user", "content": "Hi"}])
     text = engine.tokenizer.decode(ids)
     assert "<|im_start|>user\nHi<|im_end|>" in text and text.rstrip().endswith("assistant")
@@ -154,14 +154,14 @@ def test_chat_messages_use_the_chat_template(make_engine):
         (" ".join(["word"] * 400), "max_model_len"),
     ],
 )
-def test_bad_prompts_are_refused_clearly(make_engine, prompt, message):
-    engine = make_engine()
+def test_bad_prompts_are_refused_clearly(tiny_engine, prompt, message):
+    engine = tiny_engine
     with pytest.raises(ValueError, match=message):
         engine.submit(prompt, None, SamplingParams(max_tokens=4))
 
 
-def test_unknown_adapter_is_an_error_not_the_base(make_engine):
-    engine = make_engine()
+def test_unknown_adapter_is_an_error_not_the_base(tiny_engine):
+    engine = tiny_engine
     with pytest.raises(ValueError, match="unknown adapter 'nope'"):
         engine.submit("Hello", "nope")
 

@@ -60,8 +60,8 @@ def test_mixed_batch_matches_peft_token_for_token(
     generate_matches_peft(engine, peft_reference, expected_cache, mixed_requests(engine))
 
 
-def test_adapters_change_the_output(make_engine, peft_reference, expected_cache):
-    engine = make_engine()
+def test_adapters_change_the_output(tiny_engine, peft_reference, expected_cache):
+    engine = tiny_engine
     prompt = engine.encode(PROMPTS[0])
     outputs = {
         spec.name: expected(peft_reference, expected_cache, prompt, spec.name) for spec in TINY_ADAPTERS

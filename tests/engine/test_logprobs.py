@@ -53,8 +53,8 @@ def check_request(peft_reference, adapter, prompt_ids, output, params) -> None:
             check_entry(entry, reference[position - 1], prompt_ids[position], params.prompt_logprobs)
 
 
-def test_mixed_batch_logprobs_match_peft_for_every_adapter(make_engine, peft_reference):
-    engine = make_engine()
+def test_mixed_batch_logprobs_match_peft_for_every_adapter(tiny_engine, peft_reference):
+    engine = tiny_engine
     names: list[str | None] = [spec.name for spec in TINY_ADAPTERS] + [None]
     kinds = [
         SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=TOP, prompt_logprobs=2),
@@ -92,8 +92,8 @@ def test_long_prompts_are_scored_in_chunked_prefill_and_streamed(make_engine, pe
     check_request(peft_reference, adapter, long_ids, streamed, scored)
 
 
-def test_score_gives_prompt_logprobs_without_generating(make_engine, peft_reference):
-    engine = make_engine()
+def test_score_gives_prompt_logprobs_without_generating(tiny_engine, peft_reference):
+    engine = tiny_engine
     prompts = [engine.encode(text) for text in PROMPTS[:3]]
     adapters = [TINY_ADAPTERS[2].name, None, TINY_ADAPTERS[0].name]
     outputs = engine.score(prompts, adapters, top_k=3)
@@ -102,8 +102,8 @@ def test_score_gives_prompt_logprobs_without_generating(make_engine, peft_refere
         check_request(peft_reference, adapter, prompt_ids, output, SamplingParams(prompt_logprobs=3))
 
 
-def test_a_prompt_only_request_streams_one_final_delta_with_its_scores(make_engine, peft_reference):
-    engine = make_engine()
+def test_a_prompt_only_request_streams_one_final_delta_with_its_scores(tiny_engine, peft_reference):
+    engine = tiny_engine
     prompt_ids = engine.encode(PROMPTS[1])
     adapter = TINY_ADAPTERS[1].name
     neighbour = engine.submit(PROMPTS[0], TINY_ADAPTERS[0].name, SamplingParams(max_tokens=8, temperature=0))

@@ -100,9 +100,9 @@ def test_a_tied_matrix_stored_only_as_lm_head_is_the_embedding(tiny_family_model
 def test_a_folder_without_tokenizer_serves_token_ids_and_names_itself_for_text(tiny_family_models):
     folder = tiny_family_models["llama-sharded-bf16-no-tokenizer"]
     assert load_tokenizer(folder) is None
-    assert encode_prompt([1, 5, 9], None, 100, str(folder)) == [1, 5, 9]
+    assert encode_prompt([1, 5, 9], None, 100, model=str(folder)) == [1, 5, 9]
     with pytest.raises(ValueError, match=re.escape(f"{folder} has no tokenizer")):
-        encode_prompt("some text", None, 100, str(folder))
+        encode_prompt("some text", None, 100, model=str(folder))
 
 
 def test_unsupported_tensors_and_rope_types_are_named(tiny_model_dir, tmp_path):

@@ -31,9 +31,9 @@ def hf_processed_greedy(peft_reference, adapter, prompt_ids, params, new_tokens,
 
 
 def test_mixed_batch_rows_with_processors_follow_the_reference_and_others_stay_their_own(
-    make_engine, peft_reference
+    tiny_engine, peft_reference
 ):
-    engine = make_engine()
+    engine = tiny_engine
     eos = engine.spec.eos_token_ids
     prompts = ["Paris is", PROMPT, "Once upon a time", "1, 2, 3,"]
     adapters = ["tiny-r8-attn", None, "tiny-r4-qv", None]
@@ -58,8 +58,8 @@ def test_mixed_batch_rows_with_processors_follow_the_reference_and_others_stay_t
         assert mixed[row] != alone[row], row  # the processors changed this output
 
 
-def test_frequency_penalty_stops_a_looping_output_from_repeating(make_engine):
-    engine = make_engine()
+def test_frequency_penalty_stops_a_looping_output_from_repeating(tiny_engine):
+    engine = tiny_engine
     looped = 1234
     loop = dict(max_tokens=40, logit_bias={looped: 8.0}, **GREEDY)  # a bias that makes greedy loop
     plain = engine.generate([PROMPT], None, SamplingParams(**loop))[0].token_ids
@@ -69,8 +69,8 @@ def test_frequency_penalty_stops_a_looping_output_from_repeating(make_engine):
     assert Counter(out).most_common(1)[0][1] <= 5
 
 
-def test_logit_bias_of_100_forces_a_token(make_engine):
-    engine = make_engine()
+def test_logit_bias_of_100_forces_a_token(tiny_engine):
+    engine = tiny_engine
     forced = 1234
     out = engine.generate(
         [PROMPT], ["tiny-r4-qv"], SamplingParams(max_tokens=8, logit_bias={forced: 100}, **GREEDY)
@@ -80,8 +80,8 @@ def test_logit_bias_of_100_forces_a_token(make_engine):
     assert engine.generate([PROMPT], None, sampled)[0].token_ids == [forced] * 8
 
 
-def test_min_tokens_generates_past_eos_and_stop_tokens(make_engine):
-    engine = make_engine()
+def test_min_tokens_generates_past_eos_and_stop_tokens(tiny_engine):
+    engine = tiny_engine
     eos = engine.spec.eos_token_ids[0]
     wants_eos = dict(max_tokens=20, temperature=0, logit_bias={eos: 100})  # EOS first, unless masked
     quick = engine.generate([PROMPT], None, SamplingParams(**wants_eos))[0]
@@ -97,8 +97,8 @@ def test_min_tokens_generates_past_eos_and_stop_tokens(make_engine):
     assert stop not in out.token_ids[:3] and len(out.token_ids) > 3
 
 
-def test_min_tokens_holds_back_stop_strings(make_engine):
-    engine = make_engine()
+def test_min_tokens_holds_back_stop_strings(tiny_engine):
+    engine = tiny_engine
     plain = engine.generate([PROMPT], None, SamplingParams(max_tokens=10, **GREEDY))[0]
     first_piece = engine.tokenizer.decode(plain.token_ids[:1], skip_special_tokens=True).strip()
     assert first_piece
@@ -109,8 +109,8 @@ def test_min_tokens_holds_back_stop_strings(make_engine):
     assert len(out.token_ids) >= 4 and out.token_ids[:4] == plain.token_ids[:4]
 
 
-def test_bad_words_ban_a_sequence_and_single_tokens(make_engine):
-    engine = make_engine()
+def test_bad_words_ban_a_sequence_and_single_tokens(tiny_engine):
+    engine = tiny_engine
     plain = engine.generate([PROMPT], None, SamplingParams(max_tokens=16, **GREEDY))[0].token_ids
     pair = [plain[2], plain[3]]
     out = engine.generate([PROMPT], None, SamplingParams(max_tokens=16, bad_words_token_ids=[pair], **GREEDY))
@@ -123,8 +123,8 @@ def test_bad_words_ban_a_sequence_and_single_tokens(make_engine):
     assert plain[0] not in single[0].token_ids
 
 
-def test_token_ids_outside_the_vocabulary_are_refused_at_submit(make_engine):
-    engine = make_engine()
+def test_token_ids_outside_the_vocabulary_are_refused_at_submit(tiny_engine):
+    engine = tiny_engine
     vocab = engine.spec.vocab_size
     for params, name in (
         (SamplingParams(logit_bias={vocab: 1.0}), "logit_bias"),
@@ -139,8 +139,8 @@ def test_token_ids_outside_the_vocabulary_are_refused_at_submit(make_engine):
             raise AssertionError(f"{name} outside the vocabulary was accepted")
 
 
-def test_logprobs_stay_the_raw_models_next_to_processed_rows(make_engine, peft_reference):
-    engine = make_engine()
+def test_logprobs_stay_the_raw_models_next_to_processed_rows(tiny_engine, peft_reference):
+    engine = tiny_engine
     forced = 1234
     penalties = dict(
         presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2, logit_bias={forced: 100}

@@ -8,8 +8,8 @@ from multilora_studio.engine import SamplingParams
 from multilora_studio.engine.step_trace import StepRecord, StepTrace, records_as_dicts, summarize
 
 
-def test_trace_records_every_step_of_a_mixed_batch(make_engine, tiny_adapters, engine_device):
-    engine = make_engine()
+def test_trace_records_every_step_of_a_mixed_batch(tiny_engine, tiny_adapters, engine_device):
+    engine = tiny_engine
     names = list(tiny_adapters)[:2]
     since = time.perf_counter()
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16]]

@@ -72,8 +72,8 @@ def test_a_spec_compiles_once_and_bad_specs_are_value_errors(make_engine):
     assert engine.generate(["Hello"], None, SamplingParams(max_tokens=3, temperature=0))[0].finish_reason
 
 
-def test_mixed_batch_keeps_free_rows_exact_and_constrained_rows_valid(make_engine):
-    engine = make_engine()
+def test_mixed_batch_keeps_free_rows_exact_and_constrained_rows_valid(tiny_engine):
+    engine = tiny_engine
     free = [
         ("Once upon a time", "tiny-r8-all", SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)),
         ("The weather today", None, SamplingParams(max_tokens=30, temperature=0.9, seed=3, ignore_eos=True)),
@@ -112,8 +112,8 @@ NUMBER = {
     ],
     ids=["lark", "lark_with_json"],
 )
-def test_lark_grammars_constrain_the_output(make_engine, spec):
-    engine = make_engine(adapters=[])
+def test_lark_grammars_constrain_the_output(tiny_engine, spec):
+    engine = tiny_engine
     output = engine.generate(["Write it"], None, constrained(spec, max_tokens=120))[0]
     assert output.finish_reason == "stop", output.text
     if "%json" in (spec.lark or ""):
@@ -123,8 +123,8 @@ def test_lark_grammars_constrain_the_output(make_engine, spec):
         assert re.fullmatch(r"id=[0-9]{1,4};", output.text), output.text
 
 
-def test_logprobs_stay_the_models_and_n_copies_each_follow_the_grammar(make_engine):
-    engine = make_engine(adapters=[])
+def test_logprobs_stay_the_models_and_n_copies_each_follow_the_grammar(tiny_engine):
+    engine = tiny_engine
     spec = StructuredOutput(choice=CHOICES)
     free = engine.generate(["Pick"], None, SamplingParams(max_tokens=1, temperature=0, logprobs=3))[0]
     tied = engine.generate(["Pick"], None, constrained(spec, logprobs=3))[0]
@@ -137,7 +137,7 @@ def test_logprobs_stay_the_models_and_n_copies_each_follow_the_grammar(make_engi
     assert all(c.text in CHOICES and c.finish_reason == "stop" for c in copies)
 
 
-def test_preempted_constrained_requests_still_match(make_engine):
+def test_preempted_constrained_requests_still_match(make_engine, tiny_engine):
     prompts = [f"Record number {i}: write it down as" for i in range(8)]
     digits = {"type": "array", "items": {"enum": [0, 1, 2]}, "minItems": 25, "maxItems": 25}
     specs = [
@@ -145,7 +145,7 @@ def test_preempted_constrained_requests_still_match(make_engine):
         StructuredOutput(regex="([a-z] ){40}[a-z]"),
     ] * 4
     params = [constrained(spec, max_tokens=120) for spec in specs]
-    roomy = make_engine(adapters=[])
+    roomy = tiny_engine
     expected = [o.token_ids for o in roomy.generate(prompts, None, params)]
     block_bytes = kv_bytes_per_block(roomy.spec, roomy.config.block_size, torch.float32)
     tight = make_engine(adapters=[], kv_cache_memory_gb=20 * block_bytes / 2**30)
@@ -156,8 +156,8 @@ def test_preempted_constrained_requests_still_match(make_engine):
         check_matches(spec, output.text)
 
 
-def test_aborting_a_constrained_request_frees_it(make_engine):
-    engine = make_engine(adapters=[])
+def test_aborting_a_constrained_request_frees_it(tiny_engine):
+    engine = tiny_engine
     spec = StructuredOutput(regex="[a-z]{300}")
     stream = engine.submit("Letters", None, constrained(spec, max_tokens=200))
     iterator = iter(stream)

@@ -1,4 +1,4 @@
-"""Evaluation fixtures: one real engine on the tiny model with two fixture adapters, and prompt files."""
+"""Evaluation fixtures: one real engine a session on the tiny model with two adapters, and prompt files."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from multilora_studio.engine import Engine, EngineConfig
 ADAPTERS = ("tiny-r4-qv", "tiny-r8-all")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def engine(tiny_model_dir, tiny_adapters, engine_device) -> Iterator[Engine]:
+    """One engine for the evaluation suite; a test that adds an adapter removes it again."""
     config = EngineConfig(
         model=str(tiny_model_dir),
         device=engine_device,

@@ -27,6 +27,7 @@ from multilora_studio.kernels import (
     reference_lora,
     reference_shrink,
 )
+from tests.kernels.grid import INTERPRETED, grid
 
 TRITON_OK = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
@@ -211,10 +212,18 @@ def check_y(out: torch.Tensor, case: Case, dtype: torch.dtype, a=None, b=None) -
 # --------------------------------------------------------------------------- correctness
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("pattern", PATTERNS)
-@pytest.mark.parametrize("num_tokens", [1, 7, 33])
+def on_triton(backend: str, *_: object) -> bool:
+    """Whether a case's kernels run in Triton (the interpreter, on the CPU): grid's predicate.
+    Under the interpreter the Triton cases below are a covering subset of the grid
+    (tests/kernels/grid.py): every dtype with every pattern here, each pattern once in the
+    fused tests; natively (the GPU session) every combination."""
+    return backend == "triton"
+
+
+@pytest.mark.parametrize(
+    ("backend", "dtype", "pattern", "num_tokens"),
+    grid(BACKENDS, DTYPES, PATTERNS, [1, 7, 33], interpreted=on_triton),
+)
 def test_add_lora_matches_reference(backend, plan, dtype, pattern, num_tokens):
     shape = ["qkv", "gate_up", "single"][num_tokens % 3]
     gen = torch.Generator().manual_seed(seed_of(backend, dtype, pattern, num_tokens))
@@ -272,10 +281,10 @@ def gathered_shrink(case: Case, gen: torch.Generator) -> torch.Tensor:
     return shrunk
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("pattern", PATTERNS)
-@pytest.mark.parametrize("num_tokens", [1, 7, 33])
+@pytest.mark.parametrize(
+    ("backend", "dtype", "pattern", "num_tokens"),
+    grid(["triton", "torch"], DTYPES, PATTERNS, [1, 7, 33], interpreted=on_triton),
+)
 def test_expand_shrunk_in_gemm_matches_reference(backend, plan, dtype, pattern, num_tokens):
     if backend == "triton" and not TRITON_OK:
         pytest.skip("needs Triton")
@@ -607,8 +616,9 @@ def test_token_major_kernels_tiles(block_k, block_n):
 
     plan = plan_for("triton")
     gen = torch.Generator().manual_seed(seed_of("decode-tiles", block_k, block_n))
+    num_tokens = 7 if INTERPRETED else 19  # the tiles are what is tested; each token is a program
     for dtype, pattern in ((torch.float16, "zipf"), (torch.float32, "base_mixed")):
-        case = make_case(dtype, 19, "qkv", pattern, gen)
+        case = make_case(dtype, num_tokens, "qkv", pattern, gen)
         batch = case.batch
         part = lora_bgmv.shrink_partials(case.x, case.lora_a, batch, plan, block_k=block_k)
         assert part.shape[0] == -(-case.x.shape[1] // block_k)
@@ -682,10 +692,10 @@ FUSED_PATHS = [
 ]
 
 
-@pytest.mark.parametrize(("backend", "tile"), FUSED_PATHS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("pattern", PATTERNS)
-@pytest.mark.parametrize("num_tokens", [1, 19])
+@pytest.mark.parametrize(
+    ("backend", "tile", "pattern", "dtype", "num_tokens"),
+    grid(FUSED_PATHS, PATTERNS, DTYPES, [1, 19], interpreted=on_triton, full=1),
+)
 def test_silu_and_mul_lora_equals_expand_then_silu(tile, backend, dtype, pattern, num_tokens):
     from multilora_studio.kernels.fused_ops import silu_and_mul
     from multilora_studio.kernels.lora import silu_and_mul_lora
@@ -737,10 +747,10 @@ def test_silu_and_mul_lora_rejects_bad_input():
 NORM_RTOL = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}  # about one ulp
 
 
-@pytest.mark.parametrize(("backend", "tile"), FUSED_PATHS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("pattern", PATTERNS)
-@pytest.mark.parametrize("num_tokens", [1, 19])
+@pytest.mark.parametrize(
+    ("backend", "tile", "pattern", "dtype", "num_tokens"),
+    grid(FUSED_PATHS, PATTERNS, DTYPES, [1, 19], interpreted=on_triton, full=1),
+)
 def test_add_rms_norm_lora_equals_expand_then_norm(tile, backend, dtype, pattern, num_tokens):
     from multilora_studio.kernels.fused_ops import add_rms_norm
     from multilora_studio.kernels.lora import add_rms_norm_lora
@@ -905,9 +915,16 @@ def scaled_case(path: str, backend: str, dtype: torch.dtype, num_tokens: int) ->
     return case, seed
 
 
-@pytest.mark.parametrize(("path", "backend", "tile"), SCALED_PATHS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("num_tokens", [6, 33])
+def on_triton_path(path: str, backend: str, tile: int | None) -> bool:
+    return backend.startswith("triton")
+
+
+# Under the interpreter each Triton path runs once, token count and dtype turning by path; the
+# next test takes the other turn, so each path meets both token counts.
+@pytest.mark.parametrize(
+    ("path", "backend", "tile", "num_tokens", "dtype"),
+    grid(SCALED_PATHS, [6, 33], DTYPES, interpreted=on_triton_path, full=0),
+)
 def test_strengths_per_token_match_reference(path, backend, tile, dtype, num_tokens):
     """Strengths 0 / 0.25 / 0.5 / 1 / 2 mixed token by token: each row gets its own strength
     times its adapter's term (float64 reference); rows at 0 and rows without an adapter keep y."""
@@ -936,9 +953,10 @@ def test_strengths_per_token_match_reference(path, backend, tile, dtype, num_tok
     assert err < TOL[dtype], f"relative error {err:.3e} over {TOL[dtype]:.1e}"
 
 
-@pytest.mark.parametrize(("path", "backend", "tile"), SCALED_PATHS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("num_tokens", [6, 33])
+@pytest.mark.parametrize(
+    ("path", "backend", "tile", "num_tokens", "dtype"),
+    grid(SCALED_PATHS, [6, 33], [torch.float32, torch.bfloat16], interpreted=on_triton_path, full=0, turn=1),
+)
 def test_strength_one_rows_are_bit_for_bit_unchanged(path, backend, tile, dtype, num_tokens):
     """Rows at strength 1.0 in a batch that mixes strengths give exactly what the batch without
     strengths gives; rows at 0 give exactly what a batch without their adapter gives."""
