@@ -7,7 +7,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "multilora_studio"
-# package -> the project's packages it may import (top-level modules util, paths, resources: anyone)
+# package -> the project's packages it may import (top-level modules util, paths, resources,
+# checkpoint_files: anyone)
 ALLOWED = {
     "kernels": set(),
     "adapters": set(),
@@ -44,7 +45,7 @@ ALLOWED = {
     "run_records": {"engine"},
     "divergence": {"engine"},
 }
-SHARED = {"util", "paths", "resources"}
+SHARED = {"util", "paths", "resources", "checkpoint_files"}
 THIRD_PARTY_FORBIDDEN = {
     "kernels": {"PySide6", "fastapi", "uvicorn", "transformers"},
     "adapters": {"PySide6", "fastapi", "uvicorn"},
