@@ -8,7 +8,8 @@ from starlette.middleware.cors import CORSMiddleware
 from multilora_studio import __version__
 from multilora_studio.server.errors import install_error_handlers
 from multilora_studio.server.middleware import ApiKeyAuth, BodyLimit, FramingCheck, HostCheck, RequestCap
-from multilora_studio.server.routes_admin import router as admin_router
+from multilora_studio.server.routes_admin import admin_router
+from multilora_studio.server.routes_admin import router as models_router
 from multilora_studio.server.routes_generate import router as generate_router
 from multilora_studio.server.routes_responses import router as responses_router
 from multilora_studio.server.routes_tokenize import router as tokenize_router
@@ -53,6 +54,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.studio = state
     app.include_router(generate_router)
     app.include_router(responses_router)
+    app.include_router(models_router)
     app.include_router(admin_router)
     app.include_router(tokenize_router)
     install_error_handlers(app)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -18,6 +18,7 @@ from multilora_studio.server.schemas import LoadLoraRequest, UnloadLoraRequest
 from multilora_studio.server.state import ServerState, caller, require_admin, server_state
 
 router = APIRouter()
+admin_router = APIRouter(dependencies=[Depends(require_admin)])  # routes only admin keys may call
 OWNER = "multilora-studio"
 
 
@@ -80,9 +81,8 @@ def _has_adapter_config(path: str) -> bool:
         return False
 
 
-@router.post("/v1/load_lora_adapter")
+@admin_router.post("/v1/load_lora_adapter")
 async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> PlainTextResponse:
-    require_admin(request)
     engine = server_state(request).engine
     taken = any(info.name == body.lora_name for info in engine.list_adapters())  # the engine says so
     if not taken and not await asyncio.to_thread(_has_adapter_config, body.lora_path):
@@ -98,9 +98,8 @@ async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> PlainTex
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
-@router.post("/v1/unload_lora_adapter")
+@admin_router.post("/v1/unload_lora_adapter")
 async def unload_lora_adapter(body: UnloadLoraRequest, request: Request) -> PlainTextResponse:
-    require_admin(request)
     engine = server_state(request).engine
     if not any(info.name == body.lora_name for info in engine.list_adapters()):
         raise ApiError(404, f"The adapter `{body.lora_name}` does not exist.", "model_not_found", "lora_name")
@@ -113,7 +112,6 @@ async def unload_lora_adapter(body: UnloadLoraRequest, request: Request) -> Plai
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
-@router.get("/metrics")
+@admin_router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    require_admin(request)
     return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
