@@ -22,6 +22,11 @@ class AdapterSpec:
     seed: int
 
 
+# adapters on phi3's fused projections (PEFT targets the checkpoint's module names)
+FUSED_ADAPTERS = (
+    AdapterSpec("tiny-r8-fused", 8, 16, ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"), 16),
+    AdapterSpec("tiny-r4-qkv", 4, 8, ("qkv_proj",), 17),
+)
 TINY_ADAPTERS = (
     AdapterSpec("tiny-r4-qv", 4, 8, ("q_proj", "v_proj"), 11),
     AdapterSpec("tiny-r8-all", 8, 16, tuple(ATTENTION_TARGETS + MLP_TARGETS), 12),
@@ -87,6 +92,13 @@ FAMILY_VARIANTS = {
     "llama-sharded-bf16-no-tokenizer": TinyVariant(
         "llama", max_shard_size="2MB", stored_dtype=torch.bfloat16, tokenizer=False
     ),
+    # sliding windows shorter than prompt + 32 new tokens: every layer (mistral, phi3), or the
+    # layers from max_window_layers on (qwen2: layer 0 full, layers 1-2 windowed)
+    "mistral-window": TinyVariant("mistral", (("sliding_window", 12),)),
+    "qwen2-window": TinyVariant(
+        "qwen2", (("use_sliding_window", True), ("sliding_window", 12), ("max_window_layers", 1))
+    ),
+    "phi3": TinyVariant("phi3", (("sliding_window", 20), ("tie_word_embeddings", False))),
     "llama-longrope": TinyVariant(
         "llama", (("rope_parameters", LONGROPE_ROPE), ("max_position_embeddings", 256))
     ),

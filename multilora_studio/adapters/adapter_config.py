@@ -24,7 +24,12 @@ from multilora_studio.adapters.module_patterns import (
 )
 
 CONFIG_FILE = "adapter_config.json"
-SUPPORTED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# fused projections (phi3's checkpoint names) -> the projections whose outputs they stack, in row
+# order: one A shared by the parts, B split by rows (exactly the fused module's LoRA term)
+FUSED_TARGETS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+SUPPORTED_TARGETS = (*PROJECTION_TARGETS, *FUSED_TARGETS)
+ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 MAX_CONFIG_BYTES = 1 << 20
 # Config keys whose truthy value means the adapter holds something we cannot serve.
 UNSUPPORTED_FLAGS = {
@@ -80,7 +85,7 @@ class AdapterConfig:
 
     def _value(self, name: str, layer: int, module: str, default: float) -> float:
         """PEFT's rank/alpha patterns: a key matches a dotted suffix (a regex) of the module's name."""
-        block = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+        block = "self_attn" if module in ATTENTION_TARGETS else "mlp"
         try:
             return self._matchers[name].value(f"model.layers.{layer}.{block}.{module}", default)
         except PatternTimeout as error:

@@ -21,6 +21,8 @@ from safetensors import SafetensorError, safe_open
 
 from multilora_studio.adapters.adapter_config import (
     CONFIG_FILE,
+    FUSED_TARGETS,
+    PROJECTION_TARGETS,
     SUPPORTED_TARGETS,
     UNSUPPORTED_FLAGS,
     AdapterConfig,
@@ -139,13 +141,14 @@ def load_peft_adapter(
                 f"{folder}: layer {layer} {module}: lora_alpha (or its alpha_pattern) gives scale "
                 f"{scale:g}, and the scaled factors overflow float32; lora_alpha is too large"
             )
-        weights[(layer, module)] = (a.contiguous(), b_scaled.contiguous())
+        for part, b_part in _split_fused(module, b_scaled, shape_of):
+            weights[(layer, part)] = (a.contiguous(), b_part.contiguous())
     return HostAdapter(
         name=name,
         path=folder,
         rank=max(a.shape[0] for a, _ in weights.values()),
         alpha=config.alpha,
-        targets=tuple(sorted({module for _, module in weights}, key=SUPPORTED_TARGETS.index)),
+        targets=tuple(sorted({module for _, module in weights}, key=PROJECTION_TARGETS.index)),
         base_model=config.base_model,
         weights=weights,
     )
@@ -178,14 +181,24 @@ def inspect_peft_adapter(
     header = read_header(weights_path)
     factors = _plan_factors(folder, header, config, num_layers, shape_of, max_rank)
     ranks = [header[key].shape[0] for key, (_, _, which) in factors.items() if which == "A"]
-    modules = {module for _, module, _ in factors.values()}
+    modules = {part for _, module, _ in factors.values() for part in FUSED_TARGETS.get(module, (module,))}
     return AdapterSummary(
         rank=max(ranks),
         alpha=config.alpha,
-        targets=tuple(sorted(modules, key=SUPPORTED_TARGETS.index)),
+        targets=tuple(sorted(modules, key=PROJECTION_TARGETS.index)),
         size_bytes=weights_path.stat().st_size,
         base_model=config.base_model,
     )
+
+
+def _split_fused(module: str, b_scaled: torch.Tensor, shape_of: ShapeOf) -> list[tuple[str, torch.Tensor]]:
+    """``[(projection, B rows)]``: a fused module's B [sum of parts' out, rank] cut into its parts'
+    rows (they share its A); a plain projection as it is."""
+    parts = FUSED_TARGETS.get(module)
+    if parts is None:
+        return [(module, b_scaled)]
+    sizes = [shape_of(part)[0] for part in parts]
+    return list(zip(parts, b_scaled.split(sizes), strict=True))
 
 
 def weights_file(folder: Path) -> Path:
@@ -259,6 +272,18 @@ def _plan_factors(
                 "layers; was it trained on another base model?"
             )
         pairs.setdefault((layer, module), {})[which] = header[key].shape
+    overlaps = sorted(
+        (layer, fused, part)
+        for (layer, fused) in pairs
+        for part in FUSED_TARGETS.get(fused, ())
+        if (layer, part) in pairs
+    )
+    if overlaps:
+        layer, fused, part = overlaps[0]
+        raise AdapterError(
+            f"{folder}: layer {layer} has LoRA on both {fused} and {part}, which it contains; "
+            "an adapter targets either the fused projection or its parts"
+        )
     for (layer, module), shapes in sorted(pairs.items()):
         if set(shapes) != {"A", "B"}:
             missing = "A" if "A" not in shapes else "B"

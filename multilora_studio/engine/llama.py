@@ -1,4 +1,4 @@
-"""Forward pass of the Llama family (llama, mistral, qwen2, qwen3) over a paged KV cache.
+"""Forward pass of the Llama family (llama, mistral, qwen2, qwen3, phi3) over a paged KV cache.
 
 Plain functions over the fused weights: per layer one qkv GEMM, one gate_up GEMM,
 and the LoRA term of each targeted projection group added by the multi-LoRA
@@ -210,6 +210,7 @@ class LlamaModel:
                 self.scale,
                 max_query_len=attn.max_query_len,
                 batch_invariant=self.plan.batch_invariant,
+                sliding_window=spec.window_of(index),
             ).view(tokens, q_size)  # [T, q]
             # residual += o (+ LoRA), h = its RMSNorm
             h = self._project_add_norm("o", index, context, layer.o, residual, layer.post_norm, lora)

@@ -1,4 +1,4 @@
-"""The shape of a Llama-family checkpoint (llama, mistral, qwen2, qwen3), read from its HF ``config.json``."""
+"""The shape of a Llama-family checkpoint (llama, mistral, qwen2, qwen3, phi3), from its HF ``config.json``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 QK_NORM_MODEL_TYPES = ("qwen3",)  # RMSNorm of each q and k head before RoPE
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
@@ -52,7 +52,8 @@ class ModelSpec:
     max_position_embeddings: int
     rope: RopeSpec
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
-    sliding_window: int | None = None
+    # per layer: how many positions a query sees, itself included (None: the whole context)
+    layer_windows: tuple[int | None, ...] = ()
     qk_norm: bool = False  # q_norm / k_norm weights [head_dim] per layer (qwen3)
 
     @property
@@ -62,6 +63,10 @@ class ModelSpec:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    def window_of(self, layer: int) -> int | None:
+        """Layer ``layer``'s sliding window (None: it sees the whole context)."""
+        return self.layer_windows[layer] if self.layer_windows else None
 
     def projection_shape(self, module: str) -> tuple[int, int]:
         """(out_features, in_features) of a LoRA-targetable projection."""
@@ -73,6 +78,8 @@ class ModelSpec:
             "gate_proj": (self.intermediate_size, self.hidden_size),
             "up_proj": (self.intermediate_size, self.hidden_size),
             "down_proj": (self.hidden_size, self.intermediate_size),
+            "qkv_proj": (self.q_size + 2 * self.kv_size, self.hidden_size),  # fused (phi3)
+            "gate_up_proj": (2 * self.intermediate_size, self.hidden_size),
         }
         return shapes[module]
 
@@ -102,8 +109,12 @@ def _rope_from_config(config: dict) -> RopeSpec:
         raise ValueError(
             f"RoPE scaling type {kind!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
-    if float(params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))) != 1.0:
-        raise ValueError("partial_rotary_factor is not supported (RoPE over the whole head only)")
+    partial = float(params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
+    if partial != 1.0:
+        raise ValueError(
+            f"partial_rotary_factor {partial} (RoPE over part of each head, as in Phi-4-mini) is not "
+            "supported; only 1.0"
+        )
     max_position = int(config.get("max_position_embeddings", 2048))
     original = int(
         config.get("original_max_position_embeddings")
@@ -134,6 +145,31 @@ def _rope_from_config(config: dict) -> RopeSpec:
     )
 
 
+def _layer_windows(config: dict, model_type: str, num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's sliding window as transformers applies it: mistral and phi3 on every layer
+    when ``sliding_window`` is set; qwen2 / qwen3 only with ``use_sliding_window``, on the
+    layers ``layer_types`` names ``sliding_attention`` (default: from ``max_window_layers`` on)."""
+    window = config.get("sliding_window")
+    if model_type in ("qwen2", "qwen3") and not config.get("use_sliding_window", False):
+        window = None
+    if model_type == "llama" or not window:
+        return (None,) * num_layers
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"sliding_window must be a positive integer, got {window!r}")
+    if model_type not in ("qwen2", "qwen3"):
+        return (window,) * num_layers
+    types = config.get("layer_types")
+    if types is None:
+        first = int(config.get("max_window_layers", 28))
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if len(types) != num_layers or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise ValueError(
+            "layer_types must name 'sliding_attention' or 'full_attention' for each of the "
+            f"{num_layers} layers"
+        )
+    return tuple(window if kind == "sliding_attention" else None for kind in types)
+
+
 def spec_from_config(config: dict) -> ModelSpec:
     """Validate a HF config dict and return its ``ModelSpec``; ValueError names what is wrong."""
     model_type = config.get("model_type")
@@ -149,8 +185,7 @@ def spec_from_config(config: dict) -> ModelSpec:
         head_dim = int(config.get("head_dim") or default_head_dim)
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        uses_window = config.get("use_sliding_window", model_type != "qwen3")
-        sliding = config.get("sliding_window") if uses_window else None
+        num_layers = int(config["num_hidden_layers"])
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {config.get('hidden_act')!r} is not supported (only silu)")
         if config.get("mlp_bias"):
@@ -160,7 +195,7 @@ def spec_from_config(config: dict) -> ModelSpec:
             vocab_size=int(config["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(config["intermediate_size"]),
-            num_layers=int(config["num_hidden_layers"]),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
@@ -170,7 +205,7 @@ def spec_from_config(config: dict) -> ModelSpec:
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
             rope=_rope_from_config(config),
             eos_token_ids=eos_ids,
-            sliding_window=int(sliding) if sliding else None,
+            layer_windows=_layer_windows(config, model_type, num_layers),
             qk_norm=model_type in QK_NORM_MODEL_TYPES,
         )
     except KeyError as missing:

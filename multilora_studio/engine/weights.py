@@ -24,7 +24,7 @@ from multilora_studio.checkpoint_files import checkpoint_files
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.kernels.cpu_linear import pack_weight
 
-# fused name -> its HF parts in row order
+# fused name -> its HF parts in row order (phi3 checkpoints store the fused tensor itself)
 PACKED_MODULES = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
@@ -151,9 +151,14 @@ def load_weights(
         return tensor.to(device=device, dtype=dtype)
 
     def fused(
-        prefix: str, parts: tuple[str, ...], suffix: str = "weight", into: torch.Tensor | None = None
+        prefix: str, fused_name: str, suffix: str = "weight", into: torch.Tensor | None = None
     ) -> torch.Tensor:
-        pieces = [source.get(f"{prefix}.{part}.{suffix}") for part in parts]
+        parts = PACKED_MODULES[fused_name]
+        stored_fused = f"{prefix}.{fused_name}.{suffix}"
+        names = (
+            [stored_fused] if source.has(stored_fused) else [f"{prefix}.{part}.{suffix}" for part in parts]
+        )
+        pieces = [source.get(name) for name in names]
         rows = sum(piece.shape[0] for piece in pieces)
         if into is not None and tuple(into.shape) != (rows, *pieces[0].shape[1:]):
             raise ValueError(f"{prefix}: fused projection shapes do not match config.json")
@@ -177,8 +182,8 @@ def load_weights(
         def into(group: str, index: int = index) -> torch.Tensor | None:
             return base_rows(shrink_in_gemm, spec, group, index)
 
-        qkv = fused(prefix, PACKED_MODULES["self_attn.qkv_proj"], into=into("qkv"))
-        gate_up = fused(prefix, PACKED_MODULES["mlp.gate_up_proj"], into=into("gate_up"))
+        qkv = fused(prefix, "self_attn.qkv_proj", into=into("qkv"))
+        gate_up = fused(prefix, "mlp.gate_up_proj", into=into("gate_up"))
         if qkv.shape != (qkv_rows, hidden) or gate_up.shape != (2 * inter, hidden):
             raise ValueError(f"layer {index}: fused projection shapes do not match config.json")
         bias_into = shrink_in_gemm_bias[index, :qkv_rows] if shrink_in_gemm_bias is not None else None
@@ -186,7 +191,7 @@ def load_weights(
             LayerWeights(
                 input_norm=take(f"{prefix}.input_layernorm.weight", (hidden,)),
                 qkv=qkv,
-                qkv_bias=fused(prefix, PACKED_MODULES["self_attn.qkv_proj"], "bias", into=bias_into)
+                qkv_bias=fused(prefix, "self_attn.qkv_proj", "bias", into=bias_into)
                 if spec.attention_bias
                 else None,
                 o=take(f"{prefix}.self_attn.o_proj.weight", (hidden, spec.q_size), into("o")),

@@ -67,6 +67,16 @@ def rename_tensor(old: str, new: str):
     return change
 
 
+def add_fused_qkv_beside_q(folder: Path) -> None:
+    """LoRA on layer 0's fused qkv_proj (phi3's name) next to its q_proj LoRA: a double term on q."""
+    rank = load_file(str(weights(folder)))[FIRST_A].shape[0]
+    fused = FIRST_A.replace("q_proj", "qkv_proj")
+    edit_tensors(folder, add_tensor(fused, (rank, 64)))
+    edit_tensors(folder, add_tensor(fused.replace("lora_A", "lora_B"), (128, rank)))
+    target_modules = json.loads((folder / "adapter_config.json").read_text())["target_modules"]
+    edit_config(folder, target_modules=[*target_modules, "qkv_proj"])
+
+
 def reshape_first_a(tensors: dict) -> None:
     tensors[FIRST_A] = tensors[FIRST_A].repeat(1, 2)
 
@@ -132,6 +142,7 @@ CASES = {
         "trained bias terms",
     ),
     "missing_lora_b": (lambda f: edit_tensors(f, drop_tensor(FIRST_B)), "lacks its lora_B"),
+    "fused_and_its_part": (add_fused_qkv_beside_q, "both qkv_proj and [qkv]_proj"),
     "rank_differs_from_config": (lambda f: edit_config(f, r=4), "declares r=4"),
     "wrong_in_features": (lambda f: edit_tensors(f, reshape_first_a), "different base model"),
     "wrong_out_features": (lambda f: edit_tensors(f, widen_first_b), "different base model"),

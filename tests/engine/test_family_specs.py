@@ -60,7 +60,7 @@ def test_random_shapes_are_the_published_models(shape):
     fields = dict(HUB_CONFIGS[shape])
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     spec = spec_from_config(config.to_dict())
-    assert spec == dataclasses.replace(RANDOM_SHAPES[shape], sliding_window=spec.sliding_window)
+    assert spec == dataclasses.replace(RANDOM_SHAPES[shape], layer_windows=spec.layer_windows)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     assert spec.num_parameters() == sum(p.numel() for p in model.parameters())
@@ -70,6 +70,44 @@ def test_qwen3_has_qk_norms_and_no_attention_bias_by_default():
     config = AutoConfig.for_model("qwen3", hidden_size=64, num_attention_heads=4, num_hidden_layers=1)
     spec = spec_from_config({k: v for k, v in config.to_dict().items() if k != "head_dim"})
     assert spec.qk_norm and not spec.attention_bias and spec.head_dim == 128  # transformers' default
-    assert spec.sliding_window is None  # use_sliding_window is off unless the config says so
+    assert spec.layer_windows == (None,)  # use_sliding_window is off unless the config says so
     qwen2 = spec_from_config(AutoConfig.for_model("qwen2", hidden_size=64, num_attention_heads=4).to_dict())
     assert not qwen2.qk_norm and qwen2.attention_bias
+
+
+@pytest.mark.parametrize(
+    ("model_type", "fields", "windows"),
+    [
+        ("mistral", dict(sliding_window=8), (8, 8, 8, 8)),
+        ("mistral", dict(sliding_window=None), (None,) * 4),
+        ("phi3", dict(sliding_window=2047), (2047,) * 4),
+        ("qwen2", dict(sliding_window=8), (None,) * 4),  # use_sliding_window is off by default
+        ("qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=2), (None, None, 8, 8)),
+        ("qwen3", dict(use_sliding_window=True, sliding_window=8, max_window_layers=3), (None,) * 3 + (8,)),
+        ("llama", dict(sliding_window=8), (None,) * 4),  # transformers' llama has no window
+    ],
+)
+def test_layer_windows_are_where_transformers_applies_them(model_type, fields, windows):
+    """Each layer's window as the transformers model applies it (its config's layer_types)."""
+    config = AutoConfig.for_model(
+        model_type, hidden_size=64, num_attention_heads=4, num_hidden_layers=4, **fields
+    )
+    assert spec_from_config(config.to_dict()).layer_windows == windows
+    types = getattr(config, "layer_types", None)
+    if types is not None and model_type != "mistral":
+        expected = tuple(config.sliding_window if t == "sliding_attention" else None for t in types)
+        assert windows == expected
+
+
+def test_partial_rotary_and_bad_layer_types_are_refused_by_name():
+    phi4_mini = AutoConfig.for_model(
+        "phi3", hidden_size=64, num_attention_heads=4, partial_rotary_factor=0.75
+    )
+    with pytest.raises(ValueError, match="partial_rotary_factor 0.75"):
+        spec_from_config(phi4_mini.to_dict())
+    qwen2 = AutoConfig.for_model(
+        "qwen2", hidden_size=64, num_attention_heads=4, num_hidden_layers=2
+    ).to_dict()
+    qwen2.update(use_sliding_window=True, sliding_window=8, layer_types=["sliding_attention"])
+    with pytest.raises(ValueError, match="layer_types"):
+        spec_from_config(qwen2)

@@ -1,20 +1,24 @@
 """Every family and checkpoint form the engine serves runs in our model code and matches PEFT.
 
-qwen2 (q/k/v biases), mistral, qwen3 (q/k norms per head), yarn and longrope RoPE, a tied
-Llama 3.2 stored in fp16 with the shared matrix only as ``lm_head.weight``, and a sharded,
-tokenizer-less bf16 checkpoint: greedy tokens of two adapters (different ranks and targets)
-and the base in one batch, each equal to PEFT's for that adapter alone.
+qwen2 (q/k/v biases), mistral, qwen3 (q/k norms per head), phi3 (fused q/k/v and gate/up in
+the checkpoint), sliding windows (every layer, or qwen2's from ``max_window_layers`` on),
+yarn and longrope RoPE, a tied Llama 3.2 stored in fp16 with the shared matrix only as
+``lm_head.weight``, and a sharded, tokenizer-less bf16 checkpoint: greedy tokens of two
+adapters (different ranks and targets) and the base in one batch, each equal to PEFT's for
+that adapter alone. Prompts plus 32 new tokens cross every sliding window.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+import torch
 
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from tests.engine.reference import PeftReference
-from tests.fixtures import TINY_ADAPTERS, build_adapter
+from tests.fixtures import FUSED_ADAPTERS, TINY_ADAPTERS, build_adapter
 
 SPECS = [TINY_ADAPTERS[1], TINY_ADAPTERS[3]]
 NEW_TOKENS = 32
@@ -34,6 +38,11 @@ CASES = [
     ("qwen2-yarn", "kernel-shrink"),
     ("qwen3-yarn", "fused-qkv"),
     ("llama3.2-tied", "shrink-in-gemm"),
+    ("mistral-window", "kernel-shrink"),
+    ("mistral-window", "fused-qkv"),
+    ("qwen2-window", "shrink-in-gemm"),
+    ("phi3", "kernel-shrink"),
+    ("phi3", "shrink-in-gemm"),
     ("llama-sharded-bf16-no-tokenizer", "kernel-shrink"),
 ]
 TEXTS = ("Hello world, this is", "Numbers: 1 2 3", "Why is the sky")
@@ -68,7 +77,8 @@ def run_mixed_batch(base, adapters, prompts_of, engine_device, **config) -> tupl
 @pytest.mark.parametrize(("variant", "path"), CASES, ids=[f"{v}-{p}" for v, p in CASES])
 def test_family_mixed_batch_matches_peft(variant, path, tiny_family_models, tmp_path, engine_device):
     base = tiny_family_models[variant]
-    adapters = {spec.name: build_adapter(base, spec, tmp_path / spec.name) for spec in SPECS}
+    specs = FUSED_ADAPTERS if variant == "phi3" else SPECS  # PEFT names phi3's fused modules
+    adapters = {spec.name: build_adapter(base, spec, tmp_path / spec.name) for spec in specs}
     reference = PeftReference(base, adapters)
     rows, outputs = run_mixed_batch(base, adapters, family_prompts, engine_device, **PATHS[path])
     for (prompt, name), output in zip(rows, outputs, strict=True):
@@ -91,4 +101,68 @@ def test_longrope_picks_short_or_long_factors_per_sequence_as_peft(
 
     rows, outputs = run_mixed_batch(base, adapters, prompts_of, engine_device, **PATHS["kernel-shrink"])
     for (prompt, name), output in zip(rows, outputs, strict=True):
+        assert output.token_ids == reference.greedy(name, prompt, NEW_TOKENS), name
+
+
+def split_phi3_as_mistral(phi3: Path, target: Path) -> Path:
+    """The same model as a mistral checkpoint: phi3's fused qkv_proj / gate_up_proj cut into
+    q/k/v and gate/up (the block, the window and RoPE are the same in both)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(phi3), dtype=torch.float32)
+    config = model.config
+    fields = {
+        key: getattr(config, key)
+        for key in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+            "rms_norm_eps", "tie_word_embeddings", "sliding_window", "rope_parameters",
+        )
+    }  # fmt: skip
+    mistral = AutoModelForCausalLM.from_config(AutoConfig.for_model("mistral", head_dim=16, **fields))
+    q, kv, inter = config.num_attention_heads * 16, config.num_key_value_heads * 16, config.intermediate_size
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if "qkv_proj" in name:
+            for part, piece in zip(("q_proj", "k_proj", "v_proj"), tensor.split([q, kv, kv]), strict=True):
+                state[name.replace("qkv_proj", part)] = piece
+        elif "gate_up_proj" in name:
+            for part, piece in zip(("gate_proj", "up_proj"), tensor.split([inter, inter]), strict=True):
+                state[name.replace("gate_up_proj", part)] = piece
+        else:
+            state[name] = tensor
+    mistral.load_state_dict(state)
+    mistral.save_pretrained(str(target), safe_serialization=True)
+    return target
+
+
+def test_phi3_serves_adapters_on_the_split_projection_names(tiny_family_models, tmp_path, engine_device):
+    """Adapters trained on the split names (q_proj ... up_proj) run on the fused phi3 checkpoint
+    and equal PEFT's on the same model stored split, with a fused-name adapter in the batch."""
+    phi3 = tiny_family_models["phi3"]
+    split = split_phi3_as_mistral(phi3, tmp_path / "phi3-split")
+    ids = [1, 510, 2300, 44, 901, 7]
+    with torch.no_grad():  # the two checkpoints are the same model
+        from transformers import AutoModelForCausalLM
+
+        logits = [
+            AutoModelForCausalLM.from_pretrained(str(folder)).eval()(torch.tensor([ids])).logits
+            for folder in (phi3, split)
+        ]
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+    split_adapters = {spec.name: build_adapter(split, spec, tmp_path / spec.name) for spec in SPECS}
+    fused = FUSED_ADAPTERS[0]
+    fused_adapters = {fused.name: build_adapter(phi3, fused, tmp_path / fused.name)}
+    split_reference = PeftReference(split, split_adapters)
+    fused_reference = PeftReference(phi3, fused_adapters)
+    prompts = [ids, [1, 88, 3, 4, 5, 6], [1, 40000, 12, 7], [1, 2, 3]]
+
+    def prompts_of(engine: Engine) -> list[list[int]]:
+        return prompts
+
+    rows, outputs = run_mixed_batch(
+        phi3, {**split_adapters, **fused_adapters}, prompts_of, engine_device, **PATHS["shrink-in-gemm"]
+    )
+    for (prompt, name), output in zip(rows, outputs, strict=True):
+        reference = fused_reference if name == fused.name else split_reference
         assert output.token_ids == reference.greedy(name, prompt, NEW_TOKENS), name
