@@ -18,9 +18,8 @@ hot path). ``"auto"`` picks triton on CUDA, torch elsewhere.
 
 from __future__ import annotations
 
-from typing import Any
-
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -350,7 +349,12 @@ def _gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> t
 
 
 def _capped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None, scale: float, softcap: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor | None,
+    scale: float,
+    softcap: float,
 ) -> torch.Tensor:
     """Soft-capped attention, which SDPA cannot express: float32 scores, cap, masked softmax.
 

@@ -62,9 +62,11 @@ def _decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, seqs, ro
                     s = np.float32(0.0)
                     for d in range(head_dim):
                         s += q_row[d] * k_row[d]
-                    if cap > 0:
-                        s = cap * np.float32(math.tanh(s / cap))
                     scores[g, p] = s
+            if cap > 0:
+                for g in range(group):
+                    for p in range(first, length):
+                        scores[g, p] = cap * np.float32(math.tanh(scores[g, p] / cap))
             for g in range(group):
                 top = -np.inf
                 for p in range(first, length):
@@ -132,9 +134,11 @@ def _rows_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_star
                         s = np.float32(0.0)
                         for d in range(head_dim):
                             s += q_row[d] * k_row[d]
-                        if cap > 0:
-                            s = cap * np.float32(math.tanh(s / cap))
                         scores[g, p] = s
+                if cap > 0:
+                    for g in range(group):
+                        for p in range(lo, length):
+                            scores[g, p] = cap * np.float32(math.tanh(scores[g, p] / cap))
                 for g in range(group):
                     top = -np.inf
                     for p in range(lo, length):

@@ -44,8 +44,10 @@ def window_reference(q, k_cache, v_cache, tables, seq_lens, qsl, scale, window, 
             lo = 0 if window is None else max(0, pos + 1 - window)
             keys = range(lo, pos + 1)
             blocks = [int(tables[i, p // block_size]) for p in keys]
-            k = torch.stack([k_cache[b, p % block_size] for b, p in zip(blocks, keys)])  # [n, Hkv, D]
-            v = torch.stack([v_cache[b, p % block_size] for b, p in zip(blocks, keys)])
+            k = torch.stack(
+                [k_cache[b, p % block_size] for b, p in zip(blocks, keys, strict=True)]
+            )  # [n, Hkv, D]
+            v = torch.stack([v_cache[b, p % block_size] for b, p in zip(blocks, keys, strict=True)])
             for h in range(q.shape[1]):
                 s = k[:, h // group] @ q[starts[i] + j, h] * scale  # [n]
                 if softcap is not None:
@@ -81,7 +83,11 @@ NEEDS_NUMBA = pytest.mark.skipif(not NUMBA_OK, reason="needs Numba")
 @pytest.mark.parametrize("step", list(STEPS))
 @pytest.mark.parametrize(
     ("backend", "dtype"),
-    [("torch", torch.float32), ("torch", torch.bfloat16), pytest.param("numba", torch.float32, marks=NEEDS_NUMBA)],
+    [
+        ("torch", torch.float32),
+        ("torch", torch.bfloat16),
+        pytest.param("numba", torch.float32, marks=NEEDS_NUMBA),
+    ],
     ids=str,
 )
 def test_cpu_backends(backend, dtype, step, options):
