@@ -464,30 +464,30 @@ def _torch_paged_attention(
         k, v = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, L - first, D]
         qi = q[q_end - q_len : q_end].transpose(0, 1)  # [Hq, q_len, D]
         if ctx == 0 and sliding_window is None:
-            visible = None  # causal
+            allowed = None  # causal
         else:
             key_pos = torch.arange(first, length, device=q.device)
             q_pos = ctx + torch.arange(q_len, device=q.device)[:, None]
-            visible = key_pos <= q_pos  # [q_len, L - first]
+            allowed = key_pos <= q_pos  # [q_len, L - first]
             if sliding_window is not None:
-                visible &= key_pos > q_pos - sliding_window
+                allowed &= key_pos > q_pos - sliding_window
         if softcap is not None:
-            if visible is None:
-                visible = torch.ones(q_len, length, dtype=torch.bool, device=q.device).tril()
+            if allowed is None:
+                allowed = torch.ones(q_len, length, dtype=torch.bool, device=q.device).tril()
             # the G query heads of KV head h are rows [h, :] of [Hkv, G * q_len, D]
             o = _capped_attention(
                 qi.reshape(num_kv_heads, group * q_len, head_dim), k, v,
-                visible.repeat(group, 1), scale, softcap,
+                allowed.repeat(group, 1), scale, softcap,
             ).view(num_q_heads, q_len, head_dim)  # fmt: skip
         else:
             if group > 1 and not _SDPA_GQA:
                 k = k.repeat_interleave(group, dim=0)
                 v = v.repeat_interleave(group, dim=0)
             gqa: dict[str, Any] = {"enable_gqa": True} if group > 1 and _SDPA_GQA else {}
-            if visible is None:
+            if allowed is None:
                 o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, **gqa)
             else:
-                o = F.scaled_dot_product_attention(qi, k, v, attn_mask=visible, scale=scale, **gqa)
+                o = F.scaled_dot_product_attention(qi, k, v, attn_mask=allowed, scale=scale, **gqa)
         out[q_end - q_len : q_end] = o.transpose(0, 1)
 
 
