@@ -18,6 +18,7 @@ hot path). ``"auto"`` picks triton on CUDA, torch elsewhere.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -45,6 +46,8 @@ def _validate_attention(
     out: torch.Tensor | None,
     max_query_len: int | None,
     backend: str,
+    sliding_window: int | None,
+    softcap: float | None,
 ) -> str:
     """Raise ValueError naming the problem; return the resolved backend. Messages are
     formatted only on failure: this runs once per layer per step."""
@@ -114,6 +117,17 @@ def _validate_attention(
             raise ValueError("out must have a contiguous last dimension (stride 1)")
     if max_query_len is not None and not (isinstance(max_query_len, int) and max_query_len >= 0):
         raise ValueError(f"max_query_len must be a non-negative int or None, got {max_query_len!r}")
+    if sliding_window is not None and not (
+        isinstance(sliding_window, int) and not isinstance(sliding_window, bool) and sliding_window >= 1
+    ):
+        raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
+    if softcap is not None and not (
+        isinstance(softcap, (int, float))
+        and not isinstance(softcap, bool)
+        and math.isfinite(softcap)
+        and softcap > 0
+    ):
+        raise ValueError(f"softcap must be a positive finite float or None, got {softcap!r}")
     if backend == "auto":
         if device.type == "cuda":
             return "triton"
@@ -144,6 +158,8 @@ def paged_attention(
     backend: str = "auto",
     num_splits: int | None = None,
     batch_invariant: bool = False,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of this step's queries over a paged KV cache (prefill + decode mixed).
 
@@ -167,6 +183,12 @@ def paged_attention(
             (decode, prefill chunk or mixed; keys from earlier steps or this one): on the CPU
             ``paged_attention_cpu.invariant_attention`` (float32, every row); with
             triton the unified kernel at fixed tile sizes for every step, never split-K.
+        sliding_window: a positive Python int: each query sees its last ``sliding_window``
+            positions, itself included (HF's ``kv_idx > q_idx - sliding_window``); None: all.
+            A runtime value: one compiled variant serves every window.
+        softcap: a positive finite Python float: scores ``s = (q . k) * scale`` become
+            ``softcap * tanh(s / softcap)`` before the softmax (Gemma 2's attention logit
+            soft-capping); None: no cap.
 
     Padding: rows of ``out`` past ``query_start_loc[-1]`` are not written (they keep what
     ``out`` held; uninitialised memory when ``out`` is None). A query whose absolute position
@@ -188,13 +210,19 @@ def paged_attention(
                 if pos < 0:
                     out[s + j] = 0
                     continue
-                w = torch.einsum("hd,khd->hk", q[s + j].float(), k[: pos + 1].float())
-                p = (w * scale).softmax(-1)      # float32
-                out[s + j] = torch.einsum("hk,khd->hd", p, v[: pos + 1].float()).to(q.dtype)
+                lo = 0 if sliding_window is None else max(0, pos + 1 - sliding_window)
+                w = torch.einsum("hd,khd->hk", q[s + j].float(), k[lo : pos + 1].float()) * scale
+                if softcap is not None:
+                    w = softcap * torch.tanh(w / softcap)
+                p = w.softmax(-1)                # float32
+                out[s + j] = torch.einsum("hk,khd->hd", p, v[lo : pos + 1].float()).to(q.dtype)
     """
     backend = _validate_attention(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, max_query_len, backend
-    )
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, max_query_len, backend,
+        sliding_window, softcap,
+    )  # fmt: skip
+    if softcap is not None:
+        softcap = float(softcap)
     if out is None:
         out = torch.empty_like(q)
     if q.shape[0] == 0 or block_tables.shape[0] == 0:
@@ -203,13 +231,14 @@ def paged_attention(
         if not paged_attention_cpu.AVAILABLE:
             raise ValueError("batch_invariant attention on the CPU needs Numba")
         paged_attention_cpu.invariant_attention(
-            out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+            out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window, softcap
         )
         return out
     if backend in ("torch", "numba"):
         _torch_paged_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, backend == "numba"
-        )
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
+            backend == "numba", sliding_window, softcap,
+        )  # fmt: skip
         return out
     # triton is imported on first use: CPU-only installs (no triton) still run the torch path
     from multilora_studio.kernels.paged_attention_triton import (
@@ -232,6 +261,8 @@ def paged_attention(
         max_query_len,
         num_splits=num_splits,
         batch_invariant=batch_invariant,
+        sliding_window=sliding_window,
+        softcap=softcap,
     )
 
 
@@ -317,6 +348,26 @@ def _gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> t
     return g.view(num_seqs, -1, num_kv_heads, head_dim)
 
 
+def _capped_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor | None,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """Soft-capped attention, which SDPA cannot express: float32 scores, cap, masked softmax.
+
+    q [..., M, D]; k, v [..., L, D] (broadcast against q's leading dims); visible broadcasts to
+    [..., M, L] (None: all). Every row sees at least one key. Returns [..., M, D] in q's dtype.
+    """
+    w = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [..., M, L]
+    w = softcap * torch.tanh(w / softcap)
+    if visible is not None:
+        w = w.masked_fill(~visible, float("-inf"))
+    return torch.matmul(w.softmax(-1), v.float()).to(q.dtype)
+
+
 def _torch_paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -327,10 +378,13 @@ def _torch_paged_attention(
     scale: float,
     out: torch.Tensor,
     decode_kernel: bool = False,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Torch path: one batched masked SDPA for all q_len == 1 sequences (or, with
     ``decode_kernel``, the Numba kernel reading the cache in place), then one SDPA per
-    prefill sequence. SDPA keeps bf16/fp16 inputs and accumulates (softmax too) in float32."""
+    prefill sequence. SDPA keeps bf16/fp16 inputs and accumulates (softmax too) in float32.
+    With ``softcap`` the same steps compute explicitly in float32 (:func:`_capped_attention`)."""
     _, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
@@ -354,8 +408,9 @@ def _torch_paged_attention(
     if dec_seqs and decode_kernel:
         query_rows = [qsl[i] for i in dec_seqs]
         paged_attention_cpu.decode_attention(
-            out, q, k_cache, v_cache, block_tables, seq_lens, dec_seqs, query_rows, scale
-        )
+            out, q, k_cache, v_cache, block_tables, seq_lens, dec_seqs, query_rows, scale,
+            sliding_window, softcap,
+        )  # fmt: skip
     elif dec_seqs:
         num_dec = len(dec_seqs)
         nb = -(-max(lens[i] for i in dec_seqs) // block_size)
@@ -375,14 +430,20 @@ def _torch_paged_attention(
         v = _gather_kv(v_cache, ids, num_dec).transpose(1, 2)
         if num_dec == 1:
             length = lens[dec_seqs[0]]
-            k, v, mask = k[:, :, :length], v[:, :, :length], None
+            first = 0 if sliding_window is None else max(0, length - sliding_window)
+            k, v, mask = k[:, :, first:length], v[:, :, first:length], None
         else:
-            visible = torch.arange(nb * block_size, device=q.device) < lens_t[:, None]  # [S, L]
+            key_pos = torch.arange(nb * block_size, device=q.device)
+            visible = key_pos < lens_t[:, None]  # [S, L]
+            if sliding_window is not None:
+                visible &= key_pos >= lens_t[:, None] - sliding_window
             mask = visible[:, None, None, :]
         # the G query heads of one KV head act as G query rows of that head: no K/V repeat
-        o = F.scaled_dot_product_attention(
-            qd.reshape(num_dec, num_kv_heads, group, head_dim), k, v, attn_mask=mask, scale=scale
-        )  # [S, Hkv, G, D]
+        qg = qd.reshape(num_dec, num_kv_heads, group, head_dim)
+        if softcap is None:
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)  # [S, Hkv, G, D]
+        else:
+            o = _capped_attention(qg, k, v, mask, scale, softcap)
         o = o.reshape(num_dec, num_q_heads, head_dim)
         if plain:
             out[:num_dec] = o
@@ -394,22 +455,39 @@ def _torch_paged_attention(
         q_end = qsl[i + 1]
         q_len = min(q_end - qsl[i], length)  # rows with a negative position are already zero
         ctx = length - q_len
-        nb = -(-length // block_size)
-        ids = block_tables[i, :nb]
-        k = _gather_kv(k_cache, ids, 1)[0, :length].transpose(0, 1)
-        v = _gather_kv(v_cache, ids, 1)[0, :length].transpose(0, 1)
-        qi = q[q_end - q_len : q_end].transpose(0, 1)  # [Hq, q_len, D]; k, v [Hkv, L, D]
-        if group > 1 and not _SDPA_GQA:
-            k = k.repeat_interleave(group, dim=0)
-            v = v.repeat_interleave(group, dim=0)
-        gqa: dict[str, Any] = {"enable_gqa": True} if group > 1 and _SDPA_GQA else {}
-        if ctx == 0:
-            o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, **gqa)
+        # keys [first, length): the window of the first query onwards, from its block
+        first = 0 if sliding_window is None else max(0, ctx + 1 - sliding_window)
+        b0, nb = first // block_size, -(-length // block_size)
+        ids = block_tables[i, b0:nb]
+        k = _gather_kv(k_cache, ids, 1)[0, first - b0 * block_size : length - b0 * block_size]
+        v = _gather_kv(v_cache, ids, 1)[0, first - b0 * block_size : length - b0 * block_size]
+        k, v = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, L - first, D]
+        qi = q[q_end - q_len : q_end].transpose(0, 1)  # [Hq, q_len, D]
+        if ctx == 0 and sliding_window is None:
+            allowed = None  # causal
         else:
-            visible = torch.arange(length, device=q.device) <= (
-                ctx + torch.arange(q_len, device=q.device)[:, None]
-            )  # [q_len, L]
-            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=visible, scale=scale, **gqa)
+            key_pos = torch.arange(first, length, device=q.device)
+            q_pos = ctx + torch.arange(q_len, device=q.device)[:, None]
+            allowed = key_pos <= q_pos  # [q_len, L - first]
+            if sliding_window is not None:
+                allowed &= key_pos > q_pos - sliding_window
+        if softcap is not None:
+            if allowed is None:
+                allowed = torch.ones(q_len, length, dtype=torch.bool, device=q.device).tril()
+            # the G query heads of KV head h are rows [h, :] of [Hkv, G * q_len, D]
+            o = _capped_attention(
+                qi.reshape(num_kv_heads, group * q_len, head_dim), k, v,
+                allowed.repeat(group, 1), scale, softcap,
+            ).view(num_q_heads, q_len, head_dim)  # fmt: skip
+        else:
+            if group > 1 and not _SDPA_GQA:
+                k = k.repeat_interleave(group, dim=0)
+                v = v.repeat_interleave(group, dim=0)
+            gqa: dict[str, Any] = {"enable_gqa": True} if group > 1 and _SDPA_GQA else {}
+            if allowed is None:
+                o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, **gqa)
+            else:
+                o = F.scaled_dot_product_attention(qi, k, v, attn_mask=allowed, scale=scale, **gqa)
         out[q_end - q_len : q_end] = o.transpose(0, 1)
 
 
@@ -421,8 +499,10 @@ def reference_paged_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Float64 reference of :func:`paged_attention` (slow; for tests).
+    """Float64 reference of :func:`paged_attention` (slow; for tests and the GPU bench).
 
     Returns a float64 [T, Hq, D] tensor on the CPU; rows past ``query_start_loc[-1]`` are zero.
     """
@@ -446,8 +526,12 @@ def reference_paged_attention(
         k = k.repeat_interleave(group, dim=1)  # [L, Hq, D]
         v = v.repeat_interleave(group, dim=1)
         w = torch.einsum("qhd,khd->hqk", qd[s:e], k) * scale  # [Hq, q_len, L]
+        if softcap is not None:
+            w = softcap * torch.tanh(w / softcap)
         pos = length - q_len + torch.arange(q_len)
         visible = torch.arange(length)[None, :] <= pos[:, None]  # [q_len, L]
+        if sliding_window is not None:
+            visible &= torch.arange(length)[None, :] > pos[:, None] - sliding_window
         w = w.masked_fill(~visible, float("-inf"))
         p = torch.softmax(w, dim=-1).nan_to_num(0.0)  # rows with a negative position: zeros
         out[s:e] = torch.einsum("hqk,khd->qhd", p, v)

@@ -28,11 +28,12 @@ AVAILABLE = lora_cpu.AVAILABLE
 FASTMATH = lora_cpu.FASTMATH
 
 
-def _decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, seqs, rows, scale):
+def _decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, seqs, rows, scale, window, cap):
     """Numba body. q / out [T, Hq, D]; k_cache / v_cache [blocks, block_size, Hkv, D].
 
     For n in range(len(seqs)): sequence seqs[n] (its block_tables row and seq_lens entry)
-    has its single query in row rows[n] of q, written to the same row of out.
+    has its single query in row rows[n] of q, written to the same row of out. It sees the last
+    ``window`` positions (0: all); ``cap`` > 0 soft-caps the scores (cap * tanh(s / cap)).
     """
     block_size = k_cache.shape[1]
     num_kv_heads = k_cache.shape[2]
@@ -48,12 +49,13 @@ def _decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, seqs, ro
         seq = seqs[n]
         row = rows[n]
         length = seq_lens[seq]
+        first = max(0, length - window) if window > 0 else 0
         for kv_head in range(num_kv_heads):
             head0 = kv_head * group
             for g in range(group):
                 for d in range(head_dim):
                     q_rows[g, d] = q[row, head0 + g, d] * scale
-            for p in range(length):
+            for p in range(first, length):
                 k_row = k_cache[block_tables[seq, p // block_size], p % block_size, kv_head]  # [D]
                 for g in range(group):
                     q_row = q_rows[g]
@@ -61,20 +63,24 @@ def _decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, seqs, ro
                     for d in range(head_dim):
                         s += q_row[d] * k_row[d]
                     scores[g, p] = s
+            if cap > 0:
+                for g in range(group):
+                    for p in range(first, length):
+                        scores[g, p] = cap * np.float32(math.tanh(scores[g, p] / cap))
             for g in range(group):
                 top = -np.inf
-                for p in range(length):
+                for p in range(first, length):
                     top = max(top, scores[g, p])
                 total = np.float32(0.0)
-                for p in range(length):
+                for p in range(first, length):
                     e = np.float32(math.exp(scores[g, p] - top))
                     scores[g, p] = e
                     total += e
                 inv = np.float32(1.0) / total
-                for p in range(length):
+                for p in range(first, length):
                     scores[g, p] *= inv
                 acc[g, :] = 0.0
-            for p in range(length):
+            for p in range(first, length):
                 v_row = v_cache[block_tables[seq, p // block_size], p % block_size, kv_head]  # [D]
                 for g in range(group):
                     w = scores[g, p]
@@ -89,11 +95,12 @@ def _decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, seqs, ro
 _kernel = numba.njit(fastmath=FASTMATH, nogil=True, cache=True)(_decode_attention) if AVAILABLE else None
 
 
-def _rows_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+def _rows_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window, cap):
     """Numba body. q / out [T, Hq, D] float32 contiguous; k_cache / v_cache [blocks, block_size,
     Hkv, D] float32. Sequence n's queries are rows query_start_loc[n]..query_start_loc[n + 1],
     the last of them at position seq_lens[n] - 1; a query at a negative position gets zeros.
-    Every query runs the same loops over its own positions 0..pos, whatever the other rows.
+    Every query runs the same loops over its own positions lo..pos (lo = pos + 1 - window
+    clamped at 0; 0 when window is 0), whatever the other rows; cap > 0 soft-caps the scores.
     """
     block_size = k_cache.shape[1]
     num_kv_heads = k_cache.shape[2]
@@ -114,12 +121,13 @@ def _rows_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_star
             if length <= 0:
                 out[row] = 0.0
                 continue
+            lo = max(0, length - window) if window > 0 else 0
             for kv_head in range(num_kv_heads):
                 head0 = kv_head * group
                 for g in range(group):
                     for d in range(head_dim):
                         q_rows[g, d] = q[row, head0 + g, d] * scale
-                for p in range(length):
+                for p in range(lo, length):
                     k_row = k_cache[block_tables[n, p // block_size], p % block_size, kv_head]  # [D]
                     for g in range(group):
                         q_row = q_rows[g]
@@ -127,20 +135,24 @@ def _rows_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_star
                         for d in range(head_dim):
                             s += q_row[d] * k_row[d]
                         scores[g, p] = s
+                if cap > 0:
+                    for g in range(group):
+                        for p in range(lo, length):
+                            scores[g, p] = cap * np.float32(math.tanh(scores[g, p] / cap))
                 for g in range(group):
                     top = -np.inf
-                    for p in range(length):
+                    for p in range(lo, length):
                         top = max(top, scores[g, p])
                     total = np.float32(0.0)
-                    for p in range(length):
+                    for p in range(lo, length):
                         e = np.float32(math.exp(scores[g, p] - top))
                         scores[g, p] = e
                         total += e
                     inv = np.float32(1.0) / total
-                    for p in range(length):
+                    for p in range(lo, length):
                         scores[g, p] *= inv
                     acc[g, :] = 0.0
-                for p in range(length):
+                for p in range(lo, length):
                     v_row = v_cache[block_tables[n, p // block_size], p % block_size, kv_head]  # [D]
                     for g in range(group):
                         w = scores[g, p]
@@ -172,8 +184,11 @@ def decode_attention(
     seqs: list[int],
     rows: list[int],
     scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
-    """``out[rows[n]] = softmax(q[rows[n]] K^T * scale) V`` over sequence ``seqs[n]``'s cache.
+    """``out[rows[n]] = softmax(q[rows[n]] K^T * scale) V`` over sequence ``seqs[n]``'s cache
+    (its last ``sliding_window`` keys; scores soft-capped when ``softcap`` is set).
 
     Shapes: q / out [T, Hq, D] float32; k_cache / v_cache [blocks, block_size, Hkv, D];
     block_tables [S, max_blocks]; seq_lens [S] (every listed sequence has length >= 1).
@@ -190,6 +205,8 @@ def decode_attention(
         np.asarray(seqs, dtype=np.int64),
         np.asarray(rows, dtype=np.int64),
         np.float32(scale),
+        np.int64(sliding_window or 0),
+        np.float32(softcap or 0.0),
     )
 
 
@@ -202,8 +219,11 @@ def invariant_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
-    """Causal attention of every query row over the paged cache, batch-invariant (module docstring).
+    """Causal attention of every query row over the paged cache, batch-invariant (module docstring),
+    with ``paged_attention``'s ``sliding_window`` and ``softcap``.
 
     Shapes as ``paged_attention``'s; any float dtype. A float32 cache is read in place; other
     dtypes are widened to float32 (exactly) for the blocks the step reads, through a table
@@ -233,6 +253,8 @@ def invariant_attention(
         seq_lens.numpy(),
         query_start_loc.numpy(),
         np.float32(scale),
+        np.int64(sliding_window or 0),
+        np.float32(softcap or 0.0),
     )
     end = int(query_start_loc[-1])
     out[:end].copy_(rows[:end])  # rows past the last query stay as they were

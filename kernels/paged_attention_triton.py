@@ -69,18 +69,23 @@ def _attn_tiles(
     end,
     q_pos,
     scale_log2,
+    cap_log2,
+    window,
     stride_kb,
     stride_ks,
     stride_vb,
     stride_vs,
     MASKED: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     DOT_MODE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
     # Keys [start, end) of one sequence and one KV head; start is a multiple of BLOCK_N.
-    # Unmasked calls only get full tiles that every row of the tile may see.
+    # Unmasked calls only get full tiles that every row of the tile may see. With SOFTCAP,
+    # scale_log2 is scale / softcap and cap_log2 is softcap * log2(e): s = softcap * tanh(s / softcap).
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     for n0 in range(start, end, BLOCK_N):
@@ -102,9 +107,16 @@ def _attn_tiles(
             s = tl.dot(q, k, input_precision="tf32x3")
         else:
             s = tl.dot(q, k)
-        s = s * scale_log2  # [BLOCK_M, BLOCK_N], log2 units
+        s = s * scale_log2  # [BLOCK_M, BLOCK_N], log2 units (SOFTCAP: s / softcap, natural units)
+        if SOFTCAP:
+            # tanh from exp2 (no tanh in tl.math): e = exp(-2|x|), tanh(x) = sign(x) (1 - e) / (1 + e)
+            e = tl.exp2(tl.abs(s) * -2.8853900817779268)  # -2 * log2(e)
+            t = (1.0 - e) / (1.0 + e)
+            s = tl.where(s < 0, -t, t) * cap_log2
         if MASKED:
             visible = (pos[None, :] <= q_pos[:, None]) & in_range[None, :]
+            if HAS_WINDOW:
+                visible = visible & (pos[None, :] > q_pos[:, None] - window)
             s = tl.where(visible, s, _NEG_BIG)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -124,9 +136,9 @@ def _attn_tiles(
     return acc, l_i, m_i
 
 
-# The sequence count and the block-table width change every step: not specialised, so a
-# new value never compiles a variant in the middle of serving.
-@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
+# The sequence count and the block-table width change every step, the window from layer to
+# layer: not specialised, so a new value never compiles a variant in the middle of serving.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt", "window"])
 def _paged_attn_kernel(
     q_ptr,
     k_ptr,
@@ -138,6 +150,8 @@ def _paged_attn_kernel(
     ws_acc_ptr,
     ws_ml_ptr,
     scale_log2,
+    cap_log2,
+    window,
     num_seqs,
     stride_qt,
     stride_qh,
@@ -161,6 +175,8 @@ def _paged_attn_kernel(
     DECODE: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_MODE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -194,8 +210,17 @@ def _paged_attn_kernel(
     tile_end = tl.minimum(q_len, tile_start + BLOCK_Q)
     kv_end = tl.maximum(tl.minimum(seq_len, ctx + tile_end), 0)  # keys any row may see
     full_end = (tl.maximum(ctx + tile_start + 1, 0) // BLOCK_N) * BLOCK_N  # seen by all rows
-    per_split = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * per_split
+    if HAS_WINDOW:
+        # Keys [first, kv_end) are seen by some row: tiles before the window of the tile's first
+        # query are skipped. Tiles [edge, ...) start past the window edge of its last query.
+        first = (tl.maximum(ctx + tile_start - window + 1, 0) // BLOCK_N) * BLOCK_N
+        edge = tl.cdiv(tl.maximum(ctx + tile_end - window, 0), BLOCK_N) * BLOCK_N
+    else:
+        first = 0
+        edge = 0
+    free_end = tl.maximum(edge, full_end)  # tiles [edge, free_end): no mask
+    per_split = tl.cdiv(tl.cdiv(kv_end - first, num_splits), BLOCK_N) * BLOCK_N
+    lo = first + split * per_split
     hi = tl.minimum(lo + per_split, kv_end)
 
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
@@ -204,15 +229,21 @@ def _paged_attn_kernel(
     m_i = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    if HAS_WINDOW:  # tiles cut by the window's lower edge
+        acc, l_i, m_i = _attn_tiles(
+            acc, l_i, m_i, q, k_base, v_base, bt_row, lo, tl.minimum(tl.minimum(hi, edge), kv_end),
+            q_pos, scale_log2, cap_log2, window, stride_kb, stride_ks, stride_vb, stride_vs,
+            True, HAS_WINDOW, SOFTCAP, DOT_MODE, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
+        )  # fmt: skip
     acc, l_i, m_i = _attn_tiles(
-        acc, l_i, m_i, q, k_base, v_base, bt_row, lo, tl.minimum(hi, full_end), q_pos,
-        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs,
-        False, DOT_MODE, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
+        acc, l_i, m_i, q, k_base, v_base, bt_row, tl.maximum(lo, edge), tl.minimum(hi, free_end),
+        q_pos, scale_log2, cap_log2, window, stride_kb, stride_ks, stride_vb, stride_vs,
+        False, HAS_WINDOW, SOFTCAP, DOT_MODE, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
     )  # fmt: skip
     acc, l_i, m_i = _attn_tiles(
-        acc, l_i, m_i, q, k_base, v_base, bt_row, tl.maximum(lo, full_end), hi, q_pos,
-        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs,
-        True, DOT_MODE, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
+        acc, l_i, m_i, q, k_base, v_base, bt_row, tl.maximum(lo, free_end), hi,
+        q_pos, scale_log2, cap_log2, window, stride_kb, stride_ks, stride_vb, stride_vs,
+        True, HAS_WINDOW, SOFTCAP, DOT_MODE, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
     )  # fmt: skip
 
     if SPLIT:
@@ -327,8 +358,13 @@ def launch_paged_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     batch_invariant: bool = False,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Launch the kernels; inputs are already validated. No host sync.
+
+    ``sliding_window`` is a runtime argument of one compiled variant (any window, any layer);
+    ``softcap`` likewise. Split-K cuts only the keys a query tile may see.
 
     ``batch_invariant``: the unified kernel for every step (decode steps too) with tile sizes,
     warps and stages that depend on the dtype and head size only, and no split-K: each query
@@ -345,6 +381,10 @@ def launch_paged_attention(
     # GPU); 2 = fp32 inputs on the GPU, 3xTF32 (tensor cores, about fp32 accuracy).
     dot_mode = 1 if q.device.type != "cuda" else (2 if q.dtype == torch.float32 else 0)
     scale_log2 = float(scale) * math.log2(math.e)
+    cap_log2 = 0.0
+    if softcap is not None:
+        scale_log2 = float(scale) / softcap  # natural units until the cap
+        cap_log2 = softcap * math.log2(math.e)
     # Defaults from the sweep of paged_attention_bench on an H200 (bf16, Hq=32, Hkv=8, D=128):
     # decode BLOCK_N=64, 4 warps, 2 stages; prefill BLOCK_M=64, BLOCK_N=64, 4 warps, 2 stages.
     default_bn = 64 if (head_dim <= 128 and dot_mode != 2) else 32
@@ -389,7 +429,7 @@ def launch_paged_attention(
         ws_acc = ws_ml = out  # unused
     _paged_attn_kernel[grid](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, ws_acc, ws_ml,
-        scale_log2, num_seqs,
+        scale_log2, cap_log2, sliding_window or 0, num_seqs,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -398,6 +438,7 @@ def launch_paged_attention(
         NUM_Q_HEADS=num_q_heads, GROUP=group, G_PAD=g_pad, BLOCK_Q=bq, BLOCK_M=bm,
         BLOCK_N=bn, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         DECODE=max_query_len <= 1 and not batch_invariant, SPLIT=split, DOT_MODE=dot_mode,
+        HAS_WINDOW=sliding_window is not None, SOFTCAP=softcap is not None,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if split:
