@@ -263,6 +263,13 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, n_cols, x_stride, out_stride, BLOCK: tl
     tl.store(out_ptr + row * out_stride + cols, (act * up.to(tl.float32)).to(up.dtype), mask=mask)
 
 
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(gate) * up`` [T, I] of ``gate_up`` [T, 2 I] (gate then up; Gemma's MLP), as
+    transformers computes it: the activation rounded to the dtype, then the product."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
 def silu_and_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up`` [T, 2 I] holding gate then up; returns [T, I].
 

@@ -99,6 +99,17 @@ FAMILY_VARIANTS = {
         "qwen2", (("use_sliding_window", True), ("sliding_window", 12), ("max_window_layers", 1))
     ),
     "phi3": TinyVariant("phi3", (("sliding_window", 20), ("tie_word_embeddings", False))),
+    # Gemma 2: layers 0 and 2 windowed, 1 global; caps small enough to bend these logits
+    "gemma2": TinyVariant(
+        "gemma2",
+        (
+            ("head_dim", 16),
+            ("sliding_window", 12),
+            ("query_pre_attn_scalar", 24),
+            ("attn_logit_softcapping", 2.0),
+            ("final_logit_softcapping", 3.0),
+        ),
+    ),
     "llama-longrope": TinyVariant(
         "llama", (("rope_parameters", LONGROPE_ROPE), ("max_position_embeddings", 256))
     ),
@@ -146,6 +157,11 @@ def build_tiny_model(
             for name, param in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     param.uniform_(0.5, 1.5)
+    if variant.architecture == "gemma2":  # Gemma's norm weights w (scale 1 + w) away from zero
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.uniform_(-0.5, 0.5)
     model = model.to(variant.stored_dtype)
     if variant.lm_head_only:
         from safetensors.torch import save_model

@@ -1,4 +1,4 @@
-"""Forward pass of the Llama family (llama, mistral, qwen2, qwen3, phi3) over a paged KV cache.
+"""Forward pass of the Llama family (llama, mistral, qwen2, qwen3, phi3, gemma2) over a paged KV cache.
 
 Plain functions over the fused weights: per layer one qkv GEMM, one gate_up GEMM,
 and the LoRA term of each targeted projection group added by the multi-LoRA
@@ -9,7 +9,8 @@ LoRA wrapper. With the shrink in GEMM (``LoRAPlan.shrink_in_gemm``), a step of u
 ``LoRAPlan.bgmv_max_tokens`` tokens runs each targeted projection as one GEMM over the base
 rows and every slot's A rows, then the expand that reads each token's own slot: inside
 SiLU-and-mul for gate/up (``kernels/lora_silu.py``) and inside the residual-add + RMSNorm
-that follows o and down (``kernels/lora_norm.py``) where the plan folds expands; with
+that follows o and down (``kernels/lora_norm.py``) where the plan folds expands (not in the
+Gemma block, whose o and down outputs are normed before the add, nor with GELU); with
 ``LoRAPlan.fused_qkv`` q/k/v's is part of one kernel with RoPE and the K/V cache write
 (``kernels/qkv_epilogue.py``).
 """
@@ -27,12 +28,13 @@ from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.rope import cos_sin_cache, rope_rows
 from multilora_studio.engine.weights import ModelWeights
 from multilora_studio.kernels.cpu_linear import packed_linear
-from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, silu_and_mul
+from multilora_studio.kernels.fused_ops import add_rms_norm, gelu_tanh_and_mul, rms_norm, silu_and_mul
 from multilora_studio.kernels.lora import (
     LoRABatch,
     LoRAPlan,
     add_lora,
     add_rms_norm_lora,
+    lora_expand_shrunk_in_gemm,
     qkv_rope_write,
     silu_and_mul_lora,
 )
@@ -81,7 +83,7 @@ class LlamaModel:
         self.rope = cos_sin_cache(
             spec.rope, spec.head_dim, max_positions, device
         )  # [P, D] ([2P, D] longrope)
-        self.scale = spec.head_dim**-0.5
+        self.scale = spec.attention_scale or spec.head_dim**-0.5
         base_linear = packed_linear if weights.onednn_packed else F.linear
         self.linear = (
             functools.partial(row_tiled, base_linear, plan.gemm_row_tile)
@@ -98,8 +100,10 @@ class LlamaModel:
         return step is not None and group in step.groups and self.plan.shrinks_in_gemm(tokens)
 
     def _mlp_act(self, layer: int, h: torch.Tensor, step: LoRAStep | None) -> torch.Tensor:
-        """silu(gate) * up [T, I] of the gate/up projection of ``h``, LoRA term included."""
+        """act(gate) * up [T, I] of the gate/up projection of ``h``, LoRA term included."""
         weights = self.weights.layers[layer]
+        if self.spec.activation == "gelu_tanh":
+            return gelu_tanh_and_mul(self._project_all("gate_up", layer, h, weights.gate_up, step))
         if not self._shrinks_in_gemm("gate_up", h.shape[0], step):
             return silu_and_mul(self._project("gate_up", layer, h, weights.gate_up, step))  # [T, I]
         assert self.lora is not None and step is not None
@@ -131,6 +135,37 @@ class LlamaModel:
         # [T, N], [T, slots, 3, R]
         qkv, shrunk = self._shrink_in_gemm("qkv", layer, h, weights.qkv_bias is not None)
         return qkv, (shrunk, self.lora.b["qkv"][layer], step.batch)
+
+    def _project_all(
+        self, group: str, layer: int, x: torch.Tensor, weight: torch.Tensor, step: LoRAStep | None
+    ) -> torch.Tensor:
+        """``x @ weight^T`` [T, N] with the LoRA term added, on either LoRA path."""
+        if not self._shrinks_in_gemm(group, x.shape[0], step):
+            return self._project(group, layer, x, weight, step)
+        assert self.lora is not None and step is not None
+        y, shrunk = self._shrink_in_gemm(group, layer, x)  # [T, N], [T, slots, S, R]
+        b = self.lora.b[group][layer]
+        lora_expand_shrunk_in_gemm(
+            y, shrunk, b, step.batch, self.lora.offsets[group], self.plan, validate=False
+        )
+        return y
+
+    def _project_norm_add_norm(
+        self,
+        group: str,
+        layer: int,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        out_norm: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        step: LoRAStep | None,
+    ) -> torch.Tensor:
+        """The Gemma block's ``residual += RMSNorm(x @ weight^T + LoRA)`` in place; returns
+        RMSNorm of the new residual [T, H]."""
+        eps = self.spec.rms_norm_eps
+        y = rms_norm(self._project_all(group, layer, x, weight, step), out_norm, eps)  # [T, H]
+        return add_rms_norm(y, residual, norm_weight, eps)
 
     def _project_add_norm(
         self,
@@ -187,6 +222,8 @@ class LlamaModel:
         layers = self.weights.layers
         rows = rope_rows(spec.rope, positions, attn.seq_lens, attn.query_start_loc, self.max_positions)  # [T]
         residual = F.embedding(input_ids, self.weights.embed)  # [T, H], the residual stream
+        if spec.gemma:  # times sqrt(H), rounded to the model's dtype first as transformers does
+            residual = residual * torch.tensor(spec.hidden_size**0.5, dtype=residual.dtype)
         h = rms_norm(residual, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
             k_cache, v_cache = kv_caches[index]
@@ -211,11 +248,21 @@ class LlamaModel:
                 max_query_len=attn.max_query_len,
                 batch_invariant=self.plan.batch_invariant,
                 sliding_window=spec.window_of(index),
+                softcap=spec.attn_softcap,
             ).view(tokens, q_size)  # [T, q]
+            next_norm = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.final_norm
+            if layer.attn_out_norm is not None and layer.mlp_out_norm is not None:  # the Gemma block
+                h = self._project_norm_add_norm(
+                    "o", index, context, layer.o, layer.attn_out_norm, residual, layer.post_norm, lora
+                )
+                act = self._mlp_act(index, h, lora)  # [T, I]
+                h = self._project_norm_add_norm(
+                    "down", index, act, layer.down, layer.mlp_out_norm, residual, next_norm, lora
+                )
+                continue
             # residual += o (+ LoRA), h = its RMSNorm
             h = self._project_add_norm("o", index, context, layer.o, residual, layer.post_norm, lora)
             act = self._mlp_act(index, h, lora)  # [T, I]
-            next_norm = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.final_norm
             # residual += down (+ LoRA), h = its RMSNorm with the next layer's (or the final) weight
             h = self._project_add_norm("down", index, act, layer.down, residual, next_norm, lora)
         return h
@@ -225,5 +272,8 @@ class LlamaModel:
         return self.head_logits(hidden).float()
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, V] logits of the given hidden rows in the model's dtype (the LM head's GEMM output)."""
-        return self.linear(hidden, self.weights.lm_head)
+        """[N, V] logits of the given hidden rows in the model's dtype (the LM head's GEMM output,
+        soft-capped where the family caps it)."""
+        logits = self.linear(hidden, self.weights.lm_head)  # [N, V]
+        cap = self.spec.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap

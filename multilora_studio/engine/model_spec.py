@@ -1,4 +1,4 @@
-"""The shape of a Llama-family checkpoint (llama, mistral, qwen2, qwen3, phi3), from its HF ``config.json``."""
+"""The shape of a checkpoint (llama, mistral, qwen2, qwen3, phi3, gemma2), read from its ``config.json``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2")
+GEMMA_MODEL_TYPES = ("gemma2",)  # the Gemma block (ModelSpec.gemma)
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # HF hidden_act -> ModelSpec.activation
 QK_NORM_MODEL_TYPES = ("qwen3",)  # RMSNorm of each q and k head before RoPE
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
@@ -55,6 +57,15 @@ class ModelSpec:
     # per layer: how many positions a query sees, itself included (None: the whole context)
     layer_windows: tuple[int | None, ...] = ()
     qk_norm: bool = False  # q_norm / k_norm weights [head_dim] per layer (qwen3)
+    activation: str = "silu"  # of the gate projection: "silu" or "gelu_tanh"
+    # The Gemma block: embeddings times sqrt(hidden_size); RMSNorm weights stored as w and
+    # applied as (1 + w); the attention and the MLP outputs normed before their residual add
+    # (post_attention_layernorm, post_feedforward_layernorm) and pre_feedforward_layernorm
+    # before the MLP
+    gemma: bool = False
+    attention_scale: float | None = None  # softmax scale (None: head_dim ** -0.5)
+    attn_softcap: float | None = None  # attention logits -> cap * tanh(logits / cap)
+    final_softcap: float | None = None  # the LM head's logits, likewise
 
     @property
     def q_size(self) -> int:
@@ -84,7 +95,8 @@ class ModelSpec:
         return shapes[module]
 
     def num_parameters(self) -> int:
-        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        layer_norms = 4 if self.gemma else 2
+        norms = layer_norms * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
         per_layer = sum(o * i for o, i in map(self.projection_shape, PROJECTIONS)) + norms
         embed = self.vocab_size * self.hidden_size
         head = 0 if self.tie_word_embeddings else embed
@@ -156,9 +168,11 @@ def _layer_windows(config: dict, model_type: str, num_layers: int) -> tuple[int 
         return (None,) * num_layers
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise ValueError(f"sliding_window must be a positive integer, got {window!r}")
-    if model_type not in ("qwen2", "qwen3"):
+    if model_type not in ("qwen2", "qwen3", "gemma2"):
         return (window,) * num_layers
     types = config.get("layer_types")
+    if types is None and model_type == "gemma2":  # even layers windowed, odd ones global
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
     if types is None:
         first = int(config.get("max_window_layers", 28))
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
@@ -181,13 +195,16 @@ def spec_from_config(config: dict) -> ModelSpec:
         hidden = int(config["hidden_size"])
         heads = int(config["num_attention_heads"])
         kv_heads = int(config.get("num_key_value_heads") or heads)
-        default_head_dim = 128 if model_type == "qwen3" else hidden // heads  # transformers' defaults
+        # transformers' defaults
+        default_head_dim = {"qwen3": 128, "gemma2": 256}.get(model_type, hidden // heads)
         head_dim = int(config.get("head_dim") or default_head_dim)
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         num_layers = int(config["num_hidden_layers"])
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act {config.get('hidden_act')!r} is not supported (only silu)")
+        gemma = model_type in GEMMA_MODEL_TYPES
+        act = config.get("hidden_activation") or config.get("hidden_act") or "silu"
+        if act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {act!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
         if config.get("mlp_bias"):
             raise ValueError("MLP biases are not supported")
         return ModelSpec(
@@ -200,13 +217,18 @@ def spec_from_config(config: dict) -> ModelSpec:
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", gemma)),
             attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
             rope=_rope_from_config(config),
             eos_token_ids=eos_ids,
             layer_windows=_layer_windows(config, model_type, num_layers),
             qk_norm=model_type in QK_NORM_MODEL_TYPES,
+            activation=ACTIVATIONS[act],
+            gemma=gemma,
+            attention_scale=float(config.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
+            attn_softcap=_optional_float(config.get("attn_logit_softcapping")) if gemma else None,
+            final_softcap=_optional_float(config.get("final_logit_softcapping")) if gemma else None,
         )
     except KeyError as missing:
         raise ValueError(f"config.json lacks the field {missing}") from None

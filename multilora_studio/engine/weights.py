@@ -56,6 +56,9 @@ class LayerWeights:
     down: torch.Tensor  # [H, I]
     q_norm: torch.Tensor | None = None  # [D], RMSNorm of each q head (qwen3)
     k_norm: torch.Tensor | None = None  # [D], of each k head
+    # the Gemma block: RMSNorm of the attention / MLP output before its residual add ([H])
+    attn_out_norm: torch.Tensor | None = None
+    mlp_out_norm: torch.Tensor | None = None
 
 
 @dataclass
@@ -142,6 +145,14 @@ def load_weights(
     source = _TensorSource(checkpoint_files(Path(folder)))
     shrink_in_gemm, shrink_in_gemm_bias = allocate_shrink_in_gemm_weights(spec, lora_rows, dtype, device)
 
+    def norm(name: str, size: int) -> torch.Tensor:
+        """An RMSNorm weight as the engine applies it (Gemma stores w for a scale of 1 + w)."""
+        weight = source.get(name)
+        if tuple(weight.shape) != (size,):
+            raise ValueError(f"{name} has shape {tuple(weight.shape)}, config.json implies {(size,)}")
+        offset = 1.0 if spec.gemma else 0.0
+        return (weight.float() + offset).to(device=device, dtype=dtype)
+
     def take(name: str, shape: tuple[int, ...], into: torch.Tensor | None = None) -> torch.Tensor:
         tensor = source.get(name)
         if tuple(tensor.shape) != shape:
@@ -187,19 +198,28 @@ def load_weights(
         if qkv.shape != (qkv_rows, hidden) or gate_up.shape != (2 * inter, hidden):
             raise ValueError(f"layer {index}: fused projection shapes do not match config.json")
         bias_into = shrink_in_gemm_bias[index, :qkv_rows] if shrink_in_gemm_bias is not None else None
+        # the norm before the MLP: post_attention_layernorm, or Gemma's pre_feedforward_layernorm
+        # (its post_attention_layernorm norms the attention output)
+        mlp_norm = "pre_feedforward_layernorm" if spec.gemma else "post_attention_layernorm"
         layers.append(
             LayerWeights(
-                input_norm=take(f"{prefix}.input_layernorm.weight", (hidden,)),
+                input_norm=norm(f"{prefix}.input_layernorm.weight", hidden),
                 qkv=qkv,
                 qkv_bias=fused(prefix, "self_attn.qkv_proj", "bias", into=bias_into)
                 if spec.attention_bias
                 else None,
                 o=take(f"{prefix}.self_attn.o_proj.weight", (hidden, spec.q_size), into("o")),
-                post_norm=take(f"{prefix}.post_attention_layernorm.weight", (hidden,)),
+                post_norm=norm(f"{prefix}.{mlp_norm}.weight", hidden),
                 gate_up=gate_up,
                 down=take(f"{prefix}.mlp.down_proj.weight", (hidden, inter), into("down")),
-                q_norm=take(f"{prefix}.self_attn.q_norm.weight", (spec.head_dim,)) if spec.qk_norm else None,
-                k_norm=take(f"{prefix}.self_attn.k_norm.weight", (spec.head_dim,)) if spec.qk_norm else None,
+                q_norm=norm(f"{prefix}.self_attn.q_norm.weight", spec.head_dim) if spec.qk_norm else None,
+                k_norm=norm(f"{prefix}.self_attn.k_norm.weight", spec.head_dim) if spec.qk_norm else None,
+                attn_out_norm=norm(f"{prefix}.post_attention_layernorm.weight", hidden)
+                if spec.gemma
+                else None,
+                mlp_out_norm=norm(f"{prefix}.post_feedforward_layernorm.weight", hidden)
+                if spec.gemma
+                else None,
             )
         )
     embed_name, head_name = "model.embed_tokens.weight", "lm_head.weight"
@@ -214,7 +234,7 @@ def load_weights(
     return ModelWeights(
         embed,
         layers,
-        take("model.norm.weight", (hidden,)),
+        norm("model.norm.weight", hidden),
         lm_head,
         False,
         shrink_in_gemm,
@@ -258,6 +278,8 @@ def random_weights(
             down=gemm("down", index),
             q_norm=ones(spec.head_dim) if spec.qk_norm else None,
             k_norm=ones(spec.head_dim) if spec.qk_norm else None,
+            attn_out_norm=ones(hidden) if spec.gemma else None,
+            mlp_out_norm=ones(hidden) if spec.gemma else None,
         )
         for index in range(spec.num_layers)
     ]

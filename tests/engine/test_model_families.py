@@ -41,6 +41,9 @@ CASES = [
     ("mistral-window", "kernel-shrink"),
     ("mistral-window", "fused-qkv"),
     ("qwen2-window", "shrink-in-gemm"),
+    ("gemma2", "kernel-shrink"),
+    ("gemma2", "shrink-in-gemm"),
+    ("gemma2", "fused-qkv"),
     ("phi3", "kernel-shrink"),
     ("phi3", "shrink-in-gemm"),
     ("llama-sharded-bf16-no-tokenizer", "kernel-shrink"),
@@ -166,3 +169,26 @@ def test_phi3_serves_adapters_on_the_split_projection_names(tiny_family_models, 
     for (prompt, name), output in zip(rows, outputs, strict=True):
         reference = fused_reference if name == fused.name else split_reference
         assert output.token_ids == reference.greedy(name, prompt, NEW_TOKENS), name
+
+
+def test_gemma2_logprobs_equal_peft_with_the_final_soft_cap(tiny_family_models, tmp_path, engine_device):
+    """Greedy tokens cannot see the final logit soft-cap (tanh keeps the order); log-probabilities
+    can: each generated token's, for an adapter and the base in one batch, equals PEFT's."""
+    base = tiny_family_models["gemma2"]
+    spec = SPECS[0]
+    adapters = {spec.name: build_adapter(base, spec, tmp_path / spec.name)}
+    reference = PeftReference(base, adapters)
+    prompts = [[1, 510, 2300, 44, 901], [1, 88, 3, 4, 5, 6]]
+    names = [spec.name, None]
+    config = EngineConfig(
+        model=str(base), device=engine_device, dtype="float32", max_lora_rank=32, max_model_len=128
+    )
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=1)
+    with Engine(config) as engine:
+        engine.add_adapter(spec.name, adapters[spec.name])
+        outputs = engine.generate(prompts, names, params)
+    for prompt, name, output in zip(prompts, names, outputs, strict=True):
+        expected = reference.logprobs(name, prompt + output.token_ids[:-1])[len(prompt) - 1 :]  # [16, V]
+        got = torch.tensor([entry.logprob for entry in output.logprobs])
+        want = expected[torch.arange(len(output.token_ids)), torch.tensor(output.token_ids)]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
