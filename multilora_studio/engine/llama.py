@@ -84,6 +84,11 @@ class LlamaModel:
             spec.rope, spec.head_dim, max_positions, device
         )  # [P, D] ([2P, D] longrope)
         self.scale = spec.attention_scale or spec.head_dim**-0.5
+        # Gemma: sqrt(H) rounded to the model's dtype first, as transformers does (0-dim)
+        embed_dtype = weights.embed.dtype
+        self.embed_scale = (
+            torch.tensor(spec.hidden_size**0.5, dtype=embed_dtype, device=device) if spec.gemma else None
+        )
         base_linear = packed_linear if weights.onednn_packed else F.linear
         self.linear = (
             functools.partial(row_tiled, base_linear, plan.gemm_row_tile)
@@ -222,8 +227,8 @@ class LlamaModel:
         layers = self.weights.layers
         rows = rope_rows(spec.rope, positions, attn.seq_lens, attn.query_start_loc, self.max_positions)  # [T]
         residual = F.embedding(input_ids, self.weights.embed)  # [T, H], the residual stream
-        if spec.gemma:  # times sqrt(H), rounded to the model's dtype first as transformers does
-            residual = residual * torch.tensor(spec.hidden_size**0.5, dtype=residual.dtype)
+        if self.embed_scale is not None:
+            residual = residual * self.embed_scale
         h = rms_norm(residual, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
             k_cache, v_cache = kv_caches[index]
