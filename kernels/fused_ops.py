@@ -1,4 +1,4 @@
-"""Fused elementwise ops of the decoder layer: residual-add + RMSNorm, RoPE, SiLU-and-mul.
+"""Fused elementwise ops of the decoder layer: residual-add + RMSNorm, RoPE, SiLU- and GELU-and-mul.
 
 On CUDA each op is one Triton launch (a decode step of a 32-layer model would
 otherwise spend more time launching small elementwise kernels than reading
@@ -16,7 +16,7 @@ import triton.language as tl
 from . import fused_ops_cpu
 from .triton_support import triton_runs_on
 
-__all__ = ["add_rms_norm", "rms_norm", "rope_", "silu_and_mul"]
+__all__ = ["add_rms_norm", "gelu_tanh_and_mul", "norm_add_rms_norm", "rms_norm", "rope_", "silu_and_mul"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -58,6 +58,7 @@ def _add_rms_norm_kernel(
     x_ptr,
     res_ptr,
     w_ptr,
+    w_in_ptr,
     out_ptr,
     n_cols,
     x_stride,
@@ -65,6 +66,7 @@ def _add_rms_norm_kernel(
     out_stride,
     eps,
     HAS_RESIDUAL: tl.constexpr,
+    NORM_INPUT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -75,6 +77,12 @@ def _add_rms_norm_kernel(
     # the bf16 operation); this also keeps Triton's interpreter away from bf16 arithmetic.
     x_raw = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
     x32 = x_raw.to(tl.float32)
+    if NORM_INPUT:  # x -> rms_norm(x, w_in) first (the Gemma block's output norms)
+        x_var = tl.sum(x32 * x32, axis=0) / n_cols
+        x_normed = (x32 * tl.rsqrt(x_var + eps)).to(x_raw.dtype).to(tl.float32)
+        w_in = tl.load(w_in_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        x_raw = (w_in * x_normed).to(x_raw.dtype)
+        x32 = x_raw.to(tl.float32)
     if HAS_RESIDUAL:
         res = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0)
         x_raw = (x32 + res.to(tl.float32)).to(res.dtype)
@@ -147,14 +155,47 @@ def add_rms_norm(
     return out
 
 
+def norm_add_rms_norm(
+    x: torch.Tensor,
+    input_weight: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """``residual += rms_norm(x, input_weight)`` in place, then return RMSNorm of the new residual
+    [T, H] with ``weight`` (the Gemma block's norm of the attention or MLP output, its residual
+    add and the next norm): one launch on CUDA.
+
+    Semantics:
+        residual.copy_(residual + rms_norm(x, input_weight, eps))
+        return rms_norm(residual, weight, eps)
+    """
+    _check_rows("x", x)
+    _check_rows("residual", residual)
+    if x.shape != residual.shape or x.dtype != residual.dtype:
+        raise ValueError(
+            f"x {tuple(x.shape)} {x.dtype} and residual {tuple(residual.shape)} {residual.dtype} differ"
+        )
+    if not _use_triton(x, backend):
+        return add_rms_norm(rms_norm(x, input_weight, eps, backend), residual, weight, eps, backend)
+    out = torch.empty_like(x)
+    _launch_norm(x, residual, weight, out, eps, input_weight)
+    return out
+
+
 def _launch_norm(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    eps: float,
+    input_weight: torch.Tensor | None = None,
 ) -> None:
     rows, cols = x.shape
-    if weight.shape != (cols,) or weight.dtype != x.dtype:
-        raise ValueError(
-            f"weight must be [{cols}] of dtype {x.dtype}, got {tuple(weight.shape)} {weight.dtype}"
-        )
+    for w in (weight, input_weight if input_weight is not None else weight):
+        if w.shape != (cols,) or w.dtype != x.dtype:
+            raise ValueError(f"weight must be [{cols}] of dtype {x.dtype}, got {tuple(w.shape)} {w.dtype}")
     if rows == 0:
         return
     block = triton.next_power_of_2(cols)
@@ -163,6 +204,7 @@ def _launch_norm(
         x,
         res,
         weight,
+        input_weight if input_weight is not None else weight,
         out,
         cols,
         x.stride(0),
@@ -170,6 +212,7 @@ def _launch_norm(
         out.stride(0),
         eps,
         HAS_RESIDUAL=residual is not None,
+        NORM_INPUT=input_weight is not None,
         BLOCK=block,
         num_warps=min(16, max(1, block // 256)),
     )
@@ -263,11 +306,46 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, n_cols, x_stride, out_stride, BLOCK: tl
     tl.store(out_ptr + row * out_stride + cols, (act * up.to(tl.float32)).to(up.dtype), mask=mask)
 
 
-def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+@triton.jit
+def _gelu_tanh_and_mul_kernel(x_ptr, out_ptr, n_cols, x_stride, out_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * x_stride + n_cols + cols, mask=mask, other=0.0)
+    inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)  # sqrt(2 / pi) (x + c x^3)
+    # tanh from exp2 (no tanh in tl.math): e = exp(-2|u|), tanh(u) = sign(u) (1 - e) / (1 + e)
+    e = tl.exp2(tl.abs(inner) * -2.8853900817779268)  # -2 * log2(e)
+    t = (1.0 - e) / (1.0 + e)
+    tanh = tl.where(inner < 0, -t, t)
+    act = (0.5 * gate * (1.0 + tanh)).to(up.dtype).to(tl.float32)  # rounded like F.gelu's output
+    tl.store(out_ptr + row * out_stride + cols, (act * up.to(tl.float32)).to(up.dtype), mask=mask)
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """``gelu_tanh(gate) * up`` [T, I] of ``gate_up`` [T, 2 I] (gate then up; Gemma's MLP), as
-    transformers computes it: the activation rounded to the dtype, then the product."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+    transformers computes it: the activation rounded to the dtype, then the product. One launch
+    on CUDA.
+
+    Semantics:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+    """
+    _check_rows("gate_up", gate_up)
+    if gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up must have an even width, got {gate_up.shape[1]}")
+    if not _use_triton(gate_up, backend):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.nn.functional.gelu(gate, approximate="tanh") * up
+    rows, width = gate_up.shape
+    half = width // 2
+    out = torch.empty((rows, half), dtype=gate_up.dtype, device=gate_up.device)
+    if rows:
+        block = 1024
+        _gelu_tanh_and_mul_kernel[(rows, triton.cdiv(half, block))](
+            gate_up, out, half, gate_up.stride(0), out.stride(0), BLOCK=block
+        )
+    return out
 
 
 def silu_and_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:

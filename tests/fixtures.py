@@ -80,6 +80,31 @@ LONGROPE_ROPE = {
     "original_max_position_embeddings": 64,
 }
 
+GEMMA3_CONFIG = (
+    ("head_dim", 16),
+    ("sliding_window", 12),
+    ("sliding_window_pattern", 2),
+    ("query_pre_attn_scalar", 24),
+    ("final_logit_softcapping", 3.0),
+    (
+        "rope_parameters",
+        {
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+        },
+    ),
+)
+# the image-text model's vision tower, as small as Gemma 3 allows (4 image tokens)
+TINY_SIGLIP = dict(
+    model_type="siglip_vision_model",
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    image_size=28,
+    patch_size=14,
+)
+
 FAMILY_VARIANTS = {
     "qwen2": TinyVariant("qwen2"),
     "mistral": TinyVariant("mistral"),
@@ -110,6 +135,10 @@ FAMILY_VARIANTS = {
             ("final_logit_softcapping", 3.0),
         ),
     ),
+    # Gemma 3: q/k norms, layer 1 global and layers 0 and 2 windowed with their own RoPE; as the
+    # text model, and inside the image-text model (a tiny vision tower beside it)
+    "gemma3": TinyVariant("gemma3_text", GEMMA3_CONFIG),
+    "gemma3-image-text": TinyVariant("gemma3", GEMMA3_CONFIG),
     "llama-longrope": TinyVariant(
         "llama", (("rope_parameters", LONGROPE_ROPE), ("max_position_embeddings", 256))
     ),
@@ -149,7 +178,12 @@ def build_tiny_model(
     if variant.architecture in ("mistral", "qwen3"):
         common.update(sliding_window=None, head_dim=16)
     common.update(dict(variant.config))
-    config = AutoConfig.for_model(variant.architecture, **common)
+    if variant.architecture == "gemma3":  # the decoder's fields are the image-text model's text_config
+        config = AutoConfig.for_model(
+            "gemma3", text_config=common, vision_config=TINY_SIGLIP, mm_tokens_per_image=4
+        )
+    else:
+        config = AutoConfig.for_model(variant.architecture, **common)
     torch.manual_seed(1234)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if variant.architecture == "qwen3":  # q/k norm weights away from ones, so that they matter
@@ -157,7 +191,7 @@ def build_tiny_model(
             for name, param in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     param.uniform_(0.5, 1.5)
-    if variant.architecture == "gemma2":  # Gemma's norm weights w (scale 1 + w) away from zero
+    if variant.architecture in ("gemma2", "gemma3_text", "gemma3"):  # norm weights w (scale 1 + w) off zero
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):

@@ -76,18 +76,20 @@ class AdapterConfig:
             "alpha_pattern": PatternMatcher("alpha_pattern", self.alpha_pattern, self.budget),
         }
 
-    def rank_of(self, layer: int, module: str) -> int:
-        return int(self._value("rank_pattern", layer, module, self.rank))
+    def rank_of(self, layer: int, module: str, decoder: str) -> int:
+        """The rank of ``decoder.layers.{layer}``'s ``module`` (``decoder``: the path of the
+        model's decoder in the tensor names, as PEFT names the module)."""
+        return int(self._value("rank_pattern", layer, module, self.rank, decoder))
 
-    def scale_of(self, layer: int, module: str, rank: int) -> float:
-        alpha = float(self._value("alpha_pattern", layer, module, self.alpha))
+    def scale_of(self, layer: int, module: str, rank: int, decoder: str) -> float:
+        alpha = float(self._value("alpha_pattern", layer, module, self.alpha, decoder))
         return alpha / (math.sqrt(rank) if self.use_rslora else rank)
 
-    def _value(self, name: str, layer: int, module: str, default: float) -> float:
+    def _value(self, name: str, layer: int, module: str, default: float, decoder: str) -> float:
         """PEFT's rank/alpha patterns: a key matches a dotted suffix (a regex) of the module's name."""
         block = "self_attn" if module in ATTENTION_TARGETS else "mlp"
         try:
-            return self._matchers[name].value(f"model.layers.{layer}.{block}.{module}", default)
+            return self._matchers[name].value(f"{decoder}.layers.{layer}.{block}.{module}", default)
         except PatternTimeout as error:
             raise AdapterError(str(error)) from None
 

@@ -49,9 +49,15 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 ADDED_TOKENS_FILE = "added_tokens.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 MAX_ADAPTER_BYTES = 8 << 30
+# decoder path (a causal LM's, or gemma3's image-text model's, either naming), layer, block,
+# module, A|B
 _KEY = re.compile(
-    r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$"
+    r"^(?:base_model\.model\.)?(model|model\.language_model|language_model\.model)\.layers\.(\d+)\."
+    r"(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$"
 )
+# An image-text model's image path (gemma3's vision tower and projector): its LoRA changes
+# image inputs only, which the engine does not take, so text outputs are the same without it
+_IMAGE_PATH = re.compile(r"^(?:base_model\.model\.)?(?:model\.)?(?:vision_tower|multi_modal_projector)\.")
 # Tensor names PEFT writes for contents we cannot serve, and how to name them.
 _UNSUPPORTED_TENSORS = (
     ("lora_magnitude_vector", "DoRA"),
@@ -128,13 +134,15 @@ def load_peft_adapter(
     weights_path = weights_file(folder)
     if vocab_size is not None:
         _check_added_tokens(folder, vocab_size)
-    factors = _plan_factors(folder, read_header(weights_path), config, num_layers, shape_of, max_rank)
+    factors, decoder = _plan_factors(
+        folder, read_header(weights_path), config, num_layers, shape_of, max_rank
+    )
     tensors = _read_factors(weights_path, factors, dtype)
     weights = {}
     for (layer, module), (a, b) in sorted(tensors.items()):
         if not (all_finite(a) and all_finite(b)):
             raise AdapterError(f"{folder}: layer {layer} {module} holds NaN or Inf weights")
-        scale = config.scale_of(layer, module, a.shape[0])
+        scale = config.scale_of(layer, module, a.shape[0], decoder)
         b_scaled = b * scale  # [out, rank]
         if not (math.isfinite(scale) and lora_gain(a, b_scaled) <= MAX_LORA_GAIN):
             raise AdapterError(
@@ -179,7 +187,7 @@ def inspect_peft_adapter(
     if vocab_size is not None:
         _check_added_tokens(folder, vocab_size)
     header = read_header(weights_path)
-    factors = _plan_factors(folder, header, config, num_layers, shape_of, max_rank)
+    factors, _ = _plan_factors(folder, header, config, num_layers, shape_of, max_rank)
     ranks = [header[key].shape[0] for key, (_, _, which) in factors.items() if which == "A"]
     modules = {part for _, module, _ in factors.values() for part in FUSED_TARGETS.get(module, (module,))}
     return AdapterSummary(
@@ -246,22 +254,32 @@ def _plan_factors(
     num_layers: int,
     shape_of: ShapeOf,
     max_rank: int,
-) -> dict[str, Factor]:
-    """Map tensor names to (layer, module, A|B) after checking names, dtypes and shapes from the header."""
+) -> tuple[dict[str, Factor], str]:
+    """Map tensor names to (layer, module, A|B) after checking names, dtypes and shapes from the
+    header; with the decoder path the names share (what rank/alpha pattern keys match against)."""
     factors: dict[str, Factor] = {}
+    decoders: set[str] = set()
     unsupported: set[str] = set()
     for key, entry in header.items():
+        if _IMAGE_PATH.match(key):
+            continue
         match = _KEY.match(key)
-        if match is None or match[3] not in SUPPORTED_TARGETS:
+        if match is None or match[4] not in SUPPORTED_TARGETS:
             unsupported.add(_describe_unsupported(key))
             continue
-        factors[key] = (int(match[1]), match[3], match[4])
+        factors[key] = (int(match[2]), match[4], match[5])
+        decoders.add(match[1])
         if entry.dtype not in FLOAT_DTYPES:
             raise AdapterError(f"{folder}: tensor {key!r} has dtype {entry.dtype}; LoRA factors are floats")
     if unsupported:
         raise AdapterError(f"{folder}: unsupported adapter contents: {', '.join(sorted(unsupported))}")
     if not factors:
         raise AdapterError(f"{folder / WEIGHTS_FILE} holds no LoRA tensors")
+    if len(decoders) > 1:
+        raise AdapterError(
+            f"{folder}: LoRA tensors under more than one model path: {', '.join(sorted(decoders))}"
+        )
+    (decoder,) = decoders
     pairs: dict[tuple[int, str], dict[str, tuple[int, ...]]] = {}
     for key, (layer, module, which) in factors.items():
         if config.targets is not None and module not in config.targets:
@@ -288,8 +306,10 @@ def _plan_factors(
         if set(shapes) != {"A", "B"}:
             missing = "A" if "A" not in shapes else "B"
             raise AdapterError(f"{folder}: layer {layer} {module} lacks its lora_{missing} tensor")
-        _check_pair(folder, layer, module, shapes["A"], shapes["B"], shape_of(module), config, max_rank)
-    return factors
+        _check_pair(
+            folder, layer, module, shapes["A"], shapes["B"], shape_of(module), config, max_rank, decoder
+        )
+    return factors, decoder
 
 
 def _check_pair(
@@ -301,6 +321,7 @@ def _check_pair(
     base_shape: tuple[int, int],
     config: AdapterConfig,
     max_rank: int,
+    decoder: str,
 ) -> None:
     out_features, in_features = base_shape
     if len(a) != 2 or len(b) != 2 or a[1] != in_features or b != (out_features, a[0]):
@@ -312,7 +333,7 @@ def _check_pair(
     rank = a[0]
     if rank > max_rank:
         raise AdapterError(f"{folder}: layer {layer} {module} has rank {rank} > max_lora_rank={max_rank}")
-    declared = config.rank_of(layer, module)
+    declared = config.rank_of(layer, module, decoder)
     if rank != declared:
         raise AdapterError(
             f"{folder}: layer {layer} {module} has rank {rank} but {CONFIG_FILE} declares r={declared}"

@@ -1,4 +1,4 @@
-"""Forward pass of the Llama family (llama, mistral, qwen2, qwen3, phi3, gemma2) over a paged KV cache.
+"""Forward pass of the Llama family (llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3) over paged KV.
 
 Plain functions over the fused weights: per layer one qkv GEMM, one gate_up GEMM,
 and the LoRA term of each targeted projection group added by the multi-LoRA
@@ -28,7 +28,13 @@ from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.rope import cos_sin_cache, rope_rows
 from multilora_studio.engine.weights import ModelWeights
 from multilora_studio.kernels.cpu_linear import packed_linear
-from multilora_studio.kernels.fused_ops import add_rms_norm, gelu_tanh_and_mul, rms_norm, silu_and_mul
+from multilora_studio.kernels.fused_ops import (
+    add_rms_norm,
+    gelu_tanh_and_mul,
+    norm_add_rms_norm,
+    rms_norm,
+    silu_and_mul,
+)
 from multilora_studio.kernels.lora import (
     LoRABatch,
     LoRAPlan,
@@ -83,6 +89,11 @@ class LlamaModel:
         self.rope = cos_sin_cache(
             spec.rope, spec.head_dim, max_positions, device
         )  # [P, D] ([2P, D] longrope)
+        # gemma3's sliding-window layers: their own RoPE [P, D] (None: every layer uses ``rope``)
+        local = spec.local_rope
+        self.local_rope = (
+            None if local is None else cos_sin_cache(local, spec.head_dim, max_positions, device)
+        )
         self.scale = spec.attention_scale or spec.head_dim**-0.5
         # Gemma: sqrt(H) rounded to the model's dtype first, as transformers does (0-dim)
         embed_dtype = weights.embed.dtype
@@ -168,9 +179,8 @@ class LlamaModel:
     ) -> torch.Tensor:
         """The Gemma block's ``residual += RMSNorm(x @ weight^T + LoRA)`` in place; returns
         RMSNorm of the new residual [T, H]."""
-        eps = self.spec.rms_norm_eps
-        y = rms_norm(self._project_all(group, layer, x, weight, step), out_norm, eps)  # [T, H]
-        return add_rms_norm(y, residual, norm_weight, eps)
+        y = self._project_all(group, layer, x, weight, step)  # [T, H]
+        return norm_add_rms_norm(y, out_norm, residual, norm_weight, self.spec.rms_norm_eps)
 
     def _project_add_norm(
         self,
@@ -226,6 +236,13 @@ class LlamaModel:
         tokens = input_ids.shape[0]
         layers = self.weights.layers
         rows = rope_rows(spec.rope, positions, attn.seq_lens, attn.query_start_loc, self.max_positions)  # [T]
+        local_rows = (
+            rows
+            if spec.local_rope is None
+            else rope_rows(
+                spec.local_rope, positions, attn.seq_lens, attn.query_start_loc, self.max_positions
+            )
+        )  # [T]
         residual = F.embedding(input_ids, self.weights.embed)  # [T, H], the residual stream
         if self.embed_scale is not None:
             residual = residual * self.embed_scale
@@ -233,13 +250,15 @@ class LlamaModel:
         for index, layer in enumerate(layers):
             k_cache, v_cache = kv_caches[index]
             qkv, pending = self._qkv_gemm(index, h, lora)  # [T, q + 2 kv]
-            # qwen3: RMSNorm of each q and k head ([D] weights), after LoRA and before RoPE
+            # qwen3, gemma3: RMSNorm of each q and k head ([D] weights), after LoRA and before RoPE
             q_norm, k_norm = layer.q_norm, layer.k_norm
             qk_norm = (q_norm, k_norm, eps) if q_norm is not None and k_norm is not None else None
             # q [T, Hq, D] after the expand (if pending), q/k norms, RoPE and the cache write:
             # one launch if fused
+            local = self.local_rope is not None and spec.uses_local_rope(index)
             q = qkv_rope_write(
-                qkv, spec.num_heads, spec.num_kv_heads, self.rope, rows,
+                qkv, spec.num_heads, spec.num_kv_heads,
+                self.local_rope if local else self.rope, local_rows if local else rows,
                 k_cache, v_cache, attn.slot_mapping, pending, self.plan, qk_norm,
             )  # fmt: skip
             context = paged_attention(

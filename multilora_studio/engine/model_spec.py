@@ -1,4 +1,4 @@
-"""The shape of a checkpoint (llama, mistral, qwen2, qwen3, phi3, gemma2), read from its ``config.json``."""
+"""The shape of a checkpoint (llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3), from config.json."""
 
 from __future__ import annotations
 
@@ -6,10 +6,28 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2")
-GEMMA_MODEL_TYPES = ("gemma2",)  # the Gemma block (ModelSpec.gemma)
+# gemma3: the image-text checkpoint, served for text from its ``text_config`` (a gemma3_text)
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gemma3")
+GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")  # the Gemma block (ModelSpec.gemma)
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # HF hidden_act -> ModelSpec.activation
-QK_NORM_MODEL_TYPES = ("qwen3",)  # RMSNorm of each q and k head before RoPE
+QK_NORM_MODEL_TYPES = ("qwen3", "gemma3_text")  # RMSNorm of each q and k head before RoPE
+# what transformers' Gemma3TextConfig fills in where a config.json is silent (the Hub's image-text
+# configs give few fields of their text_config)
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "sliding_window": 4096,
+    "tie_word_embeddings": True,
+    "hidden_activation": "gelu_pytorch_tanh",
+}
+GEMMA3_THETAS = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -54,6 +72,8 @@ class ModelSpec:
     max_position_embeddings: int
     rope: RopeSpec
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # the RoPE of the sliding-window layers where it differs from ``rope`` (gemma3); None: ``rope``
+    local_rope: RopeSpec | None = None
     # per layer: how many positions a query sees, itself included (None: the whole context)
     layer_windows: tuple[int | None, ...] = ()
     qk_norm: bool = False  # q_norm / k_norm weights [head_dim] per layer (qwen3)
@@ -78,6 +98,10 @@ class ModelSpec:
     def window_of(self, layer: int) -> int | None:
         """Layer ``layer``'s sliding window (None: it sees the whole context)."""
         return self.layer_windows[layer] if self.layer_windows else None
+
+    def uses_local_rope(self, layer: int) -> bool:
+        """Whether layer ``layer`` rotates by ``local_rope`` (a sliding-window layer of gemma3)."""
+        return self.local_rope is not None and self.window_of(layer) is not None
 
     def projection_shape(self, module: str) -> tuple[int, int]:
         """(out_features, in_features) of a LoRA-targetable projection."""
@@ -168,11 +192,13 @@ def _layer_windows(config: dict, model_type: str, num_layers: int) -> tuple[int 
         return (None,) * num_layers
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise ValueError(f"sliding_window must be a positive integer, got {window!r}")
-    if model_type not in ("qwen2", "qwen3", "gemma2"):
+    if model_type not in ("qwen2", "qwen3", "gemma2", "gemma3_text"):
         return (window,) * num_layers
     types = config.get("layer_types")
-    if types is None and model_type == "gemma2":  # even layers windowed, odd ones global
-        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+    if types is None and model_type in GEMMA_MODEL_TYPES:
+        # every ``sliding_window_pattern``-th layer global (gemma2: every other one; gemma3: 6)
+        pattern = int(config.get("sliding_window_pattern", 2 if model_type == "gemma2" else 6))
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
     if types is None:
         first = int(config.get("max_window_layers", 28))
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
@@ -184,6 +210,35 @@ def _layer_windows(config: dict, model_type: str, num_layers: int) -> tuple[int 
     return tuple(window if kind == "sliding_attention" else None for kind in types)
 
 
+def _gemma3_text_config(config: dict) -> dict:
+    """A gemma3 config as a gemma3_text one: the image-text model's ``text_config`` (the text
+    decoder it holds), with transformers' defaults filled in and its two RoPEs as one
+    ``rope_parameters`` per layer type."""
+    if config.get("model_type") == "gemma3":
+        text = config.get("text_config")
+        if not isinstance(text, dict):
+            raise ValueError("a gemma3 config.json needs a text_config (the text decoder's fields)")
+        # the image-text config keeps the stop tokens at its top level
+        config = {"eos_token_id": config.get("eos_token_id"), **text, "model_type": "gemma3_text"}
+    if config.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention (an embedding model) is not supported")
+    config = {**GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
+    params = config.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        per_type = {kind: dict(params.get(kind) or {}) for kind in GEMMA3_THETAS}
+    else:  # the older fields: rope_scaling of the global layers, rope_local_base_freq
+        per_type = {
+            "full_attention": {**(params or config.get("rope_scaling") or {})},
+            "sliding_attention": {"rope_theta": config.get("rope_local_base_freq")},
+        }
+        per_type["full_attention"].setdefault("rope_theta", config.get("rope_theta"))
+    for kind, theta in GEMMA3_THETAS.items():
+        per_type[kind].setdefault("rope_type", "default")
+        if per_type[kind].get("rope_theta") is None:
+            per_type[kind]["rope_theta"] = theta
+    return {**config, "rope_parameters": per_type}
+
+
 def spec_from_config(config: dict) -> ModelSpec:
     """Validate a HF config dict and return its ``ModelSpec``; ValueError names what is wrong."""
     model_type = config.get("model_type")
@@ -191,12 +246,19 @@ def spec_from_config(config: dict) -> ModelSpec:
         raise ValueError(
             f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    local_rope = None
+    if model_type in ("gemma3", "gemma3_text"):
+        config = _gemma3_text_config(config)
+        model_type = "gemma3_text"
+        ropes = config["rope_parameters"]
+        local_rope = _rope_from_config({**config, "rope_parameters": ropes["sliding_attention"]})
+        config = {**config, "rope_parameters": ropes["full_attention"]}
     try:
         hidden = int(config["hidden_size"])
         heads = int(config["num_attention_heads"])
         kv_heads = int(config.get("num_key_value_heads") or heads)
         # transformers' defaults
-        default_head_dim = {"qwen3": 128, "gemma2": 256}.get(model_type, hidden // heads)
+        default_head_dim = {"qwen3": 128, "gemma2": 256, "gemma3_text": 256}.get(model_type, hidden // heads)
         head_dim = int(config.get("head_dim") or default_head_dim)
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
@@ -222,12 +284,16 @@ def spec_from_config(config: dict) -> ModelSpec:
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
             rope=_rope_from_config(config),
             eos_token_ids=eos_ids,
+            local_rope=local_rope,
             layer_windows=_layer_windows(config, model_type, num_layers),
             qk_norm=model_type in QK_NORM_MODEL_TYPES,
             activation=ACTIVATIONS[act],
             gemma=gemma,
             attention_scale=float(config.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else None,
-            attn_softcap=_optional_float(config.get("attn_logit_softcapping")) if gemma else None,
+            # gemma3's attention takes no soft-cap (transformers ignores the field there)
+            attn_softcap=_optional_float(config.get("attn_logit_softcapping"))
+            if model_type == "gemma2"
+            else None,
             final_softcap=_optional_float(config.get("final_logit_softcapping")) if gemma else None,
         )
     except KeyError as missing:

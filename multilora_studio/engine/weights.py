@@ -134,6 +134,21 @@ class _TensorSource:
         return self._where[name].get_tensor(name)
 
 
+# Where a checkpoint keeps its text decoder: a causal LM, or gemma3's image-text model as
+# transformers saves it now and as the Hub's first uploads store it
+DECODER_PREFIXES = (("model", ""), ("model.language_model", ""), ("language_model.model", "language_model."))
+
+
+def decoder_prefix(source: _TensorSource) -> tuple[str, str]:
+    """(prefix of the decoder's tensors, prefix of ``lm_head.weight``) in this checkpoint."""
+    for decoder, head in DECODER_PREFIXES:
+        if source.has(f"{decoder}.embed_tokens.weight") or source.has(
+            f"{decoder}.layers.0.input_layernorm.weight"
+        ):
+            return decoder, head
+    return DECODER_PREFIXES[0]
+
+
 def load_weights(
     folder: Path, spec: ModelSpec, dtype: torch.dtype, device: torch.device, lora_rows: int = 0
 ) -> ModelWeights:
@@ -143,6 +158,7 @@ def load_weights(
     weight (module docstring).
     """
     source = _TensorSource(checkpoint_files(Path(folder)))
+    decoder, head_prefix = decoder_prefix(source)
     shrink_in_gemm, shrink_in_gemm_bias = allocate_shrink_in_gemm_weights(spec, lora_rows, dtype, device)
 
     def norm(name: str, size: int) -> torch.Tensor:
@@ -188,7 +204,7 @@ def load_weights(
     qkv_rows = spec.q_size + 2 * spec.kv_size
     layers = []
     for index in range(spec.num_layers):
-        prefix = f"model.layers.{index}"
+        prefix = f"{decoder}.layers.{index}"
 
         def into(group: str, index: int = index) -> torch.Tensor | None:
             return base_rows(shrink_in_gemm, spec, group, index)
@@ -222,7 +238,7 @@ def load_weights(
                 else None,
             )
         )
-    embed_name, head_name = "model.embed_tokens.weight", "lm_head.weight"
+    embed_name, head_name = f"{decoder}.embed_tokens.weight", f"{head_prefix}lm_head.weight"
     # tied: the shared matrix under either name (save_model may keep only lm_head.weight)
     if spec.tie_word_embeddings and not source.has(embed_name) and source.has(head_name):
         embed_name = head_name
@@ -234,7 +250,7 @@ def load_weights(
     return ModelWeights(
         embed,
         layers,
-        norm("model.norm.weight", hidden),
+        norm(f"{decoder}.norm.weight", hidden),
         lm_head,
         False,
         shrink_in_gemm,

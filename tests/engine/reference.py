@@ -11,25 +11,34 @@ import torch
 
 def greedy_tokens(model, prompt_ids: list[int], new_tokens: int) -> list[int]:
     """Greedy continuation by full forward passes (no cache, no stopping at EOS)."""
-    ids = torch.tensor([prompt_ids])
+    ids = torch.tensor([prompt_ids], device=model.device)
     out: list[int] = []
     with torch.no_grad():
         for _ in range(new_tokens):
             logits = model(input_ids=ids).logits[0, -1]
             token = int(logits.argmax())
             out.append(token)
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            ids = torch.cat([ids, torch.tensor([[token]], device=ids.device)], dim=1)
     return out
 
 
 class PeftReference:
-    """The base model and each adapter through HF + PEFT, loaded once."""
+    """The base model and each adapter through HF + PEFT, loaded once (float32 on the CPU unless
+    told), with transformers' eager attention: the model's own math in every version (its SDPA
+    path drops Gemma 2's attention soft-cap in some)."""
 
-    def __init__(self, base_dir: Path, adapters: dict[str, Path]) -> None:
+    def __init__(
+        self,
+        base_dir: Path,
+        adapters: dict[str, Path],
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+    ) -> None:
         from peft import PeftModel
         from transformers import AutoModelForCausalLM
 
-        base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).eval()
+        base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=dtype, attn_implementation="eager")
+        base = base.to(device).eval()
         self.base = base
         names = list(adapters)
         self.model = PeftModel.from_pretrained(base, str(adapters[names[0]]), adapter_name=names[0])
@@ -68,12 +77,13 @@ class PeftReference:
 
     def logprobs(self, adapter: str | None, ids: list[int], adapter_scale: float = 1.0) -> torch.Tensor:
         """[len(ids), V] float32: log_softmax of the logits at every position of ``ids``."""
+        batch = torch.tensor([ids], device=self.model.device)
         with torch.no_grad():
             if adapter is None:
                 with self.model.disable_adapter():
-                    logits = self.model(input_ids=torch.tensor([ids])).logits[0]
+                    logits = self.model(input_ids=batch).logits[0]
             else:
                 self.model.set_adapter(adapter)
                 with self.strength(adapter, adapter_scale):
-                    logits = self.model(input_ids=torch.tensor([ids])).logits[0]
-        return torch.log_softmax(logits.float(), dim=-1)
+                    logits = self.model(input_ids=batch).logits[0]
+        return torch.log_softmax(logits.float(), dim=-1).cpu()

@@ -131,3 +131,53 @@ def test_partial_rotary_and_bad_layer_types_are_refused_by_name():
     qwen2.update(use_sliding_window=True, sliding_window=8, layer_types=["sliding_attention"])
     with pytest.raises(ValueError, match="layer_types"):
         spec_from_config(qwen2)
+
+
+# google/gemma-3-4b-it's config.json as the Hub stores it: few text_config fields, the older
+# rope_scaling (of the global layers), sliding_window_pattern and no layer_types
+GEMMA3_4B_IMAGE_TEXT = {
+    "model_type": "gemma3",
+    "eos_token_id": [1, 106],
+    "mm_tokens_per_image": 256,
+    "text_config": {
+        "model_type": "gemma3_text",
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    },
+    "vision_config": {"model_type": "siglip_vision_model", "image_size": 896, "patch_size": 14},
+}
+
+
+def test_gemma3_image_text_config_reads_as_transformers_fills_it():
+    """The Hub's sparse gemma3 config gives the spec of the text model transformers builds from
+    it: its defaults, layer types every 6th global, the local and the scaled global RoPE."""
+    from transformers import Gemma3Config
+
+    spec = spec_from_config(GEMMA3_4B_IMAGE_TEXT)
+    text = Gemma3Config(**{k: v for k, v in GEMMA3_4B_IMAGE_TEXT.items() if k != "model_type"}).text_config
+    from_text = spec_from_config(text.to_dict())
+    assert from_text == dataclasses.replace(spec, eos_token_ids=from_text.eos_token_ids)
+    assert spec.eos_token_ids == (1, 106)  # the image-text config's, at its top level
+    assert (spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.vocab_size) == (8, 4, 256, 262_208)
+    assert spec.layer_windows == tuple(None if (i + 1) % 6 == 0 else 1024 for i in range(34))
+    assert (spec.rope.kind, spec.rope.factor, spec.rope.theta) == ("linear", 8.0, 1_000_000.0)
+    assert spec.local_rope is not None and (spec.local_rope.kind, spec.local_rope.theta) == (
+        "default",
+        10_000.0,
+    )
+    assert spec.uses_local_rope(0) and not spec.uses_local_rope(5)
+    assert spec.qk_norm and spec.gemma and spec.attn_softcap is None
+    assert spec.attention_scale == 256**-0.5
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(text)
+    assert spec.num_parameters() == sum(p.numel() for p in model.parameters())
+
+
+def test_gemma3_refusals_name_the_field():
+    with pytest.raises(ValueError, match="text_config"):
+        spec_from_config({"model_type": "gemma3"})
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        spec_from_config({"model_type": "gemma3_text", "use_bidirectional_attention": True})

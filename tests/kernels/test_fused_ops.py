@@ -11,7 +11,14 @@ import torch
 from multilora_studio.engine.model_spec import RopeSpec
 from multilora_studio.engine.rope import cos_sin_cache
 from multilora_studio.kernels import fused_ops_cpu
-from multilora_studio.kernels.fused_ops import add_rms_norm, rms_norm, rope_, silu_and_mul
+from multilora_studio.kernels.fused_ops import (
+    add_rms_norm,
+    gelu_tanh_and_mul,
+    norm_add_rms_norm,
+    rms_norm,
+    rope_,
+    silu_and_mul,
+)
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 DTYPES = list(TOLERANCE)
@@ -60,6 +67,24 @@ def test_rms_norm_and_add_rms_norm(backend, dtype, shape):
     close(out, expected, dtype)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 64), (7, 96), (33, 576)])
+def test_norm_add_rms_norm(backend, dtype, shape):
+    """The Gemma block's output norm, residual add and next norm: against float64, and in one
+    launch equal to the ops it fuses on the same backend."""
+    x, residual = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+    input_weight, weight = ((torch.rand(shape[1]) + 0.5).to(dtype) for _ in range(2))
+    expected_residual = residual.double() + norm_reference(x, input_weight, 1e-6)
+    composed_residual = residual.clone()
+    normed = rms_norm(x, input_weight, 1e-6, backend)
+    composed = add_rms_norm(normed, composed_residual, weight, 1e-6, backend)
+    out = norm_add_rms_norm(x, input_weight, residual, weight, 1e-6, backend=backend)
+    close(residual, expected_residual, dtype)
+    close(out, norm_reference(expected_residual, weight, 1e-6), dtype)
+    assert torch.equal(residual, composed_residual) and torch.equal(out, composed)
+
+
 def test_triton_norm_matches_torch_path_in_float32():
     x = torch.randn(5, 128)
     weight = torch.rand(128) + 0.5
@@ -101,6 +126,21 @@ def test_silu_and_mul(backend, dtype, tokens, width):
     gate, up = gate_up.double().chunk(2, dim=-1)
     expected = gate * torch.sigmoid(gate) * up
     close(silu_and_mul(gate_up, backend=backend), expected, dtype)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("tokens", "width"), [(1, 64), (5, 3072), (31, 320)])
+def test_gelu_tanh_and_mul(backend, dtype, tokens, width):
+    gate_up = torch.randn(tokens, width, dtype=dtype) * 3
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    expected = 0.5 * gate * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (gate + 0.044715 * gate**3))) * up
+    out = gelu_tanh_and_mul(gate_up, backend=backend)
+    close(out, expected, dtype)
+    if dtype != torch.float32:  # the activation rounded to the dtype before the product, as torch
+        assert (out.double() - gelu_tanh_and_mul(gate_up, "torch").double()).abs().max() <= 2 * (
+            expected.abs().max() * torch.finfo(dtype).eps
+        )
 
 
 def test_bad_inputs_raise_value_errors():
