@@ -102,11 +102,6 @@ class ModelRunner:
         dtype: torch.dtype,
         plan: LoRAPlan,
     ) -> None:
-        if spec.gemma and device.type == "cuda":
-            raise ValueError(
-                f"{spec.model_type} on CUDA does not yet give transformers' tokens; serve it with "
-                "--device cpu (its CPU path matches PEFT)"
-            )
         self.config = config
         self.spec = spec
         self.device = device
