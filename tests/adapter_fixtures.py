@@ -116,9 +116,9 @@ def hub(
     repos.add_adapter(f"{HUB_ORG}/tiny-r8-all", "v1", tiny_adapters["tiny-r8-all"], BASE_REPO)
     repos.add_adapter(f"{HUB_ORG}/tiny-mlp", "v1", tiny_adapters["tiny-r16-mlp"], OTHER_BASE)
 
-    dora = shutil.copytree(tiny_adapters["tiny-r4-qv"], made / "dora")
-    edit_config(dora, use_dora=True)
-    repos.add_adapter(f"{HUB_ORG}/tiny-dora", "v1", dora, BASE_REPO)
+    saved_head = shutil.copytree(tiny_adapters["tiny-r4-qv"], made / "saved-head")
+    edit_config(saved_head, modules_to_save=["lm_head"])
+    repos.add_adapter(f"{HUB_ORG}/tiny-saved-head", "v1", saved_head, BASE_REPO)
 
     broken = shutil.copytree(tiny_adapters["tiny-r4-qv"], made / "broken")
     data = (broken / "adapter_model.safetensors").read_bytes()

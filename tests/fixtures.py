@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,6 +21,7 @@ class AdapterSpec:
     alpha: int
     targets: tuple[str, ...]
     seed: int
+    options: tuple[tuple[str, Any], ...] = ()  # more LoraConfig fields (use_dora, lora_bias)
 
 
 # adapters on phi3's fused projections (PEFT targets the checkpoint's module names)
@@ -225,12 +227,15 @@ def build_adapter(base_dir: Path, spec: AdapterSpec, target: Path) -> Path:
         lora_dropout=0.0,
         init_lora_weights=False,
         task_type="CAUSAL_LM",
+        **dict(spec.options),
     )
     torch.manual_seed(spec.seed)
     peft_model = get_peft_model(model, config)
-    with torch.no_grad():
+    with torch.no_grad():  # every trained tensor away from its initial value, so that it matters
         for name, param in peft_model.named_parameters():
-            if "lora_" in name:
+            if "lora_magnitude_vector" in name:  # DoRA: the row norms of W + B A, rescaled
+                param.mul_(1 + 0.3 * torch.randn_like(param))
+            elif "lora_" in name:
                 param.copy_(torch.randn_like(param) * (0.3 if "lora_A" in name else 0.2))
     peft_model.save_pretrained(str(target), safe_serialization=True)
     return target

@@ -33,12 +33,10 @@ ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 MAX_CONFIG_BYTES = 1 << 20
 # Config keys whose truthy value means the adapter holds something we cannot serve.
 UNSUPPORTED_FLAGS = {
-    "use_dora": "DoRA",
     "modules_to_save": "modules_to_save (fully trained extra modules)",
     "trainable_token_indices": "trainable token embeddings (added or retrained tokens)",
     "layer_replication": "layer replication",
     "use_qalora": "QA-LoRA",
-    "lora_bias": "LoRA bias terms",
     "fan_in_fan_out": "fan_in_fan_out (transposed Conv1D weights)",
     "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)",
     "target_parameters": "LoRA on raw parameters (target_parameters)",
@@ -67,7 +65,14 @@ class AdapterConfig:
     alpha_pattern: dict[str, float]
     use_rslora: bool
     base_model: str | None
+    use_dora: bool = False  # each target's output scaled per row by magnitude / ||W + scale B A||
+    lora_bias: bool = False  # lora_B has a bias (scaled like the LoRA term)
     budget: list[float] = field(default_factory=lambda: [ADAPTER_BUDGET_S], compare=False, repr=False)
+
+    @property
+    def kind(self) -> str:
+        """What the library shows: "DoRA", "LoRA with bias" or "LoRA"."""
+        return "DoRA" if self.use_dora else "LoRA with bias" if self.lora_bias else "LoRA"
 
     @cached_property
     def _matchers(self) -> dict[str, PatternMatcher]:
@@ -145,6 +150,10 @@ def parse_adapter_config(config: dict, where: Path | str, max_rank: int) -> Adap
             "to use this adapter"
         )
     use_rslora = _field(config, "use_rslora", (bool, type(None)), where, "true or false", False)
+    use_dora = _field(config, "use_dora", (bool, type(None)), where, "true or false", False)
+    lora_bias = _field(config, "lora_bias", (bool, type(None)), where, "true or false", False)
+    if use_dora and lora_bias:
+        raise AdapterError(f"{where}: lora_bias with DoRA (use_dora) is not a PEFT adapter: PEFT refuses it")
     base_model = _field(config, "base_model_name_or_path", (str, type(None)), where, "a string or null", None)
     layers = config.get("layers_to_transform")
     if not (layers is None or _is_int(layers) or (isinstance(layers, list) and all(map(_is_int, layers)))):
@@ -157,6 +166,8 @@ def parse_adapter_config(config: dict, where: Path | str, max_rank: int) -> Adap
         alpha_pattern={k: float(v) for k, v in alpha_pattern.items()},
         use_rslora=bool(use_rslora),
         base_model=base_model,
+        use_dora=bool(use_dora),
+        lora_bias=bool(lora_bias),
     )
 
 

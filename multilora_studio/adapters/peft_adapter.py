@@ -53,14 +53,28 @@ MAX_ADAPTER_BYTES = 8 << 30
 # module, A|B
 _KEY = re.compile(
     r"^(?:base_model\.model\.)?(model|model\.language_model|language_model\.model)\.layers\.(\d+)\."
-    r"(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$"
+    r"(self_attn|mlp)\.(\w+)\.(lora_A|lora_B|lora_magnitude_vector)(?:\.default)?(?:\.(weight|bias))?$"
 )
+# (PEFT tensor, suffix) -> factor kind: A [r, in], B [out, r], B's bias [out] (lora_bias), DoRA's
+# magnitude [out]
+_KINDS = {
+    ("lora_A", "weight"): "A",
+    ("lora_B", "weight"): "B",
+    ("lora_B", "bias"): "bias",
+    ("lora_magnitude_vector", None): "magnitude",
+    ("lora_magnitude_vector", "weight"): "magnitude",
+}
 # An image-text model's image path (gemma3's vision tower and projector): its LoRA changes
 # image inputs only, which the engine does not take, so text outputs are the same without it
 _IMAGE_PATH = re.compile(r"^(?:base_model\.model\.)?(?:model\.)?(?:vision_tower|multi_modal_projector)\.")
+_TENSOR_NAMES = {
+    "A": "lora_A",
+    "B": "lora_B",
+    "bias": "lora_B bias",
+    "magnitude": "lora_magnitude_vector (DoRA)",
+}
 # Tensor names PEFT writes for contents we cannot serve, and how to name them.
 _UNSUPPORTED_TENSORS = (
-    ("lora_magnitude_vector", "DoRA"),
     ("lora_embedding_", "embedding LoRA (embed_tokens)"),
     ("trainable_tokens", "trainable token embeddings (added or retrained tokens)"),
     ("modules_to_save", "modules_to_save (fully trained extra modules)"),
@@ -70,14 +84,17 @@ ShapeOf = Callable[[str], tuple[int, int]]
 # The largest gain lora_gain allows: an activation of float16's largest value (65504) through
 # the adapter still fits float32.
 MAX_LORA_GAIN = torch.finfo(torch.float32).max / torch.finfo(torch.float16).max
-Factor = tuple[int, str, str]  # (layer, module, "A" | "B")
+Factor = tuple[int, str, str]  # (layer, module, "A" | "B" | "bias" | "magnitude")
 
 
 @dataclass
 class HostAdapter:
     """One adapter's LoRA factors in host memory, scale folded into B.
 
-    ``weights[(layer, module)] = (A [rank, in], B_scaled [out, rank])``
+    ``weights[(layer, module)] = (A [rank, in], B_scaled [out, rank])``; with ``lora_bias``,
+    ``biases[(layer, module)]`` = B's bias times the scale [out]; with DoRA,
+    ``magnitudes[(layer, module)]`` [out] (the output is scaled per row by magnitude / the row
+    norm of W + B_scaled A, computed once against the base weights when a slot is filled).
     """
 
     name: str
@@ -87,10 +104,14 @@ class HostAdapter:
     targets: tuple[str, ...]
     base_model: str | None
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(repr=False)
+    kind: str = "LoRA"  # AdapterConfig.kind
+    biases: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)
+    magnitudes: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
+        vectors = sum(t.nbytes for t in (*self.biases.values(), *self.magnitudes.values()))
+        return sum(a.nbytes + b.nbytes for a, b in self.weights.values()) + vectors
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
@@ -138,9 +159,10 @@ def load_peft_adapter(
         folder, read_header(weights_path), config, num_layers, shape_of, max_rank
     )
     tensors = _read_factors(weights_path, factors, dtype)
-    weights = {}
-    for (layer, module), (a, b) in sorted(tensors.items()):
-        if not (all_finite(a) and all_finite(b)):
+    weights, biases, magnitudes = {}, {}, {}
+    for (layer, module), found in sorted(tensors.items()):
+        a, b = found["A"], found["B"]
+        if not all(map(all_finite, found.values())):
             raise AdapterError(f"{folder}: layer {layer} {module} holds NaN or Inf weights")
         scale = config.scale_of(layer, module, a.shape[0], decoder)
         b_scaled = b * scale  # [out, rank]
@@ -151,6 +173,12 @@ def load_peft_adapter(
             )
         for part, b_part in _split_fused(module, b_scaled, shape_of):
             weights[(layer, part)] = (a.contiguous(), b_part.contiguous())
+        if "bias" in found:  # scaled as PEFT scales lora_B's output, bias included
+            for part, bias in _split_fused(module, found["bias"] * scale, shape_of):
+                biases[(layer, part)] = bias.contiguous()
+        if "magnitude" in found:
+            for part, magnitude in _split_fused(module, found["magnitude"], shape_of):
+                magnitudes[(layer, part)] = magnitude.contiguous()
     return HostAdapter(
         name=name,
         path=folder,
@@ -159,6 +187,9 @@ def load_peft_adapter(
         targets=tuple(sorted({module for _, module in weights}, key=PROJECTION_TARGETS.index)),
         base_model=config.base_model,
         weights=weights,
+        kind=config.kind,
+        biases=biases,
+        magnitudes=magnitudes,
     )
 
 
@@ -171,6 +202,7 @@ class AdapterSummary:
     targets: tuple[str, ...]
     size_bytes: int
     base_model: str | None
+    kind: str = "LoRA"  # AdapterConfig.kind
 
 
 def inspect_peft_adapter(
@@ -196,17 +228,19 @@ def inspect_peft_adapter(
         targets=tuple(sorted(modules, key=PROJECTION_TARGETS.index)),
         size_bytes=weights_path.stat().st_size,
         base_model=config.base_model,
+        kind=config.kind,
     )
 
 
-def _split_fused(module: str, b_scaled: torch.Tensor, shape_of: ShapeOf) -> list[tuple[str, torch.Tensor]]:
-    """``[(projection, B rows)]``: a fused module's B [sum of parts' out, rank] cut into its parts'
-    rows (they share its A); a plain projection as it is."""
+def _split_fused(module: str, rows: torch.Tensor, shape_of: ShapeOf) -> list[tuple[str, torch.Tensor]]:
+    """``[(projection, rows)]``: a fused module's B [sum of parts' out, rank] (or its bias or
+    magnitude [sum of parts' out]) cut into its parts' rows (they share its A); a plain
+    projection as it is."""
     parts = FUSED_TARGETS.get(module)
     if parts is None:
-        return [(module, b_scaled)]
+        return [(module, rows)]
     sizes = [shape_of(part)[0] for part in parts]
-    return list(zip(parts, b_scaled.split(sizes), strict=True))
+    return list(zip(parts, rows.split(sizes), strict=True))
 
 
 def weights_file(folder: Path) -> Path:
@@ -264,10 +298,11 @@ def _plan_factors(
         if _IMAGE_PATH.match(key):
             continue
         match = _KEY.match(key)
-        if match is None or match[4] not in SUPPORTED_TARGETS:
+        kind = _KINDS.get((match[5], match[6])) if match is not None else None
+        if match is None or kind is None or match[4] not in SUPPORTED_TARGETS:
             unsupported.add(_describe_unsupported(key))
             continue
-        factors[key] = (int(match[2]), match[4], match[5])
+        factors[key] = (int(match[2]), match[4], kind)
         decoders.add(match[1])
         if entry.dtype not in FLOAT_DTYPES:
             raise AdapterError(f"{folder}: tensor {key!r} has dtype {entry.dtype}; LoRA factors are floats")
@@ -302,13 +337,30 @@ def _plan_factors(
             f"{folder}: layer {layer} has LoRA on both {fused} and {part}, which it contains; "
             "an adapter targets either the fused projection or its parts"
         )
+    expected = (
+        {"A", "B"} | ({"magnitude"} if config.use_dora else set()) | ({"bias"} if config.lora_bias else set())
+    )
     for (layer, module), shapes in sorted(pairs.items()):
-        if set(shapes) != {"A", "B"}:
-            missing = "A" if "A" not in shapes else "B"
-            raise AdapterError(f"{folder}: layer {layer} {module} lacks its lora_{missing} tensor")
+        if set(shapes) != expected:
+            missing = ", ".join(_TENSOR_NAMES[k] for k in sorted(expected - set(shapes)))
+            extra = ", ".join(_TENSOR_NAMES[k] for k in sorted(set(shapes) - expected))
+            problem = (
+                f"lacks its {missing} tensor"
+                if missing
+                else f"has {extra}, which {CONFIG_FILE} does not declare"
+            )
+            raise AdapterError(f"{folder}: layer {layer} {module} {problem}")
         _check_pair(
             folder, layer, module, shapes["A"], shapes["B"], shape_of(module), config, max_rank, decoder
         )
+        out_features = shape_of(module)[0]
+        for kind in ("bias", "magnitude"):
+            if kind in shapes and shapes[kind] != (out_features,):
+                raise AdapterError(
+                    f"{folder}: layer {layer} {module} has a {_TENSOR_NAMES[kind]} of shape "
+                    f"{list(shapes[kind])}; the base model needs [{out_features}]. The adapter was "
+                    "trained on a different base model"
+                )
     return factors, decoder
 
 
@@ -349,7 +401,7 @@ def _describe_unsupported(key: str) -> str:
     if "embed_tokens" in key:
         return "embed_tokens weights (resized vocabulary for added tokens, or modules_to_save)"
     if key.endswith(".bias"):
-        return f"trained bias terms ({key})"
+        return f"trained bias terms other than lora_B's ({key})"
     if "lora_" in key:
         module = key.split(".lora_", maxsplit=1)[0]
         return f"LoRA on {module} (supported: {', '.join(SUPPORTED_TARGETS)})"
@@ -358,7 +410,8 @@ def _describe_unsupported(key: str) -> str:
 
 def _read_factors(
     path: Path, factors: dict[str, Factor], dtype: torch.dtype
-) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
+    """Each (layer, module)'s tensors by kind ("A", "B", and "bias" or "magnitude" if it has them)."""
     found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     try:
         with safe_open(str(path), framework="pt") as handle:
@@ -369,4 +422,4 @@ def _read_factors(
                 found.setdefault((layer, module), {})[which] = tensor
     except SafetensorError as error:
         raise AdapterError(f"{path} is corrupt or truncated: {error}") from None
-    return {pair: (tensors["A"], tensors["B"]) for pair, tensors in found.items()}
+    return found

@@ -532,6 +532,7 @@ class Registry:
             rank=host.rank,
             alpha=host.alpha,
             targets=",".join(host.targets),
+            kind=host.kind,
             size_bytes=(folder / WEIGHTS_FILE).stat().st_size,
             created=time.time(),
             last_used=None,

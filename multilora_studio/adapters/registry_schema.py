@@ -6,7 +6,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Migration n brings a database from user_version n-1 to n.
 MIGRATIONS = {
     1: """
@@ -62,6 +62,10 @@ MIGRATIONS = {
     );
     CREATE INDEX eval_scores_adapter ON eval_scores (adapter_id, created);
     """,
+    # kind: AdapterConfig.kind ("DoRA", "LoRA with bias" or "LoRA")
+    3: """
+    ALTER TABLE adapters ADD COLUMN kind TEXT NOT NULL DEFAULT 'LoRA'
+    """,
 }
 
 
@@ -102,6 +106,7 @@ class AdapterRecord:
     last_used: float | None
     pinned: bool
     notes: str
+    kind: str = "LoRA"  # "DoRA", "LoRA with bias" or "LoRA" (AdapterConfig.kind)
 
     @classmethod
     def from_row(cls, row: sqlite3.Row, aliases: tuple[str, ...]) -> AdapterRecord:
@@ -125,6 +130,7 @@ class AdapterRecord:
             last_used=row["last_used"],
             pinned=bool(row["pinned"]),
             notes=row["notes"],
+            kind=row["kind"],
         )
 
     def base_status(self, digest: str) -> str:

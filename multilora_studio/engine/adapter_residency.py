@@ -50,6 +50,7 @@ class AdapterInfo:
     alpha: float
     targets: tuple[str, ...]
     size_bytes: int
+    kind: str = "LoRA"  # AdapterConfig.kind: "DoRA", "LoRA with bias" or "LoRA"
 
 
 class AdapterResidency:
@@ -161,13 +162,15 @@ class AdapterResidency:
         if preload:
             # On a thread that ends with the load: see adapters/short_lived_workers.py.
             host, packed = call_on_short_lived_thread(lambda: self._read_and_pack(name, path))
-            info = AdapterInfo(name, path, host.rank, host.alpha, host.targets, host.nbytes)
+            info = AdapterInfo(name, path, host.rank, host.alpha, host.targets, host.nbytes, host.kind)
         else:
             spec = self.spec
             summary = inspect_peft_adapter(
                 path, spec.num_layers, spec.projection_shape, self.config.max_lora_rank, spec.vocab_size
             )
-            info = AdapterInfo(name, path, summary.rank, summary.alpha, summary.targets, summary.size_bytes)
+            info = AdapterInfo(
+                name, path, summary.rank, summary.alpha, summary.targets, summary.size_bytes, summary.kind
+            )
         with self._lock:
             if name in self._adapters:
                 raise ValueError(f"an adapter named {name!r} already exists; remove it first")
@@ -179,6 +182,11 @@ class AdapterResidency:
     def infos(self) -> list[AdapterInfo]:
         with self._lock:
             return list(self._adapters.values())
+
+    def kind_of(self, name: str) -> str:
+        """The added adapter's kind (``AdapterInfo.kind``)."""
+        with self._lock:
+            return self._adapters[name].kind
 
     def check_known(self, name: str) -> None:
         """Raise ValueError, naming the adapters there are, unless ``name`` was added."""

@@ -199,6 +199,11 @@ class Engine:
                 raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         if adapter is not None:
             self.residency.check_known(adapter)
+            if params.adapter_scale != 1.0 and self.residency.kind_of(adapter) == "DoRA":
+                raise ValueError(
+                    f"adapter_scale={params.adapter_scale:g}: {adapter!r} is a DoRA adapter, whose "
+                    "per-row magnitude normalisation is fixed for strength 1 (leave adapter_scale at 1)"
+                )
         elif params.adapter_scale != 1.0:
             raise ValueError(
                 f"adapter_scale={params.adapter_scale:g} needs an adapter: a base-model request "

@@ -61,10 +61,18 @@ class AttentionMetadata:
 
 @dataclass
 class LoRAStep:
-    """The adapters of this step: per-token slots and which projection groups any of them targets."""
+    """The adapters of this step: per-token slots and which projection groups any of them targets.
+
+    ``row_groups``: the groups some adapter of the step scales or shifts per output row (DoRA,
+    lora_bias), computed on the plain path with ``row_index`` [T] int64 (each token's slot, or
+    the slot count for tokens without an adapter) picking each token's row of
+    ``LoRASlotWeights.row_scale`` / ``row_bias``.
+    """
 
     batch: LoRABatch
     groups: frozenset[str]
+    row_groups: frozenset[str] = frozenset()
+    row_index: torch.Tensor | None = None
 
 
 class LlamaModel:
@@ -115,9 +123,44 @@ class LlamaModel:
         """Whether ``group``'s LoRA term this step comes from the GEMM over its shrink-in-GEMM weight."""
         return step is not None and group in step.groups and self.plan.shrinks_in_gemm(tokens)
 
+    @staticmethod
+    def _has_row_terms(group: str, step: LoRAStep | None) -> bool:
+        return step is not None and group in step.row_groups
+
+    def _project_rows(
+        self,
+        group: str,
+        layer: int,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        step: LoRAStep,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``_project_all`` [T, N] with the per-row terms of the step's DoRA and lora_bias
+        adapters: ``(y - bias) * row_scale + bias`` and ``+ strength * row_bias``, each token
+        reading its slot's row (tokens without an adapter read 1 and 0)."""
+        assert self.lora is not None and step.row_index is not None
+        y = self._project_all(group, layer, x, weight, step, bias)
+        index = step.row_index  # [T]
+        scales = self.lora.row_scale.get(group)
+        if scales is not None:
+            rows = scales[layer][index]  # [T, N]
+            y = rows * (y if bias is None else y - bias) + (0 if bias is None else bias)
+        biases = self.lora.row_bias.get(group)
+        if biases is not None:
+            strength = step.batch.token_scales[: x.shape[0], None].to(y.dtype)  # [T, 1]
+            y = y + strength * biases[layer][index]
+        return y
+
     def _mlp_act(self, layer: int, h: torch.Tensor, step: LoRAStep | None) -> torch.Tensor:
         """act(gate) * up [T, I] of the gate/up projection of ``h``, LoRA term included."""
         weights = self.weights.layers[layer]
+        if self._has_row_terms("gate_up", step):
+            assert step is not None
+            gate_up = self._project_rows("gate_up", layer, h, weights.gate_up, step)  # [T, 2 I]
+            return (
+                gelu_tanh_and_mul(gate_up) if self.spec.activation == "gelu_tanh" else silu_and_mul(gate_up)
+            )
         if self.spec.activation == "gelu_tanh":
             return gelu_tanh_and_mul(self._project_all("gate_up", layer, h, weights.gate_up, step))
         if not self._shrinks_in_gemm("gate_up", h.shape[0], step):
@@ -145,6 +188,9 @@ class LlamaModel:
         """The q/k/v projection [T, q + 2 kv] and, with the shrink in the GEMM, its expand still
         to do ``(shrunk, lora_b, batch)`` (None when the LoRA term is in already or there is none)."""
         weights = self.weights.layers[layer]
+        if self._has_row_terms("qkv", step):
+            assert step is not None
+            return self._project_rows("qkv", layer, h, weights.qkv, step, weights.qkv_bias), None
         if not self._shrinks_in_gemm("qkv", h.shape[0], step):
             return self._project("qkv", layer, h, weights.qkv, step, weights.qkv_bias), None
         assert self.lora is not None and step is not None
@@ -153,13 +199,19 @@ class LlamaModel:
         return qkv, (shrunk, self.lora.b["qkv"][layer], step.batch)
 
     def _project_all(
-        self, group: str, layer: int, x: torch.Tensor, weight: torch.Tensor, step: LoRAStep | None
+        self,
+        group: str,
+        layer: int,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        step: LoRAStep | None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x @ weight^T`` [T, N] with the LoRA term added, on either LoRA path."""
+        """``x @ weight^T (+ bias)`` [T, N] with the LoRA term added, on either LoRA path."""
         if not self._shrinks_in_gemm(group, x.shape[0], step):
-            return self._project(group, layer, x, weight, step)
+            return self._project(group, layer, x, weight, step, bias)
         assert self.lora is not None and step is not None
-        y, shrunk = self._shrink_in_gemm(group, layer, x)  # [T, N], [T, slots, S, R]
+        y, shrunk = self._shrink_in_gemm(group, layer, x, bias is not None)  # [T, N], [T, slots, S, R]
         b = self.lora.b[group][layer]
         lora_expand_shrunk_in_gemm(
             y, shrunk, b, step.batch, self.lora.offsets[group], self.plan, validate=False
@@ -179,7 +231,11 @@ class LlamaModel:
     ) -> torch.Tensor:
         """The Gemma block's ``residual += RMSNorm(x @ weight^T + LoRA)`` in place; returns
         RMSNorm of the new residual [T, H]."""
-        y = self._project_all(group, layer, x, weight, step)  # [T, H]
+        if self._has_row_terms(group, step):
+            assert step is not None
+            y = self._project_rows(group, layer, x, weight, step)  # [T, H]
+        else:
+            y = self._project_all(group, layer, x, weight, step)  # [T, H]
         return norm_add_rms_norm(y, out_norm, residual, norm_weight, self.spec.rms_norm_eps)
 
     def _project_add_norm(
@@ -194,6 +250,9 @@ class LlamaModel:
     ) -> torch.Tensor:
         """``residual += x @ weight^T + LoRA`` in place; returns RMSNorm of the new residual [T, H]."""
         eps = self.spec.rms_norm_eps
+        if self._has_row_terms(group, step):
+            assert step is not None
+            return add_rms_norm(self._project_rows(group, layer, x, weight, step), residual, norm_weight, eps)
         if not self._shrinks_in_gemm(group, x.shape[0], step):
             return add_rms_norm(self._project(group, layer, x, weight, step), residual, norm_weight, eps)
         assert self.lora is not None and step is not None

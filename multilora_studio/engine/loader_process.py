@@ -45,8 +45,9 @@ class StagedAdapter:
     name: str
     rank: int
     groups: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]  # a then b per group, in ``groups`` order
+    shapes: tuple[tuple[int, ...], ...]  # a then b per group, in ``groups`` order, then the rows
     used_bytes: int
+    row_keys: tuple[str, ...] = ()  # PackedAdapter.rows keys, in ``shapes`` order after the groups
 
 
 class _StagingBlock:
@@ -92,12 +93,12 @@ def _child_load(name: str, path: str, index: int) -> StagedAdapter:
     layers, shape_of = spec.num_layers, spec.projection_shape
     host = load_peft_adapter(name, Path(path), layers, shape_of, child.max_rank, spec.vocab_size, dtype=dtype)
     packed = pack_adapter(host, spec, dtype, pin=False, arena=staging)
-    groups = tuple(packed.a)
-    tensors = [t for g in groups for t in (packed.a[g], packed.b[g])]
+    groups, row_keys = tuple(packed.a), tuple(packed.rows)
+    tensors = [t for g in groups for t in (packed.a[g], packed.b[g])] + [packed.rows[k] for k in row_keys]
     if any(t.untyped_storage().data_ptr() != block.untyped_storage().data_ptr() for t in tensors):
         raise AdapterError(f"{path}: the packed adapter does not fit the staging buffer")
     end = max(t.data_ptr() + t.numel() * t.element_size() for t in tensors) - block.data_ptr()
-    return StagedAdapter(name, packed.rank, groups, tuple(tuple(t.shape) for t in tensors), end)
+    return StagedAdapter(name, packed.rank, groups, tuple(tuple(t.shape) for t in tensors), end, row_keys)
 
 
 _main_lock = threading.Lock()
@@ -202,6 +203,7 @@ class LoaderProcess:
         tensors = carve(block, list(staged.shapes), self.dtype, zero=False)
         for g, group in enumerate(staged.groups):
             packed.a[group], packed.b[group] = tensors[2 * g], tensors[2 * g + 1]
+        packed.rows = dict(zip(staged.row_keys, tensors[2 * len(staged.groups) :], strict=True))
         return packed
 
     def close(self) -> None:

@@ -6,17 +6,22 @@ Storage (allocated once, zeros; see ``multilora_studio.kernels.lora`` for the ke
     b[group]: [layers, slots, out_total, max_rank]   slice s = rows offsets[s]:offsets[s+1]
               (on the CPU a transposed view of [layers, slots, max_rank, out_total] storage)
     slot_ranks: [slots] int32, 0 = empty slot
+    row_scale[group], row_bias[group]: [layers, slots + 1, out_total], made when the first
+              DoRA or LoRA-bias adapter is uploaded: each slot's per-row output scale (DoRA's
+              magnitude / ||W + B A||, 1 elsewhere) and bias (lora_bias, 0 elsewhere); row
+              ``slots`` is for tokens without an adapter (1 and 0)
 The LoRA scale is folded into B when a slot is filled.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from multilora_studio.adapters.peft_adapter import HostAdapter
+from multilora_studio.engine.dora import BaseProjection, dora_row_scale
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.pinned_arena import BlockSource, carve, carved_bytes
 
@@ -30,6 +35,8 @@ LORA_GROUPS: dict[str, tuple[str, ...]] = {
 GROUP_OF = {
     module: (group, index) for group, modules in LORA_GROUPS.items() for index, module in enumerate(modules)
 }
+# per-row vectors an adapter may carry besides A and B (PackedAdapter.rows keys are "kind:group")
+ROW_KINDS = ("bias", "magnitude")
 
 
 class LoRASlotWeights:
@@ -43,8 +50,13 @@ class LoRASlotWeights:
         dtype: torch.dtype,
         device: torch.device,
         shrink_in_gemm_weights: dict[str, torch.Tensor] | None = None,
+        base: BaseProjection | None = None,
     ) -> None:
         self.num_slots = num_slots
+        self.spec = spec
+        self.dtype = dtype
+        self.device = device
+        self.base = base  # what DoRA's row norms are computed against
         # group -> [layers, N + slices * slots * max_rank, K] with the shrink in GEMM (weights.py)
         self.shrink_in_gemm_weights = shrink_in_gemm_weights or {}
         self.max_rank = max_rank
@@ -83,11 +95,34 @@ class LoRASlotWeights:
         self.slot_ranks = torch.zeros(num_slots, dtype=torch.int32, device=device)  # [slots]
         self.slot_ranks_host = [0] * num_slots  # the same ranks, for metadata built on the host
         self.slot_groups: list[frozenset[str]] = [frozenset()] * num_slots
+        # groups whose outputs a slot scales or shifts per row (DoRA, lora_bias)
+        self.slot_row_groups: list[frozenset[str]] = [frozenset()] * num_slots
         self.slot_adapter: list[str | None] = [None] * num_slots
+        self.row_scale: dict[str, torch.Tensor] = {}
+        self.row_bias: dict[str, torch.Tensor] = {}
+
+    def _row_buffer(self, kind: str, group: str) -> torch.Tensor:
+        """``row_scale[group]`` (ones) or ``row_bias[group]`` (zeros) [L, slots + 1, out_total],
+        made on first use."""
+        buffers = self.row_scale if kind == "magnitude" else self.row_bias
+        if group not in buffers:
+            shape = (self.spec.num_layers, self.num_slots + 1, self.offsets[group][-1])
+            fill = 1.0 if kind == "magnitude" else 0.0
+            buffers[group] = torch.full(shape, fill, dtype=self.dtype, device=self.device)
+        return buffers[group]
+
+    def _reset_rows(self, slot: int) -> None:
+        for group in self.slot_row_groups[slot]:
+            if group in self.row_scale:
+                self.row_scale[group][:, slot].fill_(1.0)
+            if group in self.row_bias:
+                self.row_bias[group][:, slot].zero_()
+        self.slot_row_groups[slot] = frozenset()
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in itertools.chain(self.a.values(), self.b.values()))
+        rows = itertools.chain(self.row_scale.values(), self.row_bias.values())
+        return sum(t.nbytes for t in itertools.chain(self.a.values(), self.b.values(), rows))
 
     def split_shrink_in_gemm(self, group: str, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The base output [T, N] and the shrink against every slot [T, slots, S, R] (views)
@@ -102,6 +137,7 @@ class LoRASlotWeights:
         self.slot_ranks[slot].fill_(0)
         self.slot_ranks_host[slot] = 0
         self.slot_groups[slot] = frozenset()
+        self._reset_rows(slot)
         self.slot_adapter[slot] = None
 
     def upload(self, slot: int, packed: PackedAdapter) -> None:
@@ -124,6 +160,18 @@ class LoRASlotWeights:
         self.slot_ranks[slot].fill_(rank)  # a kernel on the current stream, no host sync
         self.slot_ranks_host[slot] = rank
         self.slot_groups[slot] = frozenset(packed.a)
+        self._reset_rows(slot)
+        for key, stored in packed.rows.items():  # [L, out_total]
+            kind, group = key.split(":")
+            rows = stored
+            if kind == "magnitude":
+                if self.base is None:
+                    raise ValueError("DoRA adapters need the base weights: LoRASlotWeights(base=...)")
+                a = self.a[group][:, slot, :, :rank]  # [L, S, r, in]
+                b = self.b[group][:, slot, :, :rank]  # [L, out_total, r]
+                rows = dora_row_scale(stored, a, b, self.offsets[group], group, self.base)
+            self._row_buffer(kind, group)[:, slot].copy_(rows, non_blocking=True)
+        self.slot_row_groups[slot] = frozenset(key.split(":")[1] for key in packed.rows)
         self.slot_adapter[slot] = packed.name
 
 
@@ -134,32 +182,52 @@ class PackedAdapter:
     Storage (pinned when ``pin``): for each group it targets,
         a[group]: [layers, slices, rank, in_features]
         b[group]: [layers, out_total, rank]   (scale folded in)
+        rows["bias:group"]: [layers, out_total]   lora_bias times the scale (0 where none)
+        rows["magnitude:group"]: [layers, out_total]   DoRA's magnitude (NaN: not DoRA)
     """
 
     name: str
     rank: int
     a: dict[str, torch.Tensor]
     b: dict[str, torch.Tensor]
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in itertools.chain(self.a.values(), self.b.values()))
+        tensors = itertools.chain(self.a.values(), self.b.values(), self.rows.values())
+        return sum(t.nbytes for t in tensors)
 
 
-def packed_shapes(spec: ModelSpec, rank: int, groups: list[str]) -> list[tuple[int, ...]]:
-    """Shapes of a packed adapter's tensors, a then b per group, in ``groups`` order."""
+def _out_total(spec: ModelSpec, group: str) -> int:
+    return sum(spec.projection_shape(module)[0] for module in LORA_GROUPS[group])
+
+
+def packed_shapes(
+    spec: ModelSpec, rank: int, groups: list[str], row_keys: tuple[str, ...] = ()
+) -> list[tuple[int, ...]]:
+    """Shapes of a packed adapter's tensors: a then b per group, in ``groups`` order, then the
+    per-row vectors of ``row_keys`` ("kind:group")."""
     shapes: list[tuple[int, ...]] = []
     for group in groups:
         modules = LORA_GROUPS[group]
         in_features = spec.projection_shape(modules[0])[1]
-        out_total = sum(spec.projection_shape(module)[0] for module in modules)
+        out_total = _out_total(spec, group)
         shapes += [(spec.num_layers, len(modules), rank, in_features), (spec.num_layers, out_total, rank)]
-    return shapes
+    return shapes + [(spec.num_layers, _out_total(spec, key.split(":")[1])) for key in row_keys]
 
 
 def max_packed_bytes(spec: ModelSpec, max_rank: int, dtype: torch.dtype) -> int:
-    """Host bytes of the largest packed adapter: ``max_rank`` on every projection group."""
-    return carved_bytes(packed_shapes(spec, max_rank, list(LORA_GROUPS)), dtype)
+    """Host bytes of the largest packed adapter: ``max_rank`` on every projection group, with
+    one per-row vector each (DoRA's magnitude or lora_bias; PEFT never has both)."""
+    rows = tuple(f"magnitude:{group}" for group in LORA_GROUPS)
+    return carved_bytes(packed_shapes(spec, max_rank, list(LORA_GROUPS), rows), dtype)
+
+
+def row_keys_of(adapter: HostAdapter) -> tuple[str, ...]:
+    """The "kind:group" keys of the per-row vectors ``adapter`` packs into."""
+    keys = {f"bias:{GROUP_OF[module][0]}" for _, module in adapter.biases}
+    keys |= {f"magnitude:{GROUP_OF[module][0]}" for _, module in adapter.magnitudes}
+    return tuple(sorted(keys))
 
 
 def pack_adapter(
@@ -180,7 +248,8 @@ def pack_adapter(
         group, index = GROUP_OF[module]
         by_group.setdefault(group, []).append((layer, index, a, b))
     groups = list(by_group)
-    shapes = packed_shapes(spec, rank, groups)
+    row_keys = row_keys_of(adapter)
+    shapes = packed_shapes(spec, rank, groups, row_keys)
     packed = PackedAdapter(adapter.name, rank, {}, {})
     block = None
     if arena is not None and carved_bytes(shapes, dtype) <= arena.block_bytes:
@@ -201,4 +270,16 @@ def pack_adapter(
             a_all, b_all = a_all.pin_memory(), b_all.pin_memory()
         packed.a[group] = a_all
         packed.b[group] = b_all
+    vectors = {"bias": adapter.biases, "magnitude": adapter.magnitudes}
+    for key, rows in zip(row_keys, tensors[2 * len(groups) :], strict=True):  # [L, out_total]
+        kind, group = key.split(":")
+        if kind == "magnitude":
+            rows.fill_(float("nan"))
+        modules = LORA_GROUPS[group]
+        offsets = (0, *itertools.accumulate(spec.projection_shape(m)[0] for m in modules))
+        for (layer, module), vector in vectors[kind].items():
+            owner, index = GROUP_OF[module]
+            if owner == group:
+                rows[layer, offsets[index] : offsets[index + 1]] = vector
+        packed.rows[key] = rows.pin_memory() if block is None and pin else rows
     return packed

@@ -13,6 +13,7 @@ import torch
 
 from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.dora import BaseProjection, base_row_norms
 from multilora_studio.engine.grammar import DeviceMasks, apply_token_masks
 from multilora_studio.engine.kernel_warmup import warm_up_kernels, warmup_steps
 from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
@@ -69,6 +70,7 @@ class StepInputs:
     logits_rows: torch.Tensor  # [N] int64: rows of the hidden states to sample from
     lora_groups: frozenset[str]
     scoring: PromptScoring | None = None
+    row_groups: frozenset[str] = frozenset()  # groups with DoRA / lora_bias rows (LoRAStep)
 
 
 @dataclass
@@ -106,11 +108,19 @@ class ModelRunner:
         self.spec = spec
         self.device = device
         self.dtype = dtype
+        dora_base = BaseProjection(base_row_norms(weights), self._project_base)  # before any repacking
         if device.type == "cpu" and cpu_packing_enabled(config, dtype) and not plan.shrink_in_gemm:
             pack_for_onednn(weights)  # in place: ~1.7x faster decode GEMMs on the CPU
+        self.weights = weights
         # With the shrink in GEMM the slots' A factors are extra rows of the base GEMM weights.
         self.lora = LoRASlotWeights(
-            spec, config.max_loras, config.max_lora_rank, dtype, device, weights.shrink_in_gemm_weights
+            spec,
+            config.max_loras,
+            config.max_lora_rank,
+            dtype,
+            device,
+            weights.shrink_in_gemm_weights,
+            dora_base,
         )
         max_positions = max(config.max_model_len, 16)
         self.model = LlamaModel(spec, weights, self.lora, max_positions, plan)
@@ -170,8 +180,9 @@ class ModelRunner:
         scores_prompt = any(
             c.seq.prompt_positions_to_score(c.start, c.start + c.num_tokens) for c in plan.chunks
         )
+        eager = scores_prompt or self._uses_row_terms(plan, slot_of)
         for graphs in (self.decode_graphs, self.mixed_graphs):
-            if graphs is not None and not scores_prompt and graphs.accepts(plan):
+            if graphs is not None and not eager and graphs.accepts(plan):
                 return graphs.stage(plan, slot_of, self.lora.slot_ranks_host)
         input_ids: list[int] = []
         positions: list[int] = []
@@ -184,6 +195,7 @@ class ModelRunner:
         tables: list[list[int]] = []
         logits_rows: list[int] = []
         groups: set[str] = set()
+        row_groups: set[str] = set()
         score_rows: list[int] = []
         score_targets: list[int] = []
         score_groups: list[tuple[Sequence, int, int]] = []
@@ -201,6 +213,7 @@ class ModelRunner:
             scaled = scaled or strength != 1.0
             if slot >= 0:
                 groups |= self.lora.slot_groups[slot]
+                row_groups |= self.lora.slot_row_groups[slot]
             seq_lens.append(end)
             scored = seq.prompt_positions_to_score(chunk.start, end)
             if scored:
@@ -241,7 +254,17 @@ class ModelRunner:
             logits_rows=on_device(logits_rows, torch.int64),
             lora_groups=frozenset(groups),
             scoring=scoring,
+            row_groups=frozenset(row_groups),
         )
+
+    def _project_base(self, group: str, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W^T`` of layer ``layer``'s ``group`` base weight (DoRA's norms)."""
+        return self.model.linear(x, getattr(self.weights.layers[layer], group))
+
+    def _uses_row_terms(self, plan: StepPlan, slot_of: dict[str | None, int]) -> bool:
+        """Whether a sequence of the plan has a DoRA or lora_bias adapter (a step graphs do not run)."""
+        slots = (slot_of.get(chunk.seq.adapter, -1) for chunk in plan.chunks)
+        return any(self.lora.slot_row_groups[slot] for slot in slots if slot >= 0)
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs | GraphStep) -> tuple[torch.Tensor, ScoredRows | None]:
@@ -251,7 +274,10 @@ class ModelRunner:
         lora = None
         if inputs.lora_groups:
             batch = self.lora_batch.update(inputs.slot_ids, self.lora.slot_ranks, inputs.token_scales)
-            lora = LoRAStep(batch, inputs.lora_groups)
+            row_index = None
+            if inputs.row_groups:  # [T] each token's row of the per-row terms
+                row_index = torch.where(inputs.slot_ids < 0, self.lora.num_slots, inputs.slot_ids).long()
+            lora = LoRAStep(batch, inputs.lora_groups, inputs.row_groups, row_index)
         hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.attn, self.kv_caches, lora)
         scoring = inputs.scoring
         prompt_scores = None

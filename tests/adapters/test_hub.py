@@ -26,7 +26,7 @@ from tests.adapters.hub_server import HubServer, free_port, point_client_at
 LORA = f"{HUB_ORG}/tiny-lora"  # v1 (tag): rank 4 on q,v; main: rank 8 on attention
 ADAPTERS_OF_BASE = {
     f"{HUB_ORG}/{n}"
-    for n in ("tiny-lora", "tiny-r8-all", "tiny-dora", "tiny-broken", "tiny-pickle", "tiny-big")
+    for n in ("tiny-lora", "tiny-r8-all", "tiny-saved-head", "tiny-broken", "tiny-pickle", "tiny-big")
 }
 
 
@@ -116,10 +116,10 @@ def test_missing_repository_or_revision_is_a_clear_error(hub, hub_env, registry,
 
 def test_unservable_adapter_is_refused_before_its_weights_are_downloaded(hub, hub_env, registry, tiny_base):
     progress = Recorder()
-    with pytest.raises(AdapterError, match="DoRA"):
-        pull(f"{HUB_ORG}/tiny-dora", registry, tiny_base, progress=progress)
+    with pytest.raises(AdapterError, match="modules_to_save"):
+        pull(f"{HUB_ORG}/tiny-saved-head", registry, tiny_base, progress=progress)
     assert not any("adapter_model.safetensors" in message for _, message in progress.calls)
-    assert_nothing_left(registry, hub_env, f"{HUB_ORG}/tiny-dora")
+    assert_nothing_left(registry, hub_env, f"{HUB_ORG}/tiny-saved-head")
 
 
 def test_pickle_only_repository_is_refused_without_downloading(hub, hub_env, registry, tiny_base):
@@ -226,7 +226,7 @@ def test_search_lists_the_adapters_of_a_base_model(hub, hub_env):
 ADAPTERS_BY_DOWNLOADS = [
     f"{HUB_ORG}/tiny-r8-all",  # 48210
     f"{HUB_ORG}/tiny-pickle",  # 19044
-    f"{HUB_ORG}/tiny-dora",  # 7760
+    f"{HUB_ORG}/tiny-saved-head",  # 7760
     f"{HUB_ORG}/tiny-lora",  # 1523
     f"{HUB_ORG}/tiny-big",  # 310
     f"{HUB_ORG}/tiny-broken",  # 5

@@ -20,7 +20,7 @@ SMOL_ADAPTERS_BY_DOWNLOADS = [  # from hub_listing.json, by hand
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, tiny_adapters) -> list[dict]:
     repos = LocalRepos(tmp_path_factory.mktemp("listing") / "mirrors")
-    made = (("tiny-lora", "tiny-r4-qv"), ("tiny-dora", "tiny-r8-all"), ("unrecorded", "tiny-r8-all"))
+    made = (("tiny-lora", "tiny-r4-qv"), ("tiny-saved-head", "tiny-r8-all"), ("unrecorded", "tiny-r8-all"))
     for name, adapter in made:
         repos.add_adapter(f"studio-tests/{name}", "v1", tiny_adapters[adapter], BASE)
     repos.commit(BASE, "v1", {"README.md": model_card(None, library="transformers")})

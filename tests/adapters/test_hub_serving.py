@@ -90,7 +90,7 @@ def test_a_missing_repository_is_a_404_naming_model_and_is_retried_later(hub, se
     assert [row[0] for row in library_rows(registry)] == [model]
 
 
-@pytest.mark.parametrize("repo", [BASE_REPO, f"{HUB_ORG}/tiny-dora", f"{HUB_ORG}/tiny-pickle"])
+@pytest.mark.parametrize("repo", [BASE_REPO, f"{HUB_ORG}/tiny-saved-head", f"{HUB_ORG}/tiny-pickle"])
 def test_a_repository_that_is_not_a_servable_adapter_is_a_400_naming_model(hub, serve, registry, repo):
     server = serve(allow_hub_adapters=True)
     with pytest.raises(openai.BadRequestError) as caught:

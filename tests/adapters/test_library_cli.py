@@ -97,8 +97,8 @@ def test_list_and_show_flag_an_adapter_of_other_base_weights(
 
 def test_errors_are_one_clear_line_and_change_nothing(home, capsys, tiny_adapters, tiny_model_dir, tmp_path):
     model = str(tiny_model_dir)
-    dora = shutil.copytree(tiny_adapters["tiny-r4-qv"], tmp_path / "dora")
-    edit_config(dora, use_dora=True)
+    saved_head = shutil.copytree(tiny_adapters["tiny-r4-qv"], tmp_path / "saved-head")
+    edit_config(saved_head, modules_to_save=["lm_head"])
     assert (
         run(capsys, "adapters", "add", str(tiny_adapters["tiny-r4-qv"]), "--model", model, "--name", "kept")[
             0
@@ -108,7 +108,10 @@ def test_errors_are_one_clear_line_and_change_nothing(home, capsys, tiny_adapter
     r8, r32 = str(tiny_adapters["tiny-r8-all"]), str(tiny_adapters["tiny-r32-ko-down"])
     cases = [
         (["adapters", "add", str(tmp_path / "missing"), "--model", model], "is not a folder"),
-        (["adapters", "add", str(dora), "--model", model], "unsupported adapter contents: DoRA"),
+        (
+            ["adapters", "add", str(saved_head), "--model", model],
+            "unsupported adapter contents: modules_to_save",
+        ),
         (["adapters", "add", r8, "--model", model, "--name", "kept"], "already has"),
         (["adapters", "add", r8, "--model", str(tmp_path / "nomodel")], "does not exist"),
         (["adapters", "add", r32, "--model", model, "--max-lora-rank", "16"], "exceeds --max-lora-rank=16;"),

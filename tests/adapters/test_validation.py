@@ -53,6 +53,32 @@ def add_tensor(key: str, shape: tuple[int, ...]):
     return change
 
 
+# output rows of each projection of the tiny model (hidden 64, 2 of 4 heads for k/v, MLP 160)
+OUT_FEATURES = {
+    "q_proj": 64,
+    "k_proj": 32,
+    "v_proj": 32,
+    "o_proj": 64,
+    "gate_proj": 160,
+    "up_proj": 160,
+    "down_proj": 64,
+}
+
+
+def add_vectors(suffix: str, short_module: str):
+    """A per-row vector (DoRA's magnitude, lora_B's bias) on every projection of every layer,
+    one row short on ``short_module``."""
+
+    def change(tensors: dict) -> None:
+        for layer in range(3):
+            for module, rows in OUT_FEATURES.items():
+                block = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+                key = f"base_model.model.model.layers.{layer}.{block}.{module}.{suffix}"
+                tensors[key] = torch.rand(rows - (module == short_module)) + 0.5
+
+    return change
+
+
 def drop_tensor(key: str):
     def change(tensors: dict) -> None:
         del tensors[key]
@@ -127,7 +153,18 @@ CASES = {
         lambda f: edit_tensors(
             f, add_tensor("base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector", (64,))
         ),
-        "DoRA",
+        r"has lora_magnitude_vector \(DoRA\), which adapter_config.json does not declare",
+    ),
+    "dora_magnitude_shape": (
+        lambda f: (
+            edit_config(f, use_dora=True),
+            edit_tensors(f, add_vectors("lora_magnitude_vector", "v_proj")),
+        ),
+        r"v_proj has a lora_magnitude_vector \(DoRA\) of shape \[31\]; the base model needs \[32\]",
+    ),
+    "lora_bias_shape": (
+        lambda f: (edit_config(f, lora_bias=True), edit_tensors(f, add_vectors("lora_B.bias", "gate_proj"))),
+        r"gate_proj has a lora_B bias of shape \[159\]; the base model needs \[160\]",
     ),
     "lm_head_weights": (
         lambda f: edit_tensors(f, add_tensor("base_model.model.lm_head.weight", (8, 64))),
@@ -189,7 +226,12 @@ CASES = {
         lambda f: edit_config(f, layers_to_transform="all"),
         "'layers_to_transform'",
     ),
-    "dora_flag": (lambda f: edit_config(f, use_dora=True), "DoRA"),
+    "dora_flag": (
+        lambda f: edit_config(f, use_dora=True),
+        r"lacks its lora_magnitude_vector \(DoRA\) tensor",
+    ),
+    "dora_and_bias": (lambda f: edit_config(f, use_dora=True, lora_bias=True), "PEFT refuses it"),
+    "bias_flag": (lambda f: edit_config(f, lora_bias=True), "lacks its lora_B bias tensor"),
     "modules_to_save_flag": (lambda f: edit_config(f, modules_to_save=["lm_head"]), "modules_to_save"),
     "embedding_target": (
         lambda f: edit_config(f, target_modules=["q_proj", "embed_tokens"]),
@@ -202,7 +244,6 @@ CASES = {
 }
 
 PEFT_CASES = {
-    "dora": "DoRA",
     "modules_to_save": "modules_to_save",
     "embedding": r"embed_tokens is not supported \(embedding LoRA\)",
     "lm_head": r"lm_head is not supported \(lm_head LoRA\)",
@@ -293,3 +334,14 @@ def test_accepted_peft_variants_fold_peft_scales(case, targets, scales, peft_var
         } == {4}
     if case == "some_layers":
         assert {layer for layer, _ in host.weights} == {1}
+
+
+@pytest.mark.parametrize(("case", "kind"), [("dora", "DoRA"), ("rank_pattern", "LoRA")])
+def test_peft_saved_dora_is_registered_with_its_kind(
+    case, kind, registry, peft_variants, tiny_base, tmp_path
+):
+    """A DoRA adapter PEFT saved imports, and the library keeps its kind across a reopen."""
+    record = registry.import_folder(peft_variants[case], tiny_base, name=f"kind-{case}")
+    assert record.kind == kind
+    reopened = type(registry)(registry.root)
+    assert reopened.get(f"kind-{case}").kind == kind

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from multilora_studio.adapters.registry import LibraryError, Registry
-from multilora_studio.adapters.registry_schema import MIGRATIONS, EvalScoreRecord
+from multilora_studio.adapters.registry_schema import MIGRATIONS, SCHEMA_VERSION, EvalScoreRecord
 from multilora_studio.evaluate import (
     BASE,
     EvalSettings,
@@ -123,6 +123,7 @@ def test_a_version_1_library_is_migrated_and_keeps_its_adapters(tmp_path):
     conn.close()
     registry = Registry(root)
     with sqlite3.connect(registry.db_path) as check:
-        assert check.execute("PRAGMA user_version").fetchone() == (2,)
+        assert check.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    assert registry.get("old-one").kind == "LoRA"  # the kind column's default for older libraries
     registry.record_eval_scores([EvalScoreRecord("old-one", "s", "d", "", 2, 2, 1, -1.5, None, 5.0)])
     assert registry.eval_scores("old-one")[0].pass_rate == 0.5
