@@ -10,6 +10,8 @@ from safetensors.torch import save_file
 
 from multilora_studio.engine.model_spec import PROJECTIONS, ModelSpec
 
+KINDS = ("LoRA", "DoRA", "LoRA with bias")  # AdapterConfig.kind
+
 
 def write_random_adapter(
     spec: ModelSpec,
@@ -18,8 +20,15 @@ def write_random_adapter(
     targets: tuple[str, ...] = PROJECTIONS,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    kind: str = "LoRA",
 ) -> Path:
-    """A PEFT folder with random A and B (std chosen so the adapter visibly changes outputs)."""
+    """A PEFT folder with random A and B (std chosen so the adapter visibly changes outputs).
+
+    ``kind``: "LoRA", "DoRA" (with a random magnitude around 1 per output row) or
+    "LoRA with bias" (a random lora_B bias).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     folder.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
@@ -32,6 +41,12 @@ def write_random_adapter(
                 in_features**-0.5
             )
             tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_features, rank, generator=generator) * 0.02
+            if kind == "DoRA":
+                tensors[f"{prefix}.lora_magnitude_vector"] = 1 + 0.1 * torch.randn(
+                    out_features, generator=generator
+                )
+            elif kind == "LoRA with bias":
+                tensors[f"{prefix}.lora_B.bias"] = torch.randn(out_features, generator=generator) * 0.02
     save_file({k: v.to(dtype) for k, v in tensors.items()}, str(folder / "adapter_model.safetensors"))
     config = {
         "peft_type": "LORA",
@@ -42,6 +57,8 @@ def write_random_adapter(
         "bias": "none",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": None,
+        "use_dora": kind == "DoRA",
+        "lora_bias": kind == "LoRA with bias",
     }
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return folder

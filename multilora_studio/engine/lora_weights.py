@@ -111,8 +111,15 @@ class LoRASlotWeights:
             buffers[group] = torch.full(shape, fill, dtype=self.dtype, device=self.device)
         return buffers[group]
 
+    def ensure_row_buffers(self) -> None:
+        """Every group's ``row_scale`` and ``row_bias`` (what a CUDA graph with the per-row
+        terms reads)."""
+        for group in LORA_GROUPS:
+            for kind in ROW_KINDS:
+                self._row_buffer(kind, group)
+
     def _reset_rows(self, slot: int) -> None:
-        for group in self.slot_row_groups[slot]:
+        for group in LORA_GROUPS:  # every buffer made: one may exist for a group the slot lacks
             if group in self.row_scale:
                 self.row_scale[group][:, slot].fill_(1.0)
             if group in self.row_bias:

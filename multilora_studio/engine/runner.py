@@ -180,10 +180,12 @@ class ModelRunner:
         scores_prompt = any(
             c.seq.prompt_positions_to_score(c.start, c.start + c.num_tokens) for c in plan.chunks
         )
-        eager = scores_prompt or self._uses_row_terms(plan, slot_of)
+        uses_rows = self._uses_row_terms(plan, slot_of)
         for graphs in (self.decode_graphs, self.mixed_graphs):
-            if graphs is not None and not eager and graphs.accepts(plan):
-                return graphs.stage(plan, slot_of, self.lora.slot_ranks_host)
+            if graphs is not None and not scores_prompt and graphs.accepts(plan):
+                if uses_rows:
+                    self.lora.ensure_row_buffers()  # the graphs read every group's rows
+                return graphs.stage(plan, slot_of, self.lora.slot_ranks_host, uses_rows)
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
@@ -262,7 +264,7 @@ class ModelRunner:
         return self.model.linear(x, getattr(self.weights.layers[layer], group))
 
     def _uses_row_terms(self, plan: StepPlan, slot_of: dict[str | None, int]) -> bool:
-        """Whether a sequence of the plan has a DoRA or lora_bias adapter (a step graphs do not run)."""
+        """Whether a sequence of the plan has a DoRA or lora_bias adapter."""
         slots = (slot_of.get(chunk.seq.adapter, -1) for chunk in plan.chunks)
         return any(self.lora.slot_row_groups[slot] for slot in slots if slot >= 0)
 
@@ -270,7 +272,7 @@ class ModelRunner:
     def run(self, inputs: StepInputs | GraphStep) -> tuple[torch.Tensor, ScoredRows | None]:
         """Logits [N, V] float32 of the rows that sample this step, and the prompt rows' scores if asked."""
         if isinstance(inputs, GraphStep):
-            return inputs.graphs.run(inputs.staged), None
+            return inputs.graphs.run(inputs.staged, inputs.uses_rows), None
         lora = None
         if inputs.lora_groups:
             batch = self.lora_batch.update(inputs.slot_ids, self.lora.slot_ranks, inputs.token_scales)

@@ -58,9 +58,17 @@ def token_buckets(max_tokens: int) -> list[int]:
 
 
 def forward_staged(
-    model: LlamaModel, kv_caches: KVCaches, staging: StepStaging, bucket: int, uses_lora: bool
+    model: LlamaModel,
+    kv_caches: KVCaches,
+    staging: StepStaging,
+    bucket: int,
+    uses_lora: bool,
+    uses_rows: bool = False,
 ) -> torch.Tensor:
     """Logits float32 of the staged step padded to ``bucket`` tokens: what a graph captures.
+
+    ``uses_rows``: every group also takes the slots' per-row terms (DoRA, lora_bias), each
+    token reading its slot's row (the no-adapter row for padding).
 
     A decode staging gives [bucket, V], the rows of its first ``bucket`` sequences; any
     other gives [S, V], every sequence slot's sampling row. On the CPU it runs eagerly
@@ -82,7 +90,14 @@ def forward_staged(
             query_start_loc=staging.query_start_loc,
             max_query_len=bucket,
         )
-    lora = LoRAStep(staging.lora_batch, frozenset(LORA_GROUPS)) if uses_lora else None
+    lora = None
+    if uses_lora:
+        groups = frozenset(LORA_GROUPS)
+        lora = LoRAStep(staging.lora_batch, groups)
+        if uses_rows:
+            slots = staging.lora_batch.token_slots[:bucket]  # [bucket], -1 for padding
+            row_index = torch.where(slots < 0, staging.lora_batch.num_slots, slots).long()
+            lora = LoRAStep(staging.lora_batch, groups, groups, row_index)
     hidden = model.forward(
         staging.input_ids[:bucket], staging.positions[:bucket], attn, kv_caches, lora
     )  # [bucket, H]
@@ -103,14 +118,17 @@ def capture_graph(work: Callable[[], None], pool: Any, device: torch.device) -> 
 
 @dataclass(frozen=True)
 class GraphStep:
-    """A step staged for one of ``graphs``' captures."""
+    """A step staged for one of ``graphs``' captures (``uses_rows``: with the per-row terms)."""
 
     graphs: StepGraphs
     staged: StagedStep
+    uses_rows: bool = False
 
 
 class StepGraphs:
-    """Captured steps over one staging, keyed by (bucket, uses_lora); buckets end at its size."""
+    """Captured steps over one staging, keyed by (bucket, uses_lora, uses_rows); buckets end at
+    its size. The graphs with the per-row terms (DoRA, lora_bias) are captured on the first step
+    of their bucket that needs them (``model.lora.ensure_row_buffers()`` first)."""
 
     def __init__(
         self, model: LlamaModel, kv_caches: KVCaches, staging: StepStaging, buckets: list[int], pool: Any
@@ -125,12 +143,12 @@ class StepGraphs:
         self.logits = torch.zeros(
             (staging.max_seqs, model.spec.vocab_size), dtype=torch.float32, device=device
         )  # [S, V]
-        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, bool, bool], torch.cuda.CUDAGraph] = {}
         self.pool = pool
         self.capture_all()
 
-    def _forward(self, bucket: int, uses_lora: bool) -> None:
-        logits = forward_staged(self.model, self.kv_caches, self.staging, bucket, uses_lora)
+    def _forward(self, bucket: int, uses_lora: bool, uses_rows: bool = False) -> None:
+        logits = forward_staged(self.model, self.kv_caches, self.staging, bucket, uses_lora, uses_rows)
         self.logits[: logits.shape[0]] = logits
 
     @torch.inference_mode()
@@ -140,7 +158,7 @@ class StepGraphs:
         for bucket in reversed(self.buckets):
             for uses_lora in (False, True):
                 work = functools.partial(self._forward, bucket, uses_lora)
-                self.graphs[(bucket, uses_lora)] = capture_graph(work, self.pool, device)
+                self.graphs[(bucket, uses_lora, False)] = capture_graph(work, self.pool, device)
         torch.cuda.synchronize(device)
         kind = "decode steps" if self.staging.one_token_per_seq else "steps with prompt tokens"
         log.info("captured %d graphs of %s (buckets %s)", len(self.graphs), kind, self.buckets)
@@ -149,19 +167,32 @@ class StepGraphs:
         """Whether a captured graph can run ``plan``."""
         return self.staging.accepts(plan.chunks)
 
-    def stage(self, plan: StepPlan, slot_of: dict[str | None, int], slot_ranks: Sequence[int]) -> GraphStep:
+    def stage(
+        self,
+        plan: StepPlan,
+        slot_of: dict[str | None, int],
+        slot_ranks: Sequence[int],
+        uses_rows: bool = False,
+    ) -> GraphStep:
         """Write ``plan``'s inputs to the staging buffers (one copy enqueued).
 
-        ``slot_of`` maps each adapter to its GPU slot; ``slot_ranks`` is each slot's rank.
+        ``slot_of`` maps each adapter to its GPU slot; ``slot_ranks`` is each slot's rank;
+        ``uses_rows``: an adapter of the step has per-row terms.
         """
-        return GraphStep(self, self.staging.stage(plan.chunks, slot_of, slot_ranks))
+        return GraphStep(self, self.staging.stage(plan.chunks, slot_of, slot_ranks), uses_rows)
 
-    def graph_for(self, tokens: int, uses_lora: bool) -> torch.cuda.CUDAGraph:
-        """The graph that runs a step of ``tokens`` tokens (its bucket's)."""
-        return self.graphs[(self.buckets[bisect.bisect_left(self.buckets, tokens)], uses_lora)]
+    def graph_for(self, tokens: int, uses_lora: bool, uses_rows: bool = False) -> torch.cuda.CUDAGraph:
+        """The graph that runs a step of ``tokens`` tokens (its bucket's), captured now if it
+        is a per-row-terms graph not yet used (the staged step runs once more while it is)."""
+        key = (self.buckets[bisect.bisect_left(self.buckets, tokens)], uses_lora, uses_rows)
+        if key not in self.graphs:
+            work = functools.partial(self._forward, *key)
+            self.graphs[key] = capture_graph(work, self.pool, self.logits.device)
+            log.info("captured the per-row-terms graph of bucket %d", key[0])
+        return self.graphs[key]
 
-    def run(self, staged: StagedStep) -> torch.Tensor:
+    def run(self, staged: StagedStep, uses_rows: bool = False) -> torch.Tensor:
         """Replay the graph of the step's bucket; logits [N, V] float32 of the sampling
         sequences (a view of a static buffer)."""
-        self.graph_for(staged.num_tokens, staged.uses_lora).replay()
+        self.graph_for(staged.num_tokens, staged.uses_lora, staged.uses_lora and uses_rows).replay()
         return self.logits[: staged.num_sampled]
