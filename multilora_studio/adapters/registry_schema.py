@@ -140,6 +140,11 @@ class AdapterRecord:
         return "ok" if digest == self.base_digest else "mismatch"
 
     @property
+    def rank_label(self) -> str:
+        """The rank, with the kind when it is not plain LoRA: "16" or "16 (DoRA)"."""
+        return str(self.rank) if self.kind == "LoRA" else f"{self.rank} ({self.kind})"
+
+    @property
     def source_label(self) -> str:
         if self.source_kind == "hub":
             return f"{self.source}@{self.revision}"

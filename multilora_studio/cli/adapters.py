@@ -90,7 +90,8 @@ def run_add(args: argparse.Namespace) -> int:
         max_rank=args.max_lora_rank,
     )
     print(
-        f"added {record.name!r}: rank {record.rank}, {', '.join(record.targets)}, {_size(record.size_bytes)}"
+        f"added {record.name!r}: rank {record.rank_label}, {', '.join(record.targets)}, "
+        f"{_size(record.size_bytes)}"
     )
     return 0
 
@@ -115,7 +116,7 @@ def run_list(args: argparse.Namespace) -> int:
             "" if digest is None else {"ok": "", "mismatch": " (!)", "unknown": " (?)"}[r.base_status(digest)]
         )
         rows.append(
-            (r.name, str(r.rank), ",".join(r.targets), _size(r.size_bytes), "yes" if r.pinned else "",
+            (r.name, r.rank_label, ",".join(r.targets), _size(r.size_bytes), "yes" if r.pinned else "",
              r.base_name + flag, _eval_label(evaluated.get(r.name)), r.source_label)
         )  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

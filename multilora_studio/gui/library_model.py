@@ -100,7 +100,7 @@ class LibraryModel(QAbstractTableModel):
             "Aliases": ", ".join(record.aliases),
             "Source": ("Hub " if record.source_kind == "hub" else "") + record.source_label,
             "Base": record.base_name,
-            "Rank": str(record.rank) if record.kind == "LoRA" else f"{record.rank} ({record.kind})",
+            "Rank": record.rank_label,
             "Targets": ", ".join(record.targets),
             "Size": format_bytes(record.size_bytes),
             "Tier": self.tier(record.name),

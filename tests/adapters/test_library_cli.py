@@ -81,6 +81,14 @@ def test_add_list_show_pin_unpin_remove(home, capsys, tiny_adapters, tiny_model_
     assert list((home / "adapters").iterdir()) == []
 
 
+def test_a_dora_adapter_is_added_and_listed_with_its_kind(home, capsys, peft_variants, tiny_model_dir):
+    code, out, _ = run(capsys, "adapters", "add", str(peft_variants["dora"]), "--model", str(tiny_model_dir))
+    assert code == 0 and "rank 4 (DoRA)" in out
+    code, out, _ = run(capsys, "adapters", "list")
+    assert code == 0 and "4 (DoRA)" in out
+    assert [entry["kind"] for entry in listing(capsys)] == ["DoRA"]
+
+
 def test_list_and_show_flag_an_adapter_of_other_base_weights(
     home, capsys, tiny_adapters, tiny_model_dir, retrained_base
 ):
