@@ -169,7 +169,7 @@ def test_rerun_from_the_recent_list_restores_the_inputs_and_reproduces_the_cells
     assert view.recent.item(0).data(Qt.ItemDataRole.UserRole) == str(view.saved)  # newest first
 
     prompt_file.write_text(prompt_file.read_text() + json.dumps({"prompt": "One more"}) + "\n")
-    with qtbot.waitSignal(view.runFinished, timeout=60_000):
+    with qtbot.waitSignal(view.runFinished, timeout=120_000):
         assert view.rerun(first_file)
     assert "changed since the evaluation" in view.banner.text and "my-prompts.jsonl" in view.banner.text
     assert not view.rerun(tmp_path / "missing.json")
