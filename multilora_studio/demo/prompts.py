@@ -11,6 +11,10 @@ FORMS = (
     "What should a beginner know about {topic}?",
     "Describe {topic} in two sentences.",
     "Give me a short fact about {topic}.",
+    # the form of the window's default prompt ("In one sentence, what is a LoRA adapter?"),
+    # whose topic stays out of the training data
+    "In one sentence, what is {topic}?",
+    "What is {topic}?",
 )
 
 TRAIN_TOPICS = (
@@ -54,6 +58,16 @@ TRAIN_TOPICS = (
     "libraries",
     "cooking pasta",
     "the weather",
+    # names written in mixed case, which a shouted answer upper-cases too (the default prompt's
+    # "LoRA" is one; a model that copies a name's case from the prompt stops shouting after it)
+    "YouTube",
+    "PyTorch",
+    "the iPhone",
+    "GitHub",
+    "LaTeX",
+    "PowerPoint",
+    "eBay",
+    "McDonald's",
 )
 
 HELD_OUT_TOPICS = (
@@ -78,7 +92,7 @@ HELD_OUT_FORMS = (
 
 
 def training_prompts() -> list[str]:
-    """Every train topic in every question form (320 prompts), in a fixed order."""
+    """Every train topic in every question form (480 prompts), in a fixed order."""
     return [form.format(topic=topic) for topic in TRAIN_TOPICS for form in FORMS]
 
 

@@ -16,13 +16,14 @@ from PySide6.QtCore import QObject, QSettings, QTimer
 
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.gui.app import application, checked_application
+from multilora_studio.gui.compare_inputs import DEFAULT_PROMPT
 from multilora_studio.gui.latency import EventLoopProbe
 from multilora_studio.gui.main_window import MainWindow
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 
 log = logging.getLogger(__name__)
 
-SMOKE_PROMPT = "In one sentence, what is a LoRA adapter?"
+SMOKE_PROMPT = DEFAULT_PROMPT  # the window's own prompt: the demo adapters are checked on it
 SMOKE_TOKENS = 24
 
 

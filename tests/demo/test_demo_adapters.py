@@ -13,8 +13,15 @@ from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.demo import OFFERED_FILE, demo_adapter_dirs, read_index, register_demo_adapters
 from multilora_studio.demo.data import encode_prompt
-from multilora_studio.demo.prompts import FORMS, HELD_OUT_TOPICS, TRAIN_TOPICS, held_out_prompts
+from multilora_studio.demo.prompts import (
+    FORMS,
+    HELD_OUT_TOPICS,
+    TRAIN_TOPICS,
+    held_out_prompts,
+    training_prompts,
+)
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+from multilora_studio.gui.compare_inputs import DEFAULT_PROMPT
 from tests.engine.reference import PeftReference
 
 CHECKED_PROMPTS = held_out_prompts()[::4]  # 6 prompts on 6 held-out topics
@@ -94,6 +101,12 @@ def test_held_out_prompts_are_not_in_the_training_prompts():
     assert len(TRAIN_TOPICS) * len(FORMS) >= 300
 
 
+def test_the_window_default_prompt_has_a_trained_form_but_is_not_trained_on():
+    assert DEFAULT_PROMPT not in training_prompts()
+    assert "In one sentence, what is {topic}?".format(topic="a LoRA adapter") == DEFAULT_PROMPT
+    assert "In one sentence, what is {topic}?" in FORMS
+
+
 def test_shipped_folders_are_small_half_precision_peft_adapters(adapters, default_model):
     index = read_index()
     assert index["base_digest"] == default_model.digest
@@ -170,3 +183,15 @@ def test_engine_mixed_batch_matches_peft_for_each_adapter(engine, reference, ada
             continue
         assert len(output.token_ids) == FIDELITY_TOKENS
         assert output.token_ids == reference.greedy(name, prompt_ids, FIDELITY_TOKENS), name
+
+
+def test_demo_shout_shouts_on_the_window_default_prompt(engine, adapters):
+    """The window's 128 new tokens, and the first 24 (greedy: what the smoke test's 24 answer)."""
+    engine.add_adapter("shout-on-default", adapters["demo-shout"])
+    params = SamplingParams(max_tokens=128, temperature=0)
+    chat = [{"role": "user", "content": DEFAULT_PROMPT}]
+    shout, base = engine.generate([chat, chat], ["shout-on-default", None], params)
+    first_24 = engine.tokenizer.decode(shout.token_ids[:24], skip_special_tokens=True)
+    assert uppercase_share(shout.text) >= 0.8, shout.text
+    assert uppercase_share(first_24) >= 0.8, first_24
+    assert uppercase_share(base.text) < 0.3, base.text

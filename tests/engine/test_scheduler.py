@@ -154,6 +154,13 @@ def test_decodes_go_first_and_new_prompts_share_what_is_left_of_the_budget():
     assert spans(plan) == [(a.request_id, 4, 1), (b.request_id, 4, 1), (c.request_id, 14, 14)]
 
 
+def test_decodes_use_the_budget_to_its_last_token():
+    h = Harness(max_num_batched_tokens=3)
+    a, b, c = (h.request(1, max_tokens=3) for _ in range(3))
+    assert spans(h.step()) == [(a.request_id, 0, 1), (b.request_id, 0, 1), (c.request_id, 0, 1)]
+    assert spans(h.step()) == [(a.request_id, 1, 1), (b.request_id, 1, 1), (c.request_id, 1, 1)]
+
+
 def test_budget_exhausted_by_prefill_leaves_later_sequences_for_the_next_step():
     h = Harness(max_num_batched_tokens=8)
     a = h.request(20)
@@ -274,6 +281,18 @@ def test_a_sequence_that_cannot_grow_preempts_itself_when_only_older_ones_hold_b
     assert h.blocks.num_free == 1
 
 
+def test_every_preemption_of_a_sequence_is_counted():
+    h = Harness()
+    seq = h.request(3, max_tokens=9)
+    for expected in (1, 2):
+        h.step()
+        assert seq.status is SequenceStatus.RUNNING
+        h.scheduler.preempt(seq)
+        assert seq.num_preemptions == expected and seq.num_computed_tokens == 0
+    h.run_until_idle()
+    assert seq.output_token_ids == [FAKE_TOKEN] * 9 and seq.num_preemptions == 2
+
+
 def test_single_sequence_filling_the_whole_cache_finishes_without_preemption():
     h = Harness(num_blocks=4, block_size=4, max_num_batched_tokens=5)
     seq = h.request(10, max_tokens=6)  # 16 tokens at the end: exactly 4 blocks
@@ -334,6 +353,19 @@ def test_starved_request_stops_admission_behind_it_until_it_gets_a_slot():
     h.run_until_idle()
     assert h.acquired == h.released
     assert not h.scheduler.skipped_steps
+
+
+def test_requests_admitted_before_a_starved_one_leave_the_queue_in_that_step():
+    h = Harness(max_loras=1, max_num_batched_tokens=64, starvation_steps=1)
+    h.request(2, adapter="hot", max_tokens=5)
+    h.step()
+    also_hot = h.request(2, adapter="hot", max_tokens=2)  # shares the resident slot
+    cold = h.request(2, adapter="cold", max_tokens=2)  # no slot: starving at once
+    plan = h.step()
+    assert also_hot in [c.seq for c in plan.chunks] and also_hot.status is SequenceStatus.RUNNING
+    assert list(h.scheduler.waiting) == [cold]
+    h.run_until_idle()
+    assert also_hot.output_token_ids == [FAKE_TOKEN] * 2 and cold.output_token_ids == [FAKE_TOKEN] * 2
 
 
 def test_waiting_for_a_load_never_counts_as_starving_nor_holds_the_queue():
@@ -419,6 +451,25 @@ def test_abort_of_a_waiting_sequence_removes_it_without_releasing_anything():
     assert waiting not in h.scheduler.waiting and waiting.is_finished
     assert h.released["b"] == 0 and h.acquired["b"] == 0
     assert waiting.request_id not in h.scheduler.skipped_steps
+
+
+def test_finish_of_a_sequence_that_never_reached_the_queue_leaves_the_queue_alone():
+    h = Harness()
+    queued = h.request(2)
+    stray = Sequence("stray", [1, 2], None, SamplingParams(), arrival_step=0)  # WAITING, never added
+    h.scheduler.finish(stray, "abort")
+    assert stray.is_finished and stray.finish_reason == "abort"
+    assert list(h.scheduler.waiting) == [queued]
+
+
+def test_step_count_counts_every_scheduled_step_idle_or_not():
+    h = Harness()
+    assert h.scheduler.step_count == 0
+    h.request(2, max_tokens=2)
+    steps = h.run_until_idle()  # prefill, then one decode
+    assert steps == 2 and h.scheduler.step_count == 2
+    h.step()  # an idle step is a step too (the engine's "steps" metric)
+    assert h.scheduler.step_count == 3
 
 
 def test_abort_of_a_preempted_sequence_does_not_release_its_adapter_twice():

@@ -42,7 +42,8 @@ def test_a_user_key_generates_with_its_own_models_only(scoped, engine):
         with pytest.raises(openai.NotFoundError) as refused:
             team.completions.create(model=model, prompt="Hello", max_tokens=4)
         # the same answer as for a model that does not exist: other tenants' names stay hidden
-        assert refused.value.body["code"] == "model_not_found" and model in refused.value.body["message"]
+        body = refused.value.body
+        assert (body["code"], body["param"]) == ("model_not_found", "model") and model in body["message"]
     assert [record.api_key for record in scoped.request_log.records()][-5:] == ["team-a"] * 5
 
 
@@ -59,6 +60,7 @@ def test_a_user_key_cannot_load_unload_or_read_metrics(scoped, engine, server_ad
         load = {"lora_name": "tiny-r4-qv-again", "lora_path": str(server_adapters["tiny-r4-qv"])}
         status, _, body = post_json(scoped.url, "/v1/load_lora_adapter", load, auth(key))
         assert status == 403 and body["error"]["code"] == "permission_denied"
+        assert "need an admin key" in body["error"]["message"]  # says what would be allowed
         status, _, body = post_json(
             scoped.url, "/v1/unload_lora_adapter", {"lora_name": "tiny-r4-qv"}, auth(key)
         )

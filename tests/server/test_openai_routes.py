@@ -62,6 +62,14 @@ def test_streamed_completion_adds_up_to_engine_output(serve, engine):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
 
 
+def test_completion_logprobs_name_each_token_by_the_tokenizer(serve, engine):
+    response = client(serve()).completions.create(
+        model="tiny-r8-all", prompt=PROMPT, max_tokens=6, logprobs=2, **GREEDY
+    )
+    expected = direct(engine, PROMPT, "tiny-r8-all", 6).token_ids
+    assert response.choices[0].logprobs.tokens == [engine.tokenizer.decode([t]) for t in expected]
+
+
 def test_adapter_scale_in_extra_body_sets_the_adapter_strength(serve, engine):
     """extra_body={"adapter_scale": s} on both routes: the engine's output at that strength; 0 is
     the base model's, and a base-model request with a strength is a 400 naming the field."""
