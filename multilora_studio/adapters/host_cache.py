@@ -103,6 +103,7 @@ class HostAdapterCache(Generic[AdapterT]):
         self._pending: dict[str, object] = {}  # name -> ticket of its load in flight
         self._errors: dict[str, _Failure] = {}
         self._fresh: set[str] = set()  # loaded after a miss and not looked up since
+        self._new_failures: list[str] = []  # loads that failed since the last take_failures()
         self._lock = threading.Lock()
         self._workers = ShortLivedWorkers(load_workers, "adapter-loader")
         self.counters = TierCounters()
@@ -153,6 +154,12 @@ class HostAdapterCache(Generic[AdapterT]):
             return None
         return failure.error
 
+    def take_failures(self) -> list[str]:
+        """The adapters whose load failed since the last call (each failure reported once)."""
+        with self._lock:
+            failed, self._new_failures = self._new_failures, []
+        return failed
+
     def put(self, adapter: AdapterT) -> None:
         with self._lock:
             self._insert(adapter)
@@ -200,6 +207,7 @@ class HostAdapterCache(Generic[AdapterT]):
                 if self._pending.get(name) is ticket:
                     self._errors[name] = _Failure(error, path, fingerprint, time.monotonic())
                     del self._pending[name]
+                    self._new_failures.append(name)
         else:
             with self._lock:
                 if self._pending.get(name) is ticket:

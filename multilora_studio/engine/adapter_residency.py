@@ -303,6 +303,10 @@ class AdapterResidency:
     def uploads_in_flight(self) -> int:
         return len(self._uploads)
 
+    def take_failed_loads(self) -> list[str]:
+        """The adapters whose load into the host tier failed since the last call."""
+        return self.host_cache.take_failures()
+
     def load_error(self, name: str) -> Exception | None:
         """Why ``name`` could not be read into the host tier, if it could not."""
         return self.host_cache.error_of(name)

@@ -151,7 +151,9 @@ class Scheduler:
     def _admit(self, plan: StepPlan, budget: int) -> None:
         admitted: list[Sequence] = []
         skipped_now = 0
-        for seq in list(self.waiting):
+        examined = 0  # the queue's head that this looks at: the rest is not touched
+        for seq in self.waiting:  # nothing below changes the queue
+            examined += 1
             if budget == 0 or len(self.running) >= self.max_num_seqs or skipped_now >= self.max_skipped:
                 break
             count = min(seq.num_uncomputed_tokens, budget)
@@ -174,5 +176,7 @@ class Scheduler:
             admitted.append(seq)
             plan.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, count))
             budget -= count
-        for seq in admitted:
-            self.waiting.remove(seq)
+        if admitted:  # out of the head examined; the others keep their order
+            taken = {id(seq) for seq in admitted}
+            head = [self.waiting.popleft() for _ in range(examined)]
+            self.waiting.extendleft(reversed([seq for seq in head if id(seq) not in taken]))

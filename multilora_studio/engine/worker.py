@@ -326,6 +326,8 @@ class EngineWorker:
             self._active[seq.request_id] = active
             self.residency.want(seq.adapter)
             self.scheduler.add(seq)
+            if seq.adapter is not None:
+                self._fail_if_unloadable(seq.request_id, seq.adapter)
             if seq.params.structured is not None:
                 try:
                     active.matcher = self.grammars.matcher(seq.params.structured)
@@ -333,13 +335,21 @@ class EngineWorker:
                     self._finish(seq.request_id, "error", str(error))
 
     def _fail_unloadable_adapters(self) -> None:
+        """Fail the waiting requests of each adapter whose load failed since the last step: the
+        requests are looked at only when a load failed, so a deep queue costs no step anything
+        (a request that arrives while the failure holds is failed in ``_add``)."""
+        failed = set(self.residency.take_failed_loads())
+        if not failed:
+            return
         for request_id, active in list(self._active.items()):
             name = active.seq.adapter
-            if name is None or active.seq.status.value != "waiting":
-                continue
-            error = self.residency.load_error(name)
-            if error is not None:
-                self._finish(request_id, "error", f"adapter {name!r} could not be loaded: {error}")
+            if name in failed and active.seq.status.value == "waiting":
+                self._fail_if_unloadable(request_id, name)
+
+    def _fail_if_unloadable(self, request_id: str, name: str) -> None:
+        error = self.residency.load_error(name)
+        if error is not None:
+            self._finish(request_id, "error", f"adapter {name!r} could not be loaded: {error}")
 
     # ---------------------------------------------------------------- commands
 

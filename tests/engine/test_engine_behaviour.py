@@ -279,6 +279,9 @@ def test_lazy_adapter_with_bad_weights_fails_its_requests_only(make_engine, tiny
     )
     assert bad.finish_reason == "error" and "NaN or Inf" in bad.error
     assert good.finish_reason == "length" and len(good.token_ids) == 6
+    # a request that arrives while the failure holds fails at once (no load, no step scans it)
+    (again,) = engine.generate(["Hello"], ["nan-later"], SamplingParams(max_tokens=6, **GREEDY))
+    assert again.finish_reason == "error" and "NaN or Inf" in again.error
 
 
 @pytest.mark.parametrize(
@@ -430,3 +433,22 @@ def test_queue_time_is_the_wait_before_the_first_step(make_engine):
         assert output.ttft is not None and output.queue_time <= output.ttft
     assert second.first_scheduled_time >= first.finish_time
     assert second.queue_time > first.queue_time
+
+
+def test_a_deep_queue_adds_no_per_step_work_for_each_waiting_request(make_engine):
+    """300 requests at once through 4 rows: the load-failure check looks at each request once,
+    when it is added, not at every waiting request on every step (about 75 steps here)."""
+    engine = make_engine(adapters=["tiny-r4-qv"], max_num_seqs=4)
+    residency = engine.worker.residency
+    looked_up: list[str] = []
+    load_error = residency.load_error
+
+    def counting(name: str):
+        looked_up.append(name)
+        return load_error(name)
+
+    residency.load_error = counting
+    outputs = engine.generate(["Hi"] * 300, ["tiny-r4-qv"] * 300, SamplingParams(max_tokens=2, **GREEDY))
+    assert all(o.finish_reason == "length" for o in outputs)
+    assert engine.metrics(fresh=True).steps >= 300 // 4
+    assert len(looked_up) == 300

@@ -8,7 +8,7 @@ completes its sequence appends one (fake) sampled token.
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections import Counter, deque
 
 import pytest
 
@@ -408,6 +408,35 @@ def test_admission_looks_at_most_max_skipped_waiting_requests_per_step():
     h.loading.clear()
     h.run_until_idle()
     assert base.is_finished
+
+
+class CountingQueue(deque):
+    """The scheduler's waiting queue, counting the entries anything iterates over."""
+
+    seen = 0
+
+    def __iter__(self):
+        for item in super().__iter__():
+            self.seen += 1
+            yield item
+
+
+@pytest.mark.parametrize("queued", [256, 16_384])
+def test_a_step_looks_at_the_head_of_the_queue_only_and_keeps_its_order(queued):
+    """Admission touches the requests it admits and those it passes over (at most
+    ``max_skipped``), not the queue behind them: per-step work that does not grow with a
+    deep queue. The rest stays in arrival order with the passed-over ones in front."""
+    h = Harness(max_loras=1, max_num_seqs=4, max_num_batched_tokens=64)
+    h.scheduler.max_skipped = 2
+    h.scheduler.waiting = CountingQueue()
+    h.loading.add("cold")
+    cold = h.request(2, adapter="cold")
+    queue = [cold] + [h.request(2) for _ in range(queued - 1)]
+    h.scheduler.waiting.seen = 0
+    plan = h.step()
+    assert [chunk.seq for chunk in plan.chunks] == queue[1:5]
+    assert h.scheduler.waiting.seen <= 4 + 2 + 1  # admitted + passed over + the one that stopped it
+    assert list(h.scheduler.waiting) == [cold, *queue[5:]]
 
 
 def test_without_starvation_pressure_skips_reset_when_the_request_is_admitted():
