@@ -319,3 +319,16 @@ def test_lora_gain_is_the_largest_output_of_inputs_within_one():
     x = torch.randint(0, 2, (64, 5)).float() * 2 - 1  # other inputs of |x| <= 1 stay below the bound
     a, b_scaled = torch.randn(3, 5), torch.randn(4, 3)
     assert float((x @ a.T @ b_scaled.T).abs().max()) <= lora_gain(a, b_scaled)
+
+
+@pytest.mark.parametrize(
+    ("rank", "accepted"), [(1, True), (2, True), (0, False), (2.5, False), (True, False)]
+)
+def test_a_rank_pattern_takes_positive_integers_only(rank, accepted):
+    raw = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
+    raw["rank_pattern"] = {"q_proj": rank}
+    if accepted:
+        assert parse_adapter_config(raw, "adapter_config.json", 16).rank_of(0, "q_proj") == rank
+    else:
+        with pytest.raises(AdapterError, match="rank_pattern"):
+            parse_adapter_config(raw, "adapter_config.json", 16)
