@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -196,6 +197,17 @@ def test_a_load_overtaken_by_discard_is_dropped(cache, loader, ready):
     assert cache.counters.load_seconds == []
 
 
+def test_discard_removes_a_resident_adapter_and_forgets_that_it_was_just_loaded(cache, ready):
+    cache.put(make_adapter("kept"))
+    assert cache.lookup("x", Path("/x")) is None
+    ready.wait_for(1)  # loaded after a miss: its first lookup ends the miss
+    cache.discard("x")
+    assert cache.get("x") is None and cache.names() == ["kept"]
+    cache.put(make_adapter("x"))  # back, but not by that load
+    assert cache.lookup("x", Path("/x")) is not None
+    assert (cache.counters.hits, cache.counters.misses) == (1, 1)
+
+
 def test_a_load_overtaken_by_put_does_not_replace_the_newer_adapter(cache, loader, ready):
     loader.gate.clear()
     cache.lookup("x", Path("/old"))
@@ -225,6 +237,18 @@ def test_loads_of_many_adapters_all_arrive(cache, loader, ready):
     assert [name for name, _ in loader.calls] == names  # one loader thread, in order
     assert cache.names() == names[-3:]
     assert cache.counters.misses == 6 and len(cache.counters.load_seconds) == 6
+
+
+def test_counters_add_up_the_bytes_and_time_each_load_within_its_wall_time(cache, ready):
+    names = ["a", "b"]
+    started = time.perf_counter()
+    for name in names:
+        cache.lookup(name, Path(f"/{name}"))
+    ready.wait_for(len(names))
+    elapsed = time.perf_counter() - started
+    loaded = [cache.get(name) for name in names]
+    assert cache.counters.bytes_loaded == sum(adapter.nbytes for adapter in loaded) > loaded[0].nbytes
+    assert all(0 < seconds <= elapsed for seconds in cache.counters.load_seconds)
 
 
 def test_close_waits_for_the_running_load(loader, ready):

@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter
+from multilora_studio.adapters.adapter_config import parse_adapter_config
+from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter, lora_gain
 from tests.adapter_fixtures import edit_config, edit_tensors
 
 GOOD = "tiny-r8-all"  # rank 8 on all seven projections
@@ -345,3 +346,45 @@ def test_peft_saved_dora_is_registered_with_its_kind(
     assert record.kind == kind
     reopened = type(registry)(registry.root)
     assert reopened.get(f"kind-{case}").kind == kind
+
+
+def test_an_alpha_pattern_for_one_layer_scales_only_that_layer():
+    config = parse_adapter_config(
+        {
+            "peft_type": "LORA",
+            "r": 8,
+            "lora_alpha": 16,
+            "target_modules": ["q_proj"],
+            "alpha_pattern": {"model.layers.1.self_attn.q_proj": 32},
+        },
+        "adapter_config.json",
+        16,
+    )
+    assert [config.scale_of(layer, "q_proj", 8, "model") for layer in (0, 1, 2)] == [
+        2.0,
+        4.0,
+        2.0,
+    ]  # alpha / r
+
+
+def test_lora_gain_is_the_largest_output_of_inputs_within_one():
+    a = torch.full((3, 5), 2.0)  # [rank, in]
+    b_scaled = torch.full((4, 3), -0.5)  # [out, rank]
+    largest = (torch.ones(1, 5) @ a.T @ b_scaled.T).abs().max()  # every entry at its largest: x = 1
+    assert lora_gain(a, b_scaled) == pytest.approx(float(largest)) == 15.0
+    x = torch.randint(0, 2, (64, 5)).float() * 2 - 1  # other inputs of |x| <= 1 stay below the bound
+    a, b_scaled = torch.randn(3, 5), torch.randn(4, 3)
+    assert float((x @ a.T @ b_scaled.T).abs().max()) <= lora_gain(a, b_scaled)
+
+
+@pytest.mark.parametrize(
+    ("rank", "accepted"), [(1, True), (2, True), (0, False), (2.5, False), (True, False)]
+)
+def test_a_rank_pattern_takes_positive_integers_only(rank, accepted):
+    raw = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
+    raw["rank_pattern"] = {"q_proj": rank}
+    if accepted:
+        assert parse_adapter_config(raw, "adapter_config.json", 16).rank_of(0, "q_proj", "model") == rank
+    else:
+        with pytest.raises(AdapterError, match="rank_pattern"):
+            parse_adapter_config(raw, "adapter_config.json", 16)
