@@ -1,7 +1,8 @@
 """Minutes of real use of the window, in its own process: ``python -m tests.gui.soak_driver OUT.json``.
 
 The window runs on the embedded model (CPU) with the demo adapters in a fresh library. For
-``--seconds`` it visits every view in turn, keeps a compare of base and every adapter running,
+``--seconds``, and on until it has run a compare for each restart (a busy machine makes them
+slower; the test bounds the whole run), it visits every view in turn, keeps a compare of base and every adapter running,
 lets the Monitor plot, switches the theme, and applies a restart in Settings ``--restarts``
 times (alternating the number of GPU slots). Every other compare is a chat action
 (``start_chat_compare``: follow-ups, a column with its own settings, token divergence), every
@@ -139,7 +140,9 @@ class Soak(QObject):
     def tick(self) -> None:
         now = time.monotonic()
         elapsed = now - self.started
-        if elapsed >= self.seconds and self.restarts_done >= self.restarts and not self.restart_pending:
+        # the time and at least one compare per restart, however long a busy machine makes that
+        work_done = self.restarts_done >= self.restarts and self.compares >= self.restarts
+        if elapsed >= self.seconds and work_done and not self.restart_pending:
             self.finish()
             return
         if now - self.page_since >= PAGE_S:
