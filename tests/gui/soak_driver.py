@@ -2,16 +2,16 @@
 
 The window runs on the embedded model (CPU) with the demo adapters in a fresh library. For
 ``--seconds``, and on until it has run a compare for each restart (a busy machine makes them
-slower; the test bounds the whole run), it visits every view in turn, keeps a compare of
-base and every adapter running, lets the Monitor plot, switches the theme, and applies a
-restart in Settings ``--restarts`` times (alternating the number of GPU slots). Every other compare is a chat action
-(``start_chat_compare``: follow-ups, a column with its own settings, token divergence), every
-fourth an adapter's strength sweep; on the
-Evaluate page it keeps an evaluation of base and every adapter going, cancelling every other
-one (``EvaluateActions``). It writes what it measured as JSON: references to None over the
-run, resident memory after each restart, live Engine objects and engine threads at the end,
-and every problem seen. The test that runs it checks those numbers and that the process exited
-0 with no fatal error; a binding that loses references aborts it before that.
+slower; the test bounds the whole run), it visits every view in turn, keeps a compare of base
+and every adapter running, lets the Monitor plot, switches the theme, and applies a restart in
+Settings ``--restarts`` times (alternating the number of GPU slots). Every other compare is a
+chat action (``start_chat_compare``: follow-ups, a column with its own settings, token
+divergence), every fourth an adapter's strength sweep; on the Evaluate page it keeps an
+evaluation of base and every adapter going, cancelling every other one (``EvaluateActions``).
+It writes what it measured as JSON: references to None over the run, resident memory after
+each restart, live Engine objects and engine threads at the end, and every problem seen. The
+test that runs it checks those numbers and that the process exited 0 with no fatal error; a
+binding that loses references aborts it before that.
 """
 
 from __future__ import annotations
