@@ -344,8 +344,9 @@ class EvaluateView(QWidget):
         self.run_button.setEnabled(False)
         self.rerun_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
-        self.task = self.host.tasks.run("evaluate", work, self._succeeded, self._failed, self._progressed)
-        self.task.done.connect(self._ended)
+        self.task = self.host.tasks.run(
+            "evaluate", work, self._succeeded, self._failed, self._progressed, self._ended
+        )
 
     def stop(self) -> None:
         """Cancel the run (its requests are aborted in the engine)."""

@@ -122,8 +122,13 @@ class TaskRunner(QObject):
         on_success: Callable[[Any], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
         on_progress: Callable[[float, str], None] | None = None,
+        on_done: Callable[[], None] | None = None,
     ) -> Task:
+        """Start ``work`` on its own thread. The callbacks are connected before it starts: a
+        signal the thread emits before a later ``connect`` would never reach that slot."""
         task = Task(name, work)
+        if on_done is not None:
+            task.done.connect(on_done)
         for signal, callback in (
             (task.succeeded, on_success),
             (task.failed, on_failure),
