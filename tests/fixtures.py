@@ -214,12 +214,25 @@ def build_tiny_model(
     return target
 
 
-def build_adapter(base_dir: Path, spec: AdapterSpec, target: Path) -> Path:
-    """A PEFT LoRA adapter with random, non-zero A and B for the model at ``base_dir``."""
+def build_adapter(base_dir: Path, spec: AdapterSpec, target: Path, added_tokens: int = 0) -> Path:
+    """A PEFT LoRA adapter with random, non-zero A and B for the model at ``base_dir``.
+
+    Its ``modules_to_save`` copies and trainable token rows are perturbed too; ``added_tokens``
+    resizes the vocabulary first (the embeddings saved with the adapter, PEFT's
+    ``save_embedding_layers``).
+    """
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    if added_tokens:  # a resized vocabulary: new rows, and every row changed so that it matters
+        torch.manual_seed(spec.seed + 1000)
+        model.resize_token_embeddings(model.config.vocab_size + added_tokens, mean_resizing=False)
+        with torch.no_grad():
+            matrices = [model.get_input_embeddings().weight, model.get_output_embeddings().weight]
+            for weight in {id(w): w for w in matrices}.values():  # tied: one matrix
+                assert isinstance(weight, torch.Tensor)
+                weight.add_(torch.randn_like(weight) * 0.5 * float(weight.std()))
     config = LoraConfig(
         r=spec.rank,
         lora_alpha=spec.alpha,
@@ -237,5 +250,7 @@ def build_adapter(base_dir: Path, spec: AdapterSpec, target: Path) -> Path:
                 param.mul_(1 + 0.3 * torch.randn_like(param))
             elif "lora_" in name:
                 param.copy_(torch.randn_like(param) * (0.3 if "lora_A" in name else 0.2))
-    peft_model.save_pretrained(str(target), safe_serialization=True)
+            elif "modules_to_save" in name or "trainable_tokens_delta" in name:
+                param.add_(torch.randn_like(param) * 0.5 * float(param.std()))
+    peft_model.save_pretrained(str(target), safe_serialization=True, save_embedding_layers=bool(added_tokens))
     return target

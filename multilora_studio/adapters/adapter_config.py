@@ -33,8 +33,6 @@ ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 MAX_CONFIG_BYTES = 1 << 20
 # Config keys whose truthy value means the adapter holds something we cannot serve.
 UNSUPPORTED_FLAGS = {
-    "modules_to_save": "modules_to_save (fully trained extra modules)",
-    "trainable_token_indices": "trainable token embeddings (added or retrained tokens)",
     "layer_replication": "layer replication",
     "use_qalora": "QA-LoRA",
     "fan_in_fan_out": "fan_in_fan_out (transposed Conv1D weights)",
@@ -48,6 +46,8 @@ VOCAB_TARGETS = {
     "lm_head": "lm_head LoRA",
 }
 SERVABLE_TASKS = (None, "CAUSAL_LM")
+# The vocabulary modules served whole (``modules_to_save``) or by rows (trainable tokens).
+TOKEN_MODULES = ("embed_tokens", "lm_head")
 
 
 class AdapterError(ValueError):
@@ -67,11 +67,15 @@ class AdapterConfig:
     base_model: str | None
     use_dora: bool = False  # each target's output scaled per row by magnitude / ||W + scale B A||
     lora_bias: bool = False  # lora_B has a bias (scaled like the LoRA term)
+    modules_to_save: tuple[str, ...] = ()  # of TOKEN_MODULES: saved whole
+    # TOKEN_MODULES -> the token ids whose rows were retrained (PEFT's trainable_token_indices)
+    trainable_tokens: dict[str, tuple[int, ...]] = field(default_factory=dict)
     budget: list[float] = field(default_factory=lambda: [ADAPTER_BUDGET_S], compare=False, repr=False)
 
     @property
     def kind(self) -> str:
-        """What the library shows: "DoRA", "LoRA with bias" or "LoRA"."""
+        """What the library shows of the factors: "DoRA", "LoRA with bias" or "LoRA" (the
+        vocabulary side is ``TokenTables.label``)."""
         return "DoRA" if self.use_dora else "LoRA with bias" if self.lora_bias else "LoRA"
 
     @cached_property
@@ -159,6 +163,8 @@ def parse_adapter_config(config: dict, where: Path | str, max_rank: int) -> Adap
     if not (layers is None or _is_int(layers) or (isinstance(layers, list) and all(map(_is_int, layers)))):
         raise AdapterError(f"{where}: 'layers_to_transform' must be an integer or a list of integers")
     return AdapterConfig(
+        modules_to_save=_modules_to_save(config.get("modules_to_save"), where),
+        trainable_tokens=_trainable_tokens(config.get("trainable_token_indices"), where),
         rank=rank,
         alpha=float(alpha),
         targets=_targets(config.get("target_modules"), where),
@@ -190,6 +196,44 @@ def _targets(targets: object, where: Path | str) -> tuple[str, ...] | None:
             f"(supported: {', '.join(SUPPORTED_TARGETS)})"
         )
     return tuple(sorted(names, key=SUPPORTED_TARGETS.index))
+
+
+def _token_module(name: object, key: str, where: Path | str) -> str:
+    """The TOKEN_MODULES entry a module name of ``key`` ends with; AdapterError naming others."""
+    last = name.rsplit(".", 1)[-1] if isinstance(name, str) else None
+    if last not in TOKEN_MODULES:
+        raise AdapterError(
+            f"{where}: {key} names {name!r}; only {' and '.join(TOKEN_MODULES)} are served "
+            "(other fully trained modules are not)"
+        )
+    return last
+
+
+def _modules_to_save(value: object, where: Path | str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise AdapterError(f"{where}: 'modules_to_save' must be a list of module names or null")
+    names = {_token_module(name, "modules_to_save", where) for name in value}
+    return tuple(sorted(names, key=TOKEN_MODULES.index))
+
+
+def _trainable_tokens(value: object, where: Path | str) -> dict[str, tuple[int, ...]]:
+    """PEFT's ``trainable_token_indices``: a list of ids (for embed_tokens) or module -> ids."""
+    if value is None or value == []:
+        return {}
+    by_module = {"embed_tokens": value} if isinstance(value, list) else value
+    if not isinstance(by_module, dict):
+        raise AdapterError(f"{where}: 'trainable_token_indices' must be a list of token ids or a dict")
+    tokens: dict[str, tuple[int, ...]] = {}
+    for name, ids in by_module.items():
+        module = _token_module(name, "trainable_token_indices", where)
+        if not isinstance(ids, list) or not ids or not all(_is_int(i) and i >= 0 for i in ids):
+            raise AdapterError(f"{where}: trainable_token_indices of {name!r} must be token ids (>= 0)")
+        if len(set(ids)) != len(ids):
+            raise AdapterError(f"{where}: trainable_token_indices of {name!r} repeats a token id")
+        tokens[module] = tuple(ids)
+    return tokens
 
 
 def _field(

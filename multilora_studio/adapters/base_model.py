@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from multilora_studio.adapters.adapter_config import SUPPORTED_TARGETS
+from multilora_studio.adapters.token_tables import VocabShape
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,8 @@ class BaseModelRef:
 
     ``digest`` identifies the weights (``checkpoint_files.checkpoint_digest``: the SHA-256
     of ``model.safetensors``, or of every shard's name and SHA-256; "" when unknown);
-    ``shapes[module] = (out_features, in_features)`` for every LoRA-targetable projection.
+    ``shapes[module] = (out_features, in_features)`` for every LoRA-targetable projection;
+    ``hidden_size`` and ``tied_embeddings`` check an adapter's embedding / LM-head tensors.
     """
 
     name: str
@@ -23,9 +25,15 @@ class BaseModelRef:
     num_layers: int
     vocab_size: int
     shapes: Mapping[str, tuple[int, int]]
+    hidden_size: int
+    tied_embeddings: bool
 
     def shape_of(self, module: str) -> tuple[int, int]:
         return self.shapes[module]
+
+    @property
+    def vocab(self) -> VocabShape:
+        return VocabShape(self.vocab_size, self.hidden_size, self.tied_embeddings)
 
     @classmethod
     def of_engine(cls, engine: Any) -> BaseModelRef:
@@ -37,4 +45,6 @@ class BaseModelRef:
             num_layers=spec.num_layers,
             vocab_size=spec.vocab_size,
             shapes={module: spec.projection_shape(module) for module in SUPPORTED_TARGETS},
+            hidden_size=spec.hidden_size,
+            tied_embeddings=spec.tie_word_embeddings,
         )

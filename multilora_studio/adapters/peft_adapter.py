@@ -32,6 +32,13 @@ from multilora_studio.adapters.adapter_config import (
     refuse_unless_regular,
 )
 from multilora_studio.adapters.safetensors_header import FLOAT_DTYPES, TensorEntry, read_header
+from multilora_studio.adapters.token_tables import (
+    TokenTables,
+    VocabShape,
+    is_token_tensor,
+    plan_token_tables,
+    read_token_tables,
+)
 
 __all__ = [
     "CONFIG_FILE",
@@ -74,11 +81,7 @@ _TENSOR_NAMES = {
     "magnitude": "lora_magnitude_vector (DoRA)",
 }
 # Tensor names PEFT writes for contents we cannot serve, and how to name them.
-_UNSUPPORTED_TENSORS = (
-    ("lora_embedding_", "embedding LoRA (embed_tokens)"),
-    ("trainable_tokens", "trainable token embeddings (added or retrained tokens)"),
-    ("modules_to_save", "modules_to_save (fully trained extra modules)"),
-)
+_UNSUPPORTED_TENSORS = (("lora_embedding_", "embedding LoRA (embed_tokens)"),)
 
 ShapeOf = Callable[[str], tuple[int, int]]
 # The largest gain lora_gain allows: an activation of float16's largest value (65504) through
@@ -94,7 +97,9 @@ class HostAdapter:
     ``weights[(layer, module)] = (A [rank, in], B_scaled [out, rank])``; with ``lora_bias``,
     ``biases[(layer, module)]`` = B's bias times the scale [out]; with DoRA,
     ``magnitudes[(layer, module)]`` [out] (the output is scaled per row by magnitude / the row
-    norm of W + B_scaled A, computed once against the base weights when a slot is filled).
+    norm of W + B_scaled A, computed once against the base weights when a slot is filled);
+    ``tokens``: the embedding and LM-head rows it replaces (modules_to_save, trainable or added
+    tokens), None when it has none.
     """
 
     name: str
@@ -107,11 +112,13 @@ class HostAdapter:
     kind: str = "LoRA"  # AdapterConfig.kind
     biases: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)
     magnitudes: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)
+    tokens: TokenTables | None = field(default=None, repr=False)
 
     @property
     def nbytes(self) -> int:
         vectors = sum(t.nbytes for t in (*self.biases.values(), *self.magnitudes.values()))
-        return sum(a.nbytes + b.nbytes for a, b in self.weights.values()) + vectors
+        tables = self.tokens.nbytes if self.tokens is not None else 0
+        return sum(a.nbytes + b.nbytes for a, b in self.weights.values()) + vectors + tables
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
@@ -141,24 +148,32 @@ def load_peft_adapter(
     num_layers: int,
     shape_of: ShapeOf,
     max_rank: int,
-    vocab_size: int | None = None,
+    vocab: VocabShape | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> HostAdapter:
     """Validate the PEFT folder and return its factors (scale folded into B).
 
     Factors stored in ``dtype`` stay in it (the scale multiplies in float32 and rounds once,
-    as it would through float32); others are returned as float32. ``vocab_size``, when
-    given, also refuses adapters that add tokens the base lacks.
+    as it would through float32); others are returned as float32. ``vocab``, when given,
+    checks the embedding / LM-head tensors and added tokens against the base's vocabulary;
+    without it, an adapter that has them is refused (nothing to check them against).
     """
     folder = Path(folder)
     config = parse_adapter_config(read_adapter_config(folder), folder, max_rank)
     weights_path = weights_file(folder)
-    if vocab_size is not None:
-        _check_added_tokens(folder, vocab_size)
-    factors, decoder = _plan_factors(
-        folder, read_header(weights_path), config, num_layers, shape_of, max_rank
-    )
+    header = read_header(weights_path)
+    token_plan = plan_token_tables(folder, header, config, vocab)
+    if vocab is not None:
+        _check_added_tokens(folder, token_plan.vocab_size if token_plan else vocab.vocab_size)
+    elif token_plan is not None:
+        raise AdapterError(
+            f"{folder}: its embed_tokens / lm_head tensors need the base's vocabulary to check"
+        )
+    factors, decoder = _plan_factors(folder, header, config, num_layers, shape_of, max_rank)
     tensors = _read_factors(weights_path, factors, dtype)
+    tokens = None
+    if token_plan is not None and vocab is not None:
+        tokens = read_token_tables(weights_path, token_plan, vocab, dtype)
     weights, biases, magnitudes = {}, {}, {}
     for (layer, module), found in sorted(tensors.items()):
         a, b = found["A"], found["B"]
@@ -190,6 +205,7 @@ def load_peft_adapter(
         kind=config.kind,
         biases=biases,
         magnitudes=magnitudes,
+        tokens=tokens,
     )
 
 
@@ -203,6 +219,9 @@ class AdapterSummary:
     size_bytes: int
     base_model: str | None
     kind: str = "LoRA"  # AdapterConfig.kind
+    tokens: str = ""  # TokenTablePlan.label ("" when the adapter replaces no token rows)
+    vocab_size: int | None = None  # the adapter's vocabulary (None: the base's)
+    table_values: int = 0  # the values of its whole embed_tokens / lm_head matrices
 
 
 def inspect_peft_adapter(
@@ -210,15 +229,16 @@ def inspect_peft_adapter(
     num_layers: int,
     shape_of: ShapeOf,
     max_rank: int,
-    vocab_size: int | None = None,
+    vocab: VocabShape | None = None,
 ) -> AdapterSummary:
     """Every check of ``load_peft_adapter`` that needs no tensor data (NaN/Inf is checked at load)."""
     folder = Path(folder)
     config = parse_adapter_config(read_adapter_config(folder), folder, max_rank)
     weights_path = weights_file(folder)
-    if vocab_size is not None:
-        _check_added_tokens(folder, vocab_size)
     header = read_header(weights_path)
+    token_plan = plan_token_tables(folder, header, config, vocab)
+    if vocab is not None:
+        _check_added_tokens(folder, token_plan.vocab_size if token_plan else vocab.vocab_size)
     factors, _ = _plan_factors(folder, header, config, num_layers, shape_of, max_rank)
     ranks = [header[key].shape[0] for key, (_, _, which) in factors.items() if which == "A"]
     modules = {part for _, module, _ in factors.values() for part in FUSED_TARGETS.get(module, (module,))}
@@ -229,6 +249,11 @@ def inspect_peft_adapter(
         size_bytes=weights_path.stat().st_size,
         base_model=config.base_model,
         kind=config.kind,
+        tokens=token_plan.label if token_plan is not None else "",
+        vocab_size=token_plan.vocab_size if token_plan is not None and vocab is not None else None,
+        table_values=sum(math.prod(header[key].shape) for key in token_plan.whole.values())
+        if token_plan
+        else 0,
     )
 
 
@@ -261,6 +286,7 @@ def weights_file(folder: Path) -> Path:
 
 
 def _check_added_tokens(folder: Path, vocab_size: int) -> None:
+    """AdapterError when ``added_tokens.json`` has ids outside the adapter's vocabulary."""
     path = folder / ADDED_TOKENS_FILE
     if not path.exists():
         return
@@ -276,8 +302,9 @@ def _check_added_tokens(folder: Path, vocab_size: int) -> None:
     new = sorted(t for t, i in added.items() if not isinstance(i, int) or i >= vocab_size)
     if new:
         raise AdapterError(
-            f"{folder}: adds tokens the base model lacks ({', '.join(map(repr, new[:5]))}); "
-            f"the base vocabulary has {vocab_size} tokens and new embeddings are not supported"
+            f"{folder}: adds tokens ({', '.join(map(repr, new[:5]))}) outside its vocabulary of "
+            f"{vocab_size}; an adapter that adds tokens must hold its resized embed_tokens and lm_head "
+            "(save it with save_embedding_layers=True)"
         )
 
 
@@ -295,7 +322,7 @@ def _plan_factors(
     decoders: set[str] = set()
     unsupported: set[str] = set()
     for key, entry in header.items():
-        if _IMAGE_PATH.match(key):
+        if _IMAGE_PATH.match(key) or is_token_tensor(key):
             continue
         match = _KEY.match(key)
         kind = _KINDS.get((match[5], match[6])) if match is not None else None
@@ -396,10 +423,8 @@ def _describe_unsupported(key: str) -> str:
     for marker, label in _UNSUPPORTED_TENSORS:
         if marker in key:
             return label
-    if "lm_head" in key:
-        return "lm_head LoRA" if "lora_" in key else "lm_head weights (resized vocabulary or modules_to_save)"
-    if "embed_tokens" in key:
-        return "embed_tokens weights (resized vocabulary for added tokens, or modules_to_save)"
+    if "lm_head" in key and "lora_" in key:
+        return "lm_head LoRA"
     if key.endswith(".bias"):
         return f"trained bias terms other than lora_B's ({key})"
     if "lora_" in key:

@@ -521,7 +521,7 @@ class Registry:
                 )
 
     def _validated_row(self, folder: Path, base: BaseModelRef, name: str, max_rank: int) -> dict:
-        host = load_peft_adapter(name, folder, base.num_layers, base.shape_of, max_rank, base.vocab_size)
+        host = load_peft_adapter(name, folder, base.num_layers, base.shape_of, max_rank, base.vocab)
         return dict(
             name=name,
             revision=None,

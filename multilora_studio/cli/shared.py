@@ -142,6 +142,8 @@ def describe_base(model: str | None) -> BaseModelRef:
         num_layers=spec.num_layers,
         vocab_size=spec.vocab_size,
         shapes={module: spec.projection_shape(module) for module in SUPPORTED_TARGETS},
+        hidden_size=spec.hidden_size,
+        tied_embeddings=spec.tie_word_embeddings,
     )
 
 

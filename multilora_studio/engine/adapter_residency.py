@@ -9,6 +9,7 @@ evicts an adapter that a request waits for.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -17,9 +18,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from multilora_studio.adapters.adapter_tokenizer import AdapterTokenizer, adapter_tokenizer
 from multilora_studio.adapters.host_cache import HostAdapterCache
 from multilora_studio.adapters.peft_adapter import HostAdapter, inspect_peft_adapter, load_peft_adapter
 from multilora_studio.adapters.short_lived_workers import call_on_short_lived_thread
@@ -51,6 +54,10 @@ class AdapterInfo:
     targets: tuple[str, ...]
     size_bytes: int
     kind: str = "LoRA"  # AdapterConfig.kind: "DoRA", "LoRA with bias" or "LoRA"
+    tokens: str = ""  # the embedding / LM-head rows it replaces (TokenTablePlan.label), or ""
+    tokenizer: str = ""  # AdapterTokenizer.label ("own tokenizer / template", ...), or ""
+    vocab_size: int = 0  # its vocabulary (the base's unless it adds tokens)
+    table_bytes: int = 0  # its whole embed_tokens / lm_head matrices on the device
 
 
 class AdapterResidency:
@@ -65,6 +72,7 @@ class AdapterResidency:
         device: torch.device,
         dtype: torch.dtype,
         wake: Callable[[], None],
+        base_tokenizer: Any = None,
     ) -> None:
         assert config.max_cpu_loras is not None  # set by EngineConfig's validation
         self.config = config
@@ -75,6 +83,8 @@ class AdapterResidency:
         self.dtype = dtype
         self._lock = threading.Lock()  # guards _adapters (any thread)
         self._adapters: dict[str, AdapterInfo] = {}
+        self._tokenizers: dict[str, AdapterTokenizer] = {}  # adapters with their own (any thread)
+        self.base_tokenizer = base_tokenizer
         self._wanted: Counter[str | None] = Counter()  # adapter -> its queued and running requests
         self.slots = SlotTable(config.max_loras)
         # host bytes of one adapter of max_lora_rank on every projection: a pinned block, a staging buffer
@@ -107,14 +117,17 @@ class AdapterResidency:
             spec.num_layers,
             spec.projection_shape,
             self.config.max_lora_rank,
-            spec.vocab_size,
+            spec.vocab,
             dtype=self.dtype,
         )
 
     def _load(self, name: str, path: Path) -> PackedAdapter:
         """Disk -> host tier: validate, then lay out in slot format (pinned for fast uploads)."""
         with loader_threads(self.device.type):
-            if self._loader_process is not None:
+            with self._lock:
+                info = self._adapters.get(name)
+            # token tables (up to GBs) do not fit the children's staging buffers: read here
+            if self._loader_process is not None and not (info is not None and info.tokens):
                 return self._loader_process.load(name, path, self.arena, pin=self.device.type == "cuda")
             return self._pack(self._read(name, path))
 
@@ -158,23 +171,29 @@ class AdapterResidency:
             if name in self._adapters:
                 raise ValueError(f"an adapter named {name!r} already exists; remove it first")
         path = Path(path)
+        spec = self.spec
+        summary = inspect_peft_adapter(
+            path, spec.num_layers, spec.projection_shape, self.config.max_lora_rank, spec.vocab
+        )
+        self._check_table_budget(path, summary.table_values * self.dtype.itemsize, bool(summary.tokens))
+        vocab_size = summary.vocab_size or spec.vocab_size
+        tokenizer = adapter_tokenizer(path, self.base_tokenizer, vocab_size)
+        info = AdapterInfo(
+            name, path, summary.rank, summary.alpha, summary.targets, summary.size_bytes, summary.kind,
+            summary.tokens, tokenizer.label if tokenizer is not None else "", vocab_size,
+            summary.table_values * self.dtype.itemsize,
+        )  # fmt: skip
         packed = None
         if preload:
             # On a thread that ends with the load: see adapters/short_lived_workers.py.
             host, packed = call_on_short_lived_thread(lambda: self._read_and_pack(name, path))
-            info = AdapterInfo(name, path, host.rank, host.alpha, host.targets, host.nbytes, host.kind)
-        else:
-            spec = self.spec
-            summary = inspect_peft_adapter(
-                path, spec.num_layers, spec.projection_shape, self.config.max_lora_rank, spec.vocab_size
-            )
-            info = AdapterInfo(
-                name, path, summary.rank, summary.alpha, summary.targets, summary.size_bytes, summary.kind
-            )
+            info = dataclasses.replace(info, size_bytes=host.nbytes)
         with self._lock:
             if name in self._adapters:
                 raise ValueError(f"an adapter named {name!r} already exists; remove it first")
             self._adapters[name] = info
+            if tokenizer is not None:
+                self._tokenizers[name] = tokenizer
         if packed is not None:
             self.host_cache.put(packed)
         return info
@@ -182,6 +201,33 @@ class AdapterResidency:
     def infos(self) -> list[AdapterInfo]:
         with self._lock:
             return list(self._adapters.values())
+
+    def _check_table_budget(self, path: Path, table_bytes: int, has_tables: bool) -> None:
+        """ValueError when the adapter's token tables could never fit the device's pool."""
+        config = self.config
+        if has_tables and config.max_token_tables == 0:
+            raise ValueError(f"{path} replaces embedding / lm_head rows, and max_token_tables is 0")
+        limit = int(config.token_table_memory_gb * (1 << 30))
+        if table_bytes > limit:
+            raise ValueError(
+                f"{path}: its embed_tokens / lm_head tables take {table_bytes / 2**30:.2f} GiB, more "
+                f"than token_table_memory_gb={config.token_table_memory_gb:g}; raise it to serve this adapter"
+            )
+
+    def tokenizer_of(self, name: str | None) -> AdapterTokenizer | None:
+        """The adapter's own tokenizer / template (None: it uses the base's)."""
+        if name is None:
+            return None
+        with self._lock:
+            return self._tokenizers.get(name)
+
+    def vocab_size_of(self, name: str | None) -> int:
+        """The vocabulary of ``name``'s rows (the base's for None or an adapter that adds none)."""
+        if name is None:
+            return self.spec.vocab_size
+        with self._lock:
+            info = self._adapters.get(name)
+        return info.vocab_size if info is not None and info.vocab_size else self.spec.vocab_size
 
     def kind_of(self, name: str) -> str:
         """The added adapter's kind (``AdapterInfo.kind``)."""
@@ -278,6 +324,8 @@ class AdapterResidency:
         packed = self.host_cache.lookup(name, info.path)
         if packed is None:
             return Admission.LOADING
+        if packed.tokens is not None and not self._make_table_room(packed.tokens.nbytes):
+            return Admission.NO_SLOT
         acquired = self.slots.acquire(name)
         if acquired is None:
             return Admission.NO_SLOT
@@ -293,6 +341,26 @@ class AdapterResidency:
             done.record(self.upload_stream)
         self._uploads[name] = (done, packed)  # keeps the slot until the copy has landed
         return Admission.LOADING
+
+    def _make_table_room(self, nbytes: int) -> bool:
+        """Evict idle adapters with token tables until tables of ``nbytes`` fit the pool; False
+        when they cannot (the others are in use or pinned: the request waits)."""
+        pool = self.lora.token_tables
+        while not pool.has_room(nbytes, slot=-1):
+            idle = [
+                info.adapter
+                for info in self.slots.snapshot()
+                if info.adapter is not None
+                and info.slot in pool.tables
+                and not info.in_use
+                and not info.pinned
+            ]
+            if not idle:
+                return False
+            slot = self.slots.evict(idle[0])
+            assert slot is not None
+            self.lora.clear(slot)
+        return True
 
     def release(self, name: str | None) -> None:
         """A running request for ``name`` left the batch."""
@@ -330,6 +398,7 @@ class AdapterResidency:
         self._pinned_loads.discard(name)
         with self._lock:
             del self._adapters[name]
+            self._tokenizers.pop(name, None)
 
     def pin(self, name: str, pinned: bool) -> None:
         """Pin ``name`` and bring it into a slot now (``load_pinned``), or unpin it."""

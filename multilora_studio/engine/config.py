@@ -102,6 +102,12 @@ class EngineConfig:
     # choice that makes a row's arithmetic depend on the batch is pinned in the plan
     # (engine/lora_plan_builder.py; docs/engine.md, "Batch-invariant mode"); it costs speed.
     batch_invariant: bool = False
+    # Adapters that replace embedding or LM-head rows (modules_to_save, trainable or added
+    # tokens) hold their tables on the device while in a slot: at most this many at once, in
+    # at most this much memory (reserved out of the KV cache's share on CUDA; an 8B model's
+    # lm_head is about 1 GB in bf16). engine/token_tables.py.
+    max_token_tables: int = 4
+    token_table_memory_gb: float = 2.0
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):
@@ -144,6 +150,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be True, False or None, got {value!r}")
+        _check_int("max_token_tables", self.max_token_tables, 0, MAX_SLOTS)
+        _check_number("token_table_memory_gb", self.token_table_memory_gb, 0, 4096, low_inclusive=True)
         for name in ("cpu_weight_packing", "batch_invariant"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")

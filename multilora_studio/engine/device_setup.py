@@ -40,6 +40,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
+def token_table_bytes(config: EngineConfig) -> int:
+    """The device memory of the adapters' token tables (``EngineConfig.token_table_memory_gb``)."""
+    return int(config.token_table_memory_gb * (1 << 30)) if config.max_token_tables else 0
+
+
 def kv_cache_blocks(config: EngineConfig, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> int:
     """KV blocks for ``max_num_seqs`` sequences of ``max_model_len``, within the memory budget."""
     per_block = kv_bytes_per_block(spec, config.block_size, dtype)
@@ -49,7 +54,7 @@ def kv_cache_blocks(config: EngineConfig, spec: ModelSpec, device: torch.device,
         budget = int(config.kv_cache_memory_gb * (1 << 30))
     elif device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        budget = int(free * 0.85) - (2 << 30)
+        budget = int(free * 0.85) - (2 << 30) - token_table_bytes(config)
     else:
         budget = CPU_KV_CACHE_CAP_BYTES
     blocks = min(wanted, budget // per_block)

@@ -82,6 +82,7 @@ class Engine:
                 self.device,
                 self.dtype,
                 self._commands.wake.set,
+                base.tokenizer,
             )
             worker = EngineWorker(self.config, base, runner, blocks, residency, self._commands)
         except BaseException as error:
@@ -135,14 +136,24 @@ class Engine:
 
     # ---------------------------------------------------------------- requests
 
-    def encode(self, prompt: Any, special_tokens_in_content: bool = False) -> list[int]:
-        """Token ids of a text prompt, chat messages (through the chat template) or ids as given.
+    def encode(
+        self, prompt: Any, special_tokens_in_content: bool = False, adapter: str | None = None
+    ) -> list[int]:
+        """Token ids of a text prompt, chat messages (through the chat template) or ids as given,
+        with ``adapter``'s own tokenizer and template where its folder has them.
 
         A chat message's text that spells a special token (``<|im_start|>``) is tokenized as
         text unless ``special_tokens_in_content`` (trusted input only).
         """
         where = str(self.base.folder) if self.base.folder is not None else self.model_name
-        return encode_prompt(prompt, self.tokenizer, self.spec.vocab_size, special_tokens_in_content, where)
+        vocab = self.residency.vocab_size_of(adapter)
+        tokenizer = self.tokenizer_for(adapter)
+        return encode_prompt(prompt, tokenizer, vocab, special_tokens_in_content, where)
+
+    def tokenizer_for(self, adapter: str | None) -> Any:
+        """The tokenizer (and chat template) of ``adapter``'s requests: its own, else the base's."""
+        own = self.residency.tokenizer_of(adapter)
+        return own.tokenizer if own is not None else self.tokenizer
 
     def submit(
         self,
@@ -181,14 +192,16 @@ class Engine:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
-        token_ids = self.encode(prompt)
+        if adapter is not None:
+            self.residency.check_known(adapter)
+        token_ids = self.encode(prompt, adapter=adapter)
         if not token_ids:
             raise ValueError("the prompt is empty")
         if len(token_ids) >= self.config.max_model_len:
             raise ValueError(
                 f"the prompt has {len(token_ids)} tokens; max_model_len is {self.config.max_model_len}"
             )
-        vocab = self.spec.vocab_size
+        vocab = self.residency.vocab_size_of(adapter)
         for name, ids in (
             ("stop_token_ids", params.stop_token_ids),
             ("logit_bias", params.logit_bias),
@@ -198,7 +211,6 @@ class Engine:
             if bad:
                 raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         if adapter is not None:
-            self.residency.check_known(adapter)
             if params.adapter_scale != 1.0 and self.residency.kind_of(adapter) == "DoRA":
                 raise ValueError(
                     f"adapter_scale={params.adapter_scale:g}: {adapter!r} is a DoRA adapter, whose "
@@ -210,11 +222,19 @@ class Engine:
                 "has no LoRA term to scale (pick an adapter, or leave adapter_scale at 1)"
             )
         if params.structured is not None:
+            own = self.residency.tokenizer_of(adapter)
+            if own is not None and not own.extends_base:
+                raise ValueError(
+                    f"structured output for {adapter!r} is not supported: its own tokenizer gives "
+                    "the base's token ids other meanings (grammars follow the base's tokenizer)"
+                )
             self.worker.grammars.compile(params.structured)  # ValueError now, not in the step loop
         request_id = request_id or f"req-{next(self._request_counter)}-{uuid.uuid4().hex[:8]}"
         output = RequestOutput(request_id, adapter, token_ids, arrival_time=time.monotonic())
         stream = RequestStream(output, loop)
-        seq = Seq(request_id, token_ids, adapter, params, arrival_step=0)
+        own = self.residency.tokenizer_of(adapter)
+        eos = tuple(sorted({*self.spec.eos_token_ids, *(own.eos_token_ids if own is not None else ())}))
+        seq = Seq(request_id, token_ids, adapter, params, arrival_step=0, eos_token_ids=eos)
         return seq, stream
 
     def abort(self, request_id: str) -> None:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.rope import cos_sin_cache, rope_rows
+from multilora_studio.engine.token_tables import TokenTables, TokenTableStep, embed_tokens, logits_with_tables
 from multilora_studio.engine.weights import ModelWeights
 from multilora_studio.kernels.cpu_linear import packed_linear
 from multilora_studio.kernels.fused_ops import (
@@ -288,8 +289,10 @@ class LlamaModel:
         attn: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         lora: LoRAStep | None,
+        token_tables: TokenTableStep | None = None,
     ) -> torch.Tensor:
-        """Hidden states [T, H] after the final norm, for ``input_ids`` [T] at ``positions`` [T]."""
+        """Hidden states [T, H] after the final norm, for ``input_ids`` [T] at ``positions`` [T]
+        (each token embedded from its adapter's table where ``token_tables`` gives one)."""
         spec = self.spec
         q_size, eps = spec.q_size, spec.rms_norm_eps
         tokens = input_ids.shape[0]
@@ -302,7 +305,7 @@ class LlamaModel:
                 spec.local_rope, positions, attn.seq_lens, attn.query_start_loc, self.max_positions
             )
         )  # [T]
-        residual = F.embedding(input_ids, self.weights.embed)  # [T, H], the residual stream
+        residual = embed_tokens(input_ids, self.weights.embed, token_tables)  # [T, H], the residual stream
         if self.embed_scale is not None:
             residual = residual * self.embed_scale
         h = rms_norm(residual, layers[0].input_norm, eps)
@@ -350,13 +353,33 @@ class LlamaModel:
             h = self._project_add_norm("down", index, act, layer.down, residual, next_norm, lora)
         return h
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, V] float32 logits of the given hidden rows."""
-        return self.head_logits(hidden).float()
+    def logits(
+        self,
+        hidden: torch.Tensor,
+        tables: list[tuple[torch.Tensor, TokenTables]] | None = None,
+        width: int = 0,
+    ) -> torch.Tensor:
+        """[N, V] float32 logits of the given hidden rows (see ``head_logits``)."""
+        return self.head_logits(hidden, tables, width).float()
 
-    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def head_logits(
+        self,
+        hidden: torch.Tensor,
+        tables: list[tuple[torch.Tensor, TokenTables]] | None = None,
+        width: int = 0,
+    ) -> torch.Tensor:
         """[N, V] logits of the given hidden rows in the model's dtype (the LM head's GEMM output,
-        soft-capped where the family caps it)."""
-        logits = self.linear(hidden, self.weights.lm_head)  # [N, V]
+        soft-capped where the family caps it); with ``tables`` ((rows, an adapter's tables)),
+        those rows through their adapter's head, [N, width] padded with -inf."""
+        if not tables:
+            return self._capped(self.linear(hidden, self.weights.lm_head))  # [N, V]
+        lm_head = self.weights.lm_head
+
+        def head(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # the base's may be packed
+            return self._capped((self.linear if weight is lm_head else F.linear)(rows, weight))
+
+        return logits_with_tables(hidden, head, lm_head, tables, width)
+
+    def _capped(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.spec.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -91,7 +91,7 @@ def _child_load(name: str, path: str, index: int) -> StagedAdapter:
     spec, dtype, staging = child.spec, child.dtype, child.staging[index]
     block = staging.block
     layers, shape_of = spec.num_layers, spec.projection_shape
-    host = load_peft_adapter(name, Path(path), layers, shape_of, child.max_rank, spec.vocab_size, dtype=dtype)
+    host = load_peft_adapter(name, Path(path), layers, shape_of, child.max_rank, spec.vocab, dtype=dtype)
     packed = pack_adapter(host, spec, dtype, pin=False, arena=staging)
     groups, row_keys = tuple(packed.a), tuple(packed.rows)
     tensors = [t for g in groups for t in (packed.a[g], packed.b[g])] + [packed.rows[k] for k in row_keys]

@@ -106,11 +106,12 @@ def apply_processors(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     histories: Sequence[History],
-    eos_token_ids: Sequence[int],
+    eos_token_ids: Sequence[Sequence[int]],
     *,
     in_place: bool = False,
 ) -> torch.Tensor:
-    """``logits`` [N, V] float32 with every row's processors applied.
+    """``logits`` [N, V] float32 with every row's processors applied (``eos_token_ids``: each
+    row's EOS tokens, banned before its ``min_tokens``).
 
     By default the result is a new tensor and ``logits`` stays as it was (the caller scores
     log-probabilities from it). With ``in_place`` the caller gives up ``logits``: it is updated
@@ -124,10 +125,10 @@ def apply_processors(
     add_rows: list[int] = []
     add_tokens: list[int] = []
     add_values: list[float] = []
-    for row, (p, (_, output)) in enumerate(zip(params, histories, strict=True)):
+    for row, (p, (_, output), eos) in enumerate(zip(params, histories, eos_token_ids, strict=True)):
         if not _additive(p, len(output)):
             continue
-        for token in banned_tokens(p, output, eos_token_ids):
+        for token in banned_tokens(p, output, eos):
             add_rows.append(row)
             add_tokens.append(token)
             add_values.append(float("-inf"))

@@ -120,7 +120,7 @@ def score_chunk_rows(vocab: int, dtype: torch.dtype) -> int:
 
 
 def score_hidden_rows(
-    logits_of: Callable[[torch.Tensor], torch.Tensor],
+    logits_of: Callable[[torch.Tensor, int], torch.Tensor],
     hidden: torch.Tensor,
     targets: torch.Tensor,
     k: int,
@@ -128,12 +128,13 @@ def score_hidden_rows(
 ) -> ScoredRows:
     """``score_rows`` for hidden states [R, H] and their next tokens [R], ``chunk_rows`` at a time.
 
-    ``logits_of(hidden_rows) -> [r, V]`` (the model's head, in its dtype); a long prompt never holds
+    ``logits_of(hidden_rows, first_row) -> [r, V]`` (the model's head, in its dtype; ``first_row``:
+    the index of ``hidden_rows[0]`` among ``hidden``'s rows); a long prompt never holds
     full-vocabulary logits for more than ``chunk_rows`` rows (``score_chunk_rows``).
     """
     parts = []
     for begin in range(0, len(targets), chunk_rows):
         end = begin + chunk_rows
-        logits = logits_of(hidden[begin:end])  # [r, V]
+        logits = logits_of(hidden[begin:end], begin)  # [r, V]
         parts.append(score_rows(logits, targets[begin:end], k))
     return ScoredRows.concat(parts)

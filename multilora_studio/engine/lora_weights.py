@@ -10,6 +10,8 @@ Storage (allocated once, zeros; see ``multilora_studio.kernels.lora`` for the ke
               DoRA or LoRA-bias adapter is uploaded: each slot's per-row output scale (DoRA's
               magnitude / ||W + B A||, 1 elsewhere) and bias (lora_bias, 0 elsewhere); row
               ``slots`` is for tokens without an adapter (1 and 0)
+    token_tables: the embedding / LM-head tables of the slots' adapters that have them
+              (``engine/token_tables.py``), filled and cleared with the slot
 The LoRA scale is folded into B when a slot is filled.
 """
 
@@ -21,9 +23,11 @@ from dataclasses import dataclass, field
 import torch
 
 from multilora_studio.adapters.peft_adapter import HostAdapter
+from multilora_studio.adapters.token_tables import TokenTables
 from multilora_studio.engine.dora import BaseProjection, dora_row_scale
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.pinned_arena import BlockSource, carve, carved_bytes
+from multilora_studio.engine.token_tables import TokenTablePool
 
 # projection group (one kernel launch) -> the HF modules that are its slices, in row order
 LORA_GROUPS: dict[str, tuple[str, ...]] = {
@@ -51,8 +55,10 @@ class LoRASlotWeights:
         device: torch.device,
         shrink_in_gemm_weights: dict[str, torch.Tensor] | None = None,
         base: BaseProjection | None = None,
+        token_tables: TokenTablePool | None = None,
     ) -> None:
         self.num_slots = num_slots
+        self.token_tables = token_tables or TokenTablePool(0, 0, device)
         self.spec = spec
         self.dtype = dtype
         self.device = device
@@ -145,6 +151,7 @@ class LoRASlotWeights:
         self.slot_ranks_host[slot] = 0
         self.slot_groups[slot] = frozenset()
         self._reset_rows(slot)
+        self.token_tables.clear(slot)
         self.slot_adapter[slot] = None
 
     def upload(self, slot: int, packed: PackedAdapter) -> None:
@@ -168,6 +175,7 @@ class LoRASlotWeights:
         self.slot_ranks_host[slot] = rank
         self.slot_groups[slot] = frozenset(packed.a)
         self._reset_rows(slot)
+        self.token_tables.put(slot, packed.tokens)
         for key, stored in packed.rows.items():  # [L, out_total]
             kind, group = key.split(":")
             rows = stored
@@ -198,11 +206,12 @@ class PackedAdapter:
     a: dict[str, torch.Tensor]
     b: dict[str, torch.Tensor]
     rows: dict[str, torch.Tensor] = field(default_factory=dict)
+    tokens: TokenTables | None = None  # its embedding / LM-head tables (HostAdapter.tokens)
 
     @property
     def nbytes(self) -> int:
         tensors = itertools.chain(self.a.values(), self.b.values(), self.rows.values())
-        return sum(t.nbytes for t in tensors)
+        return sum(t.nbytes for t in tensors) + (self.tokens.nbytes if self.tokens is not None else 0)
 
 
 def _out_total(spec: ModelSpec, group: str) -> int:
@@ -289,4 +298,6 @@ def pack_adapter(
             if owner == group:
                 rows[layer, offsets[index] : offsets[index + 1]] = vector
         packed.rows[key] = rows.pin_memory() if block is None and pin else rows
+    if adapter.tokens is not None:
+        packed.tokens = adapter.tokens.to(dtype, pin)
     return packed

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from multilora_studio.adapters.adapter_tokenizer import load_tokenizer
 from multilora_studio.adapters.safetensors_header import read_header
 from multilora_studio.checkpoint_files import checkpoint_digest, checkpoint_files
 from multilora_studio.default_model import ensure_default_model
@@ -119,20 +120,6 @@ class BaseModel:
     tokenizer: Any
     digest: str
     folder: Path | None
-
-
-# Files of which at least one is in a folder that has a tokenizer (the fast, sentencepiece,
-# BPE-vocabulary and tiktoken forms); without any, the model serves token-id prompts only.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer.tiktoken", "tiktoken.model")
-
-
-def load_tokenizer(folder: Path) -> Any:
-    """The folder's tokenizer, or None when it has no tokenizer files."""
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from multilora_studio.adapters.token_tables import VocabShape
+
 # gemma3: the image-text checkpoint, served for text from its ``text_config`` (a gemma3_text)
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gemma3")
 GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")  # the Gemma block (ModelSpec.gemma)
@@ -102,6 +104,11 @@ class ModelSpec:
     def uses_local_rope(self, layer: int) -> bool:
         """Whether layer ``layer`` rotates by ``local_rope`` (a sliding-window layer of gemma3)."""
         return self.local_rope is not None and self.window_of(layer) is not None
+
+    @property
+    def vocab(self) -> VocabShape:
+        """What an adapter's embedding / LM-head tensors are checked against."""
+        return VocabShape(self.vocab_size, self.hidden_size, self.tie_word_embeddings)
 
     def projection_shape(self, module: str) -> tuple[int, int]:
         """(out_features, in_features) of a LoRA-targetable projection."""

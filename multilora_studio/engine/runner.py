@@ -7,6 +7,7 @@ engine's worker thread.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,7 @@ from multilora_studio.engine.step_graphs import (
     token_buckets,
 )
 from multilora_studio.engine.step_staging import StepStaging
+from multilora_studio.engine.token_tables import TableRows, TokenTablePool, TokenTableStep
 from multilora_studio.engine.weights import ModelWeights, pack_for_onednn
 from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
 from multilora_studio.kernels.cpu_linear import onednn_packing_available
@@ -71,6 +73,7 @@ class StepInputs:
     lora_groups: frozenset[str]
     scoring: PromptScoring | None = None
     row_groups: frozenset[str] = frozenset()  # groups with DoRA / lora_bias rows (LoRAStep)
+    tokens: TokenTableStep | None = None  # the adapters with token tables, and their rows
 
 
 @dataclass
@@ -113,6 +116,7 @@ class ModelRunner:
             pack_for_onednn(weights)  # in place: ~1.7x faster decode GEMMs on the CPU
         self.weights = weights
         # With the shrink in GEMM the slots' A factors are extra rows of the base GEMM weights.
+        table_bytes = int(config.token_table_memory_gb * (1 << 30))
         self.lora = LoRASlotWeights(
             spec,
             config.max_loras,
@@ -121,6 +125,7 @@ class ModelRunner:
             device,
             weights.shrink_in_gemm_weights,
             dora_base,
+            TokenTablePool(config.max_token_tables, table_bytes, device),
         )
         max_positions = max(config.max_model_len, 16)
         self.model = LlamaModel(spec, weights, self.lora, max_positions, plan)
@@ -181,8 +186,10 @@ class ModelRunner:
             c.seq.prompt_positions_to_score(c.start, c.start + c.num_tokens) for c in plan.chunks
         )
         uses_rows = self._uses_row_terms(plan, slot_of)
+        tables = self.lora.token_tables.tables
+        uses_tables = bool(tables) and any(slot_of.get(c.seq.adapter, -1) in tables for c in plan.chunks)
         for graphs in (self.decode_graphs, self.mixed_graphs):
-            if graphs is not None and not scores_prompt and graphs.accepts(plan):
+            if graphs is not None and not scores_prompt and not uses_tables and graphs.accepts(plan):
                 if uses_rows:
                     self.lora.ensure_row_buffers()  # the graphs read every group's rows
                 return graphs.stage(plan, slot_of, self.lora.slot_ranks_host, uses_rows)
@@ -194,13 +201,14 @@ class ModelRunner:
         scaled = False  # whether some token's adapter strength is not 1.0
         seq_lens: list[int] = []
         query_start = [0]
-        tables: list[list[int]] = []
+        block_tables: list[list[int]] = []
         logits_rows: list[int] = []
         groups: set[str] = set()
         row_groups: set[str] = set()
         score_rows: list[int] = []
         score_targets: list[int] = []
         score_groups: list[tuple[Sequence, int, int]] = []
+        table_rows: dict[int, tuple[list[int], list[int], list[int]]] = {}  # slot -> tokens, logits, scores
         for chunk in plan.chunks:
             seq = chunk.seq
             end = chunk.start + chunk.num_tokens
@@ -218,16 +226,22 @@ class ModelRunner:
                 row_groups |= self.lora.slot_row_groups[slot]
             seq_lens.append(end)
             scored = seq.prompt_positions_to_score(chunk.start, end)
+            own = table_rows.setdefault(slot, ([], [], [])) if slot in tables else None
+            if own is not None:
+                own[0].extend(range(query_start[-1], query_start[-1] + chunk.num_tokens))
+                own[2].extend(range(len(score_rows), len(score_rows) + len(scored)))
+                if chunk.completes:
+                    own[1].append(len(logits_rows))
             if scored:
                 score_rows.extend(query_start[-1] + p - chunk.start for p in scored)
                 score_targets.extend(seq.prompt_token_ids[scored.start + 1 : scored.stop + 1])
                 score_groups.append((seq, scored.start, len(scored)))
             query_start.append(query_start[-1] + chunk.num_tokens)
-            tables.append(seq.block_table)
+            block_tables.append(seq.block_table)
             if chunk.completes:
                 logits_rows.append(query_start[-1] - 1)
-        width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]
+        width = max(len(t) for t in block_tables)
+        padded = [t + [0] * (width - len(t)) for t in block_tables]
 
         def on_device(values: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
@@ -257,7 +271,20 @@ class ModelRunner:
             lora_groups=frozenset(groups),
             scoring=scoring,
             row_groups=frozenset(row_groups),
+            tokens=self._table_step(table_rows, on_device) if table_rows else None,
         )
+
+    def _table_step(
+        self, rows: dict[int, tuple[list[int], list[int], list[int]]], on_device: Callable
+    ) -> TokenTableStep:
+        """The step's token-table groups from each slot's (token rows, logits rows, score rows)."""
+        tables = self.lora.token_tables.tables
+        groups = [
+            TableRows(tables[slot], *(on_device(part, torch.int64) for part in parts))
+            for slot, parts in rows.items()
+        ]
+        width = max(self.spec.vocab_size, *(g.tables.vocab_size for g in groups))
+        return TokenTableStep(width, groups)
 
     def _project_base(self, group: str, layer: int, x: torch.Tensor) -> torch.Tensor:
         """``x @ W^T`` of layer ``layer``'s ``group`` base weight (DoRA's norms)."""
@@ -280,18 +307,30 @@ class ModelRunner:
             if inputs.row_groups:  # [T] each token's row of the per-row terms
                 row_index = torch.where(inputs.slot_ids < 0, self.lora.num_slots, inputs.slot_ids).long()
             lora = LoRAStep(batch, inputs.lora_groups, inputs.row_groups, row_index)
-        hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.attn, self.kv_caches, lora)
+        tokens = inputs.tokens
+        hidden = self.model.forward(
+            inputs.input_ids, inputs.positions, inputs.attn, self.kv_caches, lora, tokens
+        )  # [T, H]
         scoring = inputs.scoring
         prompt_scores = None
         if scoring is not None:
+
+            def scored_logits(rows: torch.Tensor, begin: int) -> torch.Tensor:  # [r, V]
+                if tokens is None:
+                    return self.model.head_logits(rows)
+                end = begin + rows.shape[0]
+                groups = [(g.score_rows[(g.score_rows >= begin) & (g.score_rows < end)] - begin, g.tables)
+                          for g in tokens.groups]  # fmt: skip
+                return self.model.head_logits(rows, groups, tokens.width)
+
             prompt_scores = score_hidden_rows(
-                self.model.head_logits,
-                hidden[scoring.rows],
-                scoring.targets,
-                scoring.top_k,
-                self.score_chunk_rows,
+                scored_logits, hidden[scoring.rows], scoring.targets, scoring.top_k, self.score_chunk_rows
             )
-        return self.model.logits(hidden[inputs.logits_rows]), prompt_scores
+        sampled = hidden[inputs.logits_rows]  # [N, H]
+        if tokens is None:
+            return self.model.logits(sampled), prompt_scores
+        groups = [(g.logits_rows, g.tables) for g in tokens.groups]
+        return self.model.logits(sampled, groups, tokens.width), prompt_scores
 
     @torch.inference_mode()
     def sample(
@@ -302,19 +341,20 @@ class ModelRunner:
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
         histories: list[History],
+        eos_token_ids: list[tuple[int, ...]],
         masks: DeviceMasks | None = None,
     ) -> StepOutput:
         """Sample every row (after the logits processors, within its grammar's ``masks``), score
         the rows that asked, and bring it all to the host with one wait.
 
-        ``histories`` holds each row's (prompt, output) token ids, for the logits processors;
+        ``histories`` holds each row's (prompt, output) token ids and ``eos_token_ids`` its EOS
+        tokens, for the logits processors;
         log-probabilities are scored from the raw ``logits``. When no row asks for them, the
         processors update ``logits`` in place (nothing reads it after this step; under CUDA graphs
         it is the graph's output buffer, which the next replay overwrites).
         """
         wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
-        eos = self.spec.eos_token_ids
-        processed = apply_processors(logits, params, histories, eos, in_place=not wanted)  # [N, V]
+        processed = apply_processors(logits, params, histories, eos_token_ids, in_place=not wanted)  # [N, V]
         allowed = apply_token_masks(processed, masks) if masks is not None else processed  # [N, V]
         tokens = sample(allowed, params, generators)  # [N] on the device
         scores = None

@@ -32,6 +32,8 @@ class Sequence:
     # prompt positions 0..n-1 whose next token has been scored (``SamplingParams.prompt_logprobs``);
     # a recomputed prefill after a preemption does not score them again
     scored_prompt_positions: int = 0
+    # the tokens that end it (unless ignore_eos): the base's EOS and its adapter tokenizer's
+    eos_token_ids: tuple[int, ...] = ()
 
     def prompt_positions_to_score(self, start: int, stop: int) -> range:
         """The positions of chunk [start, stop) whose next prompt token still needs a log-probability."""

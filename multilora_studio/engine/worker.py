@@ -141,6 +141,7 @@ class EngineWorker:
                 [a.seq.params for a in sampling],
                 [a.generator for a in sampling],
                 [(a.seq.prompt_token_ids, a.seq.output_token_ids) for a in sampling],
+                [a.seq.eos_token_ids for a in sampling],
                 masks,
             )
             t_post = self._tick("sample", t_sample)
@@ -253,7 +254,7 @@ class EngineWorker:
             stopped_by_text
             or grammar_done
             or token in params.stop_token_ids
-            or (not params.ignore_eos and token in self.base.spec.eos_token_ids)
+            or (not params.ignore_eos and token in seq.eos_token_ids)
         ):
             reason = "stop"
         elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
@@ -313,9 +314,11 @@ class EngineWorker:
         )
 
     def _add(self, requests: list[tuple[Sequence, RequestStream]]) -> None:
-        tokenizer, device = self.base.tokenizer, self.runner.device
+        device = self.runner.device
         for seq, stream in requests:
             seq.arrival_step = self.scheduler.step_count
+            own = self.residency.tokenizer_of(seq.adapter)
+            tokenizer = own.tokenizer if own is not None else self.base.tokenizer
             detok = (
                 IncrementalDetokenizer(tokenizer, tuple(seq.params.stop), seq.params.min_tokens)
                 if tokenizer

@@ -19,7 +19,7 @@ def main(root: str, base_json: str, label: str, *sources: str) -> None:
     data = json.loads(base_json)
     base = BaseModelRef(
         data["name"], data["digest"], data["num_layers"], data["vocab_size"],
-        {k: tuple(v) for k, v in data["shapes"].items()},
+        {k: tuple(v) for k, v in data["shapes"].items()}, data["hidden_size"], data["tied_embeddings"],
     )  # fmt: skip
     registry = Registry(Path(root))
     mine = [registry.import_folder(Path(s), base, name=f"{label}-{i}").name for i, s in enumerate(sources)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -71,15 +72,7 @@ def test_threads_import_pin_and_read_at_once(registry, tiny_adapters, tiny_base)
 def test_processes_share_one_library(tmp_path, tiny_adapters, tiny_base):
     root = tmp_path / "shared"
     Registry(root)
-    base = json.dumps(
-        {
-            "name": tiny_base.name,
-            "digest": tiny_base.digest,
-            "num_layers": tiny_base.num_layers,
-            "vocab_size": tiny_base.vocab_size,
-            "shapes": dict(tiny_base.shapes),
-        }
-    )
+    base = json.dumps(dataclasses.asdict(tiny_base))
     sources = [str(tiny_adapters[spec.name]) for spec in TINY_ADAPTERS[:2]]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     workers = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -164,7 +165,7 @@ def test_library_registers_the_demo_adapters_once(engine, tmp_path, adapters):
     registry.remove("demo-pirate")
     assert register_demo_adapters(registry, base) == [], "a removed demo adapter stays removed"
     assert "demo-pirate" in json.loads((registry.root / OFFERED_FILE).read_text())
-    other = BaseModelRef("another-model", "0" * 64, base.num_layers, base.vocab_size, base.shapes)
+    other = dataclasses.replace(base, name="another-model", digest="0" * 64)
     assert register_demo_adapters(Registry(tmp_path / "other"), other) == []
 
 

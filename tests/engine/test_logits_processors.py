@@ -47,7 +47,7 @@ def test_every_processor_equals_the_reference_formula(seed):
     # a history that ends with a bad word's prefix, so the sequence's last token must be banned
     histories[8] = (histories[8][0], [*histories[8][1], 1, 2])
     before = logits.clone()
-    got = apply_processors(logits, ROW_PARAMS, histories, EOS)
+    got = apply_processors(logits, ROW_PARAMS, histories, [EOS] * len(ROW_PARAMS))
     assert torch.equal(logits, before)  # the raw logits (for log-probabilities) stay as they were
     for row, p in enumerate(ROW_PARAMS):
         want = reference_row(logits[row], p, *histories[row], EOS)
@@ -59,7 +59,7 @@ def test_no_processor_returns_the_same_tensor():
     logits, histories = random_case(4, 3)
     params = [SamplingParams(), SamplingParams(temperature=0), SamplingParams(min_tokens=2), SamplingParams()]
     histories[2] = (histories[2][0], [1, 2, 3])  # min_tokens already reached: nothing to do
-    assert apply_processors(logits, params, histories, EOS) is logits
+    assert apply_processors(logits, params, histories, [EOS] * len(params)) is logits
 
 
 def test_min_p_keeps_tokens_above_min_p_times_the_top_probability():
@@ -111,7 +111,7 @@ def test_sparse_penalties_cover_duplicates_overlap_empty_output_and_plain_rows()
         ([2, 8], [8, 8, 11]),
         ([9], [9]),
     ]
-    got = apply_processors(logits, params, histories, EOS)
+    got = apply_processors(logits, params, histories, [EOS] * len(params))
     for row, p in enumerate(params):
         want = reference_row(logits[row], p, *histories[row], EOS)
         torch.testing.assert_close(got[row], want, rtol=1e-5, atol=1e-5, msg=f"row {row}: {p}")
@@ -120,7 +120,7 @@ def test_sparse_penalties_cover_duplicates_overlap_empty_output_and_plain_rows()
 
 def test_in_place_updates_and_returns_the_given_logits():
     logits, histories = random_case(len(ROW_PARAMS), 4)
-    kept = apply_processors(logits, ROW_PARAMS, histories, EOS)
-    updated = apply_processors(logits, ROW_PARAMS, histories, EOS, in_place=True)
+    kept = apply_processors(logits, ROW_PARAMS, histories, [EOS] * len(ROW_PARAMS))
+    updated = apply_processors(logits, ROW_PARAMS, histories, [EOS] * len(ROW_PARAMS), in_place=True)
     assert updated is logits
     assert torch.equal(updated, kept)

@@ -128,13 +128,16 @@ def test_prompt_rows_are_scored_a_chunk_at_a_time_with_the_same_result():
     hidden = torch.randn(10, 16, generator=generator)  # [R, H]
     targets = torch.randint(0, 300, (10,), generator=generator)
     widths: list[int] = []
+    firsts: list[int] = []
 
-    def logits_of(rows: torch.Tensor) -> torch.Tensor:
+    def logits_of(rows: torch.Tensor, first: int) -> torch.Tensor:
         widths.append(len(rows))
+        firsts.append(first)
         return rows @ head.T  # [r, V]
 
     chunked = score_hidden_rows(logits_of, hidden, targets, 4, chunk_rows=3)
     assert widths == [3, 3, 3, 1]
+    assert firsts == [0, 3, 6, 9]
     whole = score_hidden_rows(logits_of, hidden, targets, 4, chunk_rows=10)
     ranks_and_ids = [1, *range(2, 6)]  # the columns of rank and the top ids
     assert torch.equal(chunked.packed[:, ranks_and_ids], whole.packed[:, ranks_and_ids])

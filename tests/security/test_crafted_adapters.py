@@ -19,7 +19,7 @@ ALTERNATION_BLOWUP = r"(\w|[a-z]|_|\.)+\d"
 
 
 def load(folder: Path, tiny_base):
-    return load_peft_adapter("x", folder, tiny_base.num_layers, tiny_base.shape_of, 16, tiny_base.vocab_size)
+    return load_peft_adapter("x", folder, tiny_base.num_layers, tiny_base.shape_of, 16, tiny_base.vocab)
 
 
 def copy(folder: Path, tmp_path: Path) -> Path:

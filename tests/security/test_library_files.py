@@ -128,7 +128,7 @@ def test_loading_a_folder_with_a_pipe_for_serving_is_refused_without_blocking(fo
     base = describe_base(str(tiny_model_dir))
     error = refused_without_blocking(
         folder / file,
-        lambda: inspect_peft_adapter(folder, base.num_layers, base.shape_of, 64, base.vocab_size),
+        lambda: inspect_peft_adapter(folder, base.num_layers, base.shape_of, 64, base.vocab),
     )
     assert str(folder / file) in str(error) and "named pipe (FIFO)" in str(error)
 

@@ -1,0 +1,218 @@
+"""Adapters that replace vocabulary rows, in one mixed batch with plain LoRA and base rows.
+
+PEFT builds each adapter in the test, every trained tensor perturbed: a saved ``lm_head``
+(modules_to_save), a saved ``embed_tokens``, retrained tokens (``trainable_token_indices``,
+tied into the tiny model's tied head as PEFT ties them), and a resized vocabulary with 8 added
+tokens, its own tokenizer and chat template. Greedy tokens of every row equal PEFT's for that
+adapter alone (float32, 32 new tokens) on each LoRA path; prompts hold the retrained and the
+added ids; log-probabilities of the added-token rows cover their own vocabulary.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+from tests.engine.reference import greedy_tokens
+from tests.engine.test_model_families import PATHS
+from tests.fixtures import AdapterSpec, build_adapter
+
+NEW_TOKENS = 32
+ADDED = 8
+RETRAINED = (510, 2300, 88)
+SPECS = {
+    "head": AdapterSpec("head", 8, 16, ("q_proj", "v_proj"), 31, (("modules_to_save", ["lm_head"]),)),
+    "embed": AdapterSpec(
+        "embed", 4, 8, ("o_proj", "down_proj"), 32, (("modules_to_save", ["embed_tokens"]),)
+    ),
+    "tokens": AdapterSpec("tokens", 4, 8, ("q_proj",), 33, (("trainable_token_indices", list(RETRAINED)),)),
+    "added": AdapterSpec("added", 8, 16, ("q_proj", "k_proj", "v_proj", "gate_proj"), 34),
+    "plain": AdapterSpec("plain", 8, 8, ("up_proj", "down_proj"), 35),
+}
+TEMPLATE = (
+    "{% for m in messages %}<|turn|>{{ m['role'] }}\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|turn|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def table_adapters(tiny_model_dir, tokenizer_dir, tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("token-tables")
+    adapters = {}
+    for name, spec in SPECS.items():
+        adapters[name] = build_adapter(
+            tiny_model_dir, spec, folder / name, added_tokens=ADDED if name == "added" else 0
+        )
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|turn|>", "<|end|>"]})
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(ADDED - 2)])
+    tokenizer.eos_token = "<|end|>"
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(str(adapters["added"]))
+    return adapters
+
+
+@pytest.fixture(scope="module")
+def references(table_adapters, tiny_model_dir):
+    """name -> the PEFT model of that adapter alone (the added-token one on a resized base)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    models = {}
+    for name, path in table_adapters.items():
+        base = AutoModelForCausalLM.from_pretrained(
+            str(tiny_model_dir), dtype=torch.float32, attn_implementation="eager"
+        )
+        if name == "added":
+            base.resize_token_embeddings(base.config.vocab_size + ADDED, mean_resizing=False)
+        models[name] = PeftModel.from_pretrained(base, str(path)).eval()
+    models[None] = AutoModelForCausalLM.from_pretrained(
+        str(tiny_model_dir), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    return models
+
+
+def prompts_for(vocab: int) -> dict[str | None, list[int]]:
+    added = [vocab + i for i in range(ADDED)]
+    return {
+        "head": [1, 510, 2300, 44, 901],
+        "embed": [1, 88, 3, 4, 5, 6, 510],
+        "tokens": [1, 510, 12, 2300, 7, 88, 88],
+        "added": [1, added[0], 40, added[3], 41, added[7], 9000],
+        "plain": [1, 9000, 77, 510],
+        None: [1, 2, 3, 510, 2300],
+    }
+
+
+def make_engine(base, adapters, engine_device, **config) -> Engine:
+    engine = Engine(
+        EngineConfig(
+            model=str(base),
+            device=engine_device,
+            dtype="float32",
+            max_lora_rank=16,
+            max_model_len=128,
+            **config,
+        )
+    )
+    for name, path in adapters.items():
+        engine.add_adapter(name, path)
+    return engine
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_token_tables_in_a_mixed_batch_match_peft(
+    path, table_adapters, references, tiny_model_dir, engine_device
+):
+    with make_engine(tiny_model_dir, table_adapters, engine_device, **PATHS[path]) as engine:
+        prompts = prompts_for(engine.spec.vocab_size)
+        shown = {info.name: info.tokens for info in engine.list_adapters()}
+        outputs = engine.generate(
+            list(prompts.values()),
+            list(prompts),
+            SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True),
+        )
+    assert shown == {
+        "head": "lm_head",
+        "embed": "embed_tokens",
+        "tokens": "3 trained tokens",
+        "added": f"embed_tokens, lm_head, +{ADDED} tokens",
+        "plain": "",
+    }
+    for (name, prompt), output in zip(prompts.items(), outputs, strict=True):
+        assert output.token_ids == greedy_tokens(references[name], prompt, NEW_TOKENS), name
+    for (name, prompt), output in zip(prompts.items(), outputs, strict=True):
+        if name not in (None, "added"):  # (the base cannot read the added ids)
+            assert output.token_ids != greedy_tokens(references[None], prompt, NEW_TOKENS), (
+                f"{name} did nothing"
+            )
+
+
+def test_rows_of_an_added_vocabulary_score_over_it(table_adapters, references, tiny_model_dir, engine_device):
+    """Prompt and sampled log-probabilities of each row are over its own vocabulary: the
+    added-token adapter's include its new ids, a base row's in the same batch exclude them."""
+    with make_engine(tiny_model_dir, table_adapters, engine_device) as engine:
+        vocab = engine.spec.vocab_size
+        prompts = prompts_for(vocab)
+        outputs = engine.generate(
+            [prompts["added"], prompts[None], prompts["tokens"]],
+            ["added", None, "tokens"],
+            SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, prompt_logprobs=3, logprobs=3),
+        )
+    for name, output in zip(["added", None, "tokens"], outputs, strict=True):
+        ids = prompts[name]
+        with torch.no_grad():
+            logits = references[name](input_ids=torch.tensor([ids])).logits[0].float()
+        expected = torch.log_softmax(logits, dim=-1)  # [len, V_row]
+        for position in range(1, len(ids)):
+            entry = output.prompt_logprobs[position]
+            assert entry.logprob == pytest.approx(float(expected[position - 1, ids[position]]), abs=1e-4)
+        top = output.logprobs[0].top
+        assert [t for t, _ in top] == expected[-1].topk(3).indices.tolist()
+        assert expected.shape[1] == (vocab + ADDED if name == "added" else vocab)
+
+
+def test_an_adapter_with_its_own_template_renders_chats_with_it(
+    table_adapters, references, tiny_model_dir, engine_device
+):
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "user", "content": "Name a colour."}]
+    own = AutoTokenizer.from_pretrained(str(table_adapters["added"]))
+    expected_ids = own.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    expected_ids = list(getattr(expected_ids, "input_ids", expected_ids))
+    with make_engine(tiny_model_dir, table_adapters, engine_device) as engine:
+        info = {i.name: i for i in engine.list_adapters()}
+        assert info["added"].tokenizer == "own tokenizer / template"
+        assert info["plain"].tokenizer == ""
+        assert engine.encode(messages, adapter="added") == expected_ids
+        assert engine.encode(messages) != expected_ids  # the base renders its own template
+        [chat, base_chat] = engine.generate(
+            [messages, messages], ["added", None], SamplingParams(max_tokens=12, temperature=0)
+        )
+    assert chat.prompt_token_ids == expected_ids
+    reference = greedy_tokens(references["added"], expected_ids, 12)
+    end = own.convert_tokens_to_ids("<|end|>")
+    stop = reference.index(end) + 1 if end in reference else len(reference)
+    assert chat.token_ids == reference[:stop]  # the adapter's EOS ends it
+    assert chat.text == own.decode(reference[:stop], skip_special_tokens=True)
+    assert base_chat.prompt_token_ids != expected_ids
+
+
+def test_the_token_table_pool_keeps_to_its_count(table_adapters, references, tiny_model_dir, engine_device):
+    """With room for one adapter's tables, four such adapters take turns: each one's rows
+    still equal PEFT's (an evicted adapter's tables never serve another's rows)."""
+    names = ["head", "embed", "tokens", "added", "plain"]
+    with make_engine(tiny_model_dir, table_adapters, engine_device, max_token_tables=1) as engine:
+        prompts = prompts_for(engine.spec.vocab_size)
+        outputs = engine.generate(
+            [prompts[n] for n in names], names, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+        )
+        pool = engine.runner.lora.token_tables
+        assert len(pool.tables) <= 1
+    for name, output in zip(names, outputs, strict=True):
+        assert output.token_ids == greedy_tokens(references[name], prompts[name], 8), name
+
+
+def test_token_ids_outside_an_adapters_vocabulary_are_refused(table_adapters, tiny_model_dir, engine_device):
+    with make_engine(tiny_model_dir, table_adapters, engine_device) as engine:
+        vocab = engine.spec.vocab_size
+        with pytest.raises(ValueError, match="out of range"):
+            engine.submit([1, vocab + 1], None)
+        with pytest.raises(ValueError, match="out of range"):
+            engine.submit([1, vocab + ADDED], "added")
+        engine.generate([[1, vocab + ADDED - 1]], ["added"], SamplingParams(max_tokens=1))
+
+
+def test_a_table_budget_too_small_for_the_adapter_is_refused(table_adapters, tiny_model_dir, engine_device):
+    config = EngineConfig(
+        model=str(tiny_model_dir), device=engine_device, dtype="float32", max_lora_rank=16,
+        token_table_memory_gb=1e-4,
+    )  # fmt: skip
+    with Engine(config) as engine:
+        with pytest.raises(ValueError, match="token_table_memory_gb"):
+            engine.add_adapter("head", table_adapters["head"])
+        engine.add_adapter("tokens", table_adapters["tokens"])  # retrained rows only: a few KB
