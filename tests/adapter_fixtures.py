@@ -59,6 +59,7 @@ def peft_variants(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
     cases = {
         "dora": dict(target_modules=["q_proj"], use_dora=True),
         "modules_to_save": dict(target_modules=["q_proj"], modules_to_save=["lm_head"]),
+        "saved_embeddings": dict(target_modules=["q_proj"], modules_to_save=["embed_tokens", "lm_head"]),
         "embedding": dict(target_modules=["q_proj", "embed_tokens"]),
         "lm_head": dict(target_modules=["q_proj", "lm_head"]),
         "trainable_tokens": dict(target_modules=["q_proj"], trainable_token_indices=[5, 6]),
@@ -117,7 +118,7 @@ def hub(
     repos.add_adapter(f"{HUB_ORG}/tiny-mlp", "v1", tiny_adapters["tiny-r16-mlp"], OTHER_BASE)
 
     saved_head = shutil.copytree(tiny_adapters["tiny-r4-qv"], made / "saved-head")
-    edit_config(saved_head, modules_to_save=["lm_head"])
+    edit_config(saved_head, modules_to_save=["lm_head", "score"])  # a classification head: refused
     repos.add_adapter(f"{HUB_ORG}/tiny-saved-head", "v1", saved_head, BASE_REPO)
 
     broken = shutil.copytree(tiny_adapters["tiny-r4-qv"], made / "broken")

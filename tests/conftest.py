@@ -13,7 +13,7 @@ import pytest
 
 from tests.fixtures import FAMILY_VARIANTS, TINY_ADAPTERS, build_adapter, build_tiny_model, extract_tokenizer
 
-pytest_plugins = ["tests.server_fixtures", "tests.adapter_fixtures"]
+pytest_plugins = ["tests.server_fixtures", "tests.adapter_fixtures", "tests.token_table_fixtures"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

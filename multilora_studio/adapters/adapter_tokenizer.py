@@ -19,6 +19,14 @@ from multilora_studio.adapters.adapter_config import AdapterError, refuse_unless
 # BPE-vocabulary and tiktoken forms).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer.tiktoken", "tiktoken.model")
 TEMPLATE_FILE = "chat_template.jinja"
+# every file a tokenizer folder may hold (what the library copies and pulls with an adapter)
+TOKENIZER_FOLDER_FILES = (
+    *TOKENIZER_FILES,
+    "merges.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    TEMPLATE_FILE,
+)
 MAX_TEMPLATE_BYTES = 1 << 20
 
 
@@ -51,6 +59,20 @@ class AdapterTokenizer:
     def eos_token_ids(self) -> frozenset[int]:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return frozenset() if eos is None else frozenset([int(eos)])
+
+
+def tokenizer_files_label(folder: Path) -> str:
+    """What the folder brings by its files alone: "own tokenizer / template", "own tokenizer",
+    "own template" or "" (the engine compares them with the base's when it serves them)."""
+    has_tokenizer = any((folder / name).is_file() for name in TOKENIZER_FILES)
+    config = folder / "tokenizer_config.json"
+    in_config = config.is_file() and config.stat().st_size < MAX_TEMPLATE_BYTES
+    has_template = (folder / TEMPLATE_FILE).is_file() or (
+        in_config and '"chat_template"' in config.read_text()
+    )
+    if not has_tokenizer and not has_template:
+        return ""
+    return AdapterTokenizer(None, has_tokenizer, has_template, True).label
 
 
 def adapter_tokenizer(folder: Path, base: Any, vocab_size: int) -> AdapterTokenizer | None:

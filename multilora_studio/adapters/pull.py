@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from multilora_studio.adapters.adapter_config import CONFIG_FILE, parse_adapter_config, read_adapter_config
+from multilora_studio.adapters.adapter_tokenizer import TOKENIZER_FOLDER_FILES
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.hub import (
     HubError,
@@ -33,18 +34,12 @@ from multilora_studio.adapters.registry_schema import AdapterRecord, BaseModelRe
 from multilora_studio.checkpoint_files import checkpoint_digest, checkpoint_files
 
 MODEL_CONFIG = "config.json"
-ADAPTER_EXTRAS = ("README.md", ADDED_TOKENS_FILE)
+ADAPTER_EXTRAS = ("README.md", ADDED_TOKENS_FILE, *TOKENIZER_FOLDER_FILES)
 MODEL_FILES = (
     MODEL_CONFIG,
     "generation_config.json",
     "model.safetensors.index.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
+    *TOKENIZER_FOLDER_FILES,
     "README.md",
 )
 BaseSource = BaseModelRef | Callable[[], BaseModelRef]

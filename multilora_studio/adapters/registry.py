@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from multilora_studio.adapters.adapter_config import CONFIG_FILE, AdapterError
+from multilora_studio.adapters.adapter_tokenizer import TOKENIZER_FOLDER_FILES, tokenizer_files_label
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.library_errors import (
     LibraryError,
@@ -70,7 +71,7 @@ log = logging.getLogger(__name__)
 
 DB_FILE = "library.sqlite3"
 ADAPTERS_DIR = "adapters"
-COPIED_FILES = (CONFIG_FILE, WEIGHTS_FILE, "README.md", ADDED_TOKENS_FILE)
+COPIED_FILES = (CONFIG_FILE, WEIGHTS_FILE, "README.md", ADDED_TOKENS_FILE, *TOKENIZER_FOLDER_FILES)
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")  # the engine's adapter-name rule
 RESERVED_NAMES = ("base",)
 DEFAULT_MAX_RANK = 64
@@ -533,6 +534,8 @@ class Registry:
             alpha=host.alpha,
             targets=",".join(host.targets),
             kind=host.kind,
+            tokens=host.tokens.label if host.tokens is not None else "",
+            tokenizer=tokenizer_files_label(folder),
             size_bytes=(folder / WEIGHTS_FILE).stat().st_size,
             created=time.time(),
             last_used=None,

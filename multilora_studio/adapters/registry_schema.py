@@ -6,7 +6,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Migration n brings a database from user_version n-1 to n.
 MIGRATIONS = {
     1: """
@@ -66,6 +66,12 @@ MIGRATIONS = {
     3: """
     ALTER TABLE adapters ADD COLUMN kind TEXT NOT NULL DEFAULT 'LoRA'
     """,
+    # tokens: the vocabulary rows it replaces (TokenTables.label: "lm_head", "+8 tokens", ...);
+    # tokenizer: its own tokenizer / template files (tokenizer_files_label)
+    4: """
+    ALTER TABLE adapters ADD COLUMN tokens TEXT NOT NULL DEFAULT '';
+    ALTER TABLE adapters ADD COLUMN tokenizer TEXT NOT NULL DEFAULT ''
+    """,
 }
 
 
@@ -107,6 +113,8 @@ class AdapterRecord:
     pinned: bool
     notes: str
     kind: str = "LoRA"  # "DoRA", "LoRA with bias" or "LoRA" (AdapterConfig.kind)
+    tokens: str = ""  # the vocabulary rows it replaces ("lm_head", "embed_tokens, lm_head, +8 tokens")
+    tokenizer: str = ""  # "own tokenizer / template", "own tokenizer", "own template" or ""
 
     @classmethod
     def from_row(cls, row: sqlite3.Row, aliases: tuple[str, ...]) -> AdapterRecord:
@@ -131,7 +139,14 @@ class AdapterRecord:
             pinned=bool(row["pinned"]),
             notes=row["notes"],
             kind=row["kind"],
+            tokens=row["tokens"],
+            tokenizer=row["tokenizer"],
         )
+
+    @property
+    def contents_label(self) -> str:
+        """The kind with what else it brings: "LoRA", "DoRA; lm_head; own template"."""
+        return "; ".join(part for part in (self.kind, self.tokens, self.tokenizer) if part)
 
     def base_status(self, digest: str) -> str:
         """'ok', 'mismatch' (trained on another base) or 'unknown' (a digest is missing)."""
@@ -141,8 +156,9 @@ class AdapterRecord:
 
     @property
     def rank_label(self) -> str:
-        """The rank, with the kind when it is not plain LoRA: "16" or "16 (DoRA)"."""
-        return str(self.rank) if self.kind == "LoRA" else f"{self.rank} ({self.kind})"
+        """The rank, with the contents when not plain LoRA: "16", "16 (DoRA)", "8 (LoRA; lm_head)"."""
+        contents = self.contents_label
+        return str(self.rank) if contents == "LoRA" else f"{self.rank} ({contents})"
 
     @property
     def source_label(self) -> str:

@@ -150,12 +150,19 @@ def plan_token_tables(
         if module in found:
             raise AdapterError(f"{folder}: two {module} tensors ({found[module]!r} and {key!r})")
         found[module] = key
-    declared = {*config.modules_to_save, *config.trainable_tokens}
     if not whole and not deltas:
+        declared = [
+            f"{key} ({', '.join(modules)})"
+            for key, modules in (
+                ("modules_to_save", config.modules_to_save),
+                ("trainable_token_indices", tuple(config.trainable_tokens)),
+            )
+            if modules
+        ]
         if declared:
             raise AdapterError(
-                f"{folder}: {', '.join(sorted(declared))} declared in adapter_config.json, but the "
-                "weights hold no embed_tokens / lm_head tensor"
+                f"{folder}: adapter_config.json declares {' and '.join(declared)}, but the weights "
+                "hold no embed_tokens / lm_head tensor"
             )
         return None
     unsaved = [module for module in config.modules_to_save if module not in whole]

@@ -190,7 +190,7 @@ class LibraryView(QWidget):
             ("Path", str(record.path)),
             ("Base", f"{record.base_name} (sha256 {record.base_digest[:12] or 'unknown'})"),
             ("Declared base", record.declared_base or "-"),
-            ("Kind", record.kind),
+            ("Kind", record.contents_label),
             ("Rank / alpha", f"{record.rank} / {record.alpha:g}"),
             ("Targets", ", ".join(record.targets)),
             ("Size", format_bytes(record.size_bytes)),

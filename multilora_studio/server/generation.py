@@ -139,7 +139,7 @@ class Job:
                 break
             if choice.counts_prompt:
                 with self._engine_errors():
-                    ids = engine.encode(choice.prompt, specials)
+                    ids = engine.encode(choice.prompt, specials, self.adapter)
             encoded.append(ids)
         return encoded
 

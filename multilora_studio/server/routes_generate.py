@@ -37,10 +37,10 @@ router = APIRouter()
 
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
+    def prepare(adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
         prompts = completion_prompts(body)
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        tokenizer = server_state(request).engine.tokenizer
+        tokenizer = server_state(request).engine.tokenizer_for(adapter)
         params = [sampling_params(body, max_tokens, i, tokenizer) for i in range(body.n)]
         return prompts, params
 
@@ -55,13 +55,14 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     engine = state.engine
     tool_format: list[str | None] = [None]  # prepare() sets it: the format answers are parsed in
 
-    def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
+    def prepare(adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
+        tokenizer = engine.tokenizer_for(adapter)  # its own template, where it brings one
         if not uses_tools(body):
-            return chat_request(body, engine.config.max_model_len, engine.tokenizer)
+            return chat_request(body, engine.config.max_model_len, tokenizer)
         max_tokens = chat_max_tokens(body, engine.config.max_model_len)
-        params = [sampling_params(body, max_tokens, i, engine.tokenizer) for i in range(body.n)]
+        params = [sampling_params(body, max_tokens, i, tokenizer) for i in range(body.n)]
         specials = state.config.allow_special_tokens_in_content
-        plan = tool_plan(body, engine.tokenizer, engine.spec.model_type, specials)
+        plan = tool_plan(body, tokenizer, engine.spec.model_type, specials)
         tool_format[0] = plan.format
         return [plan.token_ids], with_tool_structure(params, plan.structure)
 
@@ -86,7 +87,7 @@ async def generate(
     request: Request,
     route: str,
     body: CompletionRequest | ChatCompletionRequest,
-    prepare: Callable[[], tuple[list[Prompt], list[SamplingParams]]],
+    prepare: Callable[[str | None], tuple[list[Prompt], list[SamplingParams]]],
     build_body: Callable[[Job], dict[str, Any]],
     build_events: Callable[[Job, bool], AsyncIterator[bytes]],
     max_tokens_field: str | None,
@@ -98,7 +99,7 @@ async def generate(
         adapter = await state.resolve_model(body.model, caller(request))
         check_supported(body)
         check_fields(route, body)
-        prompts, params = prepare()
+        prompts, params = prepare(adapter)
         job = Job(
             state,
             route,

@@ -29,9 +29,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         raise
     engine = state.engine
 
-    def prepare() -> tuple[list[Prompt], list[SamplingParams]]:
+    def prepare(adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
         check_fields(RESPONSES, body)
-        return chat_request(chat, engine.config.max_model_len, engine.tokenizer)
+        return chat_request(chat, engine.config.max_model_len, engine.tokenizer_for(adapter))
 
     settings = Settings(body.instructions, body.max_output_tokens, body.temperature, body.top_p)
     return await generate(

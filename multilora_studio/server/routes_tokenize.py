@@ -1,7 +1,7 @@
 """vLLM's ``/tokenize`` and ``/detokenize`` and ``GET /tokenizer_info`` (what lm-evaluation-harness probes).
 
-At the server root, not under /v1, as vLLM serves them. The model has one tokenizer, so
-``model`` (optional) is only checked to exist.
+At the server root, not under /v1, as vLLM serves them. ``model`` (optional) picks the
+adapter whose own tokenizer and template apply (the base's otherwise).
 """
 
 from __future__ import annotations
@@ -23,22 +23,22 @@ from multilora_studio.server.state import ServerState, api_key_label, caller, se
 router = APIRouter()
 
 
-def _tokenizer(state: ServerState) -> Any:
-    tokenizer = state.engine.tokenizer
+def _tokenizer(state: ServerState, adapter: str | None) -> Any:
+    tokenizer = state.engine.tokenizer_for(adapter)
     if tokenizer is None:
         raise ApiError(404, "this model has no tokenizer; send token ids", "tokenizer_not_found")
     return tokenizer
 
 
 @contextlib.asynccontextmanager
-async def _admitted(state: ServerState, request: Request, model: str | None) -> AsyncIterator[None]:
-    """The caller's per-key limits apply as to generation (no engine request, no tokens charged)."""
-    if model is not None:
-        await state.resolve_model(model, caller(request))
+async def _admitted(state: ServerState, request: Request, model: str | None) -> AsyncIterator[str | None]:
+    """The caller's per-key limits apply as to generation (no engine request, no tokens charged);
+    yields the adapter ``model`` names (None: the base model)."""
+    adapter = await state.resolve_model(model, caller(request)) if model is not None else None
     key = api_key_label(request)
     state.admission.acquire(key, 0)  # no tokens: nothing generated
     try:
-        yield
+        yield adapter
     finally:
         state.admission.release(key, 0, 0, 0)
 
@@ -61,8 +61,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     state = server_state(request)
     if (body.prompt is None) == (body.messages is None):
         raise ApiError(400, "send either `prompt` or `messages`", "invalid_value", "prompt")
-    async with _admitted(state, request, body.model):
-        tokenizer = _tokenizer(state)
+    async with _admitted(state, request, body.model) as adapter:
+        tokenizer = _tokenizer(state, adapter)
         if body.messages is not None and not getattr(tokenizer, "chat_template", None):
             raise ApiError(400, "this model has no chat template; send a prompt", "invalid_value", "messages")
         try:
@@ -72,11 +72,12 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
             raise
         except Exception as error:  # the chat template can refuse a conversation (jinja errors)
             raise ApiError(400, f"the prompt could not be tokenized: {error}", "invalid_value") from None
+    names = state.token_text_for(adapter)
     answer: dict[str, Any] = {
         "count": len(tokens),
         "max_model_len": state.engine.config.max_model_len,
         "tokens": tokens,
-        "token_strs": [state.token_text.token(t) for t in tokens] if body.return_token_strs else None,
+        "token_strs": [names.token(t) for t in tokens] if body.return_token_strs else None,
     }
     return JSONResponse(answer)
 
@@ -84,9 +85,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
     state = server_state(request)
-    async with _admitted(state, request, body.model):
-        tokenizer = _tokenizer(state)
-        vocab = state.engine.spec.vocab_size
+    async with _admitted(state, request, body.model) as adapter:
+        tokenizer = _tokenizer(state, adapter)
+        vocab = state.engine.residency.vocab_size_of(adapter)
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
             raise ApiError(400, f"token ids out of range [0, {vocab}): {bad[:5]}", "invalid_value", "tokens")
@@ -102,7 +103,7 @@ def _token_name(token: Any) -> str | None:
 async def tokenizer_info(request: Request) -> JSONResponse:
     """The tokenizer's special tokens and chat template (vLLM's route; lm-eval's remote tokenizer)."""
     state = server_state(request)
-    tokenizer = _tokenizer(state)
+    tokenizer = _tokenizer(state, None)
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # several named templates: the default one
         template = template.get("default")

@@ -36,10 +36,18 @@ class ServerState:
     created: int
     hub: HubResolver | None = None  # set: unknown ``org/name[@rev]`` models are pulled from the Hub
     jobs: set[LiveJob] = field(default_factory=set)
-    token_text: TokenText = field(init=False)
+    token_text: TokenText = field(init=False)  # the base model's
+    _adapter_texts: dict[int, TokenText] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.token_text = TokenText(self.engine.tokenizer)
+
+    def token_text_for(self, adapter: str | None) -> TokenText:
+        """Token texts from ``adapter``'s own tokenizer where it has one, else the base's."""
+        tokenizer = self.engine.tokenizer_for(adapter)
+        if tokenizer is self.engine.tokenizer:
+            return self.token_text
+        return self._adapter_texts.setdefault(id(tokenizer), TokenText(tokenizer))
 
     async def resolve_model(self, model: str, caller: ApiKey) -> str | None:
         """The adapter that ``model`` names (None: the base model); 404 for anything else.

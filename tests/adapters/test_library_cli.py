@@ -106,7 +106,7 @@ def test_list_and_show_flag_an_adapter_of_other_base_weights(
 def test_errors_are_one_clear_line_and_change_nothing(home, capsys, tiny_adapters, tiny_model_dir, tmp_path):
     model = str(tiny_model_dir)
     saved_head = shutil.copytree(tiny_adapters["tiny-r4-qv"], tmp_path / "saved-head")
-    edit_config(saved_head, modules_to_save=["lm_head"])
+    edit_config(saved_head, modules_to_save=["score"])
     assert (
         run(capsys, "adapters", "add", str(tiny_adapters["tiny-r4-qv"]), "--model", model, "--name", "kept")[
             0
@@ -118,7 +118,7 @@ def test_errors_are_one_clear_line_and_change_nothing(home, capsys, tiny_adapter
         (["adapters", "add", str(tmp_path / "missing"), "--model", model], "is not a folder"),
         (
             ["adapters", "add", str(saved_head), "--model", model],
-            "unsupported adapter contents: modules_to_save",
+            "modules_to_save names 'score'; only embed_tokens and lm_head are served",
         ),
         (["adapters", "add", r8, "--model", model, "--name", "kept"], "already has"),
         (["adapters", "add", r8, "--model", str(tmp_path / "nomodel")], "does not exist"),

@@ -169,11 +169,12 @@ CASES = {
     ),
     "lm_head_weights": (
         lambda f: edit_tensors(f, add_tensor("base_model.model.lm_head.weight", (8, 64))),
-        "lm_head weights",
+        r"lm_head.weight' has shape \[8, 64\]; the base model needs \[V, 64\] with V >= its vocabulary "
+        "of 49152",
     ),
     "resized_embeddings": (
         lambda f: edit_tensors(f, add_tensor("base_model.model.model.embed_tokens.weight", (8, 64))),
-        "embed_tokens weights",
+        r"embed_tokens.weight' has shape \[8, 64\]",
     ),
     "bias_terms": (
         lambda f: edit_tensors(f, add_tensor("base_model.model.model.layers.0.self_attn.q_proj.bias", (64,))),
@@ -194,7 +195,51 @@ CASES = {
     ),
     "added_tokens": (
         lambda f: (f / "added_tokens.json").write_text(json.dumps({"<new>": 49152})),
-        "adds tokens the base model lacks",
+        r"adds tokens \('<new>'\) outside its vocabulary of 49152; an adapter that adds tokens must hold "
+        "its resized embed_tokens and lm_head",
+    ),
+    "resized_head_only": (
+        lambda f: (
+            edit_tensors(f, add_tensor("base_model.model.lm_head.weight", (49160, 64))),
+            edit_tensors(f, add_tensor("base_model.model.model.embed_tokens.weight", (49156, 64))),
+        ),
+        r"embed_tokens and lm_head have different vocabularies \(\[49156, 49160\]\)",
+    ),
+    "trainable_tokens_without_rows": (
+        lambda f: edit_config(f, trainable_token_indices=[5, 6]),
+        r"adapter_config.json declares trainable_token_indices \(embed_tokens\), but the weights hold no",
+    ),
+    "trainable_rows_count": (
+        lambda f: (
+            edit_config(f, trainable_token_indices=[5, 6]),
+            edit_tensors(
+                f,
+                add_tensor(
+                    "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta", (3, 64)
+                ),
+            ),
+        ),
+        r"has shape \[3, 64\]; its 2 trainable tokens need \[2, 64\]",
+    ),
+    "trainable_ids_outside": (
+        lambda f: (
+            edit_config(f, trainable_token_indices=[5, 60000]),
+            edit_tensors(
+                f,
+                add_tensor(
+                    "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta", (2, 64)
+                ),
+            ),
+        ),
+        r"trainable_token_indices of embed_tokens has ids outside the vocabulary of 49152: \[60000\]",
+    ),
+    "modules_to_save_missing": (
+        lambda f: edit_config(f, modules_to_save=["lm_head"]),
+        r"declares modules_to_save \(lm_head\), but the weights hold no embed_tokens / lm_head tensor",
+    ),
+    "modules_to_save_other": (
+        lambda f: edit_config(f, modules_to_save=["score"]),
+        r"modules_to_save names 'score'; only embed_tokens and lm_head are served",
     ),
     # adapter_config.json schema
     "config_bad_json": (lambda f: (f / "adapter_config.json").write_text("{"), "not valid JSON"),
@@ -233,7 +278,6 @@ CASES = {
     ),
     "dora_and_bias": (lambda f: edit_config(f, use_dora=True, lora_bias=True), "PEFT refuses it"),
     "bias_flag": (lambda f: edit_config(f, lora_bias=True), "lacks its lora_B bias tensor"),
-    "modules_to_save_flag": (lambda f: edit_config(f, modules_to_save=["lm_head"]), "modules_to_save"),
     "embedding_target": (
         lambda f: edit_config(f, target_modules=["q_proj", "embed_tokens"]),
         "embedding LoRA",
@@ -245,10 +289,8 @@ CASES = {
 }
 
 PEFT_CASES = {
-    "modules_to_save": "modules_to_save",
     "embedding": r"embed_tokens is not supported \(embedding LoRA\)",
     "lm_head": r"lm_head is not supported \(lm_head LoRA\)",
-    "trainable_tokens": "trainable token embeddings",
 }
 
 
@@ -321,7 +363,7 @@ def raw_factors(folder: Path) -> dict[tuple[int, str], tuple[torch.Tensor, torch
 )
 def test_accepted_peft_variants_fold_peft_scales(case, targets, scales, peft_variants, tiny_base):
     folder = peft_variants[case]
-    host = load_peft_adapter(case, folder, tiny_base.num_layers, tiny_base.shape_of, 16, tiny_base.vocab_size)
+    host = load_peft_adapter(case, folder, tiny_base.num_layers, tiny_base.shape_of, 16, tiny_base.vocab)
     assert host.targets == targets
     raw = raw_factors(folder)
     assert set(host.weights) == set(raw)

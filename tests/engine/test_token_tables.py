@@ -16,75 +16,9 @@ import torch
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from tests.engine.reference import greedy_tokens
 from tests.engine.test_model_families import PATHS
-from tests.fixtures import AdapterSpec, build_adapter
+from tests.token_table_fixtures import ADDED, prompts_for
 
 NEW_TOKENS = 32
-ADDED = 8
-RETRAINED = (510, 2300, 88)
-SPECS = {
-    "head": AdapterSpec("head", 8, 16, ("q_proj", "v_proj"), 31, (("modules_to_save", ["lm_head"]),)),
-    "embed": AdapterSpec(
-        "embed", 4, 8, ("o_proj", "down_proj"), 32, (("modules_to_save", ["embed_tokens"]),)
-    ),
-    "tokens": AdapterSpec("tokens", 4, 8, ("q_proj",), 33, (("trainable_token_indices", list(RETRAINED)),)),
-    "added": AdapterSpec("added", 8, 16, ("q_proj", "k_proj", "v_proj", "gate_proj"), 34),
-    "plain": AdapterSpec("plain", 8, 8, ("up_proj", "down_proj"), 35),
-}
-TEMPLATE = (
-    "{% for m in messages %}<|turn|>{{ m['role'] }}\n{{ m['content'] }}<|end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|turn|>assistant\n{% endif %}"
-)
-
-
-@pytest.fixture(scope="module")
-def table_adapters(tiny_model_dir, tokenizer_dir, tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    folder = tmp_path_factory.mktemp("token-tables")
-    adapters = {}
-    for name, spec in SPECS.items():
-        adapters[name] = build_adapter(
-            tiny_model_dir, spec, folder / name, added_tokens=ADDED if name == "added" else 0
-        )
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|turn|>", "<|end|>"]})
-    tokenizer.add_tokens([f"<extra_{i}>" for i in range(ADDED - 2)])
-    tokenizer.eos_token = "<|end|>"
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(str(adapters["added"]))
-    return adapters
-
-
-@pytest.fixture(scope="module")
-def references(table_adapters, tiny_model_dir):
-    """name -> the PEFT model of that adapter alone (the added-token one on a resized base)."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    models = {}
-    for name, path in table_adapters.items():
-        base = AutoModelForCausalLM.from_pretrained(
-            str(tiny_model_dir), dtype=torch.float32, attn_implementation="eager"
-        )
-        if name == "added":
-            base.resize_token_embeddings(base.config.vocab_size + ADDED, mean_resizing=False)
-        models[name] = PeftModel.from_pretrained(base, str(path)).eval()
-    models[None] = AutoModelForCausalLM.from_pretrained(
-        str(tiny_model_dir), dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    return models
-
-
-def prompts_for(vocab: int) -> dict[str | None, list[int]]:
-    added = [vocab + i for i in range(ADDED)]
-    return {
-        "head": [1, 510, 2300, 44, 901],
-        "embed": [1, 88, 3, 4, 5, 6, 510],
-        "tokens": [1, 510, 12, 2300, 7, 88, 88],
-        "added": [1, added[0], 40, added[3], 41, added[7], 9000],
-        "plain": [1, 9000, 77, 510],
-        None: [1, 2, 3, 510, 2300],
-    }
 
 
 def make_engine(base, adapters, engine_device, **config) -> Engine:
@@ -216,3 +150,33 @@ def test_a_table_budget_too_small_for_the_adapter_is_refused(table_adapters, tin
         with pytest.raises(ValueError, match="token_table_memory_gb"):
             engine.add_adapter("head", table_adapters["head"])
         engine.add_adapter("tokens", table_adapters["tokens"])  # retrained rows only: a few KB
+
+
+def test_each_kind_round_trips_through_the_library(table_adapters, tiny_model_dir, tmp_path, engine_device):
+    """Imported into a real library (SQLite), the vocabulary side and the tokenizer files are
+    recorded and copied; reopened, the records are the same and the copies serve as the originals."""
+    from multilora_studio.adapters.registry import Registry
+    from multilora_studio.cli.shared import describe_base
+
+    base = describe_base(str(tiny_model_dir))
+    registry = Registry(tmp_path / "library")
+    records = {name: registry.import_folder(path, base, name=name) for name, path in table_adapters.items()}
+    assert {n: r.contents_label for n, r in records.items()} == {
+        "head": "LoRA; lm_head",
+        "embed": "LoRA; embed_tokens",
+        "tokens": "LoRA; 3 trained tokens",
+        "added": f"LoRA; embed_tokens, lm_head, +{ADDED} tokens; own tokenizer / template",
+        "plain": "LoRA",
+    }
+    assert records["head"].rank_label == "8 (LoRA; lm_head)"
+    assert (records["added"].path / "tokenizer.json").is_file()
+    assert Registry(tmp_path / "library").list_adapters() == registry.list_adapters()
+    copies = {name: record.path for name, record in records.items()}
+    with make_engine(tiny_model_dir, copies, engine_device) as engine:
+        prompts = prompts_for(engine.spec.vocab_size)
+        from_library = engine.generate(
+            [prompts["added"]], ["added"], SamplingParams(max_tokens=8, temperature=0)
+        )
+    with make_engine(tiny_model_dir, {"added": table_adapters["added"]}, engine_device) as engine:
+        original = engine.generate([prompts["added"]], ["added"], SamplingParams(max_tokens=8, temperature=0))
+    assert from_library[0].token_ids == original[0].token_ids
