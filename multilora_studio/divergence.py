@@ -75,7 +75,7 @@ def score_divergence(
         under_adapter, under_base = scored[2 * index].prompt_logprobs, scored[2 * index + 1].prompt_logprobs
         assert under_adapter is not None and under_base is not None  # asked for with top_k
         start = len(request.prompt_token_ids)
-        pieces = token_pieces(engine.tokenizer, request.output_token_ids)
+        pieces = token_pieces(engine.tokenizer_for(request.adapter), request.output_token_ids)
         tokens = []
         for offset, token in enumerate(request.output_token_ids):
             adapter_entry: TokenLogprob | None = under_adapter[start + offset]

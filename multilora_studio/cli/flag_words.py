@@ -18,6 +18,8 @@ FLAGS = {
     "max_lora_rank": "--max-lora-rank",
     "max_cpu_loras": "--max-cpu-loras",
     "max_model_len": "--max-model-len",
+    "max_token_tables": "--max-token-tables",
+    "token_table_memory_gb": "--token-table-gb",
     "max_num_seqs": "--max-num-seqs",
     "kv_cache_memory_gb": "--kv-cache-gb",
     "adapter_loader": "--adapter-loader",

@@ -81,6 +81,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser, comparing: bool = Fals
         help="prompt + output tokens per request (default: %(default)s)",
     )
     parser.add_argument(
+        "--max-token-tables",
+        type=int,
+        default=engine_default("max_token_tables"),
+        help="adapters with embed_tokens / lm_head tables (modules_to_save, trainable or added tokens) "
+        "on the device at once (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--token-table-gb",
+        type=float,
+        default=engine_default("token_table_memory_gb"),
+        help="device memory for those tables, reserved out of the KV cache (default: %(default)s)",
+    )
+    parser.add_argument(
         "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="PEFT adapter folders to serve"
     )
     parser.add_argument(
@@ -125,6 +138,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_cpu_loras=args.max_cpu_loras,
         max_model_len=args.max_model_len,
         batch_invariant=args.batch_invariant,
+        max_token_tables=args.max_token_tables,
+        token_table_memory_gb=args.token_table_gb,
     )
 
 

@@ -66,6 +66,7 @@ class MetricsPublisher:
         memory = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         tokens, size, distinct = self._last_batch
         compiled = compile_count()
+        pool = residency.lora.token_tables
         self.latest = EngineMetrics(
             state="running" if self.scheduler.has_work else "idle",
             device=str(self.device),
@@ -94,4 +95,8 @@ class MetricsPublisher:
             pinned_blocks_exhausted=0 if residency.arena is None else residency.arena.exhausted,
             kernel_compiles=compiled.compiles - self._compiles_at_start.compiles,
             kernel_compile_s=compiled.seconds - self._compiles_at_start.seconds,
+            token_tables=len(pool.tables),
+            token_tables_max=pool.max_tables,
+            token_table_bytes=pool.used_bytes,
+            token_table_budget_bytes=pool.max_bytes,
         )

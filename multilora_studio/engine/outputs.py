@@ -114,3 +114,8 @@ class EngineMetrics:
     # Triton kernel compiles since start-up finished (each stalls the running batch), and their seconds
     kernel_compiles: int = 0
     kernel_compile_s: float = 0.0
+    # the token-table pool (adapters' embedding / LM-head tables in GPU slots) and its budget
+    token_tables: int = 0
+    token_tables_max: int = 0
+    token_table_bytes: int = 0
+    token_table_budget_bytes: int = 0

@@ -79,11 +79,16 @@ class EvalSettings:
 
 @dataclass(frozen=True)
 class _Plan:
-    """One prompt's requests: its generation, then each continuation to score."""
+    """One prompt's requests: its generation, then each continuation to score, per adapter
+    (an adapter with its own tokenizer or template encodes them its way)."""
 
     case: PromptCase
     prompt: Prompt
-    continuations: tuple[Continuation, ...]
+    continuations: dict[str, tuple[Continuation, ...]]
+
+    @property
+    def requests_per_adapter(self) -> int:
+        return 1 + len(next(iter(self.continuations.values())))
 
 
 def run_eval(
@@ -105,8 +110,8 @@ def run_eval(
     folders = {info.name: info.path for info in engine.list_adapters() if info.name in names}
     known = digests or AdapterDigests()
     adapter_digests = {name: known.of(folder) for name, folder in folders.items()}
-    plans = [plan(engine, case, settings) for case in prompt_set.cases]
-    per_prompt = [len(names) * (1 + len(p.continuations)) for p in plans]
+    plans = [plan(engine, case, settings, names) for case in prompt_set.cases]
+    per_prompt = [len(names) * p.requests_per_adapter for p in plans]
     total, done = sum(per_prompt), 0
     cells: list[Cell] = []
     for first in range(0, len(plans), settings.batch_prompts):
@@ -116,13 +121,13 @@ def run_eval(
             for name in names:
                 adapter = None if name == BASE else name
                 requests.append((item.prompt, adapter, settings.sampling_params()))
-                requests += [(c.token_ids, adapter, SCORE_PARAMS) for c in item.continuations]
+                requests += [(c.token_ids, adapter, SCORE_PARAMS) for c in item.continuations[name]]
         outputs = wait_all(engine, engine.submit_many(requests), cancel, progress, done, total)
         done += len(requests)
         position = 0
         for offset, item in enumerate(batch):
             for name in names:
-                count = 1 + len(item.continuations)
+                count = item.requests_per_adapter
                 cells.append(cell(first + offset, name, item, outputs[position : position + count]))
                 position += count
     return EvalResults(
@@ -167,19 +172,23 @@ def check_adapters(engine: Engine, adapters: Sequence[str]) -> list[str]:
     return names
 
 
-def plan(engine: Engine, case: PromptCase, settings: EvalSettings) -> _Plan:
-    """The prompt's requests; a prompt the engine refuses is an error naming its row."""
+def plan(engine: Engine, case: PromptCase, settings: EvalSettings, names: Sequence[str]) -> _Plan:
+    """The prompt's requests for each of ``names``; a prompt the engine refuses is an error
+    naming its row."""
     prompt = settings.prompt_of(case)
+    texts = [case.reference] if case.reference is not None else []
+    if case.check is not None and case.check.kind == "choice":
+        texts += [c for c in case.check.argument if c != case.reference]
+    continuations = {}
     try:
-        context = engine.encode(prompt)
-        if len(context) >= engine.config.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(context)} tokens; max_model_len is {engine.config.max_model_len}"
-            )
-        texts = [case.reference] if case.reference is not None else []
-        if case.check is not None and case.check.kind == "choice":
-            texts += [c for c in case.check.argument if c != case.reference]
-        continuations = tuple(continuation(engine, context, text) for text in texts)
+        for name in names:
+            adapter = None if name == BASE else name
+            context = engine.encode(prompt, adapter=adapter)
+            if len(context) >= engine.config.max_model_len:
+                raise ValueError(
+                    f"the prompt has {len(context)} tokens; max_model_len is {engine.config.max_model_len}"
+                )
+            continuations[name] = tuple(continuation(engine, context, text, adapter) for text in texts)
     except ValueError as error:
         raise ValueError(f"row {case.row}: {error}") from None
     return _Plan(case, prompt, continuations)
@@ -226,7 +235,8 @@ def wait_one(stream: RequestStream, cancel: threading.Event | None) -> RequestOu
 def cell(index: int, name: str, item: _Plan, outputs: list[RequestOutput]) -> Cell:
     """One prompt x adapter from its generation and its scored continuations."""
     generated, scored = outputs[0], outputs[1:]
-    sums = {c.text: summed_logprob(o, c.start) for c, o in zip(item.continuations, scored, strict=True)}
+    mine = item.continuations[name]
+    sums = {c.text: summed_logprob(o, c.start) for c, o in zip(mine, scored, strict=True)}
     case, check = item.case, item.case.check
     chosen = None
     if check is not None and check.kind == "choice":
@@ -235,7 +245,7 @@ def cell(index: int, name: str, item: _Plan, outputs: list[RequestOutput]) -> Ce
     else:
         passed = None if check is None else check.passes(generated.text, case.reference)
     reference = case.reference
-    first = item.continuations[0] if reference is not None else None
+    first = mine[0] if reference is not None else None
     return Cell(
         prompt=index,
         adapter=name,

@@ -24,11 +24,15 @@ class Continuation:
     start: int
 
 
-def continuation(engine: Engine, context_ids: list[int], text: str) -> Continuation:
-    """The scored prompt of ``text`` after ``context_ids``; ValueError when it is empty or too long."""
-    if engine.tokenizer is None:
+def continuation(
+    engine: Engine, context_ids: list[int], text: str, adapter: str | None = None
+) -> Continuation:
+    """The scored prompt of ``text`` after ``context_ids`` (tokenized as ``adapter``'s requests
+    are); ValueError when it is empty or too long."""
+    tokenizer = engine.tokenizer_for(adapter)
+    if tokenizer is None:
         raise ValueError("this model has no tokenizer; references and choices need one")
-    ids = list(engine.tokenizer(text, add_special_tokens=False).input_ids)
+    ids = list(tokenizer(text, add_special_tokens=False).input_ids)
     if not ids:
         raise ValueError(f"the continuation {text!r} has no tokens")
     total = len(context_ids) + len(ids)

@@ -644,8 +644,10 @@ class CompareView(QWidget):
         for column in self.columns:
             output = column.output
             if column.name != BASE and output is not None and output.token_ids:
-                scored.append(column)
                 adapter, scale = column_choice(column.name)
+                if max([*output.prompt_token_ids, *output.token_ids]) >= engine.spec.vocab_size:
+                    continue  # tokens the base lacks (an adapter's added tokens): no base score
+                scored.append(column)
                 requests.append(DivergenceRequest(output.prompt_token_ids, output.token_ids, adapter, scale))
         if not scored:
             return False
@@ -657,9 +659,8 @@ class CompareView(QWidget):
             self.divergence_busy = False
             if self.comparison is not comparison:  # a newer run replaced these columns
                 return
-            decode = self._decoder(engine)
             for column, tokens in zip(scored, results, strict=True):
-                column.show_divergence(tokens, decode)
+                column.show_divergence(tokens, self._decoder(engine, column_choice(column.name)[0]))
             self.summary.setText(f"token divergence of {len(scored)} answers from the base (hover a token)")
             self.divergenceFinished.emit()
 
@@ -673,8 +674,8 @@ class CompareView(QWidget):
         return True
 
     @staticmethod
-    def _decoder(engine: Engine) -> Callable[[int], str]:
-        tokenizer = engine.tokenizer
+    def _decoder(engine: Engine, adapter: str | None) -> Callable[[int], str]:
+        tokenizer = engine.tokenizer_for(adapter)
 
         def decode(token_id: int) -> str:
             if tokenizer is None:

@@ -210,7 +210,9 @@ class MonitorView(QWidget):
             f"{metrics.cpu_misses} ({percent(values['cpu_hit_rate'])})",
             f"cold load p50 {format_ms(metrics.cold_load_p50_s)} · p95 {format_ms(metrics.cold_load_p95_s)}"
             f" · loader {metrics.adapter_loader} x{metrics.adapter_load_workers}{exhausted}",
-            f"KV cache: {used} / {metrics.kv_blocks_total} blocks used",
+            f"KV cache: {used} / {metrics.kv_blocks_total} blocks used · token tables "
+            f"{metrics.token_tables} / {metrics.token_tables_max} adapters, "
+            f"{format_bytes(metrics.token_table_bytes)} / {format_bytes(metrics.token_table_budget_bytes)}",
             f"device memory {format_bytes(metrics.device_memory_bytes)} · host RSS {format_bytes(rss)}",
         ]
         self.stats.setText("<br>".join(lines))

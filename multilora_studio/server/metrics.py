@@ -66,6 +66,16 @@ class EngineCollector(Collector):
             ("multilora_gpu_slots_total", "Adapter slots", len(snap.slots)),
             ("multilora_cpu_adapters", "Adapters held in host RAM", len(snap.cpu_adapters)),
             ("multilora_device_memory_bytes", "Device memory allocated", snap.device_memory_bytes),
+            (
+                "multilora_token_tables",
+                "Adapters with embedding / lm_head tables on the device",
+                snap.token_tables,
+            ),
+            (
+                "multilora_token_table_bytes",
+                "Device memory of the adapters' token tables",
+                snap.token_table_bytes,
+            ),
         )
         for name, documentation, value in gauges:
             yield GaugeMetricFamily(name, documentation, value=value)
