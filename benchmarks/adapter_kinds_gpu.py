@@ -1,10 +1,13 @@
-"""Decode throughput of DoRA and LoRA-with-bias rows against plain LoRA rows on CUDA, in one run.
+"""Decode throughput of DoRA, LoRA-with-bias and vocabulary-row adapters against plain LoRA rows
+on CUDA, in one run.
 
     python -m benchmarks.adapter_kinds_gpu [--shape llama3-8b] [--rounds 2] [--json PATH]
 
 Batch 32 (128-token prompts, 64 new tokens, random bf16 weights), 32 distinct rank-16 adapters
-on all seven projections of each kind, with CUDA graphs; the kinds alternate ``--rounds``
-times (medians), so each ratio is measured side by side in one engine.
+on all seven projections per case, with CUDA graphs: plain LoRA, DoRA, LoRA with bias,
+"4 lm_head": 4 adapters with their own lm_head (modules_to_save) beside 28 plain ones, and
+"trained tokens": 32 adapters with 16 retrained token rows each. The cases alternate
+``--rounds`` times (medians), so each ratio is measured side by side in one engine.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from benchmarks.engine_gpu import run_batch
 from multilora_studio.bench.random_adapters import KINDS, write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.engine.model_source import RANDOM_SHAPES
+
+HEADS = 4  # adapters with their own lm_head in the "4 lm_head" case (the pool's default count)
 
 
 def main() -> None:
@@ -43,12 +48,20 @@ def main() -> None:
         kind: [f"{kind.split()[0].lower()}{'-bias' if 'bias' in kind else ''}-{i}" for i in range(args.batch)]
         for kind in KINDS
     }
+    # case -> (kind, tables) of each adapter written for it
+    made = {name: (kind, "") for kind in KINDS for name in names[kind]}
+    names["4 lm_head"] = [f"head-{i}" for i in range(HEADS)] + names["LoRA"][HEADS:]
+    made |= {f"head-{i}": ("LoRA", "lm_head") for i in range(HEADS)}
+    names["trained tokens"] = [f"tokens-{i}" for i in range(args.batch)]
+    made |= {name: ("LoRA", "tokens") for name in names["trained tokens"]}
+    cases = list(names)
     config = EngineConfig(
         model=f"random:{args.shape}",
         device="cuda",
         dtype="bfloat16",
         max_loras=args.batch,
-        max_cpu_loras=len(KINDS) * args.batch,
+        max_cpu_loras=len(made),
+        token_table_memory_gb=HEADS * spec.vocab_size * spec.hidden_size * 2 / 2**30 + 0.5,
         max_lora_rank=args.rank,
         max_num_seqs=args.batch,
         max_model_len=args.prompt_len + args.new_tokens + 16,
@@ -59,7 +72,7 @@ def main() -> None:
         torch.randint(0, spec.vocab_size, (args.prompt_len,), generator=generator).tolist()
         for _ in range(args.batch)
     ]
-    rounds: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    rounds: dict[str, list[float]] = {case: [] for case in cases}
     results: dict = {
         "shape": args.shape,
         "batch": args.batch,
@@ -67,21 +80,22 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(),
     }
     with Engine(config) as engine:
-        for kind in KINDS:
-            for i, name in enumerate(names[kind]):
-                folder = workdir / name
-                write_random_adapter(spec, folder, args.rank, seed=i, dtype=torch.bfloat16, kind=kind)
-                engine.add_adapter(name, folder)
-        for kind in KINDS:  # warm-up: slots filled, DoRA norms computed, graphs captured
-            run_batch(engine, prompts, names[kind], 8)
+        for i, (name, (kind, tables)) in enumerate(made.items()):
+            folder = workdir / name
+            write_random_adapter(
+                spec, folder, args.rank, seed=i, dtype=torch.bfloat16, kind=kind, tables=tables
+            )
+            engine.add_adapter(name, folder, preload=False)
+        for case in cases:  # warm-up: slots filled, DoRA norms computed, graphs captured
+            run_batch(engine, prompts, names[case], 8)
         for _ in range(args.rounds):
-            for kind in KINDS:
-                rounds[kind].append(run_batch(engine, prompts, names[kind], args.new_tokens)["decode_tok_s"])
+            for case in cases:
+                rounds[case].append(run_batch(engine, prompts, names[case], args.new_tokens)["decode_tok_s"])
     lora = statistics.median(rounds["LoRA"])
-    for kind in KINDS:
-        results[f"{kind}_decode_tok_s"] = statistics.median(rounds[kind])
-        results[f"{kind}_over_lora"] = statistics.median(rounds[kind]) / lora
-        results[f"{kind}_rounds"] = rounds[kind]
+    for case in cases:
+        results[f"{case}_decode_tok_s"] = statistics.median(rounds[case])
+        results[f"{case}_over_lora"] = statistics.median(rounds[case]) / lora
+        results[f"{case}_rounds"] = rounds[case]
     for key, value in results.items():
         print(f"  {key:<32} {value:.3f}" if isinstance(value, float) else f"  {key:<32} {value}")
     if args.json:

@@ -63,7 +63,7 @@ def test_loader_packs_like_the_thread_and_survives_a_killed_child(tiny_model_dir
             folder = tiny_adapters[name]
             got = loader.load(name, folder, arena=None, pin=False)
             layers, shape_of = spec.num_layers, spec.projection_shape
-            host = load_peft_adapter(name, folder, layers, shape_of, 32, spec.vocab_size)
+            host = load_peft_adapter(name, folder, layers, shape_of, 32, spec.vocab)
             want = pack_adapter(host, spec, torch.float32, pin=False)
             assert got.rank == want.rank and set(got.a) == set(want.a)
             for group in want.a:
@@ -91,7 +91,7 @@ def test_several_children_load_at_once_each_into_its_own_staging_buffer(tiny_mod
             )
         layers, shape_of = spec.num_layers, spec.projection_shape
         for name, packed in zip(names * 2, got, strict=True):
-            host = load_peft_adapter(name, tiny_adapters[name], layers, shape_of, 32, spec.vocab_size)
+            host = load_peft_adapter(name, tiny_adapters[name], layers, shape_of, 32, spec.vocab)
             want = pack_adapter(host, spec, torch.float32, pin=False)
             assert packed.name == name and packed.rank == want.rank and set(packed.a) == set(want.a)
             for group in want.a:
