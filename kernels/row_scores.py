@@ -58,7 +58,8 @@ def _block_scores_kernel(
     picked = tl.load(base + tl.load(chosen_ptr + row)).to(tl.float32)
     high = tl.max(x, axis=0)
     tl.store(block_max_ptr + partial, high)
-    tl.store(block_sum_ptr + partial, tl.sum(tl.exp(x - high), axis=0))
+    # a block of -inf only (columns past a row's own vocabulary) sums to 0, not NaN
+    tl.store(block_sum_ptr + partial, tl.sum(tl.exp(x - tl.where(high == float("-inf"), 0.0, high)), axis=0))
     tl.store(block_count_ptr + partial, tl.sum((x > picked).to(tl.float32), axis=0))  # exact below 2**24
     for i in range(k):
         value = tl.max(x, axis=0)

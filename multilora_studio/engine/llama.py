@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.rope import cos_sin_cache, rope_rows
-from multilora_studio.engine.token_tables import TokenTables, TokenTableStep, embed_tokens, logits_with_tables
+from multilora_studio.engine.token_tables import VocabRows, embed_tokens, logits_with_tables
 from multilora_studio.engine.weights import ModelWeights
 from multilora_studio.kernels.cpu_linear import packed_linear
 from multilora_studio.kernels.fused_ops import (
@@ -289,10 +289,10 @@ class LlamaModel:
         attn: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         lora: LoRAStep | None,
-        token_tables: TokenTableStep | None = None,
+        embeddings: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states [T, H] after the final norm, for ``input_ids`` [T] at ``positions`` [T]
-        (each token embedded from its adapter's table where ``token_tables`` gives one)."""
+        (``embeddings`` [T, H]: the tokens' embeddings when they were taken already, ``embed``)."""
         spec = self.spec
         q_size, eps = spec.q_size, spec.rms_norm_eps
         tokens = input_ids.shape[0]
@@ -305,9 +305,8 @@ class LlamaModel:
                 spec.local_rope, positions, attn.seq_lens, attn.query_start_loc, self.max_positions
             )
         )  # [T]
-        residual = embed_tokens(input_ids, self.weights.embed, token_tables)  # [T, H], the residual stream
-        if self.embed_scale is not None:
-            residual = residual * self.embed_scale
+        # [T, H], the residual stream
+        residual = self.embed(input_ids, None) if embeddings is None else embeddings
         h = rms_norm(residual, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
             k_cache, v_cache = kv_caches[index]
@@ -353,32 +352,31 @@ class LlamaModel:
             h = self._project_add_norm("down", index, act, layer.down, residual, next_norm, lora)
         return h
 
-    def logits(
-        self,
-        hidden: torch.Tensor,
-        tables: list[tuple[torch.Tensor, TokenTables]] | None = None,
-        width: int = 0,
-    ) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor, vocab: VocabRows | None) -> torch.Tensor:
+        """The embeddings [T, H] of ``input_ids`` [T] (scaled where the family scales them), each
+        token from its adapter's tables where ``vocab`` gives them."""
+        embed = self.weights.embed
+        out = F.embedding(input_ids, embed) if vocab is None else embed_tokens(input_ids, embed, vocab)
+        return out if self.embed_scale is None else out * self.embed_scale
+
+    def logits(self, hidden: torch.Tensor, vocab: VocabRows | None = None, width: int = 0) -> torch.Tensor:
         """[N, V] float32 logits of the given hidden rows (see ``head_logits``)."""
-        return self.head_logits(hidden, tables, width).float()
+        return self.head_logits(hidden, vocab, width).float()
 
     def head_logits(
-        self,
-        hidden: torch.Tensor,
-        tables: list[tuple[torch.Tensor, TokenTables]] | None = None,
-        width: int = 0,
+        self, hidden: torch.Tensor, vocab: VocabRows | None = None, width: int = 0
     ) -> torch.Tensor:
         """[N, V] logits of the given hidden rows in the model's dtype (the LM head's GEMM output,
-        soft-capped where the family caps it); with ``tables`` ((rows, an adapter's tables)),
-        those rows through their adapter's head, [N, width] padded with -inf."""
-        if not tables:
+        soft-capped where the family caps it); with ``vocab``, each row through its adapter's
+        head or retrained rows, [N, width] padded with -inf."""
+        if vocab is None:
             return self._capped(self.linear(hidden, self.weights.lm_head))  # [N, V]
         lm_head = self.weights.lm_head
 
         def head(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # the base's may be packed
             return self._capped((self.linear if weight is lm_head else F.linear)(rows, weight))
 
-        return logits_with_tables(hidden, head, lm_head, tables, width)
+        return logits_with_tables(hidden, head, lm_head, vocab, width)
 
     def _capped(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.spec.final_softcap

@@ -7,7 +7,6 @@ engine's worker thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +39,7 @@ from multilora_studio.engine.step_graphs import (
     token_buckets,
 )
 from multilora_studio.engine.step_staging import StepStaging
-from multilora_studio.engine.token_tables import TableRows, TokenTablePool, TokenTableStep
+from multilora_studio.engine.token_tables import TokenTablePool, TokenTableStep, VocabRows
 from multilora_studio.engine.weights import ModelWeights, pack_for_onednn
 from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
 from multilora_studio.kernels.cpu_linear import onednn_packing_available
@@ -188,11 +187,12 @@ class ModelRunner:
         uses_rows = self._uses_row_terms(plan, slot_of)
         tables = self.lora.token_tables.tables
         uses_tables = bool(tables) and any(slot_of.get(c.seq.adapter, -1) in tables for c in plan.chunks)
+        token_tables = self._token_table_step(plan, slot_of) if uses_tables else None
         for graphs in (self.decode_graphs, self.mixed_graphs):
-            if graphs is not None and not scores_prompt and not uses_tables and graphs.accepts(plan):
+            if graphs is not None and not scores_prompt and graphs.accepts(plan):
                 if uses_rows:
                     self.lora.ensure_row_buffers()  # the graphs read every group's rows
-                return graphs.stage(plan, slot_of, self.lora.slot_ranks_host, uses_rows)
+                return graphs.stage(plan, slot_of, self.lora.slot_ranks_host, uses_rows, token_tables)
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
@@ -208,7 +208,6 @@ class ModelRunner:
         score_rows: list[int] = []
         score_targets: list[int] = []
         score_groups: list[tuple[Sequence, int, int]] = []
-        table_rows: dict[int, tuple[list[int], list[int], list[int]]] = {}  # slot -> tokens, logits, scores
         for chunk in plan.chunks:
             seq = chunk.seq
             end = chunk.start + chunk.num_tokens
@@ -226,12 +225,6 @@ class ModelRunner:
                 row_groups |= self.lora.slot_row_groups[slot]
             seq_lens.append(end)
             scored = seq.prompt_positions_to_score(chunk.start, end)
-            own = table_rows.setdefault(slot, ([], [], [])) if slot in tables else None
-            if own is not None:
-                own[0].extend(range(query_start[-1], query_start[-1] + chunk.num_tokens))
-                own[2].extend(range(len(score_rows), len(score_rows) + len(scored)))
-                if chunk.completes:
-                    own[1].append(len(logits_rows))
             if scored:
                 score_rows.extend(query_start[-1] + p - chunk.start for p in scored)
                 score_targets.extend(seq.prompt_token_ids[scored.start + 1 : scored.stop + 1])
@@ -271,20 +264,46 @@ class ModelRunner:
             lora_groups=frozenset(groups),
             scoring=scoring,
             row_groups=frozenset(row_groups),
-            tokens=self._table_step(table_rows, on_device) if table_rows else None,
+            tokens=token_tables,
         )
 
-    def _table_step(
-        self, rows: dict[int, tuple[list[int], list[int], list[int]]], on_device: Callable
-    ) -> TokenTableStep:
-        """The step's token-table groups from each slot's (token rows, logits rows, score rows)."""
-        tables = self.lora.token_tables.tables
-        groups = [
-            TableRows(tables[slot], *(on_device(part, torch.int64) for part in parts))
-            for slot, parts in rows.items()
-        ]
-        width = max(self.spec.vocab_size, *(g.tables.vocab_size for g in groups))
-        return TokenTableStep(width, groups)
+    def _token_table_step(self, plan: StepPlan, slot_of: dict[str | None, int]) -> TokenTableStep:
+        """What the step's adapters with token tables need: for the tokens (embedding), the
+        sampled rows and the scored prompt rows (logits), the rows of each whole matrix and
+        every row's slot for the retrained-row swaps."""
+        pool = self.lora.token_tables
+        slots: dict[str, list[int]] = {"embed": [], "head": [], "scored": []}  # each row's slot
+        whole: dict[str, dict[int, list[int]]] = {"embed": {}, "head": {}, "scored": {}}  # slot -> rows
+        for chunk in plan.chunks:
+            seq, slot = chunk.seq, slot_of.get(chunk.seq.adapter, -1)
+            scored = len(seq.prompt_positions_to_score(chunk.start, chunk.start + chunk.num_tokens))
+            rows = {
+                "embed": range(len(slots["embed"]), len(slots["embed"]) + chunk.num_tokens),
+                "head": range(len(slots["head"]), len(slots["head"]) + int(chunk.completes)),
+                "scored": range(len(slots["scored"]), len(slots["scored"]) + scored),
+            }
+            for key, span in rows.items():
+                slots[key].extend([slot] * len(span))
+                if pool.whole("embed" if key == "embed" else "head", slot) is not None:
+                    whole[key].setdefault(slot, []).extend(span)
+        used = [pool.tables[s] for s in {*slots["embed"]} if s in pool.tables]
+
+        def on_device(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+        def rows_of(key: str) -> VocabRows:
+            side = "embed" if key == "embed" else "head"
+            swaps = pool.embed_swaps if side == "embed" else pool.head_swaps
+            has_swaps = any(getattr(t, f"{side}_ids") is not None for t in used)
+            matrices = []
+            for slot, rows in whole[key].items():
+                matrix = pool.whole(side, slot)
+                assert matrix is not None  # rows are listed only for slots with the matrix
+                matrices.append((on_device(rows, torch.int64), matrix))
+            return VocabRows(matrices, on_device(slots[key], torch.int32), swaps if has_swaps else None)
+
+        width = max(self.spec.vocab_size, *(t.vocab_size for t in used))
+        return TokenTableStep(width, rows_of("embed"), rows_of("head"), rows_of("scored"))
 
     def _project_base(self, group: str, layer: int, x: torch.Tensor) -> torch.Tensor:
         """``x @ W^T`` of layer ``layer``'s ``group`` base weight (DoRA's norms)."""
@@ -299,7 +318,7 @@ class ModelRunner:
     def run(self, inputs: StepInputs | GraphStep) -> tuple[torch.Tensor, ScoredRows | None]:
         """Logits [N, V] float32 of the rows that sample this step, and the prompt rows' scores if asked."""
         if isinstance(inputs, GraphStep):
-            return inputs.graphs.run(inputs.staged, inputs.uses_rows), None
+            return inputs.graphs.run(inputs.staged, inputs.uses_rows, inputs.tokens), None
         lora = None
         if inputs.lora_groups:
             batch = self.lora_batch.update(inputs.slot_ids, self.lora.slot_ranks, inputs.token_scales)
@@ -308,8 +327,9 @@ class ModelRunner:
                 row_index = torch.where(inputs.slot_ids < 0, self.lora.num_slots, inputs.slot_ids).long()
             lora = LoRAStep(batch, inputs.lora_groups, inputs.row_groups, row_index)
         tokens = inputs.tokens
+        embeddings = None if tokens is None else self.model.embed(inputs.input_ids, tokens.embed)
         hidden = self.model.forward(
-            inputs.input_ids, inputs.positions, inputs.attn, self.kv_caches, lora, tokens
+            inputs.input_ids, inputs.positions, inputs.attn, self.kv_caches, lora, embeddings
         )  # [T, H]
         scoring = inputs.scoring
         prompt_scores = None
@@ -318,10 +338,8 @@ class ModelRunner:
             def scored_logits(rows: torch.Tensor, begin: int) -> torch.Tensor:  # [r, V]
                 if tokens is None:
                     return self.model.head_logits(rows)
-                end = begin + rows.shape[0]
-                groups = [(g.score_rows[(g.score_rows >= begin) & (g.score_rows < end)] - begin, g.tables)
-                          for g in tokens.groups]  # fmt: skip
-                return self.model.head_logits(rows, groups, tokens.width)
+                scored = tokens.scored.within(begin, begin + rows.shape[0])
+                return self.model.head_logits(rows, scored, tokens.width)
 
             prompt_scores = score_hidden_rows(
                 scored_logits, hidden[scoring.rows], scoring.targets, scoring.top_k, self.score_chunk_rows
@@ -329,8 +347,7 @@ class ModelRunner:
         sampled = hidden[inputs.logits_rows]  # [N, H]
         if tokens is None:
             return self.model.logits(sampled), prompt_scores
-        groups = [(g.logits_rows, g.tables) for g in tokens.groups]
-        return self.model.logits(sampled, groups, tokens.width), prompt_scores
+        return self.model.logits(sampled, tokens.head, tokens.width), prompt_scores
 
     @torch.inference_mode()
     def sample(

@@ -14,7 +14,10 @@ Two sets run on CUDA, each over a :class:`StepStaging` of its own:
   ``max_query_len`` = the bucket, so its launch grids depend on the bucket alone; the
   logits of the ``max_num_seqs`` sampling rows come out of a fixed buffer.
 
-Steps whose rows use no adapter replay a graph captured without any LoRA work.
+Steps whose rows use no adapter replay a graph captured without any LoRA work. Steps with
+an adapter that replaces vocabulary rows (``engine/token_tables.py``) replay a graph that
+starts from the tokens' embeddings and ends at the sampled rows' hidden states: the
+embeddings are taken before it and the logits after it, each row through its adapter's tables.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRASte
 from multilora_studio.engine.lora_weights import LORA_GROUPS
 from multilora_studio.engine.scheduler import StepPlan
 from multilora_studio.engine.step_staging import StagedStep, StepStaging
+from multilora_studio.engine.token_tables import TokenTableStep
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +68,14 @@ def forward_staged(
     bucket: int,
     uses_lora: bool,
     uses_rows: bool = False,
+    embeddings: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logits float32 of the staged step padded to ``bucket`` tokens: what a graph captures.
 
     ``uses_rows``: every group also takes the slots' per-row terms (DoRA, lora_bias), each
-    token reading its slot's row (the no-adapter row for padding).
+    token reading its slot's row (the no-adapter row for padding). With ``embeddings``
+    [bucket, H] (the tokens' embeddings, taken outside), the sampling rows' hidden states
+    instead of logits.
 
     A decode staging gives [bucket, V], the rows of its first ``bucket`` sequences; any
     other gives [S, V], every sequence slot's sampling row. On the CPU it runs eagerly
@@ -99,11 +106,10 @@ def forward_staged(
             row_index = torch.where(slots < 0, staging.lora_batch.num_slots, slots).long()
             lora = LoRAStep(staging.lora_batch, groups, groups, row_index)
     hidden = model.forward(
-        staging.input_ids[:bucket], staging.positions[:bucket], attn, kv_caches, lora
+        staging.input_ids[:bucket], staging.positions[:bucket], attn, kv_caches, lora, embeddings
     )  # [bucket, H]
-    if staging.one_token_per_seq:
-        return model.logits(hidden)
-    return model.logits(hidden.index_select(0, staging.logits_rows))
+    rows = hidden if staging.one_token_per_seq else hidden.index_select(0, staging.logits_rows)
+    return rows if embeddings is not None else model.logits(rows)
 
 
 def capture_graph(work: Callable[[], None], pool: Any, device: torch.device) -> torch.cuda.CUDAGraph:
@@ -123,12 +129,14 @@ class GraphStep:
     graphs: StepGraphs
     staged: StagedStep
     uses_rows: bool = False
+    tokens: TokenTableStep | None = None  # adapters with token tables in the step
 
 
 class StepGraphs:
-    """Captured steps over one staging, keyed by (bucket, uses_lora, uses_rows); buckets end at
-    its size. The graphs with the per-row terms (DoRA, lora_bias) are captured on the first step
-    of their bucket that needs them (``model.lora.ensure_row_buffers()`` first)."""
+    """Captured steps over one staging, keyed by (bucket, uses_lora, uses_rows, uses_tables);
+    buckets end at its size. The graphs with the per-row terms (DoRA, lora_bias) and those that
+    run between a step's token tables are captured on the first step of their bucket that needs
+    them (``model.lora.ensure_row_buffers()`` first)."""
 
     def __init__(
         self, model: LlamaModel, kv_caches: KVCaches, staging: StepStaging, buckets: list[int], pool: Any
@@ -143,13 +151,21 @@ class StepGraphs:
         self.logits = torch.zeros(
             (staging.max_seqs, model.spec.vocab_size), dtype=torch.float32, device=device
         )  # [S, V]
-        self.graphs: dict[tuple[int, bool, bool], torch.cuda.CUDAGraph] = {}
+        hidden, dtype = model.spec.hidden_size, model.weights.embed.dtype
+        self.embeddings = torch.zeros((staging.max_tokens, hidden), dtype=dtype, device=device)  # [T, H]
+        self.hidden_rows = torch.zeros((staging.max_seqs, hidden), dtype=dtype, device=device)  # [S, H]
+        self.graphs: dict[tuple[int, bool, bool, bool], torch.cuda.CUDAGraph] = {}
         self.pool = pool
         self.capture_all()
 
-    def _forward(self, bucket: int, uses_lora: bool, uses_rows: bool = False) -> None:
-        logits = forward_staged(self.model, self.kv_caches, self.staging, bucket, uses_lora, uses_rows)
-        self.logits[: logits.shape[0]] = logits
+    def _forward(
+        self, bucket: int, uses_lora: bool, uses_rows: bool = False, uses_tables: bool = False
+    ) -> None:
+        embeddings = self.embeddings[:bucket] if uses_tables else None
+        out = forward_staged(
+            self.model, self.kv_caches, self.staging, bucket, uses_lora, uses_rows, embeddings
+        )
+        (self.hidden_rows if uses_tables else self.logits)[: out.shape[0]] = out
 
     @torch.inference_mode()
     def capture_all(self) -> None:
@@ -158,7 +174,7 @@ class StepGraphs:
         for bucket in reversed(self.buckets):
             for uses_lora in (False, True):
                 work = functools.partial(self._forward, bucket, uses_lora)
-                self.graphs[(bucket, uses_lora, False)] = capture_graph(work, self.pool, device)
+                self.graphs[(bucket, uses_lora, False, False)] = capture_graph(work, self.pool, device)
         torch.cuda.synchronize(device)
         kind = "decode steps" if self.staging.one_token_per_seq else "steps with prompt tokens"
         log.info("captured %d graphs of %s (buckets %s)", len(self.graphs), kind, self.buckets)
@@ -173,26 +189,43 @@ class StepGraphs:
         slot_of: dict[str | None, int],
         slot_ranks: Sequence[int],
         uses_rows: bool = False,
+        tokens: TokenTableStep | None = None,
     ) -> GraphStep:
         """Write ``plan``'s inputs to the staging buffers (one copy enqueued).
 
         ``slot_of`` maps each adapter to its GPU slot; ``slot_ranks`` is each slot's rank;
-        ``uses_rows``: an adapter of the step has per-row terms.
+        ``uses_rows``: an adapter of the step has per-row terms; ``tokens``: the step's
+        adapters with token tables.
         """
-        return GraphStep(self, self.staging.stage(plan.chunks, slot_of, slot_ranks), uses_rows)
+        return GraphStep(self, self.staging.stage(plan.chunks, slot_of, slot_ranks), uses_rows, tokens)
 
-    def graph_for(self, tokens: int, uses_lora: bool, uses_rows: bool = False) -> torch.cuda.CUDAGraph:
+    def bucket_of(self, tokens: int) -> int:
+        return self.buckets[bisect.bisect_left(self.buckets, tokens)]
+
+    def graph_for(
+        self, tokens: int, uses_lora: bool, uses_rows: bool = False, uses_tables: bool = False
+    ) -> torch.cuda.CUDAGraph:
         """The graph that runs a step of ``tokens`` tokens (its bucket's), captured now if it
-        is a per-row-terms graph not yet used (the staged step runs once more while it is)."""
-        key = (self.buckets[bisect.bisect_left(self.buckets, tokens)], uses_lora, uses_rows)
+        is a per-row-terms or token-tables graph not yet used (the staged step runs once more
+        while it is)."""
+        key = (self.bucket_of(tokens), uses_lora, uses_rows, uses_tables)
         if key not in self.graphs:
             work = functools.partial(self._forward, *key)
             self.graphs[key] = capture_graph(work, self.pool, self.logits.device)
-            log.info("captured the per-row-terms graph of bucket %d", key[0])
+            log.info("captured the graph of bucket %d (per-row terms %s, token tables %s)", *key[::2], key[3])
         return self.graphs[key]
 
-    def run(self, staged: StagedStep, uses_rows: bool = False) -> torch.Tensor:
+    def run(
+        self, staged: StagedStep, uses_rows: bool = False, tokens: TokenTableStep | None = None
+    ) -> torch.Tensor:
         """Replay the graph of the step's bucket; logits [N, V] float32 of the sampling
-        sequences (a view of a static buffer)."""
-        self.graph_for(staged.num_tokens, staged.uses_lora, staged.uses_lora and uses_rows).replay()
-        return self.logits[: staged.num_sampled]
+        sequences (a view of a static buffer without ``tokens``; [N, width] with them)."""
+        uses_rows = staged.uses_lora and uses_rows
+        if tokens is None:
+            self.graph_for(staged.num_tokens, staged.uses_lora, uses_rows).replay()
+            return self.logits[: staged.num_sampled]
+        bucket = self.bucket_of(staged.num_tokens)
+        ids = self.staging.input_ids[:bucket]  # [bucket]; padding reads the base's rows
+        self.embeddings[: staged.num_tokens] = self.model.embed(ids[: staged.num_tokens], tokens.embed)
+        self.graph_for(staged.num_tokens, staged.uses_lora, uses_rows, True).replay()
+        return self.model.logits(self.hidden_rows[: staged.num_sampled], tokens.head, tokens.width)

@@ -27,13 +27,20 @@ Head = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (hidden [r, H], w
 
 
 class TokenTablePool:
-    """The token tables of the adapters in GPU slots, by slot, under a count and a byte budget."""
+    """The token tables of the adapters in GPU slots, by slot, under a count and a byte budget.
+
+    The retrained rows of every adapter in the pool are also kept as one set per side
+    (``embed_swaps`` / ``head_swaps``), so a step swaps all of them with one set of launches
+    whatever the number of adapters.
+    """
 
     def __init__(self, max_tables: int, max_bytes: int, device: torch.device) -> None:
         self.max_tables = max_tables
         self.max_bytes = max_bytes
         self.device = device
         self.tables: dict[int, TokenTables] = {}
+        self.embed_swaps: RowSwaps | None = None
+        self.head_swaps: RowSwaps | None = None
         # the stream the steps read the tables on: their memory is not reused (after a slot is
         # refilled) before the steps queued there have run
         self.step_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
@@ -41,9 +48,6 @@ class TokenTablePool:
     @property
     def used_bytes(self) -> int:
         return sum(t.nbytes for t in self.tables.values())
-
-    def fits_alone(self, nbytes: int) -> bool:
-        return nbytes <= self.max_bytes
 
     def has_room(self, nbytes: int, slot: int) -> bool:
         """Whether tables of ``nbytes`` fit in ``slot`` with the other slots' tables."""
@@ -53,42 +57,80 @@ class TokenTablePool:
     def put(self, slot: int, tables: TokenTables | None) -> None:
         """``slot``'s tables from host copies (on the current stream), or none."""
         self.tables.pop(slot, None)
-        if tables is None:
-            return
+        if tables is not None:
 
-        def copy(tensor: torch.Tensor | None) -> torch.Tensor | None:
-            if tensor is None:
-                return None
-            moved = tensor.to(self.device, non_blocking=True)
-            if self.step_stream is not None:
-                moved.record_stream(self.step_stream)
-            return moved
+            def copy(tensor: torch.Tensor | None) -> torch.Tensor | None:
+                if tensor is None:
+                    return None
+                moved = tensor.to(self.device, non_blocking=True)
+                if self.step_stream is not None:
+                    moved.record_stream(self.step_stream)
+                return moved
 
-        embed = copy(tables.embed)
-        head = embed if tables.head is tables.embed else copy(tables.head)  # tied: one copy
-        self.tables[slot] = TokenTables(
-            tables.vocab_size,
-            tables.base_vocab,
-            embed,
-            head,
-            copy(tables.embed_ids),
-            copy(tables.embed_rows),
-            copy(tables.head_ids),
-            copy(tables.head_rows),
-        )
+            embed = copy(tables.embed)
+            head = embed if tables.head is tables.embed else copy(tables.head)  # tied: one copy
+            self.tables[slot] = TokenTables(
+                tables.vocab_size,
+                tables.base_vocab,
+                embed,
+                head,
+                copy(tables.embed_ids),
+                copy(tables.embed_rows),
+                copy(tables.head_ids),
+                copy(tables.head_rows),
+            )
+        self._gather_swaps()
 
     def clear(self, slot: int) -> None:
-        self.tables.pop(slot, None)
+        if self.tables.pop(slot, None) is not None:
+            self._gather_swaps()
+
+    def _gather_swaps(self) -> None:
+        self.embed_swaps = self._swaps("embed")
+        self.head_swaps = self._swaps("head")
+
+    def _swaps(self, side: str) -> RowSwaps | None:
+        parts = [
+            (slot, getattr(t, f"{side}_ids"), getattr(t, f"{side}_rows"))
+            for slot, t in sorted(self.tables.items())
+            if getattr(t, f"{side}_ids") is not None
+        ]
+        if not parts:
+            return None
+        slots = torch.cat([torch.full_like(ids, slot, dtype=torch.int32) for slot, ids, _ in parts])
+        return RowSwaps(
+            torch.cat([ids for _, ids, _ in parts]), slots, torch.cat([rows for _, _, rows in parts])
+        )
+
+    def whole(self, side: str, slot: int) -> torch.Tensor | None:
+        """``slot``'s whole embedding (``side`` "embed") or head ("head") matrix, if it has one."""
+        tables = self.tables.get(slot)
+        return None if tables is None else getattr(tables, side)
 
 
 @dataclass
-class TableRows:
-    """One adapter's tables and the step's rows that read them."""
+class RowSwaps:
+    """The retrained rows of every adapter in the pool, as one set: row k replaces token
+    ``ids[k]`` for the rows of slot ``slots[k]``."""
 
-    tables: TokenTables  # on the device
-    tokens: torch.Tensor  # [n] int64: its rows among the step's tokens
-    logits_rows: torch.Tensor  # [m] int64: its rows among the sampled rows
-    score_rows: torch.Tensor  # [s] int64: its rows among the scored prompt rows
+    ids: torch.Tensor  # [K] int64
+    slots: torch.Tensor  # [K] int32
+    rows: torch.Tensor  # [K, H]
+
+
+@dataclass
+class VocabRows:
+    """One side's work for a set of rows (the step's tokens, or its sampled or scored rows):
+    (rows, matrix) for the adapters with a whole matrix, and each row's slot for the swaps."""
+
+    whole: list[tuple[torch.Tensor, torch.Tensor]]  # ([n] int64 rows, [V_a, H] matrix)
+    slots: torch.Tensor  # [N] int32: each row's slot (-1: the base)
+    swaps: RowSwaps | None
+
+    def within(self, begin: int, end: int) -> VocabRows:
+        """The same work for rows ``begin:end`` (renumbered from 0)."""
+        whole = [(rows[(rows >= begin) & (rows < end)] - begin, matrix) for rows, matrix in self.whole]
+        return VocabRows(whole, self.slots[begin:end], self.swaps)
 
 
 @dataclass
@@ -96,57 +138,46 @@ class TokenTableStep:
     """The step's adapters with token tables; ``width``: the widest vocabulary of its rows."""
 
     width: int
-    groups: list[TableRows]
+    embed: VocabRows  # over the step's tokens
+    head: VocabRows  # over the sampled rows
+    scored: VocabRows  # over the scored prompt rows
 
 
-def embed_tokens(input_ids: torch.Tensor, embed: torch.Tensor, step: TokenTableStep | None) -> torch.Tensor:
-    """Embeddings [T, H] of ``input_ids`` [T], each token from its adapter's table if it has one."""
-    if step is None:
-        return F.embedding(input_ids, embed)
-    vocab = embed.shape[0]
-    out = F.embedding(input_ids.clamp_max(vocab - 1), embed)  # [T, H]; added ids read below
-    for group in step.groups:
-        tables, rows = group.tables, group.tokens
-        ids = input_ids[rows]  # [n]
-        if tables.embed is not None:
-            out[rows] = F.embedding(ids, tables.embed)
-        elif tables.embed_ids is not None and tables.embed_rows is not None:
-            out[rows] = swap_rows(out[rows], ids, tables.embed_ids, tables.embed_rows)
-    return out
-
-
-def swap_rows(
-    values: torch.Tensor, ids: torch.Tensor, table_ids: torch.Tensor, table_rows: torch.Tensor
-) -> torch.Tensor:
-    """``values`` [n, H] with the rows whose id [n] is among ``table_ids`` [k] taken from
-    ``table_rows`` [k, H]."""
-    match = ids[:, None] == table_ids[None, :]  # [n, k]
-    which = match.to(torch.int32).argmax(dim=1)  # [n]
-    return torch.where(match.any(dim=1)[:, None], table_rows[which].to(values.dtype), values)
+def embed_tokens(input_ids: torch.Tensor, embed: torch.Tensor, vocab: VocabRows) -> torch.Tensor:
+    """Embeddings [T, H] of ``input_ids`` [T], each token from its adapter's tables."""
+    out = F.embedding(input_ids.clamp_max(embed.shape[0] - 1), embed)  # [T, H]; added ids read below
+    for rows, matrix in vocab.whole:
+        out[rows] = F.embedding(input_ids[rows], matrix)
+    swaps = vocab.swaps
+    if swaps is None:
+        return out
+    match = (input_ids[:, None] == swaps.ids[None, :]) & (
+        vocab.slots[:, None] == swaps.slots[None, :]
+    )  # [T, K]
+    which = match.to(torch.int32).argmax(dim=1)  # [T]
+    return torch.where(match.any(dim=1)[:, None], swaps.rows[which].to(out.dtype), out)
 
 
 def logits_with_tables(
-    hidden: torch.Tensor,
-    head: Head,
-    base_head: torch.Tensor,
-    groups: list[tuple[torch.Tensor, TokenTables]],
-    width: int,
+    hidden: torch.Tensor, head: Head, base_head: torch.Tensor, vocab: VocabRows, width: int
 ) -> torch.Tensor:
-    """Logits [N, width] of ``hidden`` [N, H]: the base head's, then each group's rows [r]
-    through its tables; columns past a row's vocabulary are -inf.
+    """Logits [N, width] of ``hidden`` [N, H]: the base head's, each whole-matrix group's rows
+    through its own head, each row's retrained columns from its adapter's rows; columns past
+    a row's vocabulary are -inf.
 
     ``head(hidden, weight)`` is the model's head on any weight (soft-cap included).
     """
+    swaps = vocab.swaps
+    spare = 1 if swaps is not None else 0  # a column the other adapters' swaps are written to
     base = head(hidden, base_head)  # [N, V]
-    out = F.pad(base, (0, width - base.shape[1]), value=float("-inf"))  # [N, width]
-    for rows, tables in groups:
-        if rows.numel() == 0:
-            continue
-        if tables.head is not None:
-            own = head(hidden[rows], tables.head)  # [r, V_a]
-            out[rows] = F.pad(own, (0, width - own.shape[1]), value=float("-inf"))
-        elif tables.head_ids is not None and tables.head_rows is not None:
-            picked = out[rows]  # [r, width]
-            picked[:, tables.head_ids] = head(hidden[rows], tables.head_rows)  # [r, k]
-            out[rows] = picked
-    return out
+    out = F.pad(base, (0, width + spare - base.shape[1]), value=float("-inf"))  # [N, width (+1)]
+    for rows, matrix in vocab.whole:
+        if rows.numel():
+            own = head(hidden[rows], matrix)  # [r, V_a]
+            out[rows] = F.pad(own, (0, width + spare - own.shape[1]), value=float("-inf"))
+    if swaps is None:
+        return out
+    owner = vocab.slots[:, None] == swaps.slots[None, :]  # [N, K]
+    columns = torch.where(owner, swaps.ids[None, :], width)  # [N, K]; each row's own ids are distinct
+    out.scatter_(1, columns, head(hidden, swaps.rows).to(out.dtype))
+    return out[:, :width].contiguous()

@@ -180,3 +180,70 @@ def test_each_kind_round_trips_through_the_library(table_adapters, tiny_model_di
     with make_engine(tiny_model_dir, {"added": table_adapters["added"]}, engine_device) as engine:
         original = engine.generate([prompts["added"]], ["added"], SamplingParams(max_tokens=8, temperature=0))
     assert from_library[0].token_ids == original[0].token_ids
+
+
+@torch.inference_mode()
+def test_step_graphs_between_the_token_tables_equal_the_eager_step(
+    table_adapters, tiny_model_dir, monkeypatch
+):
+    """A decode step of rows with token tables replays the graph that starts from the taken
+    embeddings and ends at the hidden rows: its logits equal the eager step's (graph capture
+    stood in by eager replay on the CPU)."""
+    import random
+    from types import SimpleNamespace
+
+    from multilora_studio.adapters.peft_adapter import load_peft_adapter
+    from multilora_studio.engine import step_graphs
+    from multilora_studio.engine.block_manager import BlockManager
+    from multilora_studio.engine.lora_plan_builder import build_lora_plan
+    from multilora_studio.engine.lora_weights import pack_adapter
+    from multilora_studio.engine.model_source import resolve_model
+    from multilora_studio.engine.runner import ModelRunner
+    from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
+    from multilora_studio.engine.step_graphs import GraphStep, StepGraphs, batch_buckets
+    from multilora_studio.engine.step_staging import StepStaging
+    from tests.engine.conftest import RUNNER_BLOCK
+    from tests.engine.test_decode_staging import make_sequences
+
+    monkeypatch.setattr(step_graphs, "capture_graph", lambda work, pool, device: SimpleNamespace(replay=work))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    config = EngineConfig(
+        model=str(tiny_model_dir), device="cpu", dtype="float32", max_loras=5, max_lora_rank=16,
+        max_num_seqs=8, max_model_len=64, block_size=RUNNER_BLOCK,
+    )  # fmt: skip
+    cpu = torch.device("cpu")
+    base = resolve_model(config.model, torch.float32, cpu, None)
+    runner = ModelRunner(
+        config, base.spec, base.weights, 64, cpu, torch.float32, build_lora_plan(config, cpu, torch.float32)
+    )
+    slot_of: dict[str | None, int] = {None: -1}
+    names = ["head", "embed", "tokens", "added", "plain"]
+    for slot, name in enumerate(names):
+        host = load_peft_adapter(
+            name, table_adapters[name], base.spec.num_layers, base.spec.projection_shape, 16, base.spec.vocab
+        )
+        runner.lora.upload(slot, pack_adapter(host, base.spec, torch.float32, pin=False))
+        slot_of[name] = slot
+    staging = StepStaging(8, 8, runner.max_blocks_per_seq, 5, RUNNER_BLOCK, cpu, one_token_per_seq=True)
+    decode = StepGraphs(runner.model, runner.kv_caches, staging, batch_buckets(8), None)
+    runner.decode_graphs = decode
+    blocks = BlockManager(64, RUNNER_BLOCK)
+    seqs = make_sequences(6, blocks, random.Random(5))
+    vocab = base.spec.vocab_size
+    for seq, adapter in zip(seqs, [*names, None], strict=True):
+        seq.adapter = adapter
+    seqs[3].output_token_ids.append(vocab + 2)  # the added-token row decodes one of its new tokens
+    seqs[2].output_token_ids.append(510)  # a retrained token
+    for seq in seqs[2:4]:
+        blocks.grow(seq, seq.num_tokens)
+    plan = StepPlan([ScheduledChunk(s, s.num_tokens - 1, 1) for s in seqs])
+    staged = runner.prepare(plan, blocks, slot_of)
+    assert isinstance(staged, GraphStep) and staged.tokens is not None
+    replayed = runner.run(staged)[0].clone()
+    assert (8, True, False, True) in decode.graphs
+    runner.decode_graphs = None
+    eager = runner.run(runner.prepare(plan, blocks, slot_of))[0]
+    assert replayed.shape == (6, vocab + ADDED)
+    torch.testing.assert_close(replayed, eager, rtol=1e-5, atol=1e-5)
+    assert torch.isinf(replayed[[0, 1, 2, 4, 5], vocab:]).all()  # only the added-token row has those columns
+    assert torch.isfinite(replayed[3]).all()

@@ -113,3 +113,21 @@ def test_blocked_top_k_equals_torch_topk():
 def test_bad_input_is_refused(logits, chosen, k, backend, message):
     with pytest.raises(ValueError, match=message):
         row_scores(logits, chosen, k, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_columns_past_a_rows_vocabulary_score_as_absent(backend):
+    """Rows padded with -inf to a wider vocabulary (an adapter's added tokens in the batch): whole
+    blocks of -inf add nothing, and the scores equal those of the row's own columns."""
+    generator = torch.Generator().manual_seed(11)
+    vocab, width = 5000, 5000 + 4096 * 2
+    logits = torch.full((3, width), float("-inf"))
+    logits[:, :vocab] = torch.randn(3, vocab, generator=generator) * 4
+    chosen = torch.randint(0, vocab, (3,), generator=generator)
+    wide = unpack(row_scores(logits.to(DEVICE), chosen.to(DEVICE), 4, backend=backend), 4)
+    own = unpack(
+        row_scores(logits[:, :vocab].contiguous().to(DEVICE), chosen.to(DEVICE), 4, backend=backend), 4
+    )
+    for got, expected in zip(wide, own, strict=True):
+        assert torch.isfinite(got.float()).all()
+        torch.testing.assert_close(got, expected, rtol=0, atol=TOLERANCE)
