@@ -224,8 +224,10 @@ class StepGraphs:
         if tokens is None:
             self.graph_for(staged.num_tokens, staged.uses_lora, uses_rows).replay()
             return self.logits[: staged.num_sampled]
-        bucket = self.bucket_of(staged.num_tokens)
-        ids = self.staging.input_ids[:bucket]  # [bucket]; padding reads the base's rows
-        self.embeddings[: staged.num_tokens] = self.model.embed(ids[: staged.num_tokens], tokens.embed)
-        self.graph_for(staged.num_tokens, staged.uses_lora, uses_rows, True).replay()
+        # captured (if new) before the embeddings are written: the forward updates its residual
+        # stream, these embeddings, in place, and a capture runs it once first
+        graph = self.graph_for(staged.num_tokens, staged.uses_lora, uses_rows, True)
+        count = staged.num_tokens
+        self.embeddings[:count] = self.model.embed(self.staging.input_ids[:count], tokens.embed)
+        graph.replay()
         return self.model.logits(self.hidden_rows[: staged.num_sampled], tokens.head, tokens.width)

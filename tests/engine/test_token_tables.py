@@ -205,7 +205,11 @@ def test_step_graphs_between_the_token_tables_equal_the_eager_step(
     from tests.engine.conftest import RUNNER_BLOCK
     from tests.engine.test_decode_staging import make_sequences
 
-    monkeypatch.setattr(step_graphs, "capture_graph", lambda work, pool, device: SimpleNamespace(replay=work))
+    def capture(work, pool, device):  # as capture_graph: the work runs once, then replays
+        work()
+        return SimpleNamespace(replay=work)
+
+    monkeypatch.setattr(step_graphs, "capture_graph", capture)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     config = EngineConfig(
         model=str(tiny_model_dir), device="cpu", dtype="float32", max_loras=5, max_lora_rank=16,
