@@ -18,6 +18,10 @@ SPECS = {
     "tokens": AdapterSpec("tokens", 4, 8, ("q_proj",), 33, (("trainable_token_indices", list(RETRAINED)),)),
     "added": AdapterSpec("added", 8, 16, ("q_proj", "k_proj", "v_proj", "gate_proj"), 34),
     "plain": AdapterSpec("plain", 8, 8, ("up_proj", "down_proj"), 35),
+    "dora": AdapterSpec(
+        "dora", 8, 16, ("q_proj", "v_proj", "gate_proj", "down_proj"), 36, (("use_dora", True),)
+    ),
+    "bias": AdapterSpec("bias", 4, 8, ("k_proj", "o_proj", "up_proj"), 37, (("lora_bias", True),)),
 }
 TEMPLATE = (
     "{% for m in messages %}<|turn|>{{ m['role'] }}\n{{ m['content'] }}<|end|>\n{% endfor %}"
@@ -73,5 +77,7 @@ def prompts_for(vocab: int) -> dict[str | None, list[int]]:
         "tokens": [1, 510, 12, 2300, 7, 88, 88],
         "added": [1, added[0], 40, added[3], 41, added[7], 9000],
         "plain": [1, 9000, 77, 510],
+        "dora": [1, 510, 2300, 6, 7],
+        "bias": [1, 88, 44, 2300],
         None: [1, 2, 3, 510, 2300],
     }

@@ -47,10 +47,16 @@ class SlotTable:
         return self._in_use.get(name, 0)
 
     def _victim(self) -> str | None:
-        for name in self._slot_of:
-            if self._in_use.get(name, 0) == 0 and name not in self._pinned:
-                return name
-        return None
+        idle = self.evictable()
+        return idle[0][0] if idle else None
+
+    def evictable(self) -> list[tuple[str, int]]:
+        """(adapter, slot) of every adapter that may leave its slot now, least recently used first."""
+        return [
+            (name, slot)
+            for name, slot in self._slot_of.items()
+            if self._in_use.get(name, 0) == 0 and name not in self._pinned
+        ]
 
     def can_acquire(self, name: str) -> bool:
         return name in self._slot_of or bool(self._free) or self._victim() is not None

@@ -17,6 +17,7 @@ the base's matrix).
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,10 +62,14 @@ class TokenTablePlan:
         return label_of(self.whole, self.ids, self.vocab_size, self.base_vocab)
 
 
-def label_of(whole: object, ids: dict[str, tuple[int, ...]], vocab_size: int, base_vocab: int) -> str:
-    parts = [module for module in TOKEN_MODULES if module in whole]  # type: ignore[operator]
+def label_of(
+    whole: Collection[str], ids: dict[str, tuple[int, ...]], vocab_size: int, base_vocab: int
+) -> str:
+    """ "lm_head", "embed_tokens, lm_head, +8 tokens", "3 trained tokens": the modules saved whole,
+    the retrained tokens (unless folded into whole matrices) and the tokens added."""
+    parts = [module for module in TOKEN_MODULES if module in whole]
     retrained = {i for rows in ids.values() for i in rows}
-    if retrained and not all(module in whole for module in ids):  # type: ignore[operator]
+    if retrained and not all(module in whole for module in ids):
         parts.append(f"{len(retrained)} trained tokens")
     if vocab_size > base_vocab:
         parts.append(f"+{vocab_size - base_vocab} tokens")

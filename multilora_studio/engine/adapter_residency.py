@@ -347,17 +347,10 @@ class AdapterResidency:
         when they cannot (the others are in use or pinned: the request waits)."""
         pool = self.lora.token_tables
         while not pool.has_room(nbytes, slot=-1):
-            idle = [
-                info.adapter
-                for info in self.slots.snapshot()
-                if info.adapter is not None
-                and info.slot in pool.tables
-                and not info.in_use
-                and not info.pinned
-            ]
-            if not idle:
+            holders = [name for name, slot in self.slots.evictable() if slot in pool.tables]
+            if not holders:
                 return False
-            slot = self.slots.evict(idle[0])
+            slot = self.slots.evict(holders[0])  # the least recently used
             assert slot is not None
             self.lora.clear(slot)
         return True
@@ -405,6 +398,15 @@ class AdapterResidency:
         with self._lock:
             if name not in self._adapters:
                 raise ValueError(f"unknown adapter {name!r}")
+            infos = dict(self._adapters)
+        if pinned and infos[name].tokens and not self.slots.is_pinned(name):
+            holders = sum(1 for n, i in infos.items() if i.tokens and self.slots.is_pinned(n))
+            limit = self.config.max_token_tables - 1
+            if holders >= limit:
+                raise ValueError(
+                    f"cannot pin {name!r}: at most {limit} adapters with token tables can be pinned "
+                    f"(max_token_tables={self.config.max_token_tables}, so that the others can still run)"
+                )
         (self.slots.pin if pinned else self.slots.unpin)(name)
         if pinned and self.slots.slot_of(name) is None:
             self._pinned_loads.add(name)

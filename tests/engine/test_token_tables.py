@@ -1,11 +1,12 @@
-"""Adapters that replace vocabulary rows, in one mixed batch with plain LoRA and base rows.
+"""Every adapter kind in one mixed batch: vocabulary rows, DoRA, LoRA bias, plain LoRA, base.
 
 PEFT builds each adapter in the test, every trained tensor perturbed: a saved ``lm_head``
 (modules_to_save), a saved ``embed_tokens``, retrained tokens (``trainable_token_indices``,
-tied into the tiny model's tied head as PEFT ties them), and a resized vocabulary with 8 added
-tokens, its own tokenizer and chat template. Greedy tokens of every row equal PEFT's for that
-adapter alone (float32, 32 new tokens) on each LoRA path; prompts hold the retrained and the
-added ids; log-probabilities of the added-token rows cover their own vocabulary.
+tied into the tiny model's tied head as PEFT ties them), a resized vocabulary with 8 added
+tokens, its own tokenizer and chat template, a DoRA and a lora_bias adapter. Greedy tokens of
+every row equal PEFT's for that adapter alone (float32, 32 new tokens) on each LoRA path;
+prompts hold the retrained and the added ids; log-probabilities of the added-token rows cover
+their own vocabulary.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def test_token_tables_in_a_mixed_batch_match_peft(
         "tokens": "3 trained tokens",
         "added": f"embed_tokens, lm_head, +{ADDED} tokens",
         "plain": "",
+        "dora": "",
+        "bias": "",
     }
     for (name, prompt), output in zip(prompts.items(), outputs, strict=True):
         assert output.token_ids == greedy_tokens(references[name], prompt, NEW_TOKENS), name
@@ -167,6 +170,8 @@ def test_each_kind_round_trips_through_the_library(table_adapters, tiny_model_di
         "tokens": "LoRA; 3 trained tokens",
         "added": f"LoRA; embed_tokens, lm_head, +{ADDED} tokens; own tokenizer / template",
         "plain": "LoRA",
+        "dora": "DoRA",
+        "bias": "LoRA with bias",
     }
     assert records["head"].rank_label == "8 (LoRA; lm_head)"
     assert (records["added"].path / "tokenizer.json").is_file()
@@ -251,3 +256,20 @@ def test_step_graphs_between_the_token_tables_equal_the_eager_step(
     torch.testing.assert_close(replayed, eager, rtol=1e-5, atol=1e-5)
     assert torch.isinf(replayed[[0, 1, 2, 4, 5], vocab:]).all()  # only the added-token row has those columns
     assert torch.isfinite(replayed[3]).all()
+
+
+def test_pinning_keeps_room_for_other_adapters_with_token_tables(
+    table_adapters, tiny_model_dir, engine_device
+):
+    with make_engine(tiny_model_dir, table_adapters, engine_device, max_token_tables=2) as engine:
+        engine.pin_adapter("head")
+        with pytest.raises(ValueError, match="at most 1 adapters with token tables can be pinned"):
+            engine.pin_adapter("embed")
+        engine.pin_adapter("plain")  # no tables: pinned as before
+        prompts = prompts_for(engine.spec.vocab_size)
+        outputs = engine.generate(
+            [prompts["embed"], prompts["tokens"]],
+            ["embed", "tokens"],
+            SamplingParams(max_tokens=4, temperature=0),
+        )
+        assert all(o.error is None and len(o.token_ids) == 4 for o in outputs)
