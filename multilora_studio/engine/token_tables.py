@@ -15,6 +15,7 @@ through the CUDA graphs); a step with some runs eagerly and
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,8 +42,10 @@ class TokenTablePool:
         self.tables: dict[int, TokenTables] = {}
         self.embed_swaps: RowSwaps | None = None
         self.head_swaps: RowSwaps | None = None
-        # the stream the steps read the tables on: their memory is not reused (after a slot is
-        # refilled) before the steps queued there have run
+        # Every copy and swap set is made on the steps' stream, also when a slot is filled from
+        # the side stream of uploads: a step of other adapters that runs meanwhile reads the
+        # swap sets, so they must be complete before it (a whole matrix's copy, ~40 ms for an
+        # 8B lm_head, holds up the next step once, when such an adapter enters a slot).
         self.step_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
 
     @property
@@ -55,35 +58,37 @@ class TokenTablePool:
         return len(others) < self.max_tables and sum(t.nbytes for t in others) + nbytes <= self.max_bytes
 
     def put(self, slot: int, tables: TokenTables | None) -> None:
-        """``slot``'s tables from host copies (on the current stream), or none."""
-        self.tables.pop(slot, None)
-        if tables is not None:
+        """``slot``'s tables from host copies, or none."""
+        with self._on_step_stream():
+            self.tables.pop(slot, None)
+            if tables is not None:
 
-            def copy(tensor: torch.Tensor | None) -> torch.Tensor | None:
-                if tensor is None:
-                    return None
-                moved = tensor.to(self.device, non_blocking=True)
-                if self.step_stream is not None:
-                    moved.record_stream(self.step_stream)
-                return moved
+                def copy(tensor: torch.Tensor | None) -> torch.Tensor | None:
+                    return None if tensor is None else tensor.to(self.device, non_blocking=True)
 
-            embed = copy(tables.embed)
-            head = embed if tables.head is tables.embed else copy(tables.head)  # tied: one copy
-            self.tables[slot] = TokenTables(
-                tables.vocab_size,
-                tables.base_vocab,
-                embed,
-                head,
-                copy(tables.embed_ids),
-                copy(tables.embed_rows),
-                copy(tables.head_ids),
-                copy(tables.head_rows),
-            )
-        self._gather_swaps()
+                embed = copy(tables.embed)
+                head = embed if tables.head is tables.embed else copy(tables.head)  # tied: one copy
+                self.tables[slot] = TokenTables(
+                    tables.vocab_size,
+                    tables.base_vocab,
+                    embed,
+                    head,
+                    copy(tables.embed_ids),
+                    copy(tables.embed_rows),
+                    copy(tables.head_ids),
+                    copy(tables.head_rows),
+                )
+            self._gather_swaps()
+
+    def _on_step_stream(self) -> contextlib.AbstractContextManager:
+        return (
+            torch.cuda.stream(self.step_stream) if self.step_stream is not None else contextlib.nullcontext()
+        )
 
     def clear(self, slot: int) -> None:
-        if self.tables.pop(slot, None) is not None:
-            self._gather_swaps()
+        with self._on_step_stream():
+            if self.tables.pop(slot, None) is not None:
+                self._gather_swaps()
 
     def _gather_swaps(self) -> None:
         self.embed_swaps = self._swaps("embed")
