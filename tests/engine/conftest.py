@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from multilora_studio.adapters.peft_adapter import load_peft_adapter
-from multilora_studio.engine import Engine, EngineConfig
+from multilora_studio.engine import Engine, EngineConfig, step_graphs
 from multilora_studio.engine.lora_plan_builder import build_lora_plan
 from multilora_studio.engine.lora_weights import pack_adapter
 from multilora_studio.engine.model_source import resolve_model
@@ -65,33 +67,50 @@ def tiny_engine(tiny_model_dir, tiny_adapters, engine_device):
 RUNNER_BLOCK = 4  # KV block size of runner_with_adapters
 
 
-@pytest.fixture(scope="module")
-def runner_with_adapters(tiny_model_dir, tiny_adapters):
-    config = EngineConfig(
-        model=str(tiny_model_dir),
-        device="cpu",
-        dtype="float32",
-        max_loras=4,
-        max_lora_rank=32,
-        max_num_seqs=16,
-        max_model_len=64,
-        max_num_batched_tokens=256,
-        block_size=RUNNER_BLOCK,
-    )
-    base = resolve_model(config.model, torch.float32, torch.device("cpu"), None)
+def cpu_runner(model_dir, adapters: dict, **overrides) -> tuple[ModelRunner, dict[str | None, int]]:
+    """A float32 runner on the CPU with ``adapters`` (name -> folder) in slots 0, 1, ...; the
+    slot of each name (None -> -1)."""
+    settings = dict(
+        model=str(model_dir), device="cpu", dtype="float32", max_loras=4, max_lora_rank=32,
+        max_num_seqs=16, max_model_len=64, max_num_batched_tokens=256, block_size=RUNNER_BLOCK,
+    )  # fmt: skip
+    config = EngineConfig(**{**settings, **overrides})
     cpu = torch.device("cpu")
+    base = resolve_model(config.model, torch.float32, cpu, None)
     runner = ModelRunner(
         config, base.spec, base.weights, 64, cpu, torch.float32, build_lora_plan(config, cpu, torch.float32)
     )
-    names = ["tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", "tiny-r32-ko-down"]
-    for slot, name in enumerate(names):
+    spec = base.spec
+    slot_of: dict[str | None, int] = {None: -1}
+    for slot, (name, folder) in enumerate(adapters.items()):
         host = load_peft_adapter(
             name,
-            tiny_adapters[name],
-            base.spec.num_layers,
-            base.spec.projection_shape,
-            32,
+            folder,
+            spec.num_layers,
+            spec.projection_shape,
+            config.max_lora_rank,
+            spec.vocab,
             dtype=torch.float32,
         )
-        runner.lora.upload(slot, pack_adapter(host, base.spec, torch.float32, pin=False))
-    return runner, {name: slot for slot, name in enumerate(names)}
+        runner.lora.upload(slot, pack_adapter(host, spec, torch.float32, pin=False))
+        slot_of[name] = slot
+    return runner, slot_of
+
+
+def emulate_graph_capture(monkeypatch) -> None:
+    """CUDA graph capture on the CPU, as ``capture_graph`` does it: the work runs once at capture,
+    then each replay runs it again."""
+
+    def capture(work, pool, device):
+        work()
+        return SimpleNamespace(replay=work)
+
+    monkeypatch.setattr(step_graphs, "capture_graph", capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+
+@pytest.fixture(scope="module")
+def runner_with_adapters(tiny_model_dir, tiny_adapters):
+    names = ["tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", "tiny-r32-ko-down"]
+    runner, slot_of = cpu_runner(tiny_model_dir, {name: tiny_adapters[name] for name in names})
+    return runner, {name: slot_of[name] for name in names}

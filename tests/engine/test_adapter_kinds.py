@@ -10,22 +10,16 @@ projections.
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from multilora_studio.adapters.peft_adapter import load_peft_adapter
-from multilora_studio.engine import Engine, EngineConfig, SamplingParams, step_graphs
+from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from multilora_studio.engine.block_manager import BlockManager
-from multilora_studio.engine.lora_plan_builder import build_lora_plan
-from multilora_studio.engine.lora_weights import pack_adapter
-from multilora_studio.engine.model_source import resolve_model
-from multilora_studio.engine.runner import ModelRunner
 from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
 from multilora_studio.engine.step_graphs import StepGraphs, batch_buckets
 from multilora_studio.engine.step_staging import StepStaging
-from tests.engine.conftest import RUNNER_BLOCK
+from tests.engine.conftest import RUNNER_BLOCK, cpu_runner, emulate_graph_capture
 from tests.engine.reference import PeftReference
 from tests.engine.test_decode_staging import make_sequences
 from tests.engine.test_model_families import PATHS
@@ -137,22 +131,9 @@ def test_step_graphs_with_the_per_row_terms_equal_the_eager_step(kinds, tiny_mod
     """The decode graphs run DoRA and bias rows through their per-row-terms capture, made on
     first use: equal to the eager step (graph capture stood in by eager replay on the CPU)."""
     adapters, _ = kinds
-    monkeypatch.setattr(step_graphs, "capture_graph", lambda work, pool, device: SimpleNamespace(replay=work))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    config = EngineConfig(
-        model=str(tiny_model_dir), device="cpu", dtype="float32", max_loras=4, max_lora_rank=16,
-        max_num_seqs=8, max_model_len=64, block_size=RUNNER_BLOCK,
-    )  # fmt: skip
+    emulate_graph_capture(monkeypatch)
+    runner, slot_of = cpu_runner(tiny_model_dir, adapters, max_lora_rank=16, max_num_seqs=8)
     cpu = torch.device("cpu")
-    base = resolve_model(config.model, torch.float32, cpu, None)
-    runner = ModelRunner(
-        config, base.spec, base.weights, 64, cpu, torch.float32, build_lora_plan(config, cpu, torch.float32)
-    )
-    slot_of: dict[str | None, int] = {None: -1}
-    for slot, name in enumerate(adapters):
-        host = load_peft_adapter(name, adapters[name], base.spec.num_layers, base.spec.projection_shape, 16)
-        runner.lora.upload(slot, pack_adapter(host, base.spec, torch.float32, pin=False))
-        slot_of[name] = slot
     staging = StepStaging(8, 8, runner.max_blocks_per_seq, 4, RUNNER_BLOCK, cpu, one_token_per_seq=True)
     decode = StepGraphs(runner.model, runner.kv_caches, staging, batch_buckets(8), None)
     blocks = BlockManager(64, RUNNER_BLOCK)

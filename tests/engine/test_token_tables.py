@@ -195,50 +195,26 @@ def test_step_graphs_between_the_token_tables_equal_the_eager_step(
     embeddings and ends at the hidden rows: its logits equal the eager step's (graph capture
     stood in by eager replay on the CPU)."""
     import random
-    from types import SimpleNamespace
 
-    from multilora_studio.adapters.peft_adapter import load_peft_adapter
-    from multilora_studio.engine import step_graphs
     from multilora_studio.engine.block_manager import BlockManager
-    from multilora_studio.engine.lora_plan_builder import build_lora_plan
-    from multilora_studio.engine.lora_weights import pack_adapter
-    from multilora_studio.engine.model_source import resolve_model
-    from multilora_studio.engine.runner import ModelRunner
     from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
     from multilora_studio.engine.step_graphs import GraphStep, StepGraphs, batch_buckets
     from multilora_studio.engine.step_staging import StepStaging
-    from tests.engine.conftest import RUNNER_BLOCK
+    from tests.engine.conftest import RUNNER_BLOCK, cpu_runner, emulate_graph_capture
     from tests.engine.test_decode_staging import make_sequences
 
-    def capture(work, pool, device):  # as capture_graph: the work runs once, then replays
-        work()
-        return SimpleNamespace(replay=work)
-
-    monkeypatch.setattr(step_graphs, "capture_graph", capture)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    config = EngineConfig(
-        model=str(tiny_model_dir), device="cpu", dtype="float32", max_loras=5, max_lora_rank=16,
-        max_num_seqs=8, max_model_len=64, block_size=RUNNER_BLOCK,
-    )  # fmt: skip
-    cpu = torch.device("cpu")
-    base = resolve_model(config.model, torch.float32, cpu, None)
-    runner = ModelRunner(
-        config, base.spec, base.weights, 64, cpu, torch.float32, build_lora_plan(config, cpu, torch.float32)
-    )
-    slot_of: dict[str | None, int] = {None: -1}
+    emulate_graph_capture(monkeypatch)
     names = ["head", "embed", "tokens", "added", "plain"]
-    for slot, name in enumerate(names):
-        host = load_peft_adapter(
-            name, table_adapters[name], base.spec.num_layers, base.spec.projection_shape, 16, base.spec.vocab
-        )
-        runner.lora.upload(slot, pack_adapter(host, base.spec, torch.float32, pin=False))
-        slot_of[name] = slot
+    runner, slot_of = cpu_runner(
+        tiny_model_dir, {n: table_adapters[n] for n in names}, max_loras=5, max_lora_rank=16, max_num_seqs=8
+    )
+    cpu = torch.device("cpu")
     staging = StepStaging(8, 8, runner.max_blocks_per_seq, 5, RUNNER_BLOCK, cpu, one_token_per_seq=True)
     decode = StepGraphs(runner.model, runner.kv_caches, staging, batch_buckets(8), None)
     runner.decode_graphs = decode
     blocks = BlockManager(64, RUNNER_BLOCK)
     seqs = make_sequences(6, blocks, random.Random(5))
-    vocab = base.spec.vocab_size
+    vocab = runner.spec.vocab_size
     for seq, adapter in zip(seqs, [*names, None], strict=True):
         seq.adapter = adapter
     seqs[3].output_token_ids.append(vocab + 2)  # the added-token row decodes one of its new tokens
