@@ -40,7 +40,7 @@ system-deps:
 	  elif sudo -n true 2>/dev/null; then sudo apt-get update -q && sudo apt-get install -y -q desktop-file-utils; \
 	  else echo "install desktop-file-utils (sudo apt install desktop-file-utils) for the installer test"; fi; }
 
-LINT_PATHS := multilora_studio kernels resources tests benchmarks
+LINT_PATHS := multilora_studio resources tests benchmarks
 
 # ruff, then mypy (its files and settings are in pyproject.toml), then the tests.
 test: lint system-deps

@@ -9,8 +9,6 @@ set -u
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-# The kernels folder is the package multilora_studio.kernels (mapped by pyproject when installed).
-[ -e multilora_studio/kernels ] || ln -s ../kernels multilora_studio/kernels
 if [ -d .device_pkg/whl ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .device_pkg/whl/*.whl >/dev/null 2>&1
   export PYTHONPATH=$PWD:/tmp/site

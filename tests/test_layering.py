@@ -56,7 +56,7 @@ THIRD_PARTY_FORBIDDEN = {
 
 
 def modules() -> dict[str, list[Path]]:
-    found: dict[str, list[Path]] = {"kernels": sorted((ROOT / "kernels").rglob("*.py"))}
+    found: dict[str, list[Path]] = {}
     for item in sorted(PACKAGE.iterdir()):
         if item.is_dir() and (item / "__init__.py").exists():
             found[item.name] = sorted(item.rglob("*.py"))

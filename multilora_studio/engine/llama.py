@@ -45,6 +45,7 @@ from multilora_studio.kernels.lora import (
     qkv_rope_write,
     silu_and_mul_lora,
 )
+from multilora_studio.kernels.lora_rows import RowTerms, apply_row_terms
 from multilora_studio.kernels.paged_attention import paged_attention
 from multilora_studio.kernels.row_tiles import row_tiled
 
@@ -65,15 +66,13 @@ class LoRAStep:
     """The adapters of this step: per-token slots and which projection groups any of them targets.
 
     ``row_groups``: the groups some adapter of the step scales or shifts per output row (DoRA,
-    lora_bias), computed on the plain path with ``row_index`` [T] int64 (each token's slot, or
-    the slot count for tokens without an adapter) picking each token's row of
-    ``LoRASlotWeights.row_scale`` / ``row_bias``.
+    lora_bias): their projections add each token's row of ``LoRASlotWeights.row_scale`` /
+    ``row_bias`` (``kernels.lora_rows``).
     """
 
     batch: LoRABatch
     groups: frozenset[str]
     row_groups: frozenset[str] = frozenset()
-    row_index: torch.Tensor | None = None
 
 
 class LlamaModel:
@@ -124,51 +123,28 @@ class LlamaModel:
         """Whether ``group``'s LoRA term this step comes from the GEMM over its shrink-in-GEMM weight."""
         return step is not None and group in step.groups and self.plan.shrinks_in_gemm(tokens)
 
-    @staticmethod
-    def _has_row_terms(group: str, step: LoRAStep | None) -> bool:
-        return step is not None and group in step.row_groups
-
-    def _project_rows(
-        self,
-        group: str,
-        layer: int,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        step: LoRAStep,
-        bias: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """``_project_all`` [T, N] with the per-row terms of the step's DoRA and lora_bias
-        adapters: ``(y - bias) * row_scale + bias`` and ``+ strength * row_bias``, each token
-        reading its slot's row (tokens without an adapter read 1 and 0)."""
-        assert self.lora is not None and step.row_index is not None
-        y = self._project_all(group, layer, x, weight, step, bias)
-        index = step.row_index  # [T]
-        scales = self.lora.row_scale.get(group)
-        if scales is not None:
-            rows = scales[layer][index]  # [T, N]
-            y = rows * (y if bias is None else y - bias) + (0 if bias is None else bias)
-        biases = self.lora.row_bias.get(group)
-        if biases is not None:
-            strength = step.batch.token_scales[: x.shape[0], None].to(y.dtype)  # [T, 1]
-            y = y + strength * biases[layer][index]
-        return y
+    def _row_terms(self, group: str, layer: int, step: LoRAStep | None) -> RowTerms | None:
+        """Layer ``layer``'s DoRA / lora_bias row terms of ``group`` when an adapter of the step has them."""
+        if step is None or group not in step.row_groups:
+            return None
+        assert self.lora is not None
+        scale, bias = self.lora.row_scale.get(group), self.lora.row_bias.get(group)
+        return RowTerms(
+            None if scale is None else scale[layer], None if bias is None else bias[layer]
+        )  # [slots + 1, N] each
 
     def _mlp_act(self, layer: int, h: torch.Tensor, step: LoRAStep | None) -> torch.Tensor:
         """act(gate) * up [T, I] of the gate/up projection of ``h``, LoRA term included."""
         weights = self.weights.layers[layer]
-        if self._has_row_terms("gate_up", step):
-            assert step is not None
-            gate_up = self._project_rows("gate_up", layer, h, weights.gate_up, step)  # [T, 2 I]
-            return (
-                gelu_tanh_and_mul(gate_up) if self.spec.activation == "gelu_tanh" else silu_and_mul(gate_up)
-            )
         if self.spec.activation == "gelu_tanh":
             return gelu_tanh_and_mul(self._project_all("gate_up", layer, h, weights.gate_up, step))
         if not self._shrinks_in_gemm("gate_up", h.shape[0], step):
-            return silu_and_mul(self._project("gate_up", layer, h, weights.gate_up, step))  # [T, I]
+            return silu_and_mul(self._project_all("gate_up", layer, h, weights.gate_up, step))  # [T, I]
         assert self.lora is not None and step is not None
         gate_up, shrunk = self._shrink_in_gemm("gate_up", layer, h)  # [T, 2 I], [T, slots, 2, R]
-        return silu_and_mul_lora(gate_up, shrunk, self.lora.b["gate_up"][layer], step.batch, self.plan)
+        b = self.lora.b["gate_up"][layer]
+        rows = self._row_terms("gate_up", layer, step)
+        return silu_and_mul_lora(gate_up, shrunk, b, step.batch, self.plan, rows)
 
     def _shrink_in_gemm(
         self, group: str, layer: int, x: torch.Tensor, with_bias: bool = False
@@ -185,19 +161,20 @@ class LlamaModel:
 
     def _qkv_gemm(
         self, layer: int, h: torch.Tensor, step: LoRAStep | None
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, LoRABatch] | None]:
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, LoRABatch] | None, RowTerms | None]:
         """The q/k/v projection [T, q + 2 kv] and, with the shrink in the GEMM, its expand still
-        to do ``(shrunk, lora_b, batch)`` (None when the LoRA term is in already or there is none)."""
+        to do ``(shrunk, lora_b, batch)`` and row terms (None when the LoRA term is in already or
+        there is none). DoRA's scale leaves a q/k/v bias out, so a biased q/k/v with row terms
+        is done here."""
         weights = self.weights.layers[layer]
-        if self._has_row_terms("qkv", step):
-            assert step is not None
-            return self._project_rows("qkv", layer, h, weights.qkv, step, weights.qkv_bias), None
-        if not self._shrinks_in_gemm("qkv", h.shape[0], step):
-            return self._project("qkv", layer, h, weights.qkv, step, weights.qkv_bias), None
+        rows = self._row_terms("qkv", layer, step)
+        biased_rows = rows is not None and weights.qkv_bias is not None
+        if biased_rows or not self._shrinks_in_gemm("qkv", h.shape[0], step):
+            return self._project_all("qkv", layer, h, weights.qkv, step, weights.qkv_bias), None, None
         assert self.lora is not None and step is not None
         # [T, N], [T, slots, 3, R]
         qkv, shrunk = self._shrink_in_gemm("qkv", layer, h, weights.qkv_bias is not None)
-        return qkv, (shrunk, self.lora.b["qkv"][layer], step.batch)
+        return qkv, (shrunk, self.lora.b["qkv"][layer], step.batch), rows
 
     def _project_all(
         self,
@@ -208,16 +185,22 @@ class LlamaModel:
         step: LoRAStep | None,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x @ weight^T (+ bias)`` [T, N] with the LoRA term added, on either LoRA path."""
+        """``x @ weight^T (+ bias)`` [T, N] with the LoRA term and the row terms added, on either
+        LoRA path."""
         if not self._shrinks_in_gemm(group, x.shape[0], step):
-            return self._project(group, layer, x, weight, step, bias)
-        assert self.lora is not None and step is not None
-        y, shrunk = self._shrink_in_gemm(group, layer, x, bias is not None)  # [T, N], [T, slots, S, R]
-        b = self.lora.b[group][layer]
-        lora_expand_shrunk_in_gemm(
-            y, shrunk, b, step.batch, self.lora.offsets[group], self.plan, validate=False
-        )
-        return y
+            y = self._project(group, layer, x, weight, step, bias)
+        else:
+            assert self.lora is not None and step is not None
+            y, shrunk = self._shrink_in_gemm(group, layer, x, bias is not None)  # [T, N], [T, slots, S, R]
+            b = self.lora.b[group][layer]
+            lora_expand_shrunk_in_gemm(
+                y, shrunk, b, step.batch, self.lora.offsets[group], self.plan, validate=False
+            )
+        rows = self._row_terms(group, layer, step)
+        if rows is None:
+            return y
+        assert step is not None
+        return apply_row_terms(y, rows, step.batch, bias)
 
     def _project_norm_add_norm(
         self,
@@ -232,11 +215,7 @@ class LlamaModel:
     ) -> torch.Tensor:
         """The Gemma block's ``residual += RMSNorm(x @ weight^T + LoRA)`` in place; returns
         RMSNorm of the new residual [T, H]."""
-        if self._has_row_terms(group, step):
-            assert step is not None
-            y = self._project_rows(group, layer, x, weight, step)  # [T, H]
-        else:
-            y = self._project_all(group, layer, x, weight, step)  # [T, H]
+        y = self._project_all(group, layer, x, weight, step)  # [T, H]
         return norm_add_rms_norm(y, out_norm, residual, norm_weight, self.spec.rms_norm_eps)
 
     def _project_add_norm(
@@ -251,16 +230,14 @@ class LlamaModel:
     ) -> torch.Tensor:
         """``residual += x @ weight^T + LoRA`` in place; returns RMSNorm of the new residual [T, H]."""
         eps = self.spec.rms_norm_eps
-        if self._has_row_terms(group, step):
-            assert step is not None
-            return add_rms_norm(self._project_rows(group, layer, x, weight, step), residual, norm_weight, eps)
         if not self._shrinks_in_gemm(group, x.shape[0], step):
-            return add_rms_norm(self._project(group, layer, x, weight, step), residual, norm_weight, eps)
+            return add_rms_norm(self._project_all(group, layer, x, weight, step), residual, norm_weight, eps)
         assert self.lora is not None and step is not None
         y, shrunk = self._shrink_in_gemm(group, layer, x)  # [T, H], [T, slots, 1, R]
         b = self.lora.b[group][layer]
+        rows = self._row_terms(group, layer, step)
         return add_rms_norm_lora(
-            y, residual, norm_weight, eps, shrunk, b, step.batch, self.row_counters, self.plan
+            y, residual, norm_weight, eps, shrunk, b, step.batch, self.row_counters, self.plan, rows
         )
 
     def _project(
@@ -310,17 +287,17 @@ class LlamaModel:
         h = rms_norm(residual, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
             k_cache, v_cache = kv_caches[index]
-            qkv, pending = self._qkv_gemm(index, h, lora)  # [T, q + 2 kv]
+            qkv, pending, qkv_rows = self._qkv_gemm(index, h, lora)  # [T, q + 2 kv]
             # qwen3, gemma3: RMSNorm of each q and k head ([D] weights), after LoRA and before RoPE
             q_norm, k_norm = layer.q_norm, layer.k_norm
             qk_norm = (q_norm, k_norm, eps) if q_norm is not None and k_norm is not None else None
             # q [T, Hq, D] after the expand (if pending), q/k norms, RoPE and the cache write:
             # one launch if fused
             local = self.local_rope is not None and spec.uses_local_rope(index)
+            cos_sin = self.local_rope if local and self.local_rope is not None else self.rope
             q = qkv_rope_write(
-                qkv, spec.num_heads, spec.num_kv_heads,
-                self.local_rope if local else self.rope, local_rows if local else rows,
-                k_cache, v_cache, attn.slot_mapping, pending, self.plan, qk_norm,
+                qkv, spec.num_heads, spec.num_kv_heads, cos_sin, local_rows if local else rows,
+                k_cache, v_cache, attn.slot_mapping, pending, self.plan, qk_norm, qkv_rows,
             )  # fmt: skip
             context = paged_attention(
                 q,

@@ -322,10 +322,7 @@ class ModelRunner:
         lora = None
         if inputs.lora_groups:
             batch = self.lora_batch.update(inputs.slot_ids, self.lora.slot_ranks, inputs.token_scales)
-            row_index = None
-            if inputs.row_groups:  # [T] each token's row of the per-row terms
-                row_index = torch.where(inputs.slot_ids < 0, self.lora.num_slots, inputs.slot_ids).long()
-            lora = LoRAStep(batch, inputs.lora_groups, inputs.row_groups, row_index)
+            lora = LoRAStep(batch, inputs.lora_groups, inputs.row_groups)
         tokens = inputs.tokens
         embeddings = None if tokens is None else self.model.embed(inputs.input_ids, tokens.embed)
         hidden = self.model.forward(

@@ -100,11 +100,7 @@ def forward_staged(
     lora = None
     if uses_lora:
         groups = frozenset(LORA_GROUPS)
-        lora = LoRAStep(staging.lora_batch, groups)
-        if uses_rows:
-            slots = staging.lora_batch.token_slots[:bucket]  # [bucket], -1 for padding
-            row_index = torch.where(slots < 0, staging.lora_batch.num_slots, slots).long()
-            lora = LoRAStep(staging.lora_batch, groups, groups, row_index)
+        lora = LoRAStep(staging.lora_batch, groups, groups if uses_rows else frozenset())
     hidden = model.forward(
         staging.input_ids[:bucket], staging.positions[:bucket], attn, kv_caches, lora, embeddings
     )  # [bucket, H]

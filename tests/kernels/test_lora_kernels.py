@@ -27,6 +27,7 @@ from multilora_studio.kernels import (
     reference_lora,
     reference_shrink,
 )
+from multilora_studio.kernels.lora_rows import RowTerms, apply_row_terms
 from tests.kernels.grid import INTERPRETED, grid
 
 TRITON_OK = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
@@ -1041,3 +1042,135 @@ def test_row_tiled_torch_lora_applies_per_token_strengths(dtype):
     assert rel_err(out[written], ref[written]) < TOL[dtype]
     assert torch.equal(out[scales == 0].view(torch.int8), case.y[scales == 0].view(torch.int8))
     assert torch.equal(out[scales == 1].view(torch.int8), plain[scales == 1].view(torch.int8))
+
+
+# ------------------------------------------- DoRA / lora_bias row terms in the folding kernels
+
+
+def make_rows(width: int, dtype: torch.dtype, gen: torch.Generator, kinds: str) -> RowTerms:
+    """Random per-slot row terms [slots + 1, width]: ``kinds`` "scale", "bias" or "both"; the
+    last row (tokens without an adapter) 1 and 0."""
+    scale = (1 + torch.randn(NUM_SLOTS + 1, width, generator=gen) / 4).to(dtype)
+    bias = (torch.randn(NUM_SLOTS + 1, width, generator=gen) / 4).to(dtype)
+    scale[-1], bias[-1] = 1, 0
+    return RowTerms(
+        scale.to(DEVICE) if kinds != "bias" else None, bias.to(DEVICE) if kinds != "scale" else None
+    )
+
+
+def rows_reference(y: torch.Tensor, rows: RowTerms, slot_ids: torch.Tensor, strengths: torch.Tensor):
+    """float64 ``y * scale[slot] + strength * bias[slot]`` on the rows with an adapter, y elsewhere."""
+    out = y.double().clone()
+    for t, slot in enumerate(slot_ids.tolist()):
+        if slot < 0 or RANKS[slot] == 0:
+            continue
+        if rows.scale is not None:
+            out[t] *= rows.scale[slot].double()
+        if rows.bias is not None:
+            out[t] += strengths[t].double() * rows.bias[slot].double()
+    return out
+
+
+@pytest.mark.parametrize("kinds", ["scale", "bias", "both"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_apply_row_terms_scales_and_shifts_only_adapted_rows(kinds, dtype):
+    gen = torch.Generator().manual_seed(seed_of("rows", kinds, dtype))
+    case = make_case(dtype, 11, "qkv", "base_mixed", gen)
+    rows = make_rows(case.offsets[-1], dtype, gen, kinds)
+    scales = strengths_for(11)
+    batch = build_lora_batch(case.slot_ids, case.slot_ranks, NUM_SLOTS, scales)
+    out = apply_row_terms(case.y, rows, batch)
+    untouched = case.slot_ids < 0
+    assert torch.equal(out[untouched].view(torch.int8), case.y[untouched].view(torch.int8))
+    ref = rows_reference(case.y, rows, case.slot_ids, scales)
+    assert rel_err(out[~untouched], ref[~untouched]) < 2 * TOL[dtype]
+
+
+def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, backend: str) -> None:
+    """Bit for bit, except bf16 from Triton's interpreter: it rounds float32 to bf16 toward zero
+    where torch (and Triton on a GPU) round to nearest, so a torch op beside it may differ by one
+    unit in the last place, a few after SiLU-and-mul's roundings."""
+    if backend == "triton" and INTERPRETED and actual.dtype == torch.bfloat16:
+        torch.testing.assert_close(actual, expected, rtol=2**-5, atol=2**-6, equal_nan=True)
+        return
+    assert torch.equal(actual.view(torch.int8), expected.view(torch.int8))
+
+
+ROW_PATHS = [
+    pytest.param("silu", "triton", None, marks=NEEDS_TRITON, id="silu-triton"),
+    pytest.param("silu", "triton", 1024, marks=NEEDS_TRITON, id="silu-triton-small-tiles"),
+    pytest.param("norm", "triton", None, marks=NEEDS_TRITON, id="norm-triton"),
+    pytest.param("norm", "triton", 1024, marks=NEEDS_TRITON, id="norm-triton-small-tiles"),
+    pytest.param("silu", "torch", None, id="silu-torch"),
+    pytest.param("norm", "torch", None, id="norm-torch"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "backend", "tile", "kinds", "dtype", "num_tokens"),
+    grid(ROW_PATHS, ["scale", "bias", "both"], DTYPES, [1, 13], interpreted=on_triton_path, full=1),
+)
+def test_row_terms_fold_equals_expand_rows_then_op(path, backend, tile, kinds, dtype, num_tokens):
+    """SiLU-and-mul and residual-add + RMSNorm with the expand and the slots' row terms folded in
+    equal the expand, ``apply_row_terms`` and the op one after the other, bit for bit (per-token
+    strengths mixed in), and the float64 reference of y + LoRA scaled and shifted per slot."""
+    from multilora_studio.kernels.fused_ops import add_rms_norm, silu_and_mul
+    from multilora_studio.kernels.lora import add_rms_norm_lora, silu_and_mul_lora
+
+    plan = plan_for(backend)
+    fused_plan = plan if tile is None else replace(plan, bgmv_expand_tile=tile)
+    gen = torch.Generator().manual_seed(seed_of("rows-fold", path, backend, tile, kinds, dtype, num_tokens))
+    case = make_case(dtype, num_tokens, PATH_SHAPE[path], "base_mixed", gen)
+    case.y = torch.nan_to_num(case.y, nan=0.5)  # the norm reads every row: no NaN poison
+    shrunk = gathered_shrink(case, gen)
+    rows = make_rows(case.offsets[-1], dtype, gen, kinds)
+    scales = strengths_for(num_tokens)
+    batch = build_lora_batch(case.slot_ids, case.slot_ranks, NUM_SLOTS, scales)
+    unfused = case.y.clone()
+    lora_expand_shrunk_in_gemm(unfused, shrunk, case.lora_b, batch, case.offsets, plan=plan)
+    unfused = apply_row_terms(unfused, rows, batch)
+    op_backend = "triton" if backend == "triton" else "torch"
+    ref = rows_reference(
+        reference_lora(case.y, case.x, case.lora_a, case.lora_b, case.slot_ids, case.offsets, scales),
+        rows,
+        case.slot_ids,
+        scales,
+    )
+    written = case.slot_ids >= 0
+    if path == "silu":
+        out = silu_and_mul_lora(case.y.clone(), shrunk, case.lora_b, batch, fused_plan, rows)
+        assert_same_bits(out, silu_and_mul(unfused, backend=op_backend), backend)
+        half = case.offsets[1]
+        ref_act = torch.nn.functional.silu(ref[:, :half]) * ref[:, half:]
+        if written.any():
+            assert rel_err(out[written], ref_act[written]) < 3 * TOL[dtype]
+        return
+    residual = torch.randn(case.y.shape, generator=gen).to(dtype).to(DEVICE)
+    weight = torch.ones(case.offsets[-1], dtype=dtype, device=DEVICE)
+    counters = torch.zeros(64, dtype=torch.int32, device=DEVICE)
+    res_fused, res_unfused = residual.clone(), residual.clone()
+    add_rms_norm_lora(
+        case.y.clone(), res_fused, weight, 1e-5, shrunk, case.lora_b, batch, counters, fused_plan, rows
+    )
+    add_rms_norm(unfused, res_unfused, weight, 1e-5, backend=op_backend)
+    assert_same_bits(res_fused, res_unfused, backend)
+    if written.any():
+        assert rel_err(res_fused[written], (residual.double() + ref)[written]) < 4 * TOL[dtype]
+
+
+@NEEDS_TRITON
+def test_row_terms_of_the_wrong_shape_are_refused():
+    from multilora_studio.kernels.lora import silu_and_mul_lora
+
+    gen = torch.Generator().manual_seed(seed_of("rows-errors"))
+    case = make_case(torch.float32, 3, "gate_up", "uniform", gen)
+    shrunk = gathered_shrink(case, gen)
+    rows = make_rows(case.offsets[-1], torch.float32, gen, "both")
+    with pytest.raises(ValueError, match="row scale must be"):
+        silu_and_mul_lora(
+            case.y, shrunk, case.lora_b, case.batch, plan_for("triton"), RowTerms(rows.scale[:-1], None)
+        )
+    with pytest.raises(ValueError, match="row bias must be"):
+        silu_and_mul_lora(
+            case.y, shrunk, case.lora_b, case.batch, plan_for("triton"), RowTerms(None, rows.bias.half())
+        )

@@ -20,6 +20,7 @@ from multilora_studio.kernels import (
     rope_,
     write_kv,
 )
+from multilora_studio.kernels.lora_rows import RowTerms, apply_row_terms
 
 TRITON_OK = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
@@ -131,6 +132,47 @@ def test_strength_one_is_bit_for_bit_and_zero_is_the_base(dtype):
     assert torch.equal(bits(outs["scaled"][at_zero]), bits(outs["base"][at_zero]))
     moved = ~(at_one | at_zero)
     assert not torch.equal(outs["scaled"][moved], outs["plain"][moved])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("kinds", ["scale", "bias", "both"])
+def test_row_terms_in_the_one_launch_equal_expand_rows_then_rope(dtype, kinds):
+    """DoRA's per-row scale and lora_bias's bias (per slot, per-token strengths) folded into the
+    one launch equal the expand, ``apply_row_terms``, RoPE and the cache write one after the
+    other; rows without an adapter are the base rows' rotation."""
+    num_tokens = 9
+    qkv, positions, slot_mapping, cos_sin, k_cache, v_cache, lora = make(dtype, num_tokens, True, 5, True)
+    shrunk, lora_b, batch = lora
+    gen = torch.Generator().manual_seed(7)
+    width = qkv.shape[1]
+    scale = (1 + torch.randn(SLOTS + 1, width, generator=gen) / 4).to(dtype)
+    bias = (torch.randn(SLOTS + 1, width, generator=gen) / 4).to(dtype)
+    scale[-1], bias[-1] = 1, 0
+    rows = RowTerms(
+        scale.to(DEVICE) if kinds != "bias" else None, bias.to(DEVICE) if kinds != "scale" else None
+    )
+    ref_qkv, ref_k, ref_v = qkv.clone(), k_cache.clone(), v_cache.clone()
+    q = qkv_rope_write(
+        qkv, HQ, HKV, cos_sin, positions, k_cache, v_cache, slot_mapping, lora, FUSED, rows=rows
+    )
+    q_size, kv_size = HQ * D, HKV * D
+    lora_expand_shrunk_in_gemm(ref_qkv, shrunk, lora_b, batch, (0, q_size, q_size + kv_size, width), FUSED)
+    ref_qkv.copy_(apply_row_terms(ref_qkv, rows, batch))
+    ref_q = ref_qkv[:, :q_size].view(num_tokens, HQ, D)
+    k = ref_qkv[:, q_size : q_size + kv_size].view(num_tokens, HKV, D)
+    v = ref_qkv[:, q_size + kv_size :].view(num_tokens, HKV, D)
+    rope_(ref_q, cos_sin, positions, backend="triton")
+    rope_(k, cos_sin, positions, backend="triton")
+    write_kv(k, v, ref_k, ref_v, slot_mapping)
+    if (
+        dtype == torch.bfloat16 and DEVICE == "cpu"
+    ):  # the interpreter rounds bf16 toward zero, torch to nearest
+        for got, want in ((q, ref_q), (k_cache, ref_k), (v_cache, ref_v)):
+            torch.testing.assert_close(got, want, rtol=2**-6, atol=2**-5)  # ~2 ulps of the inputs
+        return
+    assert_same_rotation(q, ref_q)
+    assert_same_rotation(k_cache, ref_k)
+    assert torch.equal(v_cache.view(torch.int8), ref_v.view(torch.int8))
 
 
 def test_bad_input_is_refused():

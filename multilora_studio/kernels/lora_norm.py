@@ -23,6 +23,7 @@ from .lora_batch import LoRABatch
 from .lora_bgmv import add_token_lora, block_r, load_token_b, rank_align
 from .lora_checks import check_shrunk_in_gemm
 from .lora_plan import LoRAPlan
+from .lora_rows import RowTerms, add_row_terms, row_flags
 from .triton_support import gdc_launch_dependents, gdc_wait, launch_options
 
 
@@ -37,6 +38,9 @@ def _add_rms_norm_lora_kernel(
     slots_ptr,
     ranks_ptr,
     scales_ptr,
+    row_scale_ptr,
+    row_bias_ptr,
+    stride_row,
     counter_ptr,
     n_cols,
     num_blocks,
@@ -54,6 +58,8 @@ def _add_rms_norm_lora_kernel(
     BLOCK_R: tl.constexpr,
     ROW_BLOCK: tl.constexpr,
     RANK_ALIGN: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr,
+    HAS_ROW_BIAS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
@@ -72,6 +78,10 @@ def _add_rms_norm_lora_kernel(
     if rank > 0:
         h_ptrs = shrunk_ptr + t.to(tl.int64) * stride_st + slot.to(tl.int64) * stride_sl + offs_r * stride_sr
         x = add_token_lora(x, w, h_ptrs, rank, offs_r, scale)
+        if HAS_ROW_SCALE or HAS_ROW_BIAS:
+            x = add_row_terms(
+                x, row_scale_ptr, row_bias_ptr, stride_row, slot, cols, ok, scale, HAS_ROW_SCALE, HAS_ROW_BIAS
+            )
     res_row = res_ptr + t.to(tl.int64) * stride_rt
     res = tl.load(res_row + cols, mask=ok, other=0.0)
     tl.store(res_row + cols, (x.to(tl.float32) + res.to(tl.float32)).to(res.dtype), mask=ok)
@@ -99,6 +109,7 @@ def launch(
     batch: LoRABatch,
     counters: torch.Tensor,
     plan: LoRAPlan,
+    rows: RowTerms | None = None,
 ) -> torch.Tensor:
     """Launch the kernel (``lora.add_rms_norm_lora`` has the semantics); returns ``[T, H]``.
 
@@ -112,6 +123,8 @@ def launch(
             f"weight must be [{hidden}] of dtype {x.dtype}, got {tuple(weight.shape)} {weight.dtype}"
         )
     check_shrunk_in_gemm(num_tokens, hidden, x.dtype, shrunk, lora_b, slices=1)
+    terms = RowTerms(None, None) if rows is None else rows
+    terms.check(hidden, x.dtype, lora_b.shape[0])
     if counters.dtype != torch.int32 or counters.numel() < num_tokens or counters.device != x.device:
         raise ValueError(f"counters must be int32 zeros with at least {num_tokens} entries on {x.device}")
     out = torch.empty((num_tokens, hidden), dtype=x.dtype, device=x.device)  # [T, H]
@@ -131,6 +144,7 @@ def launch(
         batch.token_slots,
         batch.token_ranks,
         batch.token_scales,
+        *terms.kernel_args(x),
         counters,
         hidden,
         num_blocks,
@@ -146,6 +160,7 @@ def launch(
         BLOCK_R=br,
         ROW_BLOCK=triton.next_power_of_2(hidden),
         RANK_ALIGN=rank_align(lora_b),
+        **row_flags(rows),
         **launch_options(plan.pdl, plan.bgmv_expand_warps),
     )
     return out

@@ -21,6 +21,7 @@ from .lora_batch import LoRABatch
 from .lora_bgmv import add_token_lora, block_r, load_token_b, rank_align
 from .lora_checks import check_shrunk_in_gemm
 from .lora_plan import LoRAPlan
+from .lora_rows import RowTerms, add_row_terms, row_flags
 from .triton_support import gdc_launch_dependents, gdc_wait, launch_options
 
 
@@ -37,6 +38,9 @@ def _qkv_epilogue_kernel(
     slots_ptr,
     ranks_ptr,
     scales_ptr,
+    row_scale_ptr,
+    row_bias_ptr,
+    stride_row,
     q_norm_ptr,
     k_norm_ptr,
     eps,
@@ -58,6 +62,8 @@ def _qkv_epilogue_kernel(
     RANK_ALIGN: tl.constexpr,
     HAS_LORA: tl.constexpr,
     HAS_QK_NORM: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr,
+    HAS_ROW_BIAS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
@@ -95,6 +101,15 @@ def _qkv_epilogue_kernel(
             )
             x1 = add_token_lora(x1, w1, h_ptrs, rank, offs_r, scale)
             x2 = add_token_lora(x2, w2, h_ptrs, rank, offs_r, scale)
+            if HAS_ROW_SCALE or HAS_ROW_BIAS:
+                x1 = add_row_terms(
+                    x1, row_scale_ptr, row_bias_ptr, stride_row, slot, col0 + d, whole, scale, HAS_ROW_SCALE,
+                    HAS_ROW_BIAS,
+                )  # fmt: skip
+                x2 = add_row_terms(
+                    x2, row_scale_ptr, row_bias_ptr, stride_row, slot, col0 + HALF + d, whole, scale,
+                    HAS_ROW_SCALE, HAS_ROW_BIAS,
+                )  # fmt: skip
     if HAS_QK_NORM:  # noqa: SIM102 (a compile-time branch)
         if head < num_q_heads + num_kv_heads:  # q and k: RMSNorm over the head, as rms_norm rounds
             norm_ptr = q_norm_ptr
@@ -140,6 +155,7 @@ def launch(
     lora: tuple[torch.Tensor, torch.Tensor, LoRABatch] | None,
     plan: LoRAPlan,
     qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    rows: RowTerms | None = None,
 ) -> torch.Tensor:
     """Launch the kernel (``lora.qkv_rope_write`` has the semantics); returns q ``[T, Hq, D]``.
 
@@ -173,12 +189,18 @@ def launch(
     if lora is not None:
         shrunk, lora_b, batch = lora
         check_shrunk_in_gemm(num_tokens, width, qkv.dtype, shrunk, lora_b, slices=3)
-        lora_args = (shrunk, lora_b, batch.token_slots, batch.token_ranks, batch.token_scales)
+        terms = RowTerms(None, None) if rows is None else rows
+        terms.check(width, qkv.dtype, lora_b.shape[0])
+        lora_args = (
+            shrunk, lora_b, batch.token_slots, batch.token_ranks, batch.token_scales, *terms.kernel_args(qkv)
+        )  # fmt: skip
         shrunk_strides = (shrunk.stride(0), shrunk.stride(1), shrunk.stride(2), shrunk.stride(3))
         b_strides = lora_b.stride()
         br, align = block_r(lora_b.shape[-1]), rank_align(lora_b)
     else:
-        lora_args = (qkv, qkv, slot_mapping, slot_mapping, cos_sin)  # never read
+        if rows is not None:
+            raise ValueError("row terms come with a LoRA term")
+        lora_args = (qkv, qkv, slot_mapping, slot_mapping, cos_sin, qkv, qkv, 0)  # never read
         shrunk_strides, b_strides, br, align = (0, 0, 0, 0), (0, 0, 0), 8, 1
     _qkv_epilogue_kernel[(num_tokens, heads)](
         qkv,
@@ -202,6 +224,7 @@ def launch(
         RANK_ALIGN=align,
         HAS_LORA=lora is not None,
         HAS_QK_NORM=qk_norm is not None,
+        **row_flags(rows),
         **launch_options(plan.pdl, 1),
     )
     return q

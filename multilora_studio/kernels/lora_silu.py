@@ -19,6 +19,7 @@ from .lora_batch import LoRABatch
 from .lora_bgmv import add_token_lora, block_r, load_token_b, rank_align
 from .lora_checks import check_shrunk_in_gemm
 from .lora_plan import LoRAPlan
+from .lora_rows import RowTerms, add_row_terms, row_flags
 from .triton_support import gdc_launch_dependents, gdc_wait, launch_options
 
 
@@ -31,6 +32,9 @@ def _silu_mul_lora_kernel(
     slots_ptr,
     ranks_ptr,
     scales_ptr,
+    row_scale_ptr,
+    row_bias_ptr,
+    stride_row,
     n_cols,
     stride_gt,
     stride_st,
@@ -44,9 +48,12 @@ def _silu_mul_lora_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     RANK_ALIGN: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr,
+    HAS_ROW_BIAS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """out[t, j] = silu(gate[t, j] + lora_gate) * (up[t, j] + lora_up) for one block of j."""
+    """out[t, j] = silu(gate[t, j] + lora_gate) * (up[t, j] + lora_up) for one block of j, with
+    the slot's row terms (``lora_rows``) after each LoRA term."""
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     ok = cols < n_cols
@@ -69,6 +76,23 @@ def _silu_mul_lora_kernel(
         h_ptrs = shrunk_ptr + t.to(tl.int64) * stride_st + slot.to(tl.int64) * stride_sl + offs_r * stride_sr
         gate = add_token_lora(gate, w_gate, h_ptrs, rank, offs_r, scale)
         up = add_token_lora(up, w_up, h_ptrs + stride_ss, rank, offs_r, scale)
+        if HAS_ROW_SCALE or HAS_ROW_BIAS:
+            gate = add_row_terms(
+                gate,
+                row_scale_ptr,
+                row_bias_ptr,
+                stride_row,
+                slot,
+                cols,
+                ok,
+                scale,
+                HAS_ROW_SCALE,
+                HAS_ROW_BIAS,
+            )
+            up = add_row_terms(
+                up, row_scale_ptr, row_bias_ptr, stride_row, slot, n_cols + cols, ok, scale, HAS_ROW_SCALE,
+                HAS_ROW_BIAS,
+            )  # fmt: skip
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(up.dtype).to(tl.float32)  # rounded like F.silu's output
     tl.store(out_ptr + t.to(tl.int64) * stride_ot + cols, (act * up.to(tl.float32)).to(up.dtype), mask=ok)
@@ -80,6 +104,7 @@ def launch(
     lora_b: torch.Tensor,
     batch: LoRABatch,
     plan: LoRAPlan,
+    rows: RowTerms | None = None,
 ) -> torch.Tensor:
     """Launch the kernel (``lora.silu_and_mul_lora`` has the semantics); returns ``[T, I]``.
 
@@ -88,6 +113,8 @@ def launch(
     num_tokens, width = gate_up.shape
     half = width // 2
     check_shrunk_in_gemm(num_tokens, width, gate_up.dtype, shrunk, lora_b, slices=2)
+    terms = RowTerms(None, None) if rows is None else rows
+    terms.check(width, gate_up.dtype, lora_b.shape[0])
     out = torch.empty((num_tokens, half), dtype=gate_up.dtype, device=gate_up.device)  # [T, I]
     if num_tokens == 0:
         return out
@@ -102,6 +129,7 @@ def launch(
         batch.token_slots,
         batch.token_ranks,
         batch.token_scales,
+        *terms.kernel_args(gate_up),
         half,
         gate_up.stride(0),
         st_t,
@@ -113,6 +141,7 @@ def launch(
         BLOCK_N=bn,
         BLOCK_R=br,
         RANK_ALIGN=rank_align(lora_b),
+        **row_flags(rows),
         **launch_options(plan.pdl, plan.bgmv_expand_warps),
     )
     return out

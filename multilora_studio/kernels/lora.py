@@ -54,12 +54,14 @@ from .fused_ops import add_rms_norm, head_rms_norm_, rope_, silu_and_mul
 from .lora_batch import LoRABatch, build_lora_batch
 from .lora_checks import check_b, check_device, check_expand, check_shrink
 from .lora_plan import FOLDED_EXPAND_MAX_RANK, LoRAPlan
+from .lora_rows import RowTerms, apply_row_terms
 from .paged_attention import write_kv
 from .triton_support import triton_runs_on
 
 __all__ = [
     "LoRABatch",
     "LoRAPlan",
+    "RowTerms",
     "add_lora",
     "add_rms_norm_lora",
     "build_lora_batch",
@@ -295,8 +297,10 @@ def silu_and_mul_lora(
     lora_b: torch.Tensor,
     batch: LoRABatch,
     plan: LoRAPlan | None = None,
+    rows: RowTerms | None = None,
 ) -> torch.Tensor:
-    """``silu(gate) * up`` after adding each token's gate/up LoRA term; returns ``[T, I]``.
+    """``silu(gate) * up`` after adding each token's gate/up LoRA term (and its slot's DoRA /
+    lora_bias row terms); returns ``[T, I]``.
 
     Args:
         gate_up: ``[T, 2 I]`` base output of the gate/up GEMM (gate then up), last dim
@@ -308,10 +312,13 @@ def silu_and_mul_lora(
         batch: the step's :class:`LoRABatch`.
         plan: one launch (``lora_silu``) where ``plan.folds_expand``; otherwise the expand
             and SiLU-and-mul run one after the other.
+        rows: the layer's gate/up :class:`RowTerms` ``[slots + 1, 2 I]``, or None.
 
     Semantics::
 
         lora_expand_shrunk_in_gemm(gate_up, shrunk, lora_b, batch, (0, I, 2 * I))
+        if rows is not None:
+            gate_up = apply_row_terms(gate_up, rows, batch)
         return silu_and_mul(gate_up)
     """
     num_tokens, width = gate_up.shape
@@ -322,8 +329,10 @@ def silu_and_mul_lora(
     if not plan.folds_expand(num_tokens, lora_b.shape[-1]):
         half = width // 2
         lora_expand_shrunk_in_gemm(gate_up, shrunk, lora_b, batch, (0, half, width), plan)
+        if rows is not None:
+            gate_up = apply_row_terms(gate_up, rows, batch)
         return silu_and_mul(gate_up, backend=_fused_ops_backend(plan))
-    return lora_silu.launch(gate_up, shrunk, lora_b, batch, plan)
+    return lora_silu.launch(gate_up, shrunk, lora_b, batch, plan, rows)
 
 
 def add_rms_norm_lora(
@@ -336,8 +345,10 @@ def add_rms_norm_lora(
     batch: LoRABatch,
     counters: torch.Tensor,
     plan: LoRAPlan | None = None,
+    rows: RowTerms | None = None,
 ) -> torch.Tensor:
-    """``residual += x + LoRA`` in place, then return RMSNorm of the new residual ``[T, H]``.
+    """``residual += x + LoRA`` in place (the LoRA term with its slot's DoRA / lora_bias row
+    terms), then return RMSNorm of the new residual ``[T, H]``.
 
     Args:
         x: ``[T, H]`` base output of the o or down GEMM (last dim contiguous, any row stride);
@@ -352,10 +363,13 @@ def add_rms_norm_lora(
             (each launch leaves them zero).
         plan: one launch (``lora_norm``) where ``plan.folds_expand``; otherwise the expand
             and ``add_rms_norm`` run one after the other.
+        rows: the layer's :class:`RowTerms` ``[slots + 1, H]`` of the projection, or None.
 
     Semantics::
 
         lora_expand_shrunk_in_gemm(x, shrunk, lora_b, batch, (0, H))
+        if rows is not None:
+            x = apply_row_terms(x, rows, batch)
         return add_rms_norm(x, residual, weight, eps)
     """
     plan = _plan_for(plan, x)
@@ -363,8 +377,10 @@ def add_rms_norm_lora(
     num_tokens, hidden = x.shape
     if not plan.folds_expand(num_tokens, lora_b.shape[-1]):
         lora_expand_shrunk_in_gemm(x, shrunk, lora_b, batch, (0, hidden), plan)
+        if rows is not None:
+            x = apply_row_terms(x, rows, batch)
         return add_rms_norm(x, residual, weight, eps, backend=_fused_ops_backend(plan))
-    return lora_norm.launch(x, residual, weight, eps, shrunk, lora_b, batch, counters, plan)
+    return lora_norm.launch(x, residual, weight, eps, shrunk, lora_b, batch, counters, plan, rows)
 
 
 def qkv_rope_write(
@@ -379,6 +395,7 @@ def qkv_rope_write(
     lora: tuple[torch.Tensor, torch.Tensor, LoRABatch] | None = None,
     plan: LoRAPlan | None = None,
     qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    rows: RowTerms | None = None,
 ) -> torch.Tensor:
     """LoRA expand (optional), q/k norms per head (optional), RoPE on q and k, and k / v into the
     paged cache; returns q ``[T, Hq, D]``.
@@ -394,6 +411,8 @@ def qkv_rope_write(
             head_dim >= 8 and LoRA ranks up to 64; otherwise the launches below, one after the other.
         qk_norm: ``(q_weight [D], k_weight [D], eps)``: Qwen3's RMSNorm of each q and k head,
             after the LoRA term and before RoPE; None: no norm.
+        rows: the layer's q/k/v :class:`RowTerms` ``[slots + 1, (Hq + 2 Hkv) * D]`` (with
+            ``lora`` only; a q/k/v GEMM with its own bias keeps the unfolded path), or None.
 
     Semantics::
 
@@ -401,6 +420,8 @@ def qkv_rope_write(
             shrunk, lora_b, batch = lora
             offsets = (0, q_size, q_size + kv_size, q_size + 2 * kv_size)
             lora_expand_shrunk_in_gemm(qkv, shrunk, lora_b, batch, offsets)
+            if rows is not None:
+                qkv[:] = apply_row_terms(qkv, rows, batch)
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=1)  # viewed as [T, heads, D]
         if qk_norm is not None:
             q_weight, k_weight, eps = qk_norm
@@ -428,7 +449,7 @@ def qkv_rope_write(
             raise ValueError(f"fused_qkv needs CUDA tensors (got {qkv.device}) or TRITON_INTERPRET=1")
         return qkv_epilogue.launch(
             qkv, num_q_heads, num_kv_heads, cos_sin, positions, k_cache, v_cache, slot_mapping, lora, plan,
-            qk_norm,
+            qk_norm, rows,
         )  # fmt: skip
     q_size, kv_size = num_q_heads * head_dim, num_kv_heads * head_dim
     q = qkv[:, :q_size].view(num_tokens, num_q_heads, head_dim)
@@ -437,6 +458,10 @@ def qkv_rope_write(
     if lora is not None:
         shrunk, lora_b, batch = lora
         lora_expand_shrunk_in_gemm(qkv, shrunk, lora_b, batch, (0, q_size, q_size + kv_size, width), plan)
+        if rows is not None:
+            qkv.copy_(apply_row_terms(qkv, rows, batch))
+    elif rows is not None:
+        raise ValueError("row terms come with a LoRA term")
     if qk_norm is not None:
         q_weight, k_weight, eps = qk_norm
         head_rms_norm_(q, q_weight, eps)
