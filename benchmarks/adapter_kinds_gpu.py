@@ -1,7 +1,7 @@
 """Decode throughput of DoRA, LoRA-with-bias and vocabulary-row adapters against plain LoRA rows
 on CUDA, in one run.
 
-    python -m benchmarks.adapter_kinds_gpu [--shape llama3-8b] [--rounds 2] [--json PATH]
+    python -m benchmarks.adapter_kinds_gpu [--shape llama3-8b] [--rounds 2] [--cases DoRA,...] [--json PATH]
 
 Batch 32 (128-token prompts, 64 new tokens, random bf16 weights), 32 distinct rank-16 adapters
 on all seven projections per case, with CUDA graphs: plain LoRA, DoRA, LoRA with bias,
@@ -40,6 +40,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--cases", default="", help="comma-separated cases to run besides LoRA (default: every case)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     spec = RANDOM_SHAPES[args.shape]
@@ -54,7 +57,12 @@ def main() -> None:
     made |= {f"head-{i}": ("LoRA", "lm_head") for i in range(HEADS)}
     names["trained tokens"] = [f"tokens-{i}" for i in range(args.batch)]
     made |= {name: ("LoRA", "tokens") for name in names["trained tokens"]}
-    cases = list(names)
+    picked = {name.strip() for name in args.cases.split(",") if name.strip()}
+    unknown = picked - set(names)
+    if unknown:
+        parser.error(f"unknown cases {sorted(unknown)}; cases: {', '.join(names)}")
+    cases = [case for case in names if not picked or case == "LoRA" or case in picked]
+    made = {name: made[name] for case in cases for name in names[case]}
     config = EngineConfig(
         model=f"random:{args.shape}",
         device="cuda",

@@ -1086,12 +1086,18 @@ def test_apply_row_terms_scales_and_shifts_only_adapted_rows(kinds, dtype):
     assert rel_err(out[~untouched], ref[~untouched]) < 2 * TOL[dtype]
 
 
-def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, backend: str) -> None:
-    """Bit for bit, except bf16 from Triton's interpreter: it rounds float32 to bf16 toward zero
-    where torch (and Triton on a GPU) round to nearest, so a torch op beside it may differ by one
-    unit in the last place, a few after SiLU-and-mul's roundings."""
+def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, backend: str, kinds: str) -> None:
+    """Bit for bit, except (a) bf16 from Triton's interpreter, which rounds float32 to bf16 toward
+    zero where torch (and Triton on a GPU) round to nearest, so a torch op beside it may differ by
+    one unit in the last place, a few after SiLU-and-mul's roundings; (b) a slot with both a scale
+    and a bias compiled for a GPU, where the kernel's scale and bias may become one multiply-add
+    (PEFT never gives one adapter both; with one of them the other is 1 or 0 and the bits agree)."""
     if backend == "triton" and INTERPRETED and actual.dtype == torch.bfloat16:
         torch.testing.assert_close(actual, expected, rtol=2**-5, atol=2**-6, equal_nan=True)
+        return
+    if backend == "triton" and not INTERPRETED and kinds == "both":
+        ulps = 4 * torch.finfo(actual.dtype).eps
+        torch.testing.assert_close(actual, expected, rtol=ulps, atol=ulps, equal_nan=True)
         return
     assert torch.equal(actual.view(torch.int8), expected.view(torch.int8))
 
@@ -1139,7 +1145,7 @@ def test_row_terms_fold_equals_expand_rows_then_op(path, backend, tile, kinds, d
     written = case.slot_ids >= 0
     if path == "silu":
         out = silu_and_mul_lora(case.y.clone(), shrunk, case.lora_b, batch, fused_plan, rows)
-        assert_same_bits(out, silu_and_mul(unfused, backend=op_backend), backend)
+        assert_same_bits(out, silu_and_mul(unfused, backend=op_backend), backend, kinds)
         half = case.offsets[1]
         ref_act = torch.nn.functional.silu(ref[:, :half]) * ref[:, half:]
         if written.any():
@@ -1153,7 +1159,7 @@ def test_row_terms_fold_equals_expand_rows_then_op(path, backend, tile, kinds, d
         case.y.clone(), res_fused, weight, 1e-5, shrunk, case.lora_b, batch, counters, fused_plan, rows
     )
     add_rms_norm(unfused, res_unfused, weight, 1e-5, backend=op_backend)
-    assert_same_bits(res_fused, res_unfused, backend)
+    assert_same_bits(res_fused, res_unfused, backend, kinds)
     if written.any():
         assert rel_err(res_fused[written], (residual.double() + ref)[written]) < 4 * TOL[dtype]
 
