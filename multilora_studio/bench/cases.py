@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from multilora_studio.bench.latency import LATENCY_SIZES, LatencySizes
 from multilora_studio.bench.stats import Slo
 from multilora_studio.bench.workloads import (
     PATTERNS,
@@ -63,6 +64,8 @@ class BenchOptions:
     adapter_dir: Path | None = None
     warmup: bool = True
     progress: bool = True
+    latency: str | None = None  # "full", "small" or "auto" (small on the CPU): the ``bench latency`` case
+    latency_rounds: int = 3
 
     def __post_init__(self) -> None:
         for name in ("rank", "num_adapters", "distinct_weights", "max_loras", "batch"):
@@ -77,7 +80,15 @@ class BenchOptions:
             raise ValueError("request rates must be > 0 (inf: all requests at once)")
         if any(n < 1 for n in self.sweep_adapters):
             raise ValueError("--sweep-adapters lists numbers of adapters >= 1")
-        if not self.patterns and not self.online and not self.sweep_adapters:
+        if self.latency not in (None, "auto", *LATENCY_SIZES):
+            raise ValueError(f"--latency-sizes takes auto, {', '.join(LATENCY_SIZES)}; got {self.latency!r}")
+        if self.latency and (self.endpoint or self.baseline):
+            raise ValueError(
+                "bench latency runs in-process without a baseline; leave out --endpoint / --baseline"
+            )
+        if self.latency_rounds < 1:
+            raise ValueError(f"--rounds must be >= 1, got {self.latency_rounds}")
+        if not self.patterns and not self.online and not self.sweep_adapters and not self.latency:
             self.patterns = PATTERNS
         if self.requests is None:
             self.requests = 4 * self.batch
@@ -96,6 +107,13 @@ class BenchOptions:
     @property
     def seqs(self) -> int:
         return self.max_num_seqs or self.batch
+
+    def latency_sizes(self, device_type: str) -> LatencySizes | None:
+        """The ``bench latency`` sizes on ``device_type`` (None: no latency case)."""
+        if self.latency is None:
+            return None
+        name = ("small" if device_type == "cpu" else "full") if self.latency == "auto" else self.latency
+        return LATENCY_SIZES[name]
 
 
 @dataclass

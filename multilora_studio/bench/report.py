@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from multilora_studio.bench.latency import render_latency
+
 COLUMNS = (
     ("case", "<"),
     ("req", ">"),
@@ -93,8 +95,12 @@ def render(report: dict[str, Any]) -> str:
     targets = [f"TTFT <= {slo['ttft_s'] * 1e3:g} ms" if slo["ttft_s"] else "", ""]
     targets[1] = f"TPOT <= {slo['tpot_s'] * 1e3:g} ms" if slo["tpot_s"] else ""
     lines.append(f"SLO: {' and '.join(t for t in targets if t) or 'none'}")
-    lines.append("")
-    lines.append(render_table([case_row(c) for c in report["cases"]]))
+    if report.get("latency"):
+        lines.append("")
+        lines.extend(render_latency(report["latency"]))
+    if report["cases"]:
+        lines.append("")
+        lines.append(render_table([case_row(c) for c in report["cases"]]))
     for case in report["cases"]:
         compiles = (case.get("engine") or {}).get("kernel_compiles")
         if compiles:

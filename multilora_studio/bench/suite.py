@@ -19,15 +19,17 @@ import torch
 from tqdm import tqdm
 
 from multilora_studio.bench.adapter_pool import adapter_name, make_adapter_pool
-from multilora_studio.bench.cases import BenchOptions, Case, build_cases
+from multilora_studio.bench.cases import BenchOptions, Case, build_cases, case_rng
 from multilora_studio.bench.ceiling import Ceiling, adapter_bytes, copy_bandwidth, step_weight_bytes
 from multilora_studio.bench.drive import Backend, run_requests
 from multilora_studio.bench.engine_backend import EngineBackend
+from multilora_studio.bench.latency import run_latency
 from multilora_studio.bench.stack_sampler import StackSampler, explain_slow_steps
 from multilora_studio.bench.stats import summarize
 from multilora_studio.bench.tiers import tier_stats
 from multilora_studio.bench.workloads import BenchRequest, prompt_token_ids
 from multilora_studio.engine import Engine, EngineConfig, resolve_device, resolve_dtype
+from multilora_studio.engine.config import usable_cores
 from multilora_studio.engine.step_trace import summarize as summarize_steps
 
 log = logging.getLogger(__name__)
@@ -61,18 +63,25 @@ def run_bench(options: BenchOptions, checkpoint: Callable[[dict], None] | None =
 def engine_config(options: BenchOptions) -> EngineConfig:
     input_high, output_high = options.input_len[1], options.output_len[1]
     seqs = options.seqs
+    max_loras, model_len, batched = options.max_loras, max(16, input_high + output_high + 16), 2048
+    sizes = options.latency_sizes(resolve_device(options.device).type)
+    if sizes is not None:  # every row of the distinct-adapter batch in a slot; the long prompt in one step
+        seqs = max(seqs, sizes.batch, sizes.prefill_prompts)
+        max_loras = max(max_loras, sizes.adapters)
+        model_len = max(model_len, sizes.longest + 16)
+        batched = max(batched, sizes.ttft_prompt)
     return EngineConfig(
         model=options.model,
         device=options.device,
         dtype=options.dtype,
-        max_loras=options.max_loras,
+        max_loras=max_loras,
         max_lora_rank=options.rank,
         max_cpu_loras=options.max_cpu_loras,
         adapter_load_workers=options.load_workers,
         adapter_loader=options.adapter_loader,
         max_num_seqs=seqs,
-        max_model_len=max(16, input_high + output_high + 16),
-        max_num_batched_tokens=max(2048, seqs, min(seqs * input_high, 8192)),
+        max_model_len=model_len,
+        max_num_batched_tokens=max(batched, seqs, min(seqs * input_high, 8192)),
         kv_cache_memory_gb=options.kv_cache_gb,
         seed=options.seed,
     )
@@ -96,6 +105,7 @@ def _run_in_process(
             "device": str(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."),
             "startup_s": time.perf_counter() - started,
+            "cpu_threads": engine.cpu_threads,
         }
         report["engine"] = info
         spec = engine.spec
@@ -106,7 +116,8 @@ def _run_in_process(
         )
         report["ceiling"] = _ceiling_report(ceiling, options)
         cases = build_cases(options, spec.vocab_size)
-        count = max([c.pool_size for c in cases] + [1])
+        sizes = options.latency_sizes(device.type)
+        count = max([c.pool_size for c in cases] + [1, sizes.adapters if sizes else 0])
         started = time.perf_counter()
         pool = make_adapter_pool(
             spec, workdir, count, options.distinct_weights, options.rank, options.targets, dtype, options.seed
@@ -117,8 +128,13 @@ def _run_in_process(
             engine.add_adapter(name, folder, preload=False)
         info["adapters_registered_s"] = time.perf_counter() - started
         names = [adapter_name(i) for i in range(count)]
+        if sizes is not None:
+            rng = case_rng(options.seed, "latency")
+            report["latency"] = run_latency(engine, names, sizes, options.latency_rounds, rng)
         backend = EngineBackend(engine)
-        report["cases"] = asyncio.run(_run_cases(backend, cases, names, options, engine, ceiling))
+        report["cases"] = (
+            asyncio.run(_run_cases(backend, cases, names, options, engine, ceiling)) if cases else []
+        )
     return cases, pool
 
 
@@ -312,7 +328,7 @@ def _environment() -> dict[str, Any]:
     env = {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "cpu_threads": torch.get_num_threads(),
+        "cores": usable_cores(),
         "machine": platform.machine(),
     }
     if torch.cuda.is_available():

@@ -38,8 +38,15 @@ def add_bench_command(subparsers: Subcommands) -> None:
         help="benchmark the engine (or an endpoint) on the Punica and S-LoRA workloads",
         description="Measure throughput, latency and adapter caching on Punica's batch popularity "
         "patterns and S-LoRA's online workload, in-process or against any OpenAI-compatible "
-        "endpoint. Without --pattern, --online or --sweep-adapters it runs all patterns. "
-        "Details: docs/bench.md.",
+        "endpoint. Without --pattern, --online or --sweep-adapters it runs all patterns; "
+        "'bench latency' measures single-stream decode, TTFT, prefill and end-to-end batches with "
+        "and without adapters instead. Details: docs/bench.md.",
+    )
+    parser.add_argument(
+        "case",
+        nargs="?",
+        choices=["latency"],
+        help="latency: single stream, TTFT, prefill and batch end to end, base against adapters",
     )
     setup = parser.add_argument_group("model and engine")
     setup.add_argument("--model", default=None, help="HF folder, random:llama3-8b, ... (default: embedded)")
@@ -97,6 +104,14 @@ def add_bench_command(subparsers: Subcommands) -> None:
     work.add_argument("--requests", type=int, default=None, help="requests per inf-rate case (4x batch)")
     work.add_argument("--seed", type=int, default=0, help="seed of the workload and the adapter weights")
     work.add_argument("--no-warmup", action="store_true", help="measure the first batch too")
+    work.add_argument(
+        "--latency-sizes",
+        choices=["auto", "full", "small"],
+        default="auto",
+        help="bench latency's sizes: full (2,048-token TTFT, 16 x 1,024 prefill, batch 32), small "
+        "(a CPU's), auto (small on the CPU)",
+    )
+    work.add_argument("--rounds", type=int, default=3, help="bench latency's alternating rounds (medians)")
     measure = parser.add_argument_group("measurement and output")
     measure.add_argument("--ttft-slo-ms", type=float, default=6000.0, help="TTFT target (0: none)")
     measure.add_argument("--tpot-slo-ms", type=float, default=0.0, help="TPOT target (0: none)")
@@ -159,6 +174,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         adapter_dir=args.adapter_dir,
         warmup=not args.no_warmup,
         progress=not args.no_progress,
+        latency=args.latency_sizes if args.case == "latency" else None,
+        latency_rounds=args.rounds,
     )
 
 

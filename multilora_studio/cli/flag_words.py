@@ -20,6 +20,7 @@ FLAGS = {
     "max_model_len": "--max-model-len",
     "max_token_tables": "--max-token-tables",
     "token_table_memory_gb": "--token-table-gb",
+    "cpu_threads": "--cpu-threads",
     "max_num_seqs": "--max-num-seqs",
     "kv_cache_memory_gb": "--kv-cache-gb",
     "adapter_loader": "--adapter-loader",

@@ -94,6 +94,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, comparing: bool = Fals
         help="device memory for those tables, reserved out of the KV cache (default: %(default)s)",
     )
     parser.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=engine_default("cpu_threads"),
+        help="torch threads of the engine's steps on the CPU (default: one less than the usable cores)",
+    )
+    parser.add_argument(
         "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="PEFT adapter folders to serve"
     )
     parser.add_argument(
@@ -140,6 +146,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         batch_invariant=args.batch_invariant,
         max_token_tables=args.max_token_tables,
         token_table_memory_gb=args.token_table_gb,
+        cpu_threads=args.cpu_threads,
     )
 
 

@@ -108,6 +108,11 @@ class EngineConfig:
     # lm_head is about 1 GB in bf16). engine/token_tables.py.
     max_token_tables: int = 4
     token_table_memory_gb: float = 2.0
+    # torch's CPU threads for the engine's steps when it runs on the CPU. None: one less than
+    # the cores this process may use (at least 1), which leaves a core to the window, the
+    # server and the adapter loader; on CUDA torch keeps its own count. On a shared 2-core
+    # machine torch's default (every core) decoded 8x slower under load (docs/BENCHMARKS.md).
+    cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):
@@ -146,6 +151,8 @@ class EngineConfig:
             )
         if self.adapter_load_workers is not None:
             _check_int("adapter_load_workers", self.adapter_load_workers, 1, 64)
+        if self.cpu_threads is not None:
+            _check_int("cpu_threads", self.cpu_threads, 1, 1024)
         for name in ("lora_shrink_in_gemm", "fused_qkv_epilogue"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
@@ -162,6 +169,14 @@ class EngineConfig:
             return self.adapter_loader
         return "process" if device_type == "cuda" else "thread"
 
+    def cpu_threads_for(self, device_type: str) -> int | None:
+        """torch's CPU threads for the steps on ``device_type`` (see ``cpu_threads``); None: torch's own."""
+        if self.cpu_threads is not None:
+            return self.cpu_threads
+        if device_type != "cpu":
+            return None
+        return max(1, usable_cores() - 1)
+
     def load_workers_for(self, device_type: str) -> int:
         """How many adapter loads run at once on ``device_type`` (see ``adapter_load_workers``)."""
         if self.adapter_load_workers is not None:
@@ -169,6 +184,13 @@ class EngineConfig:
         if device_type == "cpu":
             return 1
         return max(1, min(4, (os.cpu_count() or 1) // 4))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 
 from multilora_studio.engine.block_manager import BlockManager, blocks_needed
 from multilora_studio.engine.config import EngineConfig
-from multilora_studio.engine.host_threads import quiet_host_threads
+from multilora_studio.engine.host_threads import quiet_host_threads, size_step_threads
 from multilora_studio.engine.lora_plan_builder import build_lora_plan, shrink_in_gemm_rows
 from multilora_studio.engine.model_source import BaseModel, resolve_model
 from multilora_studio.engine.model_spec import ModelSpec
@@ -71,9 +71,10 @@ def load_on_device(
     config: EngineConfig, device: torch.device, dtype: torch.dtype, progress: ProgressCallback | None
 ) -> tuple[BaseModel, ModelRunner, BlockManager]:
     """The base model, its runner (weights, KV cache, LoRA slots, graphs) and the KV blocks' manager."""
+    quiet_host_threads()
+    size_step_threads(config.cpu_threads_for(device.type))
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        quiet_host_threads()
         install_compile_watch()
     plan = build_lora_plan(config, device, dtype)  # how the LoRA term runs
     lora_rows = shrink_in_gemm_rows(config, plan)  # A rows reserved after every GEMM weight

@@ -69,6 +69,7 @@ class Engine:
         self.residency: AdapterResidency = self.worker.residency
         self.adapter_loader = self.residency.loader
         self.step_trace = self.worker.step_trace  # the recent steps, for benchmarks and diagnosis
+        self.cpu_threads = self.worker.cpu_threads
 
     def _worker_main(self, progress: ProgressCallback | None, ready: Future[EngineWorker]) -> None:
         residency = None

@@ -29,6 +29,16 @@ def quiet_host_threads() -> None:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
+def size_step_threads(threads: int | None) -> None:
+    """torch's CPU threads for the calling (worker) thread's steps; None leaves torch's count.
+
+    OpenMP keeps the count per thread, so the worker's count does not change the loader's,
+    and a thread started later begins with the last count set.
+    """
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
 LOADER_TORCH_THREADS = {"cpu": 1, "cuda": 2}
 _cap_lock = threading.Lock()
 _cap_state = {"loads": 0, "saved": 0}  # loads under the cap now; torch's count before the first

@@ -95,6 +95,7 @@ class EngineWorker:
         self._seeds = random.Random(config.seed)  # each request's sampling seed, unless it sets one
         self._active: dict[str, ActiveRequest] = {}
         self._last_step_end = 0.0
+        self.cpu_threads = torch.get_num_threads()  # torch's threads for the steps (built on this thread)
 
     # ---------------------------------------------------------------- the loop
 

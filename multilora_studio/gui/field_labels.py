@@ -13,6 +13,7 @@ FIELD_LABELS = {
     "max_loras": "GPU adapter slots",
     "max_lora_rank": "Largest adapter rank",
     "max_cpu_loras": "Adapters kept in CPU RAM",
+    "cpu_threads": "CPU threads of the engine",
     "device": "Device",
     "dtype": "Data type",
     "batch_invariant": "Batch-invariant outputs",

@@ -22,7 +22,8 @@ class EngineChoice:
 
     ``model_source`` is ``embedded`` (the default model), ``folder`` (a HF folder at
     ``model``) or ``hub`` (a Hub repo id in ``model``, pulled into the HF cache first).
-    ``max_cpu_loras = 0`` means twice ``max_loras`` (EngineConfig's None). The engine
+    ``max_cpu_loras = 0`` means twice ``max_loras`` (EngineConfig's None), ``cpu_threads = 0``
+    one less than the usable cores (EngineConfig's None). The engine
     settings default to EngineConfig's, except ``batch_invariant``: on in the window, whose
     Compare and Evaluate views compare outputs that must not depend on the batch they ran in.
     """
@@ -34,6 +35,7 @@ class EngineChoice:
     max_loras: int = ENGINE_DEFAULTS["max_loras"]
     max_lora_rank: int = ENGINE_DEFAULTS["max_lora_rank"]
     max_cpu_loras: int = ENGINE_DEFAULTS["max_cpu_loras"] or 0
+    cpu_threads: int = ENGINE_DEFAULTS["cpu_threads"] or 0
     batch_invariant: bool = True
 
     def check(self) -> None:
@@ -54,6 +56,7 @@ class EngineChoice:
             max_loras=self.max_loras,
             max_lora_rank=self.max_lora_rank,
             max_cpu_loras=self.max_cpu_loras or None,
+            cpu_threads=self.cpu_threads or None,
             batch_invariant=self.batch_invariant,
         )
 

@@ -75,6 +75,9 @@ class SettingsView(QWidget):
         self.max_lora_rank = QSpinBox(minimum=1, maximum=512)
         self.max_cpu_loras = QSpinBox(minimum=0, maximum=1 << 16)
         self.max_cpu_loras.setSpecialValueText(f"2 × {FIELD_LABELS['max_loras']}")
+        self.cpu_threads = QSpinBox(minimum=0, maximum=1024)
+        self.cpu_threads.setSpecialValueText("automatic (usable cores − 1)")
+        self.cpu_threads.setToolTip("torch threads of the engine's steps when it runs on the CPU")
         self.batch_invariant = QCheckBox()
         self.batch_invariant.setToolTip(
             "A request's output does not depend on what else runs with it (slower); "
@@ -93,6 +96,7 @@ class SettingsView(QWidget):
         form.addRow(f"{FIELD_LABELS['max_loras']} (max_loras)", self.max_loras)
         form.addRow(f"{FIELD_LABELS['max_lora_rank']} (max_lora_rank)", self.max_lora_rank)
         form.addRow(f"{FIELD_LABELS['max_cpu_loras']} (max_cpu_loras)", self.max_cpu_loras)
+        form.addRow(f"{FIELD_LABELS['cpu_threads']} (cpu_threads)", self.cpu_threads)
         form.addRow(f"{FIELD_LABELS['batch_invariant']} (batch_invariant)", self.batch_invariant)
 
         self.theme = QComboBox()
@@ -156,6 +160,7 @@ class SettingsView(QWidget):
         self.max_loras.setValue(choice.max_loras)
         self.max_lora_rank.setValue(choice.max_lora_rank)
         self.max_cpu_loras.setValue(choice.max_cpu_loras)
+        self.cpu_threads.setValue(choice.cpu_threads)
         self.batch_invariant.setChecked(choice.batch_invariant)
 
     def choice(self) -> EngineChoice:
@@ -168,6 +173,7 @@ class SettingsView(QWidget):
             max_loras=self.max_loras.value(),
             max_lora_rank=self.max_lora_rank.value(),
             max_cpu_loras=self.max_cpu_loras.value(),
+            cpu_threads=self.cpu_threads.value(),
             batch_invariant=self.batch_invariant.isChecked(),
         )
 

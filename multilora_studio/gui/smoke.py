@@ -84,13 +84,18 @@ class SmokeTest(QObject):
 
 
 def run_smoke_test(
-    screenshot: Path | None = None, timeout_s: float = 600.0, device: str = "auto", demo_adapters: bool = True
+    screenshot: Path | None = None,
+    timeout_s: float = 600.0,
+    device: str = "auto",
+    demo_adapters: bool = True,
+    cpu_threads: int = 0,
 ) -> int:
-    """See the module docstring; the user's settings are left untouched (a temporary INI file is used)."""
+    """See the module docstring; the user's settings are left untouched (a temporary INI file is used).
+    ``cpu_threads``: the engine's CPU threads (0: automatic)."""
     app = checked_application()
     with tempfile.TemporaryDirectory(prefix="multilora-smoke-") as folder:
         prefs = Preferences(QSettings(str(Path(folder) / "settings.ini"), QSettings.Format.IniFormat))
-        prefs.set_engine_choice(replace(EngineChoice(), device=device))
+        prefs.set_engine_choice(replace(EngineChoice(), device=device, cpu_threads=cpu_threads))
         window = MainWindow(prefs, Registry(), demo_adapters=demo_adapters)
         smoke = SmokeTest(window, screenshot, timeout_s)
         window.show()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from multilora_studio.bench.cases import BenchOptions
+from multilora_studio.bench.latency import LATENCY_SIZES
 from multilora_studio.bench.stats import Slo
 from multilora_studio.bench.suite import run_bench
 from multilora_studio.cli import main
@@ -211,3 +213,71 @@ def test_bad_options_are_refused_with_a_message(capsys, tiny_model_dir):
     assert "length range" in capsys.readouterr().err
     assert main(["bench", "--pattern", "base", "--baseline", "peft", "--baseline-patterns", "distinct"]) == 1
     assert "--baseline-patterns distinct must also be in --pattern" in capsys.readouterr().err
+
+
+def test_latency_case_measures_each_figure_with_and_without_adapters(capsys, tiny_model_dir, tmp_path):
+    report_path = tmp_path / "latency.json"
+    code = main(
+        [
+            "bench", "latency", "--model", str(tiny_model_dir), "--device", "cpu", "--rank", "4",
+            "--targets", "q_proj,v_proj", "--latency-sizes", "small", "--rounds", "2",
+            "--json", str(report_path), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(report_path.read_text())
+    latency = report["latency"]
+    assert report["cases"] == []  # the latency case alone: no batch patterns ran
+    assert report["engine"]["cpu_threads"] >= 1
+    sizes = LATENCY_SIZES["small"]
+    assert latency["sizes"]["ttft_prompt"] == sizes.ttft_prompt
+    assert set(latency["median"]) == set(latency["samples"])
+    for name, samples in latency["samples"].items():
+        assert len(samples) == 2 and all(value > 0 for value in samples), name
+        assert latency["median"][name] == pytest.approx(sorted(samples)[0] / 2 + sorted(samples)[1] / 2)
+    median = latency["median"]
+    assert latency["ratios"]["TTFT: one adapter / base"] == pytest.approx(
+        median["TTFT, one adapter"] / median["TTFT, base"]
+    )
+    assert latency["ratios"]["batch: one adapter / base"] == pytest.approx(
+        median["batch, one adapter"] / median["batch, base"]
+    )
+    out = capsys.readouterr().out
+    assert "TTFT of a 256-token prompt" in out and "batch: distinct adapters / base" in out
+    # the saved report prints the same figures again
+    assert main(["bench", "--from-json", str(report_path)]) == 0
+    assert "prefill: distinct adapters / base" in capsys.readouterr().out
+
+
+def test_latency_case_timers_count_what_ran(tiny_model_dir):
+    """Each latency figure divides what the engine produced by a measured time: one token after
+    the first for the stream, a first token for TTFT, every prompt token for prefill."""
+    from multilora_studio.bench.latency import (
+        batch_end_to_end,
+        prefill_rate,
+        single_stream,
+        time_to_first_token,
+    )
+    from multilora_studio.engine import Engine
+    from tests.engine.conftest import tiny_engine_config
+
+    with Engine(tiny_engine_config(tiny_model_dir, device="cpu")) as engine:
+        prompts = [[1, 2, 3, 4], [5, 6, 7]]
+        started = time.perf_counter()
+        rate = prefill_rate(engine, prompts, [None, None])
+        elapsed = time.perf_counter() - started
+        assert rate >= 7 / elapsed  # 7 prompt tokens in at most the call's time
+        started = time.perf_counter()
+        ttft = time_to_first_token(engine, [1, 2, 3], None)
+        assert 0 < ttft <= time.perf_counter() - started
+        started = time.perf_counter()
+        generated = batch_end_to_end(engine, prompts, [None, None], 5)
+        assert generated >= 10 / (time.perf_counter() - started)
+        assert single_stream(engine, [1, 2, 3], None, 6) > 0
+
+
+def test_latency_case_refuses_an_endpoint_and_a_baseline(capsys):
+    assert main(["bench", "latency", "--endpoint", "http://127.0.0.1:9"]) == 1
+    assert "bench latency runs in-process" in capsys.readouterr().err
+    assert main(["bench", "latency", "--rounds", "0"]) == 1
+    assert "--rounds must be >= 1" in capsys.readouterr().err

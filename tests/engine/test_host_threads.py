@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from multilora_studio.adapters.short_lived_workers import call_on_short_lived_thread
+from multilora_studio.engine import EngineConfig, SamplingParams
+from multilora_studio.engine.config import usable_cores
 from multilora_studio.engine.host_threads import LOADER_TORCH_THREADS, loader_threads
 from tests.threads import CheckedThread, run_threads
 
@@ -59,7 +61,26 @@ def test_overlapping_loads_set_the_count_back_once_the_last_ends():
 
 
 def test_cpu_engine_keeps_its_threads_after_adapter_loads(make_engine, tiny_adapters):
-    before = threads_of_a_new_thread()
     engine = make_engine(device="cpu")  # adds every fixture adapter (read and packed on loader threads)
     assert len(engine.list_adapters()) == len(tiny_adapters)
-    assert threads_of_a_new_thread() == before
+    assert engine.cpu_threads == max(1, usable_cores() - 1)  # the automatic count, in the worker
+    # threads started later take the engine's count (torch's last count set); the loads'
+    # caps were undone
+    assert threads_of_a_new_thread() == engine.cpu_threads
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_worker_runs_its_steps_on_the_configured_threads(make_engine, threads):
+    engine = make_engine(device="cpu", cpu_threads=threads)
+    assert engine.cpu_threads == threads
+    out = engine.generate([[1, 2, 3]], [None], SamplingParams(max_tokens=2, temperature=0))[0]
+    assert len(out.token_ids) == 2
+
+
+def test_threads_are_automatic_on_the_cpu_only_and_validated():
+    auto = EngineConfig()
+    assert auto.cpu_threads_for("cpu") == max(1, usable_cores() - 1)
+    assert auto.cpu_threads_for("cuda") is None  # torch keeps its own count beside a GPU
+    assert EngineConfig(cpu_threads=5).cpu_threads_for("cuda") == 5
+    with pytest.raises(ValueError, match="cpu_threads"):
+        EngineConfig(cpu_threads=0)

@@ -11,6 +11,7 @@ from PySide6.QtCore import QRect
 from PySide6.QtGui import QPalette
 from safetensors.torch import save_file
 
+from multilora_studio.engine.config import usable_cores
 from tests.gui.conftest import save_screenshot, wait_ready
 
 
@@ -25,6 +26,8 @@ def test_apply_restarts_the_engine_and_everything_persists(qtbot, open_window, m
     )  # the window's default
     settings.max_loras.setValue(3)
     settings.max_cpu_loras.setValue(5)
+    assert settings.cpu_threads.value() == 0 and first_engine.cpu_threads == max(1, usable_cores() - 1)
+    settings.cpu_threads.setValue(1)
     settings.batch_invariant.setChecked(False)
     messages: list[str] = []
     window.host.progress.connect(lambda fraction, message: messages.append(message))
@@ -34,6 +37,7 @@ def test_apply_restarts_the_engine_and_everything_persists(qtbot, open_window, m
     engine = window.host.engine
     assert engine is not first_engine and first_engine._stopping
     assert engine.config.max_loras == 3 and engine.config.max_cpu_loras == 5
+    assert engine.config.cpu_threads == 1 and engine.cpu_threads == 1
     assert not engine.config.batch_invariant and not engine.runner.model.plan.batch_invariant
     assert len(engine.metrics(fresh=True).slots) == 3
     assert any("stopping" in m for m in messages) and any("loading" in m for m in messages)
@@ -54,6 +58,7 @@ def test_apply_restarts_the_engine_and_everything_persists(qtbot, open_window, m
 
     again = open_window()
     assert again.settings.max_loras.value() == 3 and again.settings.max_cpu_loras.value() == 5
+    assert again.settings.cpu_threads.value() == 1 and again.host.engine.cpu_threads == 1
     assert again.host.engine.config.max_loras == 3
     assert not again.settings.batch_invariant.isChecked() and not again.host.engine.config.batch_invariant
     assert again.compare.prompt.toPlainText() == "Remember this prompt"
