@@ -67,12 +67,14 @@ class LoRAStep:
 
     ``row_groups``: the groups some adapter of the step scales or shifts per output row (DoRA,
     lora_bias): their projections add each token's row of ``LoRASlotWeights.row_scale`` /
-    ``row_bias`` (``kernels.lora_rows``).
+    ``row_bias`` (``kernels.lora_rows``). ``slot_span``: with the shrink in the GEMM, only the
+    A rows of slots below it are multiplied (every token's slot is below it; 0: every slot).
     """
 
     batch: LoRABatch
     groups: frozenset[str]
     row_groups: frozenset[str] = frozenset()
+    slot_span: int = 0
 
 
 class LlamaModel:
@@ -141,23 +143,27 @@ class LlamaModel:
         if not self._shrinks_in_gemm("gate_up", h.shape[0], step):
             return silu_and_mul(self._project_all("gate_up", layer, h, weights.gate_up, step))  # [T, I]
         assert self.lora is not None and step is not None
-        gate_up, shrunk = self._shrink_in_gemm("gate_up", layer, h)  # [T, 2 I], [T, slots, 2, R]
-        b = self.lora.b["gate_up"][layer]
+        gate_up, shrunk, b = self._shrink_in_gemm("gate_up", layer, h, step)  # [T, 2 I], [T, span, 2, R]
         rows = self._row_terms("gate_up", layer, step)
         return silu_and_mul_lora(gate_up, shrunk, b, step.batch, self.plan, rows)
 
     def _shrink_in_gemm(
-        self, group: str, layer: int, x: torch.Tensor, with_bias: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One GEMM over ``group``'s shrink-in-GEMM weight: the base output [T, N] and every
-        slot's shrink [T, slots, S, R] (views of one [T, N + S * slots * R] output)."""
+        self, group: str, layer: int, x: torch.Tensor, step: LoRAStep, with_bias: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One GEMM over ``group``'s shrink-in-GEMM weight, its base rows and the A rows of the
+        step's leading ``slot_span`` slots only: the base output [T, N], those slots' shrink
+        [T, span, S, R] (views of one output) and their B [span, N, R]."""
         assert self.lora is not None
+        lora = self.lora
+        span = step.slot_span or lora.num_slots
+        rows = lora.shrink_in_gemm_rows(group, span)
         bias = None
         if with_bias:  # q/k/v's bias, with zeros for the A rows
             assert self.weights.shrink_in_gemm_qkv_bias is not None  # allocated with the weights
-            bias = self.weights.shrink_in_gemm_qkv_bias[layer]  # [N + 3 * slots * R]
-        out = self.linear(x, self.lora.shrink_in_gemm_weights[group][layer], bias)
-        return self.lora.split_shrink_in_gemm(group, out)
+            bias = self.weights.shrink_in_gemm_qkv_bias[layer][:rows]  # [N + 3 * span * R]
+        out = self.linear(x, lora.shrink_in_gemm_weights[group][layer][:rows], bias)
+        y, shrunk = lora.split_shrink_in_gemm(group, out)
+        return y, shrunk, lora.b[group][layer][:span]
 
     def _qkv_gemm(
         self, layer: int, h: torch.Tensor, step: LoRAStep | None
@@ -173,8 +179,8 @@ class LlamaModel:
             return self._project_all("qkv", layer, h, weights.qkv, step, weights.qkv_bias), None, None
         assert self.lora is not None and step is not None
         # [T, N], [T, slots, 3, R]
-        qkv, shrunk = self._shrink_in_gemm("qkv", layer, h, weights.qkv_bias is not None)
-        return qkv, (shrunk, self.lora.b["qkv"][layer], step.batch), rows
+        qkv, shrunk, b = self._shrink_in_gemm("qkv", layer, h, step, weights.qkv_bias is not None)
+        return qkv, (shrunk, b, step.batch), rows
 
     def _project_all(
         self,
@@ -191,8 +197,8 @@ class LlamaModel:
             y = self._project(group, layer, x, weight, step, bias)
         else:
             assert self.lora is not None and step is not None
-            y, shrunk = self._shrink_in_gemm(group, layer, x, bias is not None)  # [T, N], [T, slots, S, R]
-            b = self.lora.b[group][layer]
+            # [T, N], [T, span, S, R], [span, N, R]
+            y, shrunk, b = self._shrink_in_gemm(group, layer, x, step, bias is not None)
             lora_expand_shrunk_in_gemm(
                 y, shrunk, b, step.batch, self.lora.offsets[group], self.plan, validate=False
             )
@@ -233,8 +239,7 @@ class LlamaModel:
         if not self._shrinks_in_gemm(group, x.shape[0], step):
             return add_rms_norm(self._project_all(group, layer, x, weight, step), residual, norm_weight, eps)
         assert self.lora is not None and step is not None
-        y, shrunk = self._shrink_in_gemm(group, layer, x)  # [T, H], [T, slots, 1, R]
-        b = self.lora.b[group][layer]
+        y, shrunk, b = self._shrink_in_gemm(group, layer, x, step)  # [T, H], [T, span, 1, R], [span, H, R]
         rows = self._row_terms(group, layer, step)
         return add_rms_norm_lora(
             y, residual, norm_weight, eps, shrunk, b, step.batch, self.row_counters, self.plan, rows

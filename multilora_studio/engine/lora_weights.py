@@ -137,11 +137,22 @@ class LoRASlotWeights:
         rows = itertools.chain(self.row_scale.values(), self.row_bias.values())
         return sum(t.nbytes for t in itertools.chain(self.a.values(), self.b.values(), rows))
 
+    def shrink_in_gemm_rows(self, group: str, span: int) -> int:
+        """Rows of ``group``'s shrink-in-GEMM weight up to the A rows of slot ``span`` (slot-major)."""
+        return self.offsets[group][-1] + span * (len(self.offsets[group]) - 1) * self.max_rank
+
+    def slot_span(self, highest_slot: int) -> int:
+        """The leading slots a shrink-in-GEMM step multiplies when its highest slot is
+        ``highest_slot``: the next power of two above it, at most every slot (few graphs)."""
+        return min(self.num_slots, 1 << max(highest_slot, 0).bit_length())
+
     def split_shrink_in_gemm(self, group: str, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The base output [T, N] and the shrink against every slot [T, slots, S, R] (views)
-        of a GEMM over ``group``'s whole shrink-in-GEMM weight, ``out`` [T, N + S * slots * R]."""
+        """The base output [T, N] and the shrink against the leading slots [T, span, S, R]
+        (views) of a GEMM over ``group``'s shrink-in-GEMM weight up to slot ``span``,
+        ``out`` [T, N + S * span * R]."""
         n = self.offsets[group][-1]
-        return out[:, :n], out[:, n:].view(out.shape[0], self.num_slots, -1, self.max_rank)
+        slices = len(self.offsets[group]) - 1
+        return out[:, :n], out[:, n:].view(out.shape[0], -1, slices, self.max_rank)
 
     def clear(self, slot: int) -> None:
         for group in LORA_GROUPS:

@@ -73,6 +73,7 @@ class StepInputs:
     scoring: PromptScoring | None = None
     row_groups: frozenset[str] = frozenset()  # groups with DoRA / lora_bias rows (LoRAStep)
     tokens: TokenTableStep | None = None  # the adapters with token tables, and their rows
+    slot_span: int = 0  # the leading slots whose A rows the shrink in GEMM multiplies (LoRAStep)
 
 
 @dataclass
@@ -185,6 +186,7 @@ class ModelRunner:
             c.seq.prompt_positions_to_score(c.start, c.start + c.num_tokens) for c in plan.chunks
         )
         uses_rows = self._uses_row_terms(plan, slot_of)
+        slot_span = self._slot_span(plan, slot_of)
         tables = self.lora.token_tables.tables
         uses_tables = bool(tables) and any(slot_of.get(c.seq.adapter, -1) in tables for c in plan.chunks)
         token_tables = self._token_table_step(plan, slot_of) if uses_tables else None
@@ -192,7 +194,9 @@ class ModelRunner:
             if graphs is not None and not scores_prompt and graphs.accepts(plan):
                 if uses_rows:
                     self.lora.ensure_row_buffers()  # the graphs read every group's rows
-                return graphs.stage(plan, slot_of, self.lora.slot_ranks_host, uses_rows, token_tables)
+                return graphs.stage(
+                    plan, slot_of, self.lora.slot_ranks_host, uses_rows, token_tables, slot_span
+                )
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
@@ -265,6 +269,7 @@ class ModelRunner:
             scoring=scoring,
             row_groups=frozenset(row_groups),
             tokens=token_tables,
+            slot_span=slot_span,
         )
 
     def _token_table_step(self, plan: StepPlan, slot_of: dict[str | None, int]) -> TokenTableStep:
@@ -309,6 +314,12 @@ class ModelRunner:
         """``x @ W^T`` of layer ``layer``'s ``group`` base weight (DoRA's norms)."""
         return self.model.linear(x, getattr(self.weights.layers[layer], group))
 
+    def _slot_span(self, plan: StepPlan, slot_of: dict[str | None, int]) -> int:
+        """The leading slots whose A rows the step's shrink in GEMM multiplies (0: none used):
+        a batch of few adapters in the first slots does not pay for every slot's rows."""
+        highest = max(slot_of.get(chunk.seq.adapter, -1) for chunk in plan.chunks)
+        return 0 if highest < 0 or not self.model.plan.shrink_in_gemm else self.lora.slot_span(highest)
+
     def _uses_row_terms(self, plan: StepPlan, slot_of: dict[str | None, int]) -> bool:
         """Whether a sequence of the plan has a DoRA or lora_bias adapter."""
         slots = (slot_of.get(chunk.seq.adapter, -1) for chunk in plan.chunks)
@@ -318,11 +329,11 @@ class ModelRunner:
     def run(self, inputs: StepInputs | GraphStep) -> tuple[torch.Tensor, ScoredRows | None]:
         """Logits [N, V] float32 of the rows that sample this step, and the prompt rows' scores if asked."""
         if isinstance(inputs, GraphStep):
-            return inputs.graphs.run(inputs.staged, inputs.uses_rows, inputs.tokens), None
+            return inputs.graphs.run(inputs.staged, inputs.uses_rows, inputs.tokens, inputs.slot_span), None
         lora = None
         if inputs.lora_groups:
             batch = self.lora_batch.update(inputs.slot_ids, self.lora.slot_ranks, inputs.token_scales)
-            lora = LoRAStep(batch, inputs.lora_groups, inputs.row_groups)
+            lora = LoRAStep(batch, inputs.lora_groups, inputs.row_groups, inputs.slot_span)
         tokens = inputs.tokens
         embeddings = None if tokens is None else self.model.embed(inputs.input_ids, tokens.embed)
         hidden = self.model.forward(

@@ -69,11 +69,13 @@ def forward_staged(
     uses_lora: bool,
     uses_rows: bool = False,
     embeddings: torch.Tensor | None = None,
+    slot_span: int = 0,
 ) -> torch.Tensor:
     """Logits float32 of the staged step padded to ``bucket`` tokens: what a graph captures.
 
     ``uses_rows``: every group also takes the slots' per-row terms (DoRA, lora_bias), each
-    token reading its slot's row (the no-adapter row for padding). With ``embeddings``
+    token reading its slot's row (the no-adapter row for padding). ``slot_span``: the shrink
+    in GEMM multiplies the A rows of the leading slots only (0: every slot). With ``embeddings``
     [bucket, H] (the tokens' embeddings, taken outside), the sampling rows' hidden states
     instead of logits.
 
@@ -100,7 +102,7 @@ def forward_staged(
     lora = None
     if uses_lora:
         groups = frozenset(LORA_GROUPS)
-        lora = LoRAStep(staging.lora_batch, groups, groups if uses_rows else frozenset())
+        lora = LoRAStep(staging.lora_batch, groups, groups if uses_rows else frozenset(), slot_span)
     hidden = model.forward(
         staging.input_ids[:bucket], staging.positions[:bucket], attn, kv_caches, lora, embeddings
     )  # [bucket, H]
@@ -126,13 +128,15 @@ class GraphStep:
     staged: StagedStep
     uses_rows: bool = False
     tokens: TokenTableStep | None = None  # adapters with token tables in the step
+    slot_span: int = 0  # the leading slots the step uses (0: every slot)
 
 
 class StepGraphs:
-    """Captured steps over one staging, keyed by (bucket, uses_lora, uses_rows, uses_tables);
-    buckets end at its size. The graphs with the per-row terms (DoRA, lora_bias) and those that
-    run between a step's token tables are captured on the first step of their bucket that needs
-    them (``model.lora.ensure_row_buffers()`` first)."""
+    """Captured steps over one staging, keyed by (bucket, uses_lora, uses_rows, uses_tables,
+    slot_span); buckets end at its size. The graphs over every slot are captured at start; those
+    over fewer leading slots (``LoRAStep.slot_span``), with the per-row terms (DoRA, lora_bias)
+    or between a step's token tables on the first step of their bucket that needs them
+    (``model.lora.ensure_row_buffers()`` first)."""
 
     def __init__(
         self, model: LlamaModel, kv_caches: KVCaches, staging: StepStaging, buckets: list[int], pool: Any
@@ -150,16 +154,21 @@ class StepGraphs:
         hidden, dtype = model.spec.hidden_size, model.weights.embed.dtype
         self.embeddings = torch.zeros((staging.max_tokens, hidden), dtype=dtype, device=device)  # [T, H]
         self.hidden_rows = torch.zeros((staging.max_seqs, hidden), dtype=dtype, device=device)  # [S, H]
-        self.graphs: dict[tuple[int, bool, bool, bool], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, bool, bool, bool, int], torch.cuda.CUDAGraph] = {}
         self.pool = pool
         self.capture_all()
 
     def _forward(
-        self, bucket: int, uses_lora: bool, uses_rows: bool = False, uses_tables: bool = False
+        self,
+        bucket: int,
+        uses_lora: bool,
+        uses_rows: bool = False,
+        uses_tables: bool = False,
+        slot_span: int = 0,
     ) -> None:
         embeddings = self.embeddings[:bucket] if uses_tables else None
         out = forward_staged(
-            self.model, self.kv_caches, self.staging, bucket, uses_lora, uses_rows, embeddings
+            self.model, self.kv_caches, self.staging, bucket, uses_lora, uses_rows, embeddings, slot_span
         )
         (self.hidden_rows if uses_tables else self.logits)[: out.shape[0]] = out
 
@@ -170,7 +179,7 @@ class StepGraphs:
         for bucket in reversed(self.buckets):
             for uses_lora in (False, True):
                 work = functools.partial(self._forward, bucket, uses_lora)
-                self.graphs[(bucket, uses_lora, False, False)] = capture_graph(work, self.pool, device)
+                self.graphs[(bucket, uses_lora, False, False, 0)] = capture_graph(work, self.pool, device)
         torch.cuda.synchronize(device)
         kind = "decode steps" if self.staging.one_token_per_seq else "steps with prompt tokens"
         log.info("captured %d graphs of %s (buckets %s)", len(self.graphs), kind, self.buckets)
@@ -186,43 +195,61 @@ class StepGraphs:
         slot_ranks: Sequence[int],
         uses_rows: bool = False,
         tokens: TokenTableStep | None = None,
+        slot_span: int = 0,
     ) -> GraphStep:
         """Write ``plan``'s inputs to the staging buffers (one copy enqueued).
 
         ``slot_of`` maps each adapter to its GPU slot; ``slot_ranks`` is each slot's rank;
         ``uses_rows``: an adapter of the step has per-row terms; ``tokens``: the step's
-        adapters with token tables.
+        adapters with token tables; ``slot_span``: the leading slots it uses (0: every slot).
         """
-        return GraphStep(self, self.staging.stage(plan.chunks, slot_of, slot_ranks), uses_rows, tokens)
+        staged = self.staging.stage(plan.chunks, slot_of, slot_ranks)
+        return GraphStep(self, staged, uses_rows, tokens, slot_span)
 
     def bucket_of(self, tokens: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, tokens)]
 
     def graph_for(
-        self, tokens: int, uses_lora: bool, uses_rows: bool = False, uses_tables: bool = False
+        self,
+        tokens: int,
+        uses_lora: bool,
+        uses_rows: bool = False,
+        uses_tables: bool = False,
+        slot_span: int = 0,
     ) -> torch.cuda.CUDAGraph:
         """The graph that runs a step of ``tokens`` tokens (its bucket's), captured now if it
-        is a per-row-terms or token-tables graph not yet used (the staged step runs once more
-        while it is)."""
-        key = (self.bucket_of(tokens), uses_lora, uses_rows, uses_tables)
+        is a graph over fewer slots, with per-row terms or between token tables not yet used
+        (the staged step runs once more while it is)."""
+        bucket, lora = self.bucket_of(tokens), self.model.lora
+        # 0: every slot, and a span changes nothing where the bucket's GEMMs hold no A rows
+        narrower = lora is not None and 0 < slot_span < lora.num_slots
+        span = slot_span if uses_lora and narrower and self.model.plan.shrinks_in_gemm(bucket) else 0
+        key = (bucket, uses_lora, uses_rows, uses_tables, span)
         if key not in self.graphs:
             work = functools.partial(self._forward, *key)
             self.graphs[key] = capture_graph(work, self.pool, self.logits.device)
-            log.info("captured the graph of bucket %d (per-row terms %s, token tables %s)", *key[::2], key[3])
+            log.info(
+                "captured the graph of bucket %d (per-row terms %s, token tables %s, slots %s)",
+                key[0], uses_rows, uses_tables, span or "all",
+            )  # fmt: skip
         return self.graphs[key]
 
     def run(
-        self, staged: StagedStep, uses_rows: bool = False, tokens: TokenTableStep | None = None
+        self,
+        staged: StagedStep,
+        uses_rows: bool = False,
+        tokens: TokenTableStep | None = None,
+        slot_span: int = 0,
     ) -> torch.Tensor:
         """Replay the graph of the step's bucket; logits [N, V] float32 of the sampling
         sequences (a view of a static buffer without ``tokens``; [N, width] with them)."""
         uses_rows = staged.uses_lora and uses_rows
         if tokens is None:
-            self.graph_for(staged.num_tokens, staged.uses_lora, uses_rows).replay()
+            self.graph_for(staged.num_tokens, staged.uses_lora, uses_rows, False, slot_span).replay()
             return self.logits[: staged.num_sampled]
         # captured (if new) before the embeddings are written: the forward updates its residual
         # stream, these embeddings, in place, and a capture runs it once first
-        graph = self.graph_for(staged.num_tokens, staged.uses_lora, uses_rows, True)
+        graph = self.graph_for(staged.num_tokens, staged.uses_lora, uses_rows, True, slot_span)
         count = staged.num_tokens
         self.embeddings[:count] = self.model.embed(self.staging.input_ids[:count], tokens.embed)
         graph.replay()

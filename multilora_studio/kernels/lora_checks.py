@@ -93,7 +93,8 @@ def check_b(
     check_device(batch, y=y, lora_b=lora_b)
     if lora_b.dtype != y.dtype:
         raise ValueError(f"lora_b dtype {lora_b.dtype} differs from y dtype {y.dtype}")
-    if lora_b.shape[0] != batch.num_slots:
+    # fewer: a step's leading slots (``LoRAStep.slot_span``), every token's slot below them
+    if not 0 < lora_b.shape[0] <= batch.num_slots:
         raise ValueError(f"lora_b has {lora_b.shape[0]} slots but the LoRABatch has {batch.num_slots}")
     if lora_b.shape[1] != y.shape[1]:
         raise ValueError(

@@ -32,12 +32,15 @@ class RowTerms(NamedTuple):
     bias: torch.Tensor | None
 
     def check(self, width: int, dtype: torch.dtype, num_slots: int) -> None:
+        """ValueError unless each is ``[>= num_slots + 1, width]`` (a step may use the leading
+        ``num_slots`` slots of more) in ``dtype`` with a contiguous last dim."""
         for name, rows in (("scale", self.scale), ("bias", self.bias)):
             if rows is None:
                 continue
-            if rows.shape != (num_slots + 1, width) or rows.dtype != dtype or rows.stride(1) != 1:
+            wrong = rows.dim() != 2 or rows.shape[0] < num_slots + 1 or rows.shape[1] != width
+            if wrong or rows.dtype != dtype or rows.stride(1) != 1:
                 raise ValueError(
-                    f"row {name} must be [{num_slots + 1}, {width}] {dtype} with a contiguous last dim, "
+                    f"row {name} must be [>= {num_slots + 1}, {width}] {dtype} with a contiguous last dim, "
                     f"got {tuple(rows.shape)} {rows.dtype}"
                 )
 

@@ -145,7 +145,7 @@ def test_step_graphs_with_the_per_row_terms_equal_the_eager_step(kinds, tiny_mod
     plan = StepPlan([ScheduledChunk(s, s.num_tokens - 1, 1) for s in seqs])
     eager = runner.run(runner.prepare(plan, blocks, slot_of))[0].clone()
     replayed = runner.run(decode.stage(plan, slot_of, runner.lora.slot_ranks_host, uses_rows=True))[0].clone()
-    assert (8, True, True, False) in decode.graphs
+    assert (8, True, True, False, 0) in decode.graphs
     torch.testing.assert_close(replayed, eager, rtol=1e-5, atol=1e-5)
     without_rows = runner.run(decode.stage(plan, slot_of, runner.lora.slot_ranks_host))[0]
     assert not torch.allclose(without_rows, eager, rtol=1e-3, atol=1e-3)  # the rows matter

@@ -111,3 +111,34 @@ def test_more_adapters_than_slots_evicts_and_reloads_correctly(
     assert metrics.gpu_misses >= len(TINY_ADAPTERS) + 3, "adapters must have been evicted and reloaded"
     # two slots and two host entries hold at most four of the five: one at least is read again
     assert metrics.cpu_misses > len(TINY_ADAPTERS), "the CPU tier must have been too small for all"
+
+
+def test_a_batch_in_the_first_slots_multiplies_only_their_a_rows_and_matches_peft(
+    make_engine, peft_reference, expected_cache
+):
+    """With the shrink in the GEMM, a step whose adapters sit in the first slots multiplies the
+    A rows of the next power of two of slots only; each row is still PEFT's. Then a fourth
+    adapter lands in slot 3 and the span grows to cover it."""
+    names = [spec.name for spec in TINY_ADAPTERS]
+    engine = make_engine(adapters=names, max_loras=8, lora_shrink_in_gemm=True)
+    runner = engine.runner
+    lora = runner.lora
+    assert [lora.slot_span(slot) for slot in (0, 1, 2, 3, 4, 7)] == [1, 2, 4, 4, 8, 8]
+    assert lora.shrink_in_gemm_rows("qkv", 2) == lora.offsets["qkv"][-1] + 2 * 3 * lora.max_rank
+    spans: list[int] = []
+    prepare = runner.prepare
+
+    def recording(plan, blocks, slot_of):
+        inputs = prepare(plan, blocks, slot_of)
+        spans.append(inputs.slot_span)
+        return inputs
+
+    runner.prepare = recording  # the worker calls it once a step; it records what each step used
+    two = [(engine.encode(PROMPTS[i]), name) for i, name in enumerate([names[0], None, names[1]])]
+    generate_matches_peft(engine, peft_reference, expected_cache, two)
+    assert {engine.residency.slots.slot_of(name) for name in names[:2]} == {0, 1}
+    assert max(spans) == 2 and set(spans) <= {0, 1, 2}, spans  # 0, 1: steps before both arrived
+    spans.clear()
+    four = [(engine.encode(PROMPTS[i]), name) for i, name in enumerate(names[:4])]
+    generate_matches_peft(engine, peft_reference, expected_cache, four)
+    assert max(spans) == 4, spans

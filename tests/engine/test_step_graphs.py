@@ -51,8 +51,12 @@ def test_replayed_steps_equal_the_eager_steps(runner_with_adapters, eager_captur
     mixed = StepGraphs(
         runner.model, runner.kv_caches, StepStaging(96, 8, width, slots, BLOCK, cpu), token_buckets(96), None
     )
-    assert sorted(decode.graphs) == [(b, lora, False, False) for b in (1, 2, 4, 8) for lora in (False, True)]
-    assert sorted(mixed.graphs) == [(b, lora, False, False) for b in (32, 64, 96) for lora in (False, True)]
+    assert sorted(decode.graphs) == [
+        (b, lora, False, False, 0) for b in (1, 2, 4, 8) for lora in (False, True)
+    ]
+    assert sorted(mixed.graphs) == [
+        (b, lora, False, False, 0) for b in (32, 64, 96) for lora in (False, True)
+    ]
     rng = random.Random(9)
     blocks = BlockManager(64, BLOCK)
     seqs = make_sequences(5, blocks, rng)

@@ -225,7 +225,7 @@ def test_step_graphs_between_the_token_tables_equal_the_eager_step(
     staged = runner.prepare(plan, blocks, slot_of)
     assert isinstance(staged, GraphStep) and staged.tokens is not None
     replayed = runner.run(staged)[0].clone()
-    assert (8, True, False, True) in decode.graphs
+    assert (8, True, False, True, 0) in decode.graphs
     runner.decode_graphs = None
     eager = runner.run(runner.prepare(plan, blocks, slot_of))[0]
     assert replayed.shape == (6, vocab + ADDED)
