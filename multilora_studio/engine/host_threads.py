@@ -1,4 +1,8 @@
-"""Host-side threading for an engine that drives a CUDA device.
+"""Host-side threading: torch's CPU threads for the steps, and the GIL beside a busy loader.
+
+The worker thread's torch threads are sized once (``EngineConfig.cpu_threads_for``): on the
+CPU one less than the usable cores, since OpenMP workers spinning at each barrier collapse
+when another process takes a core (docs/BENCHMARKS.md, "CPU threads").
 
 While adapters load on the loader thread (safetensors reads, validation, packing: torch
 CPU ops and Python), the worker thread must keep launching decode steps, and it needs the
@@ -7,8 +11,8 @@ long each time the loader holds the GIL; the engine lowers it to 0.5 ms. On the 
 (16 cores) decode during a stream of cold loads ran at 23-65% of its rate with the default
 and at 58-71% with 0.5 ms (docs/BENCHMARKS.md; the runs vary a lot between machines).
 
-Capping torch's CPU threads was measured too and dropped: 4 threads gave 57-58% during cold
-loads and cost 3-7% of base decode throughput.
+Capping torch's CPU threads beside a CUDA device was measured too and dropped: 4 threads gave
+57-58% during cold loads and cost 3-7% of base decode throughput.
 """
 
 from __future__ import annotations
