@@ -53,11 +53,15 @@ def main() -> None:
             write_random_adapter(spec, workdir / name, 16, seed=i, dtype=torch.bfloat16)
             engine.add_adapter(name, workdir / name, preload=False)
         run_batch(engine, [prompt] * args.slots, names, 4)  # every slot filled
-        slot_of = {name: engine.residency.slots.slot_of(name) for name in names}
+        slot_of: dict[str, int] = {}
+        for name in names:
+            slot = engine.residency.slots.slot_of(name)
+            assert slot is not None, f"{name} is not in a slot after the warm-up"
+            slot_of[name] = slot
         first = min(names, key=lambda n: slot_of[n])
         last = max(names, key=lambda n: slot_of[n])
         results["slots_of"] = {"first": slot_of[first], "last": slot_of[last]}
-        cases = {
+        cases: dict[str, tuple[list[list[int]], list[str | None], int]] = {
             "single stream, base": ([prompt], [None], 128),
             "single stream, first slot": ([prompt], [first], 128),
             "single stream, last slot": ([prompt], [last], 128),
