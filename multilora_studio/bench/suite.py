@@ -106,6 +106,7 @@ def _run_in_process(
             "dtype": str(engine.dtype).removeprefix("torch."),
             "startup_s": time.perf_counter() - started,
             "cpu_threads": engine.cpu_threads,
+            "startup_phases_s": dict(engine.runner.startup_seconds),
         }
         report["engine"] = info
         spec = engine.spec

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -78,7 +79,9 @@ def load_on_device(
         install_compile_watch()
     plan = build_lora_plan(config, device, dtype)  # how the LoRA term runs
     lora_rows = shrink_in_gemm_rows(config, plan)  # A rows reserved after every GEMM weight
+    started = time.perf_counter()
     base = resolve_model(config.model, dtype, device, progress, lora_rows)
+    loaded = time.perf_counter() - started
     if config.max_model_len > base.spec.max_position_embeddings:
         log.warning(
             "max_model_len %d exceeds the model's max_position_embeddings %d",
@@ -87,4 +90,9 @@ def load_on_device(
         )
     num_blocks = kv_cache_blocks(config, base.spec, device, dtype)
     runner = ModelRunner(config, base.spec, base.weights, num_blocks, device, dtype, plan)
+    runner.startup_seconds = {"model load": loaded, **runner.startup_seconds}
+    log.info(
+        "engine ready: %s",
+        ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in runner.startup_seconds.items()),
+    )
     return base, runner, BlockManager(num_blocks, config.block_size)

@@ -7,6 +7,7 @@ engine's worker thread.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -111,6 +112,9 @@ class ModelRunner:
         self.spec = spec
         self.device = device
         self.dtype = dtype
+        # seconds of each start-up phase (load_on_device adds the model's load before them)
+        self.startup_seconds: dict[str, float] = {}
+        started = time.perf_counter()
         dora_base = BaseProjection(base_row_norms(weights), self._project_base)  # before any repacking
         if device.type == "cpu" and cpu_packing_enabled(config, dtype) and not plan.shrink_in_gemm:
             pack_for_onednn(weights)  # in place: ~1.7x faster decode GEMMs on the CPU
@@ -142,15 +146,18 @@ class ModelRunner:
         self.lora_batch = LoRABatch.allocate(config.max_num_batched_tokens, config.max_loras, device)
         self.decode_graphs: StepGraphs | None = None
         self.mixed_graphs: StepGraphs | None = None
+        started = self._phase_done("slots and KV cache", started)
         if device.type == "cuda" and not config.enforce_eager:
             pool = torch.cuda.graph_pool_handle()  # one memory pool for every capture
             seqs = config.max_num_seqs
             self.decode_graphs = StepGraphs(
                 self.model, self.kv_caches, self._staging(seqs, seqs, True), batch_buckets(seqs), pool
             )
+            started = self._phase_done("decode graphs", started)
             buckets = token_buckets(min(MIXED_MAX_TOKENS, config.max_num_batched_tokens))
             staging = self._staging(buckets[-1], seqs, False)
             self.mixed_graphs = StepGraphs(self.model, self.kv_caches, staging, buckets, pool)
+            started = self._phase_done("mixed graphs", started)
         if device.type == "cuda":
             # Triton compiles now, not in the middle of serving
             steps = warmup_steps(config, decode_graphs=self.decode_graphs is not None)
@@ -162,6 +169,15 @@ class ModelRunner:
             paged_attention_cpu.compile_now()
         elif plan.batch_invariant:
             paged_attention_cpu.compile_now()  # the invariant attention runs every dtype in float32
+        self._phase_done("kernel warm-up", started)
+
+    def _phase_done(self, phase: str, started: float) -> float:
+        """Record ``phase`` as ending now (CUDA work included); returns now."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.startup_seconds[phase] = now - started
+        return now
 
     def _staging(self, max_tokens: int, max_seqs: int, one_token_per_seq: bool) -> StepStaging:
         return StepStaging(
