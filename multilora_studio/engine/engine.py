@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import logging
 import threading
 import time
 import uuid
@@ -41,6 +42,7 @@ from multilora_studio.engine.worker import EngineWorker
 from multilora_studio.util import ProgressCallback
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -75,6 +77,7 @@ class Engine:
         residency = None
         try:
             base, runner, blocks = load_on_device(self.config, self.device, self.dtype, progress)
+            started = time.perf_counter()
             residency = AdapterResidency(
                 self.config,
                 base.spec,
@@ -85,7 +88,12 @@ class Engine:
                 self._commands.wake.set,
                 base.tokenizer,
             )
+            phases = runner.startup_seconds
+            phases["adapter tiers"] = time.perf_counter() - started
+            started = time.perf_counter()
             worker = EngineWorker(self.config, base, runner, blocks, residency, self._commands)
+            phases["step loop"] = time.perf_counter() - started
+            log.info("engine ready: %s", ", ".join(f"{name} {s:.2f} s" for name, s in phases.items()))
         except BaseException as error:
             if residency is not None:
                 residency.close()

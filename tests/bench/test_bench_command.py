@@ -229,7 +229,11 @@ def test_latency_case_measures_each_figure_with_and_without_adapters(capsys, tin
     latency = report["latency"]
     assert report["cases"] == []  # the latency case alone: no batch patterns ran
     assert report["engine"]["cpu_threads"] >= 1
-    assert set(report["engine"]["startup_phases_s"]) >= {"model load", "kernel warm-up"}
+    assert set(report["engine"]["startup_phases_s"]) >= {
+        "device and model load",
+        "kernel warm-up",
+        "adapter tiers",
+    }
     sizes = LATENCY_SIZES["small"]
     assert latency["sizes"]["ttft_prompt"] == sizes.ttft_prompt
     assert set(latency["median"]) == set(latency["samples"])

@@ -9,13 +9,14 @@ from tests.engine.conftest import tiny_engine_config
 
 
 def test_start_up_phases_cover_the_start_and_add_up_within_it(tiny_model_dir, caplog):
-    caplog.set_level("INFO", logger="multilora_studio.engine.device_setup")
+    caplog.set_level("INFO", logger="multilora_studio.engine.engine")
     started = time.perf_counter()
     with Engine(tiny_engine_config(tiny_model_dir, device="cpu")) as engine:
         elapsed = time.perf_counter() - started
         phases = engine.runner.startup_seconds
     # on the CPU no graphs are captured; on CUDA "decode graphs" and "mixed graphs" come between
-    assert list(phases) == ["model load", "slots and KV cache", "kernel warm-up"]
+    expected = ["device and model load", "slots and KV cache", "kernel warm-up", "adapter tiers", "step loop"]
+    assert list(phases) == expected
     assert all(seconds >= 0 for seconds in phases.values())
     assert sum(phases.values()) <= elapsed  # parts of the start, measured inside it
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("engine ready:")]
