@@ -178,7 +178,7 @@ class LlamaModel:
         if biased_rows or not self._shrinks_in_gemm("qkv", h.shape[0], step):
             return self._project_all("qkv", layer, h, weights.qkv, step, weights.qkv_bias), None, None
         assert self.lora is not None and step is not None
-        # [T, N], [T, slots, 3, R]
+        # [T, N], [T, span, 3, R], [span, N, R]
         qkv, shrunk, b = self._shrink_in_gemm("qkv", layer, h, step, weights.qkv_bias is not None)
         return qkv, (shrunk, b, step.batch), rows
 
