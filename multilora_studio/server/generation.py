@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from starlette.types import Receive
 
 from multilora_studio.engine import Prompt, RequestStream, SamplingParams, TokenDelta, TokenLogprob
+from multilora_studio.engine.grammar import GRAMMAR_FAILED
 from multilora_studio.server.context_window import check_fits
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.logprob_shapes import ScoreOptions
 from multilora_studio.server.request_log import RequestRecord
 from multilora_studio.server.state import ServerState
+from multilora_studio.server.structured import structure_field
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +126,14 @@ class Job:
 
     def _submit_param(self, message: str) -> str:
         """The request field an engine submit error is about: the prompt, the adapter strength
-        (refused on a base-model request), or token ids outside the vocabulary."""
+        (refused on a base-model request), token ids outside the vocabulary, or the output
+        constraint (which the engine checks against its tokenizer)."""
         for name in ("adapter_scale", "stop_token_ids", "logit_bias", "bad_words"):
             if message.startswith(name):  # bad_words_token_ids too: the server's bad_words
                 return name
+        structured = self.choices[0].params.structured if self.choices else None
+        if structured is not None and "for structured output" in message:
+            return structure_field(structured)
         return PROMPT_FIELDS.get(self.route, "prompt")
 
     def _encode_all(self) -> list[list[int]]:
@@ -345,6 +351,9 @@ def _check_sequences(state: ServerState, route: str, prompts: int, n: int) -> No
 def _finish_error(reason: str, message: str | None) -> ApiError:
     if reason == "abort":
         return ApiError(503, f"the request was aborted: {message or 'the server is stopping'}", "aborted")
+    if message is not None and message.startswith(GRAMMAR_FAILED):
+        # the request's grammar cannot be followed with this model's tokens: the request's problem
+        return ApiError(400, message, "invalid_value")
     return ApiError(500, message or "the engine failed to run this request", "engine_error")
 
 

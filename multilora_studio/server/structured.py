@@ -12,6 +12,8 @@ from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import ChatCompletionRequest, CompletionRequest
 
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+# the field a structured-output kind comes from (a JSON schema from response_format unless guided_json)
+FIELD_OF_KIND = {"choice": "guided_choice", "regex": "guided_regex", "lark": "guided_grammar"}
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
@@ -44,6 +46,11 @@ def _from_response_format(value: dict[str, Any]) -> StructuredOutput | None:
         raise _invalid("response_format", "type json_schema needs json_schema.schema, a JSON schema object")
     # "strict" changes nothing: every schema is enforced
     return StructuredOutput(json_schema=json.dumps(described["schema"]))
+
+
+def structure_field(spec: StructuredOutput) -> str:
+    """The request field a compiled ``spec`` most likely came from, for an engine error about it."""
+    return FIELD_OF_KIND.get(spec.kind, "response_format")
 
 
 def _from_guided(field: str, value: Any) -> StructuredOutput:

@@ -168,3 +168,14 @@ def test_aborting_a_constrained_request_frees_it(tiny_engine):
     assert metrics.kv_blocks_free == metrics.kv_blocks_total
     again = engine.generate(["Letters"], None, constrained(StructuredOutput(regex="[a-z]{3}")))[0]
     assert re.fullmatch("[a-z]{3}", again.text)
+
+
+def test_a_choice_the_tokenizer_cannot_write_is_refused_at_submission(tiny_engine):
+    """Byte 0xF2, the first of U+88433's four, has no token in this tokenizer: the choice
+    naming that character is refused by name before it runs, the others are served."""
+    refused = StructuredOutput(choice=("ok", "\U00088433"))
+    with pytest.raises(ValueError, match="no token of this model's tokenizer writes"):
+        tiny_engine.generate([[1, 2]], [None], constrained(refused))
+    fine = StructuredOutput(choice=("ok", "é"))
+    out = tiny_engine.generate([[1, 2]], [None], constrained(fine))[0]
+    check_matches(fine, tiny_engine.tokenizer.decode(out.token_ids, skip_special_tokens=True))

@@ -123,6 +123,8 @@ def test_text_response_format_is_free_text(serve, engine):
         ({"guided_grammar": "start: nowhere"}, "guided_grammar", "nowhere"),
         ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice", "give one"),
         ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex", "give one"),
+        # byte 0xF2 (the first of U+88433's four) has no token in this tokenizer
+        ({"guided_choice": ["ok", "\U00088433"]}, "guided_choice", "no token of this model's tokenizer"),
     ],
     ids=[
         "bad_schema",
@@ -135,6 +137,7 @@ def test_text_response_format_is_free_text(serve, engine):
         "grammar",
         "two_guided",
         "format_and_guided",
+        "unwritable_choice",
     ],
 )
 @pytest.mark.parametrize("route", ["chat", "completions"])
@@ -151,6 +154,20 @@ def test_bad_constraints_are_400s_naming_the_field(serve, engine, extra, param, 
     assert error["param"] == param
     assert message in error["message"]
     # the engine keeps serving
+    assert (
+        api.completions.create(model=engine.model_name, prompt="x", max_tokens=2).choices[0].text is not None
+    )
+
+
+def test_a_grammar_the_tokens_cannot_follow_is_a_400_and_the_engine_goes_on(serve, engine):
+    """A regex whose only match needs a byte no token holds compiles, then refuses every token
+    the model could write: the request ends with a 400 that says so, not a server error."""
+    api = client(serve())
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(
+            model=engine.model_name, messages=CHAT, max_tokens=4, extra_body={"guided_regex": "\U00088433"}
+        )
+    assert caught.value.body["message"].startswith("structured output failed")
     assert (
         api.completions.create(model=engine.model_name, prompt="x", max_tokens=2).choices[0].text is not None
     )

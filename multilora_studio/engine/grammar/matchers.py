@@ -13,6 +13,8 @@ from multilora_studio.engine.grammar.compile import grammar_text, invalid
 from multilora_studio.engine.structured import StructuredOutput
 
 CACHED_GRAMMARS = 128
+# How a request whose grammar refused its own next token ends (the server answers it with a 400)
+GRAMMAR_FAILED = "structured output failed"
 # Errors without the parser state dump: they reach API clients.
 LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 
@@ -78,6 +80,10 @@ class GrammarCompiler:
             grammar = grammar_text(spec)
         except ValueError as error:
             raise invalid(spec, str(error)) from None
+        for text in spec.choice or ():
+            written = tokenizer.decode_bytes(tokenizer.tokenize_bytes(text.encode()))
+            if written != text.encode():
+                raise invalid(spec, f"{text!r} has characters that no token of this model's tokenizer writes")
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             grammar, tokenizer, limits=LIMITS
         )
@@ -97,5 +103,5 @@ def advance(matcher: llguidance.LLMatcher, token: int) -> bool:
     """Feed the sampled ``token`` to ``matcher``: True once the grammar is complete (the request
     stops), False while it goes on; RuntimeError if the matcher refused it."""
     if not matcher.consume_token(token):
-        raise RuntimeError(f"structured output failed: {matcher.get_error() or 'the token was refused'}")
+        raise RuntimeError(f"{GRAMMAR_FAILED}: {matcher.get_error() or 'the token was refused'}")
     return matcher.is_stopped()
