@@ -23,7 +23,7 @@ from .lora_batch import LoRABatch
 from .lora_bgmv import add_token_lora, block_r, load_token_b, rank_align
 from .lora_checks import check_shrunk_in_gemm
 from .lora_plan import LoRAPlan
-from .lora_rows import RowTerms, add_row_terms, row_flags
+from .lora_rows import RowTerms, add_row_terms, row_flags, row_kernel_args
 from .triton_support import gdc_launch_dependents, gdc_wait, launch_options
 
 
@@ -123,8 +123,7 @@ def launch(
             f"weight must be [{hidden}] of dtype {x.dtype}, got {tuple(weight.shape)} {weight.dtype}"
         )
     check_shrunk_in_gemm(num_tokens, hidden, x.dtype, shrunk, lora_b, slices=1)
-    terms = RowTerms(None, None) if rows is None else rows
-    terms.check(hidden, x.dtype, lora_b.shape[0])
+    row_args = row_kernel_args(rows, hidden, x.dtype, lora_b.shape[0], x)
     if counters.dtype != torch.int32 or counters.numel() < num_tokens or counters.device != x.device:
         raise ValueError(f"counters must be int32 zeros with at least {num_tokens} entries on {x.device}")
     out = torch.empty((num_tokens, hidden), dtype=x.dtype, device=x.device)  # [T, H]
@@ -144,7 +143,7 @@ def launch(
         batch.token_slots,
         batch.token_ranks,
         batch.token_scales,
-        *terms.kernel_args(x),
+        *row_args,
         counters,
         hidden,
         num_blocks,

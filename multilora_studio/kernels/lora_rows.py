@@ -52,6 +52,16 @@ class RowTerms(NamedTuple):
         return scale, bias, 0 if present is None else present.stride(0)
 
 
+def row_kernel_args(
+    rows: RowTerms | None, width: int, dtype: torch.dtype, num_slots: int, fallback: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(scale, bias, row stride)`` of ``rows`` for a folding kernel, checked against the
+    launch (``width`` columns, ``dtype``, ``num_slots`` slots); ``fallback`` stands for a missing one."""
+    terms = RowTerms(None, None) if rows is None else rows
+    terms.check(width, dtype, num_slots)
+    return terms.kernel_args(fallback)
+
+
 def apply_row_terms(
     y: torch.Tensor, rows: RowTerms, batch: LoRABatch, base_bias: torch.Tensor | None = None
 ) -> torch.Tensor:

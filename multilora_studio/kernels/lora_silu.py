@@ -19,7 +19,7 @@ from .lora_batch import LoRABatch
 from .lora_bgmv import add_token_lora, block_r, load_token_b, rank_align
 from .lora_checks import check_shrunk_in_gemm
 from .lora_plan import LoRAPlan
-from .lora_rows import RowTerms, add_row_terms, row_flags
+from .lora_rows import RowTerms, add_row_terms, row_flags, row_kernel_args
 from .triton_support import gdc_launch_dependents, gdc_wait, launch_options
 
 
@@ -113,8 +113,7 @@ def launch(
     num_tokens, width = gate_up.shape
     half = width // 2
     check_shrunk_in_gemm(num_tokens, width, gate_up.dtype, shrunk, lora_b, slices=2)
-    terms = RowTerms(None, None) if rows is None else rows
-    terms.check(width, gate_up.dtype, lora_b.shape[0])
+    row_args = row_kernel_args(rows, width, gate_up.dtype, lora_b.shape[0], gate_up)
     out = torch.empty((num_tokens, half), dtype=gate_up.dtype, device=gate_up.device)  # [T, I]
     if num_tokens == 0:
         return out
@@ -129,7 +128,7 @@ def launch(
         batch.token_slots,
         batch.token_ranks,
         batch.token_scales,
-        *terms.kernel_args(gate_up),
+        *row_args,
         half,
         gate_up.stride(0),
         st_t,

@@ -21,7 +21,7 @@ from .lora_batch import LoRABatch
 from .lora_bgmv import add_token_lora, block_r, load_token_b, rank_align
 from .lora_checks import check_shrunk_in_gemm
 from .lora_plan import LoRAPlan
-from .lora_rows import RowTerms, add_row_terms, row_flags
+from .lora_rows import RowTerms, add_row_terms, row_flags, row_kernel_args
 from .triton_support import gdc_launch_dependents, gdc_wait, launch_options
 
 
@@ -189,11 +189,8 @@ def launch(
     if lora is not None:
         shrunk, lora_b, batch = lora
         check_shrunk_in_gemm(num_tokens, width, qkv.dtype, shrunk, lora_b, slices=3)
-        terms = RowTerms(None, None) if rows is None else rows
-        terms.check(width, qkv.dtype, lora_b.shape[0])
-        lora_args = (
-            shrunk, lora_b, batch.token_slots, batch.token_ranks, batch.token_scales, *terms.kernel_args(qkv)
-        )  # fmt: skip
+        row_args = row_kernel_args(rows, width, qkv.dtype, lora_b.shape[0], qkv)
+        lora_args = (shrunk, lora_b, batch.token_slots, batch.token_ranks, batch.token_scales, *row_args)
         shrunk_strides = (shrunk.stride(0), shrunk.stride(1), shrunk.stride(2), shrunk.stride(3))
         b_strides = lora_b.stride()
         br, align = block_r(lora_b.shape[-1]), rank_align(lora_b)
