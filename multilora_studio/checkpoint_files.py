@@ -43,12 +43,17 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def checkpoint_digest(files: list[Path]) -> str:
-    """Hex SHA-256 identifying the weights: that of the file itself for one file; for shards, the
-    SHA-256 of every shard's name and content digest in order (equal for copies of the folder,
-    different after re-sharding)."""
-    if len(files) == 1:
-        return sha256_file(files[0])
+    """Hex SHA-256 identifying the weights (``digest_of_shards`` of the files' own SHA-256s)."""
+    return digest_of_shards([(path.name, sha256_file(path)) for path in files])
+
+
+def digest_of_shards(shards: list[tuple[str, str]]) -> str:
+    """The digest of ``(file name, file SHA-256)`` pairs: that of the file itself for one file;
+    for shards, the SHA-256 of every shard's name and content digest in order (equal for copies
+    of the folder, different after re-sharding)."""
+    if len(shards) == 1:
+        return shards[0][1]
     digest = hashlib.sha256()
-    for path in files:
-        digest.update(f"{path.name}\0{sha256_file(path)}\n".encode())
+    for name, file_digest in shards:
+        digest.update(f"{name}\0{file_digest}\n".encode())
     return digest.hexdigest()

@@ -25,8 +25,10 @@ ALLOWED = {
         "kernels",
         "run_records",
         "divergence",
+        "merge",
     },
     "demo": {"engine", "adapters", "default_model", "kernels"},
+    "merge": {"engine", "adapters"},
     "bench": {"engine", "adapters", "server", "kernels", "default_model"},
     "cli": {
         "gui",
@@ -40,6 +42,7 @@ ALLOWED = {
         "kernels",
         "run_records",
         "divergence",
+        "merge",
     },
     "default_model": set(),
     "run_records": {"engine"},
@@ -52,6 +55,7 @@ THIRD_PARTY_FORBIDDEN = {
     "engine": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
     "server": {"PySide6", "pyqtgraph"},
     "evaluate": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
+    "merge": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
 }
 
 

@@ -38,10 +38,14 @@ class BaseModelRef:
     @classmethod
     def of_engine(cls, engine: Any) -> BaseModelRef:
         """The base model a running engine serves (``model_name``, ``base_digest``, ``spec``)."""
-        spec = engine.spec
+        return cls.of_spec(engine.model_name, engine.base_digest, engine.spec)
+
+    @classmethod
+    def of_spec(cls, name: str, digest: str, spec: Any) -> BaseModelRef:
+        """The base model of a model spec (the engine's ``ModelSpec``) with its name and digest."""
         return cls(
-            name=engine.model_name,
-            digest=engine.base_digest,
+            name=name,
+            digest=digest,
             num_layers=spec.num_layers,
             vocab_size=spec.vocab_size,
             shapes={module: spec.projection_shape(module) for module in SUPPORTED_TARGETS},

@@ -49,6 +49,7 @@ __all__ = [
     "AdapterError",
     "HostAdapter",
     "load_peft_adapter",
+    "parse_factor_key",
     "read_adapter_config",
 ]
 
@@ -308,6 +309,16 @@ def _check_added_tokens(folder: Path, vocab_size: int) -> None:
         )
 
 
+def parse_factor_key(key: str) -> tuple[str, int, str, str] | None:
+    """(decoder path, layer, module, "A" | "B" | "bias" | "magnitude") of a PEFT LoRA tensor
+    name; None for any other name."""
+    match = _KEY.match(key)
+    kind = _KINDS.get((match[5], match[6])) if match is not None else None
+    if match is None or kind is None:
+        return None
+    return match[1], int(match[2]), match[4], kind
+
+
 def _plan_factors(
     folder: Path,
     header: dict[str, TensorEntry],
@@ -324,13 +335,13 @@ def _plan_factors(
     for key, entry in header.items():
         if _IMAGE_PATH.match(key) or is_token_tensor(key):
             continue
-        match = _KEY.match(key)
-        kind = _KINDS.get((match[5], match[6])) if match is not None else None
-        if match is None or kind is None or match[4] not in SUPPORTED_TARGETS:
+        parsed = parse_factor_key(key)
+        if parsed is None or parsed[2] not in SUPPORTED_TARGETS:
             unsupported.add(_describe_unsupported(key))
             continue
-        factors[key] = (int(match[2]), match[4], kind)
-        decoders.add(match[1])
+        decoder, layer, module, kind = parsed
+        factors[key] = (layer, module, kind)
+        decoders.add(decoder)
         if entry.dtype not in FLOAT_DTYPES:
             raise AdapterError(f"{folder}: tensor {key!r} has dtype {entry.dtype}; LoRA factors are floats")
     if unsupported:

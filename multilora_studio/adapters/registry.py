@@ -75,6 +75,7 @@ COPIED_FILES = (CONFIG_FILE, WEIGHTS_FILE, "README.md", ADDED_TOKENS_FILE, *TOKE
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")  # the engine's adapter-name rule
 RESERVED_NAMES = ("base",)
 DEFAULT_MAX_RANK = 64
+MERGED_REVISION = "merged"  # base_models.revision of a base made by merging adapters
 BUSY_TIMEOUT_S = 30.0
 READ_ONLY_OPENS = ("mode=ro", "mode=ro&immutable=1")  # immutable: a read-only disk without the -shm file
 
@@ -258,13 +259,48 @@ class Registry:
         """Record a base model pulled into the HF cache (once per repo and commit)."""
         with self._write() as conn:
             conn.execute(
-                "INSERT OR IGNORE INTO base_models VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO base_models VALUES (?, ?, ?, ?, ?, ?, ?, '')",
                 (uuid.uuid4().hex, repo_id, revision, requested_revision, str(path), digest, time.time()),
             )
             row = conn.execute(
                 "SELECT * FROM base_models WHERE repo_id = ? AND revision = ?", (repo_id, revision)
             ).fetchone()
         return BaseModelRecord.from_row(row)
+
+    def register_merged_base(self, name: str, path: Path, digest: str, origin: str) -> BaseModelRecord:
+        """Record a base made by merging adapters (``origin``: the JSON of what it was made
+        from); LibraryError if a merged base of that name exists."""
+        self.check_writable()
+        with self._write() as conn:
+            self._refuse_taken_base_name(conn, name)
+            conn.execute(
+                "INSERT INTO base_models VALUES (?, ?, ?, NULL, ?, ?, ?, ?)",
+                (uuid.uuid4().hex, name, MERGED_REVISION, str(path), digest, time.time(), origin),
+            )
+            row = conn.execute(
+                "SELECT * FROM base_models WHERE repo_id = ? AND revision = ?", (name, MERGED_REVISION)
+            ).fetchone()
+        log.info("registered merged base model %r at %s", name, path)
+        return BaseModelRecord.from_row(row)
+
+    def check_base_name(self, name: str) -> None:
+        """LibraryError if a merged base model is already named ``name``."""
+        with self._connect() as conn:
+            self._refuse_taken_base_name(conn, name)
+
+    def _refuse_taken_base_name(self, conn: sqlite3.Connection, name: str) -> None:
+        taken = conn.execute(
+            "SELECT path FROM base_models WHERE repo_id = ? AND revision = ?", (name, MERGED_REVISION)
+        ).fetchone()
+        if taken is not None:
+            raise LibraryError(
+                f"a merged base model named {name!r} exists ({taken['path']}); choose another name"
+            )
+
+    def find_base_model(self, digest: str) -> BaseModelRecord | None:
+        """The registered base whose weights have ``digest`` (the newest, if several), or None."""
+        matches = [record for record in self.list_base_models() if digest and record.digest == digest]
+        return max(matches, key=lambda record: record.created) if matches else None
 
     def remove(self, name: str) -> AdapterRecord:
         """Forget an adapter; an imported copy is deleted, a Hub snapshot stays in the shared HF cache."""

@@ -6,7 +6,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Migration n brings a database from user_version n-1 to n.
 MIGRATIONS = {
     1: """
@@ -71,6 +71,11 @@ MIGRATIONS = {
     4: """
     ALTER TABLE adapters ADD COLUMN tokens TEXT NOT NULL DEFAULT '';
     ALTER TABLE adapters ADD COLUMN tokenizer TEXT NOT NULL DEFAULT ''
+    """,
+    # origin: for a base made by merging adapters, the JSON of what it was made from
+    # (MergedBaseOrigin); '' for a base pulled from the Hub
+    5: """
+    ALTER TABLE base_models ADD COLUMN origin TEXT NOT NULL DEFAULT ''
     """,
 }
 
@@ -204,7 +209,8 @@ class EvalScoreRecord:
 
 @dataclass(frozen=True)
 class BaseModelRecord:
-    """A base model pulled from the Hub into the HF cache."""
+    """A base model pulled from the Hub into the HF cache, or made by merging adapters (then
+    ``revision`` is "merged" and ``origin`` the JSON of what it was made from)."""
 
     id: str
     repo_id: str
@@ -213,6 +219,7 @@ class BaseModelRecord:
     path: Path
     digest: str
     created: float
+    origin: str = ""
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> BaseModelRecord:
@@ -224,4 +231,5 @@ class BaseModelRecord:
             path=Path(row["path"]),
             digest=row["digest"],
             created=row["created"],
+            origin=row["origin"],
         )

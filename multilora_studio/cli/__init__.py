@@ -20,6 +20,7 @@ from multilora_studio.cli.compare import add_compare_command
 from multilora_studio.cli.eval import add_eval_command
 from multilora_studio.cli.flag_words import in_flag_words, typed_flags
 from multilora_studio.cli.gui import add_gui_command
+from multilora_studio.cli.merge import add_merge_command
 from multilora_studio.cli.model import add_model_command
 from multilora_studio.cli.pull import add_pull_command
 from multilora_studio.cli.serve import add_serve_command
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_command(subparsers)
     add_pull_command(subparsers)
     add_adapters_command(subparsers)
+    add_merge_command(subparsers)
     add_serve_command(subparsers)
     add_bench_command(subparsers)
     return parser

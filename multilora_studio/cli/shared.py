@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from multilora_studio.adapters.base_model import BaseModelRef
-from multilora_studio.adapters.peft_adapter import SUPPORTED_TARGETS
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.demo import SKIP_ENV, offer_demo_adapters
 from multilora_studio.engine import Engine, EngineConfig
@@ -157,16 +156,7 @@ def describe_base(model: str | None) -> BaseModelRef:
     ``model.safetensors`` ("" for sharded weights).
     """
     identity = describe_model(model, progress=print_progress)
-    spec = load_spec(identity.folder)
-    return BaseModelRef(
-        name=identity.name,
-        digest=identity.digest,
-        num_layers=spec.num_layers,
-        vocab_size=spec.vocab_size,
-        shapes={module: spec.projection_shape(module) for module in SUPPORTED_TARGETS},
-        hidden_size=spec.hidden_size,
-        tied_embeddings=spec.tie_word_embeddings,
-    )
+    return BaseModelRef.of_spec(identity.name, identity.digest, load_spec(identity.folder))
 
 
 def add_demo_adapters_flag(parser: argparse.ArgumentParser) -> None:

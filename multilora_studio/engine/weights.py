@@ -14,6 +14,7 @@ slot's shrink. qkv's bias gets the same extra (zero) entries.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,12 +140,11 @@ class _TensorSource:
 DECODER_PREFIXES = (("model", ""), ("model.language_model", ""), ("language_model.model", "language_model."))
 
 
-def decoder_prefix(source: _TensorSource) -> tuple[str, str]:
-    """(prefix of the decoder's tensors, prefix of ``lm_head.weight``) in this checkpoint."""
+def decoder_prefix(has: Callable[[str], bool]) -> tuple[str, str]:
+    """(prefix of the decoder's tensors, prefix of ``lm_head.weight``) in a checkpoint whose
+    tensor names ``has`` tells."""
     for decoder, head in DECODER_PREFIXES:
-        if source.has(f"{decoder}.embed_tokens.weight") or source.has(
-            f"{decoder}.layers.0.input_layernorm.weight"
-        ):
+        if has(f"{decoder}.embed_tokens.weight") or has(f"{decoder}.layers.0.input_layernorm.weight"):
             return decoder, head
     return DECODER_PREFIXES[0]
 
@@ -158,7 +158,7 @@ def load_weights(
     weight (module docstring).
     """
     source = _TensorSource(checkpoint_files(Path(folder)))
-    decoder, head_prefix = decoder_prefix(source)
+    decoder, head_prefix = decoder_prefix(source.has)
     shrink_in_gemm, shrink_in_gemm_bias = allocate_shrink_in_gemm_weights(spec, lora_rows, dtype, device)
 
     def norm(name: str, size: int) -> torch.Tensor:
