@@ -1,4 +1,5 @@
-"""Library view: the adapter table with sort and filter; import, pull, pin, rename, alias, remove, details."""
+"""Library view: the adapter table with sort and filter; import, pull, pin, rename, alias, remove,
+merge and export, details."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from multilora_studio.gui import library_ops
 from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.frozen_table import FrozenFirstColumnTable
 from multilora_studio.gui.library_model import SORT_ROLE, LibraryModel, tiers_of
+from multilora_studio.gui.merge_dialog import MergeDialog
 from multilora_studio.gui.tasks import Task
 from multilora_studio.gui.widgets import MessageBanner, format_bytes, format_time
 
@@ -60,6 +62,9 @@ class LibraryView(QWidget):
         self.rename_button = QPushButton("Rename…")
         self.alias_button = QPushButton("Add alias…")
         self.remove_button = QPushButton("Remove")
+        self.merge_button = QPushButton("Merge and export…")
+        self.merge_dialog: MergeDialog | None = None
+        self.merge_button.clicked.connect(self.open_merge_dialog)
         self.import_button.clicked.connect(self._choose_folder)
         self.pull_button.clicked.connect(self.pullRequested)
         self.pin_button.clicked.connect(self._toggle_pin)
@@ -73,6 +78,7 @@ class LibraryView(QWidget):
             self.pin_button,
             self.rename_button,
             self.alias_button,
+            self.merge_button,
         ):
             buttons.addWidget(button)
         buttons.addWidget(self.remove_button)
@@ -265,6 +271,16 @@ class LibraryView(QWidget):
 
         self.banner.show_message(f"{title[0].upper()}{title[1:]}…", "info")
         return self.host.tasks.run(title, work, succeeded, failed)
+
+    def open_merge_dialog(self) -> MergeDialog:
+        """The merge dialog, the selected adapter checked (a dialog already open keeps its state)."""
+        if self.merge_dialog is None:
+            self.merge_dialog = MergeDialog(self.host, self.selected_name(), self)
+        else:
+            self.merge_dialog.reload(self.selected_name())
+        self.merge_dialog.show()
+        self.merge_dialog.raise_()
+        return self.merge_dialog
 
     def _choose_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Import a PEFT adapter folder")

@@ -7,7 +7,9 @@ and every adapter running, lets the Monitor plot, switches the theme, and applie
 Settings ``--restarts`` times (alternating the number of GPU slots). Every other compare is a
 chat action (``start_chat_compare``: follow-ups, a column with its own settings, token
 divergence), every fourth an adapter's strength sweep; on the Evaluate page it keeps an
-evaluation of base and every adapter going, cancelling every other one (``EvaluateActions``).
+evaluation of base and every adapter going, cancelling every other one (``EvaluateActions``);
+on the Library page it merges a demo adapter into the base and exports it, cancelling every
+other merge (``MergeActions``).
 It writes what it measured as JSON: references to None over the run, resident memory after
 each restart, live Engine objects and engine threads at the end, and every problem seen. The
 test that runs it checks those numbers and that the process exited 0 with no fatal error; a
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -91,6 +94,54 @@ class EvaluateActions:
             self.problems.append(f"evaluation failed: {banner.text}")
 
 
+class MergeActions:
+    """The soak's Library actions: while the Library page shows, "Merge and export" of one demo
+    adapter is kept going (the adapters in turn), every second merge cancelled as soon as it
+    starts; a merged folder is deleted once written. Errors (not cancellations) are problems."""
+
+    def __init__(self, window: MainWindow, folder: Path) -> None:
+        self.window = window
+        self.folder = folder / "merges"
+        self.started = self.finished = self.cancelled = 0
+        self.problems: list[str] = []
+        self.task = None
+
+    def tick(self) -> None:
+        if self.task is not None or self.window.page != "Library" or self.window.host.state != "ready":
+            return
+        names = self.window.library.names()
+        if not names:
+            return
+        dialog = self.window.library.open_merge_dialog()
+        dialog.set_checked({names[self.started % len(names)]: 1.0})
+        out = self.folder / f"merge-{self.started}"
+        dialog.out.setText(str(out))
+        dialog.name.setText(f"soak-merge-{self.started}")
+        task = dialog.start_merge()
+        if task is None:
+            self.problems.append(f"merge did not start: {dialog.banner.text}")
+            return
+        self.task = task
+        self.started += 1
+        task.done.connect(lambda: self.merge_done(out))
+        if self.started % 2 == 0:
+            task.cancel()
+
+    def merge_done(self, out: Path) -> None:
+        self.task = None
+        dialog = self.window.library.merge_dialog
+        banner = dialog.banner if dialog is not None else None
+        if banner is not None and banner.kind == "success":
+            self.finished += 1
+            shutil.rmtree(out, ignore_errors=True)
+        elif banner is not None and banner.text.startswith("Merge cancelled"):
+            self.cancelled += 1
+        else:
+            self.problems.append(f"merge failed: {banner.text if banner else '?'}")
+        if dialog is not None:
+            dialog.close()
+
+
 class Soak(QObject):
     """Drives the window on a timer (see the module docstring)."""
 
@@ -119,6 +170,7 @@ class Soak(QObject):
         window.host.failed.connect(lambda message: self.problems.append(f"engine failed: {message}"))
         window.compare.runFinished.connect(self.compare_finished)
         self.evaluate_actions: EvaluateActions | None = None  # set by main()
+        self.merge_actions: MergeActions | None = None  # set by main()
         window.compare.divergenceFinished.connect(lambda: divergence_finished(self))
 
     def engine_ready(self) -> None:
@@ -154,6 +206,8 @@ class Soak(QObject):
                 set_theme(app, "dark" if self.page_tours() % 2 else "light")
         if self.evaluate_actions is not None:
             self.evaluate_actions.tick()
+        if self.merge_actions is not None:
+            self.merge_actions.tick()
         if self.window.host.state != "ready":
             return
         due = (self.restarts_done + 1) * self.seconds / (self.restarts + 1)
@@ -204,8 +258,12 @@ class Soak(QObject):
             "strength_sweeps": self.strength_sweeps,
             "divergences": self.divergences,
             "compare_errors": self.compare_errors,
-            "problems": self.problems + (self.evaluate_actions.problems if self.evaluate_actions else []),
+            "problems": self.problems
+            + (self.evaluate_actions.problems if self.evaluate_actions else [])
+            + (self.merge_actions.problems if self.merge_actions else []),
             "evaluations": self.evaluate_actions.finished if self.evaluate_actions else 0,
+            "merges": self.merge_actions.finished if self.merge_actions else 0,
+            "merges_cancelled": self.merge_actions.cancelled if self.merge_actions else 0,
             "none_refs": self.none_refs,
             "rss_after_restart": self.rss_after_restart,
             "live_engines": len(live_engines()),
@@ -255,6 +313,7 @@ def main() -> int:
         window = MainWindow(prefs, Registry(Path(folder) / "library"))
         soak = Soak(window, args.seconds, args.restarts)
         soak.evaluate_actions = EvaluateActions(window, Path(folder))
+        soak.merge_actions = MergeActions(window, Path(folder))
         window.resize(1280, 820)
         window.show()
         app.exec()

@@ -129,3 +129,50 @@ def test_the_name_column_stays_and_tier_and_pinned_show_at_1280_px(qtbot, open_w
     assert sorted(shown) == ["tiny-r16-mlp", "tiny-r4-qv"]
     assert frozen.visualRect(frozen.model().index(0, 0)).isValid()
     save_screenshot(window, "library-1280-scrolled")
+
+
+def test_merge_and_export_writes_a_model_that_serves_what_base_and_adapter_serve(
+    qtbot, open_window, registry, tiny_adapters, tmp_path
+):
+    from multilora_studio.adapters.registry import MERGED_REVISION
+    from multilora_studio.engine import Engine, EngineConfig
+
+    window = open_window()
+    library = window.library
+    window.show_page("Library")
+    for name in ("tiny-r8-all", "tiny-r4-qv"):
+        wait_task(qtbot, library.import_folder(tiny_adapters[name]))
+    assert library.select("tiny-r8-all")
+    dialog = library.open_merge_dialog()
+    assert dialog.checked() == [("tiny-r8-all", 1.0)]
+    assert dialog.out.text().endswith("tiny-r8-all-merged")
+
+    # nothing checked, then an output folder that exists: refused, nothing runs
+    dialog.set_checked({})
+    assert dialog.start_merge() is None and "Check the adapter" in dialog.banner.text
+    dialog.set_checked({"tiny-r8-all": 1.0})
+    dialog.out.setText(str(tmp_path))
+    wait_task(qtbot, dialog.start_merge())
+    assert dialog.banner.kind == "error" and "already exists" in dialog.banner.text
+
+    # a cancel mid-merge leaves nothing; then the merge itself
+    out = tmp_path / "merged"
+    dialog.out.setText(str(out))
+    dialog.shard_size.setText("1MB")
+    task = dialog.start_merge()
+    task.cancel()  # the merge checks before every tensor; the inputs' checks alone outlast this call
+    wait_task(qtbot, task)
+    assert dialog.banner.text == "Merge cancelled; nothing was written."
+    assert not out.exists() and not out.with_name("merged.partial").exists()
+    wait_task(qtbot, dialog.start_merge())
+    assert dialog.banner.kind == "success", dialog.banner.text
+    save_screenshot(dialog, "library-merge-dialog")
+    (record,) = [b for b in registry.list_base_models() if b.revision == MERGED_REVISION]
+    assert record.path == out and (out / "model.safetensors.index.json").is_file()
+
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    served = window.host.engine.generate(["Hello there"], ["tiny-r8-all"], greedy)[0]
+    config = EngineConfig(model=str(out), device="cpu", dtype="float32", max_model_len=64)
+    with Engine(config) as merged_engine:
+        merged = merged_engine.generate(["Hello there"], [None], greedy)[0]
+    assert merged.token_ids == served.token_ids

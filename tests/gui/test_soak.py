@@ -45,6 +45,7 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tmp_pat
     assert result["problems"] == [] and result["compare_errors"] == [], result
     assert result["restarts"] == RESTARTS and result["compares"] >= RESTARTS, result
     assert result["evaluations"] >= 1, result
+    assert result["merges"] >= 1 and result["merges_cancelled"] >= 1, result
     assert result["chat_runs"] >= 2 and result["divergences"] >= 1, result
     assert result["strength_sweeps"] >= 1, result
     first, last = result["none_refs"]

@@ -1,0 +1,236 @@
+"""Merge and export: one adapter (or several, with weights) merged into the loaded base and
+written as a Hugging Face model folder, with progress and cancel; the result is registered as
+a base model of its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QCloseEvent
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from multilora_studio.adapters.registry_schema import BaseModelRecord
+from multilora_studio.gui.engine_host import EngineHost
+from multilora_studio.gui.tasks import Task
+from multilora_studio.gui.widgets import MessageBanner
+from multilora_studio.merge import COMBINATIONS, OUTPUT_DTYPES, MergedModel, parse_shard_size
+from multilora_studio.merge.library_merge import merge_into_library, resolve_merge_inputs
+from multilora_studio.paths import models_dir
+
+BASE_DTYPE = "as the base"
+
+
+class MergeDialog(QDialog):
+    """A non-modal dialog; ``merged(folder)`` fires when a merged model was written and registered."""
+
+    merged = Signal(str)
+
+    def __init__(self, host: EngineHost, selected: str | None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Merge and export")
+        self.resize(640, 520)
+        self.host = host
+        self.task: Task | None = None
+        self.banner = MessageBanner()
+        self.adapters = QTableWidget(0, 2)
+        self.adapters.setHorizontalHeaderLabels(["Adapter (check to merge)", "Weight"])
+        self.adapters.horizontalHeader().setStretchLastSection(True)
+        self.adapters.verticalHeader().hide()
+        self.combination = QComboBox()
+        self.combination.addItems(list(COMBINATIONS))
+        self.out = QLineEdit(placeholderText="a new folder for the merged model")
+        browse = QPushButton("Browse…")
+        self.dtype = QComboBox()
+        self.dtype.addItems([BASE_DTYPE, *sorted(OUTPUT_DTYPES)])
+        self.shard_size = QLineEdit("5GB")
+        self.name = QLineEdit(placeholderText="base model name (default: the folder's)")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.status = QLabel()
+        self.merge_button = QPushButton("Merge")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(False)
+        close = QPushButton("Close")
+
+        out_row = QHBoxLayout()
+        out_row.addWidget(self.out, 1)
+        out_row.addWidget(browse)
+        form = QFormLayout()
+        form.addRow("Several adapters combine", self.combination)
+        form.addRow("Output folder", out_row)
+        form.addRow("Weights dtype", self.dtype)
+        form.addRow("Shard size", self.shard_size)
+        form.addRow("Name", self.name)
+        actions = QHBoxLayout()
+        actions.addWidget(self.progress, 1)
+        actions.addWidget(self.merge_button)
+        actions.addWidget(self.cancel_button)
+        actions.addWidget(close)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.banner)
+        layout.addWidget(self.adapters, 1)
+        layout.addLayout(form)
+        layout.addWidget(self.status)
+        layout.addLayout(actions)
+
+        browse.clicked.connect(self._browse)
+        self.merge_button.clicked.connect(self.start_merge)
+        self.cancel_button.clicked.connect(self.cancel)
+        close.clicked.connect(self.close)
+        self.adapters.itemChanged.connect(lambda *_: self._suggest_folder())
+        self._fill(selected)
+
+    def checked(self) -> list[tuple[str, float]]:
+        """The adapters checked for merging, with their weights, in table order."""
+        return [
+            (item.text(), spin.value())
+            for item, spin in self._rows()
+            if item.checkState() == Qt.CheckState.Checked
+        ]
+
+    def set_checked(self, weights: dict[str, float]) -> None:
+        """Check exactly the adapters in ``weights`` and set their weights."""
+        for item, spin in self._rows():
+            item.setCheckState(Qt.CheckState.Checked if item.text() in weights else Qt.CheckState.Unchecked)
+            spin.setValue(weights.get(item.text(), spin.value()))
+
+    def reload(self, selected: str | None) -> None:
+        """Re-read the library into the table (unless a merge runs), ``selected`` checked."""
+        if self.task is None:
+            self._fill(selected)
+
+    def _rows(self) -> list[tuple[QTableWidgetItem, QDoubleSpinBox]]:
+        rows = []
+        for row in range(self.adapters.rowCount()):
+            item, spin = self.adapters.item(row, 0), self.adapters.cellWidget(row, 1)
+            if item is not None and isinstance(spin, QDoubleSpinBox):
+                rows.append((item, spin))
+        return rows
+
+    def start_merge(self) -> Task | None:
+        engine = self.host.engine
+        folder = engine.base.folder if engine is not None else None
+        if folder is None:
+            self.banner.show_message(
+                "Load a base model from a folder first; its adapters merge into it.", "warning"
+            )
+            return None
+        chosen = self.checked()
+        if not chosen:
+            self.banner.show_message("Check the adapter (or adapters) to merge.", "warning")
+            return None
+        out = self.out.text().strip()
+        if not out:
+            self.banner.show_message("Choose the output folder.", "warning")
+            return None
+        registry = self.host.registry
+        dtype = None if self.dtype.currentText() == BASE_DTYPE else OUTPUT_DTYPES[self.dtype.currentText()]
+        combination, shard_text, name = (
+            self.combination.currentText(),
+            self.shard_size.text(),
+            self.name.text(),
+        )
+
+        def work(task: Task) -> tuple[MergedModel, BaseModelRecord]:
+            inputs = resolve_merge_inputs(
+                registry, [n for n, _ in chosen], [w for _, w in chosen], str(folder), False, task.notify
+            )
+            return merge_into_library(
+                registry,
+                inputs,
+                Path(out),
+                dtype,
+                parse_shard_size(shard_text),
+                combination,
+                name.strip() or None,
+                task.notify,
+                task.cancel_event,
+            )
+
+        self.banner.clear()
+        self._busy(True)
+        self.task = self.host.tasks.run("merge", work, self._merged, self._failed, self._progress)
+        return self.task
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            self.status.setText("Cancelling…")
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.cancel()
+        super().closeEvent(event)
+
+    def _fill(self, selected: str | None) -> None:
+        records = self.host.registry.list_adapters()
+        self.adapters.blockSignals(True)
+        self.adapters.setRowCount(len(records))
+        for row, record in enumerate(records):
+            item = QTableWidgetItem(record.name)
+            item.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(Qt.CheckState.Checked if record.name == selected else Qt.CheckState.Unchecked)
+            self.adapters.setItem(row, 0, item)
+            weight = QDoubleSpinBox()
+            weight.setRange(-10.0, 10.0)
+            weight.setSingleStep(0.1)
+            weight.setValue(1.0)
+            self.adapters.setCellWidget(row, 1, weight)
+        self.adapters.blockSignals(False)
+        self._suggest_folder()
+
+    def _suggest_folder(self) -> None:
+        chosen = self.checked()
+        if chosen and not self.out.isModified():
+            stem = "+".join(name for name, _ in chosen).replace("/", "_")
+            self.out.setText(str(models_dir() / f"{stem}-merged"))
+
+    def _browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Folder to write the merged model in")
+        if folder:
+            stem = "+".join(name for name, _ in self.checked()).replace("/", "_") or "merged"
+            self.out.setText(str(Path(folder) / f"{stem}-merged"))
+            self.out.setModified(True)
+
+    def _progress(self, fraction: float, message: str) -> None:
+        self.progress.setValue(int(fraction * 1000))
+        self.status.setText(message)
+
+    def _merged(self, value: tuple[MergedModel, BaseModelRecord]) -> None:
+        result, record = value
+        self._busy(False)
+        self.progress.setValue(1000)
+        self.banner.show_message(
+            f"Wrote {result.path} ({result.total_bytes / 1e9:.2f} GB) and registered it as base model "
+            f"{record.repo_id!r}; choose that folder in Settings to serve it.",
+            "success",
+        )
+        self.merged.emit(str(result.path))
+
+    def _failed(self, message: str) -> None:
+        cancelled = self.task is not None and self.task.cancelled
+        self._busy(False)
+        self.progress.setValue(0)
+        self.status.clear()
+        self.banner.show_message("Merge cancelled; nothing was written." if cancelled else message)
+
+    def _busy(self, busy: bool) -> None:
+        self.merge_button.setEnabled(not busy)
+        self.cancel_button.setEnabled(busy)
+        if not busy:
+            self.task = None
