@@ -32,16 +32,25 @@ from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.merge.shard_writer import PlannedTensor, plan_shards, write_checkpoint
 
 MERGE_CHILD = """
-import json, resource, sys, time
+import json, resource, sys, threading, time
 from pathlib import Path
 from multilora_studio.merge import AdapterSource, BaseSource, MergeRequest, merge_and_export
 base, adapter, out = map(Path, sys.argv[1:])
 source = AdapterSource("random", str(adapter), "", "", 16, (), "LoRA")
+peak_anon = [0]
+def sample():  # anonymous resident memory (the process's own, not file pages), every 20 ms
+    while True:
+        for line in open("/proc/self/status"):
+            if line.startswith("RssAnon:"):
+                peak_anon[0] = max(peak_anon[0], int(line.split()[1]) * 1024)
+        time.sleep(0.02)
+threading.Thread(target=sample, daemon=True).start()
 start = time.perf_counter()
 result = merge_and_export(MergeRequest(base, BaseSource("random", "", "", ""), (adapter,), (source,), out))
 seconds = time.perf_counter() - start
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"seconds": seconds, "peak_rss_bytes": peak, "bytes": result.total_bytes,
+print(json.dumps({"seconds": seconds, "peak_rss_bytes": peak, "peak_anon_bytes": peak_anon[0],
+                  "bytes": result.total_bytes,
                   "shards": len(result.files)}))
 """
 

@@ -81,6 +81,13 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
     return entries
 
 
+def data_offset(path: Path) -> int:
+    """Where the tensor data of ``path`` begins (``TensorEntry`` offsets count from there)."""
+    with path.open("rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+    return 8 + length
+
+
 def _entry(name: str, value: object, bad: str, data_bytes: int) -> TensorEntry:
     if not isinstance(value, dict):
         raise AdapterError(f"{bad}: the header entry of {name!r} is not an object")

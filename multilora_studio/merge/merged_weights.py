@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from multilora_studio.adapters.adapter_config import FUSED_TARGETS, PROJECTION_TARGETS
 from multilora_studio.adapters.peft_adapter import HostAdapter
+from multilora_studio.adapters.safetensors_header import TensorEntry, data_offset, read_header
 from multilora_studio.adapters.token_tables import TokenTables
 from multilora_studio.checkpoint_files import checkpoint_files
 from multilora_studio.engine.model_spec import ModelSpec
@@ -56,9 +56,12 @@ class MergedWeights:
         self._spec = spec
         self._adapter = adapter
         self._dtype = dtype
-        files = checkpoint_files(Path(base_folder))
-        self._handles = [safe_open(str(path), framework="pt") for path in files]
-        self._where = {name: h for h in self._handles for name in h.keys()}  # noqa: SIM118
+        # name -> (file, where its data begins, its header entry): tensors are read with plain
+        # file reads, not a memory map, so what was read leaves the process once merged
+        self._where: dict[str, tuple[Path, int, TensorEntry]] = {}
+        for path in checkpoint_files(Path(base_folder)):
+            start = data_offset(path)
+            self._where |= {name: (path, start, entry) for name, entry in read_header(path).items()}
         decoder, head_prefix = decoder_prefix(self._where.__contains__)
         self._embed_name = f"{decoder}.embed_tokens.weight"
         self._head_name = f"{head_prefix}lm_head.weight"
@@ -134,9 +137,10 @@ class MergedWeights:
             )
 
     def _source_shape(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
-        source = self._stored_name(name)
-        sliced = self._where[source].get_slice(source)
-        return tuple(sliced.get_shape()), _DTYPE_OF[sliced.get_dtype()]
+        entry = self._where[self._stored_name(name)][2]
+        if entry.dtype not in _DTYPE_OF:
+            raise MergeError(f"base tensor {name} has dtype {entry.dtype}, which a merge does not read")
+        return entry.shape, _DTYPE_OF[entry.dtype]
 
     def _stored_name(self, name: str) -> str:
         """The base tensor ``name`` is read from: itself, or for an untied side of a tied base
@@ -148,11 +152,20 @@ class MergedWeights:
     # ------------------------------------------------------------------------------- computing
 
     def _read(self, name: str) -> torch.Tensor:
-        return self._where[name].get_tensor(name)
+        path, start, entry = self._where[name]
+        shape, dtype = self._source_shape(name)
+        data = bytearray(entry.nbytes)
+        with path.open("rb") as handle:
+            handle.seek(start + entry.begin)
+            if handle.readinto(data) != entry.nbytes:
+                raise MergeError(f"{path} is truncated at tensor {name}")
+        if not data:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(data, dtype=dtype).reshape(shape)
 
     def _merge_projection(self, target: _Target, tensor: torch.Tensor) -> torch.Tensor:
         adapter = self._adapter
-        merged = tensor.float().clone()  # [out_total, in] or [out_total]
+        merged = tensor.to(torch.float32, copy=True)  # [out_total, in] or [out_total]
         if adapter is None:
             return merged
         row = 0
