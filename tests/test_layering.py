@@ -13,7 +13,8 @@ ALLOWED = {
     "kernels": set(),
     "adapters": set(),
     "engine": {"kernels", "adapters", "default_model"},
-    "server": {"engine", "adapters", "kernels"},
+    "server": {"engine", "adapters", "kernels", "deploy"},
+    "deploy": {"engine", "adapters"},
     "evaluate": {"engine", "adapters", "run_records"},
     "gui": {
         "server",
@@ -26,6 +27,7 @@ ALLOWED = {
         "run_records",
         "divergence",
         "merge",
+        "deploy",
     },
     "demo": {"engine", "adapters", "default_model", "kernels"},
     "merge": {"engine", "adapters"},
@@ -43,6 +45,7 @@ ALLOWED = {
         "run_records",
         "divergence",
         "merge",
+        "deploy",
     },
     "default_model": set(),
     "run_records": {"engine"},
@@ -56,6 +59,7 @@ THIRD_PARTY_FORBIDDEN = {
     "server": {"PySide6", "pyqtgraph"},
     "evaluate": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
     "merge": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
+    "deploy": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
 }
 
 

@@ -1,0 +1,274 @@
+"""Several base models in one process, each an engine of its own (its KV budget, GPU slots and
+host tier), sharing the device: colocated while at most ``max_resident`` are loaded, swapped
+when more are asked for.
+
+A request leases its base (``lease``): a base that is not loaded is loaded first, after the
+least recently used idle base is unloaded to make room (never one with a lease: its requests
+run to the end first), and the request waits for that, at most ``load_timeout_s``. A base
+idle for ``keep_alive_s`` is unloaded (Ollama's ``keep_alive``). Each base keeps its adapter
+registrations across swaps: a reloaded engine gets them back before any request runs on it.
+A request only ever runs on the engine of the base its model names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from multilora_studio.engine import Engine, EngineConfig
+from multilora_studio.engine.model_source import RANDOM_PREFIX, describe_model
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[EngineConfig], Engine]
+
+
+class BaseUnavailable(RuntimeError):
+    """A base could not be loaded in time, or failed to load; the message says which and why."""
+
+
+@dataclass
+class PoolBase:
+    """One base of the pool: how to start its engine, its adapters, and its engine when loaded."""
+
+    name: str
+    config: EngineConfig
+    adapters: dict[str, Path] = field(default_factory=dict)
+    engine: Engine | None = None
+    leases: int = 0
+    last_used: float = 0.0
+    loads: int = 0  # times its engine was started
+    loading: bool = False
+    error: str | None = None  # why its last load failed
+
+
+def base_name_of(config: EngineConfig) -> str:
+    """The name a base is served under: the engine's ``model_name`` rule, without loading it."""
+    if config.model is not None and config.model.startswith(RANDOM_PREFIX):
+        return f"random-{config.model[len(RANDOM_PREFIX) :]}"
+    return describe_model(config.model).name
+
+
+class BasePool:
+    """The bases of one server (see the module docstring); every method is thread-safe."""
+
+    def __init__(
+        self,
+        configs: Sequence[EngineConfig],
+        max_resident: int | None = None,
+        keep_alive_s: float | None = None,
+        load_timeout_s: float = 600.0,
+        engine_factory: EngineFactory = Engine,
+        started: Sequence[Engine] = (),
+    ) -> None:
+        """``started``: engines already running for the first configs (in order), adopted as
+        they are (their adapters become the base's registrations)."""
+        if not configs:
+            raise ValueError("a base pool needs at least one base model")
+        if max_resident is not None and max_resident < 1:
+            raise ValueError(f"max_resident_bases must be >= 1, got {max_resident}")
+        if keep_alive_s is not None and keep_alive_s <= 0:
+            raise ValueError(f"keep_alive must be > 0 seconds, got {keep_alive_s}")
+        self.max_resident = max_resident or len(configs)
+        self.keep_alive_s = keep_alive_s
+        self.load_timeout_s = load_timeout_s
+        self._factory = engine_factory
+        self._lock = threading.Condition()
+        self._bases: dict[str, PoolBase] = {}
+        for index, config in enumerate(configs):
+            engine = started[index] if index < len(started) else None
+            name = engine.model_name if engine is not None else base_name_of(config)
+            if name in self._bases:
+                raise ValueError(f"two base models are both named {name!r}; serve each once")
+            base = PoolBase(name, config, engine=engine, last_used=time.monotonic())
+            if engine is not None:
+                base.adapters = {info.name: info.path for info in engine.list_adapters()}
+                base.loads = 1
+            self._bases[name] = base
+        if sum(b.engine is not None for b in self._bases.values()) > self.max_resident:
+            raise ValueError(f"more bases started than max_resident_bases={self.max_resident}")
+        self._closed = False
+        if keep_alive_s is not None:
+            threading.Thread(
+                target=self._reap_idle, args=(keep_alive_s,), name="base-pool-keep-alive", daemon=True
+            ).start()
+
+    # ------------------------------------------------------------------------------ reading
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._bases)
+
+    @property
+    def primary(self) -> str:
+        """The first base: where adapters loaded without naming a base go."""
+        return next(iter(self._bases))
+
+    def base(self, name: str) -> PoolBase:
+        return self._bases[name]
+
+    def resident(self) -> list[tuple[str, Engine]]:
+        """The loaded bases and their engines, in pool order."""
+        with self._lock:
+            return [(b.name, b.engine) for b in self._bases.values() if b.engine is not None]
+
+    def base_of(self, model: str) -> tuple[str, str | None] | None:
+        """(base, adapter) that ``model`` names: a base (adapter None) or one of a base's
+        adapters; None for neither."""
+        with self._lock:
+            if model in self._bases:
+                return model, None
+            for base in self._bases.values():
+                if model in base.adapters:
+                    return base.name, model
+        return None
+
+    def adapters_of(self, base: str) -> dict[str, Path]:
+        with self._lock:
+            return dict(self._bases[base].adapters)
+
+    # ------------------------------------------------------------------------------ leasing
+
+    @contextlib.contextmanager
+    def lease(self, name: str, timeout: float | None = None) -> Iterator[Engine]:
+        """The engine of base ``name``, loaded (swapping another out) and kept loaded until the
+        block ends. BaseUnavailable when it cannot be loaded within ``timeout`` (default
+        ``load_timeout_s``)."""
+        engine = self.acquire(name, timeout)
+        try:
+            yield engine
+        finally:
+            self.release(name)
+
+    def acquire(self, name: str, timeout: float | None = None) -> Engine:
+        """``lease`` without the block: pair every call with ``release(name)``."""
+        wait_s = self.load_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + wait_s
+        base = self._bases[name]
+        with self._lock:
+            while True:
+                if self._closed:
+                    raise BaseUnavailable("the server is stopping")
+                if base.engine is not None and not base.loading:
+                    base.leases += 1
+                    base.last_used = time.monotonic()
+                    return base.engine
+                if not base.loading and self._room_for(base):
+                    base.loading = True
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BaseUnavailable(
+                        f"base model {name!r} did not load within {wait_s:g} s"
+                        if base.loading
+                        else f"base model {name!r} waits for other bases' requests to finish; "
+                        "try again, or allow more resident bases"
+                    )
+                self._lock.wait(min(left, 0.5))
+        return self._load(base)
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            base = self._bases[name]
+            base.leases -= 1
+            base.last_used = time.monotonic()
+            self._lock.notify_all()
+
+    # ----------------------------------------------------------------------- adapters
+
+    def add_adapter(self, base_name: str, name: str, path: Path) -> None:
+        """Register an adapter with a base (its engine, when loaded, serves it at once)."""
+        if self.base_of(name) is not None:
+            raise ValueError(f"a model named {name!r} is already served")
+        with self.lease(base_name) as engine:
+            engine.add_adapter(name, path, preload=False)
+            with self._lock:
+                self._bases[base_name].adapters[name] = Path(path)
+
+    def remove_adapter(self, name: str) -> None:
+        found = self.base_of(name)
+        if found is None or found[1] is None:
+            raise ValueError(f"no adapter named {name!r}")
+        base_name = found[0]
+        with self.lease(base_name) as engine:
+            engine.remove_adapter(name)
+            with self._lock:
+                del self._bases[base_name].adapters[name]
+
+    # ------------------------------------------------------------------------ lifecycle
+
+    def shutdown(self) -> None:
+        """Stop every engine (requests still running are aborted by the engines themselves)."""
+        with self._lock:
+            self._closed = True
+            engines = [b.engine for b in self._bases.values() if b.engine is not None]
+            for base in self._bases.values():
+                base.engine = None
+            self._lock.notify_all()
+        for engine in engines:
+            engine.shutdown()
+
+    def __enter__(self) -> BasePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------------- internals
+
+    def _room_for(self, base: PoolBase) -> bool:
+        """Whether ``base`` may load now (the lock held): a free place, or an idle base to
+        unload (the least recently used), which is unloaded here."""
+        loaded = [b for b in self._bases.values() if b.engine is not None or b.loading]
+        if len(loaded) < self.max_resident:
+            return True
+        idle = [b for b in loaded if b.leases == 0 and not b.loading and b is not base]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda b: b.last_used)
+        self._unload(victim, "to make room for " + base.name)
+        return True
+
+    def _unload(self, base: PoolBase, why: str) -> None:
+        """Stop ``base``'s engine (the lock held; it has no lease, so no request runs on it)."""
+        engine, base.engine = base.engine, None
+        if engine is not None:
+            log.info("unloading base model %s %s", base.name, why)
+            engine.shutdown()
+
+    def _load(self, base: PoolBase) -> Engine:
+        started = time.perf_counter()
+        try:
+            engine = self._factory(base.config)
+            for name, path in base.adapters.items():
+                engine.add_adapter(name, path, preload=False)
+        except Exception as error:
+            with self._lock:
+                base.loading = False
+                base.error = str(error)
+                self._lock.notify_all()
+            raise BaseUnavailable(f"base model {base.name!r} failed to load: {error}") from error
+        with self._lock:
+            base.engine, base.loading, base.error = engine, False, None
+            base.loads += 1
+            base.leases += 1
+            base.last_used = time.monotonic()
+            self._lock.notify_all()
+        log.info("loaded base model %s in %.2f s", base.name, time.perf_counter() - started)
+        return engine
+
+    def _reap_idle(self, keep: float) -> None:
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                for base in self._bases.values():
+                    if base.engine is not None and base.leases == 0 and now - base.last_used >= keep:
+                        self._unload(base, f"after {keep:g} s idle")
+                self._lock.wait(min(keep / 4, 1.0))

@@ -1,0 +1,149 @@
+"""Several bases in one process: each request runs on its own base's engine and equals PEFT for
+its adapter on that base; with room for one base, alternating requests swap it and stay
+equal; a request for a swapped-out base waits for the one in use, bounded; idle bases unload."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from multilora_studio.deploy import BasePool, BaseUnavailable
+from multilora_studio.engine import EngineConfig, SamplingParams
+from tests.engine.reference import PeftReference
+from tests.fixtures import AdapterSpec, build_adapter
+
+NEW_TOKENS = 10
+PROMPTS = [[1, 510, 2300, 44, 901], [1, 40000, 12, 7]]
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+QWEN_ADAPTER = AdapterSpec("qwen-r8", 8, 16, ("q_proj", "v_proj", "down_proj"), 51)
+
+
+def config(model) -> EngineConfig:
+    return EngineConfig(model=str(model), device="cpu", dtype="float32", max_model_len=64, max_lora_rank=8)
+
+
+@pytest.fixture(scope="module")
+def two_bases(tiny_model_dir, tiny_family_models, tiny_adapters, tmp_path_factory):
+    """(llama folder, its adapter), (qwen2 folder, its adapter) and what PEFT generates for each."""
+    qwen = tiny_family_models["qwen2"]
+    qwen_adapter = build_adapter(qwen, QWEN_ADAPTER, tmp_path_factory.mktemp("pool") / "qwen-r8")
+    llama_adapter = tiny_adapters["tiny-r8-all"]
+    expected = {}
+    for base, name, folder in (
+        (tiny_model_dir, "tiny-r8-all", llama_adapter),
+        (qwen, "qwen-r8", qwen_adapter),
+    ):
+        reference = PeftReference(base, {name: folder})
+        for adapter in (name, None):
+            expected[(base.name, adapter)] = [reference.greedy(adapter, p, NEW_TOKENS) for p in PROMPTS]
+    return {"llama": (tiny_model_dir, llama_adapter), "qwen": (qwen, qwen_adapter)}, expected
+
+
+def run(pool: BasePool, model: str) -> list[list[int]]:
+    found = pool.base_of(model)
+    assert found is not None
+    base, adapter = found
+    with pool.lease(base) as engine:
+        assert engine.model_name == base
+        outputs = engine.generate(PROMPTS, [adapter] * len(PROMPTS), GREEDY)
+    return [o.token_ids for o in outputs]
+
+
+def make_pool(two_bases, **options) -> BasePool:
+    folders, _ = two_bases
+    pool = BasePool([config(folders["llama"][0]), config(folders["qwen"][0])], **options)
+    llama, qwen = pool.names
+    pool.add_adapter(llama, "tiny-r8-all", folders["llama"][1])
+    pool.add_adapter(qwen, "qwen-r8", folders["qwen"][1])
+    return pool
+
+
+def test_interleaved_requests_for_two_bases_each_equal_peft_on_their_base(two_bases):
+    folders, expected = two_bases
+    with make_pool(two_bases) as pool:
+        llama, qwen = pool.names
+        assert pool.base_of("qwen-r8") == (qwen, "qwen-r8") and pool.base_of("nope") is None
+        order = ["tiny-r8-all", "qwen-r8", llama, qwen, "qwen-r8", "tiny-r8-all"]
+        results: dict[str, list] = {}
+        threads = [threading.Thread(target=lambda m=m: results.__setitem__(m, run(pool, m))) for m in order]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert results["tiny-r8-all"] == expected[(folders["llama"][0].name, "tiny-r8-all")]
+        assert results["qwen-r8"] == expected[(folders["qwen"][0].name, "qwen-r8")]
+        assert results[llama] == expected[(folders["llama"][0].name, None)]
+        assert results[qwen] == expected[(folders["qwen"][0].name, None)]
+        assert [pool.base(name).loads for name in pool.names] == [1, 1]  # colocated: never swapped
+
+
+def test_with_room_for_one_base_alternating_requests_swap_and_stay_correct(two_bases):
+    folders, expected = two_bases
+    with make_pool(two_bases, max_resident=1) as pool:
+        llama, qwen = pool.names
+        for _ in range(2):
+            assert run(pool, "qwen-r8") == expected[(folders["qwen"][0].name, "qwen-r8")]
+            assert [name for name, _ in pool.resident()] == [qwen]
+            assert run(pool, "tiny-r8-all") == expected[(folders["llama"][0].name, "tiny-r8-all")]
+            assert [name for name, _ in pool.resident()] == [llama]
+        # the adapters came back with each reload
+        assert pool.base(qwen).loads == 2 and pool.base(llama).loads == 3
+
+
+def test_a_request_for_a_swapped_out_base_waits_for_the_one_in_use(two_bases):
+    folders, expected = two_bases
+    with make_pool(two_bases, max_resident=1) as pool:
+        llama, qwen = pool.names
+        held = threading.Event()
+        release = threading.Event()
+
+        def hold_llama() -> None:
+            with pool.lease(llama):
+                held.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold_llama)
+        holder.start()
+        assert held.wait(60)
+        with pytest.raises(BaseUnavailable, match="waits for other bases' requests"):
+            pool.acquire(qwen, timeout=0.3)
+        finished: dict[str, object] = {}
+
+        def ask_qwen() -> None:
+            started = time.monotonic()
+            finished["tokens"] = run(pool, "qwen-r8")
+            finished["waited"] = time.monotonic() - started
+
+        waiter = threading.Thread(target=ask_qwen)
+        waiter.start()
+        time.sleep(1.0)
+        assert "tokens" not in finished  # still waiting: llama has a request
+        release.set()
+        holder.join(30)
+        waiter.join(120)
+        assert finished["tokens"] == expected[(folders["qwen"][0].name, "qwen-r8")]
+        assert finished["waited"] >= 1.0
+
+
+def test_an_idle_base_unloads_after_keep_alive_and_reloads_on_the_next_request(two_bases):
+    folders, expected = two_bases
+    with make_pool(two_bases, keep_alive_s=0.5) as pool:
+        llama, _ = pool.names
+        assert run(pool, "tiny-r8-all") == expected[(folders["llama"][0].name, "tiny-r8-all")]
+        deadline = time.monotonic() + 30
+        while pool.resident() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pool.resident() == []
+        assert run(pool, "tiny-r8-all") == expected[(folders["llama"][0].name, "tiny-r8-all")]
+        assert pool.base(llama).loads == 2
+
+
+def test_refusals(two_bases, tiny_model_dir):
+    with pytest.raises(ValueError, match="both named"):
+        BasePool([config(tiny_model_dir), config(tiny_model_dir)])
+    with pytest.raises(ValueError, match="max_resident_bases"):
+        BasePool([config(tiny_model_dir)], max_resident=0)
+    with make_pool(two_bases) as pool, pytest.raises(ValueError, match="already served"):
+        pool.add_adapter(pool.names[1], "tiny-r8-all", two_bases[0]["llama"][1])
