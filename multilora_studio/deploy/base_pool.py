@@ -38,7 +38,7 @@ class PoolBase:
 
     name: str
     config: EngineConfig
-    adapters: dict[str, Path] = field(default_factory=dict)
+    adapters: dict[str, Path] = field(default_factory=dict)  # served when it was last unloaded
     engine: Engine | None = None
     leases: int = 0
     last_used: float = 0.0
@@ -87,7 +87,6 @@ class BasePool:
                 raise ValueError(f"two base models are both named {name!r}; serve each once")
             base = PoolBase(name, config, engine=engine, last_used=time.monotonic())
             if engine is not None:
-                base.adapters = {info.name: info.path for info in engine.list_adapters()}
                 base.loads = 1
             self._bases[name] = base
         if sum(b.engine is not None for b in self._bases.values()) > self.max_resident:
@@ -120,17 +119,22 @@ class BasePool:
     def base_of(self, model: str) -> tuple[str, str | None] | None:
         """(base, adapter) that ``model`` names: a base (adapter None) or one of a base's
         adapters; None for neither."""
-        with self._lock:
-            if model in self._bases:
-                return model, None
-            for base in self._bases.values():
-                if model in base.adapters:
-                    return base.name, model
+        if model in self._bases:
+            return model, None
+        for name in self._bases:
+            if model in self.adapters_of(name):
+                return name, model
         return None
 
     def adapters_of(self, base: str) -> dict[str, Path]:
+        """The adapters a base serves: its engine's own list while it is loaded (adapters added
+        to the engine directly count), else those it had when it was unloaded."""
         with self._lock:
-            return dict(self._bases[base].adapters)
+            entry = self._bases[base]
+            engine = entry.engine
+            if engine is None:
+                return dict(entry.adapters)
+        return {info.name: info.path for info in engine.list_adapters()}
 
     # ------------------------------------------------------------------------------ leasing
 
@@ -181,14 +185,13 @@ class BasePool:
 
     # ----------------------------------------------------------------------- adapters
 
-    def add_adapter(self, base_name: str, name: str, path: Path) -> None:
-        """Register an adapter with a base (its engine, when loaded, serves it at once)."""
+    def add_adapter(self, base_name: str, name: str, path: Path, preload: bool = True) -> None:
+        """Serve an adapter on a base (loading the base if it is not); ``preload``: read and
+        check its weights now (``Engine.add_adapter``)."""
         if self.base_of(name) is not None:
-            raise ValueError(f"a model named {name!r} is already served")
+            raise ValueError(f"a model named {name!r} already exists")
         with self.lease(base_name) as engine:
-            engine.add_adapter(name, path, preload=False)
-            with self._lock:
-                self._bases[base_name].adapters[name] = Path(path)
+            engine.add_adapter(name, path, preload=preload)
 
     def remove_adapter(self, name: str) -> None:
         found = self.base_of(name)
@@ -197,8 +200,6 @@ class BasePool:
         base_name = found[0]
         with self.lease(base_name) as engine:
             engine.remove_adapter(name)
-            with self._lock:
-                del self._bases[base_name].adapters[name]
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -235,10 +236,12 @@ class BasePool:
         return True
 
     def _unload(self, base: PoolBase, why: str) -> None:
-        """Stop ``base``'s engine (the lock held; it has no lease, so no request runs on it)."""
+        """Stop ``base``'s engine (the lock held; it has no lease, so no request runs on it),
+        keeping the adapters it served for its next load."""
         engine, base.engine = base.engine, None
         if engine is not None:
             log.info("unloading base model %s %s", base.name, why)
+            base.adapters = {info.name: info.path for info in engine.list_adapters()}
             engine.shutdown()
 
     def _load(self, base: PoolBase) -> Engine:

@@ -1,8 +1,9 @@
 """One HTTP generation request: its engine requests, their merged deltas, and its bookkeeping.
 
-A Job holds an admission reservation from creation until ``close()``, which aborts
-whatever is unfinished in the engine (so its KV blocks are freed), charges the
-tokens to the caller's key, and records metrics and the request log entry.
+A Job holds an admission reservation and a lease on its base's engine from creation until
+``close()``, which aborts whatever is unfinished in the engine (so its KV blocks are freed),
+releases the lease (the base may be swapped out once no job holds it), charges the tokens to
+the caller's key, and records metrics and the request log entry.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from dataclasses import dataclass, field
 
 from starlette.types import Receive
 
-from multilora_studio.engine import Prompt, RequestStream, SamplingParams, TokenDelta, TokenLogprob
+from multilora_studio.engine import Engine, Prompt, RequestStream, SamplingParams, TokenDelta, TokenLogprob
 from multilora_studio.engine.grammar import GRAMMAR_FAILED
 from multilora_studio.server.context_window import check_fits
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.logprob_shapes import ScoreOptions
 from multilora_studio.server.request_log import RequestRecord
-from multilora_studio.server.state import ServerState
+from multilora_studio.server.state import ModelTarget, ServerState
 from multilora_studio.server.structured import structure_field
+from multilora_studio.server.token_text import TokenText
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +74,8 @@ class Job:
         state: ServerState,
         route: str,
         model: str,
-        adapter: str | None,
+        target: ModelTarget,
+        engine: Engine,
         key: str,
         stream: bool,
         prompts: Sequence[Prompt],
@@ -88,7 +91,9 @@ class Job:
         self.state = state
         self.route = route
         self.model = model
-        self.adapter = adapter
+        self.target = target
+        self.engine = engine  # leased from the pool: released by close()
+        self.adapter = target.adapter
         self.key = key
         self.stream = stream
         self.options = options or ScoreOptions()
@@ -138,7 +143,7 @@ class Job:
 
     def _encode_all(self) -> list[list[int]]:
         """Token ids of each choice's prompt (each prompt tokenized once)."""
-        engine, specials = self.state.engine, self.state.config.allow_special_tokens_in_content
+        engine, specials = self.engine, self.state.config.allow_special_tokens_in_content
         encoded: list[list[int]] = []
         for choice in self.choices:
             if self._aborted:
@@ -158,7 +163,7 @@ class Job:
         )
         room = admission.room(self.key)
         if self.max_tokens_param is None and room is not None:
-            max_len = self.state.engine.config.max_model_len
+            max_len = self.engine.config.max_model_len
             share = (room - prompt_tokens) // len(self.choices)
             caps = [max(1, min(share, max_len - len(ids))) for ids in prompt_ids]
             self.reserved += admission.reserve(self.key, self.reserved, prompt_tokens + sum(caps), param)
@@ -172,7 +177,7 @@ class Job:
     @contextlib.contextmanager
     def _engine_errors(self) -> Iterator[None]:
         """Engine errors as API errors: ValueError 400 (404 for an adapter removed meanwhile)."""
-        engine = self.state.engine
+        engine = self.engine
         try:
             yield
         except ApiError:
@@ -191,7 +196,7 @@ class Job:
             raise ApiError(400, f"the prompt could not be prepared: {error}", "invalid_value") from None
 
     def _submit_all(self, loop: asyncio.AbstractEventLoop, prompt_ids: list[list[int]]) -> None:
-        engine = self.state.engine
+        engine = self.engine
         for choice, token_ids in zip(self.choices, prompt_ids, strict=False):
             if self._aborted:
                 return
@@ -221,7 +226,7 @@ class Job:
 
     def _abort_engine_request(self, request_id: str) -> None:
         with contextlib.suppress(RuntimeError):  # an engine already shut down has nothing left to free
-            self.state.engine.abort(request_id)
+            self.engine.abort(request_id)
 
     # ------------------------------------------------------------ client side
 
@@ -257,7 +262,7 @@ class Job:
         """An engine error with the adapter's server folder written as its name (key holders read it)."""
         if message is None or self.adapter is None:
             return message
-        for info in self.state.engine.list_adapters():
+        for info in self.engine.list_adapters():
             if info.name == self.adapter:
                 return message.replace(str(info.path), f"<adapter {info.name}>")
         return message
@@ -272,6 +277,11 @@ class Job:
         return await until_disconnect(consume(), receive)
 
     # ------------------------------------------------------------ bookkeeping
+
+    @property
+    def token_text(self) -> TokenText:
+        """Token texts of this job's tokenizer (its adapter's own, or its base's)."""
+        return self.state.token_text_for(self.engine, self.adapter)
 
     @property
     def prompt_tokens(self) -> int:
@@ -294,6 +304,7 @@ class Job:
         self.abort()
         for pump in self._pumps:
             pump.cancel()
+        self.state.release(self.target)
         if client_gone:
             status = CLIENT_GONE
         elif status is None:

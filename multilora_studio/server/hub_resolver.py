@@ -17,7 +17,7 @@ from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.hub import HubError, HubNotFoundError, HubUnreachableError, parse_repo_ref
 from multilora_studio.adapters.pull import pull
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.engine import Engine
+from multilora_studio.deploy import BasePool, BaseUnavailable
 from multilora_studio.server.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -26,10 +26,11 @@ log = logging.getLogger(__name__)
 class HubResolver:
     """Pull, register and serve Hub adapters named by a request's ``model``; one pull per repo@rev."""
 
-    def __init__(self, engine: Engine, registry: Registry, wait_s: float) -> None:
+    def __init__(self, pool: BasePool, registry: Registry, wait_s: float) -> None:
+        """Adapters pulled are served on the pool's first base."""
         if wait_s <= 0:
             raise ValueError(f"the Hub pull wait must be > 0 seconds, got {wait_s!r}")
-        self.engine = engine
+        self.pool = pool
         self.registry = registry
         self.wait_s = wait_s
         self.pulls_started = 0
@@ -67,18 +68,21 @@ class HubResolver:
             task.exception()  # retrieved even when every waiter timed out
 
     def _pull(self, model: str) -> str:
-        """On a worker thread: pull ``model`` into the library and add it to the engine."""
+        """On a worker thread: pull ``model`` into the library and serve it on the first base."""
         try:
-            result = pull(
-                model,
-                self.registry,
-                lambda: BaseModelRef.of_engine(self.engine),
-                name=model,
-                max_rank=self.engine.config.max_lora_rank,
-                adapter_only=True,
-            )
-            assert result.adapter is not None  # adapter_only
-            record = self.registry.load_into(self.engine, result.adapter.name, preload=False)
+            with self.pool.lease(self.pool.primary) as engine:
+                result = pull(
+                    model,
+                    self.registry,
+                    lambda: BaseModelRef.of_engine(engine),
+                    name=model,
+                    max_rank=engine.config.max_lora_rank,
+                    adapter_only=True,
+                )
+                assert result.adapter is not None  # adapter_only
+                record = self.registry.load_into(engine, result.adapter.name, preload=False)
+        except BaseUnavailable as error:
+            raise ApiError(503, str(error), "model_unavailable", "model") from None
         except HubNotFoundError as error:
             raise ApiError(
                 404, f"The model `{model}` does not exist: {error}", "model_not_found", "model"

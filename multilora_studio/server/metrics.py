@@ -1,99 +1,111 @@
-"""Prometheus metrics: per-adapter request series from the server, engine state from its snapshot."""
+"""Prometheus metrics: per-adapter request series from the server, each loaded base's engine state
+from its snapshot (labelled ``base``: one series per base model served, a bounded set)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from multilora_studio.engine import Engine
+from multilora_studio.deploy import BasePool
+from multilora_studio.engine import EngineMetrics
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class EngineCollector(Collector):
-    """Reads ``engine.metrics()`` at scrape time (the same snapshot the GUI shows)."""
+    """Reads every loaded base's ``engine.metrics()`` at scrape time (the snapshot the GUI shows)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, pool: BasePool) -> None:
+        self.pool = pool
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.engine.metrics()
-        if snap is None:
-            return
+        snaps = [(base, engine.metrics()) for base, engine in self.pool.resident()]
+        snapshots = [(base, snap) for base, snap in snaps if snap is not None]
         hits = CounterMetricFamily(
-            "multilora_adapter_cache_hits", "Adapter lookups served by a tier", labels=["tier"]
+            "multilora_adapter_cache_hits", "Adapter lookups served by a tier", labels=["base", "tier"]
         )
         misses = CounterMetricFamily(
-            "multilora_adapter_cache_misses", "Adapter lookups a tier had to load", labels=["tier"]
+            "multilora_adapter_cache_misses", "Adapter lookups a tier had to load", labels=["base", "tier"]
         )
-        for tier, hit, miss in (
-            ("gpu", snap.gpu_hits, snap.gpu_misses),
-            ("cpu", snap.cpu_hits, snap.cpu_misses),
-        ):
-            hits.add_metric([tier], hit)
-            misses.add_metric([tier], miss)
+        cold = GaugeMetricFamily(
+            "multilora_adapter_cold_load_seconds",
+            "Adapter load latency from disk",
+            labels=["base", "quantile"],
+        )
+        for base, snap in snapshots:
+            for tier, hit, miss in (
+                ("gpu", snap.gpu_hits, snap.gpu_misses),
+                ("cpu", snap.cpu_hits, snap.cpu_misses),
+            ):
+                hits.add_metric([base, tier], hit)
+                misses.add_metric([base, tier], miss)
+            for quantile, value in (("0.5", snap.cold_load_p50_s), ("0.95", snap.cold_load_p95_s)):
+                if value is not None:
+                    cold.add_metric([base, quantile], value)
         yield hits
         yield misses
-        cold = GaugeMetricFamily(
-            "multilora_adapter_cold_load_seconds", "Adapter load latency from disk", labels=["quantile"]
-        )
-        for quantile, value in (("0.5", snap.cold_load_p50_s), ("0.95", snap.cold_load_p95_s)):
-            if value is not None:
-                cold.add_metric([quantile], value)
         yield cold
-        gauges = (
-            ("multilora_num_requests_waiting", "Requests queued in the engine", snap.waiting),
-            ("multilora_num_requests_running", "Requests in the running batch", snap.running),
-            ("multilora_batch_size", "Requests in the last step", snap.batch_size),
-            ("multilora_batch_tokens", "Tokens in the last step", snap.batch_tokens),
-            (
-                "multilora_batch_distinct_adapters",
-                "Distinct adapters in the last step",
-                snap.distinct_adapters,
-            ),
-            ("multilora_generation_tokens_per_second", "Recent generation rate", snap.tokens_per_second),
-            ("multilora_kv_blocks_free", "Free KV cache blocks", snap.kv_blocks_free),
-            ("multilora_kv_blocks_total", "KV cache blocks", snap.kv_blocks_total),
-            (
-                "multilora_gpu_slots_used",
-                "Adapter slots holding an adapter",
-                sum(s.adapter is not None for s in snap.slots),
-            ),
-            ("multilora_gpu_slots_total", "Adapter slots", len(snap.slots)),
-            ("multilora_cpu_adapters", "Adapters held in host RAM", len(snap.cpu_adapters)),
-            ("multilora_device_memory_bytes", "Device memory allocated", snap.device_memory_bytes),
-            (
-                "multilora_token_tables",
-                "Adapters with embedding / lm_head tables on the device",
-                snap.token_tables,
-            ),
-            (
-                "multilora_token_table_bytes",
-                "Device memory of the adapters' token tables",
-                snap.token_table_bytes,
-            ),
-        )
-        for name, documentation, value in gauges:
-            yield GaugeMetricFamily(name, documentation, value=value)
-        yield CounterMetricFamily("multilora_engine_steps", "Engine steps run", value=snap.steps)
-        yield CounterMetricFamily(
-            "multilora_preemptions", "Requests preempted for KV space", value=snap.preemptions
-        )
-        yield CounterMetricFamily(
-            "multilora_kernel_compiles",
-            "Triton kernel compiles after start-up (each stalls the running batch)",
-            value=snap.kernel_compiles,
-        )
+        for family, table in ((GaugeMetricFamily, GAUGES), (CounterMetricFamily, COUNTERS)):
+            for name, documentation, reading in table:
+                metric = family(name, documentation, labels=["base"])
+                for base, snap in snapshots:
+                    metric.add_metric([base], reading(snap))
+                yield metric
+
+
+Reading = Callable[[EngineMetrics], float]
+# name, documentation, its value in one engine snapshot
+GAUGES: tuple[tuple[str, str, Reading], ...] = (
+    ("multilora_num_requests_waiting", "Requests queued in the engine", lambda s: s.waiting),
+    ("multilora_num_requests_running", "Requests in the running batch", lambda s: s.running),
+    ("multilora_batch_size", "Requests in the last step", lambda s: s.batch_size),
+    ("multilora_batch_tokens", "Tokens in the last step", lambda s: s.batch_tokens),
+    (
+        "multilora_batch_distinct_adapters",
+        "Distinct adapters in the last step",
+        lambda s: s.distinct_adapters,
+    ),
+    ("multilora_generation_tokens_per_second", "Recent generation rate", lambda s: s.tokens_per_second),
+    ("multilora_kv_blocks_free", "Free KV cache blocks", lambda s: s.kv_blocks_free),
+    ("multilora_kv_blocks_total", "KV cache blocks", lambda s: s.kv_blocks_total),
+    (
+        "multilora_gpu_slots_used",
+        "Adapter slots holding an adapter",
+        lambda s: sum(slot.adapter is not None for slot in s.slots),
+    ),
+    ("multilora_gpu_slots_total", "Adapter slots", lambda s: len(s.slots)),
+    ("multilora_cpu_adapters", "Adapters held in host RAM", lambda s: len(s.cpu_adapters)),
+    ("multilora_device_memory_bytes", "Device memory allocated", lambda s: s.device_memory_bytes),
+    (
+        "multilora_token_tables",
+        "Adapters with embedding / lm_head tables on the device",
+        lambda s: s.token_tables,
+    ),
+    (
+        "multilora_token_table_bytes",
+        "Device memory of the adapters' token tables",
+        lambda s: s.token_table_bytes,
+    ),
+)
+COUNTERS: tuple[tuple[str, str, Reading], ...] = (
+    ("multilora_engine_steps", "Engine steps run", lambda s: s.steps),
+    ("multilora_preemptions", "Requests preempted for KV space", lambda s: s.preemptions),
+    (
+        "multilora_kernel_compiles",
+        "Triton kernel compiles after start-up (each stalls the running batch)",
+        lambda s: s.kernel_compiles,
+    ),
+)
 
 
 class ServerMetrics:
     """One registry per server, so several servers (tests, GUI restarts) never share series."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, pool: BasePool) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ["adapter"]
         self.requests = Counter(
@@ -132,7 +144,7 @@ class ServerMetrics:
         self.in_flight = Gauge(
             "multilora_server_in_flight", "Engine requests the server has in flight", registry=self.registry
         )
-        self.registry.register(EngineCollector(engine))
+        self.registry.register(EngineCollector(pool))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

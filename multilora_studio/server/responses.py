@@ -34,11 +34,11 @@ def _echo_text(job: Job, choice: Choice) -> str:
     """The prompt as given (text), or its ids decoded."""
     if isinstance(choice.prompt, str):
         return choice.prompt
-    return job.state.token_text_for(job.adapter).text(choice.prompt_token_ids)
+    return job.token_text.text(choice.prompt_token_ids)
 
 
 def _namer(job: Job) -> TokenNamer:
-    return job.state.token_text_for(job.adapter).namer(job.options.token_ids)
+    return job.token_text.namer(job.options.token_ids)
 
 
 def _prompt_scored(choice: Choice) -> list[Scored]:
@@ -56,7 +56,7 @@ def _with_prompt_logprobs(job: Job, item: dict[str, Any], choice: Choice) -> dic
     if top is None:
         return item
     entries = choice.prompt_logprobs or ()
-    names = job.state.token_text_for(job.adapter).token
+    names = job.token_text.token
     return item | {"prompt_logprobs": prompt_logprobs(entries, top, names)}
 
 

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from multilora_studio import __version__
 from multilora_studio.adapters.peft_adapter import CONFIG_FILE
+from multilora_studio.deploy import BaseUnavailable
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import LoadLoraRequest, UnloadLoraRequest
 from multilora_studio.server.state import ServerState, caller, require_admin, server_state
@@ -23,18 +24,20 @@ OWNER = "multilora-studio"
 
 
 def model_cards(state: ServerState, request: Request) -> list[dict[str, Any]]:
-    """The base model and every adapter the caller's key may use; adapters name the base as
-    ``parent`` (vLLM's shape).
+    """Every base model and every adapter the caller's key may use; adapters name their base as
+    ``parent`` (vLLM's shape). A base that is swapped out is listed with what it serves.
 
     ``root`` is a name (the base's, an adapter's own), never a folder: any key holder reads this.
     """
-    engine = state.engine
-    base = engine.model_name
     common = {"object": "model", "created": state.created, "owned_by": OWNER}
-    max_len = engine.config.max_model_len
-    cards = [{"id": base, **common, "root": base, "parent": None, "max_model_len": max_len}]
-    for info in sorted(engine.list_adapters(), key=lambda a: a.name):
-        cards.append({"id": info.name, **common, "root": info.name, "parent": base, "max_model_len": max_len})
+    resident = dict(state.pool.resident())
+    cards = []
+    for base in state.pool.names:
+        engine = resident.get(base)
+        max_len = (engine.config if engine is not None else state.pool.base(base).config).max_model_len
+        cards.append({"id": base, **common, "root": base, "parent": None, "max_model_len": max_len})
+        for name in sorted(state.pool.adapters_of(base)):
+            cards.append({"id": name, **common, "root": name, "parent": base, "max_model_len": max_len})
     key = caller(request)
     return [card for card in cards if key.may_use(str(card["id"]))]
 
@@ -83,14 +86,19 @@ def _has_adapter_config(path: str) -> bool:
 
 @admin_router.post("/v1/load_lora_adapter")
 async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> PlainTextResponse:
-    engine = server_state(request).engine
-    taken = any(info.name == body.lora_name for info in engine.list_adapters())  # the engine says so
+    pool = server_state(request).pool
+    base = body.base_model or pool.primary
+    if base not in pool.names:
+        raise ApiError(404, f"The base model `{base}` does not exist.", "model_not_found", "base_model")
+    taken = pool.base_of(body.lora_name) is not None
     if not taken and not await asyncio.to_thread(_has_adapter_config, body.lora_path):
         raise _no_adapter_at(body.lora_path)
     try:
-        await asyncio.to_thread(engine.add_adapter, body.lora_name, body.lora_path)
+        await asyncio.to_thread(pool.add_adapter, base, body.lora_name, Path(body.lora_path))
     except OSError:
         raise _no_adapter_at(body.lora_path) from None
+    except BaseUnavailable as error:
+        raise ApiError(503, str(error), "model_unavailable", "base_model") from None
     except ValueError as error:
         raise ApiError(
             400, f"could not load adapter {body.lora_name!r}: {error}", "invalid_adapter"
@@ -100,11 +108,14 @@ async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> PlainTex
 
 @admin_router.post("/v1/unload_lora_adapter")
 async def unload_lora_adapter(body: UnloadLoraRequest, request: Request) -> PlainTextResponse:
-    engine = server_state(request).engine
-    if not any(info.name == body.lora_name for info in engine.list_adapters()):
+    pool = server_state(request).pool
+    found = pool.base_of(body.lora_name)
+    if found is None or found[1] is None:
         raise ApiError(404, f"The adapter `{body.lora_name}` does not exist.", "model_not_found", "lora_name")
     try:
-        await asyncio.to_thread(engine.remove_adapter, body.lora_name)
+        await asyncio.to_thread(pool.remove_adapter, body.lora_name)
+    except BaseUnavailable as error:
+        raise ApiError(503, str(error), "model_unavailable", "lora_name") from None
     except ValueError as error:  # still in use by queued or running requests
         raise ApiError(
             409, f"could not unload adapter {body.lora_name!r}: {error}", "adapter_in_use"

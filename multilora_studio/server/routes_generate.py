@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from multilora_studio.engine import Prompt, SamplingParams
+from multilora_studio.engine import Engine, Prompt, SamplingParams
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.generation import CLIENT_GONE, Job, record_rejection
 from multilora_studio.server.request_fields import check_fields
@@ -35,12 +35,15 @@ from multilora_studio.server.tools.setup import tool_plan, uses_tools, with_tool
 router = APIRouter()
 
 
+Prepare = Callable[[Engine, str | None], tuple[list[Prompt], list[SamplingParams]]]
+
+
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    def prepare(adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
+    def prepare(engine: Engine, adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
         prompts = completion_prompts(body)
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        tokenizer = server_state(request).engine.tokenizer_for(adapter)
+        tokenizer = engine.tokenizer_for(adapter)
         params = [sampling_params(body, max_tokens, i, tokenizer) for i in range(body.n)]
         return prompts, params
 
@@ -52,10 +55,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state = server_state(request)
-    engine = state.engine
     tool_format: list[str | None] = [None]  # prepare() sets it: the format answers are parsed in
 
-    def prepare(adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
+    def prepare(engine: Engine, adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
         tokenizer = engine.tokenizer_for(adapter)  # its own template, where it brings one
         if not uses_tools(body):
             return chat_request(body, engine.config.max_model_len, tokenizer)
@@ -87,7 +89,7 @@ async def generate(
     request: Request,
     route: str,
     body: CompletionRequest | ChatCompletionRequest,
-    prepare: Callable[[str | None], tuple[list[Prompt], list[SamplingParams]]],
+    prepare: Prepare,
     build_body: Callable[[Job], dict[str, Any]],
     build_events: Callable[[Job, bool], AsyncIterator[bytes]],
     max_tokens_field: str | None,
@@ -96,15 +98,21 @@ async def generate(
     """Run one generation request; ``max_tokens_field`` names the field that set the output cap."""
     state, key = server_state(request), api_key_label(request)
     try:
-        adapter = await state.resolve_model(body.model, caller(request))
+        target = await state.resolve_model(body.model, caller(request))
         check_supported(body)
         check_fields(route, body)
-        prompts, params = prepare(adapter)
+        engine = await state.lease(target)  # the base loads first if it was swapped out
+    except ApiError as error:
+        record_rejection(state, route, body.model, key, body.stream, error)
+        raise
+    try:
+        prompts, params = prepare(engine, target.adapter)
         job = Job(
             state,
             route,
             body.model,
-            adapter,
+            target,
+            engine,
             key,
             body.stream,
             prompts,
@@ -112,11 +120,13 @@ async def generate(
             score_options(body),
             max_tokens_field,
         )
-        if configure is not None:
-            configure(job)
-    except ApiError as error:
-        record_rejection(state, route, body.model, key, body.stream, error)
+    except BaseException as error:
+        state.release(target)
+        if isinstance(error, ApiError):
+            record_rejection(state, route, body.model, key, body.stream, error)
         raise
+    if configure is not None:
+        configure(job)
     try:
         await job.submit()
     except ApiError as error:

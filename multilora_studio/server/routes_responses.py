@@ -7,7 +7,7 @@ from functools import partial
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from multilora_studio.engine import Prompt, SamplingParams
+from multilora_studio.engine import Engine, Prompt, SamplingParams
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.generation import record_rejection
 from multilora_studio.server.request_fields import RESPONSES, check_fields
@@ -27,9 +27,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     except ApiError as error:
         record_rejection(state, RESPONSES, body.model, api_key_label(request), body.stream, error)
         raise
-    engine = state.engine
 
-    def prepare(adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
+    def prepare(engine: Engine, adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
         check_fields(RESPONSES, body)
         return chat_request(chat, engine.config.max_model_len, engine.tokenizer_for(adapter))
 

@@ -14,31 +14,39 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from multilora_studio.engine import Engine
 from multilora_studio.engine.chat_tokens import chat_token_ids
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.sampling import chat_prompt
 from multilora_studio.server.schemas import DetokenizeRequest, TokenizeRequest
-from multilora_studio.server.state import ServerState, api_key_label, caller, server_state
+from multilora_studio.server.state import ModelTarget, ServerState, api_key_label, caller, server_state
 
 router = APIRouter()
 
 
-def _tokenizer(state: ServerState, adapter: str | None) -> Any:
-    tokenizer = state.engine.tokenizer_for(adapter)
+def _tokenizer(engine: Engine, adapter: str | None) -> Any:
+    tokenizer = engine.tokenizer_for(adapter)
     if tokenizer is None:
         raise ApiError(404, "this model has no tokenizer; send token ids", "tokenizer_not_found")
     return tokenizer
 
 
 @contextlib.asynccontextmanager
-async def _admitted(state: ServerState, request: Request, model: str | None) -> AsyncIterator[str | None]:
+async def _admitted(
+    state: ServerState, request: Request, model: str | None
+) -> AsyncIterator[tuple[Engine, str | None]]:
     """The caller's per-key limits apply as to generation (no engine request, no tokens charged);
-    yields the adapter ``model`` names (None: the base model)."""
-    adapter = await state.resolve_model(model, caller(request)) if model is not None else None
+    yields the engine of the base ``model`` names (without one: the first base) and the adapter
+    (None: the base model)."""
+    if model is not None:
+        target = await state.resolve_model(model, caller(request))
+    else:
+        target = ModelTarget(state.pool.primary, None)
     key = api_key_label(request)
     state.admission.acquire(key, 0)  # no tokens: nothing generated
     try:
-        yield adapter
+        async with state.leased(target) as engine:
+            yield engine, target.adapter
     finally:
         state.admission.release(key, 0, 0, 0)
 
@@ -61,8 +69,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     state = server_state(request)
     if (body.prompt is None) == (body.messages is None):
         raise ApiError(400, "send either `prompt` or `messages`", "invalid_value", "prompt")
-    async with _admitted(state, request, body.model) as adapter:
-        tokenizer = _tokenizer(state, adapter)
+    async with _admitted(state, request, body.model) as (engine, adapter):
+        tokenizer = _tokenizer(engine, adapter)
         if body.messages is not None and not getattr(tokenizer, "chat_template", None):
             raise ApiError(400, "this model has no chat template; send a prompt", "invalid_value", "messages")
         try:
@@ -72,10 +80,11 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
             raise
         except Exception as error:  # the chat template can refuse a conversation (jinja errors)
             raise ApiError(400, f"the prompt could not be tokenized: {error}", "invalid_value") from None
-    names = state.token_text_for(adapter)
+        names = state.token_text_for(engine, adapter)
+        max_model_len = engine.config.max_model_len
     answer: dict[str, Any] = {
         "count": len(tokens),
-        "max_model_len": state.engine.config.max_model_len,
+        "max_model_len": max_model_len,
         "tokens": tokens,
         "token_strs": [names.token(t) for t in tokens] if body.return_token_strs else None,
     }
@@ -85,9 +94,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
     state = server_state(request)
-    async with _admitted(state, request, body.model) as adapter:
-        tokenizer = _tokenizer(state, adapter)
-        vocab = state.engine.residency.vocab_size_of(adapter)
+    async with _admitted(state, request, body.model) as (engine, adapter):
+        tokenizer = _tokenizer(engine, adapter)
+        vocab = engine.residency.vocab_size_of(adapter)
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
             raise ApiError(400, f"token ids out of range [0, {vocab}): {bad[:5]}", "invalid_value", "tokens")
@@ -103,7 +112,9 @@ def _token_name(token: Any) -> str | None:
 async def tokenizer_info(request: Request) -> JSONResponse:
     """The tokenizer's special tokens and chat template (vLLM's route; lm-eval's remote tokenizer)."""
     state = server_state(request)
-    tokenizer = _tokenizer(state, None)
+    async with state.leased(ModelTarget(state.pool.primary, None)) as engine:
+        tokenizer = _tokenizer(engine, None)
+        max_model_len, vocab_size = engine.config.max_model_len, engine.spec.vocab_size
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # several named templates: the default one
         template = template.get("default")
@@ -115,7 +126,7 @@ async def tokenizer_info(request: Request) -> JSONResponse:
             "pad_token": _token_name(tokenizer.pad_token),
             "unk_token": _token_name(tokenizer.unk_token),
             "chat_template": template,
-            "model_max_length": state.engine.config.max_model_len,
-            "vocab_size": state.engine.spec.vocab_size,
+            "model_max_length": max_model_len,
+            "vocab_size": vocab_size,
         }
     )

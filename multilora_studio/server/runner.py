@@ -18,6 +18,7 @@ import time
 import uvicorn
 
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.deploy import BasePool
 from multilora_studio.engine import Engine
 from multilora_studio.server.app import create_app
 from multilora_studio.server.config import ServerConfig
@@ -65,30 +66,35 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class ApiServer:
-    """The OpenAI-compatible endpoint over ``engine``; ``start()``/``stop()`` from any thread."""
+    """The OpenAI-compatible endpoint over one engine or a pool of base models;
+    ``start()``/``stop()`` from any thread."""
 
     def __init__(
         self,
-        engine: Engine,
+        engines: Engine | BasePool,
         config: ServerConfig | None = None,
         request_log: RequestLog | None = None,
         registry: Registry | None = None,
     ):
-        """``registry``: the library Hub adapters are pulled into (default: the user's)."""
-        self.engine = engine
+        """``engines``: one engine (served as a pool of one base that is never swapped; it is
+        the caller's to shut down), or a pool. ``registry``: the library Hub adapters are pulled
+        into (default: the user's)."""
+        self.pool = (
+            engines if isinstance(engines, BasePool) else BasePool([engines.config], started=[engines])
+        )
         self.config = config or ServerConfig()
         self.request_log = request_log or RequestLog(self.config.request_log_size)
-        self.metrics = ServerMetrics(engine)
+        self.metrics = ServerMetrics(self.pool)
         admission = Admission(
             self.config.max_in_flight,
             self.config.max_concurrent_per_key,
             self.config.tokens_per_minute_per_key,
         )
         self.state = ServerState(
-            engine, self.config, admission, self.metrics, self.request_log, int(time.time())
+            self.pool, self.config, admission, self.metrics, self.request_log, int(time.time())
         )
         if self.config.allow_hub_adapters:
-            self.state.hub = HubResolver(engine, registry or Registry(), self.config.hub_pull_timeout_s)
+            self.state.hub = HubResolver(self.pool, registry or Registry(), self.config.hub_pull_timeout_s)
         self.app = create_app(self.state)
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None

@@ -131,6 +131,7 @@ class LoadLoraRequest(_Body):
 
     lora_name: str = Field(min_length=1, max_length=128)
     lora_path: str = Field(min_length=1, max_length=4096)
+    base_model: str | None = Field(default=None, max_length=256)  # which base (default: the first)
 
 
 class UnloadLoraRequest(_Body):

@@ -1,12 +1,18 @@
-"""What the routes share: the engine, the limits, the metrics, the request log and the live jobs."""
+"""What the routes share: the base models' engines, the limits, the metrics, the request log and
+the live jobs."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import weakref
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastapi import Request
 
+from multilora_studio.deploy import BasePool, BaseUnavailable
 from multilora_studio.engine import Engine
 from multilora_studio.server.api_keys import ANONYMOUS, ApiKey
 from multilora_studio.server.config import ServerConfig
@@ -26,9 +32,17 @@ class LiveJob(Protocol):
     def abort(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class ModelTarget:
+    """What a request's ``model`` names: a base of the pool, and one of its adapters (None: the base)."""
+
+    base: str
+    adapter: str | None
+
+
 @dataclass
 class ServerState:
-    engine: Engine
+    pool: BasePool
     config: ServerConfig
     admission: Admission
     metrics: ServerMetrics
@@ -36,34 +50,62 @@ class ServerState:
     created: int
     hub: HubResolver | None = None  # set: unknown ``org/name[@rev]`` models are pulled from the Hub
     jobs: set[LiveJob] = field(default_factory=set)
-    token_text: TokenText = field(init=False)  # the base model's
-    _adapter_texts: dict[int, TokenText] = field(init=False, default_factory=dict)
+    # each tokenizer's token texts (a swapped-out base's go with its tokenizer)
+    _token_texts: weakref.WeakKeyDictionary[Any, TokenText] = field(
+        init=False, default_factory=weakref.WeakKeyDictionary
+    )
 
-    def __post_init__(self) -> None:
-        self.token_text = TokenText(self.engine.tokenizer)
+    def token_text_for(self, engine: Engine, adapter: str | None) -> TokenText:
+        """Token texts from ``adapter``'s own tokenizer where it has one, else its base's."""
+        tokenizer = engine.tokenizer_for(adapter)
+        if tokenizer is None:
+            return TokenText(None)
+        texts = self._token_texts.get(tokenizer)
+        if texts is None:
+            texts = self._token_texts[tokenizer] = TokenText(tokenizer)
+        return texts
 
-    def token_text_for(self, adapter: str | None) -> TokenText:
-        """Token texts from ``adapter``'s own tokenizer where it has one, else the base's."""
-        tokenizer = self.engine.tokenizer_for(adapter)
-        if tokenizer is self.engine.tokenizer:
-            return self.token_text
-        return self._adapter_texts.setdefault(id(tokenizer), TokenText(tokenizer))
-
-    async def resolve_model(self, model: str, caller: ApiKey) -> str | None:
-        """The adapter that ``model`` names (None: the base model); 404 for anything else.
+    async def resolve_model(self, model: str, caller: ApiKey) -> ModelTarget:
+        """The base and adapter that ``model`` names; 404 for anything else.
 
         A model the caller's key may not use is a 404 too, as if it did not exist. With Hub
-        adapters on, an unknown ``org/name[@rev]`` is pulled and served first.
+        adapters on, an unknown ``org/name[@rev]`` is pulled and served (on the first base) first.
         """
         if not caller.may_use(model):
             raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
-        if model == self.engine.model_name:
-            return None
-        if any(info.name == model for info in self.engine.list_adapters()):
-            return model
+        found = self.pool.base_of(model)
+        if found is not None:
+            return ModelTarget(*found)
         if self.hub is not None:
-            return await self.hub.resolve(model)
+            return ModelTarget(self.pool.primary, await self.hub.resolve(model))
         raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
+
+    async def lease(self, target: ModelTarget) -> Engine:
+        """The engine of ``target``'s base, loaded and kept loaded until ``release(target)``;
+        503 when it cannot be loaded in time. A request cancelled while it waits leaves no lease."""
+        task = asyncio.ensure_future(asyncio.to_thread(self.pool.acquire, target.base))
+        try:
+            return await asyncio.shield(task)
+        except BaseUnavailable as error:
+            raise ApiError(503, str(error), "model_unavailable", "model") from None
+        except asyncio.CancelledError:
+            task.add_done_callback(lambda done: self._release_if_acquired(target, done))
+            raise
+
+    def release(self, target: ModelTarget) -> None:
+        self.pool.release(target.base)
+
+    @contextlib.asynccontextmanager
+    async def leased(self, target: ModelTarget) -> AsyncIterator[Engine]:
+        engine = await self.lease(target)
+        try:
+            yield engine
+        finally:
+            self.release(target)
+
+    def _release_if_acquired(self, target: ModelTarget, task: asyncio.Future[Engine]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self.release(target)
 
     def abort_all(self) -> None:
         """End every job's engine requests (the server is stopping); call on the server's loop."""

@@ -145,5 +145,5 @@ def test_refusals(two_bases, tiny_model_dir):
         BasePool([config(tiny_model_dir), config(tiny_model_dir)])
     with pytest.raises(ValueError, match="max_resident_bases"):
         BasePool([config(tiny_model_dir)], max_resident=0)
-    with make_pool(two_bases) as pool, pytest.raises(ValueError, match="already served"):
+    with make_pool(two_bases) as pool, pytest.raises(ValueError, match="already exists"):
         pool.add_adapter(pool.names[1], "tiny-r8-all", two_bases[0]["llama"][1])

@@ -161,11 +161,12 @@ def test_metrics_report_adapters_cache_and_queue(serve):
     assert samples[("multilora_generation_tokens_total", (("adapter", "tiny-r16-vup"),))] == 4
     assert samples[("multilora_time_to_first_token_seconds_count", (("adapter", "tiny-r4-qv"),))] == 2
     assert samples[("multilora_inter_token_latency_seconds_count", (("adapter", "tiny-r4-qv"),))] == 6
-    assert samples[("multilora_adapter_cache_hits_total", (("tier", "gpu"),))] >= 1
+    base = (("base", server.pool.primary),)  # engine series are labelled by their base model
+    assert samples[("multilora_adapter_cache_hits_total", (*base, ("tier", "gpu")))] >= 1
     for name in ("multilora_num_requests_waiting", "multilora_batch_size", "multilora_kv_blocks_free"):
-        assert (name, ()) in samples
-    assert ("multilora_adapter_cache_misses_total", (("tier", "cpu"),)) in samples
-    assert samples[("multilora_kernel_compiles_total", ())] == 0  # the CPU engine compiles nothing
+        assert (name, base) in samples
+    assert ("multilora_adapter_cache_misses_total", (*base, ("tier", "cpu"))) in samples
+    assert samples[("multilora_kernel_compiles_total", base)] == 0  # the CPU engine compiles nothing
 
 
 def test_request_log_is_bounded_and_calls_subscribers(serve):
