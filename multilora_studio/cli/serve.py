@@ -16,12 +16,14 @@ from multilora_studio.cli.shared import (
     Subcommands,
     add_demo_adapters_flag,
     add_engine_arguments,
-    engine_config,
+    engine_configs,
     parse_lora_modules,
     print_progress,
 )
 from multilora_studio.demo import offer_demo_adapters
-from multilora_studio.engine import Engine
+from multilora_studio.deploy import BasePool
+from multilora_studio.engine import Engine, EngineConfig
+from multilora_studio.engine.device_setup import resolve_device
 
 if TYPE_CHECKING:
     from multilora_studio.server.api_keys import ApiKey
@@ -39,7 +41,36 @@ def add_serve_command(subparsers: Subcommands) -> None:
         "library) over an OpenAI-compatible HTTP API; the request's `model` field picks the adapter. "
         "Stop with Ctrl+C.",
     )
-    add_engine_arguments(parser)
+    add_engine_arguments(parser, several_models=True)
+    parser.add_argument(
+        "--max-resident-bases",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with several --model: at most N base models loaded at once; a request for another "
+        "unloads the least recently used idle one first (default: all)",
+    )
+    parser.add_argument(
+        "--keep-alive",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="unload a base model idle this long (loaded again by its next request; default: never)",
+    )
+    parser.add_argument(
+        "--kv-cache-gb",
+        type=float,
+        default=None,
+        help="KV cache of each base model's engine (needed on a GPU with several --model, so that "
+        "they share its memory; default: the engine's sizing)",
+    )
+    parser.add_argument(
+        "--base-load-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long a request waits for its base model to load before a 503",
+    )
     parser.add_argument(
         "--no-library",
         action="store_true",
@@ -157,29 +188,38 @@ def api_keys(args: argparse.Namespace) -> tuple[str | ApiKey, ...]:
     return (*admin, *users, *from_file)
 
 
-def serve_library(engine: Engine, demo_adapters: bool = True) -> list[str]:
-    """Serve the library's adapters next to those already served; returns the names added.
+def serve_library(pool: BasePool, demo_adapters: bool = True) -> list[str]:
+    """Serve the library's adapters next to those already served, each on the base whose
+    weights it was validated against; returns the names added.
 
     First offers the demo adapters (``offer_demo_adapters``: once per library, on their base
-    model) unless ``demo_adapters`` is off. An adapter validated against other base weights,
-    or whose name is already served (``--lora-modules``), is skipped with a log line; the
-    weights are read on first use. A library that cannot be opened is logged and skipped.
+    model) to the first base, when it is loaded, unless ``demo_adapters`` is off. An adapter
+    of no served base's weights, or whose name is already served (``--lora-modules``), is
+    skipped with a log line; the weights are read on first use. A library that cannot be
+    opened is logged and skipped.
     """
     try:
         registry = Registry()
     except (OSError, sqlite3.Error, ValueError) as error:
         log.warning("serving without the adapter library: %s", error)
         return []
-    if demo_adapters:
-        offer_demo_adapters(registry, BaseModelRef.of_engine(engine))
-    served = {info.name for info in engine.list_adapters()}
+    resident = dict(pool.resident())
+    if demo_adapters and pool.primary in resident:
+        offer_demo_adapters(registry, BaseModelRef.of_engine(resident[pool.primary]))
+    digests = {name: pool.base(name).digest for name in pool.names}
     added = []
     for record in registry.list_adapters():
-        if record.name in served:
-            log.info("library adapter %s not served: --lora-modules uses that name", record.name)
+        if pool.base_of(record.name) is not None:
+            log.info("library adapter %s not served: another model uses that name", record.name)
+            continue
+        base = next((name for name, digest in digests.items() if record.base_status(digest) == "ok"), None)
+        if base is None:
+            log.info(
+                "library adapter %s not served: no base model served has its base's weights", record.name
+            )
             continue
         try:
-            registry.load_into(engine, record.name, preload=False)
+            pool.register_adapter(base, record.name, record.path)
         except (ValueError, OSError) as error:
             log.info("library adapter %s not served: %s", record.name, error)
         else:
@@ -214,22 +254,48 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"Host header checked against: {', '.join(config.host_names())}", flush=True)
         if not config.api_keys:
             log.warning("serving on %s without an API key: anyone who can reach it can use it", config.host)
+    configs = engine_configs(args, args.kv_cache_gb)
+    on_gpu = resolve_device(configs[0].device).type == "cuda"
+    if len(configs) > 1 and on_gpu and args.kv_cache_gb is None:
+        raise ValueError(
+            "--kv-cache-gb: give each base's KV cache size when serving several --model on a GPU"
+        )
     listener = bind_socket(config.host, config.port)  # a busy port fails now, not after the model loads
     try:
-        with Engine(engine_config(args), progress=print_progress) as engine:
+        with start_pool(configs, args) as pool:
             for name, path in modules.items():
-                engine.add_adapter(name, path)
+                pool.add_adapter(pool.primary, name, path)
             if not args.no_library:
-                serve_library(engine, demo_adapters=not args.no_demo_adapters)
-            server = ApiServer(engine, config)
+                serve_library(pool, demo_adapters=not args.no_demo_adapters)
+            server = ApiServer(pool, config)
             url = server.start(sock=listener)
-            names = ", ".join([engine.model_name, *sorted(info.name for info in engine.list_adapters())])
-            print(f"serving {names} at {url}/v1", flush=True)
+            names = [name for base in pool.names for name in (base, *sorted(pool.adapters_of(base)))]
+            print(f"serving {', '.join(names)} at {url}/v1", flush=True)
             wait_for_stop_signal()
             server.stop()
     finally:
         listener.close()
     return 0
+
+
+def start_pool(configs: list[EngineConfig], args: argparse.Namespace) -> BasePool:
+    """The bases to serve, the first ``--max-resident-bases`` of them started now."""
+    resident = args.max_resident_bases or len(configs)
+    started: list[Engine] = []
+    try:
+        for config in configs[:resident]:
+            started.append(Engine(config, progress=print_progress))
+        return BasePool(
+            configs,
+            max_resident=args.max_resident_bases,
+            keep_alive_s=args.keep_alive,
+            load_timeout_s=args.base_load_timeout,
+            started=started,
+        )
+    except BaseException:
+        for engine in started:
+            engine.shutdown()
+        raise
 
 
 def wait_for_stop_signal() -> None:

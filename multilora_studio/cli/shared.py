@@ -52,13 +52,25 @@ def parse_lora_modules(items: Sequence[str]) -> dict[str, Path]:
     return modules
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser, comparing: bool = False) -> None:
+def add_engine_arguments(
+    parser: argparse.ArgumentParser, comparing: bool = False, several_models: bool = False
+) -> None:
     """Engine flags shared by the commands that start an engine (vLLM names).
 
     ``comparing``: the command compares outputs across adapters (compare, eval), so its engine is
     batch-invariant unless ``--no-batch-invariant`` is given; a server's is not unless asked.
+    ``several_models``: ``--model`` may be repeated (a list; ``engine_configs`` reads it).
     """
-    parser.add_argument("--model", default=None, help="HF model folder (default: the embedded model)")
+    if several_models:
+        parser.add_argument(
+            "--model",
+            action="append",
+            default=None,
+            help="HF model folder (default: the embedded model); repeat to serve several base models, "
+            "each with its own engine (the first takes --lora-modules)",
+        )
+    else:
+        parser.add_argument("--model", default=None, help="HF model folder (default: the embedded model)")
     add_device_arguments(parser)
     parser.add_argument(
         "--max-loras",
@@ -132,10 +144,19 @@ def add_rank_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    """The EngineConfig of ``add_engine_arguments``' flags."""
+def engine_configs(args: argparse.Namespace, kv_cache_memory_gb: float | None = None) -> list[EngineConfig]:
+    """One EngineConfig per ``--model`` (``several_models``), the other flags shared."""
+    models = args.model or [None]
+    return [
+        dataclasses.replace(engine_config(args, model), kv_cache_memory_gb=kv_cache_memory_gb)
+        for model in models
+    ]
+
+
+def engine_config(args: argparse.Namespace, model: str | None = None) -> EngineConfig:
+    """The EngineConfig of ``add_engine_arguments``' flags (``model`` instead of ``--model``)."""
     return EngineConfig(
-        model=args.model,
+        model=model if model is not None else args.model,
         device=args.device,
         dtype=args.dtype,
         max_loras=args.max_loras,

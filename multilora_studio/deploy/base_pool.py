@@ -38,6 +38,7 @@ class PoolBase:
 
     name: str
     config: EngineConfig
+    digest: str = ""  # of its weights (checkpoint_digest; "" for random weights)
     adapters: dict[str, Path] = field(default_factory=dict)  # served when it was last unloaded
     engine: Engine | None = None
     leases: int = 0
@@ -47,11 +48,12 @@ class PoolBase:
     error: str | None = None  # why its last load failed
 
 
-def base_name_of(config: EngineConfig) -> str:
-    """The name a base is served under: the engine's ``model_name`` rule, without loading it."""
+def identify_base(config: EngineConfig) -> tuple[str, str]:
+    """(name, weights digest) of a base as its engine will report them, without loading it."""
     if config.model is not None and config.model.startswith(RANDOM_PREFIX):
-        return f"random-{config.model[len(RANDOM_PREFIX) :]}"
-    return describe_model(config.model).name
+        return f"random-{config.model[len(RANDOM_PREFIX) :]}", ""
+    identity = describe_model(config.model)
+    return identity.name, identity.digest
 
 
 class BasePool:
@@ -82,10 +84,12 @@ class BasePool:
         self._bases: dict[str, PoolBase] = {}
         for index, config in enumerate(configs):
             engine = started[index] if index < len(started) else None
-            name = engine.model_name if engine is not None else base_name_of(config)
+            name, digest = (
+                (engine.model_name, engine.base_digest) if engine is not None else identify_base(config)
+            )
             if name in self._bases:
                 raise ValueError(f"two base models are both named {name!r}; serve each once")
-            base = PoolBase(name, config, engine=engine, last_used=time.monotonic())
+            base = PoolBase(name, config, digest, engine=engine, last_used=time.monotonic())
             if engine is not None:
                 base.loads = 1
             self._bases[name] = base
@@ -193,6 +197,26 @@ class BasePool:
         with self.lease(base_name) as engine:
             engine.add_adapter(name, path, preload=preload)
 
+    def register_adapter(self, base_name: str, name: str, path: Path) -> None:
+        """Serve an adapter on a base without loading the base: a loaded base's engine takes it
+        at once (its weights read on first use), a swapped-out base when it next loads (an
+        adapter it then refuses is logged and dropped, the base still loads)."""
+        if self.base_of(name) is not None:
+            raise ValueError(f"a model named {name!r} already exists")
+        with self._lock:
+            base = self._bases[base_name]
+            while base.loading:  # its engine takes the registrations it had when the load began
+                self._lock.wait()
+            engine = base.engine
+            if engine is None:
+                base.adapters[name] = Path(path)
+                return
+            base.leases += 1  # not unloaded while its engine takes the adapter
+        try:
+            engine.add_adapter(name, path, preload=False)
+        finally:
+            self.release(base_name)
+
     def remove_adapter(self, name: str) -> None:
         found = self.base_of(name)
         if found is None or found[1] is None:
@@ -248,14 +272,17 @@ class BasePool:
         started = time.perf_counter()
         try:
             engine = self._factory(base.config)
-            for name, path in base.adapters.items():
-                engine.add_adapter(name, path, preload=False)
         except Exception as error:
             with self._lock:
                 base.loading = False
                 base.error = str(error)
                 self._lock.notify_all()
             raise BaseUnavailable(f"base model {base.name!r} failed to load: {error}") from error
+        for name, path in list(base.adapters.items()):
+            try:
+                engine.add_adapter(name, path, preload=False)
+            except (ValueError, OSError) as error:
+                log.warning("base model %s: adapter %s not served: %s", base.name, name, error)
         with self._lock:
             base.engine, base.loading, base.error = engine, False, None
             base.loads += 1
