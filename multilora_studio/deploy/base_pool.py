@@ -4,7 +4,9 @@ when more are asked for.
 
 A request leases its base (``lease``): a base that is not loaded is loaded first, after the
 least recently used idle base is unloaded to make room (never one with a lease: its requests
-run to the end first), and the request waits for that, at most ``load_timeout_s``. A base
+run to the end first), and the request waits for that, at most ``load_timeout_s``. While a
+request waits for room, new requests for the loaded bases wait too, so those drain and the
+bases take turns (time-share) instead of one starving the other. A base
 idle for ``keep_alive_s`` is unloaded (Ollama's ``keep_alive``). Each base keeps its adapter
 registrations across swaps: a reloaded engine gets them back before any request runs on it.
 A request only ever runs on the engine of the base its model names.
@@ -16,6 +18,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +85,7 @@ class BasePool:
         self._factory = engine_factory
         self._lock = threading.Condition()
         self._bases: dict[str, PoolBase] = {}
+        self._room_waiters: Counter[str] = Counter()  # base -> requests waiting for it to get room
         for index, config in enumerate(configs):
             engine = started[index] if index < len(started) else None
             name, digest = (
@@ -159,26 +163,40 @@ class BasePool:
         deadline = time.monotonic() + wait_s
         base = self._bases[name]
         with self._lock:
-            while True:
-                if self._closed:
-                    raise BaseUnavailable("the server is stopping")
-                if base.engine is not None and not base.loading:
-                    base.leases += 1
-                    base.last_used = time.monotonic()
-                    return base.engine
-                if not base.loading and self._room_for(base):
-                    base.loading = True
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise BaseUnavailable(
-                        f"base model {name!r} did not load within {wait_s:g} s"
-                        if base.loading
-                        else f"base model {name!r} waits for other bases' requests to finish; "
-                        "try again, or allow more resident bases"
-                    )
-                self._lock.wait(min(left, 0.5))
+            waiting = False  # counted in _room_waiters while it waits for another base to drain
+            try:
+                while True:
+                    if self._closed:
+                        raise BaseUnavailable("the server is stopping")
+                    if base.engine is not None and not base.loading and not self._others_wait(base):
+                        base.leases += 1
+                        base.last_used = time.monotonic()
+                        return base.engine
+                    if base.engine is None and not base.loading and self._room_for(base):
+                        base.loading = True
+                        break
+                    if base.engine is None and not base.loading and not waiting:
+                        waiting = True
+                        self._room_waiters[name] += 1
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise BaseUnavailable(
+                            f"base model {name!r} did not load within {wait_s:g} s"
+                            if base.loading
+                            else f"base model {name!r} waits for other bases' requests to finish; "
+                            "try again, or allow more resident bases"
+                        )
+                    self._lock.wait(min(left, 0.5))
+            finally:
+                if waiting:
+                    self._room_waiters[name] -= 1
         return self._load(base)
+
+    def _others_wait(self, base: PoolBase) -> bool:
+        """Whether requests for other bases wait for room (the lock held): then new leases of a
+        loaded base wait too, so that its requests drain and it can be swapped out in turn
+        (no base starves another out)."""
+        return any(count > 0 for name, count in self._room_waiters.items() if name != base.name)
 
     def release(self, name: str) -> None:
         with self._lock:

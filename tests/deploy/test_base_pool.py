@@ -147,3 +147,31 @@ def test_refusals(two_bases, tiny_model_dir):
         BasePool([config(tiny_model_dir)], max_resident=0)
     with make_pool(two_bases) as pool, pytest.raises(ValueError, match="already exists"):
         pool.add_adapter(pool.names[1], "tiny-r8-all", two_bases[0]["llama"][1])
+
+
+def test_steady_traffic_on_the_loaded_base_does_not_starve_a_swapped_out_one(two_bases):
+    folders, expected = two_bases
+    with make_pool(two_bases, max_resident=1) as pool:
+        llama, _ = pool.names
+        stop = threading.Event()
+        served = []
+
+        def steady() -> None:  # back-to-back requests for llama, two at a time
+            while not stop.is_set():
+                served.append(run(pool, "tiny-r8-all"))
+
+        workers = [threading.Thread(target=steady) for _ in range(2)]
+        for worker in workers:
+            worker.start()
+        while not served:
+            time.sleep(0.05)
+        started = time.monotonic()
+        tokens = run(pool, "qwen-r8")  # waits for llama's requests in flight, not for the traffic
+        waited = time.monotonic() - started
+        stop.set()
+        for worker in workers:
+            worker.join(120)
+        assert tokens == expected[(folders["qwen"][0].name, "qwen-r8")]
+        assert waited < 60
+        assert all(out == expected[(folders["llama"][0].name, "tiny-r8-all")] for out in served)
+        assert pool.base(llama).loads >= 2  # llama's traffic went on after the swap back
