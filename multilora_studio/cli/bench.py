@@ -112,6 +112,17 @@ def add_bench_command(subparsers: Subcommands) -> None:
         "(a CPU's), auto (small on the CPU)",
     )
     work.add_argument("--rounds", type=int, default=3, help="bench latency's alternating rounds (medians)")
+    routing = parser.add_argument_group("routing study (simulated; docs/scale-out.md)")
+    routing.add_argument(
+        "--routing-sim",
+        action="store_true",
+        help="simulate many replicas under each routing policy with this engine's measured costs; no run",
+    )
+    routing.add_argument("--sim-adapters", default="1000,10000", help="adapter counts (Zipf 1.0 popularity)")
+    routing.add_argument("--sim-replicas", default="8,64,512", help="replica counts")
+    routing.add_argument("--sim-loads", default="0.5,0.7,0.9", help="arrival rates over the capacity")
+    routing.add_argument("--sim-requests-per-replica", type=int, default=200, help="requests simulated")
+    routing.add_argument("--affinity-margin", type=int, default=4, help="affinity: requests over the least")
     measure = parser.add_argument_group("measurement and output")
     measure.add_argument("--ttft-slo-ms", type=float, default=6000.0, help="TTFT target (0: none)")
     measure.add_argument("--tpot-slo-ms", type=float, default=0.0, help="TPOT target (0: none)")
@@ -184,6 +195,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from multilora_studio.bench.report import render, write_json
     from multilora_studio.bench.suite import run_bench
 
+    if args.routing_sim:
+        return run_routing_sim(args)
     if args.plot is not None:
         require_matplotlib()
     if args.from_json is not None:
@@ -204,3 +217,29 @@ def run_bench_command(args: argparse.Namespace) -> int:
     print(render(report), flush=True)
     failed = sum(case["errors"] for case in report["cases"])
     return 1 if failed else 0
+
+
+def run_routing_sim(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from multilora_studio.bench.routing_sim import render, study
+
+    outcomes = []
+    for outcome in study(
+        parse_list(args.sim_adapters, int, "--sim-adapters"),
+        parse_list(args.sim_replicas, int, "--sim-replicas"),
+        parse_list(args.sim_loads, float, "--sim-loads"),
+        requests_per_replica=args.sim_requests_per_replica,
+        margin=args.affinity_margin,
+        seed=args.seed,
+    ):
+        outcomes.append(outcome)
+        log.info("simulated %s", outcome.scenario)
+    print(render(outcomes), flush=True)
+    if args.json is not None:
+        rows = [
+            {**asdict(o.scenario), **{k: v for k, v in asdict(o).items() if k != "scenario"}}
+            for o in outcomes
+        ]
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
