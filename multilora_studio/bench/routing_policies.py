@@ -51,7 +51,7 @@ class Router:
         replicas: int,
         slots: int,
         host: int,
-        margin: int = 4,
+        margin: int = 8,
         seed: int = 0,
         max_ongoing: int = 32,
     ) -> None:

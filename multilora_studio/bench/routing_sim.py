@@ -76,7 +76,7 @@ class Scenario:
     output: int = 128
     slots: int = 32
     host: int = 128  # adapters in each replica's host RAM
-    margin: int = 4  # the affinity policy's allowance over the least-loaded replica
+    margin: int = 8  # the affinity policy's allowance over the least-loaded replica
     seed: int = 0
 
 
@@ -191,7 +191,7 @@ def study(
     loads: Sequence[float],
     policies: Sequence[str] = POLICIES,
     requests_per_replica: int = 100,
-    margin: int = 4,
+    margin: int = 8,
     seed: int = 0,
 ) -> Iterator[Outcome]:
     """Every combination, the same arrivals and adapters for every policy of one point."""

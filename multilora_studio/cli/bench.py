@@ -122,7 +122,7 @@ def add_bench_command(subparsers: Subcommands) -> None:
     routing.add_argument("--sim-replicas", default="8,64,512", help="replica counts")
     routing.add_argument("--sim-loads", default="0.5,0.7,0.9", help="arrival rates over the capacity")
     routing.add_argument("--sim-requests-per-replica", type=int, default=200, help="requests simulated")
-    routing.add_argument("--affinity-margin", type=int, default=4, help="affinity: requests over the least")
+    routing.add_argument("--affinity-margin", type=int, default=8, help="affinity: requests over the least")
     measure = parser.add_argument_group("measurement and output")
     measure.add_argument("--ttft-slo-ms", type=float, default=6000.0, help="TTFT target (0: none)")
     measure.add_argument("--tpot-slo-ms", type=float, default=0.0, help="TPOT target (0: none)")
