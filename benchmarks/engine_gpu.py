@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from multilora_studio.bench.random_adapters import write_random_adapter
+from multilora_studio.deploy import ServingEngine
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from multilora_studio.engine.diagnostics import step_profile, time_decode_graph
 from multilora_studio.engine.model_source import RANDOM_SHAPES
@@ -47,7 +48,7 @@ def copy_bandwidth(device: torch.device, size_bytes: int = 2 << 30) -> float:
 
 
 def run_batch(
-    engine: Engine, prompts: list[list[int]], adapters: Sequence[str | None], new_tokens: int
+    engine: ServingEngine, prompts: list[list[int]], adapters: Sequence[str | None], new_tokens: int
 ) -> dict:
     """Submit all requests at once; time to first tokens and the decode phase after it."""
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)

@@ -31,7 +31,7 @@ ALLOWED = {
     },
     "demo": {"engine", "adapters", "default_model", "kernels"},
     "merge": {"engine", "adapters"},
-    "bench": {"engine", "adapters", "server", "kernels", "default_model"},
+    "bench": {"engine", "adapters", "server", "deploy", "kernels", "default_model"},
     "cli": {
         "gui",
         "server",

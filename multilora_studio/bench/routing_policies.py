@@ -5,9 +5,7 @@ holds in its GPU slots and in its host tier, and picks one replica:
 
 * ``round-robin``: replicas in turn, whatever they hold;
 * ``least-loaded``: the replica with the fewest requests (the first of equals);
-* ``affinity`` (this project's dispatcher rule): the least-loaded replica whose GPU slots hold
-  the adapter, else whose host tier holds it, unless that one has more than ``margin``
-  requests over the least-loaded replica of all; then (or when none holds it) the least-loaded;
+* ``affinity``: this project's dispatcher rule (``deploy.dispatch_rule.affinity_pick``);
 * ``ray-multiplexed``: Ray Serve's documented multiplexed routing: the candidates are the
   replicas that have the model (here: the adapter in the host tier, the set a replica's
   ``@serve.multiplexed`` cache would hold), else those with the fewest models loaded, else
@@ -23,6 +21,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN, affinity_pick
 
 POLICIES = ("round-robin", "least-loaded", "affinity", "ray-multiplexed")
 
@@ -51,7 +51,7 @@ class Router:
         replicas: int,
         slots: int,
         host: int,
-        margin: int = 8,
+        margin: int = DEFAULT_MARGIN,
         seed: int = 0,
         max_ongoing: int = 32,
     ) -> None:
@@ -80,16 +80,10 @@ class Router:
         if self.policy == "least-loaded":
             return int(np.argmin(self.load))
         if self.policy == "affinity":
-            return self._affinity(adapter)
+            return affinity_pick(
+                self.load, (self.in_slots.get(adapter), self.in_host.get(adapter)), self.margin
+            )
         return self._ray(adapter)
-
-    def _affinity(self, adapter: int) -> int:
-        least = int(np.argmin(self.load))
-        for holders in (self.in_slots.get(adapter), self.in_host.get(adapter)):
-            if holders:
-                best = min(holders, key=lambda r: (self.load[r], r))
-                return best if self.load[best] <= self.load[least] + self.margin else least
-        return least
 
     def _ray(self, adapter: int) -> int:
         open_ = self.load < self.max_ongoing  # [replicas] below max_ongoing_requests

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from multilora_studio.bench.routing_policies import POLICIES, Router
+from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class Scenario:
     output: int = 128
     slots: int = 32
     host: int = 128  # adapters in each replica's host RAM
-    margin: int = 8  # the affinity policy's allowance over the least-loaded replica
+    margin: int = DEFAULT_MARGIN  # the affinity policy's allowance over the least-loaded replica
     seed: int = 0
 
 
@@ -191,7 +192,7 @@ def study(
     loads: Sequence[float],
     policies: Sequence[str] = POLICIES,
     requests_per_replica: int = 100,
-    margin: int = 8,
+    margin: int = DEFAULT_MARGIN,
     seed: int = 0,
 ) -> Iterator[Outcome]:
     """Every combination, the same arrivals and adapters for every policy of one point."""

@@ -14,6 +14,7 @@ from multilora_studio.bench.cases import BenchOptions
 from multilora_studio.bench.stats import Slo
 from multilora_studio.bench.workloads import PATTERNS, parse_range
 from multilora_studio.cli.shared import Subcommands, add_device_arguments, engine_default
+from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,9 @@ def add_bench_command(subparsers: Subcommands) -> None:
     routing.add_argument("--sim-replicas", default="8,64,512", help="replica counts")
     routing.add_argument("--sim-loads", default="0.5,0.7,0.9", help="arrival rates over the capacity")
     routing.add_argument("--sim-requests-per-replica", type=int, default=200, help="requests simulated")
-    routing.add_argument("--affinity-margin", type=int, default=8, help="affinity: requests over the least")
+    routing.add_argument(
+        "--affinity-margin", type=int, default=DEFAULT_MARGIN, help="affinity: requests over the least"
+    )
     measure = parser.add_argument_group("measurement and output")
     measure.add_argument("--ttft-slo-ms", type=float, default=6000.0, help="TTFT target (0: none)")
     measure.add_argument("--tpot-slo-ms", type=float, default=0.0, help="TPOT target (0: none)")

@@ -21,8 +21,9 @@ from multilora_studio.cli.shared import (
     print_progress,
 )
 from multilora_studio.demo import offer_demo_adapters
-from multilora_studio.deploy import BasePool
-from multilora_studio.engine import Engine, EngineConfig
+from multilora_studio.deploy import BasePool, ServingEngine, parse_devices, start_engine
+from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
+from multilora_studio.engine import EngineConfig
 from multilora_studio.engine.device_setup import resolve_device
 
 if TYPE_CHECKING:
@@ -70,6 +71,22 @@ def add_serve_command(subparsers: Subcommands) -> None:
         default=600.0,
         metavar="SECONDS",
         help="how long a request waits for its base model to load before a 503",
+    )
+    parser.add_argument(
+        "--devices",
+        default=None,
+        metavar="LIST",
+        help="one engine replica of each base per entry, behind this one endpoint: auto (every "
+        "visible GPU) or cpu / cuda:N, comma-separated (a device named twice holds two replicas, "
+        "each with its part of its memory); default: one engine on --device",
+    )
+    parser.add_argument(
+        "--dispatch-margin",
+        type=int,
+        default=DEFAULT_MARGIN,
+        metavar="REQUESTS",
+        help="with --devices: a request goes to a replica holding its adapter unless that replica "
+        "has more than this many requests over the least-loaded one (0: least-loaded only)",
     )
     parser.add_argument(
         "--no-library",
@@ -255,7 +272,8 @@ def run_serve(args: argparse.Namespace) -> int:
         if not config.api_keys:
             log.warning("serving on %s without an API key: anyone who can reach it can use it", config.host)
     configs = engine_configs(args, args.kv_cache_gb)
-    on_gpu = resolve_device(configs[0].device).type == "cuda"
+    first_device = parse_devices(args.devices)[0] if args.devices is not None else configs[0].device
+    on_gpu = resolve_device(first_device).type == "cuda"
     if len(configs) > 1 and on_gpu and args.kv_cache_gb is None:
         raise ValueError(
             "--kv-cache-gb: give each base's KV cache size when serving several --model on a GPU"
@@ -279,17 +297,26 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def start_pool(configs: list[EngineConfig], args: argparse.Namespace) -> BasePool:
-    """The bases to serve, the first ``--max-resident-bases`` of them started now."""
+    """The bases to serve (each on ``--devices``), the first ``--max-resident-bases`` of them
+    started now."""
     resident = args.max_resident_bases or len(configs)
-    started: list[Engine] = []
+    devices = parse_devices(args.devices) if args.devices is not None else None
+    if args.dispatch_margin < 0:
+        raise ValueError(f"--dispatch-margin must be >= 0 requests, got {args.dispatch_margin}")
+
+    def start(config: EngineConfig) -> ServingEngine:
+        return start_engine(config, devices, args.dispatch_margin, print_progress)
+
+    started: list[ServingEngine] = []
     try:
         for config in configs[:resident]:
-            started.append(Engine(config, progress=print_progress))
+            started.append(start(config))
         return BasePool(
             configs,
             max_resident=args.max_resident_bases,
             keep_alive_s=args.keep_alive,
             load_timeout_s=args.base_load_timeout,
+            engine_factory=start,
             started=started,
         )
     except BaseException:

@@ -23,12 +23,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from multilora_studio.deploy.serving_engine import ServingEngine
 from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.engine.model_source import RANDOM_PREFIX, describe_model
 
 log = logging.getLogger(__name__)
 
-EngineFactory = Callable[[EngineConfig], Engine]
+EngineFactory = Callable[[EngineConfig], ServingEngine]
 
 
 class BaseUnavailable(RuntimeError):
@@ -43,7 +44,7 @@ class PoolBase:
     config: EngineConfig
     digest: str = ""  # of its weights (checkpoint_digest; "" for random weights)
     adapters: dict[str, Path] = field(default_factory=dict)  # served when it was last unloaded
-    engine: Engine | None = None
+    engine: ServingEngine | None = None
     leases: int = 0
     last_used: float = 0.0
     loads: int = 0  # times its engine was started
@@ -69,7 +70,7 @@ class BasePool:
         keep_alive_s: float | None = None,
         load_timeout_s: float = 600.0,
         engine_factory: EngineFactory = Engine,
-        started: Sequence[Engine] = (),
+        started: Sequence[ServingEngine] = (),
     ) -> None:
         """``started``: engines already running for the first configs (in order), adopted as
         they are (their adapters become the base's registrations)."""
@@ -119,7 +120,7 @@ class BasePool:
     def base(self, name: str) -> PoolBase:
         return self._bases[name]
 
-    def resident(self) -> list[tuple[str, Engine]]:
+    def resident(self) -> list[tuple[str, ServingEngine]]:
         """The loaded bases and their engines, in pool order."""
         with self._lock:
             return [(b.name, b.engine) for b in self._bases.values() if b.engine is not None]
@@ -147,7 +148,7 @@ class BasePool:
     # ------------------------------------------------------------------------------ leasing
 
     @contextlib.contextmanager
-    def lease(self, name: str, timeout: float | None = None) -> Iterator[Engine]:
+    def lease(self, name: str, timeout: float | None = None) -> Iterator[ServingEngine]:
         """The engine of base ``name``, loaded (swapping another out) and kept loaded until the
         block ends. BaseUnavailable when it cannot be loaded within ``timeout`` (default
         ``load_timeout_s``)."""
@@ -157,7 +158,7 @@ class BasePool:
         finally:
             self.release(name)
 
-    def acquire(self, name: str, timeout: float | None = None) -> Engine:
+    def acquire(self, name: str, timeout: float | None = None) -> ServingEngine:
         """``lease`` without the block: pair every call with ``release(name)``."""
         wait_s = self.load_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + wait_s
@@ -286,7 +287,7 @@ class BasePool:
             base.adapters = {info.name: info.path for info in engine.list_adapters()}
             engine.shutdown()
 
-    def _load(self, base: PoolBase) -> Engine:
+    def _load(self, base: PoolBase) -> ServingEngine:
         started = time.perf_counter()
         try:
             engine = self._factory(base.config)

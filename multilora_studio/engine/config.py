@@ -71,6 +71,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     block_size: int = 16
     kv_cache_memory_gb: float | None = None
+    # The part of the GPU's memory this engine sizes its KV cache within when kv_cache_memory_gb
+    # is not set (replicas sharing one GPU each get their part); 1 = all that is free.
+    device_memory_share: float = 1.0
     enforce_eager: bool = False
     # Seeds the random streams of requests that set no seed of their own: an engine given the
     # same seed and the same requests in the same order samples the same tokens.
@@ -142,6 +145,7 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.kv_cache_memory_gb is not None:
             _check_number("kv_cache_memory_gb", self.kv_cache_memory_gb, 0, 4096, low_inclusive=False)
+        _check_number("device_memory_share", self.device_memory_share, 0, 1, low_inclusive=False)
         if not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         _check_int("seed", self.seed, 0)

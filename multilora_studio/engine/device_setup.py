@@ -46,16 +46,24 @@ def token_table_bytes(config: EngineConfig) -> int:
     return int(config.token_table_memory_gb * (1 << 30)) if config.max_token_tables else 0
 
 
-def kv_cache_blocks(config: EngineConfig, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> int:
-    """KV blocks for ``max_num_seqs`` sequences of ``max_model_len``, within the memory budget."""
+def kv_cache_blocks(
+    config: EngineConfig, spec: ModelSpec, device: torch.device, dtype: torch.dtype, own_bytes: int = 0
+) -> int:
+    """KV blocks for ``max_num_seqs`` sequences of ``max_model_len``, within the memory budget.
+
+    ``own_bytes``: device memory this engine holds already (its weights), counted against its
+    ``device_memory_share`` of the GPU."""
     per_block = kv_bytes_per_block(spec, config.block_size, dtype)
     per_seq = blocks_needed(config.max_model_len, config.block_size)
     wanted = config.max_num_seqs * per_seq
     if config.kv_cache_memory_gb is not None:
         budget = int(config.kv_cache_memory_gb * (1 << 30))
     elif device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
+        free, total = torch.cuda.mem_get_info(device)
         budget = int(free * 0.85) - (2 << 30) - token_table_bytes(config)
+        if config.device_memory_share < 1:
+            share = int(total * config.device_memory_share * 0.85) - own_bytes - (2 << 30)
+            budget = min(budget, share - token_table_bytes(config))
     else:
         budget = CPU_KV_CACHE_CAP_BYTES
     blocks = min(wanted, budget // per_block)
@@ -75,9 +83,11 @@ def load_on_device(
     started = time.perf_counter()
     quiet_host_threads()
     size_step_threads(config.cpu_threads_for(device.type))
+    held_before = 0
     if device.type == "cuda":
         torch.cuda.set_device(device)
         install_compile_watch()
+        held_before = torch.cuda.memory_allocated(device)  # other engines' of this process
     plan = build_lora_plan(config, device, dtype)  # how the LoRA term runs
     lora_rows = shrink_in_gemm_rows(config, plan)  # A rows reserved after every GEMM weight
     base = resolve_model(config.model, dtype, device, progress, lora_rows)
@@ -88,7 +98,8 @@ def load_on_device(
             config.max_model_len,
             base.spec.max_position_embeddings,
         )
-    num_blocks = kv_cache_blocks(config, base.spec, device, dtype)
+    own = torch.cuda.memory_allocated(device) - held_before if device.type == "cuda" else 0
+    num_blocks = kv_cache_blocks(config, base.spec, device, dtype, own)
     runner = ModelRunner(config, base.spec, base.weights, num_blocks, device, dtype, plan)
     runner.startup_seconds = {"device and model load": loaded, **runner.startup_seconds}
     return base, runner, BlockManager(num_blocks, config.block_size)

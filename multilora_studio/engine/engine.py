@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,8 +34,9 @@ from multilora_studio.engine.commands import (
 )
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.device_setup import load_on_device, resolve_device, resolve_dtype
-from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta
+from multilora_studio.engine.outputs import EngineMetrics, RequestOutput
 from multilora_studio.engine.prompts import Prompt, encode_prompt
+from multilora_studio.engine.request_methods import RequestMethods
 from multilora_studio.engine.requests import RequestStream
 from multilora_studio.engine.sequence import Sequence as Seq
 from multilora_studio.engine.worker import EngineWorker
@@ -45,7 +46,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(RequestMethods):
     """Serve a base model and its LoRA adapters; see the module docstring."""
 
     def __init__(self, config: EngineConfig | None = None, progress: ProgressCallback | None = None) -> None:
@@ -250,68 +251,6 @@ class Engine:
         """Stop a request; it finishes with reason 'abort' and its KV blocks are freed."""
         self._post(AbortRequest(request_id))
 
-    def generate(
-        self,
-        prompts: Sequence[Prompt],
-        adapter_names: Sequence[str | None] | None = None,
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> list[RequestOutput]:
-        """Run all prompts together (one batch) and return their outputs in order."""
-        prompts = list(prompts)
-        names = list(adapter_names) if adapter_names is not None else [None] * len(prompts)
-        if len(names) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(names)} adapter names")
-        per_request = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
-        if len(per_request) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(per_request)} sampling params")
-        streams = self.submit_many(list(zip(prompts, names, per_request, strict=True)))
-        return [stream.result() for stream in streams]
-
-    def score(
-        self,
-        prompts: Sequence[Prompt],
-        adapter_names: Sequence[str | None] | None = None,
-        top_k: int = 0,
-        adapter_scales: Sequence[float] | None = None,
-    ) -> list[RequestOutput]:
-        """Log-probability of every prompt token given the ones before it, all prompts in one batch.
-
-        Each output's ``prompt_logprobs`` has one entry per prompt token (None for the first) with
-        ``top_k`` alternatives; nothing is generated (``token_ids`` and ``text`` stay empty).
-        ``adapter_scales`` gives each prompt's adapter strength (``SamplingParams.adapter_scale``).
-        """
-        scales = list(adapter_scales) if adapter_scales is not None else [1.0] * len(prompts)
-        params = [SamplingParams(max_tokens=0, prompt_logprobs=top_k, adapter_scale=s) for s in scales]
-        return self.generate(prompts, adapter_names, params)
-
-    def stream(
-        self, prompt: Prompt, adapter: str | None = None, params: SamplingParams | None = None
-    ) -> Iterator[TokenDelta]:
-        """Token deltas of one request, for a thread; closing the iterator early aborts it."""
-        handle = self.submit(prompt, adapter, params)
-        finished = False
-        try:
-            for delta in handle:
-                finished = delta.finished
-                yield delta
-        finally:
-            if not finished:
-                self.abort(handle.request_id)
-
-    async def astream(
-        self, prompt: Prompt, adapter: str | None = None, params: SamplingParams | None = None
-    ) -> AsyncIterator[TokenDelta]:
-        """Token deltas of one request, for asyncio; cancelling the consumer aborts it."""
-        handle = self.submit(prompt, adapter, params, loop=asyncio.get_running_loop())
-        finished = False
-        try:
-            async for delta in handle:
-                finished = delta.finished
-                yield delta
-        finally:
-            if not finished:
-                self.abort(handle.request_id)
-
     # ---------------------------------------------------------------- state
 
     def metrics(self, fresh: bool = False) -> EngineMetrics | None:
@@ -336,6 +275,12 @@ class Engine:
     def running(self) -> bool:
         """True until ``shutdown`` (or a failure of the worker thread)."""
         return not self._stopping and self._thread.is_alive()
+
+    @property
+    def worker_alive(self) -> bool:
+        """Whether the worker thread still runs: once it has ended, nothing finishes the requests
+        it held (a clean shutdown finishes them first)."""
+        return self._thread.is_alive()
 
     def shutdown(self) -> None:
         """Finish the worker: outstanding requests end with reason 'abort'."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from collections.abc import AsyncIterator, Iterator
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from multilora_studio.engine.outputs import RequestOutput, TokenDelta
 
@@ -21,6 +23,9 @@ class RequestStream:
         self._loop = loop
         self._queue: queue.Queue[TokenDelta] = queue.Queue()
         self._async_queue: asyncio.Queue[TokenDelta] | None = asyncio.Queue() if loop else None
+        self._lock = threading.Lock()  # guards the two below (the worker and any thread)
+        self._finished = False
+        self._done_callbacks: list[Callable[[], None]] = []
 
     @property
     def request_id(self) -> str:
@@ -28,6 +33,18 @@ class RequestStream:
 
     def push(self, delta: TokenDelta) -> None:
         """Called by the worker thread."""
+        if delta.finished:
+            with self._lock:
+                if self._finished:  # failed already (``fail``): the stream has its last delta
+                    return
+                self._finished = True
+                callbacks, self._done_callbacks = self._done_callbacks, []
+        self._deliver(delta)
+        if delta.finished:
+            for callback in callbacks:
+                callback()
+
+    def _deliver(self, delta: TokenDelta) -> None:
         if self._loop is not None and self._async_queue is not None:
             try:
                 self._loop.call_soon_threadsafe(self._async_queue.put_nowait, delta)
@@ -35,6 +52,29 @@ class RequestStream:
                 return
         else:
             self._queue.put(delta)
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the thread that finishes the stream) once its last delta is
+        pushed; at once when it already was."""
+        with self._lock:
+            if not self._finished:
+                self._done_callbacks.append(callback)
+                return
+        callback()
+
+    def fail(self, error: str) -> None:
+        """Finish the stream with reason 'error' unless it has finished: for a request whose
+        engine can no longer finish it (its worker thread died)."""
+        if self.finished:
+            return
+        self.output.finish_reason, self.output.error = "error", error
+        self.output.finish_time = time.monotonic()
+        self.push(TokenDelta(self.request_id, [], "", True, "error", error))
+
+    @property
+    def finished(self) -> bool:
+        with self._lock:
+            return self._finished
 
     def __iter__(self) -> Iterator[TokenDelta]:
         if self._async_queue is not None:

@@ -1,5 +1,6 @@
 """Prometheus metrics: per-adapter request series from the server, each loaded base's engine state
-from its snapshot (labelled ``base``: one series per base model served, a bounded set)."""
+from its snapshots (labelled ``base`` and ``replica``: one series per base model served and per
+engine replica of it, ``0`` for a base on one device; bounded sets)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from multilora_studio.deploy import BasePool
+from multilora_studio.deploy import BasePool, replicas_of
 from multilora_studio.engine import EngineMetrics
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -17,43 +18,51 @@ TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 
 
 
 class EngineCollector(Collector):
-    """Reads every loaded base's ``engine.metrics()`` at scrape time (the snapshot the GUI shows)."""
+    """Reads every loaded base's replicas' ``metrics()`` at scrape time (the snapshots the GUI shows)."""
 
     def __init__(self, pool: BasePool) -> None:
         self.pool = pool
 
     def collect(self) -> Iterator[Metric]:
-        snaps = [(base, engine.metrics()) for base, engine in self.pool.resident()]
-        snapshots = [(base, snap) for base, snap in snaps if snap is not None]
+        snaps = [
+            ((base, label), replica.metrics())
+            for base, engine in self.pool.resident()
+            for label, replica in replicas_of(engine)
+        ]
+        snapshots = [(labels, snap) for labels, snap in snaps if snap is not None]
         hits = CounterMetricFamily(
-            "multilora_adapter_cache_hits", "Adapter lookups served by a tier", labels=["base", "tier"]
+            "multilora_adapter_cache_hits",
+            "Adapter lookups served by a tier",
+            labels=["base", "replica", "tier"],
         )
         misses = CounterMetricFamily(
-            "multilora_adapter_cache_misses", "Adapter lookups a tier had to load", labels=["base", "tier"]
+            "multilora_adapter_cache_misses",
+            "Adapter lookups a tier had to load",
+            labels=["base", "replica", "tier"],
         )
         cold = GaugeMetricFamily(
             "multilora_adapter_cold_load_seconds",
             "Adapter load latency from disk",
-            labels=["base", "quantile"],
+            labels=["base", "replica", "quantile"],
         )
-        for base, snap in snapshots:
+        for (base, replica), snap in snapshots:
             for tier, hit, miss in (
                 ("gpu", snap.gpu_hits, snap.gpu_misses),
                 ("cpu", snap.cpu_hits, snap.cpu_misses),
             ):
-                hits.add_metric([base, tier], hit)
-                misses.add_metric([base, tier], miss)
+                hits.add_metric([base, replica, tier], hit)
+                misses.add_metric([base, replica, tier], miss)
             for quantile, value in (("0.5", snap.cold_load_p50_s), ("0.95", snap.cold_load_p95_s)):
                 if value is not None:
-                    cold.add_metric([base, quantile], value)
+                    cold.add_metric([base, replica, quantile], value)
         yield hits
         yield misses
         yield cold
         for family, table in ((GaugeMetricFamily, GAUGES), (CounterMetricFamily, COUNTERS)):
             for name, documentation, reading in table:
-                metric = family(name, documentation, labels=["base"])
-                for base, snap in snapshots:
-                    metric.add_metric([base], reading(snap))
+                metric = family(name, documentation, labels=["base", "replica"])
+                for labels, snap in snapshots:
+                    metric.add_metric(list(labels), reading(snap))
                 yield metric
 
 

@@ -8,7 +8,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from multilora_studio.engine import Engine, Prompt, SamplingParams
+from multilora_studio.deploy import ServingEngine
+from multilora_studio.engine import Prompt, SamplingParams
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.generation import CLIENT_GONE, Job, record_rejection
 from multilora_studio.server.request_fields import check_fields
@@ -35,12 +36,12 @@ from multilora_studio.server.tools.setup import tool_plan, uses_tools, with_tool
 router = APIRouter()
 
 
-Prepare = Callable[[Engine, str | None], tuple[list[Prompt], list[SamplingParams]]]
+Prepare = Callable[[ServingEngine, str | None], tuple[list[Prompt], list[SamplingParams]]]
 
 
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    def prepare(engine: Engine, adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
+    def prepare(engine: ServingEngine, adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
         prompts = completion_prompts(body)
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
         tokenizer = engine.tokenizer_for(adapter)
@@ -57,7 +58,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state = server_state(request)
     tool_format: list[str | None] = [None]  # prepare() sets it: the format answers are parsed in
 
-    def prepare(engine: Engine, adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
+    def prepare(engine: ServingEngine, adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
         tokenizer = engine.tokenizer_for(adapter)  # its own template, where it brings one
         if not uses_tools(body):
             return chat_request(body, engine.config.max_model_len, tokenizer)

@@ -7,7 +7,8 @@ from functools import partial
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from multilora_studio.engine import Engine, Prompt, SamplingParams
+from multilora_studio.deploy import ServingEngine
+from multilora_studio.engine import Prompt, SamplingParams
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.generation import record_rejection
 from multilora_studio.server.request_fields import RESPONSES, check_fields
@@ -28,7 +29,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         record_rejection(state, RESPONSES, body.model, api_key_label(request), body.stream, error)
         raise
 
-    def prepare(engine: Engine, adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
+    def prepare(engine: ServingEngine, adapter: str | None) -> tuple[list[Prompt], list[SamplingParams]]:
         check_fields(RESPONSES, body)
         return chat_request(chat, engine.config.max_model_len, engine.tokenizer_for(adapter))
 

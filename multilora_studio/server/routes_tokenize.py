@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from multilora_studio.engine import Engine
+from multilora_studio.deploy import ServingEngine
 from multilora_studio.engine.chat_tokens import chat_token_ids
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.sampling import chat_prompt
@@ -24,7 +24,7 @@ from multilora_studio.server.state import ModelTarget, ServerState, api_key_labe
 router = APIRouter()
 
 
-def _tokenizer(engine: Engine, adapter: str | None) -> Any:
+def _tokenizer(engine: ServingEngine, adapter: str | None) -> Any:
     tokenizer = engine.tokenizer_for(adapter)
     if tokenizer is None:
         raise ApiError(404, "this model has no tokenizer; send token ids", "tokenizer_not_found")
@@ -34,7 +34,7 @@ def _tokenizer(engine: Engine, adapter: str | None) -> Any:
 @contextlib.asynccontextmanager
 async def _admitted(
     state: ServerState, request: Request, model: str | None
-) -> AsyncIterator[tuple[Engine, str | None]]:
+) -> AsyncIterator[tuple[ServingEngine, str | None]]:
     """The caller's per-key limits apply as to generation (no engine request, no tokens charged);
     yields the engine of the base ``model`` names (without one: the first base) and the adapter
     (None: the base model)."""

@@ -18,8 +18,7 @@ import time
 import uvicorn
 
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.deploy import BasePool
-from multilora_studio.engine import Engine
+from multilora_studio.deploy import BasePool, ServingEngine
 from multilora_studio.server.app import create_app
 from multilora_studio.server.config import ServerConfig
 from multilora_studio.server.connection_guard import guarded_protocol
@@ -66,12 +65,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class ApiServer:
-    """The OpenAI-compatible endpoint over one engine or a pool of base models;
+    """The OpenAI-compatible endpoint over one engine (or replica set) or a pool of base models;
     ``start()``/``stop()`` from any thread."""
 
     def __init__(
         self,
-        engines: Engine | BasePool,
+        engines: ServingEngine | BasePool,
         config: ServerConfig | None = None,
         request_log: RequestLog | None = None,
         registry: Registry | None = None,

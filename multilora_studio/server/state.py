@@ -12,8 +12,7 @@ from typing import Any, Protocol
 
 from fastapi import Request
 
-from multilora_studio.deploy import BasePool, BaseUnavailable
-from multilora_studio.engine import Engine
+from multilora_studio.deploy import BasePool, BaseUnavailable, ServingEngine
 from multilora_studio.server.api_keys import ANONYMOUS, ApiKey
 from multilora_studio.server.config import ServerConfig
 from multilora_studio.server.errors import ApiError
@@ -55,7 +54,7 @@ class ServerState:
         init=False, default_factory=weakref.WeakKeyDictionary
     )
 
-    def token_text_for(self, engine: Engine, adapter: str | None) -> TokenText:
+    def token_text_for(self, engine: ServingEngine, adapter: str | None) -> TokenText:
         """Token texts from ``adapter``'s own tokenizer where it has one, else its base's."""
         tokenizer = engine.tokenizer_for(adapter)
         if tokenizer is None:
@@ -80,7 +79,7 @@ class ServerState:
             return ModelTarget(self.pool.primary, await self.hub.resolve(model))
         raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
 
-    async def lease(self, target: ModelTarget) -> Engine:
+    async def lease(self, target: ModelTarget) -> ServingEngine:
         """The engine of ``target``'s base, loaded and kept loaded until ``release(target)``;
         503 when it cannot be loaded in time. A request cancelled while it waits leaves no lease."""
         task = asyncio.ensure_future(asyncio.to_thread(self.pool.acquire, target.base))
@@ -96,14 +95,14 @@ class ServerState:
         self.pool.release(target.base)
 
     @contextlib.asynccontextmanager
-    async def leased(self, target: ModelTarget) -> AsyncIterator[Engine]:
+    async def leased(self, target: ModelTarget) -> AsyncIterator[ServingEngine]:
         engine = await self.lease(target)
         try:
             yield engine
         finally:
             self.release(target)
 
-    def _release_if_acquired(self, target: ModelTarget, task: asyncio.Future[Engine]) -> None:
+    def _release_if_acquired(self, target: ModelTarget, task: asyncio.Future[ServingEngine]) -> None:
         if not task.cancelled() and task.exception() is None:
             self.release(target)
 

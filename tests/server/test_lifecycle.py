@@ -161,7 +161,8 @@ def test_metrics_report_adapters_cache_and_queue(serve):
     assert samples[("multilora_generation_tokens_total", (("adapter", "tiny-r16-vup"),))] == 4
     assert samples[("multilora_time_to_first_token_seconds_count", (("adapter", "tiny-r4-qv"),))] == 2
     assert samples[("multilora_inter_token_latency_seconds_count", (("adapter", "tiny-r4-qv"),))] == 6
-    base = (("base", server.pool.primary),)  # engine series are labelled by their base model
+    # engine series are labelled by their base model and replica (one engine: replica "0")
+    base = (("base", server.pool.primary), ("replica", "0"))
     assert samples[("multilora_adapter_cache_hits_total", (*base, ("tier", "gpu")))] >= 1
     for name in ("multilora_num_requests_waiting", "multilora_batch_size", "multilora_kv_blocks_free"):
         assert (name, base) in samples

@@ -1,0 +1,99 @@
+"""What serving needs of an engine: one ``Engine``, or a ``ReplicaSet`` of engines behind one
+dispatcher; the server, the base pool and the window talk to either through this."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from multilora_studio.engine import (
+    AdapterInfo,
+    EngineConfig,
+    EngineMetrics,
+    Prompt,
+    RequestOutput,
+    RequestStream,
+    SamplingParams,
+    TokenDelta,
+)
+from multilora_studio.engine.adapter_residency import AdapterResidency
+from multilora_studio.engine.model_source import BaseModel
+from multilora_studio.engine.model_spec import ModelSpec
+
+
+class ServingEngine(Protocol):
+    config: EngineConfig
+    spec: ModelSpec
+    base: BaseModel
+    tokenizer: Any
+    model_name: str
+    base_digest: str
+    device: torch.device
+    residency: AdapterResidency  # the adapters' facts (vocabularies, tokenizers); tiers are per engine
+
+    @property
+    def running(self) -> bool: ...
+
+    def add_adapter(self, name: str, path: str | Path, preload: bool = True) -> AdapterInfo: ...
+
+    def remove_adapter(self, name: str) -> None: ...
+
+    def prefetch_adapters(
+        self, names: Sequence[str], timeout: float | None = None
+    ) -> dict[str, str | None]: ...
+
+    def pin_adapter(self, name: str, pinned: bool = True) -> None: ...
+
+    def list_adapters(self) -> list[AdapterInfo]: ...
+
+    def encode(
+        self, prompt: Any, special_tokens_in_content: bool = False, adapter: str | None = None
+    ) -> list[int]: ...
+
+    def tokenizer_for(self, adapter: str | None) -> Any: ...
+
+    def submit(
+        self,
+        prompt: Prompt,
+        adapter: str | None = None,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> RequestStream: ...
+
+    def submit_many(
+        self, requests: Sequence[tuple[Prompt, str | None, SamplingParams | None]]
+    ) -> list[RequestStream]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        adapter_names: Sequence[str | None] | None = None,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]: ...
+
+    def score(
+        self,
+        prompts: Sequence[Prompt],
+        adapter_names: Sequence[str | None] | None = None,
+        top_k: int = 0,
+        adapter_scales: Sequence[float] | None = None,
+    ) -> list[RequestOutput]: ...
+
+    def stream(
+        self, prompt: Prompt, adapter: str | None = None, params: SamplingParams | None = None
+    ) -> Iterator[TokenDelta]: ...
+
+    def astream(
+        self, prompt: Prompt, adapter: str | None = None, params: SamplingParams | None = None
+    ) -> AsyncIterator[TokenDelta]: ...
+
+    def metrics(self, fresh: bool = False) -> EngineMetrics | None: ...
+
+    def shutdown(self) -> None: ...
