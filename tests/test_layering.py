@@ -14,7 +14,7 @@ ALLOWED = {
     "adapters": set(),
     "engine": {"kernels", "adapters", "default_model"},
     "server": {"engine", "adapters", "kernels", "deploy"},
-    "deploy": {"engine", "adapters"},
+    "deploy": {"engine", "adapters", "server"},  # server: the Ray Serve ingress hosts its app
     "evaluate": {"engine", "adapters", "run_records"},
     "gui": {
         "server",
@@ -59,7 +59,7 @@ THIRD_PARTY_FORBIDDEN = {
     "server": {"PySide6", "pyqtgraph"},
     "evaluate": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
     "merge": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
-    "deploy": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
+    "deploy": {"PySide6", "pyqtgraph"},
 }
 
 

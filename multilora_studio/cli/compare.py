@@ -7,6 +7,7 @@ import json
 import shutil
 import textwrap
 
+from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.cli.shared import (
     Subcommands,
     add_adapters,
@@ -14,7 +15,6 @@ from multilora_studio.cli.shared import (
     add_engine_arguments,
     engine_config,
     library_for,
-    parse_lora_modules,
     print_progress,
 )
 from multilora_studio.engine import Engine, RequestOutput, SamplingParams

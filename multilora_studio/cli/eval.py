@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli.shared import (
     Subcommands,
@@ -17,7 +18,6 @@ from multilora_studio.cli.shared import (
     add_engine_arguments,
     engine_config,
     library_for,
-    parse_lora_modules,
     print_progress,
 )
 from multilora_studio.engine import Engine, EngineConfig

@@ -11,13 +11,13 @@ import threading
 from typing import TYPE_CHECKING
 
 from multilora_studio.adapters.base_model import BaseModelRef
+from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli.shared import (
     Subcommands,
     add_demo_adapters_flag,
     add_engine_arguments,
     engine_configs,
-    parse_lora_modules,
     print_progress,
 )
 from multilora_studio.demo import offer_demo_adapters

@@ -39,19 +39,6 @@ def print_error(error: BaseException, message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
 
 
-def parse_lora_modules(items: Sequence[str]) -> dict[str, Path]:
-    """``name=path`` pairs (vLLM's --lora-modules) into a dict; a bare path is named by its folder."""
-    modules: dict[str, Path] = {}
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep:
-            name, path = Path(item).name, item
-        if not name or not path:
-            raise ValueError(f"--lora-modules entries look like name=path, got {item!r}")
-        modules[name] = Path(path).expanduser()
-    return modules
-
-
 def add_engine_arguments(
     parser: argparse.ArgumentParser, comparing: bool = False, several_models: bool = False
 ) -> None:

@@ -131,7 +131,6 @@ class ReplicaSet(RequestMethods):
         self.spec, self.base, self.tokenizer = first.spec, first.base, first.tokenizer
         self.model_name, self.base_digest = first.model_name, first.base_digest
         self.device = first.device
-        self.residency = first.residency
         self._lock = threading.Lock()  # guards the dispatch state below
         self._loads = [0] * len(replicas)  # unfinished requests per replica
         self._in_flight: list[Counter[str | None]] = [Counter() for _ in replicas]  # per adapter
@@ -352,6 +351,9 @@ class ReplicaSet(RequestMethods):
 
     def tokenizer_for(self, adapter: str | None) -> Any:
         return self.replicas[0].tokenizer_for(adapter)
+
+    def vocab_size_of(self, adapter: str | None) -> int:
+        return self.replicas[0].vocab_size_of(adapter)
 
     # ---------------------------------------------------------------- state
 

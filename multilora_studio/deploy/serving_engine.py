@@ -8,8 +8,6 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-
 from multilora_studio.engine import (
     AdapterInfo,
     EngineConfig,
@@ -20,20 +18,15 @@ from multilora_studio.engine import (
     SamplingParams,
     TokenDelta,
 )
-from multilora_studio.engine.adapter_residency import AdapterResidency
-from multilora_studio.engine.model_source import BaseModel
 from multilora_studio.engine.model_spec import ModelSpec
 
 
 class ServingEngine(Protocol):
     config: EngineConfig
     spec: ModelSpec
-    base: BaseModel
     tokenizer: Any
     model_name: str
     base_digest: str
-    device: torch.device
-    residency: AdapterResidency  # the adapters' facts (vocabularies, tokenizers); tiers are per engine
 
     @property
     def running(self) -> bool: ...
@@ -55,6 +48,8 @@ class ServingEngine(Protocol):
     ) -> list[int]: ...
 
     def tokenizer_for(self, adapter: str | None) -> Any: ...
+
+    def vocab_size_of(self, adapter: str | None) -> int: ...
 
     def submit(
         self,

@@ -160,6 +160,10 @@ class Engine(RequestMethods):
         tokenizer = self.tokenizer_for(adapter)
         return encode_prompt(prompt, tokenizer, vocab, special_tokens_in_content, where)
 
+    def vocab_size_of(self, adapter: str | None) -> int:
+        """The vocabulary of ``adapter``'s requests: the base's, larger where it adds tokens."""
+        return self.residency.vocab_size_of(adapter)
+
     def tokenizer_for(self, adapter: str | None) -> Any:
         """The tokenizer (and chat template) of ``adapter``'s requests: its own, else the base's."""
         own = self.residency.tokenizer_of(adapter)

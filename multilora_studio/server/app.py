@@ -6,6 +6,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from multilora_studio import __version__
+from multilora_studio.server.config import ServerConfig
 from multilora_studio.server.errors import install_error_handlers
 from multilora_studio.server.middleware import ApiKeyAuth, BodyLimit, FramingCheck, HostCheck, RequestCap
 from multilora_studio.server.routes_admin import admin_router
@@ -41,9 +42,10 @@ CORS_HEADERS = (
 )
 
 
-def create_app(state: ServerState) -> FastAPI:
+def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAPI:
     """Outermost first: requests in progress, framing, Host check, CORS (only when origins are
-    configured), API keys, body size."""
+    configured), API keys, body size. The routes read ``app.state.studio``: ``state``, or one
+    set before the first request (an app built before its engines exist, as on Ray Serve)."""
     app = FastAPI(
         title="MultiLoRA Studio",
         version=__version__,
@@ -51,14 +53,14 @@ def create_app(state: ServerState) -> FastAPI:
         redoc_url=None,
         openapi_url="/openapi.json",
     )
-    app.state.studio = state
+    if state is not None:
+        app.state.studio = state
     app.include_router(generate_router)
     app.include_router(responses_router)
     app.include_router(models_router)
     app.include_router(admin_router)
     app.include_router(tokenize_router)
     install_error_handlers(app)
-    config = state.config
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     app.add_middleware(ApiKeyAuth, keys=config.keys)
     if config.cors_origins:

@@ -96,7 +96,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
     state = server_state(request)
     async with _admitted(state, request, body.model) as (engine, adapter):
         tokenizer = _tokenizer(engine, adapter)
-        vocab = engine.residency.vocab_size_of(adapter)
+        vocab = engine.vocab_size_of(adapter)
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
             raise ApiError(400, f"token ids out of range [0, {vocab}): {bad[:5]}", "invalid_value", "tokens")

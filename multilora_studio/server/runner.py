@@ -64,6 +64,30 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def build_server_state(
+    pool: BasePool,
+    config: ServerConfig,
+    request_log: RequestLog | None = None,
+    registry: Registry | None = None,
+) -> ServerState:
+    """What the routes share for ``pool`` under ``config``: limits, metrics, the request log, and
+    the Hub resolver when Hub adapters are allowed (pulled into ``registry``, default the user's)."""
+    admission = Admission(
+        config.max_in_flight, config.max_concurrent_per_key, config.tokens_per_minute_per_key
+    )
+    state = ServerState(
+        pool,
+        config,
+        admission,
+        ServerMetrics(pool),
+        request_log or RequestLog(config.request_log_size),
+        int(time.time()),
+    )
+    if config.allow_hub_adapters:
+        state.hub = HubResolver(pool, registry or Registry(), config.hub_pull_timeout_s)
+    return state
+
+
 class ApiServer:
     """The OpenAI-compatible endpoint over one engine (or replica set) or a pool of base models;
     ``start()``/``stop()`` from any thread."""
@@ -82,19 +106,9 @@ class ApiServer:
             engines if isinstance(engines, BasePool) else BasePool([engines.config], started=[engines])
         )
         self.config = config or ServerConfig()
-        self.request_log = request_log or RequestLog(self.config.request_log_size)
-        self.metrics = ServerMetrics(self.pool)
-        admission = Admission(
-            self.config.max_in_flight,
-            self.config.max_concurrent_per_key,
-            self.config.tokens_per_minute_per_key,
-        )
-        self.state = ServerState(
-            self.pool, self.config, admission, self.metrics, self.request_log, int(time.time())
-        )
-        if self.config.allow_hub_adapters:
-            self.state.hub = HubResolver(self.pool, registry or Registry(), self.config.hub_pull_timeout_s)
-        self.app = create_app(self.state)
+        self.state = build_server_state(self.pool, self.config, request_log, registry)
+        self.request_log, self.metrics = self.state.request_log, self.state.metrics
+        self.app = create_app(self.config, self.state)
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

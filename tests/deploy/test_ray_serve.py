@@ -1,0 +1,131 @@
+"""The Ray Serve application on a local Ray (two CPUs): two engine replicas of the tiny model
+behind the ingress, driven by the official ``openai`` client: outputs equal one engine's;
+Ray's multiplexed routing keeps each adapter on one replica (each read from disk once); an API
+key is enforced at the ingress; ``serve.shutdown()`` leaves no Serve process running."""
+
+from __future__ import annotations
+
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import psutil
+import pytest
+import ray
+from ray import serve
+
+from multilora_studio.deploy.ray_serve import APP_NAME, ENGINE_DEPLOYMENT, RayServeOptions, build_app
+from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+from multilora_studio.server import ServerConfig
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+ADAPTERS = ("tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", "tiny-r8-attn")
+PROMPTS = [[1, 510, 2300, 44, 901], [1, 40000, 12, 7]]
+NEW_TOKENS = 8
+KEY = "sk-ray-test"
+
+
+def config(tiny_model_dir) -> EngineConfig:
+    return EngineConfig(
+        model=str(tiny_model_dir),
+        device="cpu",
+        dtype="float32",
+        max_model_len=128,
+        max_lora_rank=16,
+        max_loras=4,
+        max_cpu_loras=8,
+        cpu_threads=1,
+    )
+
+
+def serve_processes() -> list[psutil.Process]:
+    """Processes of this machine running a Serve controller, proxy or replica."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if any(part in command for part in ("ServeReplica", "ServeController", "ProxyActor")):
+            found.append(process)
+    return found
+
+
+@pytest.fixture(scope="module")
+def expected_texts(tiny_model_dir, tiny_adapters) -> dict[tuple[int, str | None], str]:
+    """(prompt index, adapter) -> one local engine's greedy text."""
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    with Engine(config(tiny_model_dir)) as engine:
+        for name in ADAPTERS:
+            engine.add_adapter(name, tiny_adapters[name])
+        keys = [(i, a) for a in (*ADAPTERS, None) for i in range(len(PROMPTS))]
+        outputs = engine.generate([PROMPTS[i] for i, _ in keys], [a for _, a in keys], params)
+    return {key: output.text for key, output in zip(keys, outputs, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def ray_app(tiny_model_dir, tiny_adapters):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        options = RayServeOptions(
+            engine=config(tiny_model_dir),
+            adapters={name: str(tiny_adapters[name]) for name in ADAPTERS},
+            server=ServerConfig(host="127.0.0.1", port=port, api_keys=(KEY,)),
+            replicas=2,
+        )
+        serve.run(build_app(options), name=APP_NAME, route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def complete(client: openai.OpenAI, index: int, adapter: str | None, base: str) -> str:
+    reply = client.completions.create(
+        model=adapter or base,
+        prompt=PROMPTS[index],
+        max_tokens=NEW_TOKENS,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    return reply.choices[0].text
+
+
+def test_two_ray_replicas_answer_like_one_engine_and_keep_each_adapter_on_one(ray_app, expected_texts):
+    client = openai.OpenAI(base_url=f"{ray_app}/v1", api_key=KEY, max_retries=0)
+    models = {m.id for m in client.models.list().data}
+    assert set(ADAPTERS) <= models
+    base = next(m for m in models if m not in ADAPTERS)
+    for adapter in ADAPTERS:  # one request each: every adapter is loaded on one replica
+        assert complete(client, 0, adapter, base) == expected_texts[(0, adapter)]
+    time.sleep(2)  # the replicas report the adapters they hold to Ray's routers
+    keys = list(expected_texts) * 3
+    with ThreadPoolExecutor(6) as pool:
+        texts = list(pool.map(lambda key: complete(client, key[0], key[1], base), keys))
+    assert texts == [expected_texts[key] for key in keys]
+
+    handle = serve.get_deployment_handle(ENGINE_DEPLOYMENT, APP_NAME)
+    holdings: dict[str, dict] = {}
+    deadline = time.monotonic() + 60
+    while len(holdings) < 2 and time.monotonic() < deadline:
+        held = handle.holdings.remote().result()
+        holdings[held["replica"]] = held
+    assert len(holdings) == 2, "both replicas answer"
+    tiers = [set(h["host_tier"]) for h in holdings.values()]
+    assert sum(h["disk_loads"] for h in holdings.values()) == len(ADAPTERS), holdings
+    assert not tiers[0] & tiers[1] and tiers[0] | tiers[1] == set(ADAPTERS)
+
+    with pytest.raises(openai.AuthenticationError):  # the ingress enforces the keys
+        openai.OpenAI(base_url=f"{ray_app}/v1", api_key="wrong", max_retries=0).models.list()
+    with pytest.raises(openai.NotFoundError):
+        complete(client, 0, "not-served", "not-served")
+
+
+def test_serve_shutdown_leaves_nothing_running(ray_app):
+    assert serve_processes(), "the application runs Serve processes"
+    serve.shutdown()
+    wait_until(lambda: not serve_processes(), 60, "every Serve process to exit")
