@@ -86,6 +86,9 @@ def load_on_device(
     held_before = 0
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        # The worker thread's own stream: engines sharing a GPU (replicas) neither serialize on the
+        # legacy default stream nor wait for each other's work when one synchronizes.
+        torch.cuda.set_stream(torch.cuda.Stream(device))
         install_compile_watch()
         held_before = torch.cuda.memory_allocated(device)  # other engines' of this process
     plan = build_lora_plan(config, device, dtype)  # how the LoRA term runs
