@@ -103,21 +103,27 @@ def throughput(args: argparse.Namespace, folders: list[Path], prompts: list[list
         both_directly(replicas, prompts, names)  # warm-up: the direct halves' adapters
         for _ in range(args.rounds):
             direct.append(timed(lambda: both_directly(replicas, prompts, names)))
-        kv_blocks = [r.metrics(fresh=True).kv_blocks_total for r in replicas.replicas]
-    result = {
-        "one_engine_batch32_tok_s": statistics.median(one),
-        "two_replicas_dispatched_tok_s": statistics.median(dispatched),
-        "two_replicas_direct_tok_s": statistics.median(direct),
+        kv_blocks = [replica_kv_blocks(r) for r in replicas.replicas]
+    one_tok_s = statistics.median(one)
+    dispatched_tok_s = statistics.median(dispatched)
+    direct_tok_s = statistics.median(direct)
+    return {
+        "one_engine_batch32_tok_s": one_tok_s,
+        "two_replicas_dispatched_tok_s": dispatched_tok_s,
+        "two_replicas_direct_tok_s": direct_tok_s,
         "warmup_placement": placement,
         "replica_kv_blocks": kv_blocks,
+        "dispatched_over_one_engine": dispatched_tok_s / one_tok_s,
+        "dispatched_over_direct": dispatched_tok_s / direct_tok_s,
     }
-    result["dispatched_over_one_engine"] = (
-        result["two_replicas_dispatched_tok_s"] / result["one_engine_batch32_tok_s"]
-    )
-    result["dispatched_over_direct"] = (
-        result["two_replicas_dispatched_tok_s"] / result["two_replicas_direct_tok_s"]
-    )
-    return result
+
+
+def replica_kv_blocks(replica: Engine) -> int:
+    """The KV blocks a replica's share of the GPU gave it."""
+    metrics = replica.metrics(fresh=True)
+    if metrics is None:
+        raise RuntimeError("replica reported no metrics")
+    return metrics.kv_blocks_total
 
 
 def on_default_stream() -> None:
