@@ -1,4 +1,4 @@
-"""Error messages in the words the user typed: EngineConfig's and SamplingParams' field names as flags.
+"""Error messages in the words the user typed: option fields (EngineConfig, SamplingParams, ...) as flags.
 
 The engine raises ValueErrors that name its fields (``max_loras must be ...``); the command
 line says the same with the flag (``--max-loras must be ...``) and marks a value the user
@@ -32,6 +32,7 @@ FLAGS = {
     "temperature": "--temperature",
     "top_p": "--top-p",
     "seed": "--seed",
+    "replicas": "--replicas",  # RayServeOptions
 }
 
 

@@ -5,20 +5,20 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sqlite3
-import threading
 from typing import TYPE_CHECKING
 
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.cli.serve_ray import add_ray_arguments, run_serve_ray
 from multilora_studio.cli.shared import (
     Subcommands,
     add_demo_adapters_flag,
     add_engine_arguments,
     engine_configs,
     print_progress,
+    wait_for_stop_signal,
 )
 from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.deploy import BasePool, ServingEngine, parse_devices, start_engine
@@ -183,6 +183,7 @@ def add_serve_command(subparsers: Subcommands) -> None:
         help="trusted clients only: a chat message's text that spells a special token (<|im_start|>) "
         "becomes that control token (default: it is tokenized as plain text)",
     )
+    add_ray_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
 
@@ -266,6 +267,8 @@ def run_serve(args: argparse.Namespace) -> int:
         max_connections_per_client=args.max_connections_per_client,
         allow_special_tokens_in_content=args.allow_special_tokens_in_content,
     )
+    if args.ray:
+        return run_serve_ray(args, config)
     modules = parse_lora_modules(args.lora_modules)
     if not config.loopback:
         print(f"Host header checked against: {', '.join(config.host_names())}", flush=True)
@@ -323,16 +326,3 @@ def start_pool(configs: list[EngineConfig], args: argparse.Namespace) -> BasePoo
         for engine in started:
             engine.shutdown()
         raise
-
-
-def wait_for_stop_signal() -> None:
-    """Block until Ctrl+C or SIGTERM."""
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)

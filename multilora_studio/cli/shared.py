@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -223,3 +225,16 @@ def add_adapters(
             engine.add_adapter(name, modules[name])
         elif registry is not None:
             registry.load_into(engine, name, override=allow_other_base)
+
+
+def wait_for_stop_signal() -> None:
+    """Block until Ctrl+C or SIGTERM."""
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,10 +1,12 @@
-"""The Ray Serve application on a local Ray (two CPUs): two engine replicas of the tiny model
-behind the ingress, driven by the official ``openai`` client: outputs equal one engine's;
+"""The Ray Serve application on a local Ray (two CPUs), deployed as ``serve --ray`` does it (its
+flags; three adapters from ``--lora-modules``, one from the library): two engine replicas of the
+tiny model behind the ingress, driven by the official ``openai`` client: outputs equal one engine's;
 Ray's multiplexed routing keeps each adapter on one replica (each read from disk once); an API
-key is enforced at the ingress; ``serve.shutdown()`` leaves no Serve process running."""
+key is enforced at the ingress; stopping it leaves no Serve process running."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +17,11 @@ import pytest
 import ray
 from ray import serve
 
-from multilora_studio.deploy.ray_serve import APP_NAME, ENGINE_DEPLOYMENT, RayServeOptions, build_app
+from multilora_studio.adapters.registry import Registry
+from multilora_studio.cli import build_parser
+from multilora_studio.cli.serve_ray import ray_serve_options, start_on_ray, stop_on_ray
+from multilora_studio.cli.shared import describe_base
+from multilora_studio.deploy.ray_serve import APP_NAME, ENGINE_DEPLOYMENT
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from multilora_studio.server import ServerConfig
 from tests.waiting import wait_until
@@ -64,24 +70,36 @@ def expected_texts(tiny_model_dir, tiny_adapters) -> dict[tuple[int, str | None]
 
 
 @pytest.fixture(scope="module")
-def ray_app(tiny_model_dir, tiny_adapters):
+def library_home(tmp_path_factory, tiny_model_dir, tiny_adapters):
+    """A library of its own holding the last adapter (served from there, not --lora-modules)."""
+    previous = os.environ["MULTILORA_STUDIO_HOME"]
+    os.environ["MULTILORA_STUDIO_HOME"] = str(tmp_path_factory.mktemp("ray-home"))
+    try:
+        Registry().import_folder(tiny_adapters[ADAPTERS[-1]], describe_base(str(tiny_model_dir)))
+        yield
+    finally:
+        os.environ["MULTILORA_STUDIO_HOME"] = previous
+
+
+@pytest.fixture(scope="module")
+def ray_app(tiny_model_dir, tiny_adapters, library_home):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    engine = config(tiny_model_dir)
+    flags = ["serve", "--ray", "--replicas", "2", "--model", str(tiny_model_dir), "--device", "cpu"]
+    flags += ["--dtype", "float32", "--max-model-len", str(engine.max_model_len), "--max-lora-rank", "16"]
+    flags += ["--max-loras", "4", "--max-cpu-loras", "8", "--cpu-threads", "1", "--lora-modules"]
+    flags += [f"{name}={tiny_adapters[name]}" for name in ADAPTERS[:-1]]
+    options = ray_serve_options(
+        build_parser().parse_args(flags), ServerConfig(host="127.0.0.1", port=port, api_keys=(KEY,))
+    )
+    assert options.engine == engine and options.replicas == 2 and set(options.adapters) == set(ADAPTERS)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        options = RayServeOptions(
-            engine=config(tiny_model_dir),
-            adapters={name: str(tiny_adapters[name]) for name in ADAPTERS},
-            server=ServerConfig(host="127.0.0.1", port=port, api_keys=(KEY,)),
-            replicas=2,
-        )
-        serve.run(build_app(options), name=APP_NAME, route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
+        yield start_on_ray(options, address=None)
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        stop_on_ray()
 
 
 def complete(client: openai.OpenAI, index: int, adapter: str | None, base: str) -> str:
@@ -127,5 +145,5 @@ def test_two_ray_replicas_answer_like_one_engine_and_keep_each_adapter_on_one(ra
 
 def test_serve_shutdown_leaves_nothing_running(ray_app):
     assert serve_processes(), "the application runs Serve processes"
-    serve.shutdown()
+    stop_on_ray()
     wait_until(lambda: not serve_processes(), 60, "every Serve process to exit")

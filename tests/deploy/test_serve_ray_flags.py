@@ -1,0 +1,48 @@
+"""``serve --ray``'s flags: what it refuses, with the flag named, before Ray or a model starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from multilora_studio.cli import build_parser, main
+from multilora_studio.cli.serve_ray import parse_autoscale, ray_serve_options
+from multilora_studio.server import ServerConfig
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--model", "a", "--model", "b"], "--ray serves one --model; start one application per base model"),
+        (["--devices", "cuda:0,cuda:1"], "--ray does not take --devices: Ray places the replicas"),
+        (["--allow-hub-adapters"], "--ray does not take --allow-hub-adapters: Ray places the replicas"),
+        (["--autoscale", "4"], "--autoscale takes MIN:MAX replicas, e.g. 1:4; got '4'"),
+        (["--autoscale", "3:1"], "autoscaling needs 0 < min <= max replicas, got (3, 1)"),
+        (["--replicas", "0"], "--replicas must be >= 1, got 0"),
+    ],
+)
+def test_serve_ray_refuses_with_the_flag_named(capsys, flags, message):
+    assert main(["serve", "--ray", "--no-library", *flags]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"error: {message}", err
+
+
+def test_replicas_and_autoscale_exclude_each_other(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--ray", "--replicas", "2", "--autoscale", "1:2"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_options_carry_the_flags(tiny_model_dir, tiny_adapters):
+    flags = ["serve", "--ray", "--no-library", "--model", str(tiny_model_dir), "--device", "cpu"]
+    flags += ["--autoscale", "1:3", "--gpus-per-replica", "0.5", "--max-loras", "2", "--max-cpu-loras", "5"]
+    flags += ["--lora-modules", f"qv={tiny_adapters['tiny-r4-qv']}"]
+    server = ServerConfig(port=0)
+    options = ray_serve_options(build_parser().parse_args(flags), server)
+    assert options.autoscaling == (1, 3) and options.gpus_per_replica == 0.5
+    assert options.adapters == {"qv": str(tiny_adapters["tiny-r4-qv"])} and options.server is server
+    assert (options.engine.model, options.engine.max_loras, options.engine.max_cpu_loras) == (
+        str(tiny_model_dir),
+        2,
+        5,
+    )
+    assert parse_autoscale(" 2 : 8 ") == (2, 8)
