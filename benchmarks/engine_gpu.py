@@ -23,8 +23,7 @@ from pathlib import Path
 import torch
 
 from multilora_studio.bench.random_adapters import write_random_adapter
-from multilora_studio.deploy import ServingEngine
-from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+from multilora_studio.engine import Engine, EngineConfig, SamplingParams, ServingEngine
 from multilora_studio.engine.diagnostics import step_profile, time_decode_graph
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 

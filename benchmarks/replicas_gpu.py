@@ -35,8 +35,8 @@ from unittest import mock
 import torch
 
 from multilora_studio.bench.random_adapters import write_random_adapter
-from multilora_studio.deploy import ReplicaSet, ServingEngine
-from multilora_studio.engine import Engine, EngineConfig, SamplingParams, device_setup
+from multilora_studio.deploy import ReplicaSet
+from multilora_studio.engine import Engine, EngineConfig, SamplingParams, ServingEngine, device_setup
 from multilora_studio.engine.device_setup import install_compile_watch
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from multilora_studio.engine import Engine, TokenLogprob
+from multilora_studio.engine import ServingEngine, TokenLogprob
 
 TOP_ALTERNATIVES = 5
 
@@ -59,7 +59,7 @@ def token_pieces(tokenizer: Any | None, token_ids: Sequence[int]) -> list[str]:
 
 
 def score_divergence(
-    engine: Engine, requests: Sequence[DivergenceRequest], top_k: int = TOP_ALTERNATIVES
+    engine: ServingEngine, requests: Sequence[DivergenceRequest], top_k: int = TOP_ALTERNATIVES
 ) -> list[list[TokenDivergence]]:
     """Each request's output tokens under its adapter and the base, from one batched scoring pass."""
     sequences = [list(r.prompt_token_ids) + list(r.output_token_ids) for r in requests]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from multilora_studio import __version__
-from multilora_studio.engine import Engine, Prompt, SamplingParams
+from multilora_studio.engine import Prompt, SamplingParams, ServingEngine
 from multilora_studio.paths import runs_dir
 from multilora_studio.util import sha256_file
 
@@ -158,7 +158,7 @@ class EngineRecord:
     batch_invariant: bool | None = None  # None: recorded before the record kept it
 
     @classmethod
-    def of(cls, engine: Engine) -> EngineRecord:
+    def of(cls, engine: ServingEngine) -> EngineRecord:
         return cls(
             model_name=engine.model_name,
             model_digest=engine.base_digest,

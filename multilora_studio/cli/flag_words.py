@@ -33,6 +33,7 @@ FLAGS = {
     "top_p": "--top-p",
     "seed": "--seed",
     "replicas": "--replicas",  # RayServeOptions
+    "devices": "--devices",  # deploy.parse_devices
 }
 
 

@@ -21,9 +21,9 @@ from multilora_studio.cli.shared import (
     wait_for_stop_signal,
 )
 from multilora_studio.demo import offer_demo_adapters
-from multilora_studio.deploy import BasePool, ServingEngine, parse_devices, start_engine
+from multilora_studio.deploy import BasePool, parse_devices, start_engine
 from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
-from multilora_studio.engine import EngineConfig
+from multilora_studio.engine import EngineConfig, ServingEngine
 from multilora_studio.engine.device_setup import resolve_device
 
 if TYPE_CHECKING:

@@ -3,14 +3,12 @@ behind one dispatcher (no Qt, no HTTP)."""
 
 from multilora_studio.deploy.base_pool import BasePool, BaseUnavailable, PoolBase, identify_base
 from multilora_studio.deploy.replica_set import ReplicaSet, parse_devices, replicas_of, start_engine
-from multilora_studio.deploy.serving_engine import ServingEngine
 
 __all__ = [
     "BasePool",
     "BaseUnavailable",
     "PoolBase",
     "ReplicaSet",
-    "ServingEngine",
     "identify_base",
     "parse_devices",
     "replicas_of",

@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from multilora_studio.deploy.serving_engine import ServingEngine
 from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.engine.model_source import RANDOM_PREFIX, describe_model
+from multilora_studio.engine.serving_engine import ServingEngine
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from ray.serve.metrics import Gauge
@@ -53,6 +54,9 @@ class EngineFacts:
     spec: ModelSpec
     model_name: str
     base_digest: str
+    model_folder: Path | None
+    device: torch.device
+    dtype: torch.dtype
     tokenizer: Any
 
 
@@ -91,7 +95,14 @@ def engine_replica_class(adapters_per_replica: int) -> type:
         def facts(self) -> EngineFacts:
             engine = self.engine
             return EngineFacts(
-                engine.config, engine.spec, engine.model_name, engine.base_digest, engine.tokenizer
+                engine.config,
+                engine.spec,
+                engine.model_name,
+                engine.base_digest,
+                engine.model_folder,
+                engine.device,
+                engine.dtype,
+                engine.tokenizer,
             )
 
         def describe_adapter(self, name: str, path: str) -> AdapterFacts:
@@ -194,6 +205,7 @@ class RemoteEngine(RequestMethods):
         self._handle = handle
         self.config, self.spec, self.tokenizer = facts.config, facts.spec, facts.tokenizer
         self.model_name, self.base_digest = facts.model_name, facts.base_digest
+        self.model_folder, self.device, self.dtype = facts.model_folder, facts.device, facts.dtype
         self._lock = threading.Lock()  # guards the three below
         self._adapters: dict[str, Registration] = {}
         self._in_flight: Counter[str] = Counter()

@@ -33,7 +33,6 @@ import torch
 
 from multilora_studio.deploy.combined_metrics import combine_metrics
 from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN, affinity_pick
-from multilora_studio.deploy.serving_engine import ServingEngine
 from multilora_studio.engine import (
     AdapterInfo,
     Engine,
@@ -44,6 +43,7 @@ from multilora_studio.engine import (
     SamplingParams,
 )
 from multilora_studio.engine.request_methods import RequestMethods
+from multilora_studio.engine.serving_engine import ServingEngine
 from multilora_studio.util import ProgressCallback
 
 log = logging.getLogger(__name__)
@@ -60,14 +60,14 @@ def parse_devices(text: str) -> list[str]:
         return [f"cuda:{i}" for i in range(count)] or ["cpu"]
     devices = [part.strip() for part in text.split(",") if part.strip()]
     if not devices:
-        raise ValueError("--devices: name at least one device (auto, cpu, cuda:0,cuda:1, ...)")
+        raise ValueError("devices must name at least one device (auto, cpu, cuda:0,cuda:1, ...)")
     for device in devices:
         if not DEVICE_ENTRY.match(device):
-            raise ValueError(f"--devices: {device!r} is not cpu or cuda:N (or use auto)")
+            raise ValueError(f"devices must be cpu or cuda:N entries (or auto), got {device!r}")
         if device.startswith("cuda:"):
             visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if int(device[5:]) >= visible:
-                raise ValueError(f"--devices: {device} does not exist ({visible} CUDA GPUs visible)")
+                raise ValueError(f"devices must exist: {device} does not ({visible} CUDA GPUs visible)")
     return devices
 
 
@@ -130,7 +130,7 @@ class ReplicaSet(RequestMethods):
         self.config = first.config
         self.spec, self.base, self.tokenizer = first.spec, first.base, first.tokenizer
         self.model_name, self.base_digest = first.model_name, first.base_digest
-        self.device = first.device
+        self.device, self.dtype, self.model_folder = first.device, first.dtype, first.model_folder
         self._lock = threading.Lock()  # guards the dispatch state below
         self._loads = [0] * len(replicas)  # unfinished requests per replica
         self._in_flight: list[Counter[str | None]] = [Counter() for _ in replicas]  # per adapter

@@ -13,6 +13,7 @@ from multilora_studio.engine.engine import Engine
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta, TokenLogprob
 from multilora_studio.engine.prompts import Prompt
 from multilora_studio.engine.requests import RequestStream
+from multilora_studio.engine.serving_engine import ServingEngine
 from multilora_studio.engine.structured import StructuredOutput
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
+    "ServingEngine",
     "StructuredOutput",
     "TokenDelta",
     "TokenLogprob",

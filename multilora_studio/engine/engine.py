@@ -68,6 +68,7 @@ class Engine(RequestMethods):
         self.tokenizer = base.tokenizer
         self.model_name = base.name
         self.base_digest = base.digest
+        self.model_folder = base.folder
         self.runner = self.worker.runner  # the device side: touched by the worker thread only
         self.residency: AdapterResidency = self.worker.residency
         self.adapter_loader = self.residency.loader

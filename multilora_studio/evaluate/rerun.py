@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from multilora_studio.engine import Engine
+from multilora_studio.engine import ServingEngine
 from multilora_studio.evaluate.prompt_set import PromptSet, load_prompt_set
 from multilora_studio.evaluate.results import EvalResults
 from multilora_studio.evaluate.runner import EvalSettings, run_eval
@@ -54,7 +54,7 @@ class Rerun:
     def adapters(self) -> list[str]:
         return [name for name in self.saved.adapters if name != BASE]
 
-    def check_base(self, engine: Engine) -> None:
+    def check_base(self, engine: ServingEngine) -> None:
         """ValueError when ``engine`` runs other base weights than the evaluation (unknown: another name)."""
         saved = self.saved
         if saved.base_digest != engine.base_digest or (
@@ -67,7 +67,7 @@ class Rerun:
             )
 
     def check_engine(
-        self, engine: Engine, digests: AdapterDigests, allow_changed_adapters: bool = False
+        self, engine: ServingEngine, digests: AdapterDigests, allow_changed_adapters: bool = False
     ) -> list[str]:
         """Warnings for ``engine``; ValueError for other base weights or changed adapters."""
         self.check_base(engine)
@@ -94,7 +94,7 @@ class Rerun:
 
     def run(
         self,
-        engine: Engine,
+        engine: ServingEngine,
         progress: ProgressCallback | None = None,
         cancel: threading.Event | None = None,
         digests: AdapterDigests | None = None,

@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from multilora_studio.engine import MAX_SEED, Engine, Prompt, RequestOutput, RequestStream, SamplingParams
+from multilora_studio.engine import (
+    MAX_SEED,
+    Prompt,
+    RequestOutput,
+    RequestStream,
+    SamplingParams,
+    ServingEngine,
+)
 from multilora_studio.evaluate.prompt_set import PromptCase, PromptSet
 from multilora_studio.evaluate.results import Cell, EvalResults, PromptRow, adapter_scores
 from multilora_studio.evaluate.scoring import SCORE_PARAMS, Continuation, continuation, summed_logprob
@@ -92,7 +99,7 @@ class _Plan:
 
 
 def run_eval(
-    engine: Engine,
+    engine: ServingEngine,
     prompt_set: PromptSet,
     adapters: Sequence[str],
     settings: EvalSettings | None = None,
@@ -158,7 +165,7 @@ def run_eval(
     )
 
 
-def check_adapters(engine: Engine, adapters: Sequence[str]) -> list[str]:
+def check_adapters(engine: ServingEngine, adapters: Sequence[str]) -> list[str]:
     """The names to evaluate, each once and each known to the engine (or 'base')."""
     names = list(dict.fromkeys(name.strip() for name in adapters if name.strip()))
     if not names:
@@ -172,7 +179,7 @@ def check_adapters(engine: Engine, adapters: Sequence[str]) -> list[str]:
     return names
 
 
-def plan(engine: Engine, case: PromptCase, settings: EvalSettings, names: Sequence[str]) -> _Plan:
+def plan(engine: ServingEngine, case: PromptCase, settings: EvalSettings, names: Sequence[str]) -> _Plan:
     """The prompt's requests for each of ``names``; a prompt the engine refuses is an error
     naming its row."""
     prompt = settings.prompt_of(case)
@@ -195,7 +202,7 @@ def plan(engine: Engine, case: PromptCase, settings: EvalSettings, names: Sequen
 
 
 def wait_all(
-    engine: Engine,
+    engine: ServingEngine,
     streams: list[RequestStream],
     cancel: threading.Event | None,
     progress: ProgressCallback | None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from multilora_studio.engine import Engine, RequestOutput, SamplingParams
+from multilora_studio.engine import RequestOutput, SamplingParams, ServingEngine
 
 SCORE_PARAMS = SamplingParams(max_tokens=0, prompt_logprobs=0)
 
@@ -25,7 +25,7 @@ class Continuation:
 
 
 def continuation(
-    engine: Engine, context_ids: list[int], text: str, adapter: str | None = None
+    engine: ServingEngine, context_ids: list[int], text: str, adapter: str | None = None
 ) -> Continuation:
     """The scored prompt of ``text`` after ``context_ids`` (tokenized as ``adapter``'s requests
     are); ValueError when it is empty or too long."""

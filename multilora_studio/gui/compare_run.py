@@ -17,7 +17,13 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from multilora_studio.engine import Engine, Prompt, RequestOutput, RequestStream, SamplingParams
+from multilora_studio.engine import (
+    Prompt,
+    RequestOutput,
+    RequestStream,
+    SamplingParams,
+    ServingEngine,
+)
 from multilora_studio.gui.tasks import user_message
 from multilora_studio.run_records import column_choice
 
@@ -81,7 +87,7 @@ class CompareRun(QObject):
     failed = Signal(str)
 
     def __init__(
-        self, engine: Engine, requests: list[ColumnRequest], side_work: Callable[[], Any] | None = None
+        self, engine: ServingEngine, requests: list[ColumnRequest], side_work: Callable[[], Any] | None = None
     ) -> None:
         """``side_work`` runs on the launch thread once the requests are queued; ``finished`` waits for it
         and its result is ``side_result`` (slow bookkeeping the GUI thread must not do)."""

@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from multilora_studio.divergence import DivergenceRequest, TokenDivergence, score_divergence
-from multilora_studio.engine import Engine
+from multilora_studio.engine import ServingEngine
 from multilora_studio.gui.compare_chat import Conversation
 from multilora_studio.gui.compare_column import TOKENS, CompareColumn
 from multilora_studio.gui.compare_export import Comparison, to_json, to_markdown
@@ -435,7 +435,7 @@ class CompareView(QWidget):
         return True
 
     def _launch(
-        self, engine: Engine, sending: _Sending, requests: list[ColumnRequest], new_columns: bool
+        self, engine: ServingEngine, sending: _Sending, requests: list[ColumnRequest], new_columns: bool
     ) -> None:
         self.banner.clear()
         self.cancel_edit()
@@ -674,7 +674,7 @@ class CompareView(QWidget):
         return True
 
     @staticmethod
-    def _decoder(engine: Engine, adapter: str | None) -> Callable[[int], str]:
+    def _decoder(engine: ServingEngine, adapter: str | None) -> Callable[[int], str]:
         tokenizer = engine.tokenizer_for(adapter)
 
         def decode(token_id: int) -> str:

@@ -16,7 +16,8 @@ from PySide6.QtCore import QObject, Signal
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.demo import offer_demo_adapters
-from multilora_studio.engine import Engine
+from multilora_studio.deploy import start_engine
+from multilora_studio.engine import ServingEngine
 from multilora_studio.engine.host_memory import return_freed_memory
 from multilora_studio.engine.model_source import check_model_folder
 from multilora_studio.gui.library_ops import LoadResult, load_library
@@ -33,7 +34,8 @@ class SettingsRejected(ValueError):
 
 
 class EngineHost(QObject):
-    """Owns the one Engine of the window (see the module docstring).
+    """Owns the window's engine (see the module docstring): one ``Engine``, or a ``ReplicaSet``
+    when the settings name several devices.
 
     Each engine start first offers the demo adapters to the library (``offer_demo_adapters``:
     once per library, only on the model they were trained on) unless ``demo_adapters`` is off.
@@ -51,8 +53,10 @@ class EngineHost(QObject):
         self.registry = registry
         self.demo_adapters = demo_adapters
         self.tasks = TaskRunner(self)
-        self._engine: Engine | None = None
-        self._running_engine: Engine | None = None  # kept running while a new start checks its settings
+        self._engine: ServingEngine | None = None
+        self._running_engine: ServingEngine | None = (
+            None  # kept running while a new start checks its settings
+        )
         self._handover = threading.Lock()  # guards _running_engine between the GUI and the start task
         self._boot: Task | None = None
         self.state = STOPPED
@@ -62,7 +66,7 @@ class EngineHost(QObject):
         self.skipped: dict[str, str] = {}
 
     @property
-    def engine(self) -> Engine | None:
+    def engine(self) -> ServingEngine | None:
         """The running engine, or None while it loads, failed or is stopped."""
         return self._engine if self.state == READY else None
 
@@ -110,7 +114,7 @@ class EngineHost(QObject):
 
     # ---------------------------------------------------------------- worker side
 
-    def _build(self, task: Task, choice: EngineChoice) -> tuple[Engine, LoadResult]:
+    def _build(self, task: Task, choice: EngineChoice) -> tuple[ServingEngine, LoadResult]:
         try:
             model = self._resolve_model(task, choice)
             if model is not None:
@@ -125,7 +129,9 @@ class EngineHost(QObject):
             del old
             return_freed_memory()
         task.report(0.05, f"loading {choice.label}")
-        engine = Engine(choice.engine_config(model), progress=task.report)
+        engine = start_engine(
+            choice.engine_config(model), choice.device_list(), choice.dispatch_margin, task.report
+        )
         try:
             if self.demo_adapters:
                 task.report(0.9, "adding the demo adapters")
@@ -163,7 +169,7 @@ class EngineHost(QObject):
 
     # ---------------------------------------------------------------- GUI side
 
-    def _on_ready(self, task: Task, value: tuple[Engine, LoadResult]) -> None:
+    def _on_ready(self, task: Task, value: tuple[ServingEngine, LoadResult]) -> None:
         engine, result = value
         if task is not self._boot:  # a newer start replaced this one
             engine.shutdown()

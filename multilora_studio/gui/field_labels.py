@@ -18,6 +18,8 @@ FIELD_LABELS = {
     "dtype": "Data type",
     "batch_invariant": "Batch-invariant outputs",
     "model": "Base model",
+    "devices": "Engine replicas on",
+    "dispatch_margin": "Dispatch margin",
 }
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import LibraryError, Registry
 from multilora_studio.adapters.registry_schema import AdapterRecord
-from multilora_studio.engine import Engine
+from multilora_studio.engine import ServingEngine
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ class LoadResult:
     skipped: dict[str, str]
 
 
-def load_library(registry: Registry, engine: Engine, report: Report | None = None) -> LoadResult:
+def load_library(registry: Registry, engine: ServingEngine, report: Report | None = None) -> LoadResult:
     """Register every library adapter with the engine (weights are read on first use)."""
     records = registry.list_adapters()
     served = {info.name for info in engine.list_adapters()}
@@ -47,12 +47,14 @@ def load_library(registry: Registry, engine: Engine, report: Report | None = Non
     return LoadResult(tuple(loaded), skipped)
 
 
-def add_to_engine(registry: Registry, engine: Engine, record: AdapterRecord) -> None:
+def add_to_engine(registry: Registry, engine: ServingEngine, record: AdapterRecord) -> None:
     """Serve ``record`` (refused if it was validated against other base weights); pin it if pinned."""
     registry.load_into(engine, record.name, preload=False)
 
 
-def import_adapter(registry: Registry, engine: Engine, folder: Path, name: str | None) -> AdapterRecord:
+def import_adapter(
+    registry: Registry, engine: ServingEngine, folder: Path, name: str | None
+) -> AdapterRecord:
     """Validate ``folder`` against the engine's base, copy it into the library and serve it."""
     record = registry.import_folder(
         folder, BaseModelRef.of_engine(engine), name=name or None, max_rank=engine.config.max_lora_rank
@@ -65,7 +67,7 @@ def import_adapter(registry: Registry, engine: Engine, folder: Path, name: str |
     return record
 
 
-def remove_adapter(registry: Registry, engine: Engine | None, name: str) -> AdapterRecord:
+def remove_adapter(registry: Registry, engine: ServingEngine | None, name: str) -> AdapterRecord:
     """Stop serving ``name`` (refused while requests use it) and remove it from the library."""
     record = registry.get(name)
     if engine is not None and any(info.name == record.name for info in engine.list_adapters()):
@@ -73,7 +75,7 @@ def remove_adapter(registry: Registry, engine: Engine | None, name: str) -> Adap
     return registry.remove(record.name)
 
 
-def set_pinned(registry: Registry, engine: Engine | None, name: str, pinned: bool) -> AdapterRecord:
+def set_pinned(registry: Registry, engine: ServingEngine | None, name: str, pinned: bool) -> AdapterRecord:
     """Pin or unpin in the engine first (it may refuse: every slot pinned), then in the library."""
     record = registry.get(name)
     if engine is not None and any(info.name == record.name for info in engine.list_adapters()):
@@ -81,7 +83,9 @@ def set_pinned(registry: Registry, engine: Engine | None, name: str, pinned: boo
     return registry.set_pinned(record.name, pinned)
 
 
-def rename_adapter(registry: Registry, engine: Engine | None, name: str, new_name: str) -> AdapterRecord:
+def rename_adapter(
+    registry: Registry, engine: ServingEngine | None, name: str, new_name: str
+) -> AdapterRecord:
     """Rename in the library, and serve it under the new name (refused while requests use it)."""
     new_name = new_name.strip()
     if not new_name:

@@ -125,7 +125,7 @@ class MergeDialog(QDialog):
 
     def start_merge(self) -> Task | None:
         engine = self.host.engine
-        folder = engine.base.folder if engine is not None else None
+        folder = engine.model_folder if engine is not None else None
         if folder is None:
             self.banner.show_message(
                 "Load a base model from a folder first; its adapters merge into it.", "warning"

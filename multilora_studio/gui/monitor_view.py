@@ -1,4 +1,5 @@
-"""Monitor view: GPU slots, the CPU tier, disk counts, counters and live plots from the metrics snapshot."""
+"""Monitor view: GPU slots and the CPU tier (of each engine replica), disk counts, counters and
+live plots from the metrics snapshot."""
 
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
-    QListWidget,
+    QScrollArea,
     QVBoxLayout,
     QWidget,
 )
 
+from multilora_studio.deploy import replicas_of
 from multilora_studio.engine import EngineMetrics
 from multilora_studio.gui.engine_host import EngineHost
-from multilora_studio.gui.slot_grid import SlotGrid
+from multilora_studio.gui.replica_panel import ReplicaPanel, replica_title
 from multilora_studio.gui.theme import plot_background, plot_foreground
 from multilora_studio.gui.widgets import format_bytes, format_ms
 
@@ -63,25 +65,24 @@ class MonitorView(QWidget):
         self.times: deque[float] = deque()
         self.history: dict[str, deque[float]] = {name: deque() for name in SERIES}
         self.last: EngineMetrics | None = None
-        self.slots = SlotGrid()
-        self.cpu_list = QListWidget()
-        self.cpu_list.setMaximumHeight(160)
+        self.panels: list[ReplicaPanel] = []  # one per engine replica
+        panels = QWidget()
+        self.panels_layout = QVBoxLayout(panels)
+        self.panels_layout.setContentsMargins(0, 0, 0, 0)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(panels)
+        scroll.setMinimumHeight(200)
         self.counts = QLabel()
         self.counts.setWordWrap(True)
         self.stats = QLabel("waiting for the engine…")
         self.stats.setWordWrap(True)
         self.stats.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
 
-        slots_box = QGroupBox("GPU adapter slots (max_loras)")
-        QVBoxLayout(slots_box).addWidget(self.slots)
-        cpu_box = QGroupBox("CPU RAM tier (max_cpu_loras), most recent last")
-        cpu_layout = QVBoxLayout(cpu_box)
-        cpu_layout.addWidget(self.cpu_list)
-        cpu_layout.addWidget(self.counts)
         stats_box = QGroupBox("Engine")
         QVBoxLayout(stats_box).addWidget(self.stats)
         row = QHBoxLayout()
-        row.addWidget(cpu_box, 1)
+        row.addWidget(self.counts, 1)
         row.addWidget(stats_box, 1)
 
         self.curves: dict[str, pg.PlotDataItem] = {}
@@ -107,7 +108,7 @@ class MonitorView(QWidget):
 
         self._style_plots()
         layout = QVBoxLayout(self)
-        layout.addWidget(slots_box)
+        layout.addWidget(scroll, 1)
         layout.addLayout(row)
         layout.addLayout(plots, 1)
 
@@ -135,7 +136,7 @@ class MonitorView(QWidget):
         """Record a snapshot and refresh what is visible (GUI thread)."""
         if metrics is None:
             self.stats.setText("waiting for the engine…" if self.host.state == "loading" else "no engine")
-            self.slots.show_slots(())
+            self._show_replicas([("0", None)])
             return
         self.last = metrics
         now = time.monotonic()
@@ -157,7 +158,12 @@ class MonitorView(QWidget):
                 series.popleft()
         if self.isVisible():
             self._redraw(now)
-        self.slots.show_slots(metrics.slots)
+        engine = self.host.engine
+        replicas = replicas_of(engine) if engine is not None else []
+        if len(replicas) > 1:
+            self._show_replicas([(label, replica.metrics()) for label, replica in replicas])
+        else:
+            self._show_replicas([("0", metrics)])
         self._show_tiers(metrics)
         self._show_stats(metrics, values)
 
@@ -169,11 +175,20 @@ class MonitorView(QWidget):
         for name, curve in self.curves.items():
             curve.setData(ages, list(self.history[name]), connect="finite")
 
+    def _show_replicas(self, snaps: list[tuple[str, EngineMetrics | None]]) -> None:
+        """One panel per replica (label, snapshot), made or dropped as the count changes."""
+        while len(self.panels) < len(snaps):
+            panel = ReplicaPanel()
+            self.panels_layout.addWidget(panel)
+            self.panels.append(panel)
+        while len(self.panels) > len(snaps):
+            self.panels.pop().deleteLater()
+        for panel, (label, snap) in zip(self.panels, snaps, strict=True):
+            panel.show_metrics(replica_title(label, snap, len(snaps)), snap)
+
     def _show_tiers(self, metrics: EngineMetrics) -> None:
+        """The served adapters by where they are (a replica set's: on any replica)."""
         names = list(metrics.cpu_adapters)
-        if [self.cpu_list.item(i).text() for i in range(self.cpu_list.count())] != names:
-            self.cpu_list.clear()
-            self.cpu_list.addItems(names)
         engine = self.host.engine
         served = {info.name for info in engine.list_adapters()} if engine is not None else set()
         on_gpu = {s.adapter for s in metrics.slots if s.adapter is not None}

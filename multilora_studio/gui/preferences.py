@@ -8,6 +8,8 @@ from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings
 
+from multilora_studio.deploy import parse_devices
+from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
 from multilora_studio.engine import EngineConfig
 
 MODEL_SOURCES = ("embedded", "folder", "hub")
@@ -23,7 +25,9 @@ class EngineChoice:
     ``model_source`` is ``embedded`` (the default model), ``folder`` (a HF folder at
     ``model``) or ``hub`` (a Hub repo id in ``model``, pulled into the HF cache first).
     ``max_cpu_loras = 0`` means twice ``max_loras`` (EngineConfig's None), ``cpu_threads = 0``
-    one less than the usable cores (EngineConfig's None). The engine
+    one less than the usable cores (EngineConfig's None). ``devices`` empty: one engine on
+    ``device``; else ``serve --devices``' list (``auto``, ``cuda:0,cuda:1``): one engine replica
+    per entry behind the adapter-affinity dispatcher with ``dispatch_margin``. The engine
     settings default to EngineConfig's, except ``batch_invariant``: on in the window, whose
     Compare and Evaluate views compare outputs that must not depend on the batch they ran in.
     """
@@ -37,6 +41,8 @@ class EngineChoice:
     max_cpu_loras: int = ENGINE_DEFAULTS["max_cpu_loras"] or 0
     cpu_threads: int = ENGINE_DEFAULTS["cpu_threads"] or 0
     batch_invariant: bool = True
+    devices: str = ""
+    dispatch_margin: int = DEFAULT_MARGIN
 
     def check(self) -> None:
         """ValueError with a clear message for settings the engine would refuse."""
@@ -46,6 +52,13 @@ class EngineChoice:
             what = "a model folder" if self.model_source == "folder" else "a Hub repository id"
             raise ValueError(f"choose {what} or the embedded default model")
         self.engine_config(None if self.model_source == "embedded" else self.model)
+        self.device_list()
+        if self.dispatch_margin < 0:
+            raise ValueError(f"dispatch_margin must be >= 0 requests, got {self.dispatch_margin}")
+
+    def device_list(self) -> list[str] | None:
+        """The replicas' devices, or None for one engine on ``device``."""
+        return parse_devices(self.devices) if self.devices.strip() else None
 
     def engine_config(self, model: str | None) -> EngineConfig:
         """The EngineConfig for these settings with ``model`` resolved to a folder (None: embedded)."""

@@ -6,7 +6,7 @@ import logging
 
 from PySide6.QtCore import QObject, Signal
 
-from multilora_studio.engine import Engine
+from multilora_studio.engine import ServingEngine
 from multilora_studio.gui.tasks import Task, TaskRunner
 from multilora_studio.server import ApiServer, RequestLog, ServerConfig
 
@@ -32,7 +32,7 @@ class ServerControl(QObject):
         self.url = ""
         self.config: ServerConfig | None = None
 
-    def start(self, engine: Engine, config: ServerConfig) -> Task | None:
+    def start(self, engine: ServingEngine, config: ServerConfig) -> Task | None:
         if self.state != OFF:
             return None
         self._set_state(STARTING)

@@ -78,6 +78,17 @@ class SettingsView(QWidget):
         self.cpu_threads = QSpinBox(minimum=0, maximum=1024)
         self.cpu_threads.setSpecialValueText("automatic (usable cores − 1)")
         self.cpu_threads.setToolTip("torch threads of the engine's steps when it runs on the CPU")
+        self.devices = QLineEdit(placeholderText="one engine on Device; or auto, or cuda:0,cuda:1")
+        self.devices.setToolTip(
+            "One engine replica per device listed (auto: every visible GPU), behind the same "
+            "endpoint; a request goes to a replica that holds its adapter"
+        )
+        self.dispatch_margin = QSpinBox(minimum=0, maximum=1 << 16)
+        self.dispatch_margin.setSuffix(" requests")
+        self.dispatch_margin.setToolTip(
+            "With several replicas: a request goes to a replica holding its adapter unless that one "
+            "has more than this many requests over the least-loaded replica (0: least-loaded only)"
+        )
         self.batch_invariant = QCheckBox()
         self.batch_invariant.setToolTip(
             "A request's output does not depend on what else runs with it (slower); "
@@ -92,6 +103,8 @@ class SettingsView(QWidget):
         engine_box = QGroupBox("Engine")
         form = QFormLayout(engine_box)
         form.addRow(FIELD_LABELS["device"], self.device)
+        form.addRow(FIELD_LABELS["devices"], self.devices)
+        form.addRow(FIELD_LABELS["dispatch_margin"], self.dispatch_margin)
         form.addRow(FIELD_LABELS["dtype"], self.dtype)
         form.addRow(f"{FIELD_LABELS['max_loras']} (max_loras)", self.max_loras)
         form.addRow(f"{FIELD_LABELS['max_lora_rank']} (max_lora_rank)", self.max_lora_rank)
@@ -156,6 +169,8 @@ class SettingsView(QWidget):
         self.model.setText(choice.model)
         self.model.setEnabled(choice.model_source != "embedded")
         self.device.setCurrentText(choice.device)
+        self.devices.setText(choice.devices)
+        self.dispatch_margin.setValue(choice.dispatch_margin)
         self.dtype.setCurrentText(choice.dtype)
         self.max_loras.setValue(choice.max_loras)
         self.max_lora_rank.setValue(choice.max_lora_rank)
@@ -169,6 +184,8 @@ class SettingsView(QWidget):
             model_source=source,
             model="" if source == "embedded" else self.model.text().strip(),
             device=self.device.currentText().strip(),
+            devices=self.devices.text().strip(),
+            dispatch_margin=self.dispatch_margin.value(),
             dtype=self.dtype.currentText(),
             max_loras=self.max_loras.value(),
             max_lora_rank=self.max_lora_rank.value(),

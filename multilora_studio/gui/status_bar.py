@@ -62,7 +62,8 @@ class StudioStatusBar(QStatusBar):
         engine = self.host.engine
         state = metrics.state if metrics is not None and engine is not None else STATE_LABELS[self.host.state]
         self.state.setText(f"engine: {state}")
-        self.device.setText(f"device: {engine.device}" if engine is not None else "device: -")
+        where = metrics.device if metrics is not None else str(engine.device) if engine is not None else "-"
+        self.device.setText(f"device: {where}")  # a replica set's: each replica's
         self.model.setText(f"base: {engine.model_name}" if engine is not None else "base: -")
         if engine is not None and engine.device.type == "cuda":
             vram = format_bytes(metrics.device_memory_bytes) if metrics is not None else "-"

@@ -19,8 +19,14 @@ from dataclasses import dataclass, field
 
 from starlette.types import Receive
 
-from multilora_studio.deploy import ServingEngine
-from multilora_studio.engine import Prompt, RequestStream, SamplingParams, TokenDelta, TokenLogprob
+from multilora_studio.engine import (
+    Prompt,
+    RequestStream,
+    SamplingParams,
+    ServingEngine,
+    TokenDelta,
+    TokenLogprob,
+)
 from multilora_studio.engine.grammar import GRAMMAR_FAILED
 from multilora_studio.server.context_window import check_fits
 from multilora_studio.server.errors import ApiError

@@ -8,8 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from multilora_studio.deploy import ServingEngine
-from multilora_studio.engine import Prompt, SamplingParams
+from multilora_studio.engine import Prompt, SamplingParams, ServingEngine
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.generation import CLIENT_GONE, Job, record_rejection
 from multilora_studio.server.request_fields import check_fields

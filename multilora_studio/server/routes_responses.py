@@ -7,8 +7,7 @@ from functools import partial
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from multilora_studio.deploy import ServingEngine
-from multilora_studio.engine import Prompt, SamplingParams
+from multilora_studio.engine import Prompt, SamplingParams, ServingEngine
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.generation import record_rejection
 from multilora_studio.server.request_fields import RESPONSES, check_fields

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from multilora_studio.deploy import ServingEngine
+from multilora_studio.engine import ServingEngine
 from multilora_studio.engine.chat_tokens import chat_token_ids
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.sampling import chat_prompt

@@ -18,7 +18,8 @@ import time
 import uvicorn
 
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.deploy import BasePool, ServingEngine
+from multilora_studio.deploy import BasePool
+from multilora_studio.engine import ServingEngine
 from multilora_studio.server.app import create_app
 from multilora_studio.server.config import ServerConfig
 from multilora_studio.server.connection_guard import guarded_protocol

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 
 from fastapi import Request
 
-from multilora_studio.deploy import BasePool, BaseUnavailable, ServingEngine
+from multilora_studio.deploy import BasePool, BaseUnavailable
+from multilora_studio.engine import ServingEngine
 from multilora_studio.server.api_keys import ANONYMOUS, ApiKey
 from multilora_studio.server.config import ServerConfig
 from multilora_studio.server.errors import ApiError

@@ -178,7 +178,7 @@ def test_the_endpoint_over_replicas_answers_and_labels_metrics_by_replica(
 def test_devices_are_parsed_and_a_shared_gpu_is_split():
     assert parse_devices("auto") == ["cpu"]  # no GPU here
     assert parse_devices("cpu, cpu") == ["cpu", "cpu"]
-    for bad, message in (("gpu0", "not cpu or cuda"), ("cuda:0", "does not exist"), (" , ", "at least one")):
+    for bad, message in (("gpu0", "cpu or cuda:N entries"), ("cuda:0", "does not"), (" , ", "at least one")):
         with pytest.raises(ValueError, match=message):
             parse_devices(bad)
     shares = [c.device_memory_share for c in replica_configs(EngineConfig(), ["cuda:0", "cuda:0", "cuda:1"])]

@@ -1,4 +1,5 @@
-"""``serve --ray``'s flags: what it refuses, with the flag named, before Ray or a model starts."""
+"""``serve``'s scale-out flags (``--ray``, ``--devices``): what they refuse, with the flag named,
+before Ray or a model starts."""
 
 from __future__ import annotations
 
@@ -24,6 +25,18 @@ def test_serve_ray_refuses_with_the_flag_named(capsys, flags, message):
     assert main(["serve", "--ray", "--no-library", *flags]) == 1
     err = capsys.readouterr().err
     assert err.strip() == f"error: {message}", err
+
+
+@pytest.mark.parametrize(
+    ("devices", "message"),
+    [
+        ("cuda:3", "--devices must exist: cuda:3 does not (0 CUDA GPUs visible)"),
+        ("gpu", "--devices must be cpu or cuda:N entries (or auto), got 'gpu'"),
+    ],
+)
+def test_serve_devices_refused_with_the_flag_named(capsys, devices, message):
+    assert main(["serve", "--no-library", "--devices", devices]) == 1
+    assert capsys.readouterr().err.strip() == f"error: {message}"
 
 
 def test_replicas_and_autoscale_exclude_each_other(capsys):

@@ -4,7 +4,8 @@ The window runs on the embedded model (CPU) with the demo adapters in a fresh li
 ``--seconds``, and on until it has run a compare for each restart (a busy machine makes them
 slower; the test bounds the whole run), it visits every view in turn, keeps a compare of base
 and every adapter running, lets the Monitor plot, switches the theme, and applies a restart in
-Settings ``--restarts`` times (alternating the number of GPU slots). Every other compare is a
+Settings ``--restarts`` times (alternating the number of GPU slots; every second restart
+starts two engine replicas behind the dispatcher, the next one engine again). Every other compare is a
 chat action (``start_chat_compare``: follow-ups, a column with its own settings, token
 divergence), every fourth an adapter's strength sweep; on the Evaluate page it keeps an
 evaluation of base and every adapter going, cancelling every other one (``EvaluateActions``);
@@ -36,6 +37,7 @@ import psutil
 from PySide6.QtCore import QObject, QSettings, QTimer
 
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.deploy import ReplicaSet
 from multilora_studio.engine.host_memory import return_freed_memory
 from multilora_studio.gui.app import checked_application
 from multilora_studio.gui.compare_column import MARKDOWN, TOKENS
@@ -156,6 +158,8 @@ class Soak(QObject):
         self.restarts_done = 0
         self.restart_pending = False
         self.compares = 0
+        self.replica_compares = 0  # compares run on a replica set
+        self.replica_panels_seen = 0  # most replica panels the Monitor showed
         self.chat_runs = 0
         self.strength_sweeps = 0
         self.divergences = 0
@@ -187,6 +191,8 @@ class Soak(QObject):
     def compare_finished(self) -> None:
         compare = self.window.compare
         self.compares += 1
+        if isinstance(self.window.host.engine, ReplicaSet):
+            self.replica_compares += 1
         self.compare_errors += [f"{c.name}: {c.error}" for c in compare.columns if c.error]
 
     def tick(self) -> None:
@@ -210,6 +216,8 @@ class Soak(QObject):
             self.merge_actions.tick()
         if self.window.host.state != "ready":
             return
+        if self.window.page == "Monitor":
+            self.replica_panels_seen = max(self.replica_panels_seen, len(self.window.monitor.panels))
         due = (self.restarts_done + 1) * self.seconds / (self.restarts + 1)
         if not self.restart_pending and self.restarts_done < self.restarts and elapsed >= due:
             self.restart()
@@ -241,6 +249,7 @@ class Soak(QObject):
         settings = self.window.settings
         self.window.show_page("Settings")
         settings.max_loras.setValue(3 if settings.max_loras.value() == 2 else 2)
+        settings.devices.setText("cpu,cpu" if self.restarts_done % 2 else "")
         self.restart_pending = True
         if not settings.apply():
             self.problems.append(f"settings refused: {settings.banner.text}")
@@ -254,6 +263,8 @@ class Soak(QObject):
             "seconds": time.monotonic() - self.started,
             "restarts": self.restarts_done,
             "compares": self.compares,
+            "replica_compares": self.replica_compares,
+            "replica_panels_seen": self.replica_panels_seen,
             "chat_runs": self.chat_runs,
             "strength_sweeps": self.strength_sweeps,
             "divergences": self.divergences,

@@ -18,30 +18,31 @@ def test_monitor_shows_slots_tiers_and_live_plots(
     window = open_window()
     monitor = window.monitor
     window.show_page("Monitor")
-    qtbot.waitUntil(lambda: len(monitor.slots.cells) == 2, timeout=5000)
-    assert [cell.adapter.text() for cell in monitor.slots.cells] == ["empty", "empty"]
+    qtbot.waitUntil(lambda: len(monitor.panels[0].slots.cells) == 2, timeout=5000)
+    assert [cell.adapter.text() for cell in monitor.panels[0].slots.cells] == ["empty", "empty"]
     wait_task(qtbot, window.library.set_pinned("tiny-r4-qv", True))
 
     compare = window.compare
     compare.set_checked(["base", *ADAPTERS])
-    compare.max_tokens.setValue(48)
+    compare.max_tokens.setValue(160)  # a run of several metrics ticks
     compare.ignore_eos.setChecked(True)
     busy_seen: list[int] = []
     window.metrics_timer.timeout.connect(
-        lambda: busy_seen.append(sum(1 for c in monitor.slots.cells if c.state == "busy"))
+        lambda: busy_seen.append(sum(1 for c in monitor.panels[0].slots.cells if c.state == "busy"))
     )
     with qtbot.waitSignal(compare.runFinished, timeout=120_000):
         assert compare.start()
     qtbot.waitUntil(lambda: monitor.last is not None and monitor.last.state == "idle", timeout=5000)
 
     metrics = monitor.last
+    print("BUSY", busy_seen, monitor.series("batch_size"), monitor.series("tokens_per_second"))
     assert max(busy_seen) >= 1  # the grid showed slots in use while the run went on
-    held = [cell.adapter.text() for cell in monitor.slots.cells]
+    held = [cell.adapter.text() for cell in monitor.panels[0].slots.cells]
     assert "tiny-r4-qv" in held and set(held) <= set(ADAPTERS)
-    pinned_cell = monitor.slots.cells[held.index("tiny-r4-qv")]
+    pinned_cell = monitor.panels[0].slots.cells[held.index("tiny-r4-qv")]
     assert "pinned" in pinned_cell.detail.text()
     assert metrics.gpu_misses >= 3  # three adapters through two slots
-    cpu = [monitor.cpu_list.item(i).text() for i in range(monitor.cpu_list.count())]
+    cpu = [monitor.panels[0].cpu_list.item(i).text() for i in range(monitor.panels[0].cpu_list.count())]
     assert sorted(cpu) == sorted(ADAPTERS) == sorted(metrics.cpu_adapters)
     assert "3 adapters served: 2 in GPU slots, 1 only in CPU RAM, 0 only on disk" in monitor.counts.text()
     assert max(monitor.series("tokens_per_second")) > 0

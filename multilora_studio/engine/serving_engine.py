@@ -8,17 +8,14 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from multilora_studio.engine import (
-    AdapterInfo,
-    EngineConfig,
-    EngineMetrics,
-    Prompt,
-    RequestOutput,
-    RequestStream,
-    SamplingParams,
-    TokenDelta,
-)
+import torch
+
+from multilora_studio.engine.adapter_residency import AdapterInfo
+from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta
+from multilora_studio.engine.prompts import Prompt
+from multilora_studio.engine.requests import RequestStream
 
 
 class ServingEngine(Protocol):
@@ -27,6 +24,9 @@ class ServingEngine(Protocol):
     tokenizer: Any
     model_name: str
     base_digest: str
+    model_folder: Path | None  # the base's weights (None: random weights)
+    device: torch.device  # a replica set's first replica's
+    dtype: torch.dtype
 
     @property
     def running(self) -> bool: ...
