@@ -12,6 +12,9 @@ its KV cache within half of the GPU's memory).
 * the same two engines driven directly, 16 requests each from two threads (no dispatcher);
 * ``--one-engine own|default``: only one engine's batch-32 rate, its worker on its own CUDA
   stream or on the legacy default stream (run each in turn, a process each, for the A/B);
+* ``--processes N``: one engine at batch 32, then N engines in N processes sharing the GPU
+  (each within 1/N of its memory, 32/N requests each, started together at a barrier every
+  round): the same replicas without a shared Python interpreter;
 * correctness: batch-invariant engines (``batch_invariant=True``) give the same greedy tokens
   on one engine and through the dispatcher (a mixed set: adapters and the base).
 
@@ -24,6 +27,7 @@ import argparse
 import contextlib
 import json
 import logging
+import multiprocessing
 import statistics
 import tempfile
 import threading
@@ -164,6 +168,58 @@ def correctness(folders: list[Path], prompts: list[list[int]]) -> dict:
             "rows_equal": sum(a == b for a, b in zip(got, expected, strict=True))}  # fmt: skip
 
 
+def process_replica(index: int, count: int, folders: list[Path], prompts: list[list[int]], rounds: int,
+                    barrier, results) -> None:  # fmt: skip
+    """One of ``count`` engine processes: its part of the batch, each round from the barrier;
+    puts (index, [(start, end, tokens) per round]) on ``results``."""
+    part = slice(index * len(prompts) // count, (index + 1) * len(prompts) // count)
+    config = replace(settings(), device_memory_share=1.0 / count)
+    with Engine(config) as engine:
+        names = add_adapters(engine, folders[part])
+        engine.generate(prompts[part], names, PARAMS)  # warm-up: slots, graphs
+        rows = []
+        for _ in range(rounds):
+            barrier.wait()
+            start = time.perf_counter()  # CLOCK_MONOTONIC: one clock for every process
+            outputs = engine.generate(prompts[part], names, PARAMS)
+            torch.cuda.synchronize()
+            rows.append((start, time.perf_counter(), sum(len(o.token_ids) for o in outputs)))
+        results.put((index, rows))
+
+
+def processes(args: argparse.Namespace, folders: list[Path], prompts: list[list[int]]) -> dict:
+    """One engine at batch 32, then ``args.processes`` engine processes sharing the GPU."""
+    with Engine(settings()) as engine:
+        names = add_adapters(engine, folders)
+        engine.generate(prompts, names, PARAMS)
+        one = statistics.median(
+            timed(lambda: engine.generate(prompts, names, PARAMS)) for _ in range(args.rounds)
+        )
+    torch.cuda.empty_cache()
+    count = args.processes
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(count), context.Queue()
+    workers = [
+        context.Process(
+            target=process_replica, args=(i, count, folders, prompts, args.rounds, barrier, results)
+        )
+        for i in range(count)
+    ]
+    for worker in workers:
+        worker.start()
+    rows = dict(results.get(timeout=900) for _ in workers)
+    for worker in workers:
+        worker.join(60)
+    rates = []
+    for r in range(args.rounds):
+        spans = [rows[i][r] for i in range(count)]
+        tokens = sum(span[2] for span in spans)
+        rates.append(tokens / (max(span[1] for span in spans) - min(span[0] for span in spans)))
+    together = statistics.median(rates)
+    return {"one_engine_batch32_tok_s": one, f"{count}_processes_tok_s": together,
+            "processes_over_one_engine": together / one}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -171,6 +227,7 @@ def main() -> None:
     parser.add_argument(
         "--one-engine", choices=("own", "default"), help="only one engine's rate, on this stream"
     )
+    parser.add_argument("--processes", type=int, default=None, help="engines in processes of their own")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     spec = RANDOM_SHAPES[SHAPE]
@@ -181,6 +238,9 @@ def main() -> None:
             write_random_adapter(spec, Path(tmp) / f"adapter-{i}", 16, seed=i, dtype=torch.bfloat16)
             for i in range(BATCH)
         ]
+        if args.processes is not None:
+            print(json.dumps(processes(args, folders, prompts)), flush=True)
+            return
         if args.one_engine is not None:
             print(json.dumps({"stream": args.one_engine, "tok_s": one_engine(args, folders, prompts)}))
             return

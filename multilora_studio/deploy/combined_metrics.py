@@ -19,11 +19,12 @@ def combine_metrics(snaps: Sequence[EngineMetrics]) -> EngineMetrics:
     values: dict[str, object] = {}
     for field in dataclasses.fields(EngineMetrics):
         parts = [getattr(snap, field.name) for snap in snaps]
-        if isinstance(parts[0], (int, float)) and not isinstance(parts[0], bool):
-            values[field.name] = sum(parts)
+        if all(isinstance(part, (int, float)) and not isinstance(part, bool) for part in parts):
+            values[field.name] = sum(parts)  # the optional ones (cold-load quantiles) come below
     slots: list[SlotState] = []
     for snap in snaps:
-        slots.extend(dataclasses.replace(slot, slot=len(slots) + i) for i, slot in enumerate(snap.slots))
+        first_slot = len(slots)
+        slots.extend(dataclasses.replace(slot, slot=first_slot + i) for i, slot in enumerate(snap.slots))
     colds_50 = [s.cold_load_p50_s for s in snaps if s.cold_load_p50_s is not None]
     colds_95 = [s.cold_load_p95_s for s in snaps if s.cold_load_p95_s is not None]
     values.update(

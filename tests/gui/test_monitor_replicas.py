@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from multilora_studio.deploy import ReplicaSet
 from tests.gui.conftest import save_screenshot, wait_ready
+from tests.live_objects import live_engines
 
 ADAPTERS = ("tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", "tiny-r8-attn")
 
@@ -76,3 +77,5 @@ def test_replicas_from_settings_answer_like_one_engine_and_show_in_the_monitor(
     wait_ready(qtbot, window)
     assert not isinstance(window.host.engine, ReplicaSet)
     qtbot.waitUntil(lambda: len(monitor.panels) == 1, timeout=5000)
+    del engine  # the replica set: only the window may still hold it, and it must not
+    assert live_engines() == [window.host.engine]  # the set's engines were freed
