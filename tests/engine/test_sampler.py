@@ -1,9 +1,13 @@
 """The sampler draws from what transformers' own warpers leave, with their probabilities.
 
-The reference is transformers' ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and
-``TopPLogitsWarper``, applied in the order ``generate()`` applies them (temperature, top-k,
-top-p; ``GenerationMixin._get_logits_processor``), then a softmax. The engine has no min-p
-or penalties yet; their warpers join the reference when they land.
+The reference is transformers' ``TemperatureLogitsWarper``, ``TopKLogitsWarper``,
+``TopPLogitsWarper`` and ``MinPLogitsWarper``, applied in the order ``generate()`` applies them
+(temperature, top-k, top-p, min-p; ``GenerationMixin._get_logits_processor``), then a softmax.
+The engine applies min-p before top-k and top-p (vLLM's order). Min-p keeps a token by its
+ratio to the most likely one, which top-k does not change, so the two orders agree for min-p
+with temperature and top-k (the cases here); with top-p they can differ, and the engine follows
+vLLM. The penalties, biases and bans are checked against transformers' processors in
+``test_processors_vs_transformers.py``.
 
 The sampler does not expose its probabilities, so it is checked by what it draws: ``N``
 seeded draws of hand-made logits must (1) contain every token the reference keeps and none
@@ -27,6 +31,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList,
+    MinPLogitsWarper,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -63,6 +68,12 @@ CASES = {
     "temperature, top_k and top_p": (LOGITS, dict(temperature=1.3, top_k=6, top_p=0.9), [3, 0, 6, 1, 7]),
     "top_p below the largest probability": (LOGITS, dict(top_p=1e-3), [3]),
     "ties at the k-th logit are kept": (TIED, dict(top_k=2), [0, 1, 2]),
+    # min-p keeps p >= min_p * p_max: 0.35 * 0.30 = 0.105
+    "min_p=0.35": (LOGITS, dict(min_p=0.35), [3, 0, 6, 1]),
+    # at temperature 0.8, (p / 0.30) ** 1.25 >= 0.5 means p >= 0.172: the 0.16 token goes
+    "min_p=0.5 at temperature 0.8": (LOGITS, dict(min_p=0.5, temperature=0.8), [3, 0]),
+    # top_k keeps 0.30, 0.22, 0.16; min-p at 0.6 * 0.30 = 0.18 keeps the first two
+    "min_p=0.6 with top_k=3": (LOGITS, dict(min_p=0.6, top_k=3), [3, 0]),
     "tokens already at -inf": (MASKED, dict(top_p=0.95), [0, 2, 3, 5]),
 }
 
@@ -76,6 +87,8 @@ def reference_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         warpers.append(TopKLogitsWarper(params.top_k))
     if params.top_p < 1.0:
         warpers.append(TopPLogitsWarper(params.top_p))
+    if params.min_p > 0.0:
+        warpers.append(MinPLogitsWarper(params.min_p))
     no_input_ids = torch.zeros(1, 0, dtype=torch.long)
     return warpers(no_input_ids, logits[None].clone())[0].double().softmax(-1)
 
