@@ -193,6 +193,11 @@ class BasePool:
                     self._room_waiters[name] -= 1
         return self._load(base)
 
+    def waiting(self, name: str) -> int:
+        """Requests for base ``name`` waiting for another base's requests to finish, so that it can load."""
+        with self._lock:
+            return self._room_waiters[name]
+
     def _others_wait(self, base: PoolBase) -> bool:
         """Whether requests for other bases wait for room (the lock held): then new leases of a
         loaded base wait too, so that its requests drain and it can be swapped out in turn

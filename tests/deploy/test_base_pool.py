@@ -5,7 +5,6 @@ equal; a request for a swapped-out base waits for the one in use, bounded; idle 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -13,6 +12,8 @@ from multilora_studio.deploy import BasePool, BaseUnavailable
 from multilora_studio.engine import EngineConfig, SamplingParams
 from tests.engine.reference import PeftReference
 from tests.fixtures import AdapterSpec, build_adapter
+from tests.threads import CheckedThread, run_threads
+from tests.waiting import wait_until
 
 NEW_TOKENS = 10
 PROMPTS = [[1, 510, 2300, 44, 901], [1, 40000, 12, 7]]
@@ -67,11 +68,7 @@ def test_interleaved_requests_for_two_bases_each_equal_peft_on_their_base(two_ba
         assert pool.base_of("qwen-r8") == (qwen, "qwen-r8") and pool.base_of("nope") is None
         order = ["tiny-r8-all", "qwen-r8", llama, qwen, "qwen-r8", "tiny-r8-all"]
         results: dict[str, list] = {}
-        threads = [threading.Thread(target=lambda m=m: results.__setitem__(m, run(pool, m))) for m in order]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
+        run_threads(*(CheckedThread(lambda m=m: results.__setitem__(m, run(pool, m))) for m in order))
         assert results["tiny-r8-all"] == expected[(folders["llama"][0].name, "tiny-r8-all")]
         assert results["qwen-r8"] == expected[(folders["qwen"][0].name, "qwen-r8")]
         assert results[llama] == expected[(folders["llama"][0].name, None)]
@@ -104,7 +101,7 @@ def test_a_request_for_a_swapped_out_base_waits_for_the_one_in_use(two_bases):
                 held.set()
                 release.wait(30)
 
-        holder = threading.Thread(target=hold_llama)
+        holder = CheckedThread(hold_llama)
         holder.start()
         assert held.wait(60)
         with pytest.raises(BaseUnavailable, match="waits for other bases' requests"):
@@ -112,19 +109,17 @@ def test_a_request_for_a_swapped_out_base_waits_for_the_one_in_use(two_bases):
         finished: dict[str, object] = {}
 
         def ask_qwen() -> None:
-            started = time.monotonic()
             finished["tokens"] = run(pool, "qwen-r8")
-            finished["waited"] = time.monotonic() - started
 
-        waiter = threading.Thread(target=ask_qwen)
+        waiter = CheckedThread(ask_qwen)
         waiter.start()
-        time.sleep(1.0)
-        assert "tokens" not in finished  # still waiting: llama has a request
+        wait_until(lambda: pool.waiting(qwen) == 1, 60, "the qwen request to wait for room")
+        assert "tokens" not in finished and pool.resident()[0][0] == llama  # llama has a request
         release.set()
         holder.join(30)
         waiter.join(120)
         assert finished["tokens"] == expected[(folders["qwen"][0].name, "qwen-r8")]
-        assert finished["waited"] >= 1.0
+        assert pool.waiting(qwen) == 0
 
 
 def test_an_idle_base_unloads_after_keep_alive_and_reloads_on_the_next_request(two_bases):
@@ -132,10 +127,7 @@ def test_an_idle_base_unloads_after_keep_alive_and_reloads_on_the_next_request(t
     with make_pool(two_bases, keep_alive_s=0.5) as pool:
         llama, _ = pool.names
         assert run(pool, "tiny-r8-all") == expected[(folders["llama"][0].name, "tiny-r8-all")]
-        deadline = time.monotonic() + 30
-        while pool.resident() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert pool.resident() == []
+        wait_until(lambda: pool.resident() == [], 30, "the idle base to unload")
         assert run(pool, "tiny-r8-all") == expected[(folders["llama"][0].name, "tiny-r8-all")]
         assert pool.base(llama).loads == 2
 
@@ -151,7 +143,7 @@ def test_refusals(two_bases, tiny_model_dir):
 
 def test_steady_traffic_on_the_loaded_base_does_not_starve_a_swapped_out_one(two_bases):
     folders, expected = two_bases
-    with make_pool(two_bases, max_resident=1) as pool:
+    with make_pool(two_bases, max_resident=1, load_timeout_s=60) as pool:  # starving would time out
         llama, _ = pool.names
         stop = threading.Event()
         served = []
@@ -160,18 +152,14 @@ def test_steady_traffic_on_the_loaded_base_does_not_starve_a_swapped_out_one(two
             while not stop.is_set():
                 served.append(run(pool, "tiny-r8-all"))
 
-        workers = [threading.Thread(target=steady) for _ in range(2)]
+        workers = [CheckedThread(steady) for _ in range(2)]
         for worker in workers:
             worker.start()
-        while not served:
-            time.sleep(0.05)
-        started = time.monotonic()
+        wait_until(lambda: served, 60, "llama's first answer")
         tokens = run(pool, "qwen-r8")  # waits for llama's requests in flight, not for the traffic
-        waited = time.monotonic() - started
         stop.set()
         for worker in workers:
             worker.join(120)
         assert tokens == expected[(folders["qwen"][0].name, "qwen-r8")]
-        assert waited < 60
         assert all(out == expected[(folders["llama"][0].name, "tiny-r8-all")] for out in served)
         assert pool.base(llama).loads >= 2  # llama's traffic went on after the swap back

@@ -102,6 +102,16 @@ def ray_app(tiny_model_dir, tiny_adapters, library_home):
         stop_on_ray()
 
 
+def routers_know(handle) -> bool:
+    """Whether a call routed by each adapter's multiplexed id lands on a replica holding it
+    (the replicas report what they hold to the controller, which tells the routers)."""
+    for name in ADAPTERS:
+        held = handle.options(multiplexed_model_id=name).holdings.remote().result()
+        if name not in held["host_tier"]:
+            return False
+    return True
+
+
 def complete(client: openai.OpenAI, index: int, adapter: str | None, base: str) -> str:
     reply = client.completions.create(
         model=adapter or base,
@@ -120,13 +130,13 @@ def test_two_ray_replicas_answer_like_one_engine_and_keep_each_adapter_on_one(ra
     base = next(m for m in models if m not in ADAPTERS)
     for adapter in ADAPTERS:  # one request each: every adapter is loaded on one replica
         assert complete(client, 0, adapter, base) == expected_texts[(0, adapter)]
-    time.sleep(2)  # the replicas report the adapters they hold to Ray's routers
+    handle = serve.get_deployment_handle(ENGINE_DEPLOYMENT, APP_NAME)
+    wait_until(lambda: routers_know(handle), 60, "Ray's routers to learn which replica holds each adapter")
     keys = list(expected_texts) * 3
     with ThreadPoolExecutor(6) as pool:
         texts = list(pool.map(lambda key: complete(client, key[0], key[1], base), keys))
     assert texts == [expected_texts[key] for key in keys]
 
-    handle = serve.get_deployment_handle(ENGINE_DEPLOYMENT, APP_NAME)
     holdings: dict[str, dict] = {}
     deadline = time.monotonic() + 60
     while len(holdings) < 2 and time.monotonic() < deadline:

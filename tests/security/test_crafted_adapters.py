@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter
 from tests.adapter_fixtures import edit_config
 from tests.server.raw_http import call, post_json
+from tests.threads import CheckedThread
 
 # Backtracks exponentially in Python's re (the test would hang), matched at once by `regex`.
 NESTED_QUANTIFIER = "m(.+)+Z"
@@ -91,7 +91,7 @@ def test_a_hostile_pattern_over_http_is_a_400_while_the_server_keeps_answering(
         body = {"lora_name": "hostile", "lora_path": str(folder)}
         answer["reply"] = post_json(server.url, "/v1/load_lora_adapter", body)
 
-    loader = threading.Thread(target=load_it)
+    loader = CheckedThread(load_it)
     loader.start()
     health = []
     while loader.is_alive():  # validation runs off the event loop: /health answers throughout
