@@ -1,15 +1,20 @@
-"""One default per setting: the CLI's flags, the window's EngineChoice and EngineConfig agree."""
+"""One default per setting: the CLI's flags, the window's EngineChoice and EngineConfig agree (and
+serve's flags ServerConfig, compare's the Compare view's RunSettings)."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 
 from multilora_studio.cli import build_parser
 from multilora_studio.cli.shared import engine_config
+from multilora_studio.deploy import BasePool
 from multilora_studio.engine import EngineConfig
 from multilora_studio.gui.preferences import EngineChoice
+from multilora_studio.run_records import RunSettings
+from multilora_studio.server import ServerConfig
 
 ENGINE = {item.name: item.default for item in dataclasses.fields(EngineConfig)}
 SETTINGS = ("device", "dtype", "max_loras", "max_lora_rank", "max_cpu_loras", "max_model_len")
@@ -73,3 +78,31 @@ def test_the_window_keeps_explicit_values():
     config = choice.engine_config(None)
     assert (config.device, config.max_loras, config.max_lora_rank, config.max_cpu_loras) == ("cpu", 3, 32, 5)
     assert not config.batch_invariant
+
+
+def test_serve_flags_default_to_server_config():
+    args = build_parser().parse_args(["serve"])
+    server = ServerConfig()
+    flags = {
+        "host": server.host,
+        "port": server.port,
+        "max_in_flight": server.max_in_flight,
+        "max_sequences_per_request": server.max_sequences_per_request,
+        "max_body_bytes": server.max_body_bytes,
+        "hub_pull_timeout": server.hub_pull_timeout_s,
+        "header_timeout": server.header_timeout_s,
+        "body_timeout": server.body_timeout_s,
+        "max_connections_per_client": server.max_connections_per_client,
+    }
+    assert {name: getattr(args, name) for name in flags} == flags
+    assert args.base_load_timeout == inspect.signature(BasePool).parameters["load_timeout_s"].default
+
+
+def test_compare_flags_default_to_the_compare_views_run_settings():
+    args = build_parser().parse_args(["compare", "--prompt", "hi"])
+    shared = RunSettings()
+    assert (args.max_tokens, args.temperature, args.top_p) == (
+        shared.max_tokens,
+        shared.temperature,
+        shared.top_p,
+    )

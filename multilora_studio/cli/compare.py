@@ -18,7 +18,7 @@ from multilora_studio.cli.shared import (
     print_progress,
 )
 from multilora_studio.engine import Engine, RequestOutput, SamplingParams
-from multilora_studio.run_records import BASE
+from multilora_studio.run_records import BASE, RunSettings
 
 
 def add_compare_command(subparsers: Subcommands) -> None:
@@ -33,12 +33,15 @@ def add_compare_command(subparsers: Subcommands) -> None:
         "--adapters", default=BASE, help=f"comma-separated adapter names; '{BASE}' is the base model"
     )
     parser.add_argument("--raw", action="store_true", help="send the prompt as plain text, not as chat")
-    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per answer at most")
+    shared = RunSettings()  # the Compare view's defaults too
     parser.add_argument(
-        "--temperature", type=float, default=0.0, help="0: greedy (the same answer every run)"
+        "--max-tokens", type=int, default=shared.max_tokens, help="new tokens per answer at most"
     )
     parser.add_argument(
-        "--top-p", type=float, default=1.0, help="nucleus sampling: keep this much probability"
+        "--temperature", type=float, default=shared.temperature, help="0: greedy (the same answer every run)"
+    )
+    parser.add_argument(
+        "--top-p", type=float, default=shared.top_p, help="nucleus sampling: keep this much probability"
     )
     parser.add_argument("--seed", type=int, default=None, help="seed of the sampling (default: the engine's)")
     parser.add_argument(

@@ -22,14 +22,18 @@ from multilora_studio.cli.shared import (
 )
 from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.deploy import BasePool, parse_devices, start_engine
+from multilora_studio.deploy.base_pool import DEFAULT_LOAD_TIMEOUT_S
 from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
 from multilora_studio.engine import EngineConfig, ServingEngine
 from multilora_studio.engine.device_setup import resolve_device
+from multilora_studio.server.config import ServerConfig
 
 if TYPE_CHECKING:
     from multilora_studio.server.api_keys import ApiKey
 
 log = logging.getLogger(__name__)
+
+SERVER = ServerConfig()  # its defaults are the flags' defaults
 
 API_KEY_ENV = "MULTILORA_STUDIO_API_KEY"
 
@@ -68,7 +72,7 @@ def add_serve_command(subparsers: Subcommands) -> None:
     parser.add_argument(
         "--base-load-timeout",
         type=float,
-        default=600.0,
+        default=DEFAULT_LOAD_TIMEOUT_S,
         metavar="SECONDS",
         help="how long a request waits for its base model to load before a 503",
     )
@@ -94,8 +98,8 @@ def add_serve_command(subparsers: Subcommands) -> None:
         help="serve only --lora-modules, not the adapters of the library",
     )
     add_demo_adapters_flag(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
+    parser.add_argument("--host", default=SERVER.host, help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=SERVER.port, help="TCP port (0: any free port)")
     parser.add_argument(
         "--api-key",
         action="append",
@@ -124,14 +128,18 @@ def add_serve_command(subparsers: Subcommands) -> None:
     )
     parser.add_argument("--max-concurrent-per-key", type=int, default=None, help="open requests per key")
     parser.add_argument("--tokens-per-minute", type=int, default=None, help="token budget per key")
-    parser.add_argument("--max-in-flight", type=int, default=256, help="engine requests the server holds")
+    parser.add_argument(
+        "--max-in-flight", type=int, default=SERVER.max_in_flight, help="engine requests the server holds"
+    )
     parser.add_argument(
         "--max-sequences-per-request",
         type=int,
-        default=256,
+        default=SERVER.max_sequences_per_request,
         help="prompts x n one request may ask for",
     )
-    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body")
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=SERVER.max_body_bytes, help="largest request body"
+    )
     parser.add_argument(
         "--allowed-hosts",
         nargs="*",
@@ -152,28 +160,28 @@ def add_serve_command(subparsers: Subcommands) -> None:
     parser.add_argument(
         "--hub-pull-timeout",
         type=int,
-        default=120,
+        default=SERVER.hub_pull_timeout_s,
         metavar="SECONDS",
         help="how long a request waits for its Hub adapter's pull before a 504",
     )
     parser.add_argument(
         "--header-timeout",
         type=float,
-        default=10.0,
+        default=SERVER.header_timeout_s,
         metavar="SECONDS",
         help="close a connection whose request head is not complete this long after its first byte",
     )
     parser.add_argument(
         "--body-timeout",
         type=float,
-        default=60.0,
+        default=SERVER.body_timeout_s,
         metavar="SECONDS",
         help="answer 408 and close when a request body is not complete this long after its head",
     )
     parser.add_argument(
         "--max-connections-per-client",
         type=int,
-        default=64,
+        default=SERVER.max_connections_per_client,
         metavar="N",
         help="open connections one client address may hold (loopback included); more are refused at once",
     )

@@ -36,6 +36,9 @@ class BaseUnavailable(RuntimeError):
     """A base could not be loaded in time, or failed to load; the message says which and why."""
 
 
+DEFAULT_LOAD_TIMEOUT_S = 600.0  # how long a request waits for its base model to load
+
+
 @dataclass
 class PoolBase:
     """One base of the pool: how to start its engine, its adapters, and its engine when loaded."""
@@ -68,7 +71,7 @@ class BasePool:
         configs: Sequence[EngineConfig],
         max_resident: int | None = None,
         keep_alive_s: float | None = None,
-        load_timeout_s: float = 600.0,
+        load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
         engine_factory: EngineFactory = Engine,
         started: Sequence[ServingEngine] = (),
     ) -> None:

@@ -48,9 +48,14 @@ class CompareInputs:
         self.raw.toggled.connect(lambda raw: self.system.setEnabled(not raw))
         self.adapters = QListWidget()
         self.adapters.setToolTip("Tick the adapters to compare; 'base' is the model without an adapter")
-        self.max_tokens = QSpinBox(minimum=1, maximum=32768, value=128)
-        self.temperature = QDoubleSpinBox(minimum=0.0, maximum=5.0, singleStep=0.1, value=0.0, decimals=2)
-        self.top_p = QDoubleSpinBox(minimum=0.01, maximum=1.0, singleStep=0.05, value=1.0, decimals=2)
+        shared = RunSettings()  # compare's defaults on the command line too
+        self.max_tokens = QSpinBox(minimum=1, maximum=32768, value=shared.max_tokens)
+        self.temperature = QDoubleSpinBox(
+            minimum=0.0, maximum=5.0, singleStep=0.1, value=shared.temperature, decimals=2
+        )
+        self.top_p = QDoubleSpinBox(
+            minimum=0.01, maximum=1.0, singleStep=0.05, value=shared.top_p, decimals=2
+        )
         self.seed = QSpinBox(minimum=-1, maximum=SEED_LIMIT, value=-1)
         self.seed.setSpecialValueText("random")
         self.seed.setToolTip("random: each run draws a seed and records it, so it can be rerun")

@@ -45,6 +45,7 @@ LOG_COLUMNS = (
     "Error",
 )
 MAX_LOG_ROWS = 1000
+DEFAULT_PORT = ServerConfig().port  # serve --port's default too
 LEGACY_KEY_PREF = "server/api_key"  # earlier versions kept the key here, in plain text
 
 
@@ -80,7 +81,7 @@ class ServerView(QWidget):
         self.control = control
         self.banner = MessageBanner()
         self.host_edit = QLineEdit("127.0.0.1")
-        self.port = QSpinBox(minimum=0, maximum=65535, value=8000)
+        self.port = QSpinBox(minimum=0, maximum=65535, value=DEFAULT_PORT)
         self.port.setSpecialValueText("any free port")
         self.api_key = QLineEdit(placeholderText="optional; at least 8 characters")
         self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
@@ -197,7 +198,7 @@ class ServerView(QWidget):
             return self.control.url
         host = self.host_edit.text().strip() or "127.0.0.1"
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port.value() or 8000}"
+        return f"http://{host}:{self.port.value() or DEFAULT_PORT}"
 
     def _show_examples(self) -> None:
         engine = self.host.engine
@@ -255,7 +256,7 @@ class ServerView(QWidget):
 
     def restore_state(self, prefs: Preferences) -> None:
         self.host_edit.setText(prefs.get("server/host", "127.0.0.1"))
-        self.port.setValue(prefs.get("server/port", 8000))
+        self.port.setValue(prefs.get("server/port", DEFAULT_PORT))
         legacy = prefs.get(LEGACY_KEY_PREF, "")  # where earlier versions kept it, in plain text
         if legacy:
             prefs.remove(LEGACY_KEY_PREF)
