@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,3 +102,24 @@ def test_every_package_imports_only_what_the_architecture_allows():
             for name in sorted(names & THIRD_PARTY_FORBIDDEN.get(package, set())):
                 problems.append(f"{path.relative_to(ROOT)} imports {name}")
     assert problems == []
+
+
+def test_the_architecture_doc_states_the_same_allowed_imports():
+    """docs/architecture.md's table names, for each package, the project packages it may import:
+    the same sets as ALLOWED, so the doc cannot drift from what this test enforces."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    project = set(ALLOWED) | {"kernels"}
+    documented: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        row = {name.rstrip("/").removesuffix(".py") for name in re.findall(r"`([\w./]+)`", cells[0])}
+        may = {name.rstrip("/").removesuffix(".py") for name in re.findall(r"`([\w./]+)`", cells[1])}
+        for package in row & project:
+            documented[package] = may & project - {package}
+    assert set(documented) == set(ALLOWED), f"rows missing: {set(ALLOWED) - set(documented)}"
+    differ = {
+        p: (documented[p], ALLOWED[p] - SHARED) for p in ALLOWED if documented[p] != ALLOWED[p] - SHARED
+    }
+    assert differ == {}, "doc vs ALLOWED: " + "; ".join(f"{p}: {d} vs {a}" for p, (d, a) in differ.items())
