@@ -18,6 +18,7 @@ from multilora_studio.deploy.dispatch_rule import affinity_pick
         ([5, 2, 10], {2}, set(), 8, 2),  # 10 <= 2 + 8: exactly the margin still stays
         ([5, 2, 11], {2}, set(), 8, 1),  # 11 > 2 + 8: the least loaded instead
         ([4, 6, 0], {0, 1}, set(), 8, 0),  # of two holders the less loaded
+        ([6, 4, 0], {0, 1}, set(), 8, 1),  # ... whatever its index
         ([6, 6, 0], {1, 0}, set(), 8, 0),  # equal holders: the first
         ([7, 1, 3], set(), {2}, 1, 1),  # a host holder over the margin: the least loaded
         ([7, 1, 2], set(), {2}, 1, 2),  # within it: the host holder
