@@ -4,8 +4,9 @@
 
 Llama-3-8B shape, random bf16 weights, 32 distinct rank-16 adapters on all seven projections,
 128-token prompts, 64 new greedy tokens, one adapter a row. The replicas are started by the
-same code path as one replica per GPU (``ReplicaSet.start`` with ``cuda:0,cuda:0``: each sizes
-its KV cache within half of the GPU's memory).
+same code path as one replica per GPU (``ReplicaSet.start`` with ``--devices``, by default
+``cuda:0,cuda:0``: each sizes its KV cache within half of the GPU's memory; ``cuda:0,cuda:1``
+on two GPUs).
 
 * one engine, batch 32;
 * the replica set, 32 requests dispatched (16 land on each: distinct adapters, least-loaded);
@@ -39,7 +40,7 @@ from unittest import mock
 import torch
 
 from multilora_studio.bench.random_adapters import write_random_adapter
-from multilora_studio.deploy import ReplicaSet
+from multilora_studio.deploy import ReplicaSet, parse_devices
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams, ServingEngine, device_setup
 from multilora_studio.engine.device_setup import install_compile_watch
 from multilora_studio.engine.model_source import RANDOM_SHAPES
@@ -98,7 +99,7 @@ def throughput(args: argparse.Namespace, folders: list[Path], prompts: list[list
         names = add_adapters(engine, folders)
         engine.generate(prompts, names, PARAMS)  # warm-up: slots, graphs
         one = [timed(lambda e=engine, n=names: e.generate(prompts, n, PARAMS)) for _ in range(args.rounds)]
-    with ReplicaSet.start(settings(), ["cuda:0", "cuda:0"]) as replicas:
+    with ReplicaSet.start(settings(), args.devices) as replicas:
         names = add_adapters(replicas, folders)
         replicas.generate(prompts, names, PARAMS)  # warm-up: each adapter on the replica it lands on
         placement = replicas.dispatched[:]
@@ -152,7 +153,7 @@ def one_engine(args: argparse.Namespace, folders: list[Path], prompts: list[list
         )
 
 
-def correctness(folders: list[Path], prompts: list[list[int]]) -> dict:
+def correctness(folders: list[Path], prompts: list[list[int]], devices: list[str]) -> dict:
     """Greedy tokens of a mixed set, batch-invariant bf16: one engine vs the dispatcher."""
     config = replace(settings(), batch_invariant=True)
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -160,7 +161,7 @@ def correctness(folders: list[Path], prompts: list[list[int]]) -> dict:
         names = add_adapters(engine, folders[:8])
         mixed = [*names, None, names[0], None, names[3]]
         expected = [o.token_ids for o in engine.generate(prompts[: len(mixed)], mixed, params)]
-    with ReplicaSet.start(config, ["cuda:0", "cuda:0"]) as replicas:
+    with ReplicaSet.start(config, devices) as replicas:
         add_adapters(replicas, folders[:8])
         got = [o.token_ids for o in replicas.generate(prompts[: len(mixed)], mixed, params)]
         spread = replicas.dispatched[:]
@@ -227,6 +228,12 @@ def main() -> None:
     parser.add_argument(
         "--one-engine", choices=("own", "default"), help="only one engine's rate, on this stream"
     )
+    parser.add_argument(
+        "--devices",
+        type=parse_devices,
+        default=["cuda:0", "cuda:0"],
+        help="the replicas' devices (default: two sharing cuda:0; cuda:0,cuda:1 on two GPUs)",
+    )
     parser.add_argument("--processes", type=int, default=None, help="engines in processes of their own")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -244,7 +251,10 @@ def main() -> None:
         if args.one_engine is not None:
             print(json.dumps({"stream": args.one_engine, "tok_s": one_engine(args, folders, prompts)}))
             return
-        result = {"device": torch.cuda.get_device_name(), "correctness": correctness(folders, prompts)}
+        result = {
+            "device": torch.cuda.get_device_name(),
+            "correctness": correctness(folders, prompts, args.devices),
+        }
         print(json.dumps(result), flush=True)
         result["throughput"] = throughput(args, folders, prompts)
     print(json.dumps(result, indent=2), flush=True)
