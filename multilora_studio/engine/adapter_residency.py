@@ -273,6 +273,17 @@ class AdapterResidency:
 
     # ---------------------------------------------------------------- residency (worker thread)
 
+    def tier_of(self, name: str | None) -> str | None:
+        """Where ``name``'s weights are now: "gpu" (a slot), "host" (the host tier), "loading"
+        (a disk read in flight) or "disk"; None for the base model."""
+        if name is None:
+            return None
+        if self.slots.slot_of(name) is not None:
+            return "gpu"
+        if self.host_cache.holds(name):
+            return "host"
+        return "loading" if self.host_cache.loading(name) else "disk"
+
     def want(self, name: str | None) -> None:
         """A request for ``name`` was queued."""
         self._wanted[name] += 1

@@ -38,6 +38,7 @@ class MetricsPublisher:
         self.residency = residency
         self.latest: EngineMetrics | None = None
         self.preemptions = 0
+        self.busy_seconds = 0.0
         self._generated = 0
         self._rate_window: list[tuple[float, int]] = []  # (time, tokens) of recent steps
         self._last_batch = (0, 0, 0)  # tokens, sequences, distinct adapters
@@ -99,4 +100,5 @@ class MetricsPublisher:
             token_tables_max=pool.max_tables,
             token_table_bytes=pool.used_bytes,
             token_table_budget_bytes=pool.max_bytes,
+            busy_seconds=self.busy_seconds,
         )

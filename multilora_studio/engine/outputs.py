@@ -56,6 +56,10 @@ class RequestOutput:
     finish_time: float | None = None
     logprobs: list[TokenLogprob] | None = None  # one per generated token, when asked for
     prompt_logprobs: Sequence[TokenLogprob | None] | None = None  # one per prompt token (None first)
+    # its share of the engine's busy time: each step's seconds split over its rows by their tokens
+    engine_seconds: float = 0.0
+    # where its adapter was when it arrived: "gpu" (a slot), "host" (RAM), "loading", "disk"; None: base
+    adapter_tier: str | None = None
 
     @property
     def queue_time(self) -> float | None:
@@ -119,3 +123,4 @@ class EngineMetrics:
     token_tables_max: int = 0
     token_table_bytes: int = 0
     token_table_budget_bytes: int = 0
+    busy_seconds: float = 0.0  # the steps' seconds, schedule to sampled tokens: what requests are billed

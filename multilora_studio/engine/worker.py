@@ -146,6 +146,7 @@ class EngineWorker:
                 masks,
             )
             t_post = self._tick("sample", t_sample)
+            self._bill(plan, t_post - scheduling_started)
         except Exception as error:
             log.exception("step failed")
             for chunk in plan.chunks:
@@ -172,6 +173,14 @@ class EngineWorker:
             )
         )
         self._last_step_end = end
+
+    def _bill(self, plan: StepPlan, seconds: float) -> None:
+        """Split a step's ``seconds`` over its requests by their tokens (before any of them is
+        finished, so a final output carries its whole share)."""
+        self.metrics.busy_seconds += seconds
+        per_token = seconds / plan.num_tokens
+        for chunk in plan.chunks:
+            self._active[chunk.seq.request_id].stream.output.engine_seconds += per_token * chunk.num_tokens
 
     def _fill_masks(self, sampling: list[ActiveRequest]) -> DeviceMasks | None:
         """The token masks of the sampling rows under a grammar; None when no row has one."""
@@ -328,6 +337,7 @@ class EngineWorker:
             generator = make_generator(seq.params, device, self._seeds.getrandbits(63))
             active = ActiveRequest(seq, stream, detok, generator)
             self._active[seq.request_id] = active
+            stream.output.adapter_tier = self.residency.tier_of(seq.adapter)
             self.residency.want(seq.adapter)
             self.scheduler.add(seq)
             if seq.adapter is not None:

@@ -14,6 +14,7 @@ from multilora_studio.server.routes_admin import router as models_router
 from multilora_studio.server.routes_generate import router as generate_router
 from multilora_studio.server.routes_responses import router as responses_router
 from multilora_studio.server.routes_tokenize import router as tokenize_router
+from multilora_studio.server.routes_usage import usage_router
 from multilora_studio.server.state import ServerState
 
 EXTRA_REQUESTS = 64  # in progress beyond max_in_flight: /health, /metrics, /v1/models and the like
@@ -60,6 +61,7 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     app.include_router(models_router)
     app.include_router(admin_router)
     app.include_router(tokenize_router)
+    app.include_router(usage_router)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     app.add_middleware(ApiKeyAuth, keys=config.keys)

@@ -35,6 +35,7 @@ from multilora_studio.server.request_log import RequestRecord
 from multilora_studio.server.state import ModelTarget, ServerState
 from multilora_studio.server.structured import structure_field
 from multilora_studio.server.token_text import TokenText
+from multilora_studio.server.usage import TIER_WARMTH
 
 log = logging.getLogger(__name__)
 
@@ -328,8 +329,14 @@ class Job:
         metrics.generation_tokens.labels(self.model).inc(completion_tokens)
         if status == 200:
             metrics.latency.labels(self.model).observe(latency)
+            metrics.tenant_latency.labels(self.key).observe(latency)
+            if self.ttft is not None:
+                metrics.tenant_ttft.labels(self.key).observe(self.ttft)
         error = None if status in (200, CLIENT_GONE) else (self.error.message if self.error else None)
-        state.request_log.add(
+        outputs = [choice.stream.output for choice in self.choices if choice.stream is not None]
+        tiers = [output.adapter_tier for output in outputs if output.adapter_tier is not None]
+        queues = [output.queue_time for output in outputs if output.queue_time is not None]
+        state.record(
             RequestRecord(
                 self.arrival,
                 self.id,
@@ -344,6 +351,9 @@ class Job:
                 latency,
                 self.ttft,
                 error,
+                engine_seconds=sum(output.engine_seconds for output in outputs),
+                adapter_tier=min(tiers, key=TIER_WARMTH.index) if tiers else None,
+                queue_s=max(queues) if queues else None,
             )
         )
 
@@ -401,7 +411,7 @@ def record_rejection(
 ) -> None:
     """Log a request refused before any engine work (unknown model, limits, bad options)."""
     state.metrics.requests.labels(model if error.status != 404 else "unknown", str(error.status)).inc()
-    state.request_log.add(
+    state.record(
         RequestRecord(
             time.time(),
             f"rejected-{uuid.uuid4().hex[:12]}",

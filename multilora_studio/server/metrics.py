@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from multilora_studio.deploy import BasePool, replicas_of
 from multilora_studio.engine import EngineMetrics
+from multilora_studio.server.usage import UsageCollector, UsageLedger
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -114,7 +115,7 @@ COUNTERS: tuple[tuple[str, str, Reading], ...] = (
 class ServerMetrics:
     """One registry per server, so several servers (tests, GUI restarts) never share series."""
 
-    def __init__(self, pool: BasePool) -> None:
+    def __init__(self, pool: BasePool, usage: UsageLedger) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ["adapter"]
         self.requests = Counter(
@@ -153,7 +154,22 @@ class ServerMetrics:
         self.in_flight = Gauge(
             "multilora_server_in_flight", "Engine requests the server has in flight", registry=self.registry
         )
+        self.tenant_ttft = Histogram(
+            "multilora_tenant_time_to_first_token_seconds",
+            "Arrival at the server to first token, by tenant (API key name)",
+            ["tenant"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tenant_latency = Histogram(
+            "multilora_tenant_request_latency_seconds",
+            "Arrival to last byte, by tenant",
+            ["tenant"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(EngineCollector(pool))
+        self.registry.register(UsageCollector(usage))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

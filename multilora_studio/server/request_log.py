@@ -28,6 +28,9 @@ class RequestRecord:
     latency_s: float
     ttft_s: float | None
     error: str | None = None
+    engine_seconds: float = 0.0  # its share of the engine's busy time (RequestOutput.engine_seconds)
+    adapter_tier: str | None = None  # where its adapter was when it arrived (the coldest of its choices)
+    queue_s: float | None = None  # arrival at the engine to its first step (the longest of its choices)
 
 
 Subscriber = Callable[[RequestRecord], None]

@@ -28,6 +28,7 @@ from multilora_studio.server.limits import Admission
 from multilora_studio.server.metrics import ServerMetrics
 from multilora_studio.server.request_log import RequestLog
 from multilora_studio.server.state import ServerState
+from multilora_studio.server.usage import UsageLedger
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +71,22 @@ def build_server_state(
     config: ServerConfig,
     request_log: RequestLog | None = None,
     registry: Registry | None = None,
+    usage: UsageLedger | None = None,
 ) -> ServerState:
-    """What the routes share for ``pool`` under ``config``: limits, metrics, the request log, and
-    the Hub resolver when Hub adapters are allowed (pulled into ``registry``, default the user's)."""
+    """What the routes share for ``pool`` under ``config``: limits, metrics, the request log, the
+    usage ledger, and the Hub resolver when Hub adapters are allowed (pulled into ``registry``,
+    default the user's). A ``request_log`` and ``usage`` given outlive this server (the window's)."""
     admission = Admission(
         config.max_in_flight, config.max_concurrent_per_key, config.tokens_per_minute_per_key
     )
+    usage = usage or UsageLedger()
     state = ServerState(
         pool,
         config,
         admission,
-        ServerMetrics(pool),
+        ServerMetrics(pool, usage),
         request_log or RequestLog(config.request_log_size),
+        usage,
         int(time.time()),
     )
     if config.allow_hub_adapters:
@@ -99,6 +104,7 @@ class ApiServer:
         config: ServerConfig | None = None,
         request_log: RequestLog | None = None,
         registry: Registry | None = None,
+        usage: UsageLedger | None = None,
     ):
         """``engines``: one engine (served as a pool of one base that is never swapped; it is
         the caller's to shut down), or a pool. ``registry``: the library Hub adapters are pulled
@@ -107,8 +113,12 @@ class ApiServer:
             engines if isinstance(engines, BasePool) else BasePool([engines.config], started=[engines])
         )
         self.config = config or ServerConfig()
-        self.state = build_server_state(self.pool, self.config, request_log, registry)
-        self.request_log, self.metrics = self.state.request_log, self.state.metrics
+        self.state = build_server_state(self.pool, self.config, request_log, registry, usage)
+        self.request_log, self.metrics, self.usage = (
+            self.state.request_log,
+            self.state.metrics,
+            self.state.usage,
+        )
         self.app = create_app(self.config, self.state)
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None

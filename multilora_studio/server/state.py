@@ -20,8 +20,9 @@ from multilora_studio.server.errors import ApiError
 from multilora_studio.server.hub_resolver import HubResolver
 from multilora_studio.server.limits import Admission
 from multilora_studio.server.metrics import ServerMetrics
-from multilora_studio.server.request_log import RequestLog
+from multilora_studio.server.request_log import RequestLog, RequestRecord
 from multilora_studio.server.token_text import TokenText
+from multilora_studio.server.usage import UsageLedger
 
 API_KEY_SCOPE = "multilora.api_key"  # set by the auth middleware: the caller's ApiKey
 
@@ -47,6 +48,7 @@ class ServerState:
     admission: Admission
     metrics: ServerMetrics
     request_log: RequestLog
+    usage: UsageLedger
     created: int
     hub: HubResolver | None = None  # set: unknown ``org/name[@rev]`` models are pulled from the Hub
     jobs: set[LiveJob] = field(default_factory=set)
@@ -54,6 +56,12 @@ class ServerState:
     _token_texts: weakref.WeakKeyDictionary[Any, TokenText] = field(
         init=False, default_factory=weakref.WeakKeyDictionary
     )
+
+    def record(self, record: RequestRecord) -> None:
+        """A finished or refused request, into the request log and the usage ledger."""
+        self.request_log.add(record)
+        served = record.status != 404 and self.pool.base_of(record.model) is not None
+        self.usage.add(record, served)
 
     def token_text_for(self, engine: ServingEngine, adapter: str | None) -> TokenText:
         """Token texts from ``adapter``'s own tokenizer where it has one, else its base's."""
