@@ -48,7 +48,7 @@ class MainWindow(QMainWindow):
         self.library = LibraryView(self.host)
         self.compare = CompareView(self.host)
         self.evaluate = EvaluateView(self.host)
-        self.monitor = MonitorView(self.host)
+        self.monitor = MonitorView(self.host, self.control.usage, self.prefs)
         self.server = ServerView(self.host, self.control)
         self.settings = SettingsView(self.host, prefs)
         self.pull_dialog: PullDialog | None = None

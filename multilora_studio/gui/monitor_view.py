@@ -1,5 +1,5 @@
-"""Monitor view: GPU slots and the CPU tier (of each engine replica), disk counts, counters and
-live plots from the metrics snapshot."""
+"""Monitor view: GPU slots and the CPU tier (of each engine replica), disk counts, counters, the
+endpoint's usage by tenant, and live plots from the metrics snapshot."""
 
 from __future__ import annotations
 
@@ -23,9 +23,12 @@ from PySide6.QtWidgets import (
 from multilora_studio.deploy import replicas_of
 from multilora_studio.engine import EngineMetrics
 from multilora_studio.gui.engine_host import EngineHost
+from multilora_studio.gui.preferences import Preferences
 from multilora_studio.gui.replica_panel import ReplicaPanel, replica_title
 from multilora_studio.gui.theme import plot_background, plot_foreground
+from multilora_studio.gui.usage_table import UsageTable
 from multilora_studio.gui.widgets import format_bytes, format_ms
+from multilora_studio.server.usage import UsageLedger
 
 HISTORY_S = 120.0
 SERIES = (
@@ -58,9 +61,12 @@ def hit_rate(hits: int, misses: int) -> float:
 class MonitorView(QWidget):
     """Fed by ``update_metrics`` (the window's timer, ~5 Hz); plots redraw only while visible."""
 
-    def __init__(self, host: EngineHost, parent: QWidget | None = None) -> None:
+    def __init__(
+        self, host: EngineHost, usage: UsageLedger, prefs: Preferences, parent: QWidget | None = None
+    ) -> None:
         super().__init__(parent)
         self.host = host
+        self.usage = UsageTable(usage, prefs)
         self.process = psutil.Process()
         self.times: deque[float] = deque()
         self.history: dict[str, deque[float]] = {name: deque() for name in SERIES}
@@ -110,6 +116,7 @@ class MonitorView(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(scroll, 1)
         layout.addLayout(row)
+        layout.addWidget(self.usage)
         layout.addLayout(plots, 1)
 
     def changeEvent(self, event: QEvent) -> None:
@@ -166,6 +173,8 @@ class MonitorView(QWidget):
             self._show_replicas([("0", metrics)])
         self._show_tiers(metrics)
         self._show_stats(metrics, values)
+        if self.isVisible():
+            self.usage.refresh()
 
     def series(self, name: str) -> list[float]:
         return list(self.history[name])

@@ -1,4 +1,5 @@
-"""Starts and stops the in-process OpenAI-compatible server off the GUI thread; relays its request log."""
+"""Starts and stops the in-process OpenAI-compatible server off the GUI thread; relays its request
+log and keeps its usage ledger (both outlive each server, so a restart keeps the counts)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from PySide6.QtCore import QObject, Signal
 from multilora_studio.engine import ServingEngine
 from multilora_studio.gui.tasks import Task, TaskRunner
 from multilora_studio.server import ApiServer, RequestLog, ServerConfig
+from multilora_studio.server.usage import UsageLedger
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,7 @@ class ServerControl(QObject):
         super().__init__(parent)
         self.tasks = TaskRunner(self)
         self.request_log = RequestLog()
+        self.usage = UsageLedger()
         self._unsubscribe = self.request_log.subscribe(self.requestLogged.emit)
         self.server: ApiServer | None = None
         self.state = OFF
@@ -37,7 +40,7 @@ class ServerControl(QObject):
             return None
         self._set_state(STARTING)
         self.config = config
-        server = ApiServer(engine, config, request_log=self.request_log)
+        server = ApiServer(engine, config, request_log=self.request_log, usage=self.usage)
 
         def started(url: str) -> None:
             self.server, self.url = server, url

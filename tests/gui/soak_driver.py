@@ -10,7 +10,9 @@ chat action (``start_chat_compare``: follow-ups, a column with its own settings,
 divergence), every fourth an adapter's strength sweep; on the Evaluate page it keeps an
 evaluation of base and every adapter going, cancelling every other one (``EvaluateActions``);
 on the Library page it merges a demo adapter into the base and exports it, cancelling every
-other merge (``MergeActions``).
+other merge (``MergeActions``). The endpoint runs throughout (restarted with each engine), a
+client thread sending it a short completion every second (``EndpointTraffic``), and the
+Monitor's usage table must show what it was sent.
 It writes what it measured as JSON: references to None over the run, resident memory after
 each restart, live Engine objects and engine threads at the end, and every problem seen. The
 test that runs it checks those numbers and that the process exited 0 with no fatal error; a
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
@@ -144,6 +147,33 @@ class MergeActions:
             dialog.close()
 
 
+class EndpointTraffic:
+    """A client of the window's endpoint on its own thread: one short completion a second."""
+
+    def __init__(self, window: MainWindow) -> None:
+        self.window = window
+        self.answered = 0
+        self.refused = 0  # while the endpoint restarts with the engine: expected
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="soak-client", daemon=True)
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            url = self.window.control.url
+            if not url:
+                continue
+            body = json.dumps({"model": "demo-pirate", "prompt": "Ahoy", "max_tokens": 4}).encode()
+            request = urllib.request.Request(
+                f"{url}/v1/completions", body, {"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=60) as reply:
+                    json.loads(reply.read())
+                self.answered += 1
+            except (OSError, ValueError):
+                self.refused += 1
+
+
 class Soak(QObject):
     """Drives the window on a timer (see the module docstring)."""
 
@@ -160,6 +190,8 @@ class Soak(QObject):
         self.compares = 0
         self.replica_compares = 0  # compares run on a replica set
         self.replica_panels_seen = 0  # most replica panels the Monitor showed
+        self.usage_rows_seen = 0  # most rows the Monitor's usage table showed
+        self.traffic: EndpointTraffic | None = None  # set by main()
         self.chat_runs = 0
         self.strength_sweeps = 0
         self.divergences = 0
@@ -218,6 +250,9 @@ class Soak(QObject):
             return
         if self.window.page == "Monitor":
             self.replica_panels_seen = max(self.replica_panels_seen, len(self.window.monitor.panels))
+            self.usage_rows_seen = max(self.usage_rows_seen, self.window.monitor.usage.table.rowCount())
+        if self.window.control.state == "off" and self.traffic is not None:
+            self.window.server.start()  # at the first start, and if a restart left it off
         due = (self.restarts_done + 1) * self.seconds / (self.restarts + 1)
         if not self.restart_pending and self.restarts_done < self.restarts and elapsed >= due:
             self.restart()
@@ -257,6 +292,9 @@ class Soak(QObject):
 
     def finish(self) -> None:
         self.timer.stop()
+        if self.traffic is not None:
+            self.traffic.stop.set()
+            self.traffic.thread.join(90)
         self.none_refs.append(sys.getrefcount(None))
         self.window.compare.stop()
         self.result = {
@@ -265,6 +303,9 @@ class Soak(QObject):
             "compares": self.compares,
             "replica_compares": self.replica_compares,
             "replica_panels_seen": self.replica_panels_seen,
+            "usage_rows_seen": self.usage_rows_seen,
+            "endpoint_answered": self.traffic.answered if self.traffic else 0,
+            "usage_requests": sum(row.requests for row in self.window.control.usage.rows()),
             "chat_runs": self.chat_runs,
             "strength_sweeps": self.strength_sweeps,
             "divergences": self.divergences,
@@ -325,6 +366,9 @@ def main() -> int:
         soak = Soak(window, args.seconds, args.restarts)
         soak.evaluate_actions = EvaluateActions(window, Path(folder))
         soak.merge_actions = MergeActions(window, Path(folder))
+        window.server.port.setValue(0)  # any free port
+        soak.traffic = EndpointTraffic(window)
+        soak.traffic.thread.start()
         window.resize(1280, 820)
         window.show()
         app.exec()

@@ -80,3 +80,43 @@ def test_bad_server_settings_show_a_message(qtbot, open_window):
         qtbot.waitUntil(lambda: bool(view.banner.text), timeout=30_000)
     assert "already in use" in view.banner.text
     assert window.control.state == "off" and view.toggle.text() == "Start server"
+
+
+def test_the_monitor_shows_the_endpoints_usage_by_tenant(qtbot, open_window, tmp_path):
+    window = open_window()
+    view = window.server
+    view.port.setValue(free_port())
+    view.api_key.setText(KEY)
+    view.toggle.click()
+    qtbot.waitUntil(lambda: window.control.state == "on", timeout=30_000)
+    client = openai.OpenAI(base_url=view.url.text(), api_key=KEY, max_retries=0, timeout=60)
+    base = window.host.engine.model_name
+    for _ in range(2):
+        client.completions.create(model=base, prompt="Hi", max_tokens=4, temperature=0)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-adapter", prompt="Hi", max_tokens=2)
+
+    monitor = window.monitor
+    window.show_page("Monitor")
+    monitor.usage.price.setValue(3600.0)  # a dollar per engine second: the cost column is the seconds
+    qtbot.waitUntil(lambda: monitor.usage.table.rowCount() == 2, timeout=10_000)
+    table = monitor.usage.table
+    rows = {
+        (table.item(r, 0).text(), table.item(r, 1).text()): [
+            table.item(r, c).text() for c in range(table.columnCount())
+        ]
+        for r in range(table.rowCount())
+    }
+    served, unknown = rows[("key-1", base)], rows[("key-1", "unknown")]
+    assert served[2:5] == ["2", "0", "2 / 0"] and served[7] == "8"  # requests, errors, hot/cold, tokens
+    assert unknown[2:4] == ["1", "1"]
+    (row,) = [row for row in monitor.usage.rows if row.model == base]
+    assert row.engine_seconds > 0 and served[10] == f"{row.engine_seconds:.3f}"
+    assert served[11] == f"${row.engine_seconds:.4f}"
+    assert "3 requests (0 cold)" in monitor.usage.summary.text()
+    exported = monitor.usage.export(tmp_path / "usage.csv").read_text().splitlines()
+    assert exported[0].startswith("tenant,model,requests") and len(exported) == 3
+    view.toggle.click()
+    qtbot.waitUntil(lambda: window.control.state == "off", timeout=30_000)
+    monitor.usage.refresh(force=True)
+    assert monitor.usage.table.rowCount() == 2  # the counts outlive the server

@@ -49,6 +49,8 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tmp_pat
     assert result["chat_runs"] >= 2 and result["divergences"] >= 1, result
     assert result["strength_sweeps"] >= 1, result
     assert result["replica_compares"] >= 1 and result["replica_panels_seen"] == 2, result
+    assert result["endpoint_answered"] >= 10 and result["usage_rows_seen"] >= 1, result
+    assert result["usage_requests"] >= result["endpoint_answered"], result  # every answer counted
     first, last = result["none_refs"]
     assert last > first - NONE_REFS_LOST_LIMIT, f"references to None lost: {first} -> {last}"
     rss = result["rss_after_restart"]
