@@ -59,6 +59,7 @@ from multilora_studio.adapters.private_files import (
     tighten,
     tighten_tree,
 )
+from multilora_studio.adapters.registry_lifecycle import ACTIVE, RegistryLifecycle
 from multilora_studio.adapters.registry_schema import (
     AdapterRecord,
     BaseModelRecord,
@@ -84,7 +85,7 @@ class BaseMismatchError(LibraryError):
     """The adapter was validated against a base model with other weights."""
 
 
-class Registry:
+class Registry(RegistryLifecycle):
     """The adapter library (see the module docstring); safe to share between threads."""
 
     def __init__(self, root: Path | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
@@ -314,6 +315,8 @@ class Registry:
         except OSError as error:
             raise storage_error(error, f"removing {record.name!r} from the library {self.root}") from error
         shutil.rmtree(trash, ignore_errors=True)
+        if record.archive_path is not None:
+            record.archive_path.unlink(missing_ok=True)
         log.info("removed %r", record.name)
         return record
 
@@ -324,6 +327,7 @@ class Registry:
             with self._write() as conn:
                 if conn.execute("DELETE FROM adapters WHERE id = ?", (record.id,)).rowcount != 1:
                     raise LibraryError(f"{record.name!r} was removed meanwhile")
+                self.record_event(conn, record.id, record.name, "removed", "")
                 if trash is not None:
                     os.replace(record.path, trash)
                     moved = True
@@ -433,6 +437,11 @@ class Registry:
         ``preload=False`` registers it without reading its weights (they load on first use).
         """
         record = self.check_base(name, engine.base_digest, override)
+        if record.state != ACTIVE:
+            raise LibraryError(
+                f"{record.name!r} is {record.state}, not served; `multilora-studio adapters "
+                f"{'restore' if record.state == 'archived' else 'reactivate'} {record.name}` first"
+            )
         engine.add_adapter(record.name, record.path, preload=preload)
         if record.pinned:
             engine.pin_adapter(record.name)
@@ -457,6 +466,7 @@ class Registry:
                 tighten(entry)
         tighten_tree(self.adapters_dir)
         sweep(self.adapters_dir, self.lock_path, self._known_ids)
+        self.sweep_archives()
 
     def _open_read_only(self, error: StorageError) -> None:
         """Open the existing library for reading only, or raise ``error`` if that fails too."""
@@ -585,3 +595,6 @@ class Registry:
             f"INSERT INTO adapters ({columns}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
         )
         conn.executemany("INSERT INTO aliases VALUES (?, ?)", [(alias, row["id"]) for alias in names[1:]])
+        self.record_event(
+            conn, row["id"], row["name"], "registered", f"{row['source_kind']}: {row['source']}"
+        )

@@ -6,7 +6,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Migration n brings a database from user_version n-1 to n.
 MIGRATIONS = {
     1: """
@@ -77,6 +77,23 @@ MIGRATIONS = {
     5: """
     ALTER TABLE base_models ADD COLUMN origin TEXT NOT NULL DEFAULT ''
     """,
+    # the lifecycle (registry_lifecycle.py): state, an archive's file and digest, the audit log
+    # (kept when an adapter is removed, so no foreign key)
+    6: """
+    ALTER TABLE adapters ADD COLUMN state TEXT NOT NULL DEFAULT 'active'
+        CHECK (state IN ('active', 'retired', 'archived'));
+    ALTER TABLE adapters ADD COLUMN archive_path TEXT;
+    ALTER TABLE adapters ADD COLUMN archive_sha256 TEXT;
+    CREATE TABLE adapter_events (
+        id INTEGER PRIMARY KEY,
+        time REAL NOT NULL,
+        adapter_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        event TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX adapter_events_adapter ON adapter_events (adapter_id, id)
+    """,
 }
 
 
@@ -120,6 +137,9 @@ class AdapterRecord:
     kind: str = "LoRA"  # "DoRA", "LoRA with bias" or "LoRA" (AdapterConfig.kind)
     tokens: str = ""  # the vocabulary rows it replaces ("lm_head", "embed_tokens, lm_head, +8 tokens")
     tokenizer: str = ""  # "own tokenizer / template", "own tokenizer", "own template" or ""
+    state: str = "active"  # "active" (served), "retired" (listed, not served), "archived" (packed)
+    archive_path: Path | None = None
+    archive_sha256: str | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row, aliases: tuple[str, ...]) -> AdapterRecord:
@@ -146,6 +166,9 @@ class AdapterRecord:
             kind=row["kind"],
             tokens=row["tokens"],
             tokenizer=row["tokenizer"],
+            state=row["state"],
+            archive_path=Path(row["archive_path"]) if row["archive_path"] else None,
+            archive_sha256=row["archive_sha256"],
         )
 
     @property

@@ -235,6 +235,9 @@ def serve_library(pool: BasePool, demo_adapters: bool = True) -> list[str]:
     digests = {name: pool.base(name).digest for name in pool.names}
     added = []
     for record in registry.list_adapters():
+        if record.state != "active":
+            log.info("library adapter %s not served: %s", record.name, record.state)
+            continue
         if pool.base_of(record.name) is not None:
             log.info("library adapter %s not served: another model uses that name", record.name)
             continue

@@ -95,7 +95,9 @@ def library_adapters(digest: str) -> dict[str, str]:
         return {}
     chosen = {}
     for record in registry.list_adapters():
-        if record.base_status(digest) == "ok":
+        if record.state != "active":
+            log.info("library adapter %s not served: %s", record.name, record.state)
+        elif record.base_status(digest) == "ok":
             chosen[record.name] = str(Path(record.path))
         else:
             log.info("library adapter %s not served: trained on another base", record.name)

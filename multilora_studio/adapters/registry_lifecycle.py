@@ -1,0 +1,217 @@
+"""An adapter's life in the library after it is registered: retired (not served, still listed),
+archived (its files packed into one compressed archive with a manifest of SHA-256s, the folder
+freed), restored (the files unpacked byte for byte and checked against the manifest), removed;
+every transition recorded with its time and reason in an audit log that outlives the adapter.
+
+Archiving never loses files: the archive is written beside its final name and synced, renamed
+into place, the row updated in one transaction, and only then the folder deleted, so a crash
+at any point leaves either the folder or the archive with the row pointing at it (a leftover
+partial archive is swept at the next open). Restoring unpacks into a staging folder, checks
+every file against the manifest, and renames the folder into place before the row changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import sqlite3
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from multilora_studio.adapters.library_errors import LibraryError
+from multilora_studio.adapters.registry_schema import AdapterRecord
+from multilora_studio.util import sha256_file
+
+ARCHIVES_DIR = "archives"
+MANIFEST = "manifest.json"
+PARTIAL_SUFFIX = ".partial"
+ACTIVE, RETIRED, ARCHIVED = "active", "retired", "archived"
+
+
+@dataclass(frozen=True)
+class AdapterEvent:
+    """One transition of an adapter: registered, retired, reactivated, archived, restored, removed."""
+
+    time: float
+    name: str
+    adapter_id: str
+    event: str
+    reason: str
+
+
+class RegistryLifecycle:
+    """The lifecycle half of ``Registry`` (its connections and records)."""
+
+    root: Path
+
+    def get(self, name: str) -> AdapterRecord:  # pragma: no cover - Registry's
+        raise NotImplementedError
+
+    def _write(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _connect(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:  # pragma: no cover
+        raise NotImplementedError
+
+    @property
+    def archives_dir(self) -> Path:
+        return self.root / ARCHIVES_DIR
+
+    # ---------------------------------------------------------------- the audit log
+
+    @staticmethod
+    def record_event(conn: sqlite3.Connection, adapter_id: str, name: str, event: str, reason: str) -> None:
+        """Add a transition to the audit log inside the caller's transaction."""
+        conn.execute(
+            "INSERT INTO adapter_events (time, adapter_id, name, event, reason) VALUES (?, ?, ?, ?, ?)",
+            (time.time(), adapter_id, name, event, reason),
+        )
+
+    def events(self, name: str | None = None) -> list[AdapterEvent]:
+        """The audit log, oldest first; of one adapter (by the names it had) when ``name`` is given."""
+        with self._connect() as conn:
+            if name is None:
+                rows = conn.execute("SELECT * FROM adapter_events ORDER BY id").fetchall()
+            else:
+                rows = conn.execute(
+                    "SELECT * FROM adapter_events WHERE adapter_id IN "
+                    "(SELECT adapter_id FROM adapter_events WHERE name = ?) ORDER BY id",
+                    (name,),
+                ).fetchall()
+        return [AdapterEvent(r["time"], r["name"], r["adapter_id"], r["event"], r["reason"]) for r in rows]
+
+    # ---------------------------------------------------------------- transitions
+
+    def retire(self, name: str, reason: str = "") -> AdapterRecord:
+        """Stop serving ``name`` (it leaves GPU slots and host RAM at the next engine start or
+        reload); it stays listed with its files."""
+        return self._transition(name, (ACTIVE,), RETIRED, "retired", reason)
+
+    def reactivate(self, name: str, reason: str = "") -> AdapterRecord:
+        """Serve a retired adapter again."""
+        return self._transition(name, (RETIRED,), ACTIVE, "reactivated", reason)
+
+    def _transition(
+        self, name: str, sources: tuple[str, ...], target: str, event: str, reason: str
+    ) -> AdapterRecord:
+        record = self.get(name)
+        if record.state not in sources:
+            raise LibraryError(
+                f"{record.name!r} is {record.state}; only a {' or '.join(sources)} adapter can be {event}"
+            )
+        with self._write() as conn:
+            conn.execute("UPDATE adapters SET state = ? WHERE id = ?", (target, record.id))
+            self.record_event(conn, record.id, record.name, event, reason)
+        return self.get(record.name)
+
+    def archive(self, name: str, reason: str = "") -> AdapterRecord:
+        """Pack a retired (or active) adapter's files into ``archives/ID.tar.gz`` with their
+        manifest, then free the folder (an imported copy; a Hub snapshot stays in the HF cache)."""
+        record = self.get(name)
+        if record.state == ARCHIVED:
+            raise LibraryError(f"{record.name!r} is archived already")
+        if not record.path.is_dir():
+            raise LibraryError(f"{record.name!r}: its folder {record.path} is missing; nothing to archive")
+        self.archives_dir.mkdir(parents=True, exist_ok=True)
+        final = self.archives_dir / f"{record.id}.tar.gz"
+        partial = final.with_name(final.name + PARTIAL_SUFFIX)
+        files = sorted(p for p in record.path.iterdir() if p.is_file())
+        manifest = {
+            "name": record.name,
+            "id": record.id,
+            "folder": str(record.path),
+            "files": {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files},
+        }
+        try:
+            with open(partial, "wb") as raw:
+                with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+                    data = json.dumps(manifest, indent=1).encode()
+                    info = tarfile.TarInfo(MANIFEST)
+                    info.size, info.mtime = len(data), int(time.time())
+                    tar.addfile(info, io.BytesIO(data))
+                    for path in files:
+                        tar.add(path, arcname=path.name, recursive=False)
+                raw.flush()
+                os.fsync(raw.fileno())
+            os.replace(partial, final)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        digest = sha256_file(final)
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE adapters SET state = ?, archive_path = ?, archive_sha256 = ? WHERE id = ?",
+                (ARCHIVED, str(final), digest, record.id),
+            )
+            self.record_event(conn, record.id, record.name, "archived", reason)
+        if record.source_kind == "local" and record.path.parent == self.root / "adapters":
+            shutil.rmtree(record.path, ignore_errors=True)
+        return self.get(record.name)
+
+    def restore(self, name: str, reason: str = "") -> AdapterRecord:
+        """Unpack an archived adapter where its folder was, each file checked against the
+        manifest; it comes back retired (reactivate it to serve it)."""
+        record = self.get(name)
+        if record.state != ARCHIVED or record.archive_path is None:
+            raise LibraryError(f"{record.name!r} is {record.state}, not archived")
+        if sha256_file(record.archive_path) != record.archive_sha256:
+            raise LibraryError(
+                f"the archive {record.archive_path} of {record.name!r} does not match its digest"
+            )
+        staging = record.path.with_name(record.path.name + PARTIAL_SUFFIX)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        try:
+            with tarfile.open(record.archive_path, "r:gz") as tar:
+                manifest = json.loads(_member(tar, MANIFEST))
+                for file_name, expected in manifest["files"].items():
+                    data = _member(tar, file_name)
+                    if (
+                        len(data) != expected["bytes"]
+                        or hashlib.sha256(data).hexdigest() != expected["sha256"]
+                    ):
+                        raise LibraryError(f"{file_name} in the archive of {record.name!r} is damaged")
+                    (staging / file_name).write_bytes(data)
+            if record.path.exists():
+                shutil.rmtree(record.path)  # a Hub snapshot left in place: the archive is the truth
+            os.replace(staging, record.path)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE adapters SET state = ?, archive_path = NULL, archive_sha256 = NULL WHERE id = ?",
+                (RETIRED, record.id),
+            )
+            self.record_event(conn, record.id, record.name, "restored", reason)
+        Path(record.archive_path).unlink(missing_ok=True)
+        return self.get(record.name)
+
+    def sweep_archives(self) -> None:
+        """Delete partial archives (a crash mid-write) and archives no adapter points at (a
+        crash between the archive's rename and its row's update: the folder is still there)."""
+        if not self.archives_dir.is_dir():
+            return
+        with self._connect() as conn:
+            known = {row[0] for row in conn.execute("SELECT archive_path FROM adapters") if row[0]}
+        for entry in self.archives_dir.iterdir():
+            if str(entry) not in known:
+                entry.unlink(missing_ok=True)
+
+
+def _member(tar: tarfile.TarFile, name: str) -> bytes:
+    """One regular file of the archive (links and folders refused)."""
+    try:
+        info = tar.getmember(name)
+    except KeyError:
+        raise LibraryError(f"the archive has no {name}") from None
+    handle = tar.extractfile(info) if info.isfile() else None
+    if handle is None:
+        raise LibraryError(f"{name} in the archive is not a regular file")
+    return handle.read()
