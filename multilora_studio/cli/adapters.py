@@ -10,6 +10,7 @@ from pathlib import Path
 
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.adapters.registry_schema import AdapterRecord, EvalScoreRecord
+from multilora_studio.cli.adapters_lifecycle import add_lifecycle_actions
 from multilora_studio.cli.shared import (
     Subcommands,
     add_base_arguments,
@@ -76,6 +77,7 @@ def add_adapters_command(subparsers: Subcommands) -> None:
         "--limit", type=int, default=20, help="repositories listed at most, most downloaded first"
     )
     search.set_defaults(handler=run_search)
+    add_lifecycle_actions(actions)
 
 
 def run_add(args: argparse.Namespace) -> int:
@@ -110,14 +112,15 @@ def run_list(args: argparse.Namespace) -> int:
     if not records:
         print("the library is empty; add adapters with: multilora-studio adapters add PATH | pull REPO_ID")
         return 0
-    rows = [("NAME", "RANK", "TARGETS", "SIZE", "PIN", "BASE", "LAST EVAL", "SOURCE")]
+    rows = [("NAME", "STATE", "RANK", "TARGETS", "SIZE", "PIN", "BASE", "LAST EVAL", "SOURCE")]
     for r in records:
         flag = (
             "" if digest is None else {"ok": "", "mismatch": " (!)", "unknown": " (?)"}[r.base_status(digest)]
         )
         rows.append(
-            (r.name, r.rank_label, ",".join(r.targets), _size(r.size_bytes), "yes" if r.pinned else "",
-             r.base_name + flag, _eval_label(evaluated.get(r.name)), r.source_label)
+            (r.name, r.state, r.rank_label, ",".join(r.targets), _size(r.size_bytes),
+             "yes" if r.pinned else "", r.base_name + flag, _eval_label(evaluated.get(r.name)),
+             r.source_label)
         )  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -200,6 +203,7 @@ def _score_json(score: EvalScoreRecord) -> dict:
 def _as_json(record: AdapterRecord, digest: str | None, latest: EvalScoreRecord | None = None) -> dict:
     data = dataclasses.asdict(record)
     data["path"] = str(record.path)
+    data["archive_path"] = str(record.archive_path) if record.archive_path is not None else None
     data["aliases"] = list(record.aliases)
     data["targets"] = list(record.targets)
     data["created"] = _time(record.created)

@@ -64,8 +64,8 @@ def test_add_list_show_pin_unpin_remove(home, capsys, tiny_adapters, tiny_model_
     assert code == 0 and "added 'pirate': rank 8" in out
     assert (home / "library.sqlite3").is_file()
     code, out, _ = run(capsys, "adapters", "list")
-    assert code == 0 and out.splitlines()[0].split()[:4] == ["NAME", "RANK", "TARGETS", "SIZE"]
-    assert out.splitlines()[1].split()[:2] == ["pirate", "8"]
+    assert code == 0 and out.splitlines()[0].split()[:5] == ["NAME", "STATE", "RANK", "TARGETS", "SIZE"]
+    assert out.splitlines()[1].split()[:3] == ["pirate", "active", "8"]
     (entry,) = listing(capsys)
     assert (entry["name"], entry["aliases"], entry["rank"], entry["pinned"]) == ("pirate", ["arr"], 8, False)
     assert entry["source"] == str(Path(folder).resolve()) and Path(entry["path"]).parent == home / "adapters"

@@ -125,5 +125,6 @@ def test_a_version_1_library_is_migrated_and_keeps_its_adapters(tmp_path):
     with sqlite3.connect(registry.db_path) as check:
         assert check.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     assert registry.get("old-one").kind == "LoRA"  # the kind column's default for older libraries
+    assert registry.get("old-one").state == "active" and registry.events("old-one") == []
     registry.record_eval_scores([EvalScoreRecord("old-one", "s", "d", "", 2, 2, 1, -1.5, None, 5.0)])
     assert registry.eval_scores("old-one")[0].pass_rate == 0.5

@@ -1,0 +1,68 @@
+"""``adapters retire | reactivate | archive | restore | history``: an adapter's life after it is
+registered (``adapters/registry_lifecycle.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from multilora_studio.adapters.registry import Registry
+
+TRANSITIONS = {  # action: (help, Registry method)
+    "retire": ("stop serving an adapter; it stays listed with its files", "retire"),
+    "reactivate": ("serve a retired adapter again", "reactivate"),
+    "archive": (
+        "pack an adapter's files into one compressed archive with a manifest and free its folder",
+        "archive",
+    ),
+    "restore": ("unpack an archived adapter, checked byte for byte; it comes back retired", "restore"),
+}
+
+
+def add_lifecycle_actions(actions: Any) -> None:
+    """The lifecycle actions under ``adapters``."""
+    for action, (text, _) in TRANSITIONS.items():
+        parser = actions.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
+        parser.add_argument("name", help="adapter name or alias")
+        parser.add_argument("--reason", default="", help="why (kept in the audit log)")
+        parser.set_defaults(handler=run_transition, transition=action)
+    history = actions.add_parser(
+        "history",
+        help="the audit log: every adapter's registrations, retirements, archives, restores and removals",
+        description="The library's audit log, oldest first.",
+    )
+    history.add_argument("name", nargs="?", default=None, help="only this adapter (also after removal)")
+    history.add_argument("--json", action="store_true", help="print JSON")
+    history.set_defaults(handler=run_history)
+
+
+def run_transition(args: argparse.Namespace) -> int:
+    registry = Registry()
+    record = getattr(registry, TRANSITIONS[args.transition][1])(args.name, args.reason)
+    where = f" ({record.archive_path})" if record.archive_path is not None else ""
+    print(f"{record.name}: {record.state}{where}")
+    return 0
+
+
+def run_history(args: argparse.Namespace) -> int:
+    events = Registry().events(args.name)
+    if args.json:
+        print(json.dumps([{**vars_of(e), "time": stamp(e.time)} for e in events], indent=2))
+        return 0
+    if not events:
+        print("no events" + (f" for {args.name!r}" if args.name else ""))
+        return 0
+    for event in events:
+        reason = f"  ({event.reason})" if event.reason else ""
+        print(f"{stamp(event.time)}  {event.name}  {event.event}{reason}")
+    return 0
+
+
+def vars_of(event: Any) -> dict:
+    return {"name": event.name, "adapter_id": event.adapter_id, "event": event.event, "reason": event.reason}
+
+
+def stamp(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
