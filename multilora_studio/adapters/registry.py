@@ -59,7 +59,7 @@ from multilora_studio.adapters.private_files import (
     tighten,
     tighten_tree,
 )
-from multilora_studio.adapters.registry_lifecycle import ACTIVE, RegistryLifecycle
+from multilora_studio.adapters.registry_lifecycle import RegistryLifecycle, not_served_because
 from multilora_studio.adapters.registry_schema import (
     AdapterRecord,
     BaseModelRecord,
@@ -437,7 +437,7 @@ class Registry(RegistryLifecycle):
         ``preload=False`` registers it without reading its weights (they load on first use).
         """
         record = self.check_base(name, engine.base_digest, override)
-        if record.state != ACTIVE:
+        if not_served_because(record, None, None) is not None:
             raise LibraryError(
                 f"{record.name!r} is {record.state}, not served; `multilora-studio adapters "
                 f"{'restore' if record.state == 'archived' else 'reactivate'} {record.name}` first"

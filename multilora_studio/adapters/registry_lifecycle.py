@@ -25,13 +25,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from multilora_studio.adapters.library_errors import LibraryError
-from multilora_studio.adapters.registry_schema import AdapterRecord
+from multilora_studio.adapters.registry_schema import AdapterRecord, EvalScoreRecord
 from multilora_studio.util import sha256_file
 
 ARCHIVES_DIR = "archives"
 MANIFEST = "manifest.json"
 PARTIAL_SUFFIX = ".partial"
 ACTIVE, RETIRED, ARCHIVED = "active", "retired", "archived"
+
+
+def not_served_because(
+    record: AdapterRecord, latest: EvalScoreRecord | None, min_pass_rate: float | None
+) -> str | None:
+    """Why the library does not serve ``record`` (None: it does): retired or archived, or its
+    newest evaluation passed fewer prompts than ``min_pass_rate`` (the quality gate; an adapter
+    never evaluated passes it)."""
+    if record.state != ACTIVE:
+        return record.state
+    if latest is None or min_pass_rate is None:
+        return None
+    rate = latest.pass_rate
+    if rate is not None and rate < min_pass_rate:
+        return (
+            f"its last evaluation ({latest.prompt_set}) passed {rate:.0%}, "
+            f"below the gate's {min_pass_rate:.0%}"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -92,6 +111,14 @@ class RegistryLifecycle:
         """Stop serving ``name`` (it leaves GPU slots and host RAM at the next engine start or
         reload); it stays listed with its files."""
         return self._transition(name, (ACTIVE,), RETIRED, "retired", reason)
+
+    def set_warm(self, name: str, warm: bool = True) -> AdapterRecord:
+        """Read ``name`` into host RAM whenever an engine starts, before any request needs it."""
+        record = self.get(name)
+        with self._write() as conn:
+            conn.execute("UPDATE adapters SET warm = ? WHERE id = ?", (int(warm), record.id))
+            self.record_event(conn, record.id, record.name, "warm" if warm else "not warm", "")
+        return self.get(record.name)
 
     def reactivate(self, name: str, reason: str = "") -> AdapterRecord:
         """Serve a retired adapter again."""

@@ -84,6 +84,7 @@ MIGRATIONS = {
         CHECK (state IN ('active', 'retired', 'archived'));
     ALTER TABLE adapters ADD COLUMN archive_path TEXT;
     ALTER TABLE adapters ADD COLUMN archive_sha256 TEXT;
+    ALTER TABLE adapters ADD COLUMN warm INTEGER NOT NULL DEFAULT 0;
     CREATE TABLE adapter_events (
         id INTEGER PRIMARY KEY,
         time REAL NOT NULL,
@@ -140,6 +141,7 @@ class AdapterRecord:
     state: str = "active"  # "active" (served), "retired" (listed, not served), "archived" (packed)
     archive_path: Path | None = None
     archive_sha256: str | None = None
+    warm: bool = False  # read into host RAM when an engine starts (before its first request)
 
     @classmethod
     def from_row(cls, row: sqlite3.Row, aliases: tuple[str, ...]) -> AdapterRecord:
@@ -169,6 +171,7 @@ class AdapterRecord:
             state=row["state"],
             archive_path=Path(row["archive_path"]) if row["archive_path"] else None,
             archive_sha256=row["archive_sha256"],
+            warm=bool(row["warm"]),
         )
 
     @property

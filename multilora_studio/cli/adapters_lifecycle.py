@@ -28,6 +28,11 @@ def add_lifecycle_actions(actions: Any) -> None:
         parser.add_argument("name", help="adapter name or alias")
         parser.add_argument("--reason", default="", help="why (kept in the audit log)")
         parser.set_defaults(handler=run_transition, transition=action)
+    for action, warm in (("warm", True), ("unwarm", False)):
+        text = "read it into host RAM whenever an engine starts" if warm else "stop reading it at start"
+        parser = actions.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
+        parser.add_argument("name", help="adapter name or alias")
+        parser.set_defaults(handler=run_warm, warm=warm)
     history = actions.add_parser(
         "history",
         help="the audit log: every adapter's registrations, retirements, archives, restores and removals",
@@ -43,6 +48,12 @@ def run_transition(args: argparse.Namespace) -> int:
     record = getattr(registry, TRANSITIONS[args.transition][1])(args.name, args.reason)
     where = f" ({record.archive_path})" if record.archive_path is not None else ""
     print(f"{record.name}: {record.state}{where}")
+    return 0
+
+
+def run_warm(args: argparse.Namespace) -> int:
+    record = Registry().set_warm(args.name, args.warm)
+    print(f"{record.name}: {'warm at start' if record.warm else 'read on first use'}")
     return 0
 
 

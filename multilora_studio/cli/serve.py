@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.adapters.registry_lifecycle import not_served_because
 from multilora_studio.cli.serve_ray import add_ray_arguments, run_serve_ray
 from multilora_studio.cli.shared import (
     Subcommands,
     add_demo_adapters_flag,
     add_engine_arguments,
+    check_fraction,
     engine_configs,
     print_progress,
     wait_for_stop_signal,
@@ -96,6 +98,14 @@ def add_serve_command(subparsers: Subcommands) -> None:
         "--no-library",
         action="store_true",
         help="serve only --lora-modules, not the adapters of the library",
+    )
+    parser.add_argument(
+        "--min-pass-rate",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="the quality gate: do not serve a library adapter whose newest evaluation passed fewer "
+        "than this fraction of its prompts (0-1; adapters never evaluated are served)",
     )
     add_demo_adapters_flag(parser)
     parser.add_argument("--host", default=SERVER.host, help="address to bind (default: loopback only)")
@@ -214,9 +224,12 @@ def api_keys(args: argparse.Namespace) -> tuple[str | ApiKey, ...]:
     return (*admin, *users, *from_file)
 
 
-def serve_library(pool: BasePool, demo_adapters: bool = True) -> list[str]:
-    """Serve the library's adapters next to those already served, each on the base whose
-    weights it was validated against; returns the names added.
+def serve_library(
+    pool: BasePool, demo_adapters: bool = True, min_pass_rate: float | None = None
+) -> list[str]:
+    """Serve the library's active adapters next to those already served, each on the base whose
+    weights it was validated against, and read the warm ones into host RAM; returns the names
+    added. ``min_pass_rate``: the quality gate (``not_served_because``).
 
     First offers the demo adapters (``offer_demo_adapters``: once per library, on their base
     model) to the first base, when it is loaded, unless ``demo_adapters`` is off. An adapter
@@ -234,9 +247,12 @@ def serve_library(pool: BasePool, demo_adapters: bool = True) -> list[str]:
         offer_demo_adapters(registry, BaseModelRef.of_engine(resident[pool.primary]))
     digests = {name: pool.base(name).digest for name in pool.names}
     added = []
+    latest = registry.latest_eval_scores()
+    warm: dict[str, list[str]] = {}
     for record in registry.list_adapters():
-        if record.state != "active":
-            log.info("library adapter %s not served: %s", record.name, record.state)
+        refused = not_served_because(record, latest.get(record.name), min_pass_rate)
+        if refused is not None:
+            log.info("library adapter %s not served: %s", record.name, refused)
             continue
         if pool.base_of(record.name) is not None:
             log.info("library adapter %s not served: another model uses that name", record.name)
@@ -253,11 +269,20 @@ def serve_library(pool: BasePool, demo_adapters: bool = True) -> list[str]:
             log.info("library adapter %s not served: %s", record.name, error)
         else:
             added.append(record.name)
+            if record.warm:
+                warm.setdefault(base, []).append(record.name)
+    for base, engine in pool.resident():
+        room = engine.config.max_cpu_loras or 0  # the host tier holds this many: the first ones
+        for name, failure in engine.prefetch_adapters(warm.get(base, [])[:room]).items():
+            if failure is not None:
+                log.warning("warm adapter %s not read: %s", name, failure)
     return added
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from multilora_studio.server import ApiServer, ServerConfig, bind_socket
+
+    min_pass_rate = check_fraction(args.min_pass_rate)  # refused before anything starts
 
     config = ServerConfig(
         host=args.host,
@@ -298,7 +323,7 @@ def run_serve(args: argparse.Namespace) -> int:
             for name, path in modules.items():
                 pool.add_adapter(pool.primary, name, path)
             if not args.no_library:
-                serve_library(pool, demo_adapters=not args.no_demo_adapters)
+                serve_library(pool, not args.no_demo_adapters, min_pass_rate)
             server = ApiServer(pool, config)
             url = server.start(sock=listener)
             names = [name for base in pool.names for name in (base, *sorted(pool.adapters_of(base)))]

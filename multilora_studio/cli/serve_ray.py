@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.cli.shared import engine_configs, wait_for_stop_signal
+from multilora_studio.adapters.registry_lifecycle import not_served_because
+from multilora_studio.cli.shared import check_fraction, engine_configs, wait_for_stop_signal
 from multilora_studio.deploy.base_pool import identify_base
 
 if TYPE_CHECKING:
@@ -64,7 +65,9 @@ def ray_serve_options(args: argparse.Namespace, server: ServerConfig) -> RayServ
         raise ValueError("--ray serves one --model; start one application per base model")
     adapters = {name: str(path) for name, path in parse_lora_modules(args.lora_modules).items()}
     if not args.no_library:
-        adapters = library_adapters(identify_base(configs[0])[1]) | adapters
+        adapters = (
+            library_adapters(identify_base(configs[0])[1], check_fraction(args.min_pass_rate)) | adapters
+        )
     autoscaling = parse_autoscale(args.autoscale) if args.autoscale is not None else None
     from multilora_studio.deploy.ray_serve import RayServeOptions  # Ray is an optional extra
 
@@ -86,17 +89,20 @@ def parse_autoscale(text: str) -> tuple[int, int]:
     return int(low), int(high)
 
 
-def library_adapters(digest: str) -> dict[str, str]:
-    """name -> folder of each library adapter validated against the base of ``digest``."""
+def library_adapters(digest: str, min_pass_rate: float | None) -> dict[str, str]:
+    """name -> folder of each active library adapter validated against the base of ``digest``
+    that passes the quality gate (``not_served_because``)."""
     try:
         registry = Registry()
     except (OSError, ValueError) as error:
         log.warning("serving without the adapter library: %s", error)
         return {}
     chosen = {}
+    latest = registry.latest_eval_scores()
     for record in registry.list_adapters():
-        if record.state != "active":
-            log.info("library adapter %s not served: %s", record.name, record.state)
+        refused = not_served_because(record, latest.get(record.name), min_pass_rate)
+        if refused is not None:
+            log.info("library adapter %s not served: %s", record.name, refused)
         elif record.base_status(digest) == "ok":
             chosen[record.name] = str(Path(record.path))
         else:

@@ -227,6 +227,13 @@ def add_adapters(
             registry.load_into(engine, name, override=allow_other_base)
 
 
+def check_fraction(value: float | None) -> float | None:
+    """``--min-pass-rate`` checked: a fraction of prompts, 0 to 1."""
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise ValueError(f"--min-pass-rate is a fraction of prompts from 0 to 1, got {value}")
+    return value
+
+
 def wait_for_stop_signal() -> None:
     """Block until Ctrl+C or SIGTERM."""
     stop = threading.Event()

@@ -138,6 +138,10 @@ class EngineHost(QObject):
                 offer_demo_adapters(self.registry, BaseModelRef.of_engine(engine))
             task.report(0.9, "registering the library's adapters")
             result = load_library(self.registry, engine, lambda f, m: task.report(0.9 + 0.1 * f, m))
+            warm = [r.name for r in self.registry.list_adapters() if r.warm and r.name in result.loaded]
+            if warm:
+                task.report(1.0, f"reading {len(warm)} warm adapters into host RAM")
+                engine.prefetch_adapters(warm[: engine.config.max_cpu_loras or 0])  # what the tier holds
             task.report(1.0, "ready")
         except BaseException:
             engine.shutdown()

@@ -1,0 +1,61 @@
+"""What ``serve`` takes from the library: active adapters only, the quality gate on their newest
+evaluation, and the warm ones read into host RAM before any request."""
+
+from __future__ import annotations
+
+import pytest
+
+from multilora_studio.adapters.registry import Registry
+from multilora_studio.adapters.registry_schema import EvalScoreRecord
+from multilora_studio.cli import main
+from multilora_studio.cli.serve import serve_library
+from multilora_studio.deploy import BasePool
+
+
+def score(name: str, passed: int, checked: int = 4) -> EvalScoreRecord:
+    return EvalScoreRecord(name, "smoke", "digest", "", checked, checked, passed, None, None, 1.0)
+
+
+@pytest.fixture
+def library(monkeypatch, tmp_path, tiny_adapters, tiny_base):
+    monkeypatch.setenv("MULTILORA_STUDIO_HOME", str(tmp_path / "home"))
+    registry = Registry()
+    for name, source in (
+        ("gate-good", "tiny-r4-qv"),
+        ("gate-bad", "tiny-r8-all"),
+        ("gate-warm", "tiny-r16-mlp"),
+        ("gate-gone", "tiny-r8-attn"),
+    ):
+        registry.import_folder(tiny_adapters[source], tiny_base, name=name, max_rank=32)
+    registry.record_eval_scores([score("gate-good", 3), score("gate-bad", 1)])
+    registry.record_eval_scores([score("gate-bad", 1), score("gate-good", 2)])  # newer: 50 %
+    registry.set_warm("gate-warm")
+    registry.retire("gate-gone", "replaced")
+    return registry
+
+
+def test_serve_takes_active_adapters_through_the_gate_and_warms_the_warm_ones(library, engine):
+    pool = BasePool([engine.config], started=[engine])
+    added = serve_library(pool, demo_adapters=False, min_pass_rate=0.5)
+    try:
+        assert sorted(added) == ["gate-good", "gate-warm"]  # 50 % passes a 50 % gate; 25 % does not
+        assert "gate-warm" in engine.metrics(fresh=True).cpu_adapters  # read before any request
+        assert "gate-good" not in engine.metrics(fresh=True).cpu_adapters  # read on first use
+    finally:
+        for name in added:
+            engine.remove_adapter(name)
+    added = serve_library(pool, demo_adapters=False)  # no gate: every active adapter
+    try:
+        assert sorted(added) == ["gate-bad", "gate-good", "gate-warm"]
+    finally:
+        for name in added:
+            engine.remove_adapter(name)
+    assert [e.event for e in library.events("gate-warm")] == ["registered", "warm"]
+
+
+def test_the_gate_is_a_fraction(capsys, library):
+    assert main(["serve", "--min-pass-rate", "80", "--no-demo-adapters", "--port", "0"]) == 1
+    assert (
+        capsys.readouterr().err.strip()
+        == "error: --min-pass-rate is a fraction of prompts from 0 to 1, got 80.0"
+    )
