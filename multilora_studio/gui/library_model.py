@@ -12,7 +12,19 @@ from multilora_studio.engine import EngineMetrics
 from multilora_studio.gui.widgets import format_bytes, format_time
 
 # Name first (it stays in place when the table scrolls sideways), then what changes while serving
-COLUMNS = ("Name", "Tier", "Pinned", "Rank", "Size", "Base", "Targets", "Source", "Aliases", "Last used")
+COLUMNS = (
+    "Name",
+    "State",
+    "Tier",
+    "Pinned",
+    "Rank",
+    "Size",
+    "Base",
+    "Targets",
+    "Source",
+    "Aliases",
+    "Last used",
+)
 TIER_COLUMN = COLUMNS.index("Tier")
 SORT_ROLE = Qt.ItemDataRole.UserRole
 Index = QModelIndex | QPersistentModelIndex
@@ -97,6 +109,7 @@ class LibraryModel(QAbstractTableModel):
     def _display(self, record: AdapterRecord, column: str) -> str:
         values = {
             "Name": record.name,
+            "State": record.state + (", warm" if record.warm else ""),
             "Aliases": ", ".join(record.aliases),
             "Source": ("Hub " if record.source_kind == "hub" else "") + record.source_label,
             "Base": record.base_name,

@@ -103,6 +103,41 @@ def rename_adapter(
     return current
 
 
+def change_state(
+    registry: Registry, engine: ServingEngine | None, name: str, action: str, reason: str = ""
+) -> AdapterRecord:
+    """Retire, reactivate, archive or restore ``name`` (``action``), the engine following: a
+    retired or archived adapter stops being served (refused while requests use it), a
+    reactivated one is served again."""
+    record = registry.get(name)
+    served = engine is not None and any(info.name == record.name for info in engine.list_adapters())
+    if engine is not None and served and action in ("retire", "archive"):
+        engine.remove_adapter(record.name)
+    transitions = {
+        "retire": registry.retire,
+        "reactivate": registry.reactivate,
+        "archive": registry.archive,
+        "restore": registry.restore,
+    }
+    try:
+        changed = transitions[action](record.name, reason)
+    except BaseException:
+        if engine is not None and served and action in ("retire", "archive"):
+            add_to_engine(registry, engine, record)  # refused: it stays served
+        raise
+    if engine is not None and changed.state == "active" and not served:
+        add_to_engine(registry, engine, changed)
+    return changed
+
+
+def set_warm(registry: Registry, engine: ServingEngine | None, name: str, warm: bool) -> AdapterRecord:
+    """Mark ``name`` warm (read into host RAM at every engine start; now too, if served) or not."""
+    record = registry.set_warm(name, warm)
+    if engine is not None and warm and any(info.name == record.name for info in engine.list_adapters()):
+        engine.prefetch_adapters([record.name])
+    return record
+
+
 def add_alias(registry: Registry, name: str, alias: str) -> AdapterRecord:
     alias = alias.strip()
     if not alias:

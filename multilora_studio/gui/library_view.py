@@ -34,6 +34,7 @@ from multilora_studio.gui.tasks import Task
 from multilora_studio.gui.widgets import MessageBanner, format_bytes, format_time
 
 MAX_COLUMN_WIDTH = 220
+HISTORY_ROWS = 20  # the newest events of an adapter shown in its details
 
 
 class LibraryView(QWidget):
@@ -62,6 +63,15 @@ class LibraryView(QWidget):
         self.rename_button = QPushButton("Rename…")
         self.alias_button = QPushButton("Add alias…")
         self.remove_button = QPushButton("Remove")
+        self.retire_button = QPushButton("Retire")
+        self.archive_button = QPushButton("Archive")
+        self.warm_button = QPushButton("Warm at start")
+        self.retire_button.setToolTip("Retire: listed, not served. Reactivate: served again")
+        self.archive_button.setToolTip("Archive: the files packed into one archive, the folder freed")
+        self.warm_button.setToolTip("Read into host RAM at every engine start, before its first request")
+        self.retire_button.clicked.connect(lambda: self._lifecycle(self.retire_button))
+        self.archive_button.clicked.connect(lambda: self._lifecycle(self.archive_button))
+        self.warm_button.clicked.connect(self._toggle_warm)
         self.merge_button = QPushButton("Merge and export…")
         self.merge_dialog: MergeDialog | None = None
         self.merge_button.clicked.connect(self.open_merge_dialog)
@@ -78,6 +88,9 @@ class LibraryView(QWidget):
             self.pin_button,
             self.rename_button,
             self.alias_button,
+            self.retire_button,
+            self.archive_button,
+            self.warm_button,
             self.merge_button,
         ):
             buttons.addWidget(button)
@@ -174,9 +187,22 @@ class LibraryView(QWidget):
     def _selection_changed(self, *args: object) -> None:
         name = self.selected_name()
         record = self.registry.find(name) if name else None
-        for button in (self.pin_button, self.rename_button, self.alias_button, self.remove_button):
+        for button in (
+            self.pin_button,
+            self.rename_button,
+            self.alias_button,
+            self.remove_button,
+            self.retire_button,
+            self.archive_button,
+            self.warm_button,
+        ):
             button.setEnabled(record is not None)
         self.pin_button.setText("Unpin" if record is not None and record.pinned else "Pin")
+        state = record.state if record is not None else "active"
+        self.retire_button.setText("Reactivate" if state == "retired" else "Retire")
+        self.retire_button.setEnabled(record is not None and state != "archived")
+        self.archive_button.setText("Restore" if state == "archived" else "Archive")
+        self.warm_button.setText("Not warm" if record is not None and record.warm else "Warm at start")
         self.details.setHtml(self._details_html(record) if record is not None else self._empty_html())
 
     def _empty_html(self) -> str:
@@ -207,10 +233,21 @@ class LibraryView(QWidget):
         ]
         if record.name in self.host.skipped:
             rows.insert(2, ("Not served", self.host.skipped[record.name]))
+        rows.insert(1, ("State", record.state + (", warm at start" if record.warm else "")))
+        if record.archive_path is not None:
+            rows.insert(2, ("Archive", str(record.archive_path)))
         cells = "".join(
             f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(v)}</td></tr>" for k, v in rows
         )
-        return f"<h3>{html.escape(record.name)}</h3><table cellspacing='4'>{cells}</table>"
+        history = "".join(
+            f"<tr><td>{html.escape(format_time(e.time))}</td><td>{html.escape(e.event)}</td>"
+            f"<td>{html.escape(e.reason)}</td></tr>"
+            for e in self.registry.events(record.name)[-HISTORY_ROWS:]
+        )
+        return (
+            f"<h3>{html.escape(record.name)}</h3><table cellspacing='4'>{cells}</table>"
+            f"<h4>History</h4><table cellspacing='4'>{history}</table>"
+        )
 
     # ---------------------------------------------------------------- actions
 
@@ -249,6 +286,25 @@ class LibraryView(QWidget):
             f"rename {name}",
             lambda task: library_ops.rename_adapter(self.registry, engine, name, new_name),
             lambda record: f"{name!r} is now called {record.name!r}.",
+        )
+
+    def change_state(self, name: str, action: str, reason: str = "") -> Task:
+        """Retire, reactivate, archive or restore ``name`` (``library_ops.change_state``)."""
+        engine = self.host.engine
+        return self._run(
+            f"{action} {name}",
+            lambda task: library_ops.change_state(self.registry, engine, name, action, reason),
+            lambda record: f"{record.name!r} is {record.state}.",
+        )
+
+    def set_warm(self, name: str, warm: bool) -> Task:
+        engine = self.host.engine
+        return self._run(
+            f"warm {name}",
+            lambda task: library_ops.set_warm(self.registry, engine, name, warm),
+            lambda record: (
+                f"{record.name!r} is {'read at every engine start' if record.warm else 'read on first use'}."
+            ),
         )
 
     def add_alias(self, name: str, alias: str) -> Task:
@@ -291,6 +347,21 @@ class LibraryView(QWidget):
         )
         if ok:
             self.import_folder(folder, name.strip() or None)
+
+    def _lifecycle(self, button: QPushButton) -> None:
+        name = self.selected_name()
+        if name is None:
+            return
+        action = button.text().lower()
+        reason, ok = QInputDialog.getText(self, f"{button.text()} {name}", "Reason (kept in the history):")
+        if ok:
+            self.change_state(name, action, reason.strip())
+
+    def _toggle_warm(self) -> None:
+        name = self.selected_name()
+        record = self.registry.find(name) if name else None
+        if record is not None:
+            self.set_warm(record.name, not record.warm)
 
     def _toggle_pin(self) -> None:
         name = self.selected_name()
