@@ -102,12 +102,13 @@ class EvaluateActions:
 class MergeActions:
     """The soak's Library actions: while the Library page shows, "Merge and export" of one demo
     adapter is kept going (the adapters in turn), every second merge cancelled as soon as it
-    starts; a merged folder is deleted once written. Errors (not cancellations) are problems."""
+    starts; a merged folder is deleted once written, and the merged adapter's "Warm at start"
+    toggled. Errors (not cancellations) are problems."""
 
     def __init__(self, window: MainWindow, folder: Path) -> None:
         self.window = window
         self.folder = folder / "merges"
-        self.started = self.finished = self.cancelled = 0
+        self.started = self.finished = self.cancelled = self.warm_toggles = 0
         self.problems: list[str] = []
         self.task = None
 
@@ -118,7 +119,8 @@ class MergeActions:
         if not names:
             return
         dialog = self.window.library.open_merge_dialog()
-        dialog.set_checked({names[self.started % len(names)]: 1.0})
+        merged = names[self.started % len(names)]
+        dialog.set_checked({merged: 1.0})
         out = self.folder / f"merge-{self.started}"
         dialog.out.setText(str(out))
         dialog.name.setText(f"soak-merge-{self.started}")
@@ -128,23 +130,39 @@ class MergeActions:
             return
         self.task = task
         self.started += 1
-        task.done.connect(lambda: self.merge_done(out))
+        task.done.connect(lambda: self.merge_done(out, merged))
         if self.started % 2 == 0:
             task.cancel()
 
-    def merge_done(self, out: Path) -> None:
+    def merge_done(self, out: Path, name: str) -> None:
         self.task = None
         dialog = self.window.library.merge_dialog
         banner = dialog.banner if dialog is not None else None
         if banner is not None and banner.kind == "success":
             self.finished += 1
             shutil.rmtree(out, ignore_errors=True)
+            self.toggle_warm(name)
         elif banner is not None and banner.text.startswith("Merge cancelled"):
             self.cancelled += 1
         else:
             self.problems.append(f"merge failed: {banner.text if banner else '?'}")
         if dialog is not None:
             dialog.close()
+
+    def toggle_warm(self, name: str) -> None:
+        library = self.window.library
+        record = library.registry.find(name)
+        if record is None:
+            return
+        task = library.set_warm(name, not record.warm)
+
+        def done() -> None:
+            if library.banner.kind == "error":
+                self.problems.append(f"warm toggle failed: {library.banner.text}")
+            else:
+                self.warm_toggles += 1
+
+        task.done.connect(done)
 
 
 class EndpointTraffic:
@@ -316,6 +334,7 @@ class Soak(QObject):
             "evaluations": self.evaluate_actions.finished if self.evaluate_actions else 0,
             "merges": self.merge_actions.finished if self.merge_actions else 0,
             "merges_cancelled": self.merge_actions.cancelled if self.merge_actions else 0,
+            "warm_toggles": self.merge_actions.warm_toggles if self.merge_actions else 0,
             "none_refs": self.none_refs,
             "rss_after_restart": self.rss_after_restart,
             "live_engines": len(live_engines()),

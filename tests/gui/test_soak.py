@@ -46,6 +46,7 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tmp_pat
     assert result["restarts"] == RESTARTS and result["compares"] >= RESTARTS, result
     assert result["evaluations"] >= 1, result
     assert result["merges"] >= 1 and result["merges_cancelled"] >= 1, result
+    assert result["warm_toggles"] >= 1, result
     assert result["chat_runs"] >= 2 and result["divergences"] >= 1, result
     assert result["strength_sweeps"] >= 1, result
     assert result["replica_compares"] >= 1 and result["replica_panels_seen"] == 2, result
