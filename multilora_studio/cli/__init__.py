@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from multilora_studio import __version__
 from multilora_studio.cli.adapters import add_adapters_command
+from multilora_studio.cli.advise import add_advise_command
 from multilora_studio.cli.bench import add_bench_command
 from multilora_studio.cli.compare import add_compare_command
 from multilora_studio.cli.eval import add_eval_command
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_merge_command(subparsers)
     add_serve_command(subparsers)
     add_bench_command(subparsers)
+    add_advise_command(subparsers)
     return parser
 
 

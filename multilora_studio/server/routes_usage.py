@@ -12,9 +12,22 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.state import require_admin, server_state
-from multilora_studio.server.usage import rows_csv
+from multilora_studio.server.usage import rows_csv, trace_lines
 
 usage_router = APIRouter(dependencies=[Depends(require_admin)])
+
+
+@usage_router.get("/v1/usage/trace")
+async def usage_trace(
+    request: Request,
+    since: float | None = Query(None, description="Unix time (seconds): only requests from then on"),
+) -> Response:
+    """Every request held (the last 100,000), one JSON object a line: the recorded traffic."""
+    if since is not None and not math.isfinite(since):
+        raise ApiError(400, "since must be a Unix time in seconds", "invalid_value", "since")
+    return PlainTextResponse(
+        trace_lines(server_state(request).usage.records(since)), media_type="application/x-ndjson"
+    )
 
 
 @usage_router.get("/v1/usage")

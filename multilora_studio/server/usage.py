@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -120,6 +121,11 @@ class UsageLedger:
             groups.setdefault((record.api_key, record.model), []).append(record)
         return [summarize(tenant, model, group) for (tenant, model), group in sorted(groups.items())]
 
+    def records(self, since: float | None = None) -> list[RequestRecord]:
+        """The requests held since ``since`` (wall clock), oldest first: the recorded traffic."""
+        with self._lock:
+            return [r for r in self._records if since is None or r.time >= since]
+
     def totals(self) -> dict[tuple[str, str], _Totals]:
         with self._lock:
             return {key: _Totals(**asdict(value)) for key, value in self._totals.items()}
@@ -144,6 +150,21 @@ def summarize(tenant: str, model: str, records: list[RequestRecord]) -> UsageRow
         latency_p95_s=_quantile([r.latency_s for r in answered], 0.95),
         cold_ttft_p95_s=_quantile([r.ttft_s for r in cold if r.status == 200 and r.ttft_s is not None], 0.95),
     )
+
+
+TRACE_FIELDS = ("time", "tenant", "model", "adapter", "status", "adapter_tier", "queue_s", "ttft_s",
+                "latency_s", "prompt_tokens", "completion_tokens", "engine_seconds")  # fmt: skip
+
+
+def trace_lines(records: Iterable[RequestRecord]) -> str:
+    """The requests as JSON lines (``TRACE_FIELDS``; ``tenant`` is the key's name): what
+    ``multilora-studio advise --trace`` replays."""
+    lines = []
+    for r in records:
+        values = (r.time, r.api_key, r.model, r.adapter, r.status, r.adapter_tier, r.queue_s, r.ttft_s,
+                  r.latency_s, r.prompt_tokens, r.completion_tokens, r.engine_seconds)  # fmt: skip
+        lines.append(json.dumps(dict(zip(TRACE_FIELDS, values, strict=True))))
+    return "".join(line + "\n" for line in lines)
 
 
 def rows_csv(rows: Iterable[UsageRow]) -> str:
