@@ -29,6 +29,7 @@ ALLOWED = {
         "divergence",
         "merge",
         "deploy",
+        "bench",
     },
     "demo": {"engine", "adapters", "default_model", "kernels"},
     "merge": {"engine", "adapters"},

@@ -78,6 +78,7 @@ class MainWindow(QMainWindow):
 
         self.library.pullRequested.connect(self.open_pull_dialog)
         self.settings.applied.connect(self.restart_engine)
+        self.monitor.advice.applyRequested.connect(self.apply_advice)
         self.host.ready.connect(self._engine_ready)
         self.metrics_timer = QTimer(self)
         self.metrics_timer.setInterval(METRICS_INTERVAL_MS)
@@ -106,6 +107,12 @@ class MainWindow(QMainWindow):
         self.monitor.update_metrics(metrics)
         self.library.update_metrics(metrics)
         self.status.refresh(metrics)
+
+    def apply_advice(self, max_loras: int, max_cpu_loras: int) -> None:
+        """The Monitor's advice into Settings, applied (the engine restarts with it)."""
+        self.settings.max_loras.setValue(max_loras)
+        self.settings.max_cpu_loras.setValue(max_cpu_loras)
+        self.settings.apply()
 
     def restart_engine(self, choice: EngineChoice) -> None:
         """Restart with new settings; a compare run stops, a running server restarts on the new engine."""

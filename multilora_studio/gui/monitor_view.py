@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 
 from multilora_studio.deploy import replicas_of
 from multilora_studio.engine import EngineMetrics
+from multilora_studio.gui.advice_panel import AdvicePanel
 from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.preferences import Preferences
 from multilora_studio.gui.replica_panel import ReplicaPanel, replica_title
@@ -67,6 +68,7 @@ class MonitorView(QWidget):
         super().__init__(parent)
         self.host = host
         self.usage = UsageTable(usage, prefs)
+        self.advice = AdvicePanel(usage, host)
         self.process = psutil.Process()
         self.times: deque[float] = deque()
         self.history: dict[str, deque[float]] = {name: deque() for name in SERIES}
@@ -117,6 +119,7 @@ class MonitorView(QWidget):
         layout.addWidget(scroll, 1)
         layout.addLayout(row)
         layout.addWidget(self.usage)
+        layout.addWidget(self.advice)
         layout.addLayout(plots, 1)
 
     def changeEvent(self, event: QEvent) -> None:

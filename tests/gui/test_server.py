@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 
 import openai
 import pytest
@@ -120,3 +121,38 @@ def test_the_monitor_shows_the_endpoints_usage_by_tenant(qtbot, open_window, tmp
     qtbot.waitUntil(lambda: window.control.state == "off", timeout=30_000)
     monitor.usage.refresh(force=True)
     assert monitor.usage.table.rowCount() == 2  # the counts outlive the server
+
+
+def test_the_advice_from_the_endpoints_traffic_applies_to_the_engine(
+    qtbot, open_window, make_prefs, tiny_choice, registry, tiny_base, tiny_adapters
+):
+    names = ("tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp")
+    for name in names:
+        registry.import_folder(tiny_adapters[name], tiny_base, max_rank=32)
+    make_prefs().set_engine_choice(replace(tiny_choice, max_loras=2, max_cpu_loras=4))
+    window = open_window()
+    view = window.server
+    view.port.setValue(free_port())
+    view.api_key.setText(KEY)
+    view.toggle.click()
+    qtbot.waitUntil(lambda: window.control.state == "on", timeout=30_000)
+    client = openai.OpenAI(base_url=view.url.text(), api_key=KEY, max_retries=0, timeout=60)
+    for i in range(12):  # three adapters in turn through two slots: every request misses
+        client.completions.create(model=names[i % 3], prompt="Hi", max_tokens=1, temperature=0)
+
+    panel = window.monitor.advice
+    window.show_page("Monitor")
+    panel.advise_button.click()
+    advice = panel.advice
+    assert advice is not None and panel.text.text().startswith("12 requests, 3 adapters")
+    assert (advice.recorded.max_loras, advice.recorded.max_cpu_loras) == (2, 4)
+    assert advice.recorded.slot_hit_rate == 0.0 and advice.recommended.max_loras >= 3
+    assert advice.recommended.slot_hit_rate > 0.5 and panel.apply_button.isEnabled()
+    panel.apply_button.click()
+    qtbot.waitUntil(lambda: window.host.state == "loading", timeout=10_000)
+    qtbot.waitUntil(lambda: window.host.state == "ready", timeout=120_000)
+    config = window.host.engine.config
+    assert (config.max_loras, config.max_cpu_loras) == (
+        advice.recommended.max_loras,
+        advice.recommended.max_cpu_loras,
+    )
