@@ -109,10 +109,12 @@ class MergeActions:
         self.window = window
         self.folder = folder / "merges"
         self.started = self.finished = self.cancelled = self.warm_toggles = 0
+        self.warm_pending: tuple[str, bool] | None = None
         self.problems: list[str] = []
         self.task = None
 
     def tick(self) -> None:
+        self.check_warm()
         if self.task is not None or self.window.page != "Library" or self.window.host.state != "ready":
             return
         names = self.window.library.names()
@@ -150,19 +152,23 @@ class MergeActions:
             dialog.close()
 
     def toggle_warm(self, name: str) -> None:
-        library = self.window.library
-        record = library.registry.find(name)
-        if record is None:
+        """Flip the adapter's *Warm at start*; ``tick`` counts it once the library shows it."""
+        record = self.window.library.registry.find(name)
+        if record is not None:
+            self.window.library.set_warm(name, not record.warm)
+            self.warm_pending = (name, not record.warm)
+
+    def check_warm(self) -> None:
+        if self.warm_pending is None:
             return
-        task = library.set_warm(name, not record.warm)
-
-        def done() -> None:
-            if library.banner.kind == "error":
-                self.problems.append(f"warm toggle failed: {library.banner.text}")
-            else:
-                self.warm_toggles += 1
-
-        task.done.connect(done)
+        name, expected = self.warm_pending
+        record = self.window.library.registry.find(name)
+        if record is not None and record.warm == expected:
+            self.warm_toggles += 1
+            self.warm_pending = None
+        elif self.window.library.banner.kind == "error":
+            self.problems.append(f"warm toggle failed: {self.window.library.banner.text}")
+            self.warm_pending = None
 
 
 class EndpointTraffic:
