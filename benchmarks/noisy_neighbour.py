@@ -1,11 +1,14 @@
 """Two tenants on one server: a quiet one's latency alone and while a noisy one floods the
 endpoint past its per-key limits (which answer it 429).
 
-    python -m benchmarks.noisy_neighbour [--requests 12] [--flood-threads 8] [--max-concurrent 2]
+    python -m benchmarks.noisy_neighbour [--requests 12] [--flood-processes 4] [--max-concurrent 2]
+
+Prompts are token ids (random weights have no tokenizer).
 
 The server runs in this process on the CPU (``random:smollm2-135m``, float32, one torch thread);
 the quiet tenant sends ``--requests`` completions of 16 tokens one after another, first alone,
-then while ``--flood-threads`` threads of the noisy tenant send completions back to back; each
+then while ``--flood-processes`` client processes of the noisy tenant send completions back to
+back (no back-off after a 429); each
 key may hold ``--max-concurrent`` requests at once. Prints the quiet tenant's latency p50 / p95
 in both phases, their ratio (target: within +50 %) and the noisy tenant's answered and refused
 requests, as JSON.
@@ -15,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
-import threading
 import time
 
 import numpy as np
@@ -33,16 +36,30 @@ def quiet_latencies(client: openai.OpenAI, model: str, requests: int) -> list[fl
     latencies = []
     for _ in range(requests):
         start = time.perf_counter()
-        client.completions.create(model=model, prompt="The quiet tenant asks", max_tokens=16, temperature=0,
+        client.completions.create(model=model, prompt=[1, 450, 1920, 301, 88], max_tokens=16, temperature=0,
                                   extra_body={"ignore_eos": True})  # fmt: skip
         latencies.append(time.perf_counter() - start)
     return latencies
 
 
+def flood(url: str, model: str, stop, answered, refused) -> None:
+    """The noisy tenant, in a process of its own: completions back to back until ``stop``."""
+    noisy = openai.OpenAI(base_url=url, api_key=NOISY, max_retries=0, timeout=120)
+    while not stop.is_set():
+        try:
+            noisy.completions.create(model=model, prompt=list(range(100, 140)), max_tokens=32, temperature=0,
+                                     extra_body={"ignore_eos": True})  # fmt: skip
+            with answered.get_lock():
+                answered.value += 1
+        except openai.RateLimitError:
+            with refused.get_lock():
+                refused.value += 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=12)
-    parser.add_argument("--flood-threads", type=int, default=8)
+    parser.add_argument("--flood-processes", type=int, default=4)
     parser.add_argument("--max-concurrent", type=int, default=2)
     args = parser.parse_args()
     config = EngineConfig(model="random:smollm2-135m", device="cpu", dtype="float32", cpu_threads=1,
@@ -58,39 +75,27 @@ def main() -> None:
         quiet = openai.OpenAI(base_url=url, api_key=QUIET, max_retries=0, timeout=120)
         quiet_latencies(quiet, engine.model_name, 2)  # warm-up
         alone = quiet_latencies(quiet, engine.model_name, args.requests)
-        stop = threading.Event()
-        counts = {"answered": 0, "refused": 0}
-        lock = threading.Lock()
-
-        def flood() -> None:
-            noisy = openai.OpenAI(base_url=url, api_key=NOISY, max_retries=0, timeout=120)
-            while not stop.is_set():
-                try:
-                    noisy.completions.create(model=engine.model_name, prompt="flood " * 20, max_tokens=32,
-                                             temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
-                    outcome = "answered"
-                except openai.RateLimitError:
-                    outcome = "refused"
-                    time.sleep(0.01)
-                with lock:
-                    counts[outcome] += 1
-
-        threads = [threading.Thread(target=flood, daemon=True) for _ in range(args.flood_threads)]
-        for thread in threads:
-            thread.start()
-        time.sleep(1.0)  # the flood is running
+        context = multiprocessing.get_context("spawn")
+        stop, answered, refused = context.Event(), context.Value("i", 0), context.Value("i", 0)
+        workers = [
+            context.Process(target=flood, args=(url, engine.model_name, stop, answered, refused))
+            for _ in range(args.flood_processes)
+        ]
+        for worker in workers:
+            worker.start()
+        time.sleep(3.0)  # the flood is running
         crowded = quiet_latencies(quiet, engine.model_name, args.requests)
         stop.set()
-        for thread in threads:
-            thread.join(120)
+        for worker in workers:
+            worker.join(120)
     result = {
         "quiet_alone_p50_s": statistics.median(alone),
         "quiet_alone_p95_s": float(np.quantile(alone, 0.95)),
         "quiet_crowded_p50_s": statistics.median(crowded),
         "quiet_crowded_p95_s": float(np.quantile(crowded, 0.95)),
         "p50_ratio": statistics.median(crowded) / statistics.median(alone),
-        "noisy_answered": counts["answered"],
-        "noisy_refused_429": counts["refused"],
+        "noisy_answered": answered.value,
+        "noisy_refused_429": refused.value,
         "max_concurrent_per_key": args.max_concurrent,
     }
     print(json.dumps(result, indent=2))
