@@ -83,14 +83,20 @@ def test_bad_server_settings_show_a_message(qtbot, open_window):
     assert window.control.state == "off" and view.toggle.text() == "Start server"
 
 
-def test_the_monitor_shows_the_endpoints_usage_by_tenant(qtbot, open_window, tmp_path):
-    window = open_window()
+def start_endpoint(qtbot, window) -> openai.OpenAI:
+    """Start the window's endpoint with ``KEY`` on a free port; a client of it."""
     view = window.server
     view.port.setValue(free_port())
     view.api_key.setText(KEY)
     view.toggle.click()
     qtbot.waitUntil(lambda: window.control.state == "on", timeout=30_000)
-    client = openai.OpenAI(base_url=view.url.text(), api_key=KEY, max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=view.url.text(), api_key=KEY, max_retries=0, timeout=60)
+
+
+def test_the_monitor_shows_the_endpoints_usage_by_tenant(qtbot, open_window, tmp_path):
+    window = open_window()
+    view = window.server
+    client = start_endpoint(qtbot, window)
     base = window.host.engine.model_name
     for _ in range(2):
         client.completions.create(model=base, prompt="Hi", max_tokens=4, temperature=0)
@@ -131,12 +137,7 @@ def test_the_advice_from_the_endpoints_traffic_applies_to_the_engine(
         registry.import_folder(tiny_adapters[name], tiny_base, max_rank=32)
     make_prefs().set_engine_choice(replace(tiny_choice, max_loras=2, max_cpu_loras=4))
     window = open_window()
-    view = window.server
-    view.port.setValue(free_port())
-    view.api_key.setText(KEY)
-    view.toggle.click()
-    qtbot.waitUntil(lambda: window.control.state == "on", timeout=30_000)
-    client = openai.OpenAI(base_url=view.url.text(), api_key=KEY, max_retries=0, timeout=60)
+    client = start_endpoint(qtbot, window)
     for i in range(12):  # three adapters in turn through two slots: every request misses
         client.completions.create(model=names[i % 3], prompt="Hi", max_tokens=1, temperature=0)
 
