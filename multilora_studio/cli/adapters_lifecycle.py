@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.adapters.score_import import read_scores
 
 TRANSITIONS = {  # action: (help, Registry method)
     "retire": ("stop serving an adapter; it stays listed with its files", "retire"),
@@ -33,6 +35,15 @@ def add_lifecycle_actions(actions: Any) -> None:
         parser = actions.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
         parser.add_argument("name", help="adapter name or alias")
         parser.set_defaults(handler=run_warm, warm=warm)
+    scores = actions.add_parser(
+        "import-scores",
+        help="record evaluation scores from a JSON file (what the quality gate reads)",
+        description='Record an adapter\'s evaluation scores from a JSON file: {"prompt_set", "prompts", '
+        '"checked", "passed", "reference_logprob"} or a list of them.',
+    )
+    scores.add_argument("name", help="adapter name or alias")
+    scores.add_argument("file", type=Path, help="the JSON file")
+    scores.set_defaults(handler=run_import_scores)
     history = actions.add_parser(
         "history",
         help="the audit log: every adapter's registrations, retirements, archives, restores and removals",
@@ -54,6 +65,17 @@ def run_transition(args: argparse.Namespace) -> int:
 def run_warm(args: argparse.Namespace) -> int:
     record = Registry().set_warm(args.name, args.warm)
     print(f"{record.name}: {'warm at start' if record.warm else 'read on first use'}")
+    return 0
+
+
+def run_import_scores(args: argparse.Namespace) -> int:
+    registry = Registry()
+    record = registry.get(args.name)
+    scores = read_scores(args.file, record.name, record.base_digest)
+    registry.record_eval_scores(scores)
+    for score in scores:
+        rate = f"{score.pass_rate:.0%}" if score.pass_rate is not None else "no checks"
+        print(f"{record.name}: {score.prompt_set} {score.passed}/{score.checked} passed ({rate})")
     return 0
 
 

@@ -3,6 +3,8 @@ evaluation, and the warm ones read into host RAM before any request."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from multilora_studio.adapters.registry import Registry
@@ -59,3 +61,29 @@ def test_the_gate_is_a_fraction(capsys, library):
         capsys.readouterr().err.strip()
         == "error: --min-pass-rate is a fraction of prompts from 0 to 1, got 80.0"
     )
+
+
+def test_scores_imported_from_json_reach_the_gate(library, engine, tmp_path, capsys):
+    path = tmp_path / "scores.json"
+    path.write_text(json.dumps([{"prompt_set": "pipeline-eval", "prompts": 10, "passed": 2}]))
+    assert main(["adapters", "import-scores", "gate-warm", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == "gate-warm: pipeline-eval 2/10 passed (20%)"
+    (latest,) = library.eval_scores("gate-warm")
+    assert (latest.prompts, latest.checked, latest.passed, latest.results_path) == (10, 10, 2, str(path))
+    pool = BasePool([engine.config], started=[engine])
+    added = serve_library(pool, demo_adapters=False, min_pass_rate=0.5)
+    try:
+        assert "gate-warm" not in added and "gate-good" in added
+    finally:
+        for name in added:
+            engine.remove_adapter(name)
+    for bad, message in (
+        ("{", "not a readable JSON file"),
+        ('{"prompts": 3}', "needs an object with a prompt_set name"),
+        ('{"prompt_set": "x", "prompts": 3, "passed": 5}', "needs passed <= checked <= prompts"),
+        ('{"prompt_set": "x", "prompts": -1}', "must be counts"),
+    ):
+        path.write_text(bad)
+        assert main(["adapters", "import-scores", "gate-warm", str(path)]) == 1
+        assert message in capsys.readouterr().err
+    assert len(library.eval_scores("gate-warm")) == 1  # nothing recorded from the bad files
