@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from multilora_studio.adapters.adapter_tokenizer import AdapterTokenizer, adapter_tokenizer
-from multilora_studio.adapters.host_cache import HostAdapterCache
+from multilora_studio.adapters.host_cache import HostAdapterCache, TierCounters
 from multilora_studio.adapters.peft_adapter import HostAdapter, inspect_peft_adapter, load_peft_adapter
 from multilora_studio.adapters.short_lived_workers import call_on_short_lived_thread
 from multilora_studio.adapters.slot_table import SlotTable
@@ -96,7 +96,8 @@ class AdapterResidency:
         self.upload_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         # Slot uploads in flight: the event that completes them, and the host copy they read
         # (kept alive, with its pinned block, until the copies have completed).
-        self._uploads: dict[str, tuple[torch.cuda.Event, PackedAdapter]] = {}
+        self._uploads: dict[str, tuple[torch.cuda.Event, PackedAdapter, torch.cuda.Event]] = {}
+        self.upload_counters = TierCounters()  # host RAM -> GPU slot: each upload's seconds
         self._pinned_loads: set[str] = set()  # pinned adapters on their way into a slot
         self.arena = self._pinned_arena(block_bytes, config.max_cpu_loras)
         self._loader_process: LoaderProcess | None = None
@@ -310,6 +311,7 @@ class AdapterResidency:
                 if not upload[0].query():
                     return Admission.LOADING
                 del self._uploads[name]  # the end of a miss, counted when the upload started
+                self.upload_counters.load_seconds.append(upload[2].elapsed_time(upload[0]) / 1000.0)
                 self.slots.release(name)
             else:
                 self.gpu_hits += 1
@@ -344,13 +346,17 @@ class AdapterResidency:
         if acquired.evicted is not None:
             log.debug("slot %d: %s evicted for %s", acquired.slot, acquired.evicted, name)
         if self.upload_stream is None:
+            started = time.perf_counter()
             self.lora.upload(acquired.slot, packed)
+            self.upload_counters.load_seconds.append(time.perf_counter() - started)
             return Admission.READY
         with torch.cuda.stream(self.upload_stream):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(self.upload_stream)
             self.lora.upload(acquired.slot, packed)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(enable_timing=True)
             done.record(self.upload_stream)
-        self._uploads[name] = (done, packed)  # keeps the slot until the copy has landed
+        self._uploads[name] = (done, packed, start)  # keeps the slot until the copy has landed
         return Admission.LOADING
 
     def _make_table_room(self, nbytes: int) -> bool:

@@ -101,4 +101,6 @@ class MetricsPublisher:
             token_table_bytes=pool.used_bytes,
             token_table_budget_bytes=pool.max_bytes,
             busy_seconds=self.busy_seconds,
+            upload_p50_s=residency.upload_counters.percentile(0.5),
+            upload_p95_s=residency.upload_counters.percentile(0.95),
         )

@@ -124,3 +124,5 @@ class EngineMetrics:
     token_table_bytes: int = 0
     token_table_budget_bytes: int = 0
     busy_seconds: float = 0.0  # the steps' seconds, schedule to sampled tokens: what requests are billed
+    upload_p50_s: float | None = None  # host RAM -> GPU slot upload of an adapter (None before one)
+    upload_p95_s: float | None = None

@@ -235,7 +235,9 @@ class MonitorView(QWidget):
             f"GPU slot hits {metrics.gpu_hits} / misses {metrics.gpu_misses} "
             f"({percent(values['gpu_hit_rate'])}) · CPU tier hits {metrics.cpu_hits} / misses "
             f"{metrics.cpu_misses} ({percent(values['cpu_hit_rate'])})",
-            f"cold load p50 {format_ms(metrics.cold_load_p50_s)} · p95 {format_ms(metrics.cold_load_p95_s)}"
+            f"cold load (disk to host) p50 {format_ms(metrics.cold_load_p50_s)} · p95 "
+            f"{format_ms(metrics.cold_load_p95_s)} · slot upload p50 {format_ms(metrics.upload_p50_s)} · "
+            f"p95 {format_ms(metrics.upload_p95_s)}"
             f" · loader {metrics.adapter_loader} x{metrics.adapter_load_workers}{exhausted}",
             f"KV cache: {used} / {metrics.kv_blocks_total} blocks used · token tables "
             f"{metrics.token_tables} / {metrics.token_tables_max} adapters, "

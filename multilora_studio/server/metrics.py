@@ -46,7 +46,15 @@ class EngineCollector(Collector):
             "Adapter load latency from disk",
             labels=["base", "replica", "quantile"],
         )
+        upload = GaugeMetricFamily(
+            "multilora_adapter_upload_seconds",
+            "Adapter upload latency from host RAM into a GPU slot",
+            labels=["base", "replica", "quantile"],
+        )
         for (base, replica), snap in snapshots:
+            for quantile, value in (("0.5", snap.upload_p50_s), ("0.95", snap.upload_p95_s)):
+                if value is not None:
+                    upload.add_metric([base, replica, quantile], value)
             for tier, hit, miss in (
                 ("gpu", snap.gpu_hits, snap.gpu_misses),
                 ("cpu", snap.cpu_hits, snap.cpu_misses),
@@ -59,6 +67,7 @@ class EngineCollector(Collector):
         yield hits
         yield misses
         yield cold
+        yield upload
         for family, table in ((GaugeMetricFamily, GAUGES), (CounterMetricFamily, COUNTERS)):
             for name, documentation, reading in table:
                 metric = family(name, documentation, labels=["base", "replica"])

@@ -52,6 +52,8 @@ async def usage(
                     "busy_seconds": snap.busy_seconds,
                     "cold_load_disk_to_host_p50_s": snap.cold_load_p50_s,
                     "cold_load_disk_to_host_p95_s": snap.cold_load_p95_s,
+                    "upload_host_to_gpu_p50_s": snap.upload_p50_s,
+                    "upload_host_to_gpu_p95_s": snap.upload_p95_s,
                     "disk_loads": snap.cpu_misses,
                 }
             )

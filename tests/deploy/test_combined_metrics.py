@@ -25,6 +25,8 @@ def test_replicas_with_and_without_cold_loads_combine():
         tokens_per_second=10.5,
         cold_load_p50_s=0.02,
         cold_load_p95_s=0.09,
+        upload_p50_s=0.002,
+        upload_p95_s=0.004,
         slots=(SlotState(0, "a", False, 1), SlotState(1, None, False, 0)),
         cpu_adapters=("a",),
     )
@@ -35,6 +37,7 @@ def test_replicas_with_and_without_cold_loads_combine():
         combined = combine_metrics(snaps)
         assert (combined.steps, combined.gpu_misses, combined.tokens_per_second) == (8, 2, 12.5)
         assert (combined.cold_load_p50_s, combined.cold_load_p95_s) == (0.02, 0.09)
+        assert (combined.upload_p50_s, combined.upload_p95_s) == (0.002, 0.004)
         assert combined.state == "running" and combined.device == "cpu,cpu"
         assert [slot.slot for slot in combined.slots] == [0, 1, 2]
         assert sorted(combined.cpu_adapters) == ["a", "b"]

@@ -51,6 +51,7 @@ def test_monitor_shows_slots_tiers_and_live_plots(
     xs, ys = monitor.curves["tokens_per_second"].getData()
     assert len(xs) == len(monitor.series("tokens_per_second")) > 3 and max(ys) > 0
     assert "tokens/s" in monitor.stats.text() and "GPU slot hits" in monitor.stats.text()
+    assert metrics.upload_p95_s is not None and "slot upload p50" in monitor.stats.text()
     loader = f"loader {metrics.adapter_loader} x{metrics.adapter_load_workers}"
     assert loader in monitor.stats.text() and metrics.adapter_load_workers >= 1
     assert metrics.kernel_compiles == 0 and "kernel compiles" not in monitor.stats.text()

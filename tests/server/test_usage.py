@@ -73,6 +73,9 @@ def test_usage_by_tenant_adds_up(serve, engine, cold_adapter):
     assert status == 200
     usage = json.loads(body)
     assert usage["complete"] and usage["bases"][0]["busy_seconds"] >= busy
+    base = usage["bases"][0]  # the cold adapter was read from disk, then uploaded into a slot
+    assert base["cold_load_disk_to_host_p95_s"] > 0 and base["upload_host_to_gpu_p95_s"] > 0
+    assert base["upload_host_to_gpu_p50_s"] <= base["upload_host_to_gpu_p95_s"]
     rows = {(row["tenant"], row["model"]): row for row in usage["data"]}
     for (tenant, model), row in rows.items():
         sent = [a for (t, m), a in zip(plan, answers, strict=True) if (t, m) == (tenant, model)]
@@ -99,6 +102,7 @@ def test_usage_by_tenant_adds_up(serve, engine, cold_adapter):
     line = 'multilora_tenant_requests_total{model="tiny-r16-mlp",tenant="team-b"} '
     assert f"{line}{float(rows[('team-b', 'tiny-r16-mlp')]['requests'])}" in text
     assert 'multilora_tenant_request_latency_seconds_count{tenant="team-a"}' in text
+    assert 'multilora_adapter_upload_seconds{base="' in text
 
     status, body = get(server, "/v1/usage?format=csv", ADMIN)
     table = list(csv.DictReader(io.StringIO(body.decode())))
