@@ -157,7 +157,7 @@ class RegistryLifecycle:
         }
         try:
             with open(partial, "wb") as raw:
-                with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+                with tarfile.open(fileobj=raw, mode="w:gz", dereference=True) as tar:  # HF cache links
                     data = json.dumps(manifest, indent=1).encode()
                     info = tarfile.TarInfo(MANIFEST)
                     info.size, info.mtime = len(data), int(time.time())

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from multilora_studio.adapters.pull import pull
 from multilora_studio.adapters.registry import LibraryError, Registry
 from multilora_studio.cli import main
 from multilora_studio.util import sha256_file
+from tests.adapter_fixtures import HUB_ORG
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,3 +131,15 @@ def test_the_lifecycle_from_the_command_line(capsys, monkeypatch, tmp_path, tiny
         "reactivated",
     ]
     assert lines[1].endswith("(replaced)")
+
+
+def test_a_hub_adapter_archives_its_files_not_the_caches_links(hub, hub_env, registry, tiny_base):
+    adapter = pull(f"{HUB_ORG}/tiny-r8-all", registry, tiny_base, name="from-hub").adapter
+    assert any(p.is_symlink() for p in adapter.path.iterdir())  # the HF cache's snapshot links
+    before = digests(adapter.path)
+    archived = registry.archive("from-hub")
+    with tarfile.open(archived.archive_path) as tar:
+        assert all(member.isfile() for member in tar.getmembers())  # the files, dereferenced
+    assert adapter.path.exists()  # the shared cache is left alone
+    restored = registry.restore("from-hub")
+    assert digests(restored.path) == before and restored.state == "retired"
