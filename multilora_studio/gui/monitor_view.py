@@ -80,7 +80,8 @@ class MonitorView(QWidget):
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setWidget(panels)
-        scroll.setMinimumHeight(200)
+        scroll.setMinimumHeight(240)
+        scroll.setMaximumHeight(380)  # about two replicas' panels; more scroll
         self.counts = QLabel()
         self.counts.setWordWrap(True)
         self.stats = QLabel("waiting for the engine…")
@@ -115,12 +116,20 @@ class MonitorView(QWidget):
             plots.addWidget(plot, index // 2, index % 2)
 
         self._style_plots()
-        layout = QVBoxLayout(self)
-        layout.addWidget(scroll, 1)
+        content = QWidget()
+        layout = QVBoxLayout(content)
+        layout.addWidget(scroll)
         layout.addLayout(row)
         layout.addWidget(self.usage)
         layout.addWidget(self.advice)
         layout.addLayout(plots, 1)
+        page = QScrollArea()  # the whole view scrolls in a small window
+        page.setWidgetResizable(True)
+        page.setFrameShape(QScrollArea.Shape.NoFrame)
+        page.setWidget(content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(page)
 
     def changeEvent(self, event: QEvent) -> None:
         if event.type() == QEvent.Type.PaletteChange:  # the OS switched light/dark

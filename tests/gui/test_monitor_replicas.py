@@ -4,6 +4,7 @@ adapter on one replica."""
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import replace
 
 from multilora_studio.deploy import ReplicaSet
@@ -72,10 +73,12 @@ def test_replicas_from_settings_answer_like_one_engine_and_show_in_the_monitor(
     assert f"device: {engine_device},{engine_device}" == window.status.device.text()
     save_screenshot(window, "monitor-replicas")
 
+    replicas = [weakref.ref(replica) for replica in engine.replicas]
     settings.devices.setText("")
     assert settings.apply()
     wait_ready(qtbot, window)
     assert not isinstance(window.host.engine, ReplicaSet)
     qtbot.waitUntil(lambda: len(monitor.panels) == 1, timeout=5000)
     del engine  # the replica set: only the window may still hold it, and it must not
-    assert live_engines() == [window.host.engine]  # the set's engines were freed
+    live_engines()  # collects, frozen objects included
+    assert [ref() for ref in replicas] == [None, None]  # the set's engines were freed
