@@ -311,7 +311,7 @@ class AdapterResidency:
                 if not upload[0].query():
                     return Admission.LOADING
                 del self._uploads[name]  # the end of a miss, counted when the upload started
-                self.upload_counters.load_seconds.append(upload[2].elapsed_time(upload[0]) / 1000.0)
+                self.upload_counters.record(upload[2].elapsed_time(upload[0]) / 1000.0)
                 self.slots.release(name)
             else:
                 self.gpu_hits += 1
@@ -348,7 +348,7 @@ class AdapterResidency:
         if self.upload_stream is None:
             started = time.perf_counter()
             self.lora.upload(acquired.slot, packed)
-            self.upload_counters.load_seconds.append(time.perf_counter() - started)
+            self.upload_counters.record(time.perf_counter() - started)
             return Admission.READY
         with torch.cuda.stream(self.upload_stream):
             start = torch.cuda.Event(enable_timing=True)

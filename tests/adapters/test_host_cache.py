@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from multilora_studio.adapters.host_cache import HostAdapterCache, TierCounters
+from multilora_studio.adapters.host_cache import LATENCY_WINDOW, HostAdapterCache, TierCounters
 from multilora_studio.adapters.peft_adapter import AdapterError, HostAdapter
 
 WAIT_S = 10.0
@@ -322,3 +322,13 @@ def test_holds_loading_and_eviction_candidate_change_nothing(cache, loader, read
     ready.wait_for(1)
     assert cache.holds("c") and not cache.loading("c") and cache.loads_in_flight == 0
     assert cache.eviction_candidate() == "a"
+
+
+def test_load_latency_quantiles_are_of_the_recent_loads_only():
+    counters = TierCounters()
+    for _ in range(3 * LATENCY_WINDOW):
+        counters.record(10.0)  # old, slow loads
+    for _ in range(LATENCY_WINDOW):
+        counters.record(0.001)
+    assert len(counters.load_seconds) < 2 * LATENCY_WINDOW  # bounded memory
+    assert counters.percentile(0.95) == 0.001  # the window holds only the recent loads
