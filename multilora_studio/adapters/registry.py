@@ -307,7 +307,7 @@ class Registry(RegistryLifecycle):
         """Forget an adapter; an imported copy is deleted, a Hub snapshot stays in the shared HF cache."""
         record = self.get(name)
         trash = self.adapters_dir / f"{TRASH_PREFIX}{record.id}"
-        owned = record.source_kind == "local" and record.path.parent == self.adapters_dir
+        owned = self.owns_folder(record)
         self.check_writable()
         try:
             with writing(self.lock_path):

@@ -68,6 +68,7 @@ class RegistryLifecycle:
     """The lifecycle half of ``Registry`` (its connections and records)."""
 
     root: Path
+    adapters_dir: Path
 
     def get(self, name: str) -> AdapterRecord:  # pragma: no cover - Registry's
         raise NotImplementedError
@@ -81,6 +82,11 @@ class RegistryLifecycle:
     @property
     def archives_dir(self) -> Path:
         return self.root / ARCHIVES_DIR
+
+    def owns_folder(self, record: AdapterRecord) -> bool:
+        """Whether the library made ``record``'s folder (an import's copy: its to delete); a Hub
+        snapshot belongs to the shared HF cache."""
+        return record.source_kind == "local" and record.path.parent == self.adapters_dir
 
     # ---------------------------------------------------------------- the audit log
 
@@ -177,7 +183,7 @@ class RegistryLifecycle:
                 (ARCHIVED, str(final), digest, record.id),
             )
             self.record_event(conn, record.id, record.name, "archived", reason)
-        if record.source_kind == "local" and record.path.parent == self.root / "adapters":
+        if self.owns_folder(record):
             shutil.rmtree(record.path, ignore_errors=True)
         return self.get(record.name)
 

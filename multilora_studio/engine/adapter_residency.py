@@ -275,8 +275,8 @@ class AdapterResidency:
     # ---------------------------------------------------------------- residency (worker thread)
 
     def tier_of(self, name: str | None) -> str | None:
-        """Where ``name``'s weights are now: "gpu" (a slot), "host" (the host tier), "loading"
-        (a disk read in flight) or "disk"; None for the base model."""
+        """Where ``name``'s weights are now, one of ``ADAPTER_TIERS``: "gpu" (a slot), "host" (the
+        host tier), "loading" (a disk read in flight) or "disk"; None for the base model."""
         if name is None:
             return None
         if self.slots.slot_of(name) is not None:

@@ -6,6 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+# where a request's adapter was when it arrived (RequestOutput.adapter_tier), coldest first
+ADAPTER_TIERS = ("disk", "loading", "host", "gpu")
+
 
 class TokenLogprob(NamedTuple):
     """One token's log-probability under the model (raw logits, before any sampling filter).

@@ -28,6 +28,7 @@ from multilora_studio.engine import (
     TokenLogprob,
 )
 from multilora_studio.engine.grammar import GRAMMAR_FAILED
+from multilora_studio.engine.outputs import ADAPTER_TIERS
 from multilora_studio.server.context_window import check_fits
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.logprob_shapes import ScoreOptions
@@ -35,7 +36,6 @@ from multilora_studio.server.request_log import RequestRecord
 from multilora_studio.server.state import ModelTarget, ServerState
 from multilora_studio.server.structured import structure_field
 from multilora_studio.server.token_text import TokenText
-from multilora_studio.server.usage import TIER_WARMTH
 
 log = logging.getLogger(__name__)
 
@@ -352,7 +352,7 @@ class Job:
                 self.ttft,
                 error,
                 engine_seconds=sum(output.engine_seconds for output in outputs),
-                adapter_tier=min(tiers, key=TIER_WARMTH.index) if tiers else None,
+                adapter_tier=min(tiers, key=ADAPTER_TIERS.index) if tiers else None,
                 queue_s=max(queues) if queues else None,
             )
         )

@@ -26,10 +26,10 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from multilora_studio.engine.outputs import ADAPTER_TIERS
 from multilora_studio.server.request_log import RequestRecord
 
-TIER_WARMTH = ("disk", "loading", "host", "gpu")  # where an adapter was, coldest first
-COLD_TIERS = TIER_WARMTH[:2]  # not in host RAM or a slot when the request came: read from disk
+COLD_TIERS = ADAPTER_TIERS[:2]  # not in host RAM or a slot when the request came: read from disk
 UNKNOWN_MODEL = "unknown"
 
 
