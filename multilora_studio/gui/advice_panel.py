@@ -8,6 +8,7 @@ from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBox
 
 from multilora_studio.bench.advisor import Advice, TraceRequest, advise, render
 from multilora_studio.gui.engine_host import EngineHost
+from multilora_studio.gui.tasks import Task
 from multilora_studio.server.usage import UsageLedger
 
 
@@ -38,8 +39,9 @@ class AdvicePanel(QGroupBox):
         layout.addLayout(buttons)
         layout.addWidget(self.text)
 
-    def compute(self) -> Advice | None:
-        """Advice for the traffic recorded so far, against the running engine's settings."""
+    def compute(self) -> Task:
+        """Advice for the traffic recorded so far, against the running engine's settings, on a
+        task thread (a replay of 100,000 requests takes seconds); shown when it is done."""
         trace = [
             TraceRequest(r.time, r.adapter, r.adapter_tier, r.ttft_s, r.latency_s)
             for r in self.usage.records()
@@ -47,24 +49,29 @@ class AdvicePanel(QGroupBox):
         ]
         engine = self.host.engine
         recorded = (engine.config.max_loras, engine.config.max_cpu_loras or 0) if engine is not None else None
-        try:
-            self.advice = advise(trace, recorded=recorded) if trace else None
-        except ValueError as error:  # no adapter requests yet
-            self.advice = None
-            self.text.setText(str(error))
-        else:
-            self.text.setText(render(self.advice) if self.advice else "No requests recorded yet.")
-        changes = (
-            self.advice is not None
-            and recorded is not None
-            and (
-                self.advice.recommended.max_loras,
-                self.advice.recommended.max_cpu_loras,
+        self.advice = None
+        self.advise_button.setEnabled(False)
+        self.apply_button.setEnabled(False)
+        self.text.setText(f"Replaying {len(trace)} requests…")
+
+        def shown(advice: Advice | None) -> None:
+            self.advice = advice
+            self.text.setText(render(advice) if advice else "No requests recorded yet.")
+            settings = (advice.recommended.max_loras, advice.recommended.max_cpu_loras) if advice else None
+            self.apply_button.setEnabled(
+                settings is not None and recorded is not None and settings != recorded
             )
-            != recorded
+
+        def refused(message: str) -> None:  # no adapter requests yet
+            self.text.setText(message)
+
+        return self.host.tasks.run(
+            "advise",
+            lambda task: advise(trace, recorded=recorded) if trace else None,
+            shown,
+            refused,
+            on_done=lambda: self.advise_button.setEnabled(True),
         )
-        self.apply_button.setEnabled(bool(changes))
-        return self.advice
 
     def _apply(self) -> None:
         if self.advice is not None:

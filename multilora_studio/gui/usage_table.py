@@ -50,6 +50,7 @@ class UsageTable(QGroupBox):
         self.prefs = prefs
         self.rows: list[UsageRow] = []
         self._refreshed = 0.0
+        self._version = -1  # the ledger's version last shown
         self.price = QDoubleSpinBox(minimum=0.0, maximum=10_000.0, decimals=2, singleStep=0.1)
         self.price.setPrefix("$")
         self.price.setSuffix(" per GPU-hour")
@@ -75,9 +76,9 @@ class UsageTable(QGroupBox):
 
     def refresh(self, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - self._refreshed < REFRESH_S:
-            return
-        self._refreshed = now
+        if not force and (now - self._refreshed < REFRESH_S or self.usage.version == self._version):
+            return  # summarising up to 100,000 records is only worth it when some were added
+        self._refreshed, self._version = now, self.usage.version
         self.rows = self.usage.rows()
         self._fill()
 

@@ -85,6 +85,7 @@ class UsageLedger:
         self._records: deque[RequestRecord] = deque(maxlen=maxlen)
         self._totals: dict[tuple[str, str], _Totals] = {}
         self._dropped = 0  # records that left the window (the oldest retained is later)
+        self.version = 0  # counts the records added: a view re-reads only when it moved
 
     def add(self, record: RequestRecord, served: bool) -> None:
         """Count ``record``; ``served``: whether its model is one the server serves (else it
@@ -95,6 +96,7 @@ class UsageLedger:
             if len(self._records) == self._records.maxlen:
                 self._dropped += 1
             self._records.append(record)
+            self.version += 1
             totals = self._totals.setdefault((record.api_key, record.model), _Totals())
             totals.requests += 1
             totals.errors += record.status != 200

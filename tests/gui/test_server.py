@@ -144,6 +144,7 @@ def test_the_advice_from_the_endpoints_traffic_applies_to_the_engine(
     panel = window.monitor.advice
     window.show_page("Monitor")
     panel.advise_button.click()
+    qtbot.waitUntil(lambda: panel.advice is not None, timeout=30_000)  # replayed on a task thread
     advice = panel.advice
     assert advice is not None and panel.text.text().startswith("12 requests, 3 adapters")
     assert (advice.recorded.max_loras, advice.recorded.max_cpu_loras) == (2, 4)
