@@ -67,7 +67,7 @@ def test_the_windows_defaults_are_engine_configs():
     choice = EngineChoice()
     for name in ("device", "dtype", "max_loras", "max_lora_rank"):
         assert getattr(choice, name) == ENGINE[name]
-    assert choice.max_cpu_loras == 0 and ENGINE["max_cpu_loras"] is None  # both mean 2 x max_loras
+    assert choice.max_cpu_loras == 0 and ENGINE["max_cpu_loras"] is None  # both: sized from host memory
     # the one exception: the window compares outputs across batches, so it runs batch-invariant
     assert choice.batch_invariant and not ENGINE["batch_invariant"]
     assert choice.engine_config(None) == EngineConfig(batch_invariant=True)

@@ -110,6 +110,7 @@ class HostAdapterCache(Generic[AdapterT]):
         self._loader = loader
         self._on_ready = on_ready
         self._entries: OrderedDict[str, AdapterT] = OrderedDict()
+        self._bytes = 0  # of the entries
         self._pending: dict[str, object] = {}  # name -> ticket of its load in flight
         self._errors: dict[str, _Failure] = {}
         self._fresh: set[str] = set()  # loaded after a miss and not looked up since
@@ -147,6 +148,12 @@ class HostAdapterCache(Generic[AdapterT]):
         with self._lock:
             return len(self._pending)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the adapters held now."""
+        with self._lock:
+            return self._bytes
+
     def names(self) -> list[str]:
         with self._lock:
             return list(self._entries)
@@ -176,11 +183,17 @@ class HostAdapterCache(Generic[AdapterT]):
 
     def _insert(self, adapter: AdapterT) -> None:
         self._pending.pop(adapter.name, None)  # a load still in flight would be older than this
+        self._drop(adapter.name)
         self._entries[adapter.name] = adapter
-        self._entries.move_to_end(adapter.name)
+        self._bytes += adapter.nbytes
         self._errors.pop(adapter.name, None)
         while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, name: str) -> None:
+        dropped = self._entries.pop(name, None)
+        if dropped is not None:
+            self._bytes -= dropped.nbytes
 
     def lookup(self, name: str, path: Path) -> AdapterT | None:
         """The adapter if resident (a hit); otherwise start loading it (a miss) and return None."""
@@ -230,7 +243,7 @@ class HostAdapterCache(Generic[AdapterT]):
     def discard(self, name: str) -> None:
         with self._lock:
             self._fresh.discard(name)
-            self._entries.pop(name, None)
+            self._drop(name)
             self._errors.pop(name, None)
             self._pending.pop(name, None)
 

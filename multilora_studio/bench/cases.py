@@ -52,7 +52,7 @@ class BenchOptions:
     output_len: tuple[int, int] = (32, 32)
     sweep_adapters: tuple[int, ...] = ()
     sweep_rate: float = math.inf
-    requests: int | None = None
+    requests: tuple[int, ...] = ()  # requests of each inf-rate case; several: one sweep case each
     seed: int = 0
     slo: Slo = field(default_factory=Slo)
     baseline: str | None = None
@@ -90,8 +90,10 @@ class BenchOptions:
             raise ValueError(f"--rounds must be >= 1, got {self.latency_rounds}")
         if not self.patterns and not self.online and not self.sweep_adapters and not self.latency:
             self.patterns = PATTERNS
-        if self.requests is None:
-            self.requests = 4 * self.batch
+        if not self.requests:
+            self.requests = (4 * self.batch,)
+        if any(n < 1 for n in self.requests):
+            raise ValueError("--requests lists numbers of requests >= 1")
         if self.baseline not in (None, "peft"):
             raise ValueError(f"--baseline knows only 'peft', got {self.baseline!r}")
         if self.baseline and self.endpoint:
@@ -160,14 +162,18 @@ def build_cases(options: BenchOptions, vocab_size: int = 10000) -> list[Case]:
         name = f"online n={options.num_adapters} rate={rate:g}"
         cases.append(_online_case(options, name, "online", options.num_adapters, rate, vocab_size))
     for count in options.sweep_adapters:
-        name = f"sweep n={count}"
-        cases.append(_online_case(options, name, "sweep", count, options.sweep_rate, vocab_size))
+        for depth in options.requests:  # a queue-depth sweep when there are several
+            name = f"sweep n={count}" + (f" requests={depth}" if len(options.requests) > 1 else "")
+            rate = options.sweep_rate
+            cases.append(_online_case(options, name, "sweep", count, rate, vocab_size, depth))
     return cases
 
 
-def _online_case(options: BenchOptions, name: str, kind: str, count: int, rate: float, vocab: int) -> Case:
+def _online_case(
+    options: BenchOptions, name: str, kind: str, count: int, rate: float, vocab: int, requests: int = 0
+) -> Case:
     rng = case_rng(options.seed, name)
-    requests = online_workload(
+    workload = online_workload(
         count,
         options.alpha,
         rate,
@@ -176,9 +182,9 @@ def _online_case(options: BenchOptions, name: str, kind: str, count: int, rate: 
         options.input_len,
         options.output_len,
         rng,
-        num_requests=options.requests,
+        num_requests=requests or options.requests[0],
     )
-    if not requests:
+    if not workload:
         raise ValueError(f"{name}: no request arrives within {options.duration} s; raise --duration")
     params = {
         "num_adapters": count,
@@ -187,4 +193,4 @@ def _online_case(options: BenchOptions, name: str, kind: str, count: int, rate: 
         "cv": None if math.isinf(rate) else options.cv,
         "arrival_window_s": None if math.isinf(rate) else options.duration,
     }
-    return _case(name, kind, requests, rng, params, vocab)
+    return _case(name, kind, workload, rng, params, vocab)

@@ -244,7 +244,8 @@ async def _run_cases(
 def _prefetch_host(engine: Engine, case: Case, names: Sequence[str]) -> int:
     """Read the case's most popular adapters into host RAM before it runs, as many as the
     host tier holds (S-LoRA measures with every adapter in host memory); returns how many."""
-    count = min(case.pool_size, engine.config.max_cpu_loras or 0)
+    snapshot = engine.metrics(fresh=True)
+    count = min(case.pool_size, snapshot.cpu_capacity if snapshot is not None else 0)
     wanted = [names[k] for k in reversed(range(count))]  # the most popular loaded last: kept longest
     failed = {name: error for name, error in engine.prefetch_adapters(wanted).items() if error}
     if failed:

@@ -59,7 +59,10 @@ def add_bench_command(subparsers: Subcommands) -> None:
         help="GPU adapter slots (default: %(default)s)",
     )
     setup.add_argument(
-        "--max-cpu-loras", type=int, default=None, help="adapters in host RAM (default 2x slots)"
+        "--max-cpu-loras",
+        type=int,
+        default=engine_default("max_cpu_loras"),
+        help="adapters in host RAM (default: sized from free host memory, --cpu-lora-memory-fraction)",
     )
     setup.add_argument(
         "--load-workers", type=int, default=None, help="adapter loads from disk at once (default: automatic)"
@@ -102,7 +105,11 @@ def add_bench_command(subparsers: Subcommands) -> None:
     work.add_argument("--output-len", default="32", help="output tokens: N or LOW:HIGH")
     work.add_argument("--sweep-adapters", default=None, help="numbers of adapters, e.g. 1,8,32,128")
     work.add_argument("--sweep-rate", default="inf", help="rate of the sweep (inf: all at once)")
-    work.add_argument("--requests", type=int, default=None, help="requests per inf-rate case (4x batch)")
+    work.add_argument(
+        "--requests",
+        default=None,
+        help="requests per inf-rate case (default 4x batch); a list (256,4096,16384) sweeps the queue depth",
+    )
     work.add_argument("--seed", type=int, default=0, help="seed of the workload and the adapter weights")
     work.add_argument("--no-warmup", action="store_true", help="measure the first batch too")
     work.add_argument(
@@ -176,7 +183,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         if args.sweep_adapters
         else (),
         sweep_rate=parse_list(args.sweep_rate, float, "--sweep-rate")[0],
-        requests=args.requests,
+        requests=parse_list(args.requests, int, "--requests") if args.requests else (),
         seed=args.seed,
         slo=Slo(args.ttft_slo_ms / 1e3 or None, args.tpot_slo_ms / 1e3 or None),
         baseline=args.baseline,
@@ -209,7 +216,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         if options.baseline == "peft" and importlib.util.find_spec("peft") is None:
             raise ValueError("--baseline peft needs peft: pip install 'multilora-studio[bench]'")
         if math.isinf(options.sweep_rate) and options.sweep_adapters:
-            log.info("sweep: %d requests per case, all at once", options.requests)
+            log.info("sweep: %s requests per case, all at once", ",".join(map(str, options.requests)))
         checkpoint = (lambda partial: write_json(partial, args.json)) if args.json is not None else None
         report = run_bench(options, checkpoint)
         if args.json is not None:

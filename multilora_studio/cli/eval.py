@@ -205,12 +205,11 @@ def rerun_config(config: EngineConfig, record: EngineRecord | None) -> EngineCon
     """``config`` with the recorded dtype, slots, rank and batch invariance (as given without a record)."""
     if record is None:
         return config
-    assert config.max_cpu_loras is not None  # set by EngineConfig's validation
     return dataclasses.replace(
         config,
         dtype=record.dtype,
         max_loras=record.max_loras,
-        max_cpu_loras=max(config.max_cpu_loras, record.max_loras),
+        max_cpu_loras=None if config.max_cpu_loras is None else max(config.max_cpu_loras, record.max_loras),
         max_lora_rank=record.max_lora_rank,
         batch_invariant=config.batch_invariant if record.batch_invariant is None else record.batch_invariant,
     )

@@ -17,6 +17,7 @@ FLAGS = {
     "max_loras": "--max-loras",
     "max_lora_rank": "--max-lora-rank",
     "max_cpu_loras": "--max-cpu-loras",
+    "cpu_lora_memory_fraction": "--cpu-lora-memory-fraction",
     "max_model_len": "--max-model-len",
     "max_token_tables": "--max-token-tables",
     "token_table_memory_gb": "--token-table-gb",

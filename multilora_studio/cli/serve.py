@@ -272,7 +272,9 @@ def serve_library(
             if record.warm:
                 warm.setdefault(base, []).append(record.name)
     for base, engine in pool.resident():
-        room = engine.config.max_cpu_loras or 0  # the host tier holds this many: the first ones
+        snapshot = engine.metrics(fresh=True)
+        # the host tier holds this many: the first ones (a Ray deployment's LRU takes them all)
+        room = snapshot.cpu_capacity if snapshot is not None else len(warm.get(base, []))
         for name, failure in engine.prefetch_adapters(warm.get(base, [])[:room]).items():
             if failure is not None:
                 log.warning("warm adapter %s not read: %s", name, failure)

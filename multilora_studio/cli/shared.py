@@ -72,7 +72,15 @@ def add_engine_arguments(
         "--max-cpu-loras",
         type=int,
         default=engine_default("max_cpu_loras"),
-        help="adapters kept in host RAM (default: 2 x --max-loras)",
+        help="adapters kept in host RAM (default: as many as fit in --cpu-lora-memory-fraction of the "
+        "free host memory, at least 2 x --max-loras)",
+    )
+    parser.add_argument(
+        "--cpu-lora-memory-fraction",
+        type=float,
+        default=engine_default("cpu_lora_memory_fraction"),
+        help="share of the free host memory the adapter tier may fill without --max-cpu-loras "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--max-model-len",
@@ -151,6 +159,7 @@ def engine_config(args: argparse.Namespace, model: str | None = None) -> EngineC
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras,
+        cpu_lora_memory_fraction=args.cpu_lora_memory_fraction,
         max_model_len=args.max_model_len,
         batch_invariant=args.batch_invariant,
         max_token_tables=args.max_token_tables,

@@ -26,7 +26,7 @@ from ray.serve.handle import DeploymentHandle
 from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.deploy.base_pool import BasePool
 from multilora_studio.deploy.ray_engine import EngineFacts, RemoteEngine, engine_replica_class
-from multilora_studio.engine import EngineConfig
+from multilora_studio.engine import EngineConfig, least_host_capacity
 from multilora_studio.server.app import create_app
 from multilora_studio.server.config import ServerConfig
 from multilora_studio.server.runner import build_server_state
@@ -84,7 +84,6 @@ class OpenAIIngress:
 def build_app(options: RayServeOptions) -> Application:
     """The application to ``serve.run``: the ingress bound to the engine deployment."""
     config = options.engine
-    assert config.max_cpu_loras is not None  # set by EngineConfig's validation
     gpus = options.gpus_per_replica
     if gpus is None:
         gpus = 0.0 if config.device == "cpu" else 1.0
@@ -103,7 +102,7 @@ def build_app(options: RayServeOptions) -> Application:
         max_ongoing_requests=config.max_num_seqs,
         ray_actor_options={"num_gpus": gpus, "num_cpus": options.cpus_per_replica},
         **scale,
-    )(engine_replica_class(config.max_cpu_loras))
+    )(engine_replica_class(least_host_capacity(config)))
     ingress = serve.deployment(
         name=INGRESS_DEPLOYMENT,
         num_replicas=1,  # the per-key limits are counted in one place

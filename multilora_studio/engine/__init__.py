@@ -10,6 +10,7 @@ from multilora_studio.engine.config import (
 )
 from multilora_studio.engine.device_setup import resolve_device, resolve_dtype
 from multilora_studio.engine.engine import Engine
+from multilora_studio.engine.host_tier_size import least_host_capacity
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta, TokenLogprob
 from multilora_studio.engine.prompts import Prompt
 from multilora_studio.engine.requests import RequestStream
@@ -32,6 +33,7 @@ __all__ = [
     "StructuredOutput",
     "TokenDelta",
     "TokenLogprob",
+    "least_host_capacity",
     "resolve_device",
     "resolve_dtype",
 ]

@@ -14,7 +14,7 @@ import logging
 import re
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,7 @@ from multilora_studio.adapters.short_lived_workers import call_on_short_lived_th
 from multilora_studio.adapters.slot_table import SlotTable
 from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.host_threads import loader_threads
+from multilora_studio.engine.host_tier_size import available_host_memory, host_tier_capacity
 from multilora_studio.engine.loader_process import LoaderProcess, staging_buffers_that_fit
 from multilora_studio.engine.lora_weights import (
     LoRASlotWeights,
@@ -74,7 +75,6 @@ class AdapterResidency:
         wake: Callable[[], None],
         base_tokenizer: Any = None,
     ) -> None:
-        assert config.max_cpu_loras is not None  # set by EngineConfig's validation
         self.config = config
         self.spec = spec
         self.model_name = model_name
@@ -90,16 +90,20 @@ class AdapterResidency:
         # host bytes of one adapter of max_lora_rank on every projection: a pinned block, a staging buffer
         block_bytes = max_packed_bytes(spec, config.max_lora_rank, dtype)
         self.loader, self.load_workers = self._choose_loader(block_bytes)
+        self.host_capacity = host_tier_capacity(config, block_bytes, available_host_memory())
         self.host_cache: HostAdapterCache[PackedAdapter] = HostAdapterCache(
-            config.max_cpu_loras, self._load, wake, self.load_workers
+            self.host_capacity, self._load, wake, self.load_workers
         )
+        # Adapters of queued requests that were on disk when they arrived, in arrival order:
+        # read into the host tier ahead of admission (``look_ahead``).
+        self._lookahead: deque[str] = deque()
         self.upload_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         # Slot uploads in flight: the event that completes them, and the host copy they read
         # (kept alive, with its pinned block, until the copies have completed).
         self._uploads: dict[str, tuple[torch.cuda.Event, PackedAdapter, torch.cuda.Event]] = {}
         self.upload_counters = TierCounters()  # host RAM -> GPU slot: each upload's seconds
         self._pinned_loads: set[str] = set()  # pinned adapters on their way into a slot
-        self.arena = self._pinned_arena(block_bytes, config.max_cpu_loras)
+        self.arena = self._pinned_arena(block_bytes, self.host_capacity)
         self._loader_process: LoaderProcess | None = None
         if self.loader == "process":
             self._loader_process = LoaderProcess(
@@ -154,10 +158,13 @@ class AdapterResidency:
 
     def _pinned_arena(self, block_bytes: int, host_slots: int) -> PinnedArena | None:
         """Pinned blocks of ``block_bytes`` for the host tier on CUDA: one per host slot, one
-        per load in flight and one more for an upload in flight."""
+        per load in flight and one more for an upload in flight; those of twice the GPU slots
+        pinned now, the rest as the tier fills."""
         if self.device.type != "cuda":
             return None
-        return PinnedArena.for_tier(block_bytes, host_slots + self.load_workers + 1)
+        spare = self.load_workers + 1
+        first = min(host_slots, 2 * self.config.max_loras) + spare
+        return PinnedArena.for_tier(block_bytes, host_slots + spare, first_blocks=first)
 
     # ---------------------------------------------------------------- the adapters added (any thread)
 
@@ -288,6 +295,30 @@ class AdapterResidency:
     def want(self, name: str | None) -> None:
         """A request for ``name`` was queued."""
         self._wanted[name] += 1
+        if name is not None and self.tier_of(name) == "disk":
+            self._lookahead.append(name)
+
+    def look_ahead(self) -> None:
+        """Read the adapters of queued requests into the host tier in arrival order, before
+        their requests are admitted, while loaders are free and the tier has room that no
+        queued or running request's adapter holds (S-LoRA's prefetch for the queue).
+
+        Each queued adapter is looked at once here: the cost follows the loads, not the queue.
+        """
+        host = self.host_cache
+        while self._lookahead and host.loads_in_flight < self.load_workers:
+            name = self._lookahead[0]
+            if name not in self._wanted or self.tier_of(name) != "disk":
+                self._lookahead.popleft()  # served, loaded or loading meanwhile
+                continue
+            victim = host.eviction_candidate()
+            if victim is not None and victim in self._wanted:
+                return  # the tier is full of adapters that requests wait for: wait for room
+            self._lookahead.popleft()
+            with self._lock:
+                info = self._adapters.get(name)
+            if info is not None and host.error_of(name) is None:
+                host.lookup(name, info.path)
 
     def unwant(self, name: str | None) -> None:
         """A request for ``name`` finished."""

@@ -65,7 +65,11 @@ class EngineConfig:
     dtype: str = "auto"
     max_loras: int = 8
     max_lora_rank: int = 16
+    # Adapters kept in host RAM (the tier between the GPU slots and the disk). None: as many
+    # adapters of max_lora_rank as fit in cpu_lora_memory_fraction of the host memory available
+    # when the engine starts, at least 2 x max_loras (engine/host_tier_size.py).
     max_cpu_loras: int | None = None
+    cpu_lora_memory_fraction: float = 0.25
     max_num_seqs: int = 64
     max_model_len: int = 2048
     max_num_batched_tokens: int = 2048
@@ -128,11 +132,13 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}")
         _check_int("max_loras", self.max_loras, 1, MAX_SLOTS)
         _check_int("max_lora_rank", self.max_lora_rank, 1, 512)
-        if self.max_cpu_loras is None:
-            self.max_cpu_loras = 2 * self.max_loras
-        _check_int("max_cpu_loras", self.max_cpu_loras, 1)
-        if self.max_cpu_loras < self.max_loras:
-            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
+        if self.max_cpu_loras is not None:
+            _check_int("max_cpu_loras", self.max_cpu_loras, 1)
+            if self.max_cpu_loras < self.max_loras:
+                raise ValueError(
+                    f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+                )
+        _check_number("cpu_lora_memory_fraction", self.cpu_lora_memory_fraction, 0, 0.9, low_inclusive=False)
         _check_int("max_num_seqs", self.max_num_seqs, 1, 4096)
         _check_int("max_model_len", self.max_model_len, 16, 1 << 20)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, 1 << 20)

@@ -84,6 +84,8 @@ class MetricsPublisher:
             preemptions=self.preemptions,
             slots=tuple(SlotState(s.slot, s.adapter, s.pinned, s.in_use) for s in residency.slots.snapshot()),
             cpu_adapters=tuple(residency.host_cache.names()),
+            cpu_capacity=residency.host_capacity,
+            cpu_bytes=residency.host_cache.nbytes,
             gpu_hits=residency.gpu_hits,
             gpu_misses=residency.gpu_misses,
             cpu_hits=counters.hits,

@@ -129,3 +129,5 @@ class EngineMetrics:
     busy_seconds: float = 0.0  # the steps' seconds, schedule to sampled tokens: what requests are billed
     upload_p50_s: float | None = None  # host RAM -> GPU slot upload of an adapter (None before one)
     upload_p95_s: float | None = None
+    cpu_capacity: int = 0  # adapters the host tier holds (max_cpu_loras, or sized from host memory)
+    cpu_bytes: int = 0  # host memory its adapters take now

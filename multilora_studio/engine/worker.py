@@ -107,6 +107,7 @@ class EngineWorker:
             if not self._drain_commands():
                 return
             self._fail_unloadable_adapters()
+            self.residency.look_ahead()
             pinned_loading = self.residency.load_pinned()
             if not self.scheduler.has_work:
                 self.metrics.publish(force=True)

@@ -48,7 +48,8 @@ class AdvicePanel(QGroupBox):
             if r.status == 200
         ]
         engine = self.host.engine
-        recorded = (engine.config.max_loras, engine.config.max_cpu_loras or 0) if engine is not None else None
+        snapshot = engine.metrics() if engine is not None else None
+        recorded = (engine.config.max_loras, snapshot.cpu_capacity) if engine and snapshot else None
         self.advice = None
         self.advise_button.setEnabled(False)
         self.apply_button.setEnabled(False)

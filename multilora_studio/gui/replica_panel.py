@@ -50,6 +50,6 @@ def replica_title(label: str, metrics: EngineMetrics | None, replicas: int) -> s
     state = "" if metrics.state == "running" else f" ({metrics.state})"
     return (
         f"Replica {label} on {metrics.device}{state}: {held} / {len(metrics.slots)} slots held, "
-        f"{len(metrics.cpu_adapters)} adapters in CPU RAM, {metrics.running} running, "
-        f"{metrics.waiting} waiting"
+        f"{len(metrics.cpu_adapters)} / {metrics.cpu_capacity} adapters in CPU RAM, "
+        f"{metrics.running} running, {metrics.waiting} waiting"
     )

@@ -98,6 +98,12 @@ GAUGES: tuple[tuple[str, str, Reading], ...] = (
     ),
     ("multilora_gpu_slots_total", "Adapter slots", lambda s: len(s.slots)),
     ("multilora_cpu_adapters", "Adapters held in host RAM", lambda s: len(s.cpu_adapters)),
+    (
+        "multilora_cpu_adapters_capacity",
+        "Adapters the host RAM tier holds (max_cpu_loras, or sized from host memory)",
+        lambda s: s.cpu_capacity,
+    ),
+    ("multilora_cpu_adapter_bytes", "Host memory of the adapters in host RAM", lambda s: s.cpu_bytes),
     ("multilora_device_memory_bytes", "Device memory allocated", lambda s: s.device_memory_bytes),
     (
         "multilora_token_tables",

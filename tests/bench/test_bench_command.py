@@ -182,7 +182,7 @@ def test_prefetch_host_reads_the_popular_adapters_before_each_sweep_case(tiny_mo
             input_len=(4, 6),
             output_len=(2, 2),
             sweep_adapters=(3, 12),
-            requests=12,
+            requests=(12,),
             prefetch_host=prefetch,
             slo=Slo(ttft_s=60.0),
             bandwidth_gbps=10,

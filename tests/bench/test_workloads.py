@@ -124,13 +124,22 @@ def test_cases_of_the_options():
         rates=(2.0, 5.0),
         duration=4.0,
         sweep_adapters=(1, 64),
-        requests=10,
+        requests=(10,),
     )
     cases = build_cases(options)
     assert [c.kind for c in cases] == ["pattern", "pattern", "online", "online", "sweep", "sweep"]
     assert [c.pool_size for c in cases] == [8, 0, 32, 32, 1, 64]
     assert [len(c.requests) for c in cases][-2:] == [10, 10]
     assert all(len(p) == r.input_len for c in cases for p, r in zip(c.prompts, c.requests, strict=True))
+    depths = build_cases(BenchOptions(sweep_adapters=(1, 1000), requests=(16, 64)))
+    assert [(c.name, len(c.requests)) for c in depths] == [
+        ("sweep n=1 requests=16", 16),
+        ("sweep n=1 requests=64", 64),
+        ("sweep n=1000 requests=16", 16),
+        ("sweep n=1000 requests=64", 64),
+    ]
+    with pytest.raises(ValueError, match="--requests"):
+        BenchOptions(sweep_adapters=(1,), requests=(0,))
     again = build_cases(BenchOptions(batch=8, patterns=("base",)))
     assert again[0].prompts == cases[1].prompts  # a case's draws do not depend on the other cases
     assert BenchOptions().patterns == ("distinct", "uniform", "skewed", "identical", "base")

@@ -8,12 +8,17 @@ from pathlib import Path
 import pytest
 
 from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.host_tier_size import (
+    MAX_AUTO_HOST_ADAPTERS,
+    host_tier_capacity,
+    least_host_capacity,
+)
 
 
 def test_engine_defaults_are_valid_and_follow_vllm_names():
     config = EngineConfig()
     assert config.model is None and config.device == "auto" and config.dtype == "auto"
-    assert config.max_loras == 8 and config.max_cpu_loras == 16
+    assert config.max_loras == 8 and config.max_cpu_loras is None  # sized from host memory
     assert config.max_num_batched_tokens >= config.max_num_seqs
 
 
@@ -40,8 +45,19 @@ def test_valid_engine_settings_are_accepted(settings):
         assert getattr(config, key) == value
 
 
-def test_max_cpu_loras_defaults_to_twice_the_gpu_slots():
-    assert EngineConfig(max_loras=3).max_cpu_loras == 6
+def test_the_host_tier_is_sized_from_host_memory_unless_set():
+    gib = 1 << 30
+    auto = EngineConfig(max_loras=3)  # a quarter of 64 GiB in 84 MB adapters (an 8B model's rank 16)
+    assert host_tier_capacity(auto, 84 * 10**6, 64 * gib) == (64 * gib // 4) // (84 * 10**6) == 204
+    assert host_tier_capacity(auto, 84 * 10**6, 1 * gib) == 6  # never below twice the GPU slots
+    assert host_tier_capacity(auto, 1000, 64 * gib) == MAX_AUTO_HOST_ADAPTERS
+    half = EngineConfig(max_loras=3, cpu_lora_memory_fraction=0.5)
+    assert host_tier_capacity(half, 84 * 10**6, 64 * gib) == (64 * gib // 2) // (84 * 10**6)
+    assert host_tier_capacity(EngineConfig(max_loras=3, max_cpu_loras=5), 84 * 10**6, 64 * gib) == 5
+    assert least_host_capacity(auto) == 6 and least_host_capacity(EngineConfig(max_cpu_loras=9)) == 9
+    for fraction in (0, -0.1, 0.95, float("nan")):
+        with pytest.raises(ValueError, match="cpu_lora_memory_fraction"):
+            EngineConfig(cpu_lora_memory_fraction=fraction)
 
 
 @pytest.mark.parametrize(

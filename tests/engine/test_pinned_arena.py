@@ -35,14 +35,13 @@ def test_packed_in_a_block_equals_packed_alone(host_adapters):
     for host in host_adapters[:2]:
         alone = pack_adapter(host, SPEC, torch.float32, pin=False)
         # Dirty the arena first: carved tensors must come out zeroed, then filled.
-        arena._memory.fill_(0xFF)
+        for block in arena._free:
+            block.fill_(0xFF)
         in_block = pack_adapter(host, SPEC, torch.float32, pin=False, arena=arena)
-        base = arena._memory.data_ptr()
         for group in alone.a:
             assert torch.equal(in_block.a[group], alone.a[group])
             assert torch.equal(in_block.b[group], alone.b[group])
-            ptr = in_block.a[group].data_ptr()
-            assert base <= ptr < base + arena._memory.numel(), "not carved from the arena"
+            assert arena.owns(in_block.a[group]), "not carved from the arena"
         assert arena.free_blocks == 1
         del in_block
         gc.collect()
@@ -55,8 +54,7 @@ def test_blocks_stay_taken_while_referenced_and_exhaustion_falls_back(host_adapt
     second = pack_adapter(host_adapters[1], SPEC, torch.float32, pin=False, arena=arena)
     assert arena.free_blocks == 0
     third = pack_adapter(host_adapters[2], SPEC, torch.float32, pin=False, arena=arena)
-    lo, hi = arena._memory.data_ptr(), arena._memory.data_ptr() + arena._memory.numel()
-    assert not lo <= third.a["qkv"].data_ptr() < hi, "an exhausted arena must not hand out a block"
+    assert not arena.owns(third.a["qkv"]), "an exhausted arena must not hand out a block"
     assert arena.exhausted == 1  # counted (and logged as a warning)
     expected = pack_adapter(host_adapters[0], SPEC, torch.float32, pin=False)
     # Packing the third adapter did not touch the first two.
@@ -64,7 +62,7 @@ def test_blocks_stay_taken_while_referenced_and_exhaustion_falls_back(host_adapt
     del second
     gc.collect()
     fourth = pack_adapter(host_adapters[2], SPEC, torch.float32, pin=False, arena=arena)
-    assert lo <= fourth.a["qkv"].data_ptr() < hi
+    assert arena.owns(fourth.a["qkv"])
     assert all(torch.equal(first.b[g], expected.b[g]) for g in expected.b)
 
 
@@ -103,15 +101,53 @@ def test_for_tier_caps_by_memory_and_falls_back_when_pinning_fails(monkeypatch):
 class PageableArena(PinnedArena):
     """The arena as ``for_tier`` builds it, in pageable memory: its sizing runs without CUDA."""
 
-    def __init__(self, block_bytes: int, num_blocks: int, pin: bool = True) -> None:
-        super().__init__(block_bytes, num_blocks, pin=False)
+    def __init__(self, block_bytes: int, max_blocks: int, pin: bool = True, first_blocks=None) -> None:
+        super().__init__(block_bytes, max_blocks, pin=False, first_blocks=first_blocks)
 
 
 class UnpinnableArena(PinnedArena):
     """An arena whose memory cannot be pinned (as under a locked-memory limit)."""
 
-    def __init__(self, block_bytes: int, num_blocks: int, pin: bool = True) -> None:
+    def __init__(self, block_bytes: int, max_blocks: int, pin: bool = True, first_blocks=None) -> None:
         raise RuntimeError("cannot pin: locked-memory limit")
+
+
+class CappedArena(PinnedArena):
+    """Pageable memory that can be allocated ``room`` blocks at a time, then refuses (a
+    locked-memory limit reached while the tier grows)."""
+
+    room = 3
+
+    def _grow(self, blocks: int) -> None:
+        if self.num_blocks + blocks > self.room:
+            raise RuntimeError("cannot pin: locked-memory limit")
+        super()._grow(blocks)
+
+
+def test_the_arena_pins_a_first_chunk_and_grows_as_takes_need_blocks(monkeypatch, caplog):
+    from multilora_studio.engine import pinned_arena
+
+    monkeypatch.setattr(pinned_arena, "CHUNK_BYTES", 2 * 1024)  # chunks of two 1 KiB blocks
+    arena = PinnedArena(1000, 5, pin=False, first_blocks=1)
+    assert (arena.num_blocks, arena.free_blocks, arena.pinned_bytes) == (1, 1, 1024)
+
+    class Owner:
+        pass
+
+    owners = [Owner() for _ in range(6)]
+    blocks = [arena.take(owner) for owner in owners]
+    assert all(block is not None for block in blocks[:5]) and blocks[5] is None
+    assert arena.num_blocks == 5 and arena.exhausted == 1  # 1, then chunks of 2, 2: never past max
+    assert len({block.data_ptr() for block in blocks[:5]}) == 5
+    assert all(arena.owns(block) for block in blocks[:5])
+    del blocks, owners[0]
+    gc.collect()
+    assert arena.free_blocks == 1 and arena.num_blocks == 5  # given back, not freed
+
+    capped = CappedArena(1000, 8, pin=False, first_blocks=2)
+    kept = [capped.take(owner) for owner in owners[1:5]]
+    assert [block is not None for block in kept] == [True, True, False, False]
+    assert capped.max_blocks == 2 and "could not pin 2 more adapter blocks" in caplog.text
 
 
 def test_for_tier_takes_what_a_quarter_of_memory_holds(monkeypatch, caplog):
@@ -125,6 +161,8 @@ def test_for_tier_takes_what_a_quarter_of_memory_holds(monkeypatch, caplog):
     assert PageableArena.for_tier(4000, 8, ram_fraction=0.5).num_blocks == 6
     monkeypatch.setattr(pinned_arena, "_physical_memory_bytes", lambda: None)  # size unknown
     assert PageableArena.for_tier(4000, 8).num_blocks == 8
+    grows = PageableArena.for_tier(4000, 8, first_blocks=3)
+    assert (grows.num_blocks, grows.max_blocks) == (3, 8)
     assert UnpinnableArena.for_tier(4000, 8) is None
     assert "could not pin 8 x" in caplog.text and "locked-memory limit" in caplog.text
 
@@ -140,8 +178,7 @@ def test_blocks_are_distinct_counted_and_given_back_when_their_owner_goes():
     blocks = [arena.take(owner) for owner in (first, second, third)]
     assert all(block is not None and block.numel() == 1024 for block in blocks)
     starts = sorted(block.data_ptr() for block in blocks)
-    base = arena._memory.data_ptr()
-    assert starts == [base, base + 1024, base + 2048]  # three different blocks of the one allocation
+    assert starts == [starts[0], starts[0] + 1024, starts[0] + 2048]  # blocks of the one allocation
     assert arena.free_blocks == 0 and arena.exhausted == 0
     assert arena.take(late) is None and arena.exhausted == 1
     assert arena.take(late) is None and arena.exhausted == 2

@@ -1,0 +1,66 @@
+"""Look-ahead loading: queued requests' adapters are read into host RAM before admission, in
+arrival order, never pushing out an adapter that a queued request waits for."""
+
+from __future__ import annotations
+
+from multilora_studio.engine import SamplingParams
+from tests.waiting import wait_until
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+QUEUED = ("tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", "tiny-r8-attn")
+
+
+def fill_the_batch(engine, rows: int):
+    """``rows`` long base requests: every row of the batch is taken until they are aborted."""
+    streams = [engine.submit(f"Hello {i}", None, SamplingParams(max_tokens=200, **GREEDY)) for i in range(rows)]
+    for stream in streams:
+        next(iter(stream))  # running from here on
+    return streams
+
+
+def test_queued_adapters_are_read_ahead_in_arrival_order_while_the_batch_is_full(make_engine, tiny_adapters):
+    params = SamplingParams(max_tokens=6, **GREEDY)
+    prompts = [f"Ship {i}" for i in range(len(QUEUED))]
+    expected = [o.token_ids for o in make_engine(adapters=list(QUEUED)).generate(prompts, list(QUEUED), params)]
+    engine = make_engine(adapters=[], max_loras=2, max_num_seqs=2, max_cpu_loras=6)
+    for name in QUEUED:
+        engine.add_adapter(name, tiny_adapters[name], preload=False)
+    busy = fill_the_batch(engine, 2)
+    queued = [engine.submit(p, name, params) for p, name in zip(prompts, QUEUED, strict=True)]
+    wait_until(
+        lambda: set(QUEUED) <= set(engine.metrics(fresh=True).cpu_adapters) or busy[0].output.finish_reason,
+        timeout=60,
+        what="the queued adapters in host RAM, or the batch done",
+    )
+    snapshot = engine.metrics(fresh=True)
+    assert all(s.output.finish_reason is None for s in busy), "the loads waited for free rows"
+    assert [n for n in snapshot.cpu_adapters if n in QUEUED] == list(QUEUED)  # read in arrival order
+    assert snapshot.cpu_misses == len(QUEUED) and snapshot.cpu_capacity == 6
+    assert all(stream.output.finish_reason is None for stream in queued)  # none admitted yet
+    for stream in busy:
+        engine.abort(stream.request_id)
+    assert [s.result(timeout=120).token_ids for s in queued] == expected
+    assert engine.metrics(fresh=True).cpu_misses == len(QUEUED)  # each read from disk once
+
+
+def test_look_ahead_stops_where_it_would_push_out_a_queued_requests_adapter(make_engine, tiny_adapters):
+    params = SamplingParams(max_tokens=6, **GREEDY)
+    prompts = [f"Ship {i}" for i in range(len(QUEUED))]
+    expected = [o.token_ids for o in make_engine(adapters=list(QUEUED)).generate(prompts, list(QUEUED), params)]
+    engine = make_engine(adapters=[], max_loras=2, max_num_seqs=2, max_cpu_loras=2)
+    for name in QUEUED:
+        engine.add_adapter(name, tiny_adapters[name], preload=False)
+    busy = fill_the_batch(engine, 2)
+    queued = [engine.submit(p, name, params) for p, name in zip(prompts, QUEUED, strict=True)]
+    wait_until(
+        lambda: set(QUEUED[:2]) <= set(engine.metrics(fresh=True).cpu_adapters) or busy[0].output.finish_reason,
+        timeout=60,
+        what="the first two queued adapters in host RAM, or the batch done",
+    )
+    for _ in range(3):  # each round trip is a turn of the worker's loop, with its look-ahead
+        snapshot = engine.metrics(fresh=True)
+    assert all(s.output.finish_reason is None for s in busy)
+    assert set(snapshot.cpu_adapters) == set(QUEUED[:2]) and snapshot.cpu_misses == 2
+    for stream in busy:
+        engine.abort(stream.request_id)
+    assert [s.result(timeout=120).token_ids for s in queued] == expected
