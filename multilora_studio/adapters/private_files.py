@@ -44,31 +44,41 @@ def make_private_dir(path: Path) -> None:
     tighten(path)
 
 
-def tighten(path: Path) -> None:
+def tighten(path: Path) -> bool:
     """Make ``path`` 0700 (a folder) or 0600 (a file) if it is not; links are left alone.
 
-    A read-only file system or a file of another user is left as it is.
+    Returns whether it was not private before (a missing path or a link: False). A read-only
+    file system or a file of another user is left as it is.
     """
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
-        return
+        return False
     wanted = PRIVATE_DIR if stat.S_ISDIR(mode) else PRIVATE_FILE
     if stat.S_ISLNK(mode) or stat.S_IMODE(mode) == wanted:
-        return
+        return False
     try:
         os.chmod(path, wanted)
     except OSError as error:
         if error.errno not in (errno.EROFS, errno.EPERM, errno.EACCES):
             raise
+    return True
 
 
 def tighten_tree(folder: Path) -> None:
-    """``tighten`` ``folder`` and everything under it (links are not followed)."""
-    tighten(folder)
-    for parent, dirs, files in os.walk(folder):
-        for name in (*dirs, *files):
-            tighten(Path(parent) / name)
+    """``tighten`` ``folder``, and what is under it where a folder was not private (links are
+    not followed). Nobody else can reach into a private folder, so its contents are left as
+    they are: opening a library of thousands of adapters does not visit each of their files.
+    """
+    if not tighten(folder):
+        return
+    with os.scandir(folder) as entries:
+        children = [Path(entry.path) for entry in entries]
+    for child in children:
+        if child.is_dir() and not child.is_symlink():
+            tighten_tree(child)
+        else:
+            tighten(child)
 
 
 def create_private_file(path: Path) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from multilora_studio.adapters.library_errors import LibraryError
+from multilora_studio.adapters.private_files import make_private_dir, tighten
 from multilora_studio.adapters.registry_schema import AdapterRecord, EvalScoreRecord
 from multilora_studio.util import sha256_file
 
@@ -199,7 +200,8 @@ class RegistryLifecycle:
             )
         staging = record.path.with_name(record.path.name + PARTIAL_SUFFIX)
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(staging)
         try:
             with tarfile.open(record.archive_path, "r:gz") as tar:
                 manifest = json.loads(_member(tar, MANIFEST))
@@ -211,6 +213,7 @@ class RegistryLifecycle:
                     ):
                         raise LibraryError(f"{file_name} in the archive of {record.name!r} is damaged")
                     (staging / file_name).write_bytes(data)
+                    tighten(staging / file_name)
             if record.path.exists():
                 shutil.rmtree(record.path)  # a Hub snapshot left in place: the archive is the truth
             os.replace(staging, record.path)

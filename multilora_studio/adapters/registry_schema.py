@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Migration n brings a database from user_version n-1 to n.
 MIGRATIONS = {
     1: """
@@ -95,6 +97,12 @@ MIGRATIONS = {
     );
     CREATE INDEX adapter_events_adapter ON adapter_events (adapter_id, id)
     """,
+    # lookups that stay quick in a library of thousands: an adapter's aliases, an adapter's
+    # history by any name it had
+    7: """
+    CREATE INDEX aliases_adapter ON aliases (adapter_id, alias);
+    CREATE INDEX adapter_events_name ON adapter_events (name)
+    """,
 }
 
 
@@ -144,7 +152,7 @@ class AdapterRecord:
     warm: bool = False  # read into host RAM when an engine starts (before its first request)
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row, aliases: tuple[str, ...]) -> AdapterRecord:
+    def from_row(cls, row: sqlite3.Row | Mapping[str, Any], aliases: tuple[str, ...]) -> AdapterRecord:
         return cls(
             id=row["id"],
             name=row["name"],

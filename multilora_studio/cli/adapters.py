@@ -106,8 +106,9 @@ def run_list(args: argparse.Namespace) -> int:
     records = registry.list_adapters()
     digest = base.digest if base is not None else None
     evaluated = registry.latest_eval_scores()
-    if args.json:
-        print(json.dumps([_as_json(r, digest, evaluated.get(r.name)) for r in records], indent=2))
+    if args.json:  # one adapter a line: the C encoder (indent= would take the slow Python one)
+        lines = [json.dumps(_as_json(r, digest, evaluated.get(r.name))) for r in records]
+        print("[\n" + ",\n".join(lines) + "\n]" if lines else "[]")
         return 0
     if not records:
         print("the library is empty; add adapters with: multilora-studio adapters add PATH | pull REPO_ID")
@@ -201,7 +202,7 @@ def _score_json(score: EvalScoreRecord) -> dict:
 
 
 def _as_json(record: AdapterRecord, digest: str | None, latest: EvalScoreRecord | None = None) -> dict:
-    data = dataclasses.asdict(record)
+    data = {field.name: getattr(record, field.name) for field in dataclasses.fields(record)}  # no deep copy
     data["path"] = str(record.path)
     data["archive_path"] = str(record.archive_path) if record.archive_path is not None else None
     data["aliases"] = list(record.aliases)
