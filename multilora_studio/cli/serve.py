@@ -24,7 +24,11 @@ from multilora_studio.cli.shared import (
 )
 from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.deploy import BasePool, parse_devices, start_engine
-from multilora_studio.deploy.base_pool import DEFAULT_LOAD_TIMEOUT_S
+from multilora_studio.deploy.base_pool import (
+    DEFAULT_KEEP_ALIVE_S,
+    DEFAULT_LOAD_TIMEOUT_S,
+    DEFAULT_MAX_RESIDENT,
+)
 from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
 from multilora_studio.engine import EngineConfig, ServingEngine
 from multilora_studio.engine.device_setup import resolve_device
@@ -52,7 +56,7 @@ def add_serve_command(subparsers: Subcommands) -> None:
     parser.add_argument(
         "--max-resident-bases",
         type=int,
-        default=None,
+        default=DEFAULT_MAX_RESIDENT,
         metavar="N",
         help="with several --model: at most N base models loaded at once; a request for another "
         "unloads the least recently used idle one first (default: all)",
@@ -60,7 +64,7 @@ def add_serve_command(subparsers: Subcommands) -> None:
     parser.add_argument(
         "--keep-alive",
         type=float,
-        default=None,
+        default=DEFAULT_KEEP_ALIVE_S,
         metavar="SECONDS",
         help="unload a base model idle this long (loaded again by its next request; default: never)",
     )

@@ -37,6 +37,8 @@ class BaseUnavailable(RuntimeError):
 
 
 DEFAULT_LOAD_TIMEOUT_S = 600.0  # how long a request waits for its base model to load
+DEFAULT_MAX_RESIDENT: int | None = None  # every base loaded at once
+DEFAULT_KEEP_ALIVE_S: float | None = None  # an idle base stays loaded
 
 
 @dataclass
@@ -69,8 +71,8 @@ class BasePool:
     def __init__(
         self,
         configs: Sequence[EngineConfig],
-        max_resident: int | None = None,
-        keep_alive_s: float | None = None,
+        max_resident: int | None = DEFAULT_MAX_RESIDENT,
+        keep_alive_s: float | None = DEFAULT_KEEP_ALIVE_S,
         load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
         engine_factory: EngineFactory = Engine,
         started: Sequence[ServingEngine] = (),
