@@ -127,6 +127,8 @@ class ColumnRun:
     output: ColumnOutput | None = None
     adapter_source: str | None = None  # where the library got it: a folder, or a Hub repo@revision
     adapter_scale: float = 1.0  # the adapter's strength (SamplingParams.adapter_scale)
+    # the base model it ran on, when the run had several (None: the record's engine)
+    base: EngineRecord | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ColumnRun:
@@ -141,6 +143,7 @@ class ColumnRun:
             output=None if output is None else ColumnOutput.from_dict(output),
             adapter_source=data.get("adapter_source"),
             adapter_scale=data.get("adapter_scale", 1.0),
+            base=None if data.get("base") is None else EngineRecord(**data["base"]),
         )
 
 

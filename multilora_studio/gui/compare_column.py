@@ -77,13 +77,19 @@ def divergence_tooltip(token: TokenDivergence, decode: Callable[[int], str]) -> 
 
 
 class CompareColumn(QFrame):
-    """One request's conversation; ``text`` is its last answer as it streams."""
+    """One request's conversation; ``text`` is its last answer as it streams. ``base``: the base
+    model it runs on, named in its header (empty: not named, the window serves one base);
+    ``reference``: the model without an adapter (default: the column named 'base')."""
 
     settingsRequested = Signal(str)
 
-    def __init__(self, name: str, parent: QWidget | None = None) -> None:
+    def __init__(
+        self, name: str, parent: QWidget | None = None, base: str = "", reference: bool | None = None
+    ) -> None:
         super().__init__(parent)
         self.name = name
+        self.base = base
+        self.reference = name == BASE if reference is None else reference
         self.text = ""
         self.history: list[tuple[str, str]] = []  # earlier (user, answer) turns of this column
         self.user_text = ""  # the user turn the last answer replies to
@@ -105,7 +111,11 @@ class CompareColumn(QFrame):
         self.setMinimumWidth(220)
         self.title = QLabel()
         self.title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self.title.setToolTip(name + (" (the model without an adapter)" if name == BASE else ""))
+        self.title.setToolTip(
+            name
+            + (" (the model without an adapter)" if self.reference else "")
+            + (f" on base model {base}" if base else "")
+        )
         self.settings_button = QToolButton()
         self.settings_button.setText("⚙")
         self.settings_button.setAutoRaise(True)
@@ -114,7 +124,7 @@ class CompareColumn(QFrame):
         self.overrides = QLabel()
         self.stats = QLabel("waiting…")
         self.stats.setWordWrap(True)
-        self.difference = QLabel("reference" if name == BASE else "")
+        self.difference = QLabel("reference" if self.reference else "")
         self.difference.setWordWrap(True)
         self.divergence_note = QLabel()
         self.divergence_note.setWordWrap(True)
@@ -162,7 +172,7 @@ class CompareColumn(QFrame):
         self.divergence = None
         self.divergence_note.hide()
         self.stats.setText("waiting…")
-        self.difference.setText("reference" if self.name == BASE else "")
+        self.difference.setText("reference" if self.reference else "")
         self.difference.setStyleSheet("color: palette(placeholder-text);")
         self.redraw()
 
@@ -306,11 +316,12 @@ class CompareColumn(QFrame):
         self.stats.setText(" · ".join(parts))
 
     def _elide_title(self) -> None:
-        suffix = " (no adapter)" if self.name == BASE else ""
+        suffix = " (no adapter)" if self.reference else ""
+        on = f" · {self.base}" if self.base and self.base != self.name else ""
         width = max(60, self.title.width())
         bold = self.title.font()
         bold.setBold(True)
-        shown = QFontMetrics(bold).elidedText(self.name + suffix, Qt.TextElideMode.ElideMiddle, width)
+        shown = QFontMetrics(bold).elidedText(self.name + suffix + on, Qt.TextElideMode.ElideMiddle, width)
         self.title.setText(f"<b>{html.escape(shown)}</b>")
 
     def resizeEvent(self, event: QResizeEvent) -> None:

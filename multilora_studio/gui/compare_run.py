@@ -1,6 +1,10 @@
-"""One compare run: every column's request submitted at once (one batch), each stream read on its own thread.
+"""One compare run: every column's request submitted at once (one batch per base model), each
+stream read on its own thread.
 
-Each column sends its own prompt (a chat column its own history) with its own settings.
+Each column sends its own prompt (a chat column its own history) with its own settings to its
+own base's engine: the columns of one base go in one ``submit_many``, base after base, each
+under a lease of its base (``BasePool.acquire``: a swapped-out base loads first, while the
+bases already submitted run), released when its last column ends.
 
 Reader threads never touch widgets: they buffer text and emit ``updated(column)``
 once per batch of buffered text; the view drains the buffer with ``take``.
@@ -11,12 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
+from multilora_studio.deploy import BasePool, BaseUnavailable
 from multilora_studio.engine import (
     Prompt,
     RequestOutput,
@@ -25,7 +30,7 @@ from multilora_studio.engine import (
     ServingEngine,
 )
 from multilora_studio.gui.tasks import user_message
-from multilora_studio.run_records import column_choice
+from multilora_studio.run_records import EngineRecord, column_choice
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +50,18 @@ class ColumnUpdate:
 
 @dataclass(frozen=True)
 class ColumnRequest:
-    """What one column sends: 'base', an adapter or an adapter at a strength (``column_choice``),
-    its prompt and its settings."""
+    """What one column sends, to base model ``base``: 'base' or the base's own name (the model
+    without an adapter), an adapter or an adapter at a strength (``column_choice``), its prompt
+    and its settings."""
 
     name: str
     prompt: Prompt
     params: SamplingParams
+    base: str
 
     @property
     def adapter(self) -> str | None:
-        return column_choice(self.name)[0]
+        return None if self.name == self.base else column_choice(self.name)[0]
 
     @property
     def engine_params(self) -> SamplingParams:
@@ -66,6 +73,7 @@ class ColumnRequest:
 @dataclass
 class _Column:
     name: str
+    base: str
     adapter: str | None
     prompt: Prompt
     params: SamplingParams
@@ -76,10 +84,11 @@ class _Column:
     notified: bool = False
     output: RequestOutput | None = None
     request_id: str | None = None
+    engine: ServingEngine | None = None  # its base's, once submitted
 
 
 class CompareRun(QObject):
-    """Runs each column's request ('base' = no adapter) in one batched engine run."""
+    """Runs each column's request ('base' = no adapter) in one batched run of its base's engine."""
 
     updated = Signal(int)
     columnFinished = Signal(int)
@@ -87,20 +96,22 @@ class CompareRun(QObject):
     failed = Signal(str)
 
     def __init__(
-        self, engine: ServingEngine, requests: list[ColumnRequest], side_work: Callable[[], Any] | None = None
+        self, pool: BasePool, requests: list[ColumnRequest], side_work: Callable[[], Any] | None = None
     ) -> None:
         """``side_work`` runs on the launch thread once the requests are queued; ``finished`` waits for it
         and its result is ``side_result`` (slow bookkeeping the GUI thread must not do)."""
         super().__init__()
-        self.engine = engine
+        self.pool = pool
         self.requests = list(requests)
         self.side_result: Any = None
         self._side_work = side_work
         self._side_done = threading.Event()
-        self.columns = [_Column(r.name, r.adapter, r.prompt, r.engine_params) for r in requests]
+        self.columns = [_Column(r.name, r.base, r.adapter, r.prompt, r.engine_params) for r in requests]
         self._lock = threading.Lock()
         self._stopped = False
         self._remaining = len(requests)
+        self._leased: dict[str, int] = {}  # base -> its columns still reading under its lease
+        self.engine_records: dict[str, EngineRecord] = {}  # base -> the engine its columns ran on
         self.started_at = 0.0
 
     @property
@@ -111,19 +122,27 @@ class CompareRun(QObject):
         self.started_at = time.monotonic()
         threading.Thread(target=self._launch, name="compare-launch", daemon=True).start()
 
+    @property
+    def bases(self) -> list[str]:
+        """The run's bases, in the order their columns are submitted."""
+        return list(dict.fromkeys(c.base for c in self.columns))
+
     def stop(self) -> None:
         """Abort every request of the run; each column finishes with reason 'abort'."""
         with self._lock:
             self._stopped = True
-            ids = [c.request_id for c in self.columns if c.request_id and c.output is None]
-        self._abort(ids)
+            running = [(c.engine, c.request_id) for c in self.columns if c.request_id and c.output is None]
+        self._abort(running)
 
-    def _abort(self, request_ids: list[str]) -> None:
-        for request_id in request_ids:
+    @staticmethod
+    def _abort(running: Sequence[tuple[ServingEngine | None, str | None]]) -> None:
+        for engine, request_id in running:
+            if engine is None or request_id is None:
+                continue
             try:
-                self.engine.abort(request_id)
+                engine.abort(request_id)
             except RuntimeError:  # the engine was shut down: its requests ended already
-                return
+                continue
 
     def take(self, index: int) -> ColumnUpdate:
         """Drain column ``index``'s buffered text (GUI thread)."""
@@ -148,29 +167,18 @@ class CompareRun(QObject):
     # ---------------------------------------------------------------- worker threads
 
     def _launch(self) -> None:
-        with self._lock:
-            stopped = self._stopped
-        if stopped:
-            self._side_done.set()
-            for index in range(len(self.columns)):
-                self._close(index, None)
-            return
-        try:  # one submission: every column reaches the same step, or none is queued
-            streams = self.engine.submit_many([(c.prompt, c.adapter, c.params) for c in self.columns])
-        except Exception as error:
-            self._side_done.set()
-            self.failed.emit(user_message(error))
-            return
-        with self._lock:
-            for column, stream in zip(self.columns, streams, strict=True):
-                column.request_id = stream.request_id
-            stopped = self._stopped
-        if stopped:
-            self._abort([stream.request_id for stream in streams])
-        for index, stream in enumerate(streams):
-            threading.Thread(
-                target=self._read, args=(index, stream), name=f"compare-read-{index}", daemon=True
-            ).start()
+        submitted = False
+        for base in self.bases:
+            indices = [i for i, c in enumerate(self.columns) if c.base == base]
+            try:
+                submitted = self._submit(base, indices) or submitted
+            except Exception as error:  # nothing of the run queued yet: the run failed
+                if not submitted:
+                    self._side_done.set()
+                    self.failed.emit(user_message(error))
+                    return
+                for index in indices:  # other bases' columns already run: this base's fail
+                    self._close(index, self._error_output(index, user_message(error)))
         try:
             self.side_result = self._side_work() if self._side_work is not None else None
         except Exception:
@@ -178,6 +186,44 @@ class CompareRun(QObject):
         finally:
             self._side_work = None
             self._side_done.set()
+
+    def _submit(self, base: str, indices: list[int]) -> bool:
+        """Queue the columns of ``base`` in one submission (every one reaches the same step, or
+        none is queued) under a lease of the base; False when the run was stopped first."""
+        with self._lock:
+            stopped = self._stopped
+        if stopped:
+            for index in indices:
+                self._close(index, None)
+            return False
+        try:
+            engine = self.pool.acquire(base)  # a swapped-out base loads here
+        except BaseUnavailable as error:
+            for index in indices:
+                self._close(index, self._error_output(index, str(error)))
+            return False
+        try:
+            self.engine_records[base] = EngineRecord.of(engine)
+            columns = [self.columns[i] for i in indices]
+            streams = engine.submit_many([(c.prompt, c.adapter, c.params) for c in columns])
+        except BaseException:
+            self.pool.release(base)
+            raise
+        with self._lock:
+            self._leased[base] = len(indices)
+            for column, stream in zip(columns, streams, strict=True):
+                column.request_id, column.engine = stream.request_id, engine
+            stopped = self._stopped
+        if stopped:
+            self._abort([(engine, stream.request_id) for stream in streams])
+        for index, stream in zip(indices, streams, strict=True):
+            threading.Thread(
+                target=self._read, args=(index, stream), name=f"compare-read-{index}", daemon=True
+            ).start()
+        return True
+
+    def _error_output(self, index: int, message: str) -> RequestOutput:
+        return RequestOutput("", self.columns[index].adapter, [], finish_reason="error", error=message)
 
     def _read(self, index: int, stream: RequestStream) -> None:
         column = self.columns[index]
@@ -202,6 +248,12 @@ class CompareRun(QObject):
             column.output = output or RequestOutput("", column.adapter, [], finish_reason="abort")
             self._remaining -= 1
             last = self._remaining == 0
+            release = column.engine is not None
+            if release:
+                self._leased[column.base] -= 1
+                release = self._leased[column.base] == 0
+        if release:
+            self.pool.release(column.base)
         self.columnFinished.emit(index)
         if last:
             self._side_done.wait()

@@ -1,8 +1,9 @@
 """Compare view: a chat with any number of adapters and the base, one batched run per turn, N columns.
 
-Each send goes to every column at once (one ``submit_many``); a column's history holds its
-own adapter's answers. Each run is recorded (``run_records.py``) in the history, from which it
-can be rerun; exports carry the same record.
+Each send goes to every column at once (one ``submit_many`` per base model: with several bases,
+columns may come from different bases, ``compare_bases.py``); a column's history holds its own
+adapter's answers. Each run is recorded (``run_records.py``) in the history, from which it can be
+rerun; exports carry the same record.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
+    QComboBox,
     QFileDialog,
     QFormLayout,
     QGridLayout,
@@ -30,8 +32,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from multilora_studio.deploy import BasePool
 from multilora_studio.divergence import DivergenceRequest, TokenDivergence, score_divergence
 from multilora_studio.engine import ServingEngine
+from multilora_studio.gui.compare_bases import base_column, column_base, column_entries, slot_shortfall
 from multilora_studio.gui.compare_chat import Conversation
 from multilora_studio.gui.compare_column import TOKENS, CompareColumn
 from multilora_studio.gui.compare_export import Comparison, to_json, to_markdown
@@ -42,7 +46,7 @@ from multilora_studio.gui.compare_settings import ColumnSettingsDialog
 from multilora_studio.gui.diff import first_difference
 from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.preferences import Preferences
-from multilora_studio.gui.tasks import TaskRunner
+from multilora_studio.gui.tasks import Task, TaskRunner
 from multilora_studio.gui.widgets import MessageBanner
 from multilora_studio.run_records import (
     BASE,
@@ -51,13 +55,14 @@ from multilora_studio.run_records import (
     ColumnOutput,
     ColumnOverrides,
     ColumnRun,
-    EngineRecord,
     RunHistory,
     RunRecord,
     RunSettings,
     column_choice,
     strength_column,
 )
+
+ALL_BASES = "All bases"
 
 
 @dataclass
@@ -69,7 +74,6 @@ class _Sending:
     shared: RunSettings
     overrides: list[ColumnOverrides]
     settings: list[RunSettings]
-    engine: EngineRecord
 
 
 class CompareView(QWidget):
@@ -89,6 +93,7 @@ class CompareView(QWidget):
         self.tasks = TaskRunner(self)
         self.run: CompareRun | None = None
         self.columns: list[CompareColumn] = []
+        self.column_bases: list[str] = []  # the base model each column runs on
         self.conversation: Conversation | None = None
         self.comparison: Comparison | None = None
         self.editing: int | None = None  # the user turn being edited, if any
@@ -122,6 +127,11 @@ class CompareView(QWidget):
             + " beside the base, in one batch"
         )
         self.sweep_button.clicked.connect(self._sweep_selected)
+        self.base_picker = QComboBox()
+        self.base_picker.setToolTip("List the adapters of every base model, or of one")
+        self.base_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.base_picker.currentIndexChanged.connect(lambda *_: self.refresh_adapters())
+        self.base_picker.hide()
         self.slot_warning = QLabel()
         self.slot_warning.setWordWrap(True)
         self.slot_warning.setStyleSheet("color: #b26a00;")
@@ -191,6 +201,7 @@ class CompareView(QWidget):
         adapter_box = QVBoxLayout()
         ticks = QHBoxLayout()
         ticks.addWidget(QLabel("<b>Adapters</b>"), 1)
+        ticks.addWidget(self.base_picker)
         ticks.addWidget(every)
         ticks.addWidget(none)
         ticks.addWidget(self.column_settings_button)
@@ -244,18 +255,39 @@ class CompareView(QWidget):
     # ---------------------------------------------------------------- choices
 
     def refresh_adapters(self) -> None:
-        """List 'base' and every adapter the engine serves, ticked as the person left them."""
-        engine = self.host.engine
-        served = {info.name for info in engine.list_adapters()} if engine is not None else set()
-        variants = {name for name in self._strengths if column_choice(name)[0] in served}
-        names = [BASE, *sorted(served | variants)] if engine is not None else []
+        """List each base model (``base`` for the first) and every adapter it serves, of the
+        base picked (or of all), ticked as the person left them."""
+        pool = self.host.pool
+        self._refresh_picker(pool)
+        picked = self.base_picker.currentData()
+        bases = [] if pool is None else [picked] if picked in pool.names else pool.names
+        entries = column_entries(pool, bases, self._strengths) if pool is not None else []
         self.adapters.blockSignals(True)
         self.adapters.clear()
-        for name in names:
-            label = f"{name} ({engine.model_name})" if name == BASE and engine else name
+        for name, label in entries:
             self.adapters.addItem(self.inputs.list_item(name, label, name in self._wanted))
         self.adapters.blockSignals(False)
         self._update_slot_warning()
+
+    def _refresh_picker(self, pool: BasePool | None) -> None:
+        """The base picker lists every base (shown only when there are several)."""
+        names = pool.names if pool is not None else []
+        listed = [self.base_picker.itemData(i) for i in range(1, self.base_picker.count())]
+        self.base_picker.setVisible(len(names) > 1)
+        if listed == names:
+            return
+        picked = self.base_picker.currentData()
+        self.base_picker.blockSignals(True)
+        self.base_picker.clear()
+        self.base_picker.addItem(ALL_BASES, None)
+        for name in names:
+            self.base_picker.addItem(name, name)
+        self.base_picker.setCurrentIndex(max(0, self.base_picker.findData(picked)))
+        self.base_picker.blockSignals(False)
+
+    def pick_base(self, base: str | None) -> None:
+        """List the adapters of ``base`` only (None: of every base)."""
+        self.base_picker.setCurrentIndex(max(0, self.base_picker.findData(base)))
 
     def _ticks_changed(self) -> None:
         listed = {self.adapters.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.adapters.count())}
@@ -282,9 +314,14 @@ class CompareView(QWidget):
 
     def _sweep_selected(self) -> None:
         """Sweep the selected adapter's strength (or the first ticked adapter's)."""
+        pool = self.host.pool
+        bases = set(pool.names) if pool is not None else set()
         item = self.adapters.currentItem()
-        choice = column_choice(item.data(Qt.ItemDataRole.UserRole))[0] if item is not None else None
-        ticked = [column_choice(name)[0] for name in self.checked_names() if name != BASE]
+        selected = item.data(Qt.ItemDataRole.UserRole) if item is not None else BASE
+        choice = column_choice(selected)[0] if selected not in bases else None
+        ticked = [
+            column_choice(name)[0] for name in self.checked_names() if name != BASE and name not in bases
+        ]
         adapter = choice or (ticked[0] if ticked else None)
         if adapter is None:
             self.banner.show_message("Select an adapter to sweep its strength.", "warning")
@@ -292,9 +329,11 @@ class CompareView(QWidget):
         self.sweep_strength(adapter)
 
     def sweep_strength(self, adapter: str) -> None:
-        """Tick the base and ``adapter`` at every SWEEP_STRENGTHS (columns "name x0.25", ...)."""
+        """Tick ``adapter``'s base and ``adapter`` at every SWEEP_STRENGTHS (columns "name x0.25", ...)."""
         columns = [strength_column(adapter, scale) for scale in SWEEP_STRENGTHS]
-        self._choose([BASE, *columns])
+        pool = self.host.pool
+        base = column_base(pool, adapter) if pool is not None else None
+        self._choose([base_column(pool, base) if pool is not None and base is not None else BASE, *columns])
 
     def tick_all(self, checked: bool) -> None:
         state = Qt.CheckState.Checked if checked else Qt.CheckState.Unchecked
@@ -302,16 +341,17 @@ class CompareView(QWidget):
             self.adapters.item(i).setCheckState(state)
 
     def _update_slot_warning(self) -> None:
-        """Warn when the ticked adapters outnumber the GPU slots: they cannot all run in one batch."""
-        engine = self.host.engine
-        adapters = [name for name in self.checked_names() if name != BASE]
-        slots = engine.config.max_loras if engine is not None else 0
-        if engine is None or len(adapters) <= slots:
+        """Warn when a base's ticked adapters outnumber its GPU slots: they cannot all run in one batch."""
+        pool = self.host.pool
+        short = slot_shortfall(pool, self.checked_names()) if pool is not None else []
+        if not short:
             self.slot_warning.hide()
             return
+        base, ticked, slots = short[0]
+        where = f"the engine of {base}" if len(pool.names) > 1 else "the engine"  # type: ignore[union-attr]
         self.slot_warning.setText(
-            f"{len(adapters)} adapters ticked but the engine has {slots} GPU slots (max_loras): "
-            f"{len(adapters) - slots} wait until a slot frees, so the columns do not all run in one "
+            f"{ticked} adapters ticked but {where} has {slots} GPU slots (max_loras): "
+            f"{ticked - slots} wait until a slot frees, so the columns do not all run in one "
             "batch and their numbers are not comparable (see each column's queue time). "
             "Tick fewer or raise max_loras in Settings."
         )
@@ -410,8 +450,8 @@ class CompareView(QWidget):
         """Ask ``conversation`` the message box's text and run it; a problem shows in the banner."""
         if self.run is not None:
             return False
-        engine = self.host.engine
-        if engine is None:
+        pool = self.host.pool
+        if pool is None:
             self.banner.show_message("The engine is not ready yet (see the status bar).", "warning")
             return False
         text = self.prompt.toPlainText().strip()
@@ -424,38 +464,50 @@ class CompareView(QWidget):
             overrides = [self.column_overrides(name) for name in conversation.names]
             settings = [shared.with_overrides(o) for o in overrides]
             requests = [
-                ColumnRequest(name, conversation.prompt(i), s.sampling_params())
+                ColumnRequest(name, conversation.prompt(i), s.sampling_params(), self._base_of(pool, name))
                 for i, (name, s) in enumerate(zip(conversation.names, settings, strict=True))
             ]
         except ValueError as error:
             self.banner.show_message(str(error))
             return False
-        sending = _Sending(previous, conversation, shared, overrides, settings, EngineRecord.of(engine))
-        self._launch(engine, sending, requests, new_columns)
+        sending = _Sending(previous, conversation, shared, overrides, settings)
+        self._launch(pool, sending, requests, new_columns)
         return True
 
+    @staticmethod
+    def _base_of(pool: BasePool, name: str) -> str:
+        base = column_base(pool, name)
+        if base is None:
+            raise ValueError(f"no base model serves {column_choice(name)[0]!r}; tick another adapter")
+        return base
+
     def _launch(
-        self, engine: ServingEngine, sending: _Sending, requests: list[ColumnRequest], new_columns: bool
+        self, pool: BasePool, sending: _Sending, requests: list[ColumnRequest], new_columns: bool
     ) -> None:
         self.banner.clear()
         self.cancel_edit()
         conversation = sending.conversation
         self.conversation = conversation
-        if new_columns or [c.name for c in self.columns] != conversation.names:
+        bases = [request.base for request in requests]
+        if new_columns or [c.name for c in self.columns] != conversation.names or bases != self.column_bases:
             self._clear_columns()
-            for name in conversation.names:
-                column = CompareColumn(name)
+            several = len(pool.names) > 1
+            for request in requests:
+                column = CompareColumn(
+                    request.name, base=request.base if several else "", reference=request.adapter is None
+                )
                 column.settingsRequested.connect(self.open_column_settings)
                 column.set_mode(self.inputs.view_mode)
                 self.columns.append(column)
                 self.splitter.addWidget(column)
+            self.column_bases = bases
         for index, column in enumerate(self.columns):
             column.show_overrides(sending.overrides[index])
             column.begin_turn(self._history_of(conversation, index), conversation.user_turns[-1])
         self._show_turns()
-        paths = {info.name: info.path for info in engine.list_adapters()}
-        names = [name for name in conversation.names if column_choice(name)[0] in paths]
-        run = CompareRun(engine, requests, side_work=lambda: self._identify(names, paths))
+        paths = {name: path for base in pool.names for name, path in pool.adapters_of(base).items()}
+        names = [r.name for r in requests if r.adapter is not None and r.adapter in paths]
+        run = CompareRun(pool, requests, side_work=lambda: self._identify(names, paths))
         run.updated.connect(self._updated)
         run.columnFinished.connect(self._updated)
         run.finished.connect(self._finished)
@@ -465,7 +517,9 @@ class CompareView(QWidget):
         self.comparison = None
         self._set_running(True)
         turn = f"turn {conversation.turns}: " if conversation.turns > 1 else ""
-        self.summary.setText(f"{turn}{len(requests)} requests in one batch on {engine.model_name}…")
+        on = ", ".join(run.bases)
+        batch = "one batch" if len(run.bases) == 1 else "one batch per base"
+        self.summary.setText(f"{turn}{len(requests)} requests in {batch} on {on}…")
         run.start()
 
     def _identify(self, names: list[str], paths: dict[str, Path]) -> dict[str, tuple[str, str | None]]:
@@ -494,12 +548,15 @@ class CompareView(QWidget):
         self._check_differences()
 
     def _check_differences(self) -> None:
-        names = [c.name for c in self.columns]
-        if BASE not in names:
-            return
-        base = self.columns[names.index(BASE)]
-        for column in self.columns:
-            if column is base or column.diverges_at is not None:
+        """Each adapter column against its own base's column without an adapter, when ticked."""
+        references = {
+            base: column
+            for column, base in zip(self.columns, self.column_bases, strict=True)
+            if column.reference
+        }
+        for column, on in zip(self.columns, self.column_bases, strict=True):
+            base = references.get(on)
+            if base is None or column is base or column.diverges_at is not None:
                 continue
             index = first_difference(base.text, column.text, base.done, column.done, column.agreed)
             if index is not None:
@@ -519,13 +576,21 @@ class CompareView(QWidget):
         for index, column in enumerate(self.columns):
             sending.conversation.answer(index, column.text)
         record = self._record(run, sending, run.side_result or {})
-        self.comparison = Comparison(record, {c.name: c.diverges_at for c in self.columns if c.name != BASE})
+        self.comparison = (
+            None
+            if record is None
+            else Comparison(record, {c.name: c.diverges_at for c in self.columns if not c.reference})
+        )
         self.run = self._sending = None
         self._set_running(False)
         tokens = sum(c.tokens for c in self.columns)
-        self.summary.setText(f"{len(self.columns)} answers, {tokens} tokens in one batched run")
+        runs = (
+            "one batched run" if len(run.bases) == 1 else f"one batched run on each of {len(run.bases)} bases"
+        )
+        self.summary.setText(f"{len(self.columns)} answers, {tokens} tokens in {runs}")
         try:
-            self.history.add(record)
+            if record is not None:
+                self.history.add(record)
         except OSError as error:
             self.banner.show_message(f"The run could not be kept in the history: {error}", "warning")
         if self.inputs.view_mode == TOKENS:
@@ -534,7 +599,13 @@ class CompareView(QWidget):
 
     def _record(
         self, run: CompareRun, sending: _Sending, identities: dict[str, tuple[str, str | None]]
-    ) -> RunRecord:
+    ) -> RunRecord | None:
+        """The run's record (None when no base of it ran: there is nothing to rerun it on)."""
+        engines = run.engine_records
+        engine = next((engines[base] for base in run.bases if base in engines), None)
+        if engine is None:
+            return None
+        several = len(run.bases) > 1
         conversation = sending.conversation
         columns = []
         for index, (request, column) in enumerate(zip(run.requests, self.columns, strict=True)):
@@ -559,10 +630,11 @@ class CompareView(QWidget):
                         queue_s=column.queue_s,
                         tokens_per_second=column.tokens_per_second,
                     ),
+                    base=engines.get(request.base) if several else None,
                 )
             )
         return RunRecord(
-            engine=sending.engine,
+            engine=engine,
             raw=conversation.raw,
             system_prompt=conversation.system_prompt,
             user_turns=tuple(conversation.user_turns),
@@ -623,6 +695,7 @@ class CompareView(QWidget):
             column.setParent(None)
             column.deleteLater()
         self.columns = []
+        self.column_bases = []
 
     # ---------------------------------------------------------------- divergence
 
@@ -631,46 +704,62 @@ class CompareView(QWidget):
         for column in self.columns:
             column.set_mode(mode)
         if mode == TOKENS and self.comparison is not None and self.run is None:
-            missing = [c for c in self.columns if c.name != BASE and c.divergence is None]
+            missing = [c for c in self.columns if not c.reference and c.divergence is None]
             if missing:
                 self.compute_divergence()
 
     def compute_divergence(self) -> bool:
-        """Score the last answers under their adapters and the base (one batch, off the GUI thread)."""
-        engine = self.host.engine
-        if engine is None or self.run is not None or self.divergence_busy:
+        """Score the last answers under their adapters and their bases (one batch per base, each
+        base leased, off the GUI thread)."""
+        pool = self.host.pool
+        if pool is None or self.run is not None or self.divergence_busy:
             return False
-        scored, requests = [], []
-        for column in self.columns:
+        wanted: list[tuple[int, str, DivergenceRequest]] = []  # column, its base, what to score
+        for index, (column, base) in enumerate(zip(self.columns, self.column_bases, strict=True)):
             output = column.output
-            if column.name != BASE and output is not None and output.token_ids:
+            if not column.reference and output is not None and output.token_ids:
                 adapter, scale = column_choice(column.name)
-                if max([*output.prompt_token_ids, *output.token_ids]) >= engine.spec.vocab_size:
-                    continue  # tokens the base lacks (an adapter's added tokens): no base score
-                scored.append(column)
-                requests.append(DivergenceRequest(output.prompt_token_ids, output.token_ids, adapter, scale))
-        if not scored:
+                request = DivergenceRequest(output.prompt_token_ids, output.token_ids, adapter, scale)
+                wanted.append((index, base, request))
+        if not wanted:
             return False
         comparison = self.comparison
         self.divergence_busy = True
-        self.summary.setText(f"scoring {len(scored)} answers under their adapters and the base…")
+        self.summary.setText(f"scoring {len(wanted)} answers under their adapters and the base…")
 
-        def shown(results: list[list[TokenDivergence]]) -> None:
+        def score(task: Task) -> list[tuple[int, list[TokenDivergence], Callable[[int], str]]]:
+            found = []
+            for base in dict.fromkeys(base for _, base, _ in wanted):
+                with self.host.lease(base) as engine:
+                    vocab = engine.spec.vocab_size  # tokens the base lacks (added tokens): no base score
+                    group = [
+                        (index, request)
+                        for index, on, request in wanted
+                        if on == base and max([*request.prompt_token_ids, *request.output_token_ids]) < vocab
+                    ]
+                    results = score_divergence(engine, [request for _, request in group]) if group else []
+                    found += [
+                        (index, tokens, self._decoder(engine, request.adapter))
+                        for (index, request), tokens in zip(group, results, strict=True)
+                    ]
+            return found
+
+        def shown(results: list[tuple[int, list[TokenDivergence], Callable[[int], str]]]) -> None:
             self.divergence_busy = False
             if self.comparison is not comparison:  # a newer run replaced these columns
                 return
-            for column, tokens in zip(scored, results, strict=True):
-                column.show_divergence(tokens, self._decoder(engine, column_choice(column.name)[0]))
-            self.summary.setText(f"token divergence of {len(scored)} answers from the base (hover a token)")
+            for index, tokens, decode in results:
+                self.columns[index].show_divergence(tokens, decode)
+            self.summary.setText(f"token divergence of {len(results)} answers from the base (hover a token)")
             self.divergenceFinished.emit()
 
         def failed(message: str) -> None:
             self.divergence_busy = False
-            if self.host.engine is engine:  # not an engine stopped by a restart meanwhile
+            if self.host.pool is pool:  # not a pool stopped by a restart meanwhile
                 self.banner.show_message(f"Could not score the answers: {message}")
             self.divergenceFinished.emit()
 
-        self.tasks.run("divergence", lambda task: score_divergence(engine, requests), shown, failed)
+        self.tasks.run("divergence", score, shown, failed)
         return True
 
     @staticmethod
@@ -695,20 +784,28 @@ class CompareView(QWidget):
         return dialog
 
     def rerun(self, record: RunRecord) -> bool:
-        """Restore a past run's inputs and run it again with the prompts and settings it recorded."""
+        """Restore a past run's inputs and run it again with the prompts and settings it recorded,
+        each column on the base it ran on (an adapter: the base that serves it now)."""
         if self.run is not None:
             return False
-        engine = self.host.engine
-        if engine is None:
+        pool = self.host.pool
+        if pool is None:
             self.banner.show_message("The engine is not ready yet (see the status bar).", "warning")
             return False
-        served = {info.name for info in engine.list_adapters()}
-        missing = [c.name for c in record.columns if c.adapter is not None and c.adapter not in served]
+        bases = [self._rerun_base(pool, record, c) for c in record.columns]
+        missing = [
+            c.name
+            for c, base in zip(record.columns, bases, strict=True)
+            if base is None or (c.adapter is not None and c.adapter not in pool.adapters_of(base))
+        ]
         if missing:
             self.banner.show_message(f"Cannot rerun: the engine does not serve {', '.join(missing)}.")
             return False
         try:
-            requests = [ColumnRequest(c.name, c.prompt, c.settings.sampling_params()) for c in record.columns]
+            requests = [
+                ColumnRequest(c.name, c.prompt, c.settings.sampling_params(), str(base))
+                for c, base in zip(record.columns, bases, strict=True)
+            ]
         except ValueError as error:
             self.banner.show_message(f"Cannot rerun: {error}")
             return False
@@ -729,17 +826,35 @@ class CompareView(QWidget):
             record.shared,
             [c.overrides for c in record.columns],
             [c.settings for c in record.columns],
-            EngineRecord.of(engine),
         )
-        self._launch(engine, sending, requests, new_columns=True)
-        if record.engine.model_digest != engine.base_digest:
+        self._launch(pool, sending, requests, new_columns=True)
+        changed = {
+            (ran.model_name, ran.model_digest, str(base))
+            for c, base in zip(record.columns, bases, strict=True)
+            for ran in [c.base or record.engine]
+            if ran.model_digest != pool.base(str(base)).digest
+        }
+        if changed:
             self.banner.show_message(
-                f"This run was recorded on {record.engine.model_name} "
-                f"(sha256 {record.engine.model_digest[:12]}); the engine serves {engine.model_name} "
-                f"(sha256 {engine.base_digest[:12]}): answers may differ.",
+                "This run was recorded on "
+                + "; ".join(
+                    f"{name} (sha256 {digest[:12]}), the engine serves {base} "
+                    f"(sha256 {pool.base(base).digest[:12]})"
+                    for name, digest, base in sorted(changed)
+                )
+                + ": answers may differ.",
                 "warning",
             )
         return True
+
+    @staticmethod
+    def _rerun_base(pool: BasePool, record: RunRecord, column: ColumnRun) -> str | None:
+        """The base a recorded column runs on again: a column without an adapter on the base
+        it ran on when that is served (else as its name says), an adapter on its base now."""
+        recorded = (column.base or record.engine).model_name
+        if column.adapter is None and recorded in pool.names:
+            return recorded
+        return column_base(pool, column.name)
 
     # ---------------------------------------------------------------- export
 

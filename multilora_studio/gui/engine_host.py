@@ -1,14 +1,20 @@
-"""The bridge between the engine and the window: starts, restarts and stops the engine off the GUI thread.
+"""The bridge between the engines and the window: starts, restarts and stops them off the GUI thread.
 
-The engine runs its own worker thread; building it (model conversion, weight
-loading) happens on a task thread, and every result reaches the window as a
-queued signal. Views read ``host.engine`` only while ``host.state == "ready"``.
+The window serves one or several base models, each an engine of its own in a ``BasePool``
+(Settings' models list; loaded and swapped as ``serve --model A --model B`` does). Each engine
+runs its own worker thread; building them (model conversion, weight loading) happens on a task
+thread, and every result reaches the window as a queued signal. Views read ``host.pool`` and
+``host.engine`` (the first base's engine while it is loaded) only while ``host.state ==
+"ready"``; work on a base's engine off the GUI thread holds a lease (``host.lease``,
+``host.lease_for``), so that the base is not swapped out under it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
@@ -16,11 +22,12 @@ from PySide6.QtCore import QObject, Signal
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.demo import offer_demo_adapters
-from multilora_studio.deploy import start_engine
-from multilora_studio.engine import ServingEngine
+from multilora_studio.deploy import BasePool, start_engine
+from multilora_studio.engine import EngineConfig, ServingEngine
+from multilora_studio.engine.device_setup import resolve_device
 from multilora_studio.engine.host_memory import return_freed_memory
 from multilora_studio.engine.model_source import check_model_folder
-from multilora_studio.gui.library_ops import LoadResult, load_library
+from multilora_studio.gui.library_ops import LoadResult, base_for, load_library
 from multilora_studio.gui.preferences import EngineChoice
 from multilora_studio.gui.tasks import USER_ERRORS, Cancelled, Task, TaskRunner, user_message
 
@@ -34,11 +41,13 @@ class SettingsRejected(ValueError):
 
 
 class EngineHost(QObject):
-    """Owns the window's engine (see the module docstring): one ``Engine``, or a ``ReplicaSet``
-    when the settings name several devices.
+    """Owns the window's base pool (see the module docstring); each base's engine is one
+    ``Engine``, or a ``ReplicaSet`` when the settings name several devices.
 
-    Each engine start first offers the demo adapters to the library (``offer_demo_adapters``:
-    once per library, only on the model they were trained on) unless ``demo_adapters`` is off.
+    Each start first offers the demo adapters to the library (``offer_demo_adapters``: once per
+    library, only on the model they were trained on) unless ``demo_adapters`` is off.
+    ``load_progress`` holds each base's last load progress (fraction, message) while it loads
+    after the start (a swap), written by the loading thread, read by the Monitor.
     """
 
     stateChanged = Signal(str)
@@ -53,22 +62,57 @@ class EngineHost(QObject):
         self.registry = registry
         self.demo_adapters = demo_adapters
         self.tasks = TaskRunner(self)
-        self._engine: ServingEngine | None = None
-        self._running_engine: ServingEngine | None = (
-            None  # kept running while a new start checks its settings
-        )
-        self._handover = threading.Lock()  # guards _running_engine between the GUI and the start task
+        self._pool: BasePool | None = None
+        self._running_pool: BasePool | None = None  # kept running while a new start checks its settings
+        self._handover = threading.Lock()  # guards _running_pool between the GUI and the start task
         self._boot: Task | None = None
         self.state = STOPPED
         self.error = ""
         self.choice: EngineChoice | None = None
         self.working_choice: EngineChoice | None = None  # the last settings an engine started with
         self.skipped: dict[str, str] = {}
+        self.load_progress: dict[str, tuple[float, str]] = {}
+
+    @property
+    def pool(self) -> BasePool | None:
+        """The running bases, or None while they load, failed or are stopped."""
+        return self._pool if self.state == READY else None
 
     @property
     def engine(self) -> ServingEngine | None:
-        """The running engine, or None while it loads, failed or is stopped."""
-        return self._engine if self.state == READY else None
+        """The first base's engine while it is loaded (None while it is swapped out, or while
+        the pool loads, failed or is stopped)."""
+        pool = self.pool
+        if pool is None:
+            return None
+        return dict(pool.resident()).get(pool.primary)
+
+    @contextlib.contextmanager
+    def lease(self, base: str | None = None) -> Iterator[ServingEngine]:
+        """The engine of ``base`` (default the first), loaded if it is swapped out and kept
+        loaded until the block ends (off the GUI thread: a load takes seconds)."""
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("the engine is not running")
+        with pool.lease(base or pool.primary) as engine:
+            yield engine
+
+    def base_for_adapter(self, name: str) -> str:
+        """The base that serves library adapter ``name``, or would serve it (``base_for``),
+        else the first base."""
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("the engine is not running")
+        found = pool.base_of(name)
+        if found is not None:
+            return found[0]
+        record = self.registry.find(name)
+        digests = {base: pool.base(base).digest for base in pool.names}
+        return (base_for(record, digests) if record is not None else None) or pool.primary
+
+    def lease_for(self, adapter: str) -> contextlib.AbstractContextManager[ServingEngine]:
+        """``lease`` of the base that serves (or would serve) library adapter ``adapter``."""
+        return self.lease(self.base_for_adapter(adapter))
 
     def start(self, choice: EngineChoice) -> None:
         """(Re)start the engine with ``choice``; a start in progress is cancelled first.
@@ -80,7 +124,7 @@ class EngineHost(QObject):
         if self._boot is not None:
             self._boot.cancel()
         with self._handover:
-            self._running_engine, self._engine = self._engine or self._running_engine, None
+            self._running_pool, self._pool = self._pool or self._running_pool, None
         self.choice = choice
         self._set_state(LOADING)
         task = self.tasks.run(
@@ -106,47 +150,94 @@ class EngineHost(QObject):
         if self._boot is not None:
             self._boot.cancel()
             self._boot.wait(30)
-        for engine in (self._engine, self._running_engine):
-            if engine is not None:
-                engine.shutdown()
-        self._engine = self._running_engine = None
+        for pool in (self._pool, self._running_pool):
+            if pool is not None:
+                pool.shutdown()
+        self._pool = self._running_pool = None
         self._set_state(STOPPED)
 
     # ---------------------------------------------------------------- worker side
 
-    def _build(self, task: Task, choice: EngineChoice) -> tuple[ServingEngine, LoadResult]:
+    def _build(self, task: Task, choice: EngineChoice) -> tuple[BasePool, LoadResult]:
         try:
-            model = self._resolve_model(task, choice)
-            if model is not None:
-                check_model_folder(Path(model))
+            configs = choice.engine_configs(self._resolve_model(task, choice))
+            for config in configs:
+                if config.model is not None:
+                    check_model_folder(Path(config.model))
+            if len(configs) > 1 and not choice.kv_cache_gb and self._on_gpu(choice):
+                raise ValueError(
+                    "kv_cache_memory_gb: give each base's KV cache size when several base models share a GPU"
+                )
         except (Cancelled, *USER_ERRORS) as error:
             raise SettingsRejected(user_message(error)) from None
         with self._handover:
-            old, self._running_engine = self._running_engine, None
+            old, self._running_pool = self._running_pool, None
         if old is not None:
             task.report(0.0, "stopping the running engine")
             old.shutdown()
             del old
             return_freed_memory()
-        task.report(0.05, f"loading {choice.label}")
-        engine = start_engine(
-            choice.engine_config(model), choice.device_list(), choice.dispatch_margin, task.report
-        )
+        self.load_progress = {}
+        pool = self._start_pool(task, choice, configs)
         try:
+            primary = dict(pool.resident())[pool.primary]
             if self.demo_adapters:
                 task.report(0.9, "adding the demo adapters")
-                offer_demo_adapters(self.registry, BaseModelRef.of_engine(engine))
+                offer_demo_adapters(self.registry, BaseModelRef.of_engine(primary))
             task.report(0.9, "registering the library's adapters")
-            result = load_library(self.registry, engine, lambda f, m: task.report(0.9 + 0.1 * f, m))
+            result = load_library(self.registry, pool, lambda f, m: task.report(0.9 + 0.1 * f, m))
             warm = [r.name for r in self.registry.list_adapters() if r.warm and r.name in result.loaded]
-            if warm:
-                task.report(1.0, f"reading {len(warm)} warm adapters into host RAM")
-                engine.prefetch_adapters(warm[: engine.config.max_cpu_loras or 0])  # what the tier holds
+            for base, engine in pool.resident():
+                own = [name for name in warm if pool.base_of(name) == (base, name)]
+                if own:
+                    task.report(1.0, f"reading {len(own)} warm adapters of {base} into host RAM")
+                    snapshot = engine.metrics(fresh=True)
+                    room = snapshot.cpu_capacity if snapshot is not None else len(own)  # the tier's size
+                    engine.prefetch_adapters(own[:room])
             task.report(1.0, "ready")
         except BaseException:
-            engine.shutdown()
+            pool.shutdown()
             raise
-        return engine, result
+        return pool, result
+
+    def _start_pool(self, task: Task, choice: EngineChoice, configs: list[EngineConfig]) -> BasePool:
+        """The bases of ``configs``, the first ``max_resident_bases`` of them started now; a later
+        load (a swap) reports its progress into ``load_progress``."""
+        max_resident, keep_alive = choice.pool_options
+        resident = max_resident or len(configs)
+        devices = choice.device_list()
+        names: dict[int, str] = {}  # id of a base's config -> its name
+
+        def load(config: EngineConfig) -> ServingEngine:
+            name = names.get(id(config), "")
+
+            def report(fraction: float, message: str) -> None:
+                self.load_progress[name] = (fraction, message)
+
+            report(0.0, "loading")
+            try:
+                return start_engine(config, devices, choice.dispatch_margin, report)
+            finally:
+                self.load_progress.pop(name, None)
+
+        started: list[ServingEngine] = []
+        try:
+            for index, config in enumerate(configs[:resident]):
+                label = "" if len(configs) == 1 else f" (base {index + 1} of {len(configs)})"
+                task.report(0.05, f"loading {config.model or choice.label}{label}")
+                started.append(start_engine(config, devices, choice.dispatch_margin, task.report))
+            pool = BasePool(configs, max_resident, keep_alive, engine_factory=load, started=started)
+        except BaseException:
+            for engine in started:
+                engine.shutdown()
+            raise
+        names.update({id(pool.base(name).config): name for name in pool.names})
+        return pool
+
+    @staticmethod
+    def _on_gpu(choice: EngineChoice) -> bool:
+        devices = choice.device_list()
+        return resolve_device(devices[0] if devices else choice.device).type == "cuda"
 
     def _resolve_model(self, task: Task, choice: EngineChoice) -> str | None:
         if choice.model_source == "embedded":
@@ -173,13 +264,13 @@ class EngineHost(QObject):
 
     # ---------------------------------------------------------------- GUI side
 
-    def _on_ready(self, task: Task, value: tuple[ServingEngine, LoadResult]) -> None:
-        engine, result = value
+    def _on_ready(self, task: Task, value: tuple[BasePool, LoadResult]) -> None:
+        pool, result = value
         if task is not self._boot:  # a newer start replaced this one
-            engine.shutdown()
+            pool.shutdown()
             return
         self._boot = None
-        self._engine = engine
+        self._pool = pool
         self.working_choice = self.choice
         self.skipped = dict(result.skipped)
         self.error = ""
@@ -192,9 +283,9 @@ class EngineHost(QObject):
             return
         self._boot = None
         with self._handover:
-            kept, self._running_engine = self._running_engine, None
-        if task.error_type is SettingsRejected and kept is not None and kept.running:
-            self._engine = kept
+            kept, self._running_pool = self._running_pool, None
+        if task.error_type is SettingsRejected and kept is not None:
+            self._pool = kept
             self.choice = self.working_choice
             self.error = message
             self._set_state(READY)

@@ -1,6 +1,7 @@
 """Evaluate view: a prompt-set file through the ticked adapters (and the base), scored per adapter.
 
-The run is one background task over the window's engine (``evaluate.run_eval``: every prompt
+The run is one background task over the first base model's engine, leased (loaded first if it
+was swapped out; ``evaluate.run_eval``: every prompt
 with every adapter in shared batches), with progress and Cancel. When it ends the matrix shows
 each output tinted by pass or fail, the scores table each adapter's numbers, the drill-down one
 prompt's outputs side by side; the results are saved as JSON and the library records the scores
@@ -200,9 +201,9 @@ class EvaluateView(QWidget):
     # ---------------------------------------------------------------- choices
 
     def refresh_adapters(self) -> None:
-        """List 'base' and every adapter the engine serves, ticked as the person left them."""
-        engine = self.host.engine
-        names = [BASE, *sorted(info.name for info in engine.list_adapters())] if engine is not None else []
+        """List 'base' and every adapter the first base model serves, ticked as the person left them."""
+        pool = self.host.pool
+        names = [BASE, *sorted(pool.adapters_of(pool.primary))] if pool is not None else []
         self.adapters.blockSignals(True)
         self.adapters.clear()
         for name in names:
@@ -261,17 +262,17 @@ class EvaluateView(QWidget):
         """Start a run with the current choices; a problem shows in the banner."""
         if self.task is not None:
             return False
-        engine, names, path = self.host.engine, self.checked_names(), self.path.text().strip()
+        pool, names, path = self.host.pool, self.checked_names(), self.path.text().strip()
         problem = (
             "Choose a prompt set file first."
             if not path
             else "The engine is not ready yet."
-            if engine is None
+            if pool is None
             else "Tick at least one adapter (or base)."
             if not names
             else None
         )
-        if problem is not None or engine is None:
+        if problem is not None or pool is None:
             self.banner.show_message(problem or "The engine is not ready yet.", "warning")
             return False
         default = self.default_check.currentText() if self.default_check.currentIndex() > 0 else None
@@ -284,7 +285,10 @@ class EvaluateView(QWidget):
 
         def work(task: Task) -> Finished:
             prompt_set = load_prompt_set(Path(path), default)
-            results = run_eval(engine, prompt_set, names, settings, task.report, task.cancel_event, digests)
+            with self.host.lease() as engine:  # the first base, loaded if it was swapped out
+                results = run_eval(
+                    engine, prompt_set, names, settings, task.report, task.cancel_event, digests
+                )
             saved = save_results(results, folder)
             return Finished(results, saved, record_scores(registry, results, saved))
 
@@ -295,8 +299,7 @@ class EvaluateView(QWidget):
         """Run the saved evaluation ``path`` again, its inputs shown in the view; problems in the banner."""
         if self.task is not None:
             return False
-        engine = self.host.engine
-        if engine is None:
+        if self.host.pool is None:
             self.banner.show_message("The engine is not ready yet.", "warning")
             return False
         try:
@@ -309,8 +312,9 @@ class EvaluateView(QWidget):
 
         def work(task: Task) -> Finished:
             rerun = Rerun.of(saved)
-            warnings = rerun.check_engine(engine, digests)
-            results = rerun.run(engine, task.report, task.cancel_event, digests)
+            with self.host.lease() as engine:  # the first base, loaded if it was swapped out
+                warnings = rerun.check_engine(engine, digests)
+                results = rerun.run(engine, task.report, task.cancel_event, digests)
             written = save_results(results, folder)
             return Finished(
                 results, written, record_scores(registry, results, written), rerun, tuple(warnings)

@@ -20,6 +20,9 @@ FIELD_LABELS = {
     "model": "Base model",
     "devices": "Engine replicas on",
     "dispatch_margin": "Dispatch margin",
+    "max_resident_bases": "Bases loaded at once",
+    "keep_alive": "Unload a base idle for",
+    "kv_cache_memory_gb": "KV cache per base (GB)",
 }
 
 

@@ -5,10 +5,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtCore import (
+    QAbstractItemModel,
+    QAbstractTableModel,
+    QModelIndex,
+    QObject,
+    QPersistentModelIndex,
+    QSortFilterProxyModel,
+    Qt,
+)
 
 from multilora_studio.adapters.registry_schema import AdapterRecord
 from multilora_studio.engine import EngineMetrics
+from multilora_studio.gui.base_states import LOADED, BaseState
 from multilora_studio.gui.widgets import format_bytes, format_time
 
 # Name first (it stays in place when the table scrolls sideways), then what changes while serving
@@ -26,7 +35,6 @@ COLUMNS = (
     "Last used",
 )
 TIER_COLUMN = COLUMNS.index("Tier")
-SORT_ROLE = Qt.ItemDataRole.UserRole
 Index = QModelIndex | QPersistentModelIndex
 
 
@@ -44,27 +52,128 @@ def tiers_of(metrics: EngineMetrics | None, served: Iterable[str]) -> dict[str, 
     return tiers
 
 
+def tiers_of_bases(bases: Iterable[BaseState]) -> dict[str, str]:
+    """``tiers_of`` each base's adapters; those of a base that is not loaded are on disk."""
+    tiers: dict[str, str] = {}
+    for base in bases:
+        if base.state == LOADED:
+            tiers.update(tiers_of(base.metrics, base.adapters))
+        else:
+            tiers.update(dict.fromkeys(base.adapters, f"disk (base {base.state})"))
+    return tiers
+
+
+def base_key(record: AdapterRecord) -> str:
+    """What the Library's base filter groups by: the base weights' digest (the name when the
+    digest is unknown)."""
+    return record.base_digest or f"name:{record.base_name}"
+
+
+class BaseFilterProxy(QSortFilterProxyModel):
+    """The text filter over every column (``set_text``), and the rows of one base (``set_base``;
+    None: all). Sorting is the source model's (``LibraryModel.sort``): this proxy keeps its
+    order, so neither filtering nor sorting calls ``data`` for every row and column."""
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.base: str | None = None
+        self.text = ""
+
+    def set_base(self, key: str | None) -> None:
+        if key != self.base:
+            self.base = key
+            self.invalidate()
+
+    def set_text(self, text: str) -> None:
+        self.text = text.casefold()
+        self.invalidate()
+
+    def sort(self, column: int, order: Qt.SortOrder = Qt.SortOrder.AscendingOrder) -> None:
+        model = self.sourceModel()
+        if isinstance(model, LibraryModel):
+            model.sort(column, order)
+
+    def filterAcceptsRow(self, source_row: int, source_parent: Index) -> bool:
+        model = self.sourceModel()
+        if not isinstance(model, LibraryModel):
+            return True
+        if self.base is not None and base_key(model.record(source_row)) != self.base:
+            return False
+        return model.matches(source_row, self.text)
+
+
+def cells_of(record: AdapterRecord) -> tuple[str, ...]:
+    """The row's text in ``COLUMNS`` order; the tier (which changes while serving) left empty."""
+    values = {
+        "Name": record.name,
+        "State": record.state + (", warm" if record.warm else ""),
+        "Aliases": ", ".join(record.aliases),
+        "Source": ("Hub " if record.source_kind == "hub" else "") + record.source_label,
+        "Base": record.base_name,
+        "Rank": record.rank_label,
+        "Targets": ", ".join(record.targets),
+        "Size": format_bytes(record.size_bytes),
+        "Tier": "",
+        "Pinned": "yes" if record.pinned else "",
+        "Last used": format_time(record.last_used),
+    }
+    return tuple(values[column] for column in COLUMNS)
+
+
+def row_runs(rows: Iterable[int]) -> list[tuple[int, int]]:
+    """``(first, last)`` of each run of consecutive rows, in order."""
+    runs: list[tuple[int, int]] = []
+    for row in sorted(rows):
+        if runs and runs[-1][1] == row - 1:
+            runs[-1] = (runs[-1][0], row)
+        else:
+            runs.append((row, row))
+    return runs
+
+
 class LibraryModel(QAbstractTableModel):
-    """Rows are AdapterRecords; the tier column follows the engine's metrics snapshot."""
+    """Rows are AdapterRecords, in the order of the last ``sort``; the tier column follows the
+    engine's metrics snapshot.
+
+    Built for libraries of thousands: a row's text is made once, when it is first shown or
+    filtered; a refresh that keeps the same adapters redraws only the rows whose records
+    changed, and a tier update only the rows whose tier changed.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.records: list[AdapterRecord] = []
         self.tiers: dict[str, str] = {}
         self.skipped: dict[str, str] = {}
+        self.sort_column, self.sort_order = 0, Qt.SortOrder.AscendingOrder
+        self._rows: dict[str, int] = {}  # name -> row
+        self._cells: list[tuple[str, ...] | None] = []  # cells_of each row, made on first use
+        self._texts: list[str | None] = []  # each row's cells casefolded, for the filter
 
     def set_records(self, records: list[AdapterRecord], skipped: dict[str, str]) -> None:
+        """Show ``records``: the rows of those whose records (or skip reasons) changed are
+        redrawn in place when the library holds the same adapters, else the table is rebuilt."""
+        if len(records) == len(self.records) and all(r.name in self._rows for r in records):
+            changed = []
+            for record in records:
+                row = self._rows[record.name]
+                if record != self.records[row] or skipped.get(record.name) != self.skipped.get(record.name):
+                    self.records[row], self._cells[row], self._texts[row] = record, None, None
+                    changed.append(row)
+            self.skipped = dict(skipped)
+            self._rows_changed(changed, 0, len(COLUMNS) - 1)
+            return
         self.beginResetModel()
-        self.records = list(records)
         self.skipped = dict(skipped)
+        self._arrange(list(records))
         self.endResetModel()
 
     def set_tiers(self, tiers: dict[str, str]) -> None:
         if tiers == self.tiers:
             return
+        moved = {name for name in self.tiers.keys() | tiers.keys() if self.tiers.get(name) != tiers.get(name)}
         self.tiers = dict(tiers)
-        if self.records:
-            self.dataChanged.emit(self.index(0, TIER_COLUMN), self.index(len(self.records) - 1, TIER_COLUMN))
+        self._rows_changed([self._rows[name] for name in moved if name in self._rows], TIER_COLUMN, TIER_COLUMN)
 
     def tier(self, name: str) -> str:
         if name in self.skipped:
@@ -73,6 +182,34 @@ class LibraryModel(QAbstractTableModel):
 
     def record(self, row: int) -> AdapterRecord:
         return self.records[row]
+
+    def row_of(self, name: str) -> int | None:
+        """The row of adapter ``name`` (None if it is not in the library)."""
+        return self._rows.get(name)
+
+    def matches(self, row: int, text: str) -> bool:
+        """Whether ``text`` (casefolded) is in one of the row's cells ("" matches every row)."""
+        if not text:
+            return True
+        cached = self._texts[row]
+        if cached is None:
+            cached = self._texts[row] = "\n".join(self._row_cells(row)).casefold()
+        return text in cached or text in self.tier(self.records[row].name).casefold()
+
+    def sort(self, column: int, order: Qt.SortOrder = Qt.SortOrder.AscendingOrder) -> None:
+        """Order the rows by ``column`` (numbers by value, text case-insensitively); kept
+        through refreshes that hold the same adapters."""
+        self.sort_column, self.sort_order = column, order
+        self.layoutAboutToBeChanged.emit([], QAbstractItemModel.LayoutChangeHint.VerticalSortHint)
+        before = {name: row for name, row in self._rows.items()}
+        persistent = self.persistentIndexList()
+        self._arrange(self.records)
+        self.changePersistentIndexList(
+            persistent,
+            [self.index(self._rows[self.records[before_row].name], index.column())
+             for index in persistent for before_row in (index.row(),)],
+        )  # fmt: skip
+        self.layoutChanged.emit([], QAbstractItemModel.LayoutChangeHint.VerticalSortHint)
 
     def rowCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008
         return 0 if parent.isValid() else len(self.records)
@@ -88,36 +225,48 @@ class LibraryModel(QAbstractTableModel):
     def data(self, index: Index, role: int = 0) -> Any:
         if not index.isValid():
             return None
-        record = self.records[index.row()]
-        column = COLUMNS[index.column()]
+        row, column = index.row(), index.column()
         if role == Qt.ItemDataRole.DisplayRole:
-            return self._display(record, column)
-        if role == SORT_ROLE:
-            sort_keys = {
-                "Rank": record.rank,
-                "Size": record.size_bytes,
-                "Last used": record.last_used or 0.0,
-                "Pinned": int(record.pinned),
-            }
-            return sort_keys.get(column, self._display(record, column).lower())
+            return self.tier(self.records[row].name) if column == TIER_COLUMN else self._row_cells(row)[column]
         if role == Qt.ItemDataRole.ToolTipRole:
+            record = self.records[row]
             if record.name in self.skipped:
                 return f"Not served: {self.skipped[record.name]}"
             return str(record.path)
         return None
 
-    def _display(self, record: AdapterRecord, column: str) -> str:
-        values = {
-            "Name": record.name,
-            "State": record.state + (", warm" if record.warm else ""),
-            "Aliases": ", ".join(record.aliases),
-            "Source": ("Hub " if record.source_kind == "hub" else "") + record.source_label,
-            "Base": record.base_name,
-            "Rank": record.rank_label,
-            "Targets": ", ".join(record.targets),
-            "Size": format_bytes(record.size_bytes),
-            "Tier": self.tier(record.name),
-            "Pinned": "yes" if record.pinned else "",
-            "Last used": format_time(record.last_used),
+    def _row_cells(self, row: int) -> tuple[str, ...]:
+        cells = self._cells[row]
+        if cells is None:
+            cells = self._cells[row] = cells_of(self.records[row])
+        return cells
+
+    def _sort_key(self, record: AdapterRecord, cells: tuple[str, ...] | None) -> Any:
+        numbers = {
+            "Rank": record.rank,
+            "Size": record.size_bytes,
+            "Last used": record.last_used or 0.0,
+            "Pinned": int(record.pinned),
         }
-        return values[column]
+        column = COLUMNS[self.sort_column]
+        if column in numbers:
+            return numbers[column]
+        if column == "Tier":
+            return self.tier(record.name).casefold()
+        return (cells or cells_of(record))[self.sort_column].casefold()
+
+    def _arrange(self, records: list[AdapterRecord]) -> None:
+        """Hold ``records`` in the current sort order, their cells kept where already made."""
+        made = {name: self._cells[row] for name, row in self._rows.items()}
+        keyed = sorted(
+            ((self._sort_key(record, made.get(record.name)), index) for index, record in enumerate(records)),
+            reverse=self.sort_order == Qt.SortOrder.DescendingOrder,
+        )
+        self.records = [records[index] for _, index in keyed]
+        self._rows = {record.name: row for row, record in enumerate(self.records)}
+        self._cells = [made.get(record.name) for record in self.records]
+        self._texts = [None] * len(self.records)
+
+    def _rows_changed(self, rows: list[int], first_column: int, last_column: int) -> None:
+        for first, last in row_runs(rows):
+            self.dataChanged.emit(self.index(first, first_column), self.index(last, last_column))

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import LibraryError, Registry
+from multilora_studio.adapters.registry_lifecycle import not_served_because
 from multilora_studio.adapters.registry_schema import AdapterRecord
+from multilora_studio.deploy import BasePool
 from multilora_studio.engine import ServingEngine
 
 log = logging.getLogger(__name__)
@@ -25,20 +27,48 @@ class LoadResult:
     skipped: dict[str, str]
 
 
-def load_library(registry: Registry, engine: ServingEngine, report: Report | None = None) -> LoadResult:
-    """Register every library adapter with the engine (weights are read on first use)."""
+def base_for(record: AdapterRecord, digests: dict[str, str]) -> str | None:
+    """The base (of ``digests``: name -> weights digest, the first base first) that serves
+    ``record``: the first whose weights it was validated against, else the first base unless
+    its weights are known to differ; None when no base may serve it."""
+    for name, digest in digests.items():
+        if record.base_status(digest) == "ok":
+            return name
+    first = next(iter(digests))
+    return first if record.base_status(digests[first]) != "mismatch" else None
+
+
+def load_library(registry: Registry, pool: BasePool, report: Report | None = None) -> LoadResult:
+    """Register every library adapter with the base it was validated against (``base_for``);
+    weights are read on first use. A loaded base's engine takes it at once (and its pin); a
+    swapped-out base when it next loads."""
     records = registry.list_adapters()
-    served = {info.name for info in engine.list_adapters()}
+    digests = {name: pool.base(name).digest for name in pool.names}
+    resident = dict(pool.resident())
     loaded: list[str] = []
     skipped: dict[str, str] = {}
     for index, record in enumerate(records):
         if report is not None:
             report(index / max(1, len(records)), f"registering adapter {record.name}")
-        if record.name in served:
+        if pool.base_of(record.name) is not None:
             loaded.append(record.name)
             continue
+        base = base_for(record, digests)
         try:
-            add_to_engine(registry, engine, record)
+            if base is None:
+                raise LibraryError(
+                    f"validated against base {record.base_name} (sha256 {record.base_digest[:12]}), "
+                    "which is not among the base models in Settings"
+                )
+            engine = resident.get(base)
+            if engine is not None:
+                add_to_engine(registry, engine, record)
+            else:
+                registry.check_base(record.name, digests[base])
+                refused = not_served_because(record, None, None)
+                if refused is not None:
+                    raise LibraryError(f"{record.name!r} is not served: {refused}")
+                pool.register_adapter(base, record.name, record.path)
         except (ValueError, OSError) as error:
             skipped[record.name] = str(error)
             log.info("not serving %s: %s", record.name, error)

@@ -1,5 +1,9 @@
-"""Library view: the adapter table with sort and filter; import, pull, pin, rename, alias, remove,
-merge and export, details."""
+"""Library view: the adapter table with sort, filter and a base filter; import, pull, pin, rename,
+alias, remove, merge and export, details.
+
+Each action that touches an engine runs on a task thread with a lease of the adapter's base
+(``EngineHost.lease_for``): a swapped-out base is loaded for it.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,10 @@ import html
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import QSortFilterProxyModel, Qt, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QComboBox,
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
@@ -24,17 +29,26 @@ from PySide6.QtWidgets import (
 )
 
 from multilora_studio.adapters.registry_schema import AdapterRecord
-from multilora_studio.engine import EngineMetrics
+from multilora_studio.engine import ServingEngine
 from multilora_studio.gui import library_ops
+from multilora_studio.gui.base_states import BaseState, base_states
 from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.frozen_table import FrozenFirstColumnTable
-from multilora_studio.gui.library_model import SORT_ROLE, LibraryModel, tiers_of
+from multilora_studio.gui.library_model import (
+    SORT_ROLE,
+    BaseFilterProxy,
+    LibraryModel,
+    base_key,
+    tiers_of_bases,
+)
 from multilora_studio.gui.merge_dialog import MergeDialog
 from multilora_studio.gui.tasks import Task
 from multilora_studio.gui.widgets import MessageBanner, format_bytes, format_time
 
 MAX_COLUMN_WIDTH = 220
 HISTORY_ROWS = 20  # the newest events of an adapter shown in its details
+ALL_BASES = "All bases"
+BASE_NAME_ROLE = Qt.ItemDataRole.UserRole + 1  # a base filter entry's base name
 
 
 class LibraryView(QWidget):
@@ -48,7 +62,7 @@ class LibraryView(QWidget):
         self.registry = host.registry
         self.banner = MessageBanner()
         self.model = LibraryModel()
-        self.proxy = QSortFilterProxyModel(self)
+        self.proxy = BaseFilterProxy(self)
         self.proxy.setSourceModel(self.model)
         self.proxy.setSortRole(SORT_ROLE)
         self.proxy.setFilterKeyColumn(-1)
@@ -57,6 +71,12 @@ class LibraryView(QWidget):
         self.filter = QLineEdit(placeholderText="Filter by name, source, base, targets…")
         self.filter.setClearButtonEnabled(True)
         self.filter.textChanged.connect(self.proxy.setFilterFixedString)
+        self.base_filter = QComboBox()
+        self.base_filter.setToolTip("Only the adapters validated against one base model's weights")
+        self.base_filter.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.base_filter.currentIndexChanged.connect(
+            lambda *_: self.proxy.set_base(self.base_filter.currentData())
+        )
         self.import_button = QPushButton("Import folder…")
         self.pull_button = QPushButton("Pull from Hub…")
         self.pin_button = QPushButton("Pin")
@@ -96,6 +116,7 @@ class LibraryView(QWidget):
             buttons.addWidget(button)
         buttons.addWidget(self.remove_button)
         buttons.addStretch(1)
+        buttons.addWidget(self.base_filter)
         buttons.addWidget(self.filter, 2)
 
         self.table = FrozenFirstColumnTable()
@@ -138,9 +159,10 @@ class LibraryView(QWidget):
             return
         self.model.set_records(records, self.host.skipped)
         self._fit_columns()
-        engine = self.host.engine
-        served = [info.name for info in engine.list_adapters()] if engine is not None else []
-        self.model.set_tiers(tiers_of(engine.metrics() if engine is not None else None, served))
+        pool = self.host.pool
+        bases = base_states(pool, self.host.load_progress) if pool is not None else []
+        self._show_bases(records, bases)
+        self.model.set_tiers(tiers_of_bases(bases))
         if selected is not None:
             self.select(selected)
         self._selection_changed()
@@ -150,10 +172,36 @@ class LibraryView(QWidget):
         for column in range(self.model.columnCount()):
             self.table.setColumnWidth(column, min(self.table.columnWidth(column), MAX_COLUMN_WIDTH))
 
-    def update_metrics(self, metrics: EngineMetrics | None) -> None:
-        engine = self.host.engine
-        served = [info.name for info in engine.list_adapters()] if engine is not None else []
-        self.model.set_tiers(tiers_of(metrics, served))
+    def update_metrics(self, bases: list[BaseState]) -> None:
+        self.model.set_tiers(tiers_of_bases(bases))
+
+    def _show_bases(self, records: list[AdapterRecord], bases: list[BaseState]) -> None:
+        """The base filter's entries: every base of the library's adapters, and every base the
+        window serves; the chosen one stays chosen."""
+        served = {base.digest: base.name for base in bases if base.digest}
+        choices = {base_key(r): (r.base_name, r.base_digest) for r in records}
+        for digest, name in served.items():
+            choices.setdefault(digest, (name, digest))
+        chosen = self.base_filter.currentData()
+        self.base_filter.blockSignals(True)
+        self.base_filter.clear()
+        self.base_filter.addItem(ALL_BASES, None)
+        for key, (name, digest) in sorted(choices.items(), key=lambda item: item[1]):
+            mark = f" (sha256 {digest[:12]})" if digest else " (digest unknown)"
+            where = ", served" if digest in served else ""
+            self.base_filter.addItem(f"{name}{mark}{where}", key)
+            self.base_filter.setItemData(self.base_filter.count() - 1, name, BASE_NAME_ROLE)
+        index = self.base_filter.findData(chosen)
+        self.base_filter.setCurrentIndex(max(0, index))
+        self.base_filter.blockSignals(False)
+        self.proxy.set_base(self.base_filter.currentData())
+
+    def filter_base(self, name: str | None) -> bool:
+        """Show only the adapters of the base called ``name`` (None: of every base)."""
+        index = 0 if name is None else self.base_filter.findData(name, BASE_NAME_ROLE)
+        if index >= 0:
+            self.base_filter.setCurrentIndex(index)
+        return index >= 0
 
     def names(self) -> list[str]:
         """Adapter names in table order (after sorting and filtering)."""
@@ -251,61 +299,83 @@ class LibraryView(QWidget):
 
     # ---------------------------------------------------------------- actions
 
-    def import_folder(self, folder: str | Path, name: str | None = None) -> Task | None:
-        """Validate and import a PEFT folder, then serve it; problems show in the banner."""
-        engine = self.host.engine
-        if engine is None:
+    def import_folder(
+        self, folder: str | Path, name: str | None = None, base: str | None = None
+    ) -> Task | None:
+        """Validate a PEFT folder against ``base`` (default the first base; loaded for it if it
+        is swapped out), import it and serve it there; problems show in the banner."""
+        if self.host.pool is None:
             self.banner.show_message("The engine is not ready yet; import once it has loaded.", "warning")
             return None
         path = Path(folder)
+
+        def work(task: Task) -> AdapterRecord:
+            with self.host.lease(base) as engine:
+                return library_ops.import_adapter(self.registry, engine, path, name)
+
         return self._run(
             f"import {path.name}",
-            lambda task: library_ops.import_adapter(self.registry, engine, path, name),
+            work,
             lambda record: f"Imported {record.name!r} (rank {record.rank}, {', '.join(record.targets)}).",
         )
 
     def remove(self, name: str) -> Task:
-        engine = self.host.engine
         return self._run(
             f"remove {name}",
-            lambda task: library_ops.remove_adapter(self.registry, engine, name),
+            self._on_base_of(name, lambda engine: library_ops.remove_adapter(self.registry, engine, name)),
             lambda record: f"Removed {record.name!r}.",
         )
 
     def set_pinned(self, name: str, pinned: bool) -> Task:
-        engine = self.host.engine
         return self._run(
             f"pin {name}",
-            lambda task: library_ops.set_pinned(self.registry, engine, name, pinned),
+            self._on_base_of(
+                name, lambda engine: library_ops.set_pinned(self.registry, engine, name, pinned)
+            ),
             lambda record: f"{'Pinned' if record.pinned else 'Unpinned'} {record.name!r}.",
         )
 
     def rename(self, name: str, new_name: str) -> Task:
-        engine = self.host.engine
         return self._run(
             f"rename {name}",
-            lambda task: library_ops.rename_adapter(self.registry, engine, name, new_name),
+            self._on_base_of(
+                name, lambda engine: library_ops.rename_adapter(self.registry, engine, name, new_name)
+            ),
             lambda record: f"{name!r} is now called {record.name!r}.",
         )
 
     def change_state(self, name: str, action: str, reason: str = "") -> Task:
         """Retire, reactivate, archive or restore ``name`` (``library_ops.change_state``)."""
-        engine = self.host.engine
         return self._run(
             f"{action} {name}",
-            lambda task: library_ops.change_state(self.registry, engine, name, action, reason),
+            self._on_base_of(
+                name, lambda engine: library_ops.change_state(self.registry, engine, name, action, reason)
+            ),
             lambda record: f"{record.name!r} is {record.state}.",
         )
 
     def set_warm(self, name: str, warm: bool) -> Task:
-        engine = self.host.engine
         return self._run(
             f"warm {name}",
-            lambda task: library_ops.set_warm(self.registry, engine, name, warm),
+            self._on_base_of(name, lambda engine: library_ops.set_warm(self.registry, engine, name, warm)),
             lambda record: (
                 f"{record.name!r} is {'read at every engine start' if record.warm else 'read on first use'}."
             ),
         )
+
+    def _on_base_of(
+        self, name: str, work: Callable[[ServingEngine | None], AdapterRecord]
+    ) -> Callable[[Task], AdapterRecord]:
+        """``work`` for a task: given the engine of the base that serves (or would serve)
+        adapter ``name``, leased; given None while no engine runs (the library alone changes)."""
+        if self.host.pool is None:
+            return lambda task: work(None)
+
+        def leased(task: Task) -> AdapterRecord:
+            with self.host.lease_for(name) as engine:
+                return work(engine)
+
+        return leased
 
     def add_alias(self, name: str, alias: str) -> Task:
         return self._run(
@@ -345,8 +415,17 @@ class LibraryView(QWidget):
         name, ok = QInputDialog.getText(
             self, "Import adapter", "Name in the library:", text=Path(folder).name
         )
-        if ok:
-            self.import_folder(folder, name.strip() or None)
+        if not ok:
+            return
+        pool = self.host.pool
+        base = None
+        if pool is not None and len(pool.names) > 1:
+            base, ok = QInputDialog.getItem(
+                self, "Import adapter", "Base model it was trained on:", pool.names, 0, False
+            )
+            if not ok:
+                return
+        self.import_folder(folder, name.strip() or None, base)
 
     def _lifecycle(self, button: QPushButton) -> None:
         name = self.selected_name()

@@ -9,6 +9,8 @@ from PySide6.QtGui import QCloseEvent, QKeySequence, QMoveEvent, QResizeEvent, Q
 from PySide6.QtWidgets import QApplication, QHBoxLayout, QListWidget, QMainWindow, QStackedWidget, QWidget
 
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.deploy.combined_metrics import combine_metrics
+from multilora_studio.gui.base_states import base_states
 from multilora_studio.gui.compare_view import CompareView
 from multilora_studio.gui.engine_host import READY, EngineHost
 from multilora_studio.gui.evaluate_view import EvaluateView
@@ -101,12 +103,15 @@ class MainWindow(QMainWindow):
         return PAGES[self.stack.currentIndex()]
 
     def poll_metrics(self) -> None:
-        """Read the engine's latest snapshot (no call into the worker) and hand it to the views."""
-        engine = self.host.engine
-        metrics = engine.metrics() if engine is not None else None
-        self.monitor.update_metrics(metrics)
-        self.library.update_metrics(metrics)
-        self.status.refresh(metrics)
+        """Read each loaded base's latest snapshot (no call into the workers) and hand them to
+        the views: the Monitor's counters sum the loaded bases, the status bar shows the first."""
+        pool = self.host.pool
+        bases = base_states(pool, self.host.load_progress) if pool is not None else []
+        loaded = [base.metrics for base in bases if base.metrics is not None]
+        first = bases[0].metrics if bases else None
+        self.monitor.update_metrics(combine_metrics(loaded) if len(bases) > 1 and loaded else first, bases)
+        self.library.update_metrics(bases)
+        self.status.refresh(first)
 
     def apply_advice(self, max_loras: int, max_cpu_loras: int) -> None:
         """The Monitor's advice into Settings, applied (the engine restarts with it)."""

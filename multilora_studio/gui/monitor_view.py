@@ -1,5 +1,5 @@
-"""Monitor view: GPU slots and the CPU tier (of each engine replica), disk counts, counters, the
-endpoint's usage by tenant, and live plots from the metrics snapshot."""
+"""Monitor view: each base model's state with its GPU slots and CPU tier (of each engine replica),
+disk counts, counters, the endpoint's usage by tenant, and live plots from the metrics snapshot."""
 
 from __future__ import annotations
 
@@ -20,12 +20,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from multilora_studio.deploy import replicas_of
 from multilora_studio.engine import EngineMetrics
 from multilora_studio.gui.advice_panel import AdvicePanel
+from multilora_studio.gui.base_panel import BasePanel
+from multilora_studio.gui.base_states import LOADED, BaseState
 from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.preferences import Preferences
-from multilora_studio.gui.replica_panel import ReplicaPanel, replica_title
+from multilora_studio.gui.replica_panel import ReplicaPanel
 from multilora_studio.gui.theme import plot_background, plot_foreground
 from multilora_studio.gui.usage_table import UsageTable
 from multilora_studio.gui.widgets import format_bytes, format_ms
@@ -51,6 +52,9 @@ PLOTS = (  # title, unit, series and pen colors
     ("Hit rate (GPU slots, CPU tier)", "%", (("gpu_hit_rate", "#8e24aa"), ("cpu_hit_rate", "#00897b"))),
     ("Cold-load latency p50 / p95", "ms", (("p50", "#6d4c41"), ("p95", "#e53935"))),
 )
+PANELS_MIN_HEIGHT, PANELS_MAX_HEIGHT = 240, 560  # a slot panel; all of them: about two, more scroll
+BASE_TITLE_HEIGHT = 40  # a base's heading and note above its slot panels
+NO_ENGINE = BaseState("", "", LOADED, None, (("0", None),), (), None, 0, None)  # an empty slot grid
 
 
 def hit_rate(hits: int, misses: int) -> float:
@@ -60,7 +64,10 @@ def hit_rate(hits: int, misses: int) -> float:
 
 
 class MonitorView(QWidget):
-    """Fed by ``update_metrics`` (the window's timer, ~5 Hz); plots redraw only while visible."""
+    """Fed by ``update_metrics`` (the window's timer, ~5 Hz); plots redraw only while visible.
+
+    One panel per base model (``bases``); the counters and plots are of the snapshot given:
+    the one base's, or the sum over the loaded bases (the window's ``poll_metrics``)."""
 
     def __init__(
         self, host: EngineHost, usage: UsageLedger, prefs: Preferences, parent: QWidget | None = None
@@ -73,22 +80,23 @@ class MonitorView(QWidget):
         self.times: deque[float] = deque()
         self.history: dict[str, deque[float]] = {name: deque() for name in SERIES}
         self.last: EngineMetrics | None = None
-        self.panels: list[ReplicaPanel] = []  # one per engine replica
+        self.bases: list[BasePanel] = []  # one per base model
+        self.base_states: list[BaseState] = []
         panels = QWidget()
         self.panels_layout = QVBoxLayout(panels)
         self.panels_layout.setContentsMargins(0, 0, 0, 0)
-        scroll = QScrollArea()
+        self.panels_scroll = scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setWidget(panels)
-        scroll.setMinimumHeight(240)
-        scroll.setMaximumHeight(380)  # about two replicas' panels; more scroll
+        scroll.setMinimumHeight(PANELS_MIN_HEIGHT)
+        scroll.setMaximumHeight(PANELS_MAX_HEIGHT)
         self.counts = QLabel()
         self.counts.setWordWrap(True)
         self.stats = QLabel("waiting for the engine…")
         self.stats.setWordWrap(True)
         self.stats.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
 
-        stats_box = QGroupBox("Engine")
+        self.stats_box = stats_box = QGroupBox("Engine")
         QVBoxLayout(stats_box).addWidget(self.stats)
         row = QHBoxLayout()
         row.addWidget(self.counts, 1)
@@ -151,11 +159,18 @@ class MonitorView(QWidget):
                 for _sample, label in legend.items:
                     label.setText(label.text, color=foreground)
 
-    def update_metrics(self, metrics: EngineMetrics | None) -> None:
-        """Record a snapshot and refresh what is visible (GUI thread)."""
+    @property
+    def panels(self) -> list[ReplicaPanel]:
+        """The slot panels shown: every loaded base's replicas, base after base."""
+        return [panel for base in self.bases for panel in base.replicas]
+
+    def update_metrics(self, metrics: EngineMetrics | None, bases: list[BaseState] | None = None) -> None:
+        """Record a snapshot and refresh what is visible (GUI thread); ``bases``: the pool's
+        bases now (None: keep the panels as they are)."""
+        if bases is not None:
+            self._show_bases(bases or [NO_ENGINE])
         if metrics is None:
             self.stats.setText("waiting for the engine…" if self.host.state == "loading" else "no engine")
-            self._show_replicas([("0", None)])
             return
         self.last = metrics
         now = time.monotonic()
@@ -177,13 +192,7 @@ class MonitorView(QWidget):
                 series.popleft()
         if self.isVisible():
             self._redraw(now)
-        engine = self.host.engine
-        replicas = replicas_of(engine) if engine is not None else []
-        if len(replicas) > 1:
-            self._show_replicas([(label, replica.metrics()) for label, replica in replicas])
-        else:
-            self._show_replicas([("0", metrics)])
-        self._show_tiers(metrics)
+        self._show_tiers()
         self._show_stats(metrics, values)
         if self.isVisible():
             self.usage.refresh()
@@ -196,28 +205,35 @@ class MonitorView(QWidget):
         for name, curve in self.curves.items():
             curve.setData(ages, list(self.history[name]), connect="finite")
 
-    def _show_replicas(self, snaps: list[tuple[str, EngineMetrics | None]]) -> None:
-        """One panel per replica (label, snapshot), made or dropped as the count changes."""
-        while len(self.panels) < len(snaps):
-            panel = ReplicaPanel()
+    def _show_bases(self, bases: list[BaseState]) -> None:
+        """One panel per base, made or dropped as the count changes."""
+        self.base_states = [base for base in bases if base.name]
+        while len(self.bases) < len(bases):
+            panel = BasePanel()
             self.panels_layout.addWidget(panel)
-            self.panels.append(panel)
-        while len(self.panels) > len(snaps):
-            self.panels.pop().deleteLater()
-        for panel, (label, snap) in zip(self.panels, snaps, strict=True):
-            panel.show_metrics(replica_title(label, snap, len(snaps)), snap)
+            self.bases.append(panel)
+        while len(self.bases) > len(bases):
+            self.bases.pop().deleteLater()
+        for panel, base in zip(self.bases, bases, strict=True):
+            panel.show_base(base, len(bases))
+        wanted = PANELS_MIN_HEIGHT * max(1, len(self.panels)) + BASE_TITLE_HEIGHT * (len(bases) - 1)
+        self.panels_scroll.setMinimumHeight(min(PANELS_MAX_HEIGHT, wanted))
+        loaded = sum(base.state == LOADED for base in self.base_states)
+        several = len(bases) > 1
+        self.stats_box.setTitle(f"Engines: the sum over {loaded} loaded bases" if several else "Engine")
 
-    def _show_tiers(self, metrics: EngineMetrics) -> None:
-        """The served adapters by where they are (a replica set's: on any replica)."""
-        names = list(metrics.cpu_adapters)
-        engine = self.host.engine
-        served = {info.name for info in engine.list_adapters()} if engine is not None else set()
-        on_gpu = {s.adapter for s in metrics.slots if s.adapter is not None}
-        disk_only = served - on_gpu - set(names)
-        cpu_only = set(names) - on_gpu
+    def _show_tiers(self) -> None:
+        """The served adapters by where they are (on any base, on any replica)."""
+        served = {name for base in self.base_states for name in base.adapters}
+        snaps = [snap for base in self.base_states for _, snap in base.replicas if snap is not None]
+        on_gpu = {s.adapter for snap in snaps for s in snap.slots if s.adapter is not None}
+        cpu_only = {name for snap in snaps for name in snap.cpu_adapters} - on_gpu
+        disk_only = served - on_gpu - cpu_only
         self.counts.setText(
             f"{len(served)} adapters served: {len(on_gpu)} in GPU slots, {len(cpu_only)} only in CPU RAM, "
-            f"{len(disk_only)} only on disk; {len(self.host.skipped)} in the library not served"
+            f"{len(disk_only)} only on disk; {len(self.host.skipped)} in the library not served · "
+            f"CPU RAM tiers {sum(len(s.cpu_adapters) for s in snaps)} / {sum(s.cpu_capacity for s in snaps)} "
+            f"adapters, {format_bytes(sum(s.cpu_bytes for s in snaps))}"
         )
 
     def _show_stats(self, metrics: EngineMetrics, values: dict[str, float]) -> None:

@@ -9,10 +9,12 @@ from typing import Any
 from PySide6.QtCore import QByteArray, QSettings
 
 from multilora_studio.deploy import parse_devices
+from multilora_studio.deploy.base_pool import DEFAULT_KEEP_ALIVE_S, DEFAULT_MAX_RESIDENT
 from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
 from multilora_studio.engine import EngineConfig
 
 MODEL_SOURCES = ("embedded", "folder", "hub")
+EMBEDDED = "embedded"  # an entry of ``extra_models``: the embedded default model
 ENGINE_GROUP = "engine"
 # EngineConfig's defaults: the one source for the window, the CLI and the Python API
 ENGINE_DEFAULTS: dict[str, Any] = {item.name: item.default for item in fields(EngineConfig)}
@@ -24,12 +26,18 @@ class EngineChoice:
 
     ``model_source`` is ``embedded`` (the default model), ``folder`` (a HF folder at
     ``model``) or ``hub`` (a Hub repo id in ``model``, pulled into the HF cache first).
-    ``max_cpu_loras = 0`` means twice ``max_loras`` (EngineConfig's None), ``cpu_threads = 0``
+    ``max_cpu_loras = 0`` means sized from host memory (EngineConfig's None), ``cpu_threads = 0``
     one less than the usable cores (EngineConfig's None). ``devices`` empty: one engine on
     ``device``; else ``serve --devices``' list (``auto``, ``cuda:0,cuda:1``): one engine replica
     per entry behind the adapter-affinity dispatcher with ``dispatch_margin``. The engine
     settings default to EngineConfig's, except ``batch_invariant``: on in the window, whose
     Compare and Evaluate views compare outputs that must not depend on the batch they ran in.
+
+    ``extra_models``: more base models served beside the first (folders, or ``EMBEDDED``), each
+    an engine of its own with these settings, in a ``BasePool``: ``max_resident_bases`` (0: all)
+    loaded at once, ``keep_alive_s`` (0: never) unloads an idle one, as ``serve --model A
+    --model B --max-resident-bases N --keep-alive S``; ``kv_cache_gb`` (0: the engine's sizing)
+    each engine's KV cache, needed when several bases share a GPU.
     """
 
     model_source: str = "embedded"
@@ -43,6 +51,10 @@ class EngineChoice:
     batch_invariant: bool = True
     devices: str = ""
     dispatch_margin: int = DEFAULT_MARGIN
+    extra_models: tuple[str, ...] = ()
+    max_resident_bases: int = DEFAULT_MAX_RESIDENT or 0
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S or 0.0
+    kv_cache_gb: float = ENGINE_DEFAULTS["kv_cache_memory_gb"] or 0.0
 
     def check(self) -> None:
         """ValueError with a clear message for settings the engine would refuse."""
@@ -55,6 +67,28 @@ class EngineChoice:
         self.device_list()
         if self.dispatch_margin < 0:
             raise ValueError(f"dispatch_margin must be >= 0 requests, got {self.dispatch_margin}")
+        if self.max_resident_bases < 0:
+            raise ValueError(f"max_resident_bases must be >= 0 (0: all), got {self.max_resident_bases}")
+        if self.keep_alive_s < 0:
+            raise ValueError(f"keep_alive must be >= 0 seconds (0: never), got {self.keep_alive_s:g}")
+        models = [self.model.strip() if self.model_source != "embedded" else EMBEDDED]
+        for entry in self.extra_models:
+            if not entry.strip():
+                raise ValueError("an entry of the base models list is empty")
+            if entry in models:
+                raise ValueError(f"base model {entry} is listed twice")
+            models.append(entry)
+
+    def engine_configs(self, model: str | None) -> list[EngineConfig]:
+        """One EngineConfig per base model: the first at ``model`` (resolved as in
+        ``engine_config``), then ``extra_models``."""
+        extra = [None if entry == EMBEDDED else entry for entry in self.extra_models]
+        return [self.engine_config(model), *(self.engine_config(entry) for entry in extra)]
+
+    @property
+    def pool_options(self) -> tuple[int | None, float | None]:
+        """BasePool's ``max_resident`` and ``keep_alive_s`` for these settings."""
+        return self.max_resident_bases or None, self.keep_alive_s or None
 
     def device_list(self) -> list[str] | None:
         """The replicas' devices, or None for one engine on ``device``."""
@@ -71,6 +105,7 @@ class EngineChoice:
             max_cpu_loras=self.max_cpu_loras or None,
             cpu_threads=self.cpu_threads or None,
             batch_invariant=self.batch_invariant,
+            kv_cache_memory_gb=self.kv_cache_gb or None,
         )
 
     @property
@@ -89,7 +124,11 @@ class Preferences:
         values: dict[str, Any] = {}
         for item in fields(EngineChoice):
             fallback = getattr(default, item.name)
-            values[item.name] = self.get(f"{ENGINE_GROUP}/{item.name}", fallback)
+            if isinstance(fallback, tuple):  # stored as a JSON list
+                stored = self.get(f"{ENGINE_GROUP}/{item.name}", list(fallback))
+                values[item.name] = tuple(str(entry) for entry in stored)
+            else:
+                values[item.name] = self.get(f"{ENGINE_GROUP}/{item.name}", fallback)
         choice = EngineChoice(**values)
         try:
             choice.check()
@@ -99,7 +138,7 @@ class Preferences:
 
     def set_engine_choice(self, choice: EngineChoice) -> None:
         for key, value in asdict(choice).items():
-            self.store.setValue(f"{ENGINE_GROUP}/{key}", value)
+            self.set(f"{ENGINE_GROUP}/{key}", list(value) if isinstance(value, tuple) else value)
         self.store.sync()
 
     def get(self, key: str, default: Any) -> Any:

@@ -7,7 +7,7 @@ import logging
 
 from PySide6.QtCore import QObject, Signal
 
-from multilora_studio.engine import ServingEngine
+from multilora_studio.deploy import BasePool
 from multilora_studio.gui.tasks import Task, TaskRunner
 from multilora_studio.server import ApiServer, RequestLog, ServerConfig
 from multilora_studio.server.usage import UsageLedger
@@ -35,12 +35,13 @@ class ServerControl(QObject):
         self.url = ""
         self.config: ServerConfig | None = None
 
-    def start(self, engine: ServingEngine, config: ServerConfig) -> Task | None:
+    def start(self, pool: BasePool, config: ServerConfig) -> Task | None:
+        """Serve every base of ``pool`` and their adapters (each request on its own base)."""
         if self.state != OFF:
             return None
         self._set_state(STARTING)
         self.config = config
-        server = ApiServer(engine, config, request_log=self.request_log, usage=self.usage)
+        server = ApiServer(pool, config, request_log=self.request_log, usage=self.usage)
 
         def started(url: str) -> None:
             self.server, self.url = server, url

@@ -1,4 +1,5 @@
-"""Server view: toggle the OpenAI-compatible endpoint, its address and key, examples, the live request log."""
+"""Server view: toggle the OpenAI-compatible endpoint (every base of the window and its adapters),
+its address and key, examples, the live request log."""
 
 from __future__ import annotations
 
@@ -161,8 +162,8 @@ class ServerView(QWidget):
         return ServerConfig(host=self.host_edit.text().strip(), port=self.port.value(), api_keys=keys)
 
     def start(self) -> bool:
-        engine = self.host.engine
-        if engine is None:
+        pool = self.host.pool
+        if pool is None:
             self.banner.show_message("The engine is not ready yet (see the status bar).", "warning")
             return False
         try:
@@ -171,7 +172,7 @@ class ServerView(QWidget):
             self.banner.show_message(str(error))
             return False
         self.banner.clear()
-        return self.control.start(engine, config) is not None
+        return self.control.start(pool, config) is not None
 
     def stop(self) -> bool:
         return self.control.stop() is not None
@@ -185,7 +186,7 @@ class ServerView(QWidget):
         on = state == ON
         self.toggle.setChecked(state != OFF)
         self.toggle.setText("Stop server" if state != OFF else "Start server")
-        self.toggle.setEnabled(state in (ON, OFF) and (on or self.host.engine is not None))
+        self.toggle.setEnabled(state in (ON, OFF) and (on or self.host.pool is not None))
         for edit in (self.host_edit, self.port, self.api_key):
             edit.setEnabled(state == OFF)
         texts = {"off": "stopped", "starting": "starting…", "on": "serving", "stopping": "stopping…"}
@@ -201,11 +202,11 @@ class ServerView(QWidget):
         return f"http://{host}:{self.port.value() or DEFAULT_PORT}"
 
     def _show_examples(self) -> None:
-        engine = self.host.engine
+        pool = self.host.pool
         model = "ADAPTER"
-        if engine is not None:
-            names = sorted(info.name for info in engine.list_adapters())
-            model = names[0] if names else engine.model_name
+        if pool is not None:
+            names = sorted(pool.adapters_of(pool.primary))
+            model = names[0] if names else pool.primary
         key = self.api_key.text().strip()
         self.curl.setPlainText(curl_example(self._base_url(), model, key))
         self.python.setPlainText(python_example(self._base_url(), model, key))

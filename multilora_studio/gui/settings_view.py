@@ -1,4 +1,4 @@
-"""Settings view: base model, device, dtype and adapter slots; applying restarts the engine with progress."""
+"""Settings view: base models, device, dtype and adapter slots; applying restarts the engines."""
 
 from __future__ import annotations
 
@@ -10,15 +10,18 @@ from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
     QComboBox,
+    QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QListWidget,
     QProgressBar,
     QPushButton,
     QRadioButton,
+    QScrollArea,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -27,7 +30,7 @@ from PySide6.QtWidgets import (
 from multilora_studio.engine.config import MAX_SLOTS, SUPPORTED_DTYPES
 from multilora_studio.gui.engine_host import LOADING, EngineHost
 from multilora_studio.gui.field_labels import FIELD_LABELS, in_field_labels
-from multilora_studio.gui.preferences import EngineChoice, Preferences
+from multilora_studio.gui.preferences import EMBEDDED, ENGINE_DEFAULTS, EngineChoice, Preferences
 from multilora_studio.gui.theme import THEMES, set_theme
 from multilora_studio.gui.widgets import MessageBanner
 
@@ -74,7 +77,9 @@ class SettingsView(QWidget):
         self.max_loras = QSpinBox(minimum=1, maximum=MAX_SLOTS)
         self.max_lora_rank = QSpinBox(minimum=1, maximum=512)
         self.max_cpu_loras = QSpinBox(minimum=0, maximum=1 << 16)
-        self.max_cpu_loras.setSpecialValueText(f"2 × {FIELD_LABELS['max_loras']}")
+        self.max_cpu_loras.setSpecialValueText(
+            f"automatic ({ENGINE_DEFAULTS['cpu_lora_memory_fraction']:.0%} of free host memory)"
+        )
         self.cpu_threads = QSpinBox(minimum=0, maximum=1024)
         self.cpu_threads.setSpecialValueText("automatic (usable cores − 1)")
         self.cpu_threads.setToolTip("torch threads of the engine's steps when it runs on the CPU")
@@ -100,6 +105,7 @@ class SettingsView(QWidget):
         for button in (self.embedded, self.folder, self.hub):
             model_layout.addWidget(button)
         model_layout.addLayout(model_row)
+        bases_box = self._bases_box()
         engine_box = QGroupBox("Engine")
         form = QFormLayout(engine_box)
         form.addRow(FIELD_LABELS["device"], self.device)
@@ -138,13 +144,22 @@ class SettingsView(QWidget):
 
         content = QWidget()
         content.setMaximumWidth(820)
-        outer = QHBoxLayout(self)
-        outer.addWidget(content)
-        outer.addStretch(1)
+        row = QWidget()
+        columns = QHBoxLayout(row)
+        columns.addWidget(content)
+        columns.addStretch(1)
+        page = QScrollArea()  # the whole view scrolls in a small window
+        page.setWidgetResizable(True)
+        page.setFrameShape(QScrollArea.Shape.NoFrame)
+        page.setWidget(row)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(page)
         layout = QVBoxLayout(content)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.banner)
         layout.addWidget(model_box)
+        layout.addWidget(bases_box)
         layout.addWidget(engine_box)
         layout.addLayout(buttons)
         layout.addWidget(self.progress)
@@ -163,6 +178,61 @@ class SettingsView(QWidget):
         self.show_choice(prefs.engine_choice())
         self._state_changed(host.state)
 
+    def _bases_box(self) -> QGroupBox:
+        """More base models served beside the first, and how many stay loaded."""
+        self.extra_models = QListWidget()
+        self.extra_models.setMaximumHeight(72)
+        self.extra_models.setToolTip(
+            "Each base model is an engine of its own; a request (or a Compare column) for one of its "
+            "adapters runs on it"
+        )
+        add_folder = QPushButton("Add folder…")
+        add_folder.clicked.connect(self._browse_extra)
+        add_embedded = QPushButton("Add the embedded model")
+        add_embedded.clicked.connect(lambda: self.add_extra_model(EMBEDDED))
+        remove = QPushButton("Remove")
+        remove.clicked.connect(lambda: self.extra_models.takeItem(self.extra_models.currentRow()))
+        buttons = QHBoxLayout()
+        for button in (add_folder, add_embedded, remove):
+            buttons.addWidget(button)
+        buttons.addStretch(1)
+        self.max_resident_bases = QSpinBox(minimum=0, maximum=64)
+        self.max_resident_bases.setSpecialValueText("all")
+        self.max_resident_bases.setToolTip(
+            "At most this many base models loaded at once; a request for another unloads the least "
+            "recently used idle one first (serve --max-resident-bases)"
+        )
+        self.keep_alive = QDoubleSpinBox(minimum=0.0, maximum=7 * 86400.0, decimals=0, suffix=" s")
+        self.keep_alive.setSpecialValueText("never")
+        self.keep_alive.setToolTip(
+            "Unload a base model idle this long; its next request loads it (serve --keep-alive)"
+        )
+        self.kv_cache_gb = QDoubleSpinBox(minimum=0.0, maximum=4096.0, decimals=1, singleStep=0.5)
+        self.kv_cache_gb.setSpecialValueText("the engine's sizing")
+        self.kv_cache_gb.setToolTip("Each base's KV cache; needed when several base models share a GPU")
+        box = QGroupBox("More base models (each with its adapters, as serve --model A --model B)")
+        layout = QVBoxLayout(box)
+        layout.addWidget(self.extra_models)
+        layout.addLayout(buttons)
+        form = QFormLayout()
+        form.addRow(FIELD_LABELS["max_resident_bases"], self.max_resident_bases)
+        form.addRow(FIELD_LABELS["keep_alive"], self.keep_alive)
+        form.addRow(FIELD_LABELS["kv_cache_memory_gb"], self.kv_cache_gb)
+        layout.addLayout(form)
+        return box
+
+    def add_extra_model(self, entry: str) -> None:
+        """Add a base model folder (or EMBEDDED) to the list (applied with the other settings)."""
+        self.extra_models.addItem(entry)
+
+    def extra_model_entries(self) -> list[str]:
+        return [self.extra_models.item(i).text() for i in range(self.extra_models.count())]
+
+    def _browse_extra(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Choose another base model (a Hugging Face folder)")
+        if folder:
+            self.add_extra_model(folder)
+
     def show_choice(self, choice: EngineChoice) -> None:
         button = {"embedded": self.embedded, "folder": self.folder, "hub": self.hub}[choice.model_source]
         button.setChecked(True)
@@ -177,6 +247,11 @@ class SettingsView(QWidget):
         self.max_cpu_loras.setValue(choice.max_cpu_loras)
         self.cpu_threads.setValue(choice.cpu_threads)
         self.batch_invariant.setChecked(choice.batch_invariant)
+        self.extra_models.clear()
+        self.extra_models.addItems(list(choice.extra_models))
+        self.max_resident_bases.setValue(choice.max_resident_bases)
+        self.keep_alive.setValue(choice.keep_alive_s)
+        self.kv_cache_gb.setValue(choice.kv_cache_gb)
 
     def choice(self) -> EngineChoice:
         source = ("embedded", "folder", "hub")[max(0, self.sources.checkedId())]
@@ -192,6 +267,10 @@ class SettingsView(QWidget):
             max_cpu_loras=self.max_cpu_loras.value(),
             cpu_threads=self.cpu_threads.value(),
             batch_invariant=self.batch_invariant.isChecked(),
+            extra_models=tuple(self.extra_model_entries()),
+            max_resident_bases=self.max_resident_bases.value(),
+            keep_alive_s=self.keep_alive.value(),
+            kv_cache_gb=self.kv_cache_gb.value(),
         )
 
     def apply(self) -> bool:
@@ -202,8 +281,11 @@ class SettingsView(QWidget):
         choice = self.choice()
         try:
             choice.check()
-            if choice.model_source == "folder" and not Path(choice.model).expanduser().is_dir():
-                raise ValueError(f"model folder {choice.model} does not exist")
+            folders = [choice.model] if choice.model_source == "folder" else []
+            folders += [entry for entry in choice.extra_models if entry != EMBEDDED]
+            for folder in folders:
+                if not Path(folder).expanduser().is_dir():
+                    raise ValueError(f"model folder {folder} does not exist")
         except ValueError as error:
             self.banner.show_message(in_field_labels(str(error), where=""))
             return False

@@ -64,7 +64,9 @@ class StudioStatusBar(QStatusBar):
         self.state.setText(f"engine: {state}")
         where = metrics.device if metrics is not None else str(engine.device) if engine is not None else "-"
         self.device.setText(f"device: {where}")  # a replica set's: each replica's
-        self.model.setText(f"base: {engine.model_name}" if engine is not None else "base: -")
+        pool = self.host.pool
+        names = pool.names if pool is not None else []
+        self.model.setText(f"base{'s' if len(names) > 1 else ''}: {', '.join(names) or '-'}")
         if engine is not None and engine.device.type == "cuda":
             vram = format_bytes(metrics.device_memory_bytes) if metrics is not None else "-"
         else:

@@ -1,0 +1,58 @@
+"""What the window shows of each base model of its pool: loaded, swapped out or loading, with
+the loaded engine's metrics snapshot (read once per timer tick, no call into an engine's worker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from multilora_studio.deploy import BasePool, replicas_of
+from multilora_studio.engine import EngineMetrics
+
+LOADED, SWAPPED_OUT, LOADING = "loaded", "swapped out", "loading"
+
+
+@dataclass(frozen=True)
+class BaseState:
+    """One base: its state, its snapshot while loaded (one per replica when it has several),
+    the adapters it serves, and its load progress (fraction, message) while it loads."""
+
+    name: str
+    digest: str
+    state: str
+    metrics: EngineMetrics | None
+    replicas: tuple[tuple[str, EngineMetrics | None], ...]
+    adapters: tuple[str, ...]
+    progress: tuple[float, str] | None
+    loads: int
+    error: str | None
+
+
+def base_states(pool: BasePool, progress: dict[str, tuple[float, str]]) -> list[BaseState]:
+    """Every base of ``pool`` in its order; ``progress``: the loads in progress by base."""
+    resident = dict(pool.resident())
+    states = []
+    for name in pool.names:
+        entry = pool.base(name)
+        engine = resident.get(name)
+        metrics = engine.metrics() if engine is not None else None
+        replicas = replicas_of(engine) if engine is not None else []
+        snaps = (
+            tuple((label, replica.metrics()) for label, replica in replicas)
+            if len(replicas) > 1
+            else (("0", metrics),)
+        )
+        state = LOADING if entry.loading else LOADED if engine is not None else SWAPPED_OUT
+        states.append(
+            BaseState(
+                name=name,
+                digest=entry.digest,
+                state=state,
+                metrics=metrics,
+                replicas=snaps,
+                adapters=tuple(sorted(pool.adapters_of(name))),
+                progress=progress.get(name) if state == LOADING else None,
+                loads=entry.loads,
+                error=entry.error,
+            )
+        )
+    return states
