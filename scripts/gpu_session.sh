@@ -2,7 +2,7 @@
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft, with
 # .device_pkg/ carried (scripts/device_package.sh builds it: the tokenizer and the other wheels).
-# Usage: scripts/gpu_session.sh [gpu-tests] [engine-tests|engine-fidelity] [engine-bench] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft]
+# Usage: scripts/gpu_session.sh [gpu-tests] [engine-tests|engine-fidelity] [engine-bench] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 # Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
 set -u
@@ -130,6 +130,20 @@ for step in $steps; do
         --rank 16 --targets all --batch 32 --max-loras 32 --max-cpu-loras 384 --prefetch-host \
         --input-len 64 --output-len 32 --sweep-adapters 1,1000 --requests 512 --no-progress \
         --json "$OUT/bench_sweep_prefetch.json" 2>&1 | tee "$OUT/bench-sweep-prefetch.log" | grep -v " INFO " | tail -8 ;;
+    bench-many-adapters)
+      # steady state with 1, 1,000 and 10,000 adapters under Zipf 1.0, default settings (the host
+      # tier sized from free host memory); LOAD_WORKERS overrides the loads at once
+      timeout 450 python3 -m multilora_studio bench --model random:llama3-8b --device cuda --dtype bfloat16 \
+        --rank 16 --targets all --batch 32 --max-loras 32 --input-len 64 --output-len 32 \
+        --sweep-adapters ${SWEEP_ADAPTERS:-1,1000,10000} --requests 2048 ${LOAD_WORKERS:+--load-workers $LOAD_WORKERS} \
+        --no-progress --json "$OUT/bench_many${LOAD_WORKERS:+_w$LOAD_WORKERS}.json" 2>&1 \
+        | tee "$OUT/bench-many${LOAD_WORKERS:+-w$LOAD_WORKERS}.log" | grep -v " INFO " | tail -9 ;;
+    bench-queue-depth)
+      # one adapter, 256 / 4,096 / 16,384 requests at once: the running batch's speed under a deep queue
+      timeout 400 python3 -m multilora_studio bench --model random:llama3-8b --device cuda --dtype bfloat16 \
+        --rank 16 --targets all --batch 32 --max-loras 32 --input-len 64 --output-len 32 \
+        --sweep-adapters 1 --requests 256,4096,16384 --no-progress --json "$OUT/bench_queue_depth.json" 2>&1 \
+        | tee "$OUT/bench-queue-depth.log" | grep -v " INFO " | tail -9 ;;
     bench-ranks)
       # Punica's patterns + base at batch 32 with rank-8 and rank-64 adapters on all projections
       for rank in 8 64; do
