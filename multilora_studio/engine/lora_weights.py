@@ -282,13 +282,18 @@ def pack_adapter(
     if arena is not None and carved_bytes(shapes, dtype) <= arena.block_bytes:
         block = arena.take(packed)  # given back when ``packed`` is collected
     if block is not None:
-        tensors = carve(block, shapes, dtype)
+        # zeroed below only where the factors leave gaps: a block of a full adapter is overwritten
+        tensors = carve(block, shapes, dtype, zero=False)
     else:
         tensors = [torch.zeros(shape, dtype=dtype) for shape in shapes]
     for g, group in enumerate(groups):
         modules = LORA_GROUPS[group]
         offsets = (0, *itertools.accumulate(spec.projection_shape(m)[0] for m in modules))
         a_all, b_all = tensors[2 * g], tensors[2 * g + 1]  # [L, S, r, in], [L, out_total, r]
+        covered = len(by_group[group]) == spec.num_layers * len(modules)
+        if block is not None and not (covered and all(a.shape[0] == rank for _, _, a, _ in by_group[group])):
+            a_all.zero_()  # a module or layer it leaves out, or a rank below the adapter's
+            b_all.zero_()
         for layer, index, a, b in by_group[group]:
             r = a.shape[0]
             a_all[layer, index, :r] = a
@@ -300,8 +305,7 @@ def pack_adapter(
     vectors = {"bias": adapter.biases, "magnitude": adapter.magnitudes}
     for key, rows in zip(row_keys, tensors[2 * len(groups) :], strict=True):  # [L, out_total]
         kind, group = key.split(":")
-        if kind == "magnitude":
-            rows.fill_(float("nan"))
+        rows.fill_(float("nan") if kind == "magnitude" else 0.0)
         modules = LORA_GROUPS[group]
         offsets = (0, *itertools.accumulate(spec.projection_shape(m)[0] for m in modules))
         for (layer, module), vector in vectors[kind].items():

@@ -12,7 +12,8 @@ QUEUED = ("tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", "tiny-r8-attn")
 
 def fill_the_batch(engine, rows: int):
     """``rows`` long base requests: every row of the batch is taken until they are aborted."""
-    streams = [engine.submit(f"Hello {i}", None, SamplingParams(max_tokens=200, **GREEDY)) for i in range(rows)]
+    long = SamplingParams(max_tokens=200, **GREEDY)
+    streams = [engine.submit(f"Hello {i}", None, long) for i in range(rows)]
     for stream in streams:
         next(iter(stream))  # running from here on
     return streams
@@ -21,7 +22,8 @@ def fill_the_batch(engine, rows: int):
 def test_queued_adapters_are_read_ahead_in_arrival_order_while_the_batch_is_full(make_engine, tiny_adapters):
     params = SamplingParams(max_tokens=6, **GREEDY)
     prompts = [f"Ship {i}" for i in range(len(QUEUED))]
-    expected = [o.token_ids for o in make_engine(adapters=list(QUEUED)).generate(prompts, list(QUEUED), params)]
+    alone = make_engine(adapters=list(QUEUED))
+    expected = [o.token_ids for o in alone.generate(prompts, list(QUEUED), params)]
     engine = make_engine(adapters=[], max_loras=2, max_num_seqs=2, max_cpu_loras=6)
     for name in QUEUED:
         engine.add_adapter(name, tiny_adapters[name], preload=False)
@@ -46,14 +48,16 @@ def test_queued_adapters_are_read_ahead_in_arrival_order_while_the_batch_is_full
 def test_look_ahead_stops_where_it_would_push_out_a_queued_requests_adapter(make_engine, tiny_adapters):
     params = SamplingParams(max_tokens=6, **GREEDY)
     prompts = [f"Ship {i}" for i in range(len(QUEUED))]
-    expected = [o.token_ids for o in make_engine(adapters=list(QUEUED)).generate(prompts, list(QUEUED), params)]
+    alone = make_engine(adapters=list(QUEUED))
+    expected = [o.token_ids for o in alone.generate(prompts, list(QUEUED), params)]
     engine = make_engine(adapters=[], max_loras=2, max_num_seqs=2, max_cpu_loras=2)
     for name in QUEUED:
         engine.add_adapter(name, tiny_adapters[name], preload=False)
     busy = fill_the_batch(engine, 2)
     queued = [engine.submit(p, name, params) for p, name in zip(prompts, QUEUED, strict=True)]
+    first_two = set(QUEUED[:2])
     wait_until(
-        lambda: set(QUEUED[:2]) <= set(engine.metrics(fresh=True).cpu_adapters) or busy[0].output.finish_reason,
+        lambda: first_two <= set(engine.metrics(fresh=True).cpu_adapters) or busy[0].output.finish_reason,
         timeout=60,
         what="the first two queued adapters in host RAM, or the batch done",
     )

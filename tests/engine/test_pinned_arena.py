@@ -23,6 +23,11 @@ def host_adapters(tmp_path_factory):
     for seed, rank in ((1, 8), (2, 16), (3, 4)):
         folder = write_random_adapter(SPEC, root / f"a{seed}", rank, seed=seed, dtype=torch.float32)
         out.append(load_peft_adapter(f"a{seed}", folder, SPEC.num_layers, SPEC.projection_shape, 16))
+    # q and v only, with lora_B biases: the gaps of its groups and rows must come out zero
+    partial = write_random_adapter(
+        SPEC, root / "qv", 8, targets=("q_proj", "v_proj"), seed=4, dtype=torch.float32, kind="LoRA with bias"
+    )
+    out.append(load_peft_adapter("qv", partial, SPEC.num_layers, SPEC.projection_shape, 16))
     return out
 
 
@@ -32,7 +37,7 @@ def block_bytes(max_rank: int = 16) -> int:
 
 def test_packed_in_a_block_equals_packed_alone(host_adapters):
     arena = PinnedArena(block_bytes(), 2, pin=False)
-    for host in host_adapters[:2]:
+    for host in (*host_adapters[:2], host_adapters[3]):
         alone = pack_adapter(host, SPEC, torch.float32, pin=False)
         # Dirty the arena first: carved tensors must come out zeroed, then filled.
         for block in arena._free:
@@ -42,6 +47,8 @@ def test_packed_in_a_block_equals_packed_alone(host_adapters):
             assert torch.equal(in_block.a[group], alone.a[group])
             assert torch.equal(in_block.b[group], alone.b[group])
             assert arena.owns(in_block.a[group]), "not carved from the arena"
+        assert alone.rows.keys() == in_block.rows.keys()
+        assert all(torch.equal(in_block.rows[k], alone.rows[k]) for k in alone.rows)
         assert arena.free_blocks == 1
         del in_block
         gc.collect()
