@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from PySide6.QtCore import (
-    QAbstractItemModel,
     QAbstractTableModel,
     QModelIndex,
     QObject,
@@ -35,6 +34,14 @@ COLUMNS = (
     "Last used",
 )
 TIER_COLUMN = COLUMNS.index("Tier")
+SORTED_AS_IS: dict[str, Callable[[AdapterRecord], Any]] = {  # sort keys that need no cell text
+    "Name": lambda record: record.name.casefold(),
+    "Rank": lambda record: record.rank,
+    "Size": lambda record: record.size_bytes,
+    "Last used": lambda record: record.last_used or 0.0,
+    "Pinned": lambda record: int(record.pinned),
+}
+DESCENDING = Qt.SortOrder.DescendingOrder
 Index = QModelIndex | QPersistentModelIndex
 
 
@@ -150,9 +157,10 @@ class LibraryModel(QAbstractTableModel):
         self._cells: list[tuple[str, ...] | None] = []  # cells_of each row, made on first use
         self._texts: list[str | None] = []  # each row's cells casefolded, for the filter
 
-    def set_records(self, records: list[AdapterRecord], skipped: dict[str, str]) -> None:
+    def set_records(self, records: list[AdapterRecord], skipped: dict[str, str]) -> bool:
         """Show ``records``: the rows of those whose records (or skip reasons) changed are
-        redrawn in place when the library holds the same adapters, else the table is rebuilt."""
+        redrawn in place when the library holds the same adapters, else the table is rebuilt
+        (then returns True)."""
         if len(records) == len(self.records) and all(r.name in self._rows for r in records):
             changed = []
             for record in records:
@@ -162,18 +170,21 @@ class LibraryModel(QAbstractTableModel):
                     changed.append(row)
             self.skipped = dict(skipped)
             self._rows_changed(changed, 0, len(COLUMNS) - 1)
-            return
+            return False
         self.beginResetModel()
         self.skipped = dict(skipped)
-        self._arrange(list(records))
+        self._arrange(list(records), [None] * len(records))
         self.endResetModel()
+        return True
 
     def set_tiers(self, tiers: dict[str, str]) -> None:
         if tiers == self.tiers:
             return
         moved = {name for name in self.tiers.keys() | tiers.keys() if self.tiers.get(name) != tiers.get(name)}
         self.tiers = dict(tiers)
-        self._rows_changed([self._rows[name] for name in moved if name in self._rows], TIER_COLUMN, TIER_COLUMN)
+        self._rows_changed(
+            [self._rows[name] for name in moved if name in self._rows], TIER_COLUMN, TIER_COLUMN
+        )
 
     def tier(self, name: str) -> str:
         if name in self.skipped:
@@ -197,19 +208,19 @@ class LibraryModel(QAbstractTableModel):
         return text in cached or text in self.tier(self.records[row].name).casefold()
 
     def sort(self, column: int, order: Qt.SortOrder = Qt.SortOrder.AscendingOrder) -> None:
-        """Order the rows by ``column`` (numbers by value, text case-insensitively); kept
-        through refreshes that hold the same adapters."""
+        """Order the rows by ``column`` (numbers by value, text case-insensitively); the order
+        holds through refreshes that keep the same adapters."""
         self.sort_column, self.sort_order = column, order
-        self.layoutAboutToBeChanged.emit([], QAbstractItemModel.LayoutChangeHint.VerticalSortHint)
-        before = {name: row for name, row in self._rows.items()}
+        self.layoutAboutToBeChanged.emit()
         persistent = self.persistentIndexList()
-        self._arrange(self.records)
-        self.changePersistentIndexList(
-            persistent,
-            [self.index(self._rows[self.records[before_row].name], index.column())
-             for index in persistent for before_row in (index.row(),)],
-        )  # fmt: skip
-        self.layoutChanged.emit([], QAbstractItemModel.LayoutChangeHint.VerticalSortHint)
+        names = [self.records[index.row()].name for index in persistent]
+        self._arrange(self.records, self._cells)
+        moved = [
+            self.index(self._rows[name], index.column())
+            for name, index in zip(names, persistent, strict=True)
+        ]
+        self.changePersistentIndexList(persistent, moved)
+        self.layoutChanged.emit()
 
     def rowCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008
         return 0 if parent.isValid() else len(self.records)
@@ -227,7 +238,9 @@ class LibraryModel(QAbstractTableModel):
             return None
         row, column = index.row(), index.column()
         if role == Qt.ItemDataRole.DisplayRole:
-            return self.tier(self.records[row].name) if column == TIER_COLUMN else self._row_cells(row)[column]
+            return (
+                self.tier(self.records[row].name) if column == TIER_COLUMN else self._row_cells(row)[column]
+            )
         if role == Qt.ItemDataRole.ToolTipRole:
             record = self.records[row]
             if record.name in self.skipped:
@@ -241,31 +254,23 @@ class LibraryModel(QAbstractTableModel):
             cells = self._cells[row] = cells_of(self.records[row])
         return cells
 
-    def _sort_key(self, record: AdapterRecord, cells: tuple[str, ...] | None) -> Any:
-        numbers = {
-            "Rank": record.rank,
-            "Size": record.size_bytes,
-            "Last used": record.last_used or 0.0,
-            "Pinned": int(record.pinned),
-        }
+    def _arrange(self, records: list[AdapterRecord], cells: list[tuple[str, ...] | None]) -> None:
+        """Hold ``records`` (with their cells, None where not made yet) in the sort order."""
         column = COLUMNS[self.sort_column]
-        if column in numbers:
-            return numbers[column]
-        if column == "Tier":
-            return self.tier(record.name).casefold()
-        return (cells or cells_of(record))[self.sort_column].casefold()
-
-    def _arrange(self, records: list[AdapterRecord]) -> None:
-        """Hold ``records`` in the current sort order, their cells kept where already made."""
-        made = {name: self._cells[row] for name, row in self._rows.items()}
-        keyed = sorted(
-            ((self._sort_key(record, made.get(record.name)), index) for index, record in enumerate(records)),
-            reverse=self.sort_order == Qt.SortOrder.DescendingOrder,
-        )
-        self.records = [records[index] for _, index in keyed]
+        keys: list[Any]
+        if column in SORTED_AS_IS:
+            keys = [SORTED_AS_IS[column](record) for record in records]
+        elif column == "Tier":
+            keys = [self.tier(record.name).casefold() for record in records]
+        else:  # a text column: every row's cells are needed now
+            filled = [made or cells_of(record) for record, made in zip(records, cells, strict=True)]
+            keys = [row_cells[self.sort_column].casefold() for row_cells in filled]
+            cells = list(filled)
+        order = sorted(range(len(records)), key=keys.__getitem__, reverse=self.sort_order == DESCENDING)
+        self.records = [records[index] for index in order]
+        self._cells = [cells[index] for index in order]
+        self._texts = [None] * len(order)
         self._rows = {record.name: row for row, record in enumerate(self.records)}
-        self._cells = [made.get(record.name) for record in self.records]
-        self._texts = [None] * len(self.records)
 
     def _rows_changed(self, rows: list[int], first_column: int, last_column: int) -> None:
         for first, last in row_runs(rows):

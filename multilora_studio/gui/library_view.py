@@ -35,7 +35,6 @@ from multilora_studio.gui.base_states import BaseState, base_states
 from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.frozen_table import FrozenFirstColumnTable
 from multilora_studio.gui.library_model import (
-    SORT_ROLE,
     BaseFilterProxy,
     LibraryModel,
     base_key,
@@ -64,13 +63,10 @@ class LibraryView(QWidget):
         self.model = LibraryModel()
         self.proxy = BaseFilterProxy(self)
         self.proxy.setSourceModel(self.model)
-        self.proxy.setSortRole(SORT_ROLE)
-        self.proxy.setFilterKeyColumn(-1)
-        self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
 
         self.filter = QLineEdit(placeholderText="Filter by name, source, base, targets…")
         self.filter.setClearButtonEnabled(True)
-        self.filter.textChanged.connect(self.proxy.setFilterFixedString)
+        self.filter.textChanged.connect(self.proxy.set_text)
         self.base_filter = QComboBox()
         self.base_filter.setToolTip("Only the adapters validated against one base model's weights")
         self.base_filter.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
@@ -157,8 +153,8 @@ class LibraryView(QWidget):
         except ValueError as error:
             self.banner.show_message(str(error))
             return
-        self.model.set_records(records, self.host.skipped)
-        self._fit_columns()
+        if self.model.set_records(records, self.host.skipped):  # other adapters: other widths
+            self._fit_columns()
         pool = self.host.pool
         bases = base_states(pool, self.host.load_progress) if pool is not None else []
         self._show_bases(records, bases)
@@ -226,11 +222,12 @@ class LibraryView(QWidget):
         return self.model.record(self.proxy.mapToSource(rows[0]).row()).name
 
     def select(self, name: str) -> bool:
-        for row in range(self.proxy.rowCount()):
-            if self.proxy.index(row, 0).data() == name:
-                self.table.selectRow(row)
-                return True
-        return False
+        row = self.model.row_of(name)
+        shown = self.proxy.mapFromSource(self.model.index(row, 0)) if row is not None else None
+        if shown is None or not shown.isValid():
+            return False
+        self.table.selectRow(shown.row())
+        return True
 
     def _selection_changed(self, *args: object) -> None:
         name = self.selected_name()

@@ -1,0 +1,100 @@
+"""The Library's model at the size of a large library, checked by behaviour: an update redraws
+only the rows that changed, sorting is the model's own (the proxy keeps its order), the filter
+matches any cell, the tier included, and a selection follows its row through a sort."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt
+
+from multilora_studio.adapters.registry_schema import AdapterRecord
+from multilora_studio.gui.library_model import COLUMNS, TIER_COLUMN, BaseFilterProxy, LibraryModel
+
+ROWS = 60
+
+
+def record(index: int, **changes: object) -> AdapterRecord:
+    row = {
+        "id": f"id{index}", "name": f"adapter-{index:03d}", "source_kind": "local", "source": f"/src/{index}",
+        "revision": None, "requested_revision": None, "path": f"/lib/{index}", "declared_base": None,
+        "base_name": "tiny", "base_digest": "d" * 64, "rank": 1 + index % 7, "alpha": 8.0,
+        "targets": "q_proj", "size_bytes": 1000 * (ROWS - index), "created": 0.0, "last_used": None,
+        "pinned": 0, "notes": "", "kind": "LoRA", "tokens": "", "tokenizer": "", "state": "active",
+        "archive_path": None, "archive_sha256": None, "warm": 0,
+    }  # fmt: skip
+    row.update(changes)
+    return AdapterRecord.from_row(row, ())
+
+
+def filled_model() -> tuple[LibraryModel, list[tuple[int, int, int, int]]]:
+    """A model of ROWS adapters, and the (first row, last row, first column, last column) of
+    every dataChanged it emits from now on."""
+    model = LibraryModel()
+    model.set_records([record(i) for i in range(ROWS)], {})
+    changes: list[tuple[int, int, int, int]] = []
+    model.dataChanged.connect(
+        lambda top, bottom, *_: changes.append((top.row(), bottom.row(), top.column(), bottom.column()))
+    )
+    return model, changes
+
+
+def test_a_tier_update_redraws_only_the_rows_whose_tier_moved(qapp):
+    model, changes = filled_model()
+    tiers = {f"adapter-{i:03d}": "disk" for i in range(ROWS)}
+    model.set_tiers(tiers)
+    changes.clear()
+    model.set_tiers({**tiers, "adapter-007": "GPU slot 0", "adapter-008": "CPU", "adapter-040": "CPU"})
+    assert changes == [(7, 8, TIER_COLUMN, TIER_COLUMN), (40, 40, TIER_COLUMN, TIER_COLUMN)]
+    assert model.index(7, TIER_COLUMN).data() == "GPU slot 0"
+    model.set_tiers({**tiers, "adapter-007": "GPU slot 0", "adapter-008": "CPU", "adapter-040": "CPU"})
+    assert len(changes) == 2  # nothing moved: nothing redrawn
+
+
+def test_a_refresh_of_the_same_adapters_redraws_only_the_changed_row(qapp):
+    model, changes = filled_model()
+    resets: list[bool] = []
+    model.modelReset.connect(lambda: resets.append(True))
+    records = [record(i) for i in range(ROWS)]
+    assert model.set_records(records, {}) is False and changes == [] and resets == []
+    records[12] = record(12, pinned=1)
+    assert model.set_records(records, {}) is False
+    assert changes == [(12, 12, 0, len(COLUMNS) - 1)] and resets == []
+    assert model.index(12, COLUMNS.index("Pinned")).data() == "yes"
+    assert model.set_records(records[:-1], {}) is True and resets == [True]  # an adapter went
+
+
+def test_sorting_through_the_proxy_orders_the_model_and_keeps_the_selection(qapp):
+    model, _ = filled_model()
+    proxy = BaseFilterProxy()
+    proxy.setSourceModel(model)
+    selection = QItemSelectionModel(proxy)
+    selection.select(proxy.index(3, 0), QItemSelectionModel.SelectionFlag.ClearAndSelect)
+    proxy.sort(COLUMNS.index("Size"), Qt.SortOrder.AscendingOrder)
+    sizes = [r.size_bytes for r in model.records]
+    assert sizes == sorted(sizes) and model.records[0].name == f"adapter-{ROWS - 1:03d}"
+    assert [proxy.index(row, 0).data() for row in range(ROWS)] == [r.name for r in model.records]
+    assert selection.selectedIndexes()[0].data() == "adapter-003"
+    proxy.sort(COLUMNS.index("Rank"), Qt.SortOrder.DescendingOrder)
+    assert [r.rank for r in model.records] == sorted((r.rank for r in model.records), reverse=True)
+    assert model.row_of("adapter-003") == next(
+        row for row in range(ROWS) if model.record(row).name == "adapter-003"
+    )
+
+
+def test_the_filter_matches_any_cell_and_the_tier(qapp):
+    model, _ = filled_model()
+    proxy = BaseFilterProxy()
+    proxy.setSourceModel(model)
+    model.set_tiers({"adapter-021": "GPU slot 2"})
+    proxy.set_text("ADAPTER-02")
+    assert proxy.rowCount() == 10
+    proxy.set_text("/src/33")  # the Source column
+    assert [proxy.index(row, 0).data() for row in range(proxy.rowCount())] == ["adapter-033"]
+    proxy.set_text("gpu slot")
+    assert [proxy.index(row, 0).data() for row in range(proxy.rowCount())] == ["adapter-021"]
+    model.set_tiers({"adapter-021": "CPU", "adapter-050": "GPU slot 2"})  # a tier moves: the filter follows
+    assert [proxy.index(row, 0).data() for row in range(proxy.rowCount())] == ["adapter-050"]
+    proxy.set_text("")
+    assert proxy.rowCount() == ROWS and proxy.mapToSource(proxy.index(5, 0)) != QModelIndex()
+    assert Path(model.index(5, 0).data(Qt.ItemDataRole.ToolTipRole)) == Path("/lib/5")
