@@ -313,11 +313,17 @@ class BasePool:
             except (ValueError, OSError) as error:
                 log.warning("base model %s: adapter %s not served: %s", base.name, name, error)
         with self._lock:
-            base.engine, base.loading, base.error = engine, False, None
-            base.loads += 1
-            base.leases += 1
-            base.last_used = time.monotonic()
+            closed = self._closed
+            if not closed:  # a pool shut down while this base loaded never holds its engine
+                base.engine, base.error = engine, None
+                base.loads += 1
+                base.leases += 1
+                base.last_used = time.monotonic()
+            base.loading = False
             self._lock.notify_all()
+        if closed:
+            engine.shutdown()
+            raise BaseUnavailable("the server is stopping")
         log.info("loaded base model %s in %.2f s", base.name, time.perf_counter() - started)
         return engine
 

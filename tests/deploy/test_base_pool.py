@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from multilora_studio.deploy import BasePool, BaseUnavailable
-from multilora_studio.engine import EngineConfig, SamplingParams
+from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from tests.engine.reference import PeftReference
 from tests.fixtures import AdapterSpec, build_adapter
 from tests.threads import CheckedThread, run_threads
@@ -130,6 +130,35 @@ def test_an_idle_base_unloads_after_keep_alive_and_reloads_on_the_next_request(t
         wait_until(lambda: pool.resident() == [], 30, "the idle base to unload")
         assert run(pool, "tiny-r8-all") == expected[(folders["llama"][0].name, "tiny-r8-all")]
         assert pool.base(llama).loads == 2
+
+
+def test_a_base_that_finishes_loading_after_the_pool_stopped_is_stopped_too(two_bases):
+    folders, _ = two_bases
+    loading, proceed = threading.Event(), threading.Event()
+    made: list[Engine] = []
+
+    def slow_start(engine_config: EngineConfig) -> Engine:
+        loading.set()
+        assert proceed.wait(60)
+        made.append(Engine(engine_config))
+        return made[-1]
+
+    pool = BasePool([config(folders["llama"][0])], engine_factory=slow_start)
+    refused: list[str] = []
+
+    def ask() -> None:
+        with pytest.raises(BaseUnavailable) as error:
+            pool.acquire(pool.primary)
+        refused.append(str(error.value))
+
+    asking = CheckedThread(ask)
+    asking.start()
+    assert loading.wait(60)
+    pool.shutdown()  # while the base loads (a window restart during a swap)
+    proceed.set()
+    asking.join(120)
+    assert refused == ["the server is stopping"]
+    assert pool.resident() == [] and len(made) == 1 and not made[0].running
 
 
 def test_refusals(two_bases, tiny_model_dir):
