@@ -130,6 +130,7 @@ class CompareView(QWidget):
         self.base_picker = QComboBox()
         self.base_picker.setToolTip("List the adapters of every base model, or of one")
         self.base_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.base_picker.setMinimumWidth(self.base_picker.fontMetrics().horizontalAdvance(ALL_BASES) + 48)
         self.base_picker.currentIndexChanged.connect(lambda *_: self.refresh_adapters())
         self.base_picker.hide()
         self.slot_warning = QLabel()

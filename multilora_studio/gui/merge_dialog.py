@@ -127,8 +127,12 @@ class MergeDialog(QDialog):
         engine = self.host.engine
         folder = engine.model_folder if engine is not None else None
         if folder is None:
+            swapped = self.host.pool is not None and engine is None
             self.banner.show_message(
-                "Load a base model from a folder first; its adapters merge into it.", "warning"
+                "The first base model is swapped out; load it (a Compare column of it), then merge."
+                if swapped
+                else "Load a base model from a folder first; its adapters merge into it.",
+                "warning",
             )
             return None
         chosen = self.checked()
