@@ -122,25 +122,22 @@ class HostAdapter:
         return sum(a.nbytes + b.nbytes for a, b in self.weights.values()) + vectors + tables
 
 
-def all_finite(tensor: torch.Tensor) -> bool:
-    """No NaN or Inf in ``tensor``: one min/max pass (NaN propagates), ~13x faster than isfinite().all()."""
-    if tensor.numel() == 0:
-        return True
-    low, high = torch.aminmax(tensor)
-    return bool(torch.isfinite(low) and torch.isfinite(high))
+FLOAT32_MAX = torch.finfo(torch.float32).max  # scale x B past it overflows, whatever A is
 
 
-def lora_gain(a: torch.Tensor, b_scaled: torch.Tensor) -> float:
-    """A bound on |x @ A.T @ B_scaled.T| for |x| <= 1 (NaN or Inf when the factors overflow)."""
-    rank, inputs = a.shape  # a: [rank, in], b_scaled: [out, rank]
-    return _magnitude(a) * inputs * _magnitude(b_scaled) * rank
-
-
-def _magnitude(tensor: torch.Tensor) -> float:
+def peak(tensor: torch.Tensor) -> float:
+    """The largest |value| of ``tensor``, NaN or Inf when it holds one: one min/max pass (NaN
+    propagates), ~13x faster than isfinite().all(); 0 when empty."""
     if tensor.numel() == 0:
         return 0.0
     low, high = torch.aminmax(tensor)
-    return max(abs(float(low)), abs(float(high)))
+    return max(abs(float(low)), abs(float(high))) if math.isfinite(low) and math.isfinite(high) else math.nan
+
+
+def lora_gain(a: torch.Tensor, peak_a: float, peak_b: float, scale: float) -> float:
+    """A bound on |x @ A.T @ (scale B).T| for |x| <= 1, from the factors' peaks."""
+    rank, inputs = a.shape  # a: [rank, in], b: [out, rank]
+    return peak_a * inputs * peak_b * abs(scale) * rank
 
 
 def load_peft_adapter(
@@ -178,11 +175,13 @@ def load_peft_adapter(
     weights, biases, magnitudes = {}, {}, {}
     for (layer, module), found in sorted(tensors.items()):
         a, b = found["A"], found["B"]
-        if not all(map(all_finite, found.values())):
+        peaks = {which: peak(tensor) for which, tensor in found.items()}
+        if not all(map(math.isfinite, peaks.values())):
             raise AdapterError(f"{folder}: layer {layer} {module} holds NaN or Inf weights")
         scale = config.scale_of(layer, module, a.shape[0], decoder)
         b_scaled = b * scale  # [out, rank]
-        if not (math.isfinite(scale) and lora_gain(a, b_scaled) <= MAX_LORA_GAIN):
+        gain = lora_gain(a, peaks["A"], peaks["B"], scale) if math.isfinite(scale) else math.inf
+        if not (gain <= MAX_LORA_GAIN and peaks["B"] * abs(scale) <= FLOAT32_MAX):
             raise AdapterError(
                 f"{folder}: layer {layer} {module}: lora_alpha (or its alpha_pattern) gives scale "
                 f"{scale:g}, and the scaled factors overflow float32; lora_alpha is too large"

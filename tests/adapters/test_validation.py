@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from multilora_studio.adapters.adapter_config import parse_adapter_config
-from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter, lora_gain
+from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter, lora_gain, peak
 from tests.adapter_fixtures import edit_config, edit_tensors
 
 GOOD = "tiny-r8-all"  # rank 8 on all seven projections
@@ -411,12 +411,15 @@ def test_an_alpha_pattern_for_one_layer_scales_only_that_layer():
 
 def test_lora_gain_is_the_largest_output_of_inputs_within_one():
     a = torch.full((3, 5), 2.0)  # [rank, in]
-    b_scaled = torch.full((4, 3), -0.5)  # [out, rank]
-    largest = (torch.ones(1, 5) @ a.T @ b_scaled.T).abs().max()  # every entry at its largest: x = 1
-    assert lora_gain(a, b_scaled) == pytest.approx(float(largest)) == 15.0
+    b = torch.full((4, 3), -0.25)  # [out, rank], scaled by 2 below
+    largest = (torch.ones(1, 5) @ a.T @ (2 * b).T).abs().max()  # every entry at its largest: x = 1
+    assert lora_gain(a, peak(a), peak(b), 2.0) == pytest.approx(float(largest)) == 15.0
     x = torch.randint(0, 2, (64, 5)).float() * 2 - 1  # other inputs of |x| <= 1 stay below the bound
-    a, b_scaled = torch.randn(3, 5), torch.randn(4, 3)
-    assert float((x @ a.T @ b_scaled.T).abs().max()) <= lora_gain(a, b_scaled)
+    a, b = torch.randn(3, 5), torch.randn(4, 3)
+    assert float((x @ a.T @ (-3 * b).T).abs().max()) <= lora_gain(a, peak(a), peak(b), -3.0)
+    assert peak(torch.tensor([1.0, -7.0, 3.0])) == 7.0 and peak(torch.empty(0)) == 0.0
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        assert math.isnan(peak(torch.tensor([1.0, bad])))
 
 
 @pytest.mark.parametrize(
