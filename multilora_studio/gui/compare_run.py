@@ -198,9 +198,11 @@ class CompareRun(QObject):
             return False
         try:
             engine = self.pool.acquire(base)  # a swapped-out base loads here
-        except BaseUnavailable as error:
+        except BaseUnavailable as error:  # stopped meanwhile (a restart): its columns are aborted
+            with self._lock:
+                stopped = self._stopped
             for index in indices:
-                self._close(index, self._error_output(index, str(error)))
+                self._close(index, None if stopped else self._error_output(index, str(error)))
             return False
         try:
             self.engine_records[base] = EngineRecord.of(engine)

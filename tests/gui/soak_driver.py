@@ -1,18 +1,23 @@
 """Minutes of real use of the window, in its own process: ``python -m tests.gui.soak_driver OUT.json``.
 
-The window runs on the embedded model (CPU) with the demo adapters in a fresh library. For
+The window runs on the embedded model (CPU) with the demo adapters in a fresh library and, with
+``--second-base FOLDER --second-adapter FOLDER``, a second base model (Settings' models list) with
+an adapter of its own in the library. For
 ``--seconds``, and on until it has run a compare for each restart (a busy machine makes them
 slower; the test bounds the whole run), it visits every view in turn, keeps a compare of base
 and every adapter running, lets the Monitor plot, switches the theme, and applies a restart in
 Settings ``--restarts`` times (alternating the number of GPU slots; every second restart
-starts two engine replicas behind the dispatcher, the next one engine again). Every other compare is a
-chat action (``start_chat_compare``: follow-ups, a column with its own settings, token
+starts two engine replicas behind the dispatcher, the next one engine again; with a second base,
+the third restart leaves room for one base only, so compares of both bases swap them). A
+compare ticks every listed column, the base picker cycling through all bases and each one; every
+other compare is a chat action (``start_chat_compare``: follow-ups, a column with its own settings, token
 divergence), every fourth an adapter's strength sweep; on the Evaluate page it keeps an
 evaluation of base and every adapter going, cancelling every other one (``EvaluateActions``);
 on the Library page it merges a demo adapter into the base and exports it, cancelling every
-other merge (``MergeActions``). The endpoint runs throughout (restarted with each engine), a
-client thread sending it a short completion every second (``EndpointTraffic``), and the
-Monitor's usage table must show what it was sent.
+other merge (``MergeActions``), and cycles the base filter (``BaseFilterActions``). The endpoint
+runs throughout (restarted with each engine), a client thread sending it a short completion
+every second, for an adapter of each base in turn (``EndpointTraffic``), and the Monitor's usage
+table must show what it was sent; the Monitor's base panels are watched (``watch_bases``).
 It writes what it measured as JSON: references to None over the run, resident memory after
 each restart, live Engine objects and engine threads at the end, and every problem seen. The
 test that runs it checks those numbers and that the process exited 0 with no fatal error; a
@@ -40,10 +45,12 @@ import psutil
 from PySide6.QtCore import QObject, QSettings, QTimer
 
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.deploy import ReplicaSet
+from multilora_studio.cli.shared import describe_base
+from multilora_studio.deploy import ReplicaSet, replicas_of
 from multilora_studio.engine.host_memory import return_freed_memory
 from multilora_studio.gui.app import checked_application
 from multilora_studio.gui.compare_column import MARKDOWN, TOKENS
+from multilora_studio.gui.library_model import base_key
 from multilora_studio.gui.main_window import PAGES, MainWindow
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 from multilora_studio.gui.theme import set_theme
@@ -60,6 +67,8 @@ EVALUATE_ROWS = [
     {"prompt": "Reply in JSON:", "check": {"type": "json_schema", "schema": {"type": "object"}}},
 ]
 CHAT_TOKENS = 6
+SECOND_ADAPTER = "soak-second-base"  # the second base's adapter in the library
+SWAP_RESTART = 2  # restarts done before the one that leaves room for one base (one engine each)
 
 
 class EvaluateActions:
@@ -117,7 +126,10 @@ class MergeActions:
         self.check_warm()
         if self.task is not None or self.window.page != "Library" or self.window.host.state != "ready":
             return
-        names = self.window.library.names()
+        pool = self.window.host.pool
+        if pool is None or self.window.host.engine is None:  # the first base swapped out
+            return
+        names = sorted(pool.adapters_of(pool.primary))  # they merge into the first base
         if not names:
             return
         dialog = self.window.library.open_merge_dialog()
@@ -171,22 +183,51 @@ class MergeActions:
             self.warm_pending = None
 
 
-class EndpointTraffic:
-    """A client of the window's endpoint on its own thread: one short completion a second."""
+class BaseFilterActions:
+    """The soak's Library base filter: while the Library page shows, the next base is chosen each
+    tick; a listed adapter of another base's weights is a problem."""
 
     def __init__(self, window: MainWindow) -> None:
         self.window = window
+        self.filtered = 0
+        self.problems: list[str] = []
+
+    def tick(self) -> None:
+        library = self.window.library
+        if self.window.page != "Library" or library.base_filter.count() < 2:
+            return
+        combo = library.base_filter
+        combo.setCurrentIndex((combo.currentIndex() + 1) % combo.count())
+        key = combo.currentData()
+        shown = [library.registry.find(name) for name in library.names()]
+        wrong = [r.name for r in shown if r is not None and key is not None and key != base_key(r)]
+        if wrong:
+            self.problems.append(f"base filter {combo.currentText()} lists {wrong}")
+        self.filtered += 1
+
+
+class EndpointTraffic:
+    """A client of the window's endpoint on its own thread: one short completion a second, for
+    each of ``models`` in turn (an adapter of each base)."""
+
+    def __init__(self, window: MainWindow, models: list[str]) -> None:
+        self.window = window
+        self.models = models
+        self.answered_by: dict[str, int] = dict.fromkeys(models, 0)
         self.answered = 0
         self.refused = 0  # while the endpoint restarts with the engine: expected
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, name="soak-client", daemon=True)
 
     def run(self) -> None:
+        sent = 0
         while not self.stop.wait(1.0):
             url = self.window.control.url
             if not url:
                 continue
-            body = json.dumps({"model": "demo-pirate", "prompt": "Ahoy", "max_tokens": 4}).encode()
+            model = self.models[sent % len(self.models)]
+            sent += 1
+            body = json.dumps({"model": model, "prompt": "Ahoy", "max_tokens": 4}).encode()
             request = urllib.request.Request(
                 f"{url}/v1/completions", body, {"Content-Type": "application/json"}
             )
@@ -194,6 +235,7 @@ class EndpointTraffic:
                 with urllib.request.urlopen(request, timeout=60) as reply:
                     json.loads(reply.read())
                 self.answered += 1
+                self.answered_by[model] += 1
             except (OSError, ValueError):
                 self.refused += 1
 
@@ -215,6 +257,12 @@ class Soak(QObject):
         self.replica_compares = 0  # compares run on a replica set
         self.replica_panels_seen = 0  # most replica panels the Monitor showed
         self.usage_rows_seen = 0  # most rows the Monitor's usage table showed
+        self.base_panels_seen = 0  # most base panels the Monitor showed
+        self.base_states_seen: set[str] = set()  # loaded / swapped out / loading, as the Monitor showed
+        self.two_base_compares = 0  # compares with columns of two bases
+        self.swap_loads: dict[int, int] = {}  # restarts before a pool -> its base loads after its start
+        self.started_loads = 0  # base loads of the running pool when it started
+        self.base_filters: BaseFilterActions | None = None  # set by main()
         self.traffic: EndpointTraffic | None = None  # set by main()
         self.chat_runs = 0
         self.strength_sweeps = 0
@@ -234,6 +282,7 @@ class Soak(QObject):
         window.compare.divergenceFinished.connect(lambda: divergence_finished(self))
 
     def engine_ready(self) -> None:
+        self.started_loads = sum(self.base_loads().values())
         if not self.timer.isActive():  # the first start
             self.started = self.page_since = time.monotonic()
             self.none_refs.append(sys.getrefcount(None))
@@ -249,6 +298,8 @@ class Soak(QObject):
         self.compares += 1
         if isinstance(self.window.host.engine, ReplicaSet):
             self.replica_compares += 1
+        if len(set(compare.column_bases)) > 1:
+            self.two_base_compares += 1
         self.compare_errors += [f"{c.name}: {c.error}" for c in compare.columns if c.error]
 
     def tick(self) -> None:
@@ -270,10 +321,13 @@ class Soak(QObject):
             self.evaluate_actions.tick()
         if self.merge_actions is not None:
             self.merge_actions.tick()
+        if self.base_filters is not None:
+            self.base_filters.tick()
         if self.window.host.state != "ready":
             return
+        self.swap_loads[self.restarts_done] = sum(self.base_loads().values()) - self.started_loads
         if self.window.page == "Monitor":
-            self.replica_panels_seen = max(self.replica_panels_seen, len(self.window.monitor.panels))
+            self.watch_bases()
             self.usage_rows_seen = max(self.usage_rows_seen, self.window.monitor.usage.table.rowCount())
         if self.window.control.state == "off" and self.traffic is not None:
             self.window.server.start()  # at the first start, and if a restart left it off
@@ -286,20 +340,32 @@ class Soak(QObject):
             else:
                 self.start_compare()
 
+    def watch_bases(self) -> None:
+        monitor = self.window.monitor
+        self.base_panels_seen = max(self.base_panels_seen, len(monitor.bases))
+        self.base_states_seen |= {panel.state for panel in monitor.bases}
+        replicas = max((len(panel.replicas) for panel in monitor.bases), default=0)
+        self.replica_panels_seen = max(self.replica_panels_seen, replicas)
+
     def page_tours(self) -> int:
         return int((time.monotonic() - self.started) / (PAGE_S * len(PAGES)))
 
     def start_compare(self) -> None:
-        """Every adapter and the base; every other time one adapter's strength sweep instead."""
+        """Every listed adapter and base (the base picker on all bases, or on one, in turn);
+        every fourth time one adapter's strength sweep instead."""
         compare = self.window.compare
         compare.max_tokens.setValue(COMPARE_TOKENS)
         compare.temperature.setValue(0.7)
-        engine = self.window.host.engine
-        served = sorted(info.name for info in engine.list_adapters()) if engine is not None else []
+        pool = self.window.host.pool
+        bases = pool.names if pool is not None else []
+        served = sorted(name for base in bases for name in pool.adapters_of(base)) if pool else []
         if self.compares % 4 == 2 and served:
+            compare.pick_base(None)
             compare.sweep_strength(served[self.strength_sweeps % len(served)])
             self.strength_sweeps += 1
         else:
+            picks = [None, *bases] if len(bases) > 1 else [None]
+            compare.pick_base(picks[(self.compares // 2) % len(picks)])
             compare.tick_all(True)
         if not compare.start():
             self.problems.append(f"compare did not start: {compare.banner.text}")
@@ -309,10 +375,22 @@ class Soak(QObject):
         self.window.show_page("Settings")
         settings.max_loras.setValue(3 if settings.max_loras.value() == 2 else 2)
         settings.devices.setText("cpu,cpu" if self.restarts_done % 2 else "")
+        if settings.extra_model_entries():  # room for one base after the third restart, else for all
+            settings.max_resident_bases.setValue(1 if self.restarts_done == SWAP_RESTART else 0)
         self.restart_pending = True
         if not settings.apply():
             self.problems.append(f"settings refused: {settings.banner.text}")
             self.restart_pending = False
+
+    def base_loads(self) -> dict[str, int]:
+        """Each base's engine starts in the pool running now (a swap is one more)."""
+        pool = self.window.host.pool
+        return {name: pool.base(name).loads for name in pool.names} if pool is not None else {}
+
+    def resident_engines(self) -> int:
+        """Engines the pool holds now (a replica set's replicas each)."""
+        pool = self.window.host.pool
+        return sum(len(replicas_of(engine)) for _, engine in pool.resident()) if pool is not None else 0
 
     def finish(self) -> None:
         self.timer.stop()
@@ -327,6 +405,12 @@ class Soak(QObject):
             "compares": self.compares,
             "replica_compares": self.replica_compares,
             "replica_panels_seen": self.replica_panels_seen,
+            "base_panels_seen": self.base_panels_seen,
+            "base_states_seen": sorted(self.base_states_seen),
+            "two_base_compares": self.two_base_compares,
+            "swaps": sum(self.swap_loads.values()),
+            "base_filters": self.base_filters.filtered if self.base_filters else 0,
+            "endpoint_answered_by": dict(self.traffic.answered_by) if self.traffic else {},
             "usage_rows_seen": self.usage_rows_seen,
             "endpoint_answered": self.traffic.answered if self.traffic else 0,
             "usage_requests": sum(row.requests for row in self.window.control.usage.rows()),
@@ -336,7 +420,8 @@ class Soak(QObject):
             "compare_errors": self.compare_errors,
             "problems": self.problems
             + (self.evaluate_actions.problems if self.evaluate_actions else [])
-            + (self.merge_actions.problems if self.merge_actions else []),
+            + (self.merge_actions.problems if self.merge_actions else [])
+            + (self.base_filters.problems if self.base_filters else []),
             "evaluations": self.evaluate_actions.finished if self.evaluate_actions else 0,
             "merges": self.merge_actions.finished if self.merge_actions else 0,
             "merges_cancelled": self.merge_actions.cancelled if self.merge_actions else 0,
@@ -345,6 +430,7 @@ class Soak(QObject):
             "rss_after_restart": self.rss_after_restart,
             "live_engines": len(live_engines()),
             "engine_threads": sum(t.name == "engine-worker" for t in threading.enumerate()),
+            "resident_engines": self.resident_engines(),
         }
         self.window.close()
         checked_application().quit()
@@ -382,17 +468,30 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--restarts", type=int, default=5)
+    parser.add_argument("--second-base", type=Path, default=None, help="a second base model folder")
+    parser.add_argument("--second-adapter", type=Path, default=None, help="an adapter of the second base")
     args = parser.parse_args()
     app = checked_application()
     with tempfile.TemporaryDirectory(prefix="multilora-soak-") as folder:
         prefs = Preferences(QSettings(str(Path(folder) / "settings.ini"), QSettings.Format.IniFormat))
-        prefs.set_engine_choice(replace(EngineChoice(), device="cpu", max_loras=2))
-        window = MainWindow(prefs, Registry(Path(folder) / "library"))
+        registry = Registry(Path(folder) / "library")
+        choice = replace(EngineChoice(), device="cpu", max_loras=2)
+        models = ["demo-pirate"]
+        if args.second_base is not None and args.second_adapter is not None:
+            choice = replace(choice, extra_models=(str(args.second_base),))
+            base = describe_base(str(args.second_base))
+            registry.import_folder(
+                args.second_adapter, base, name=SECOND_ADAPTER, max_rank=choice.max_lora_rank
+            )
+            models.append(SECOND_ADAPTER)
+        prefs.set_engine_choice(choice)
+        window = MainWindow(prefs, registry)
         soak = Soak(window, args.seconds, args.restarts)
         soak.evaluate_actions = EvaluateActions(window, Path(folder))
         soak.merge_actions = MergeActions(window, Path(folder))
+        soak.base_filters = BaseFilterActions(window)
         window.server.port.setValue(0)  # any free port
-        soak.traffic = EndpointTraffic(window)
+        soak.traffic = EndpointTraffic(window, models)
         soak.traffic.thread.start()
         window.resize(1280, 820)
         window.show()

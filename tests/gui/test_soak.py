@@ -1,4 +1,5 @@
-"""Minutes of real use of the window in its own process (``soak_driver``): it must survive, unchanged."""
+"""Minutes of real use of the window in its own process (``soak_driver``), on two base models: it
+must survive, unchanged."""
 
 from __future__ import annotations
 
@@ -10,16 +11,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures import AdapterSpec, build_adapter
+
 ROOT = Path(__file__).resolve().parents[2]
 SOAK_SECONDS = 150
 RESTARTS = 5
 RSS_GROWTH_LIMIT = 300 << 20  # resident memory after the 5th restart vs after the 1st
 NONE_REFS_LOST_LIMIT = 1_000  # a binding that drops a reference per Qt call loses ~100k a minute
+SECOND_BASE_ADAPTER = AdapterSpec("second-base-r8", 8, 16, ("q_proj", "v_proj", "down_proj"), 61)
 
 
 @pytest.mark.slow
-def test_the_window_survives_minutes_of_use_with_restarts(default_model, tmp_path: Path):
+def test_the_window_survives_minutes_of_use_with_restarts(default_model, tiny_family_models, tmp_path: Path):
     out = tmp_path / "soak.json"
+    second_base = tiny_family_models["qwen2"]  # a second family beside the embedded Llama
+    second_adapter = build_adapter(second_base, SECOND_BASE_ADAPTER, tmp_path / "second-adapter")
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
     run = subprocess.run(
         [
@@ -31,6 +37,10 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tmp_pat
             str(SOAK_SECONDS),
             "--restarts",
             str(RESTARTS),
+            "--second-base",
+            str(second_base),
+            "--second-adapter",
+            str(second_adapter),
         ],
         cwd=ROOT,
         env=env,
@@ -50,6 +60,11 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tmp_pat
     assert result["chat_runs"] >= 2 and result["divergences"] >= 1, result
     assert result["strength_sweeps"] >= 1, result
     assert result["replica_compares"] >= 1 and result["replica_panels_seen"] == 2, result
+    assert result["two_base_compares"] >= 1 and result["base_panels_seen"] == 2, result
+    assert result["swaps"] >= 1, result  # with room for one base, a compare of both swapped one in
+    assert {"loaded", "swapped out"} <= set(result["base_states_seen"]), result
+    assert result["base_filters"] >= 1, result
+    assert all(count >= 1 for count in result["endpoint_answered_by"].values()), result  # both bases
     assert result["endpoint_answered"] >= 10 and result["usage_rows_seen"] >= 1, result
     assert result["usage_requests"] >= result["endpoint_answered"], result  # every answer counted
     first, last = result["none_refs"]
@@ -57,4 +72,4 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tmp_pat
     rss = result["rss_after_restart"]
     assert len(rss) == RESTARTS
     assert rss[-1] - rss[0] <= RSS_GROWTH_LIMIT, f"resident memory after each restart: {rss}"
-    assert result["live_engines"] == 1 and result["engine_threads"] == 1
+    assert result["live_engines"] == result["engine_threads"] == result["resident_engines"] >= 1, result
