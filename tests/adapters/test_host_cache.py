@@ -332,3 +332,20 @@ def test_load_latency_quantiles_are_of_the_recent_loads_only():
         counters.record(0.001)
     assert len(counters.load_seconds) < 2 * LATENCY_WINDOW  # bounded memory
     assert counters.percentile(0.95) == 0.001  # the window holds only the recent loads
+
+
+def test_the_tier_counts_the_bytes_it_holds_through_puts_evictions_and_discards():
+    cache = HostAdapterCache(2, Loader(), Ready())
+    small, large, other = (make_adapter(name, rank) for name, rank in (("small", 1), ("large", 4), ("other", 2)))
+    cache.put(small)
+    cache.put(large)
+    assert cache.nbytes == small.nbytes + large.nbytes
+    cache.put(make_adapter("small", rank=3))  # replaced: its old bytes leave with it
+    assert cache.nbytes == large.nbytes + make_adapter("x", rank=3).nbytes
+    cache.put(other)  # evicts the least recently used ("large")
+    assert cache.names() == ["small", "other"]
+    assert cache.nbytes == make_adapter("x", rank=3).nbytes + other.nbytes
+    cache.discard("small")
+    cache.discard("never-there")
+    assert cache.nbytes == other.nbytes
+    cache.close()

@@ -168,6 +168,11 @@ def test_metrics_report_adapters_cache_and_queue(serve):
         assert (name, base) in samples
     assert ("multilora_adapter_cache_misses_total", (*base, ("tier", "cpu"))) in samples
     assert samples[("multilora_kernel_compiles_total", base)] == 0  # the CPU engine compiles nothing
+    snapshot = server.pool.base(server.pool.primary).engine.metrics(fresh=True)
+    assert samples[("multilora_cpu_adapters", base)] == len(snapshot.cpu_adapters) >= 2
+    # the host tier sized from free memory: never below twice the 8 GPU slots
+    assert samples[("multilora_cpu_adapters_capacity", base)] == snapshot.cpu_capacity >= 2 * 8
+    assert samples[("multilora_cpu_adapter_bytes", base)] == snapshot.cpu_bytes > 0
 
 
 def test_request_log_is_bounded_and_calls_subscribers(serve):
