@@ -336,7 +336,8 @@ def test_load_latency_quantiles_are_of_the_recent_loads_only():
 
 def test_the_tier_counts_the_bytes_it_holds_through_puts_evictions_and_discards():
     cache = HostAdapterCache(2, Loader(), Ready())
-    small, large, other = (make_adapter(name, rank) for name, rank in (("small", 1), ("large", 4), ("other", 2)))
+    small, large = make_adapter("small", rank=1), make_adapter("large", rank=4)
+    other = make_adapter("other", rank=2)
     cache.put(small)
     cache.put(large)
     assert cache.nbytes == small.nbytes + large.nbytes
