@@ -136,9 +136,18 @@ class BasePool:
         if model in self._bases:
             return model, None
         for name in self._bases:
-            if model in self.adapters_of(name):
+            if self._serves(name, model):
                 return name, model
         return None
+
+    def _serves(self, base: str, adapter: str) -> bool:
+        """Whether ``base`` serves ``adapter`` (``adapters_of``), by one lookup."""
+        with self._lock:
+            entry = self._bases[base]
+            engine = entry.engine
+            if engine is None:
+                return adapter in entry.adapters
+        return engine.has_adapter(adapter)
 
     def adapters_of(self, base: str) -> dict[str, Path]:
         """The adapters a base serves: its engine's own list while it is loaded (adapters added

@@ -262,6 +262,10 @@ class RemoteEngine(RequestMethods):
         with self._lock:
             return [registration.facts.info for registration in self._adapters.values()]
 
+    def has_adapter(self, name: str) -> bool:
+        with self._lock:
+            return name in self._adapters
+
     def _registration(self, adapter: str | None) -> Registration | None:
         if adapter is None:
             return None

@@ -344,6 +344,9 @@ class ReplicaSet(RequestMethods):
     def list_adapters(self) -> list[AdapterInfo]:
         return self.replicas[0].list_adapters()
 
+    def has_adapter(self, name: str) -> bool:
+        return self.replicas[0].has_adapter(name)
+
     def encode(
         self, prompt: Any, special_tokens_in_content: bool = False, adapter: str | None = None
     ) -> list[int]:

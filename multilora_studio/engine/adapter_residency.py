@@ -210,6 +210,10 @@ class AdapterResidency:
         with self._lock:
             return list(self._adapters.values())
 
+    def has(self, name: str) -> bool:
+        with self._lock:
+            return name in self._adapters
+
     def _check_table_budget(self, path: Path, table_bytes: int, has_tables: bool) -> None:
         """ValueError when the adapter's token tables could never fit the device's pool."""
         config = self.config

@@ -145,6 +145,10 @@ class Engine(RequestMethods):
     def list_adapters(self) -> list[AdapterInfo]:
         return self.residency.infos()
 
+    def has_adapter(self, name: str) -> bool:
+        """Whether ``name`` was added (and not removed); one lookup, however many there are."""
+        return self.residency.has(name)
+
     # ---------------------------------------------------------------- requests
 
     def encode(

@@ -191,7 +191,7 @@ class Job:
         except ApiError:
             raise
         except ValueError as error:
-            if self.adapter is not None and not any(a.name == self.adapter for a in engine.list_adapters()):
+            if self.adapter is not None and not engine.has_adapter(self.adapter):
                 raise ApiError(
                     404, f"The model `{self.model}` does not exist.", "model_not_found", "model"
                 ) from None

@@ -192,3 +192,18 @@ def test_steady_traffic_on_the_loaded_base_does_not_starve_a_swapped_out_one(two
         assert tokens == expected[(folders["qwen"][0].name, "qwen-r8")]
         assert all(out == expected[(folders["llama"][0].name, "tiny-r8-all")] for out in served)
         assert pool.base(llama).loads >= 2  # llama's traffic went on after the swap back
+
+
+def test_base_of_finds_adapters_of_loaded_and_swapped_out_bases(two_bases):
+    folders, _ = two_bases
+    with make_pool(two_bases, max_resident=1) as pool:
+        llama, qwen = pool.names
+        assert [name for name, _ in pool.resident()] == [qwen]  # its adapter's add loaded it last
+        assert pool.base_of("tiny-r8-all") == (llama, "tiny-r8-all")  # kept while swapped out
+        assert pool.base_of("qwen-r8") == (qwen, "qwen-r8")
+        with pool.lease(qwen) as engine:
+            engine.add_adapter("direct", folders["qwen"][1], preload=False)  # added to the engine itself
+        assert pool.base_of("direct") == (qwen, "direct")
+        pool.remove_adapter("direct")
+        assert pool.base_of("direct") is None and pool.base_of("nowhere") is None
+        assert pool.base_of(llama) == (llama, None)
