@@ -107,6 +107,15 @@ def add_engine_arguments(
         default=engine_default("cpu_threads"),
         help="torch threads of the engine's steps on the CPU (default: one less than the usable cores)",
     )
+    from multilora_studio.engine.quantization import QUANTIZATIONS
+
+    parser.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default=engine_default("quantization"),
+        help="the base's quantization: fp8 serves an FP8 checkpoint or quantizes a float base to FP8 at "
+        "load; awq / gptq expect such a checkpoint (default: as the checkpoint is)",
+    )
     parser.add_argument(
         "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="PEFT adapter folders to serve"
     )
@@ -165,6 +174,7 @@ def engine_config(args: argparse.Namespace, model: str | None = None) -> EngineC
         max_token_tables=args.max_token_tables,
         token_table_memory_gb=args.token_table_gb,
         cpu_threads=args.cpu_threads,
+        quantization=args.quantization,
     )
 
 

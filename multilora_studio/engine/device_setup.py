@@ -16,6 +16,7 @@ from multilora_studio.engine.host_threads import quiet_host_threads, size_step_t
 from multilora_studio.engine.lora_plan_builder import build_lora_plan, shrink_in_gemm_rows
 from multilora_studio.engine.model_source import BaseModel, resolve_model
 from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.quant_plan_builder import base_quantization, build_quant_plan
 from multilora_studio.engine.runner import ModelRunner, kv_bytes_per_block
 from multilora_studio.kernels.jit_watch import install as install_compile_watch
 from multilora_studio.util import ProgressCallback
@@ -91,9 +92,11 @@ def load_on_device(
         torch.cuda.set_stream(torch.cuda.Stream(device))
         install_compile_watch()
         held_before = torch.cuda.memory_allocated(device)  # other engines' of this process
-    plan = build_lora_plan(config, device, dtype)  # how the LoRA term runs
+    quantization = base_quantization(config)  # the checkpoint's, or one applied at load
+    quant_plan = build_quant_plan(device, dtype)  # how quantized GEMMs run
+    plan = build_lora_plan(config, device, dtype, quantization is not None)  # how the LoRA term runs
     lora_rows = shrink_in_gemm_rows(config, plan)  # A rows reserved after every GEMM weight
-    base = resolve_model(config.model, dtype, device, progress, lora_rows)
+    base = resolve_model(config.model, dtype, device, progress, lora_rows, quantization, quant_plan)
     loaded = time.perf_counter() - started  # the device's context too, created on first use
     if config.max_model_len > base.spec.max_position_embeddings:
         log.warning(
@@ -103,6 +106,6 @@ def load_on_device(
         )
     own = torch.cuda.memory_allocated(device) - held_before if device.type == "cuda" else 0
     num_blocks = kv_cache_blocks(config, base.spec, device, dtype, own)
-    runner = ModelRunner(config, base.spec, base.weights, num_blocks, device, dtype, plan)
+    runner = ModelRunner(config, base.spec, base.weights, num_blocks, device, dtype, plan, quant_plan)
     runner.startup_seconds = {"device and model load": loaded, **runner.startup_seconds}
     return base, runner, BlockManager(num_blocks, config.block_size)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from multilora_studio.engine.weights import ModelWeights
+from multilora_studio.kernels.quant_weight import Weight, dequantize
 
 GEMM_GROUPS = ("qkv", "o", "gate_up", "down")  # LayerWeights' GEMM weights, named as the LoRA groups
 
@@ -33,9 +34,14 @@ class BaseProjection:
 
 
 def base_row_norms(weights: ModelWeights) -> dict[str, torch.Tensor]:
-    """[layers, out_total] float32 squared row norms of each GEMM group (read before repacking)."""
+    """[layers, out_total] float32 squared row norms of each GEMM group (read before repacking;
+    a quantized weight's from its dequantized values, one projection at a time)."""
+
+    def dense(weight: Weight) -> torch.Tensor:
+        return weight.float() if isinstance(weight, torch.Tensor) else dequantize(weight, torch.float32)
+
     return {
-        group: torch.stack([getattr(layer, group).float().pow(2).sum(1) for layer in weights.layers])
+        group: torch.stack([dense(getattr(layer, group)).pow(2).sum(1) for layer in weights.layers])
         for group in GEMM_GROUPS
     }
 

@@ -27,7 +27,7 @@ from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.rope import cos_sin_cache, rope_rows
 from multilora_studio.engine.token_tables import VocabRows, embed_tokens, logits_with_tables
-from multilora_studio.engine.weights import ModelWeights
+from multilora_studio.engine.weights import GEMM_SLICES, ModelWeights
 from multilora_studio.kernels.cpu_linear import packed_linear
 from multilora_studio.kernels.fused_ops import (
     add_rms_norm,
@@ -47,7 +47,9 @@ from multilora_studio.kernels.lora import (
 )
 from multilora_studio.kernels.lora_rows import RowTerms, apply_row_terms
 from multilora_studio.kernels.paged_attention import paged_attention
-from multilora_studio.kernels.row_tiles import row_tiled
+from multilora_studio.kernels.quant_linear import QuantPlan, quant_linear
+from multilora_studio.kernels.quant_weight import QuantizedWeight, Weight
+from multilora_studio.kernels.row_tiles import Linear, row_tiled
 
 
 @dataclass
@@ -87,6 +89,7 @@ class LlamaModel:
         lora: LoRASlotWeights | None,
         max_positions: int,
         plan: LoRAPlan,
+        quant_plan: QuantPlan | None = None,
     ) -> None:
         if plan.shrink_in_gemm and (lora is None or not lora.shrink_in_gemm_weights):
             raise ValueError("a plan with the shrink in GEMM needs LoRA slots in the shrink-in-GEMM weights")
@@ -110,7 +113,17 @@ class LlamaModel:
         self.embed_scale = (
             torch.tensor(spec.hidden_size**0.5, dtype=embed_dtype, device=device) if spec.gemma else None
         )
-        base_linear = packed_linear if weights.onednn_packed else F.linear
+        # a quantized base's projections through their plan's path (kernels/quant_linear.py)
+        quantized = any(
+            isinstance(getattr(layer, group), QuantizedWeight)
+            for layer in weights.layers
+            for group in GEMM_SLICES
+        )
+        base_linear: Linear = packed_linear if weights.onednn_packed else F.linear
+        if quantized:
+            base_linear = functools.partial(
+                quant_linear, plan=quant_plan or QuantPlan(dequantize_at_load=False)
+            )
         self.linear = (
             functools.partial(row_tiled, base_linear, plan.gemm_row_tile)
             if plan.gemm_row_tile
@@ -187,7 +200,7 @@ class LlamaModel:
         group: str,
         layer: int,
         x: torch.Tensor,
-        weight: torch.Tensor,
+        weight: Weight,
         step: LoRAStep | None,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -213,7 +226,7 @@ class LlamaModel:
         group: str,
         layer: int,
         x: torch.Tensor,
-        weight: torch.Tensor,
+        weight: Weight,
         out_norm: torch.Tensor,
         residual: torch.Tensor,
         norm_weight: torch.Tensor,
@@ -229,7 +242,7 @@ class LlamaModel:
         group: str,
         layer: int,
         x: torch.Tensor,
-        weight: torch.Tensor,
+        weight: Weight,
         residual: torch.Tensor,
         norm_weight: torch.Tensor,
         step: LoRAStep | None,
@@ -250,7 +263,7 @@ class LlamaModel:
         group: str,
         layer: int,
         x: torch.Tensor,
-        weight: torch.Tensor,
+        weight: Weight,
         step: LoRAStep | None,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:

@@ -27,15 +27,26 @@ SHRINK_IN_GEMM_MAX_ROWS = 768
 INVARIANT_ROW_TILE = {"cpu": 8, "cuda": 64}
 
 
-def build_lora_plan(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> LoRAPlan:
-    """The plan of an engine with ``config`` on ``device`` computing in ``dtype``.
+def build_lora_plan(
+    config: EngineConfig, device: torch.device, dtype: torch.dtype, quantized: bool = False
+) -> LoRAPlan:
+    """The plan of an engine with ``config`` on ``device`` computing in ``dtype`` (``quantized``:
+    over a quantized base).
 
     ``lora_shrink_in_gemm`` None: on CUDA when ``max_loras x max_lora_rank <=
-    SHRINK_IN_GEMM_MAX_ROWS``, never on the CPU. ``fused_qkv_epilogue`` None: on CUDA; True
-    also elsewhere where Triton runs (the CPU under ``TRITON_INTERPRET=1``, as the tests do),
-    the separate launches otherwise.
+    SHRINK_IN_GEMM_MAX_ROWS``, never on the CPU, never over a quantized base (its A rows cannot
+    be appended to packed weights: the shrink kernels run; True there is a ValueError).
+    ``fused_qkv_epilogue`` None: on CUDA; True also elsewhere where Triton runs (the CPU under
+    ``TRITON_INTERPRET=1``, as the tests do), the separate launches otherwise.
     """
-    if config.lora_shrink_in_gemm is not None:
+    if quantized and config.lora_shrink_in_gemm:
+        raise ValueError(
+            "lora_shrink_in_gemm=True cannot be combined with a quantized base: LoRA A rows cannot be "
+            "appended to its packed weights"
+        )
+    if quantized:
+        shrink_in_gemm = False
+    elif config.lora_shrink_in_gemm is not None:
         shrink_in_gemm = config.lora_shrink_in_gemm
     else:
         shrink_in_gemm = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,9 @@ from multilora_studio.adapters.safetensors_header import read_header
 from multilora_studio.checkpoint_files import checkpoint_digest, checkpoint_files
 from multilora_studio.default_model import ensure_default_model
 from multilora_studio.engine.model_spec import ModelSpec, RopeSpec, load_spec
+from multilora_studio.engine.quantization import Quantization, checkpoint_quantization
 from multilora_studio.engine.weights import ModelWeights, load_weights, random_weights
+from multilora_studio.kernels.quant_linear import QuantPlan
 from multilora_studio.util import ProgressCallback
 
 RANDOM_PREFIX = "random:"
@@ -161,10 +164,14 @@ def resolve_model(
     device: torch.device,
     progress: ProgressCallback | None,
     lora_rows: int = 0,
+    quantization: Quantization | None = None,
+    quant_plan: QuantPlan | None = None,
 ) -> BaseModel:
     """Load what ``model`` names; ValueError / FileNotFoundError with a clear message otherwise.
 
     ``lora_rows``: LoRA A rows per slice to reserve after each GEMM weight (``weights.py``).
+    ``quantization``: what the base is served as (``quant_plan_builder.base_quantization``),
+    its projections placed as ``quant_plan`` says.
     """
     if model is not None and model.startswith(RANDOM_PREFIX):
         shape = model[len(RANDOM_PREFIX) :]
@@ -174,7 +181,9 @@ def resolve_model(
         return BaseModel(
             model,
             spec,
-            random_weights(spec, dtype, device, lora_rows=lora_rows),
+            random_weights(
+                spec, dtype, device, lora_rows=lora_rows, quantization=quantization, quant_plan=quant_plan
+            ),
             None,
             f"random-{shape}",
             None,
@@ -187,9 +196,8 @@ def resolve_model(
     if getattr(tokenizer, "eos_token_id", None) is not None:
         eos.add(int(tokenizer.eos_token_id))
     spec = dataclasses.replace(spec, eos_token_ids=tuple(sorted(eos)))
-    return BaseModel(
-        name, spec, load_weights(folder, spec, dtype, device, lora_rows), tokenizer, digest, folder
-    )
+    weights = load_weights(folder, spec, dtype, device, lora_rows, quantization, quant_plan)
+    return BaseModel(name, spec, weights, tokenizer, digest, folder)
 
 
 def check_model_folder(folder: Path) -> None:
@@ -203,6 +211,7 @@ def check_model_folder(folder: Path) -> None:
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder {folder} does not exist")
     load_spec(folder)
+    checkpoint_quantization(json.loads((folder / "config.json").read_text()))
     for path in checkpoint_files(folder):
         if not read_header(path):
             raise ValueError(f"{path} holds no tensors")

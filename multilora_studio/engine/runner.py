@@ -45,6 +45,7 @@ from multilora_studio.engine.weights import ModelWeights, pack_for_onednn
 from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
 from multilora_studio.kernels.cpu_linear import onednn_packing_available
 from multilora_studio.kernels.lora import LoRABatch, LoRAPlan
+from multilora_studio.kernels.quant_linear import QuantPlan
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         plan: LoRAPlan,
+        quant_plan: QuantPlan | None = None,
     ) -> None:
         self.config = config
         self.spec = spec
@@ -132,7 +134,7 @@ class ModelRunner:
             TokenTablePool(config.max_token_tables, table_bytes, device),
         )
         max_positions = max(config.max_model_len, 16)
-        self.model = LlamaModel(spec, weights, self.lora, max_positions, plan)
+        self.model = LlamaModel(spec, weights, self.lora, max_positions, plan, quant_plan)
         self.block_size = config.block_size
         self.score_chunk_rows = score_chunk_rows(spec.vocab_size, dtype)
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)

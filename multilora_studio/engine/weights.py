@@ -10,10 +10,17 @@ weights of all layers live in one tensor ``[layers, N + slices * lora_rows, K]``
 rows after them hold the LoRA A factors of every slot (zeros until an adapter is uploaded,
 ``LoRASlotWeights``), so one GEMM over the whole row range gives the base output and every
 slot's shrink. qkv's bias gets the same extra (zero) entries.
+
+A quantized base (``quantization``: a quantized checkpoint, or a float one quantized at load)
+holds its projections (qkv, o, gate_up, down) as ``QuantizedWeight`` objects
+(``engine/quant_loading.py``), or dense again where the ``QuantPlan`` dequantizes at load (the
+CPU); embeddings, norms and the LM head stay float. It never has shrink-in-GEMM rows: LoRA A
+rows cannot be appended to packed weights.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +30,11 @@ from safetensors import safe_open
 
 from multilora_studio.checkpoint_files import checkpoint_files
 from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.quant_loading import QUANTIZED_DTYPES, place_projection, stored_projection
+from multilora_studio.engine.quantization import Quantization
 from multilora_studio.kernels.cpu_linear import pack_weight
+from multilora_studio.kernels.quant_linear import QuantPlan
+from multilora_studio.kernels.quant_weight import Weight
 
 # fused name -> its HF parts in row order (phi3 checkpoints store the fused tensor itself)
 PACKED_MODULES = {
@@ -49,12 +60,12 @@ def gemm_shape(spec: ModelSpec, group: str) -> tuple[int, int]:
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [H]
-    qkv: torch.Tensor  # [q + 2 kv, H]
+    qkv: Weight  # [q + 2 kv, H] (a QuantizedWeight standing for it in a quantized base)
     qkv_bias: torch.Tensor | None  # [q + 2 kv]
-    o: torch.Tensor  # [H, q]
+    o: Weight  # [H, q]
     post_norm: torch.Tensor  # [H]
-    gate_up: torch.Tensor  # [2 I, H]
-    down: torch.Tensor  # [H, I]
+    gate_up: Weight  # [2 I, H]
+    down: Weight  # [H, I]
     q_norm: torch.Tensor | None = None  # [D], RMSNorm of each q head (qwen3)
     k_norm: torch.Tensor | None = None  # [D], of each k head
     # the Gemma block: RMSNorm of the attention / MLP output before its residual add ([H])
@@ -73,6 +84,7 @@ class ModelWeights:
     # shrink in GEMM (empty without lora_rows)
     shrink_in_gemm_weights: dict[str, torch.Tensor] = field(default_factory=dict)
     shrink_in_gemm_qkv_bias: torch.Tensor | None = None  # [layers, N + 3 * lora_rows], zeros after N
+    quantization: Quantization | None = None  # how the projections were quantized (None: float)
 
 
 def pack_for_onednn(weights: ModelWeights) -> None:
@@ -81,10 +93,10 @@ def pack_for_onednn(weights: ModelWeights) -> None:
     The embedding stays row-major for lookups; a tied lm_head gets its own packed copy.
     """
     for layer in weights.layers:
-        layer.qkv = pack_weight(layer.qkv)
-        layer.o = pack_weight(layer.o)
-        layer.gate_up = pack_weight(layer.gate_up)
-        layer.down = pack_weight(layer.down)
+        for group in GEMM_SLICES:
+            weight = getattr(layer, group)
+            if isinstance(weight, torch.Tensor):  # a quantized one keeps its own layout
+                setattr(layer, group, pack_weight(weight))
     weights.lm_head = pack_weight(weights.lm_head)
     weights.onednn_packed = True
     weights.shrink_in_gemm_weights = {}  # the layers no longer read them
@@ -119,7 +131,7 @@ def base_rows(
     return shrink_in_gemm[group][layer, : gemm_shape(spec, group)[0]] if group in shrink_in_gemm else None
 
 
-class _TensorSource:
+class TensorSource:
     """Name -> tensor over all shards, memory-mapped."""
 
     def __init__(self, files: list[Path]) -> None:
@@ -129,10 +141,25 @@ class _TensorSource:
     def has(self, name: str) -> bool:
         return name in self._where
 
-    def get(self, name: str) -> torch.Tensor:
+    def raw(self, name: str) -> torch.Tensor:
+        """The tensor as stored (quantized data included)."""
         if name not in self._where:
             raise ValueError(f"checkpoint lacks tensor {name!r}, which config.json's architecture needs")
         return self._where[name].get_tensor(name)
+
+    def is_fp8(self, name: str) -> bool:
+        """Whether ``name`` is stored as float8 e4m3 (read from the header, not the data)."""
+        return bool(self._where[name].get_slice(name).get_dtype() == "F8_E4M3")
+
+    def get(self, name: str) -> torch.Tensor:
+        """A float tensor; ValueError for one stored quantized (never read as if it were float)."""
+        tensor = self.raw(name)
+        if tensor.dtype in QUANTIZED_DTYPES:
+            raise ValueError(
+                f"{name} is stored quantized ({tensor.dtype}); only the layers' projections are served "
+                "quantized (embeddings, norms and the LM head must be float)"
+            )
+        return tensor
 
 
 # Where a checkpoint keeps its text decoder: a causal LM, or gemma3's image-text model as
@@ -150,14 +177,26 @@ def decoder_prefix(has: Callable[[str], bool]) -> tuple[str, str]:
 
 
 def load_weights(
-    folder: Path, spec: ModelSpec, dtype: torch.dtype, device: torch.device, lora_rows: int = 0
+    folder: Path,
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    device: torch.device,
+    lora_rows: int = 0,
+    quantization: Quantization | None = None,
+    quant_plan: QuantPlan | None = None,
 ) -> ModelWeights:
     """Read the checkpoint at ``folder`` into fused tensors on ``device``.
 
     ``lora_rows`` (slots x max rank): reserve that many rows per LoRA slice after each GEMM
-    weight (module docstring).
+    weight (module docstring). ``quantization``: the base's (a quantized checkpoint's, or one to
+    apply at load), its projections placed as ``quant_plan`` says.
     """
-    source = _TensorSource(checkpoint_files(Path(folder)))
+    if quantization is not None and lora_rows:
+        raise ValueError(
+            "a quantized base cannot hold shrink-in-GEMM rows (LoRA A rows after packed weights)"
+        )
+    plan = quant_plan or QuantPlan()
+    source = TensorSource(checkpoint_files(Path(folder)))
     decoder, head_prefix = decoder_prefix(source.has)
     shrink_in_gemm, shrink_in_gemm_bias = allocate_shrink_in_gemm_weights(spec, lora_rows, dtype, device)
 
@@ -177,14 +216,26 @@ def load_weights(
             return into.copy_(tensor)
         return tensor.to(device=device, dtype=dtype)
 
+    def projection(
+        modules: list[str], shape: tuple[int, int], float_weight: Callable[[], torch.Tensor]
+    ) -> Weight:
+        """A projection's weight: stored quantized, or read as float (and quantized at load)."""
+        stored = stored_projection(source, modules, quantization)
+        if stored is not None and tuple(stored.shape) != shape:
+            raise ValueError(f"{modules[0]} has shape {tuple(stored.shape)}, config.json implies {shape}")
+        weight = stored if stored is not None else float_weight()
+        return place_projection(weight, quantization, plan, dtype, device)
+
+    def fused_modules(prefix: str, fused_name: str) -> list[str]:
+        stored_fused = f"{prefix}.{fused_name}"
+        if source.has(f"{stored_fused}.weight") or source.has(f"{stored_fused}.qweight"):
+            return [stored_fused]
+        return [f"{prefix}.{part}" for part in PACKED_MODULES[fused_name]]
+
     def fused(
         prefix: str, fused_name: str, suffix: str = "weight", into: torch.Tensor | None = None
     ) -> torch.Tensor:
-        parts = PACKED_MODULES[fused_name]
-        stored_fused = f"{prefix}.{fused_name}.{suffix}"
-        names = (
-            [stored_fused] if source.has(stored_fused) else [f"{prefix}.{part}.{suffix}" for part in parts]
-        )
+        names = [f"{module}.{suffix}" for module in fused_modules(prefix, fused_name)]
         pieces = [source.get(name) for name in names]
         rows = sum(piece.shape[0] for piece in pieces)
         if into is not None and tuple(into.shape) != (rows, *pieces[0].shape[1:]):
@@ -209,9 +260,17 @@ def load_weights(
         def into(group: str, index: int = index) -> torch.Tensor | None:
             return base_rows(shrink_in_gemm, spec, group, index)
 
-        qkv = fused(prefix, "self_attn.qkv_proj", into=into("qkv"))
-        gate_up = fused(prefix, "mlp.gate_up_proj", into=into("gate_up"))
-        if qkv.shape != (qkv_rows, hidden) or gate_up.shape != (2 * inter, hidden):
+        qkv = projection(
+            fused_modules(prefix, "self_attn.qkv_proj"),
+            (qkv_rows, hidden),
+            functools.partial(fused, prefix, "self_attn.qkv_proj", into=into("qkv")),
+        )
+        gate_up = projection(
+            fused_modules(prefix, "mlp.gate_up_proj"),
+            (2 * inter, hidden),
+            functools.partial(fused, prefix, "mlp.gate_up_proj", into=into("gate_up")),
+        )
+        if tuple(qkv.shape) != (qkv_rows, hidden) or tuple(gate_up.shape) != (2 * inter, hidden):
             raise ValueError(f"layer {index}: fused projection shapes do not match config.json")
         bias_into = shrink_in_gemm_bias[index, :qkv_rows] if shrink_in_gemm_bias is not None else None
         # the norm before the MLP: post_attention_layernorm, or Gemma's pre_feedforward_layernorm
@@ -224,10 +283,20 @@ def load_weights(
                 qkv_bias=fused(prefix, "self_attn.qkv_proj", "bias", into=bias_into)
                 if spec.attention_bias
                 else None,
-                o=take(f"{prefix}.self_attn.o_proj.weight", (hidden, spec.q_size), into("o")),
+                o=projection(
+                    [f"{prefix}.self_attn.o_proj"],
+                    (hidden, spec.q_size),
+                    functools.partial(
+                        take, f"{prefix}.self_attn.o_proj.weight", (hidden, spec.q_size), into("o")
+                    ),
+                ),
                 post_norm=norm(f"{prefix}.{mlp_norm}.weight", hidden),
                 gate_up=gate_up,
-                down=take(f"{prefix}.mlp.down_proj.weight", (hidden, inter), into("down")),
+                down=projection(
+                    [f"{prefix}.mlp.down_proj"],
+                    (hidden, inter),
+                    functools.partial(take, f"{prefix}.mlp.down_proj.weight", (hidden, inter), into("down")),
+                ),
                 q_norm=norm(f"{prefix}.self_attn.q_norm.weight", spec.head_dim) if spec.qk_norm else None,
                 k_norm=norm(f"{prefix}.self_attn.k_norm.weight", spec.head_dim) if spec.qk_norm else None,
                 attn_out_norm=norm(f"{prefix}.post_attention_layernorm.weight", hidden)
@@ -255,13 +324,26 @@ def load_weights(
         False,
         shrink_in_gemm,
         shrink_in_gemm_bias,
+        quantization,
     )
 
 
 def random_weights(
-    spec: ModelSpec, dtype: torch.dtype, device: torch.device, seed: int = 0, lora_rows: int = 0
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 0,
+    lora_rows: int = 0,
+    quantization: Quantization | None = None,
+    quant_plan: QuantPlan | None = None,
 ) -> ModelWeights:
-    """Random weights of the right shapes (benchmarks of large shapes without a download)."""
+    """Random weights of the right shapes (benchmarks of large shapes without a download);
+    ``quantization``: the projections quantized at load as the plan places them."""
+    if quantization is not None and lora_rows:
+        raise ValueError(
+            "a quantized base cannot hold shrink-in-GEMM rows (LoRA A rows after packed weights)"
+        )
+    plan = quant_plan or QuantPlan()
     generator = torch.Generator(device=device).manual_seed(seed)
     std = spec.hidden_size**-0.5
     shrink_in_gemm, shrink_in_gemm_bias = allocate_shrink_in_gemm_weights(spec, lora_rows, dtype, device)
@@ -270,8 +352,9 @@ def random_weights(
         values = torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * std
         return into.copy_(values) if into is not None else values.to(dtype)
 
-    def gemm(group: str, layer: int) -> torch.Tensor:
-        return rand(*gemm_shape(spec, group), into=base_rows(shrink_in_gemm, spec, group, layer))
+    def gemm(group: str, layer: int) -> Weight:
+        weight = rand(*gemm_shape(spec, group), into=base_rows(shrink_in_gemm, spec, group, layer))
+        return place_projection(weight, quantization, plan, dtype, device)
 
     def ones(size: int) -> torch.Tensor:
         return torch.ones(size, device=device, dtype=dtype)
@@ -301,4 +384,6 @@ def random_weights(
     ]
     embed = rand(spec.vocab_size, hidden)
     lm_head = embed if spec.tie_word_embeddings else rand(spec.vocab_size, hidden)
-    return ModelWeights(embed, layers, ones(hidden), lm_head, False, shrink_in_gemm, shrink_in_gemm_bias)
+    return ModelWeights(
+        embed, layers, ones(hidden), lm_head, False, shrink_in_gemm, shrink_in_gemm_bias, quantization
+    )

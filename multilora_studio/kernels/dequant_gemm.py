@@ -1,0 +1,167 @@
+"""The dequantize-GEMM: ``x @ W^T`` over a quantized weight, dequantized tile by tile in registers.
+
+One kernel for the three stored layouts of ``quant_weight`` (AWQ and GPTQ 4-bit in groups of
+128, FP8 e4m3 with per-channel scales): each program owns a [BM, BN] output tile and walks K
+in BK steps; it loads the packed words of its [BK, BN] weight tile (an int32 holds eight
+4-bit values: AWQ along N in its interleaved order, GPTQ along K in order; FP8 one byte a
+value), the group's scales and zeros (BK divides the group size, so one group per K step),
+dequantizes into the activation dtype and multiplies with ``tl.dot`` in float32. The weight
+crosses memory once, at 4 (or 8) bits a value: decode steps, which read every weight once,
+are bound by those bytes. GPTQ act-order weights (``perm``) gather x's columns in the
+permuted order while loading the x tile, so the weight stays in its group-contiguous order.
+FP8's per-channel scale multiplies the float32 accumulator once at the end.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .quant_weight import QuantizedWeight
+from .triton_support import interpreting
+
+__all__ = ["dequant_gemm", "tile_config"]
+
+LAYOUTS = {"awq": 0, "gptq": 1, "fp8": 2}
+
+
+@triton.jit
+def _int4_tile(qw_ptr, zeros_ptr, scales_ptr, offs_k, offs_n, group, N, LAYOUT: tl.constexpr, ZERO_OFFSET):
+    """The [BK, BN] float32 weight tile (k rows, n columns) of a 4-bit layout in one group."""
+    n_mask = offs_n < N
+    packed_n = N // 8
+    if LAYOUT == 0:  # awq: qweight [K, N / 8]; column 8 c + j in nibble (j odd) * 4 + j // 2
+        j = offs_n % 8
+        shift = ((j & 1) * 4 + (j >> 1)) * 4  # [BN]
+        words = tl.load(qw_ptr + offs_k[:, None] * packed_n + (offs_n // 8)[None, :], mask=n_mask[None, :])
+        q = (words >> shift[None, :]) & 0xF  # [BK, BN]
+        zero_words = tl.load(zeros_ptr + group * packed_n + offs_n // 8, mask=n_mask)
+        z = (zero_words >> shift) & 0xF  # [BN]
+    else:  # gptq: qweight [K / 8, N]; row 8 r + i in nibble i of row r; zeros along N in order
+        words = tl.load(qw_ptr + (offs_k // 8)[:, None] * N + offs_n[None, :], mask=n_mask[None, :])
+        q = (words >> ((offs_k % 8) * 4)[:, None]) & 0xF
+        zero_words = tl.load(zeros_ptr + group * packed_n + offs_n // 8, mask=n_mask)
+        z = ((zero_words >> ((offs_n % 8) * 4)) & 0xF) + ZERO_OFFSET
+    s = tl.load(scales_ptr + group * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)  # [BN]
+    return (q - z[None, :]).to(tl.float32) * s[None, :]
+
+
+@triton.jit
+def _dequant_gemm_kernel(
+    x_ptr,
+    qw_ptr,
+    scales_ptr,
+    zeros_ptr,
+    perm_ptr,
+    bias_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_ym,
+    ZERO_OFFSET,
+    GROUP: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    HAS_PERM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * BM + tl.arange(0, BM)  # [BM]
+    offs_n = pid_n * BN + tl.arange(0, BN)  # [BN]
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        offs_k = k0 + tl.arange(0, BK)  # [BK]
+        k_mask = offs_k < K
+        if HAS_PERM:  # noqa: SIM108 - act-order: stored row j multiplies input feature perm[j]
+            x_cols = tl.load(perm_ptr + offs_k, mask=k_mask, other=0)
+        else:
+            x_cols = offs_k
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + x_cols[None, :],
+            mask=m_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )  # [BM, BK]
+        if LAYOUT == 2:  # fp8: qweight [N, K]
+            w = tl.load(
+                qw_ptr + offs_n[None, :] * K + offs_k[:, None],
+                mask=n_mask[None, :] & k_mask[:, None],
+                other=0.0,
+            ).to(tl.float32)  # [BK, BN]
+        else:
+            w = _int4_tile(qw_ptr, zeros_ptr, scales_ptr, offs_k, offs_n, k0 // GROUP, N, LAYOUT, ZERO_OFFSET)
+        if UPCAST:  # the interpreter multiplies bf16 tiles as raw bits: float32 tiles of bf16 values
+            acc += tl.dot(x.to(tl.float32), w.to(x.dtype).to(tl.float32), input_precision="ieee")
+        else:
+            acc += tl.dot(x, w.to(x.dtype), input_precision=DOT_PRECISION)
+    if LAYOUT == 2:
+        acc *= tl.load(scales_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(
+        y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & n_mask[None, :],
+    )
+
+
+def tile_config(rows: int) -> tuple[int, int, int, int]:
+    """(BM, BN, BK, warps) for ``rows`` rows of x: narrow output tiles for decode (rows <= 16),
+    so that a [4096, 4096] weight gets 128 programs; wider ones for prefill. BK divides the
+    4-bit group size (128)."""
+    if rows <= 16:
+        return 16, 32, 128, 4
+    if rows <= 64:
+        return 32, 64, 64, 4
+    return 64, 128, 64, 8
+
+
+def dequant_gemm(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` [T, K] times a quantized weight [N, K] -> [T, N] in x's dtype (the Triton kernel).
+
+    Semantics::
+
+        W = quant_weight.dequantize(weight, torch.float64)          # [N, K]
+        y = (x.double() @ W.T + (0 if bias is None else bias)).to(x.dtype)
+
+    with float32 accumulation; each weight value is rounded once to x's dtype before the
+    product (FP8: the per-channel scale multiplies the float32 sum instead).
+    """
+    if x.dim() != 2 or x.shape[1] != weight.in_features:
+        raise ValueError(f"x must be [T, {weight.in_features}], got {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    if x.device != weight.device:
+        raise ValueError(f"x is on {x.device}, the weight on {weight.device}")
+    if x.stride(1) != 1:
+        raise ValueError("x's rows must be contiguous")
+    n, k = weight.shape
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"bias must be [{n}], got {tuple(bias.shape)}")
+    rows = x.shape[0]
+    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return y
+    bm, bn, bk, warps = tile_config(rows)
+    qweight = weight.qweight
+    zeros = weight.qzeros if weight.qzeros is not None else qweight
+    perm = weight.perm if weight.perm is not None else qweight
+    grid = (triton.cdiv(n, bn), triton.cdiv(rows, bm))
+    _dequant_gemm_kernel[grid](
+        x, qweight, weight.scales, zeros, perm, bias if bias is not None else weight.scales, y,
+        rows, n, k, x.stride(0), y.stride(0), weight.zero_offset,
+        GROUP=weight.group_size, LAYOUT=LAYOUTS[weight.kind], HAS_PERM=weight.perm is not None,
+        HAS_BIAS=bias is not None, BM=bm, BN=bn, BK=bk,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        UPCAST=x.dtype == torch.bfloat16 and interpreting(), num_warps=warps,
+    )  # fmt: skip
+    return y
