@@ -24,6 +24,9 @@ from multilora_studio.adapters.module_patterns import (
 )
 
 CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+ADDED_TOKENS_FILE = "added_tokens.json"
+DEFAULT_MAX_LORA_RANK = 16  # EngineConfig.max_lora_rank's default, named here for the flags without torch
 PROJECTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # fused projections (phi3's checkpoint names) -> the projections whose outputs they stack, in row
 # order: one A shared by the parts, B split by rows (exactly the fused module's LoRA term)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from multilora_studio.adapters.adapter_config import SUPPORTED_TARGETS
-from multilora_studio.adapters.token_tables import VocabShape
+from multilora_studio.adapters.vocab_shape import VocabShape
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from multilora_studio.adapters.adapter_config import (
+    ADDED_TOKENS_FILE,
     CONFIG_FILE,
     FUSED_TARGETS,
     PROJECTION_TARGETS,
     SUPPORTED_TARGETS,
     UNSUPPORTED_FLAGS,
+    WEIGHTS_FILE,
     AdapterConfig,
     AdapterError,
     parse_adapter_config,
@@ -34,11 +36,11 @@ from multilora_studio.adapters.adapter_config import (
 from multilora_studio.adapters.safetensors_header import FLOAT_DTYPES, TensorEntry, read_header
 from multilora_studio.adapters.token_tables import (
     TokenTables,
-    VocabShape,
     is_token_tensor,
     plan_token_tables,
     read_token_tables,
 )
+from multilora_studio.adapters.vocab_shape import VocabShape
 
 __all__ = [
     "CONFIG_FILE",
@@ -53,8 +55,6 @@ __all__ = [
     "read_adapter_config",
 ]
 
-WEIGHTS_FILE = "adapter_model.safetensors"
-ADDED_TOKENS_FILE = "added_tokens.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 MAX_ADAPTER_BYTES = 8 << 30
 # decoder path (a causal LM's, or gemma3's image-text model's, either naming), layer, block,

@@ -34,7 +34,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from multilora_studio.adapters.adapter_config import CONFIG_FILE, AdapterError
+from multilora_studio.adapters.adapter_config import (
+    ADDED_TOKENS_FILE,
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    AdapterError,
+    read_adapter_config,
+)
 from multilora_studio.adapters.adapter_tokenizer import TOKENIZER_FOLDER_FILES, tokenizer_files_label
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.library_errors import (
@@ -45,13 +51,6 @@ from multilora_studio.adapters.library_errors import (
     unwritable,
 )
 from multilora_studio.adapters.library_sweep import LOCK_FILE, STAGING_PREFIX, TRASH_PREFIX, sweep, writing
-from multilora_studio.adapters.peft_adapter import (
-    ADDED_TOKENS_FILE,
-    WEIGHTS_FILE,
-    load_peft_adapter,
-    read_adapter_config,
-    weights_file,
-)
 from multilora_studio.adapters.private_files import (
     copy_regular_file,
     create_private_file,
@@ -84,6 +83,32 @@ READ_ONLY_OPENS = ("mode=ro", "mode=ro&immutable=1")  # immutable: a read-only d
 
 class BaseMismatchError(LibraryError):
     """The adapter was validated against a base model with other weights."""
+
+
+def check_record_base(record: AdapterRecord, digest: str, override: bool = False) -> None:
+    """BaseMismatchError if ``record`` was validated against other base weights than ``digest``
+    and ``override`` is off."""
+    if record.base_status(digest) == "mismatch" and not override:
+        raise BaseMismatchError(
+            f"adapter {record.name!r} was validated against base {record.base_name} "
+            f"(sha256 {record.base_digest[:12]}), the loaded base has sha256 {digest[:12]}; its "
+            "outputs may be wrong. Override to load it anyway"
+        )
+
+
+def serve_record(engine: Any, record: AdapterRecord, override: bool = False, preload: bool = True) -> None:
+    """Add a library adapter to a running engine (checked against its base), pin it if pinned;
+    the library is not written. ``preload=False`` registers it without reading its weights
+    (they load on first use)."""
+    check_record_base(record, engine.base_digest, override)
+    if not_served_because(record, None, None) is not None:
+        raise LibraryError(
+            f"{record.name!r} is {record.state}, not served; `multilora-studio adapters "
+            f"{'restore' if record.state == 'archived' else 'reactivate'} {record.name}` first"
+        )
+    engine.add_adapter(record.name, record.path, preload=preload)
+    if record.pinned:
+        engine.pin_adapter(record.name)
 
 
 class Registry(RegistryLifecycle):
@@ -197,6 +222,8 @@ class Registry(RegistryLifecycle):
         if not source.is_dir():
             raise LibraryError(f"{source} is not a folder")
         self._refuse_special_files(source)
+        from multilora_studio.adapters.peft_adapter import weights_file  # torch: not to read the library
+
         read_adapter_config(source)
         weights_file(source)  # refuses pickle-only folders by name before anything is copied
         name = name or source.name
@@ -428,30 +455,15 @@ class Registry(RegistryLifecycle):
     def check_base(self, name: str, digest: str, override: bool = False) -> AdapterRecord:
         """The record, unless it was validated against other base weights and ``override`` is off."""
         record = self.get(name)
-        if record.base_status(digest) == "mismatch" and not override:
-            raise BaseMismatchError(
-                f"adapter {record.name!r} was validated against base {record.base_name} "
-                f"(sha256 {record.base_digest[:12]}), the loaded base has sha256 {digest[:12]}; its "
-                "outputs may be wrong. Override to load it anyway"
-            )
+        check_record_base(record, digest, override)
         return record
 
     def load_into(
         self, engine: Any, name: str, override: bool = False, preload: bool = True
     ) -> AdapterRecord:
-        """Add a library adapter to a running engine (checked against its base), pin it if pinned.
-
-        ``preload=False`` registers it without reading its weights (they load on first use).
-        """
-        record = self.check_base(name, engine.base_digest, override)
-        if not_served_because(record, None, None) is not None:
-            raise LibraryError(
-                f"{record.name!r} is {record.state}, not served; `multilora-studio adapters "
-                f"{'restore' if record.state == 'archived' else 'reactivate'} {record.name}` first"
-            )
-        engine.add_adapter(record.name, record.path, preload=preload)
-        if record.pinned:
-            engine.pin_adapter(record.name)
+        """Serve a library adapter on a running engine (``serve_record``) and record it as used now."""
+        record = self.get(name)
+        serve_record(engine, record, override, preload)
         return self.touch(record.name)
 
     # ---------------------------------------------------------------- internals
@@ -575,6 +587,8 @@ class Registry(RegistryLifecycle):
                 )
 
     def _validated_row(self, folder: Path, base: BaseModelRef, name: str, max_rank: int) -> dict:
+        from multilora_studio.adapters.peft_adapter import load_peft_adapter  # torch: not to read the library
+
         host = load_peft_adapter(name, folder, base.num_layers, base.shape_of, max_rank, base.vocab)
         return dict(
             name=name,

@@ -26,6 +26,7 @@ from safetensors import SafetensorError, safe_open
 
 from multilora_studio.adapters.adapter_config import TOKEN_MODULES, AdapterConfig, AdapterError
 from multilora_studio.adapters.safetensors_header import FLOAT_DTYPES, TensorEntry
+from multilora_studio.adapters.vocab_shape import VocabShape
 
 # decoder path (either naming of an image-text model's), module, form
 TOKEN_KEY = re.compile(
@@ -35,15 +36,6 @@ TOKEN_KEY = re.compile(
     r"(?P<form>\.weight|\.token_adapter\.base_layer\.weight|\.token_adapter\.trainable_tokens_delta)"
     r"(?:\.default)?$"
 )
-
-
-@dataclass(frozen=True)
-class VocabShape:
-    """What the vocabulary side is checked against: the base's vocabulary, width and tying."""
-
-    vocab_size: int
-    hidden_size: int
-    tied: bool
 
 
 @dataclass(frozen=True)

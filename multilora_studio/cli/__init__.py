@@ -1,36 +1,45 @@
 """Command line of MultiLoRA Studio: ``main`` and the parser of every command.
 
-Each command is one module of this package with an ``add_*_command`` function that
-registers it; what several commands share is in ``shared``. A command is listed only
-once its capability exists.
+Each command is one module of this package (named as the command) with an
+``add_<command>_command`` function that registers it; what several commands share is in
+``shared``. A command is listed only once its capability exists. A command line imports only
+its command's module: the library's commands and ``--help`` run without torch, Qt or FastAPI.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from multilora_studio import __version__
-from multilora_studio.cli.adapters import add_adapters_command
-from multilora_studio.cli.advise import add_advise_command
-from multilora_studio.cli.bench import add_bench_command
-from multilora_studio.cli.compare import add_compare_command
-from multilora_studio.cli.eval import add_eval_command
 from multilora_studio.cli.flag_words import in_flag_words, typed_flags
-from multilora_studio.cli.gui import add_gui_command
-from multilora_studio.cli.merge import add_merge_command
-from multilora_studio.cli.model import add_model_command
-from multilora_studio.cli.pull import add_pull_command
-from multilora_studio.cli.serve import add_serve_command
 from multilora_studio.cli.shared import print_error
 
 PIPE_CLOSED = 141  # 128 + SIGPIPE: what a tool stopped by a closed pipe returns
+DEFAULT_COMMAND = "gui"
+# Each command and its line in ``multilora-studio --help`` (its module's add_parser help, the
+# same text: a test compares them), in the order listed.
+COMMANDS = {
+    "gui": "open the desktop window (the default command)",
+    "model": "prepare or describe the embedded default model",
+    "compare": "run one prompt through several adapters in one batch",
+    "eval": "evaluate adapters on your own prompt set",
+    "pull": "pull an adapter (or a base model) from the Hugging Face Hub",
+    "adapters": "list, add, remove, pin and inspect the adapters of the library",
+    "merge": "merge adapters into their base model and export it (or combine adapters)",
+    "serve": "serve the base model and adapters over an OpenAI-compatible HTTP API",
+    "bench": "benchmark the engine (or an endpoint) on the Punica and S-LoRA workloads",
+    "advise": "recommend max_loras, max_cpu_loras, pins and merges from a server's recorded traffic",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of ``commands`` only (the others listed by their help
+    line, their modules not imported)."""
     parser = argparse.ArgumentParser(
         prog="multilora-studio",
         description="Serve and compare many LoRA adapters of one base model, batched on one GPU.",
@@ -38,17 +47,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    add_gui_command(subparsers)
-    add_model_command(subparsers)
-    add_compare_command(subparsers)
-    add_eval_command(subparsers)
-    add_pull_command(subparsers)
-    add_adapters_command(subparsers)
-    add_merge_command(subparsers)
-    add_serve_command(subparsers)
-    add_bench_command(subparsers)
-    add_advise_command(subparsers)
+    for command, line in COMMANDS.items():
+        if commands is None or command in commands:
+            module = importlib.import_module(f"{__name__}.{command}")
+            getattr(module, f"add_{command}_command")(subparsers)
+        else:
+            subparsers.add_parser(command, help=line)
     return parser
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (the first word that is not an option: the top-level options
+    take no value), ``DEFAULT_COMMAND`` for none, None for ``--help`` / ``--version`` or an
+    unknown word (the parser then answers without any command's module)."""
+    for word in argv:
+        if word in ("-h", "--help", "--version"):
+            return None
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return DEFAULT_COMMAND
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,10 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_command(argv: list[str]) -> int:
-    parser = build_parser()
+    command = command_of(argv)
+    parser = build_parser(() if command is None else (command,))
     args = parser.parse_args(argv)
     if args.command is None:  # no subcommand: open the window
-        args = parser.parse_args([*argv, "gui"])
+        args = parser.parse_args([*argv, DEFAULT_COMMAND])
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

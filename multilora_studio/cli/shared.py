@@ -1,5 +1,9 @@
 """What the commands share: engine flags and the EngineConfig they build, the base model
-adapters are checked against, the library flags, the adapters a run names, progress and error printing."""
+adapters are checked against, the library flags, the adapters a run names, progress and error printing.
+
+The engine (torch) is imported by the functions that need it, not with this module: the
+library's commands (``adapters list``) run without it.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +15,15 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from multilora_studio.adapters.adapter_config import DEFAULT_MAX_LORA_RANK
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.demo import SKIP_ENV, offer_demo_adapters
-from multilora_studio.engine import Engine, EngineConfig
-from multilora_studio.engine.model_source import describe_model
-from multilora_studio.engine.model_spec import load_spec
+
+if TYPE_CHECKING:
+    from multilora_studio.engine import Engine, EngineConfig
 
 log = logging.getLogger("multilora_studio")
 
@@ -27,6 +32,8 @@ Subcommands = argparse._SubParsersAction  # what ``add_subparsers`` returns; arg
 
 def engine_default(name: str) -> Any:
     """EngineConfig's default of field ``name``: the one default the flags, the window and the API share."""
+    from multilora_studio.engine import EngineConfig
+
     (item,) = (item for item in dataclasses.fields(EngineConfig) if item.name == name)
     return item.default
 
@@ -145,7 +152,7 @@ def add_rank_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-lora-rank",
         type=int,
-        default=engine_default("max_lora_rank"),
+        default=DEFAULT_MAX_LORA_RANK,
         help="largest adapter rank accepted (default: %(default)s)",
     )
 
@@ -161,6 +168,8 @@ def engine_configs(args: argparse.Namespace, kv_cache_memory_gb: float | None = 
 
 def engine_config(args: argparse.Namespace, model: str | None = None) -> EngineConfig:
     """The EngineConfig of ``add_engine_arguments``' flags (``model`` instead of ``--model``)."""
+    from multilora_studio.engine import EngineConfig
+
     return EngineConfig(
         model=model if model is not None else args.model,
         device=args.device,
@@ -184,6 +193,9 @@ def describe_base(model: str | None) -> BaseModelRef:
     Name and digest follow the engine's rule: the folder's name and the SHA-256 of its
     ``model.safetensors`` ("" for sharded weights).
     """
+    from multilora_studio.engine.model_source import describe_model
+    from multilora_studio.engine.model_spec import load_spec
+
     identity = describe_model(model, progress=print_progress)
     return BaseModelRef.of_spec(identity.name, identity.digest, load_spec(identity.folder))
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from multilora_studio.adapters.token_tables import VocabShape
+from multilora_studio.adapters.vocab_shape import VocabShape
 
 # gemma3: the image-text checkpoint, served for text from its ``text_config`` (a gemma3_text)
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gemma3")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from multilora_studio.adapters.base_model import BaseModelRef
-from multilora_studio.adapters.registry import LibraryError, Registry
+from multilora_studio.adapters.registry import LibraryError, Registry, check_record_base, serve_record
 from multilora_studio.adapters.registry_lifecycle import not_served_because
 from multilora_studio.adapters.registry_schema import AdapterRecord
 from multilora_studio.deploy import BasePool
@@ -17,6 +17,7 @@ from multilora_studio.engine import ServingEngine
 log = logging.getLogger(__name__)
 
 Report = Callable[[float, str], None]
+REPORT_EVERY = 100  # adapters registered between progress reports (and chances to cancel)
 
 
 @dataclass(frozen=True)
@@ -41,14 +42,15 @@ def base_for(record: AdapterRecord, digests: dict[str, str]) -> str | None:
 def load_library(registry: Registry, pool: BasePool, report: Report | None = None) -> LoadResult:
     """Register every library adapter with the base it was validated against (``base_for``);
     weights are read on first use. A loaded base's engine takes it at once (and its pin); a
-    swapped-out base when it next loads."""
+    swapped-out base when it next loads. The library is read once and not written (registering
+    is not a use: ``last_used`` stays)."""
     records = registry.list_adapters()
     digests = {name: pool.base(name).digest for name in pool.names}
     resident = dict(pool.resident())
     loaded: list[str] = []
     skipped: dict[str, str] = {}
     for index, record in enumerate(records):
-        if report is not None:
+        if report is not None and index % REPORT_EVERY == 0:
             report(index / max(1, len(records)), f"registering adapter {record.name}")
         if pool.base_of(record.name) is not None:
             loaded.append(record.name)
@@ -62,9 +64,9 @@ def load_library(registry: Registry, pool: BasePool, report: Report | None = Non
                 )
             engine = resident.get(base)
             if engine is not None:
-                add_to_engine(registry, engine, record)
+                serve_record(engine, record, preload=False)
             else:
-                registry.check_base(record.name, digests[base])
+                check_record_base(record, digests[base])
                 refused = not_served_because(record, None, None)
                 if refused is not None:
                     raise LibraryError(f"{record.name!r} is not served: {refused}")
@@ -100,7 +102,7 @@ def import_adapter(
 def remove_adapter(registry: Registry, engine: ServingEngine | None, name: str) -> AdapterRecord:
     """Stop serving ``name`` (refused while requests use it) and remove it from the library."""
     record = registry.get(name)
-    if engine is not None and any(info.name == record.name for info in engine.list_adapters()):
+    if engine is not None and engine.has_adapter(record.name):
         engine.remove_adapter(record.name)
     return registry.remove(record.name)
 
@@ -108,7 +110,7 @@ def remove_adapter(registry: Registry, engine: ServingEngine | None, name: str) 
 def set_pinned(registry: Registry, engine: ServingEngine | None, name: str, pinned: bool) -> AdapterRecord:
     """Pin or unpin in the engine first (it may refuse: every slot pinned), then in the library."""
     record = registry.get(name)
-    if engine is not None and any(info.name == record.name for info in engine.list_adapters()):
+    if engine is not None and engine.has_adapter(record.name):
         engine.pin_adapter(record.name, pinned)
     return registry.set_pinned(record.name, pinned)
 
@@ -121,7 +123,7 @@ def rename_adapter(
     if not new_name:
         raise LibraryError("type a new name")
     record = registry.get(name)
-    served = engine is not None and any(info.name == record.name for info in engine.list_adapters())
+    served = engine is not None and engine.has_adapter(record.name)
     if engine is not None and served:
         engine.remove_adapter(record.name)
     current = record
@@ -140,7 +142,7 @@ def change_state(
     retired or archived adapter stops being served (refused while requests use it), a
     reactivated one is served again."""
     record = registry.get(name)
-    served = engine is not None and any(info.name == record.name for info in engine.list_adapters())
+    served = engine is not None and engine.has_adapter(record.name)
     if engine is not None and served and action in ("retire", "archive"):
         engine.remove_adapter(record.name)
     transitions = {
@@ -163,7 +165,7 @@ def change_state(
 def set_warm(registry: Registry, engine: ServingEngine | None, name: str, warm: bool) -> AdapterRecord:
     """Mark ``name`` warm (read into host RAM at every engine start; now too, if served) or not."""
     record = registry.set_warm(name, warm)
-    if engine is not None and warm and any(info.name == record.name for info in engine.list_adapters()):
+    if engine is not None and warm and engine.has_adapter(record.name):
         engine.prefetch_adapters([record.name])
     return record
 
