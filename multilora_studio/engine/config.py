@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from multilora_studio.adapters.adapter_config import DEFAULT_MAX_LORA_RANK
+from multilora_studio.engine.quantization import QUANTIZATIONS
 from multilora_studio.engine.structured import StructuredOutput
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -121,6 +122,11 @@ class EngineConfig:
     # server and the adapter loader; on CUDA torch keeps its own count. On a shared 2-core
     # machine torch's default (every core) decoded 8x slower under load (docs/BENCHMARKS.md).
     cpu_threads: int | None = None
+    # The base's quantization (vLLM's --quantization). None: as the checkpoint is (float, or
+    # the FP8 / AWQ / GPTQ its config.json declares); "fp8": an FP8 checkpoint as it is, a float
+    # one quantized to FP8 per channel at load; "awq" / "gptq": a checkpoint of that kind (random
+    # shapes are quantized at load). engine/quantization.py; docs/engine.md, "Quantized bases".
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):
@@ -170,6 +176,10 @@ class EngineConfig:
                 raise ValueError(f"{name} must be True, False or None, got {value!r}")
         _check_int("max_token_tables", self.max_token_tables, 0, MAX_SLOTS)
         _check_number("token_table_memory_gb", self.token_table_memory_gb, 0, 4096, low_inclusive=True)
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {', '.join(QUANTIZATIONS)} or None, got {self.quantization!r}"
+            )
         for name in ("cpu_weight_packing", "batch_invariant"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
