@@ -2,7 +2,8 @@
 alias, remove, merge and export, details.
 
 Each action that touches an engine runs on a task thread with a lease of the adapter's base
-(``EngineHost.lease_for``): a swapped-out base is loaded for it.
+(``EngineHost.lease_for``): a swapped-out base is loaded for it. The library is read on a task
+thread too (all of its records: hundreds of ms for 10,000); the GUI thread only shows them.
 """
 
 from __future__ import annotations
@@ -54,11 +55,14 @@ class LibraryView(QWidget):
     """The adapter library (see the module docstring); every change runs off the GUI thread."""
 
     pullRequested = Signal()
+    refreshed = Signal()  # the table shows the library as last read
 
     def __init__(self, host: EngineHost, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.host = host
         self.registry = host.registry
+        self.reading = False  # a read of the library is in flight
+        self._read_again = False  # another was asked for meanwhile
         self.banner = MessageBanner()
         self.model = LibraryModel()
         self.proxy = BaseFilterProxy(self)
@@ -141,18 +145,37 @@ class LibraryView(QWidget):
         layout.addLayout(buttons)
         layout.addWidget(splitter, 1)
         host.adaptersChanged.connect(self.refresh)
-        self.refresh()
+        try:
+            self.show_records(self.registry.list_adapters())  # read here once, before the view shows
+        except ValueError as error:
+            self.banner.show_message(str(error))
 
     # ---------------------------------------------------------------- reading
 
     def refresh(self) -> None:
-        """Re-read the library (a quick SQLite read) and keep the selection."""
-        selected = self.selected_name()
-        try:
-            records = self.registry.list_adapters()
-        except ValueError as error:
-            self.banner.show_message(str(error))
+        """Re-read the library on a task thread, then show it (``refreshed``); refreshes asked
+        for while a read runs are served by one more read after it."""
+        if self.reading:
+            self._read_again = True
             return
+        self.reading = True
+        self.host.tasks.run(
+            "read the library",
+            lambda task: self.registry.list_adapters(),
+            self.show_records,
+            self.banner.show_message,
+            on_done=self._read_done,
+        )
+
+    def _read_done(self) -> None:
+        self.reading = False
+        if self._read_again:
+            self._read_again = False
+            self.refresh()
+
+    def show_records(self, records: list[AdapterRecord]) -> None:
+        """Show ``records`` (the library as read), keeping the selection."""
+        selected = self.selected_name()
         if self.model.set_records(records, self.host.skipped):  # other adapters: other widths
             self._fit_columns()
         pool = self.host.pool
@@ -162,6 +185,7 @@ class LibraryView(QWidget):
         if selected is not None:
             self.select(selected)
         self._selection_changed()
+        self.refreshed.emit()
 
     def _fit_columns(self) -> None:
         self.table.resizeColumnsToContents()
@@ -384,7 +408,12 @@ class LibraryView(QWidget):
     def _run(
         self, title: str, work: Callable[[Task], AdapterRecord], describe: Callable[[AdapterRecord], str]
     ) -> Task:
-        def succeeded(record: AdapterRecord) -> None:
+        def changed(task: Task) -> tuple[AdapterRecord, list[AdapterRecord]]:
+            return work(task), self.registry.list_adapters()  # the table's rows, read here
+
+        def succeeded(result: tuple[AdapterRecord, list[AdapterRecord]]) -> None:
+            record, records = result
+            self.show_records(records)
             self.banner.show_message(describe(record), "success")
             self.host.reload_adapters()
 
@@ -393,7 +422,7 @@ class LibraryView(QWidget):
             self.refresh()
 
         self.banner.show_message(f"{title[0].upper()}{title[1:]}…", "info")
-        return self.host.tasks.run(title, work, succeeded, failed)
+        return self.host.tasks.run(title, changed, succeeded, failed)
 
     def open_merge_dialog(self) -> MergeDialog:
         """The merge dialog, the selected adapter checked (a dialog already open keeps its state)."""
