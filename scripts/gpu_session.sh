@@ -2,7 +2,7 @@
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft, with
 # .device_pkg/ carried (scripts/device_package.sh builds it: the tokenizer and the other wheels).
-# Usage: scripts/gpu_session.sh [gpu-tests] [engine-tests|engine-fidelity] [engine-bench] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth]
+# Usage: scripts/gpu_session.sh [gpu-tests] [engine-tests|engine-fidelity] [engine-bench] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 # Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
 set -u
@@ -138,6 +138,17 @@ for step in $steps; do
         --sweep-adapters ${SWEEP_ADAPTERS:-1,1000,10000} --requests 2048 ${LOAD_WORKERS:+--load-workers $LOAD_WORKERS} \
         --no-progress --json "$OUT/bench_many${LOAD_WORKERS:+_w$LOAD_WORKERS}.json" 2>&1 \
         | tee "$OUT/bench-many${LOAD_WORKERS:+-w$LOAD_WORKERS}.log" | grep -v " INFO " | tail -9 ;;
+    quant-tests)
+      # quantized bases on the device: the dequantize-GEMM and FP8 scaled_mm natively, the engine's
+      # logits and PEFT agreement over FP8 / AWQ / GPTQ checkpoints (Triton path on CUDA)
+      TRITON_INTERPRET=0 MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
+        timeout ${QUANT_TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_dequant_gemm.py \
+        tests/engine/test_quantized_base.py 2>&1 | tee "$OUT/quant-tests.log" | tail -25 ;;
+    quant-bench)
+      # FP8 / AWQ / GPTQ (quantized at load) against bf16 on the Llama-3-8B shape: single-stream and
+      # batch-32 decode with 32 rank-16 adapters, the dequantize-GEMM's bandwidth, FP8's logit error
+      timeout ${QUANT_BENCH_TIMEOUT:-560} python3 -m benchmarks.quant_gpu --rounds 2 --json "$OUT/quant_gpu.json" 2>&1 \
+        | tee "$OUT/quant-bench.log" | grep -v "^INFO" | tail -90 ;;
     bench-queue-depth)
       # one adapter, 256 / 4,096 / 16,384 requests at once: the running batch's speed under a deep queue
       timeout 400 python3 -m multilora_studio bench --model random:llama3-8b --device cuda --dtype bfloat16 \

@@ -9,6 +9,10 @@ engine on the CPU (float32, the weights dequantized at load) and compared with:
   scale, is one float32 rounding at most; what is left is float32 arithmetic over 3 layers);
 * PEFT on the dequantized twin: a batch of two adapters and base rows, greedy, token for token.
 
+On a GPU host (``MULTILORA_TEST_DEVICE=cuda``) the same tests run the weights quantized on
+the device, through the Triton dequantize-GEMM (float32 activations: ``scaled_mm`` is for
+bf16 / fp16 ones).
+
 The quantized GEMMs' CUDA path (the Triton dequantize-GEMM) runs through the whole model under
 the interpreter against the dequantized one, within ``TRITON_LOGIT_TOLERANCE``.
 """
@@ -71,9 +75,9 @@ def checkpoints(tmp_path_factory, quant_base):
     return get
 
 
-def engine_config(model, **overrides) -> EngineConfig:
+def engine_config(model, device: str = "cpu", **overrides) -> EngineConfig:
     settings = dict(
-        model=str(model), device="cpu", dtype="float32", max_loras=4, max_lora_rank=16,
+        model=str(model), device=device, dtype="float32", max_loras=4, max_lora_rank=16,
         max_num_seqs=8, max_model_len=128, max_num_batched_tokens=256,
     )  # fmt: skip
     return EngineConfig(**{**settings, **overrides})
@@ -104,9 +108,9 @@ def engine_logprobs(engine: Engine, prompts: list[list[int]]) -> list[torch.Tens
 
 
 @pytest.mark.parametrize("kind", FORMATS)
-def test_logprobs_equal_a_float64_dequantize_then_matmul_reference(checkpoints, kind):
+def test_logprobs_equal_a_float64_dequantize_then_matmul_reference(checkpoints, kind, engine_device):
     quantized, dequantized = checkpoints(kind)
-    with Engine(engine_config(quantized)) as engine:
+    with Engine(engine_config(quantized, engine_device)) as engine:
         assert engine.runner.weights.quantization is not None
         assert engine.runner.weights.quantization.method == kind.split("-")[0]
         prompts = [engine.encode(text) for text in PROMPTS]
@@ -117,11 +121,13 @@ def test_logprobs_equal_a_float64_dequantize_then_matmul_reference(checkpoints, 
 
 
 @pytest.mark.parametrize("kind", ["fp8-channel", "awq", "gptq-act-order"])
-def test_mixed_adapter_batch_equals_peft_on_the_dequantized_base(checkpoints, quant_adapters, kind):
+def test_mixed_adapter_batch_equals_peft_on_the_dequantized_base(
+    checkpoints, quant_adapters, kind, engine_device
+):
     quantized, dequantized = checkpoints(kind)
     reference = PeftReference(dequantized, quant_adapters)
     names: list[str | None] = [*quant_adapters, None, "q-r8-all", None]
-    with Engine(engine_config(quantized)) as engine:
+    with Engine(engine_config(quantized, engine_device)) as engine:
         assert not engine.runner.model.plan.shrink_in_gemm
         for name, path in quant_adapters.items():
             engine.add_adapter(name, path)
@@ -134,10 +140,10 @@ def test_mixed_adapter_batch_equals_peft_on_the_dequantized_base(checkpoints, qu
     assert reference.greedy(names[0], prompts[0], NEW_TOKENS) != base, "the adapter must matter"
 
 
-def test_fp8_at_load_quantizes_a_float_base_per_channel(quant_base, tmp_path):
+def test_fp8_at_load_quantizes_a_float_base_per_channel(quant_base, tmp_path, engine_device):
     from safetensors.torch import load_file, save_file
 
-    with Engine(engine_config(quant_base, quantization="fp8")) as engine:
+    with Engine(engine_config(quant_base, engine_device, quantization="fp8")) as engine:
         quantization = engine.runner.weights.quantization
         assert quantization is not None and quantization.at_load and quantization.method == "fp8"
         prompts = [engine.encode(text) for text in PROMPTS]
