@@ -16,6 +16,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,11 +39,12 @@ from multilora_studio.engine.lora_weights import (
     pack_adapter,
 )
 from multilora_studio.engine.model_spec import ModelSpec
-from multilora_studio.engine.pinned_arena import PinnedArena
+from multilora_studio.engine.pinned_arena import PinnedArena, carve
 from multilora_studio.engine.scheduler import Admission
 
 log = logging.getLogger(__name__)
 
+STAGING_BLOCKS = 2  # pinned blocks kept free to stage uploads of adapters in pageable memory
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 
 
@@ -104,6 +106,10 @@ class AdapterResidency:
         self.upload_counters = TierCounters()  # host RAM -> GPU slot: each upload's seconds
         self._pinned_loads: set[str] = set()  # pinned adapters on their way into a slot
         self.arena = self._pinned_arena(block_bytes, self.host_capacity)
+        self._wake = wake
+        # Pinned copies of pageable host-tier adapters for their uploads (CUDA): adapter -> copy
+        self._stager = ThreadPoolExecutor(max_workers=2, thread_name_prefix="adapter-stager")
+        self._staging: dict[str, Future[PackedAdapter]] = {}
         self._loader_process: LoaderProcess | None = None
         if self.loader == "process":
             self._loader_process = LoaderProcess(
@@ -133,7 +139,7 @@ class AdapterResidency:
                 info = self._adapters.get(name)
             # token tables (up to GBs) do not fit the children's staging buffers: read here
             if self._loader_process is not None and not (info is not None and info.tokens):
-                return self._loader_process.load(name, path, self.arena, pin=self.device.type == "cuda")
+                return self._loader_process.load(name, path, self.arena, STAGING_BLOCKS)
             return self._pack(self._read(name, path))
 
     def _read_and_pack(self, name: str, path: Path) -> tuple[HostAdapter, PackedAdapter]:
@@ -142,7 +148,8 @@ class AdapterResidency:
             return host, self._pack(host)
 
     def _pack(self, adapter: HostAdapter) -> PackedAdapter:
-        return pack_adapter(adapter, self.spec, self.dtype, pin=self.device.type == "cuda", arena=self.arena)
+        pin = self.device.type == "cuda"
+        return pack_adapter(adapter, self.spec, self.dtype, pin=pin, arena=self.arena, keep=STAGING_BLOCKS)
 
     def _choose_loader(self, staging_bytes: int) -> tuple[str, int]:
         """("thread" or "process", loads at once): as configured, with no more loader children
@@ -157,14 +164,32 @@ class AdapterResidency:
         return "thread", workers
 
     def _pinned_arena(self, block_bytes: int, host_slots: int) -> PinnedArena | None:
-        """Pinned blocks of ``block_bytes`` for the host tier on CUDA: one per host slot, one
-        per load in flight and one more for an upload in flight; those of twice the GPU slots
-        pinned now, the rest as the tier fills."""
+        """Pinned blocks of ``block_bytes`` for the host tier on CUDA: for its most recent
+        adapters (up to twice the GPU slots), one per load in flight, one for an upload in
+        flight and ``STAGING_BLOCKS`` for staging the uploads of the tier's other adapters,
+        which stay in pageable memory (pinning more would stall steps or the start)."""
         if self.device.type != "cuda":
             return None
-        spare = self.load_workers + 1
-        first = min(host_slots, 2 * self.config.max_loras) + spare
-        return PinnedArena.for_tier(block_bytes, host_slots + spare, first_blocks=first)
+        pinned_adapters = min(host_slots, 2 * self.config.max_loras)
+        return PinnedArena.for_tier(block_bytes, pinned_adapters + self.load_workers + 1 + STAGING_BLOCKS)
+
+    def _staged(self, packed: PackedAdapter) -> PackedAdapter | None:
+        """A pinned copy of ``packed`` (held in pageable memory) for its upload, made on a stager
+        thread; None while it is being made, or while no pinned block is free."""
+        future = self._staging.get(packed.name)
+        if future is None:
+            staged = PackedAdapter(packed.name, packed.rank, {}, {}, pinned=True)
+            block = self.arena.take(staged) if self.arena is not None else None
+            if block is None:
+                return None
+            future = self._stager.submit(stage_copy, packed, staged, block, self.dtype)
+            future.add_done_callback(lambda _: self._wake())
+            self._staging[packed.name] = future
+            return None
+        if not future.done():
+            return None
+        del self._staging[packed.name]
+        return future.result()
 
     # ---------------------------------------------------------------- the adapters added (any thread)
 
@@ -372,6 +397,11 @@ class AdapterResidency:
         packed = self.host_cache.lookup(name, info.path)
         if packed is None:
             return Admission.LOADING
+        if self.upload_stream is not None and not packed.pinned and self.arena is not None:
+            staged = self._staged(packed)  # pageable: copied into a pinned block first
+            if staged is None:
+                return Admission.LOADING
+            packed = staged
         if packed.tokens is not None and not self._make_table_room(packed.tokens.nbytes):
             return Admission.NO_SLOT
         acquired = self.slots.acquire(name)
@@ -441,6 +471,7 @@ class AdapterResidency:
             self.lora.clear(slot)
         self.host_cache.discard(name)
         self._pinned_loads.discard(name)
+        self._staging.pop(name, None)
         with self._lock:
             del self._adapters[name]
             self._tokenizers.pop(name, None)
@@ -478,7 +509,24 @@ class AdapterResidency:
         return bool(self._pinned_loads)
 
     def close(self) -> None:
+        self._stager.shutdown(wait=True, cancel_futures=True)
         """Stop the loader threads and children (after the worker has ended)."""
         self.host_cache.close()
         if self._loader_process is not None:
             self._loader_process.close()
+
+
+def stage_copy(
+    packed: PackedAdapter, staged: PackedAdapter, block: torch.Tensor, dtype: torch.dtype
+) -> PackedAdapter:
+    """Fill ``staged`` with ``packed``'s tensors, copied into the pinned ``block``."""
+    groups, keys = list(packed.a), list(packed.rows)
+    sources = [t for g in groups for t in (packed.a[g], packed.b[g])] + [packed.rows[k] for k in keys]
+    views = carve(block, [tuple(t.shape) for t in sources], dtype, zero=False)
+    for view, source in zip(views, sources, strict=True):
+        view.copy_(source)
+    staged.a = {g: views[2 * i] for i, g in enumerate(groups)}
+    staged.b = {g: views[2 * i + 1] for i, g in enumerate(groups)}
+    staged.rows = dict(zip(keys, views[2 * len(groups) :], strict=True))
+    staged.tokens = packed.tokens
+    return staged

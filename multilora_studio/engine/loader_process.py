@@ -53,11 +53,13 @@ class StagedAdapter:
 class _StagingBlock:
     """Hands the staging buffer to ``pack_adapter`` as a one-block arena."""
 
+    pin = False
+
     def __init__(self, block: torch.Tensor) -> None:
         self.block = block
         self.block_bytes = block.numel()
 
-    def take(self, owner: object) -> torch.Tensor:
+    def take(self, owner: object, keep: int = 0) -> torch.Tensor:
         return self.block
 
 
@@ -174,16 +176,17 @@ class LoaderProcess:
                 pool.submit(_child_ready)  # not during the first burst of loads
         return pool
 
-    def load(self, name: str, path: Path, arena: PinnedArena | None, pin: bool) -> PackedAdapter:
-        """Read, validate and pack ``path`` in a child; the result in ``arena`` (or new memory)."""
+    def load(self, name: str, path: Path, arena: PinnedArena | None, keep: int) -> PackedAdapter:
+        """Read, validate and pack ``path`` in a child; the result in a block of ``arena`` while
+        more than ``keep`` are free, else in new pageable memory."""
         index = self._free.get()
         try:
-            return self._load_in(index, name, path, arena, pin)
+            return self._load_in(index, name, path, arena, keep)
         finally:
             self._free.put(index)
 
     def _load_in(
-        self, index: int, name: str, path: Path, arena: PinnedArena | None, pin: bool
+        self, index: int, name: str, path: Path, arena: PinnedArena | None, keep: int
     ) -> PackedAdapter:
         pool = self._pool
         try:
@@ -196,9 +199,11 @@ class LoaderProcess:
                     self._pool = self._start()
             raise AdapterError(f"{path}: the adapter loader process died while reading it") from None
         packed = PackedAdapter(staged.name, staged.rank, {}, {})
-        block = arena.take(packed) if arena is not None and staged.used_bytes <= arena.block_bytes else None
+        fits = arena is not None and staged.used_bytes <= arena.block_bytes
+        block = arena.take(packed, keep) if arena is not None and fits else None
+        packed.pinned = block is not None and arena is not None and arena.pin
         if block is None:
-            block = torch.empty(staged.used_bytes, dtype=torch.uint8, pin_memory=pin)
+            block = torch.empty(staged.used_bytes, dtype=torch.uint8)
         block[: staged.used_bytes].copy_(self._staging[index][: staged.used_bytes])
         tensors = carve(block, list(staged.shapes), self.dtype, zero=False)
         for g, group in enumerate(staged.groups):

@@ -205,7 +205,8 @@ class LoRASlotWeights:
 class PackedAdapter:
     """An adapter in slot layout and the engine's dtype, ready to copy into a slot.
 
-    Storage (pinned when ``pin``): for each group it targets,
+    Storage (page-locked when ``pinned``: it can be copied into a slot asynchronously), for each
+    group it targets,
         a[group]: [layers, slices, rank, in_features]
         b[group]: [layers, out_total, rank]   (scale folded in)
         rows["bias:group"]: [layers, out_total]   lora_bias times the scale (0 where none)
@@ -218,6 +219,7 @@ class PackedAdapter:
     b: dict[str, torch.Tensor]
     rows: dict[str, torch.Tensor] = field(default_factory=dict)
     tokens: TokenTables | None = None  # its embedding / LM-head tables (HostAdapter.tokens)
+    pinned: bool = False  # a, b and rows lie in a block of a pinned arena
 
     @property
     def nbytes(self) -> int:
@@ -263,11 +265,12 @@ def pack_adapter(
     dtype: torch.dtype,
     pin: bool,
     arena: BlockSource | None = None,
+    keep: int = 0,
 ) -> PackedAdapter:
     """Lay ``adapter``'s factors out as its slot will hold them (done once, off the worker thread).
 
-    With ``arena``, the tensors live in one of its pinned blocks (no page-locking now);
-    when the arena has no free block they are pinned on their own if ``pin``.
+    With ``arena``, the tensors live in one of its blocks while more than ``keep`` are free (no
+    page-locking now), else in pageable memory. ``pin`` page-locks the token tables.
     """
     rank = adapter.rank
     by_group: dict[str, list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
@@ -280,7 +283,8 @@ def pack_adapter(
     packed = PackedAdapter(adapter.name, rank, {}, {})
     block = None
     if arena is not None and carved_bytes(shapes, dtype) <= arena.block_bytes:
-        block = arena.take(packed)  # given back when ``packed`` is collected
+        block = arena.take(packed, keep)  # given back when ``packed`` is collected
+        packed.pinned = block is not None and arena.pin
     if block is not None:
         # zeroed below only where the factors leave gaps: a block of a full adapter is overwritten
         tensors = carve(block, shapes, dtype, zero=False)
@@ -298,8 +302,6 @@ def pack_adapter(
             r = a.shape[0]
             a_all[layer, index, :r] = a
             b_all[layer, offsets[index] : offsets[index + 1], :r] = b
-        if block is None and pin:
-            a_all, b_all = a_all.pin_memory(), b_all.pin_memory()
         packed.a[group] = a_all
         packed.b[group] = b_all
     vectors = {"bias": adapter.biases, "magnitude": adapter.magnitudes}
@@ -312,7 +314,7 @@ def pack_adapter(
             owner, index = GROUP_OF[module]
             if owner == group:
                 rows[layer, offsets[index] : offsets[index + 1]] = vector
-        packed.rows[key] = rows.pin_memory() if block is None and pin else rows
+        packed.rows[key] = rows
     if adapter.tokens is not None:
         packed.tokens = adapter.tokens.to(dtype, pin)
     return packed

@@ -9,7 +9,8 @@ import torch
 
 from multilora_studio.adapters.peft_adapter import load_peft_adapter
 from multilora_studio.bench.random_adapters import write_random_adapter
-from multilora_studio.engine.lora_weights import LORA_GROUPS, pack_adapter, packed_shapes
+from multilora_studio.engine.adapter_residency import stage_copy
+from multilora_studio.engine.lora_weights import LORA_GROUPS, PackedAdapter, pack_adapter, packed_shapes
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 from multilora_studio.engine.pinned_arena import PinnedArena, carve, carved_bytes
 
@@ -40,8 +41,7 @@ def test_packed_in_a_block_equals_packed_alone(host_adapters):
     for host in (*host_adapters[:2], host_adapters[3]):
         alone = pack_adapter(host, SPEC, torch.float32, pin=False)
         # Dirty the arena first: carved tensors must come out zeroed, then filled.
-        for block in arena._free:
-            block.fill_(0xFF)
+        arena._memory.fill_(0xFF)
         in_block = pack_adapter(host, SPEC, torch.float32, pin=False, arena=arena)
         for group in alone.a:
             assert torch.equal(in_block.a[group], alone.a[group])
@@ -62,7 +62,7 @@ def test_blocks_stay_taken_while_referenced_and_exhaustion_falls_back(host_adapt
     assert arena.free_blocks == 0
     third = pack_adapter(host_adapters[2], SPEC, torch.float32, pin=False, arena=arena)
     assert not arena.owns(third.a["qkv"]), "an exhausted arena must not hand out a block"
-    assert arena.exhausted == 1  # counted (and logged as a warning)
+    assert arena.exhausted == 1 and not third.pinned  # counted; the adapter stays pageable
     expected = pack_adapter(host_adapters[0], SPEC, torch.float32, pin=False)
     # Packing the third adapter did not touch the first two.
     assert all(torch.equal(first.a[g], expected.a[g]) for g in expected.a)
@@ -108,53 +108,38 @@ def test_for_tier_caps_by_memory_and_falls_back_when_pinning_fails(monkeypatch):
 class PageableArena(PinnedArena):
     """The arena as ``for_tier`` builds it, in pageable memory: its sizing runs without CUDA."""
 
-    def __init__(self, block_bytes: int, max_blocks: int, pin: bool = True, first_blocks=None) -> None:
-        super().__init__(block_bytes, max_blocks, pin=False, first_blocks=first_blocks)
+    def __init__(self, block_bytes: int, num_blocks: int, pin: bool = True) -> None:
+        super().__init__(block_bytes, num_blocks, pin=False)
 
 
 class UnpinnableArena(PinnedArena):
     """An arena whose memory cannot be pinned (as under a locked-memory limit)."""
 
-    def __init__(self, block_bytes: int, max_blocks: int, pin: bool = True, first_blocks=None) -> None:
+    def __init__(self, block_bytes: int, num_blocks: int, pin: bool = True) -> None:
         raise RuntimeError("cannot pin: locked-memory limit")
 
 
-class CappedArena(PinnedArena):
-    """Pageable memory that can be allocated ``room`` blocks at a time, then refuses (a
-    locked-memory limit reached while the tier grows)."""
-
-    room = 3
-
-    def _grow(self, blocks: int) -> None:
-        if self.num_blocks + blocks > self.room:
-            raise RuntimeError("cannot pin: locked-memory limit")
-        super()._grow(blocks)
-
-
-def test_the_arena_pins_a_first_chunk_and_grows_as_takes_need_blocks(monkeypatch, caplog):
-    from multilora_studio.engine import pinned_arena
-
-    monkeypatch.setattr(pinned_arena, "CHUNK_BYTES", 2 * 1024)  # chunks of two 1 KiB blocks
-    arena = PinnedArena(1000, 5, pin=False, first_blocks=1)
-    assert (arena.num_blocks, arena.free_blocks, arena.pinned_bytes) == (1, 1, 1024)
-
-    class Owner:
-        pass
-
-    owners = [Owner() for _ in range(6)]
-    blocks = [arena.take(owner) for owner in owners]
-    assert all(block is not None for block in blocks[:5]) and blocks[5] is None
-    assert arena.num_blocks == 5 and arena.exhausted == 1  # 1, then chunks of 2, 2: never past max
-    assert len({block.data_ptr() for block in blocks[:5]}) == 5
-    assert all(arena.owns(block) for block in blocks[:5])
-    del blocks, owners[0]
+def test_a_take_leaves_the_blocks_it_must_keep_and_a_stage_copy_equals_its_source(host_adapters):
+    arena = PinnedArena(block_bytes(), 3, pin=False)
+    host = host_adapters[0]
+    kept = [pack_adapter(host, SPEC, torch.float32, pin=False, arena=arena, keep=1) for _ in range(3)]
+    assert [p.pinned for p in kept] == [False, False, False]  # a pageable arena's blocks are not pinned
+    assert [arena.owns(p.a["qkv"]) for p in kept] == [True, True, False]  # the last free block is kept
+    assert arena.free_blocks == 1 and arena.exhausted == 1
+    source = pack_adapter(host_adapters[3], SPEC, torch.float32, pin=False)  # pageable, with rows
+    staged = PackedAdapter(source.name, source.rank, {}, {}, pinned=True)
+    block = arena.take(staged)  # the kept block
+    assert block is not None and arena.free_blocks == 0
+    stage_copy(source, staged, block, torch.float32)
+    assert staged.a.keys() == source.a.keys() and staged.rows.keys() == source.rows.keys()
+    for group in source.a:
+        assert torch.equal(staged.a[group], source.a[group]) and torch.equal(staged.b[group], source.b[group])
+        assert arena.owns(staged.a[group]) and arena.owns(staged.b[group])
+    for key, rows in source.rows.items():
+        assert torch.equal(staged.rows[key], rows) and arena.owns(staged.rows[key])
+    del staged
     gc.collect()
-    assert arena.free_blocks == 1 and arena.num_blocks == 5  # given back, not freed
-
-    capped = CappedArena(1000, 8, pin=False, first_blocks=2)
-    kept = [capped.take(owner) for owner in owners[1:5]]
-    assert [block is not None for block in kept] == [True, True, False, False]
-    assert capped.max_blocks == 2 and "could not pin 2 more adapter blocks" in caplog.text
+    assert arena.free_blocks == 1
 
 
 def test_for_tier_takes_what_a_quarter_of_memory_holds(monkeypatch, caplog):
@@ -168,8 +153,6 @@ def test_for_tier_takes_what_a_quarter_of_memory_holds(monkeypatch, caplog):
     assert PageableArena.for_tier(4000, 8, ram_fraction=0.5).num_blocks == 6
     monkeypatch.setattr(pinned_arena, "_physical_memory_bytes", lambda: None)  # size unknown
     assert PageableArena.for_tier(4000, 8).num_blocks == 8
-    grows = PageableArena.for_tier(4000, 8, first_blocks=3)
-    assert (grows.num_blocks, grows.max_blocks) == (3, 8)
     assert UnpinnableArena.for_tier(4000, 8) is None
     assert "could not pin 8 x" in caplog.text and "locked-memory limit" in caplog.text
 
