@@ -43,6 +43,7 @@ from multilora_studio.adapters.adapter_config import (
 )
 from multilora_studio.adapters.adapter_tokenizer import TOKENIZER_FOLDER_FILES, tokenizer_files_label
 from multilora_studio.adapters.base_model import BaseModelRef
+from multilora_studio.adapters.base_quantization import BaseQuantization, base_quantization_of, serving_note
 from multilora_studio.adapters.library_errors import (
     LibraryError,
     StorageError,
@@ -81,14 +82,23 @@ BUSY_TIMEOUT_S = 30.0
 READ_ONLY_OPENS = ("mode=ro", "mode=ro&immutable=1")  # immutable: a read-only disk without the -shm file
 
 
+SERVED_QUANTIZED = "served-on-quantized-base"  # audit-log event: a quantized base serves it
+
+
 class BaseMismatchError(LibraryError):
     """The adapter was validated against a base model with other weights."""
 
 
-def check_record_base(record: AdapterRecord, digest: str, override: bool = False) -> None:
+def check_record_base(
+    record: AdapterRecord,
+    digest: str,
+    override: bool = False,
+    quantization: BaseQuantization | None = None,
+) -> None:
     """BaseMismatchError if ``record`` was validated against other base weights than ``digest``
-    and ``override`` is off."""
-    if record.base_status(digest) == "mismatch" and not override:
+    and ``override`` is off. ``quantization``: the base's, when it is quantized (a quantized
+    version of the adapter's base serves it; ``serve_record`` says so)."""
+    if record.base_status(digest, quantization) == "mismatch" and not override:
         raise BaseMismatchError(
             f"adapter {record.name!r} was validated against base {record.base_name} "
             f"(sha256 {record.base_digest[:12]}), the loaded base has sha256 {digest[:12]}; its "
@@ -99,8 +109,19 @@ def check_record_base(record: AdapterRecord, digest: str, override: bool = False
 def serve_record(engine: Any, record: AdapterRecord, override: bool = False, preload: bool = True) -> None:
     """Add a library adapter to a running engine (checked against its base), pin it if pinned;
     the library is not written. ``preload=False`` registers it without reading its weights
-    (they load on first use)."""
-    check_record_base(record, engine.base_digest, override)
+    (they load on first use). A quantized base of the adapter's base serves it (said in the log)."""
+    quantization = base_quantization_of(engine.model_folder, engine.config.quantization)
+    check_record_base(record, engine.base_digest, override, quantization)
+    if record.base_status(engine.base_digest, quantization) == "quantized" and quantization is not None:
+        note = serving_note(
+            record.name,
+            record.base_name,
+            record.base_digest,
+            engine.model_name,
+            engine.base_digest,
+            quantization,
+        )
+        log.info("%s", note)
     if not_served_because(record, None, None) is not None:
         raise LibraryError(
             f"{record.name!r} is {record.state}, not served; `multilora-studio adapters "
@@ -464,7 +485,23 @@ class Registry(RegistryLifecycle):
         """Serve a library adapter on a running engine (``serve_record``) and record it as used now."""
         record = self.get(name)
         serve_record(engine, record, override, preload)
+        quantization = base_quantization_of(engine.model_folder, engine.config.quantization)
+        if record.base_status(engine.base_digest, quantization) == "quantized" and quantization is not None:
+            self.note_serving(record, engine.model_name, engine.base_digest, quantization)
         return self.touch(record.name)
+
+    def note_serving(
+        self, record: AdapterRecord, base_name: str, digest: str, quantization: BaseQuantization
+    ) -> str:
+        """Record in the audit log, once per base, which base serves the adapter: a quantized version
+        of the one it was trained on. Returns what it says (``serving_note``)."""
+        note = serving_note(
+            record.name, record.base_name, record.base_digest, base_name, digest, quantization
+        )
+        if not any(e.event == SERVED_QUANTIZED and e.reason == note for e in self.events(record.name)):
+            with self._write() as conn:
+                self.record_event(conn, record.id, record.name, SERVED_QUANTIZED, note)
+        return note
 
     # ---------------------------------------------------------------- internals
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multilora_studio.adapters.base_quantization import BaseQuantization
+
 SCHEMA_VERSION = 7
 # Migration n brings a database from user_version n-1 to n.
 MIGRATIONS = {
@@ -187,11 +189,17 @@ class AdapterRecord:
         """The kind with what else it brings: "LoRA", "DoRA; lm_head; own template"."""
         return "; ".join(part for part in (self.kind, self.tokens, self.tokenizer) if part)
 
-    def base_status(self, digest: str) -> str:
-        """'ok', 'mismatch' (trained on another base) or 'unknown' (a digest is missing)."""
+    def base_status(self, digest: str, quantization: BaseQuantization | None = None) -> str:
+        """'ok', 'mismatch' (trained on another base), 'unknown' (a digest is missing) or
+        'quantized' (the base of ``digest`` is quantized, ``quantization``: a quantized checkpoint
+        other than the one it was validated on, or these weights quantized at load; served, and
+        said so: ``adapters/base_quantization.py``)."""
         if not digest or not self.base_digest:
             return "unknown"
-        return "ok" if digest == self.base_digest else "mismatch"
+        same = digest == self.base_digest
+        if quantization is not None and (quantization.at_load or not same):
+            return "quantized"
+        return "ok" if same else "mismatch"
 
     @property
     def rank_label(self) -> str:

@@ -6,9 +6,11 @@ import argparse
 import logging
 import os
 import sqlite3
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from multilora_studio.adapters.base_model import BaseModelRef
+from multilora_studio.adapters.base_quantization import BaseQuantization, base_quantization_of
 from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.adapters.registry_lifecycle import not_served_because
@@ -32,6 +34,7 @@ from multilora_studio.deploy.base_pool import (
 from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
 from multilora_studio.engine import EngineConfig, ServingEngine
 from multilora_studio.engine.device_setup import resolve_device
+from multilora_studio.engine.model_source import RANDOM_PREFIX
 from multilora_studio.server.config import ServerConfig
 
 if TYPE_CHECKING:
@@ -250,6 +253,7 @@ def serve_library(
     if demo_adapters and pool.primary in resident:
         offer_demo_adapters(registry, BaseModelRef.of_engine(resident[pool.primary]))
     digests = {name: pool.base(name).digest for name in pool.names}
+    quantizations = {name: pool_base_quantization(pool.base(name).config) for name in pool.names}
     added = []
     latest = registry.latest_eval_scores()
     warm: dict[str, list[str]] = {}
@@ -261,7 +265,13 @@ def serve_library(
         if pool.base_of(record.name) is not None:
             log.info("library adapter %s not served: another model uses that name", record.name)
             continue
-        base = next((name for name, digest in digests.items() if record.base_status(digest) == "ok"), None)
+        status = {n: record.base_status(d, quantizations[n]) for n, d in digests.items()}
+        base = next((n for n in digests if status[n] == "ok"), None)
+        if base is None:  # a quantized version of its base serves it; the library says so
+            base = next((n for n in digests if status[n] == "quantized"), None)
+            quantization = quantizations[base] if base is not None else None
+            if base is not None and quantization is not None:
+                log.info("%s", registry.note_serving(record, base, digests[base], quantization))
         if base is None:
             log.info(
                 "library adapter %s not served: no base model served has its base's weights", record.name
@@ -283,6 +293,13 @@ def serve_library(
             if failure is not None:
                 log.warning("warm adapter %s not read: %s", name, failure)
     return added
+
+
+def pool_base_quantization(config: EngineConfig) -> BaseQuantization | None:
+    """The quantization a pool base's engine will serve (its folder's, or ``--quantization``)."""
+    model = config.model
+    folder = Path(model).expanduser() if model is not None and not model.startswith(RANDOM_PREFIX) else None
+    return base_quantization_of(folder, config.quantization)
 
 
 def run_serve(args: argparse.Namespace) -> int:
