@@ -8,7 +8,8 @@ The library lives under ``--home`` (``MULTILORA_STUDIO_HOME``; built once by
 median (and the largest) of ``--repeat`` runs. The engine runs on the CPU with the embedded
 model; the endpoint on loopback. An audit hook counts the adapter files Python opens while the
 library is added to the engine; the engine's host tier shows whether any weights were read.
-``benchmarks.library_view_probe`` measures the Library view in a process of its own.
+``benchmarks.library_view_probe`` measures the Library view and ``benchmarks.library_window_start``
+the window's engine start, each in a process of its own.
 """
 
 from __future__ import annotations
@@ -154,13 +155,17 @@ def main() -> None:
     if "engine" not in args.skip:
         results["engine and endpoint"] = engine_and_endpoint(args.repeat)
     if "gui" not in args.skip:
-        probe = args.home / "view.json"
-        subprocess.run(
-            [sys.executable, "-m", "benchmarks.library_view_probe", "--home", os.environ[HOME_ENV],
-             "--json", str(probe)],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        results["library view"] = json.loads(probe.read_text())
+        for part, module in (
+            ("library view", "library_view_probe"),
+            ("window start", "library_window_start"),
+        ):
+            report = args.home / f"{module}.json"
+            subprocess.run(
+                [sys.executable, "-m", f"benchmarks.{module}", "--home", os.environ[HOME_ENV],
+                 "--json", str(report)],
+                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            results[part] = json.loads(report.read_text())
     text = json.dumps(results, indent=1)
     print(text)
     if args.json is not None:
