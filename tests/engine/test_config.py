@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -121,7 +122,7 @@ def test_bad_engine_settings_raise_value_error_naming_the_setting(settings, mess
 
 def test_adapter_load_workers_by_device_and_loader():
     assert EngineConfig().load_workers_for("cpu") == 1
-    assert 1 <= EngineConfig().load_workers_for("cuda") <= 4
+    assert EngineConfig().load_workers_for("cuda") == max(1, min(8, (os.cpu_count() or 1) // 2))
     assert EngineConfig(adapter_load_workers=6).load_workers_for("cpu") == 6
     assert EngineConfig(adapter_load_workers=6, adapter_loader="process").load_workers_for("cuda") == 6
 
