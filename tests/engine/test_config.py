@@ -122,7 +122,10 @@ def test_bad_engine_settings_raise_value_error_naming_the_setting(settings, mess
 
 def test_adapter_load_workers_by_device_and_loader():
     assert EngineConfig().load_workers_for("cpu") == 1
-    assert EngineConfig().load_workers_for("cuda") == max(1, min(8, (os.cpu_count() or 1) // 2))
+    for cores, loads in ((16, 8), (64, 8), (8, 4), (2, 1), (1, 1)):  # half the cores, 1 to 8
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "cpu_count", lambda cores=cores: cores)
+            assert EngineConfig().load_workers_for("cuda") == loads
     assert EngineConfig(adapter_load_workers=6).load_workers_for("cpu") == 6
     assert EngineConfig(adapter_load_workers=6, adapter_loader="process").load_workers_for("cuda") == 6
 
