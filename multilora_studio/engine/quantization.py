@@ -15,8 +15,11 @@ Everything else is refused with a ValueError that names it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
+from multilora_studio.engine.model_spec import PROJECTIONS, ModelSpec, spec_from_config
 from multilora_studio.kernels.quant_weight import GROUP_SIZE
 
 QUANTIZATIONS = ("fp8", "awq", "gptq")  # EngineConfig.quantization (vLLM's --quantization names)
@@ -164,6 +167,40 @@ def served_quantization(
     if requested == "fp8" or random_model:
         return Quantization(requested, "", at_load=True, zero_offset=1 if requested == "gptq" else 0)
     raise ValueError(
-        f"quantization {requested!r} needs a {LABELS[requested]} checkpoint (config.json's "
+        f"quantization {requested!r} needs a checkpoint quantized so ({LABELS[requested]}, in config.json's "
         "quantization_config); only 'fp8' quantizes a float base when it is loaded"
     )
+
+
+def projection_bytes(spec: ModelSpec, quantization: Quantization | None) -> tuple[int, int]:
+    """(bytes of every layer's projections in bf16, bytes as ``quantization`` stores them): FP8
+    one byte a weight and a float32 scale per output channel; 4-bit half a byte a weight and,
+    per group of 128 inputs and output column, a 16-bit scale and a 4-bit zero. Embeddings,
+    norms and the LM head stay float either way."""
+    shapes = [spec.projection_shape(module) for module in PROJECTIONS]
+    weights = spec.num_layers * sum(n * k for n, k in shapes)
+    dense = 2 * weights
+    if quantization is None:
+        return dense, dense
+    if quantization.method == "fp8":
+        return dense, weights + 4 * spec.num_layers * sum(n for n, _ in shapes)
+    return dense, weights // 2 + weights * 5 // (2 * GROUP_SIZE)  # and 2.5 bytes per 128 weights
+
+
+def quantization_summary(folder: Path | None, requested: str | None) -> tuple[str, tuple[int, int] | None]:
+    """What the window's model picker says of the base at ``folder`` (None: the embedded float
+    model) served with ``EngineConfig.quantization`` = ``requested``: (how it is served, or why it
+    would be refused, or "" when the folder cannot be read; ``projection_bytes`` of it, or None)."""
+    try:
+        if folder is None:
+            checkpoint, spec = None, None
+        else:
+            config = json.loads((Path(folder).expanduser() / "config.json").read_text())
+            checkpoint, spec = checkpoint_quantization(config), spec_from_config(config)
+        served = served_quantization(requested, checkpoint, random_model=False)
+    except ValueError as refused:
+        return f"Not served: {refused}", None
+    except (OSError, json.JSONDecodeError):
+        return "", None
+    label = "Float weights (no quantization)" if served is None else served.label
+    return label, None if spec is None else projection_bytes(spec, served)

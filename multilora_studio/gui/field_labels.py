@@ -17,6 +17,7 @@ FIELD_LABELS = {
     "device": "Device",
     "dtype": "Data type",
     "batch_invariant": "Batch-invariant outputs",
+    "quantization": "Quantization",
     "model": "Base model",
     "devices": "Engine replicas on",
     "dispatch_margin": "Dispatch margin",

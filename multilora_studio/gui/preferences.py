@@ -37,7 +37,8 @@ class EngineChoice:
     an engine of its own with these settings, in a ``BasePool``: ``max_resident_bases`` (0: all)
     loaded at once, ``keep_alive_s`` (0: never) unloads an idle one, as ``serve --model A
     --model B --max-resident-bases N --keep-alive S``; ``kv_cache_gb`` (0: the engine's sizing)
-    each engine's KV cache, needed when several bases share a GPU.
+    each engine's KV cache, needed when several bases share a GPU. ``quantization``: the bases'
+    (EngineConfig's; "" serves each checkpoint as it is).
     """
 
     model_source: str = "embedded"
@@ -55,6 +56,7 @@ class EngineChoice:
     max_resident_bases: int = DEFAULT_MAX_RESIDENT or 0
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S or 0.0
     kv_cache_gb: float = ENGINE_DEFAULTS["kv_cache_memory_gb"] or 0.0
+    quantization: str = ""  # EngineConfig.quantization; "": as the checkpoint is
 
     def check(self) -> None:
         """ValueError with a clear message for settings the engine would refuse."""
@@ -106,6 +108,7 @@ class EngineChoice:
             cpu_threads=self.cpu_threads or None,
             batch_invariant=self.batch_invariant,
             kv_cache_memory_gb=self.kv_cache_gb or None,
+            quantization=self.quantization or None,
         )
 
     @property

@@ -28,11 +28,12 @@ from PySide6.QtWidgets import (
 )
 
 from multilora_studio.engine.config import MAX_SLOTS, SUPPORTED_DTYPES
+from multilora_studio.engine.quantization import QUANTIZATIONS, quantization_summary
 from multilora_studio.gui.engine_host import LOADING, EngineHost
 from multilora_studio.gui.field_labels import FIELD_LABELS, in_field_labels
 from multilora_studio.gui.preferences import EMBEDDED, ENGINE_DEFAULTS, EngineChoice, Preferences
 from multilora_studio.gui.theme import THEMES, set_theme
-from multilora_studio.gui.widgets import MessageBanner
+from multilora_studio.gui.widgets import MessageBanner, format_bytes
 
 
 def device_names() -> list[str]:
@@ -68,6 +69,19 @@ class SettingsView(QWidget):
         model_row.addWidget(self.model, 1)
         model_row.addWidget(browse)
         self.sources.idToggled.connect(lambda *_: self.model.setEnabled(not self.embedded.isChecked()))
+        self.quantization = QComboBox()
+        self.quantization.addItem("as the checkpoint is", "")
+        for method in QUANTIZATIONS:
+            self.quantization.addItem(method, method)
+        self.quantization.setToolTip(
+            "fp8: an FP8 checkpoint, or a float base quantized to FP8 when it loads; awq / gptq: such a "
+            "checkpoint (its adapters trained on the float base are served on it)"
+        )
+        self.quantization_info = QLabel()  # the base's quantization and the memory it saves
+        self.quantization_info.setWordWrap(True)
+        self.model.textChanged.connect(self._show_quantization)
+        self.sources.idToggled.connect(self._show_quantization)
+        self.quantization.currentIndexChanged.connect(self._show_quantization)
 
         self.device = QComboBox()
         self.device.setEditable(True)
@@ -105,6 +119,12 @@ class SettingsView(QWidget):
         for button in (self.embedded, self.folder, self.hub):
             model_layout.addWidget(button)
         model_layout.addLayout(model_row)
+        quantization_row = QHBoxLayout()
+        quantization_row.addWidget(QLabel(f"{FIELD_LABELS['quantization']} (quantization)"))
+        quantization_row.addWidget(self.quantization)
+        quantization_row.addStretch(1)
+        model_layout.addLayout(quantization_row)
+        model_layout.addWidget(self.quantization_info)
         bases_box = self._bases_box()
         engine_box = QGroupBox("Engine")
         form = QFormLayout(engine_box)
@@ -247,6 +267,7 @@ class SettingsView(QWidget):
         self.max_cpu_loras.setValue(choice.max_cpu_loras)
         self.cpu_threads.setValue(choice.cpu_threads)
         self.batch_invariant.setChecked(choice.batch_invariant)
+        self.quantization.setCurrentIndex(max(0, self.quantization.findData(choice.quantization)))
         self.extra_models.clear()
         self.extra_models.addItems(list(choice.extra_models))
         self.max_resident_bases.setValue(choice.max_resident_bases)
@@ -267,6 +288,7 @@ class SettingsView(QWidget):
             max_cpu_loras=self.max_cpu_loras.value(),
             cpu_threads=self.cpu_threads.value(),
             batch_invariant=self.batch_invariant.isChecked(),
+            quantization=self.quantization.currentData() or "",
             extra_models=tuple(self.extra_model_entries()),
             max_resident_bases=self.max_resident_bases.value(),
             keep_alive_s=self.keep_alive.value(),
@@ -298,6 +320,24 @@ class SettingsView(QWidget):
         self.banner.show_message(
             f"The engine did not start: {in_field_labels(message, where='').rstrip('.')}.{again}"
         )
+
+    def _show_quantization(self, *_: object) -> None:
+        """The chosen base's quantization and the memory it saves (a folder's config.json read)."""
+        requested = self.quantization.currentData() or None
+        folder = self.model.text().strip()
+        if self.embedded.isChecked() or (self.folder.isChecked() and folder):
+            label, sizes = quantization_summary(
+                None if self.embedded.isChecked() else Path(folder), requested
+            )
+        else:
+            label, sizes = "", None
+        if sizes is not None and sizes[1] < sizes[0]:
+            dense, stored = sizes
+            label += (
+                f": projections {format_bytes(stored)} instead of {format_bytes(dense)} in bf16 "
+                f"(saves {format_bytes(dense - stored)})"
+            )
+        self.quantization_info.setText(label)
 
     def _theme_changed(self, index: int) -> None:
         mode = THEMES[index]
