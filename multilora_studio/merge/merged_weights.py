@@ -11,6 +11,7 @@ computed in float32 and cast once to the output dtype.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,12 @@ class MergedWeights:
     def __init__(
         self, base_folder: Path, spec: ModelSpec, adapter: HostAdapter | None, dtype: torch.dtype
     ) -> None:
+        declared = json.loads((Path(base_folder) / "config.json").read_text()).get("quantization_config")
+        if declared:  # its tensors are packed integers or FP8 values with scales, not float weights
+            raise MergeError(
+                f"{base_folder} is a quantized checkpoint ({declared.get('quant_method')}); merge the "
+                "adapter into the float base it was quantized from"
+            )
         self._spec = spec
         self._adapter = adapter
         self._dtype = dtype
