@@ -189,7 +189,11 @@ class AdapterResidency:
         if not future.done():
             return None
         del self._staging[packed.name]
-        return future.result()
+        try:
+            return future.result()
+        except Exception:  # not expected (the shapes are the packed ones): upload from pageable memory
+            log.exception("staging %s for its upload failed; copying it from pageable memory", packed.name)
+            return packed
 
     # ---------------------------------------------------------------- the adapters added (any thread)
 
