@@ -9,7 +9,9 @@ dequantizes into the activation dtype and multiplies with ``tl.dot`` in float32.
 crosses memory once, at 4 (or 8) bits a value: decode steps, which read every weight once,
 are bound by those bytes. GPTQ act-order weights (``perm``) gather x's columns in the
 permuted order while loading the x tile, so the weight stays in its group-contiguous order.
-FP8's per-channel scale multiplies the float32 accumulator once at the end.
+FP8's per-channel scale multiplies the float32 accumulator once at the end. Decode-sized
+GEMMs (a few rows) split K over several programs (``split_k``), each writing a float32 partial
+that one sum adds up: their output tiles alone would occupy a fraction of the GPU's SMs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import triton.language as tl
 from .quant_weight import QuantizedWeight
 from .triton_support import interpreting
 
-__all__ = ["dequant_gemm", "tile_config"]
+__all__ = ["DECODE_PROGRAMS", "dequant_gemm", "split_k", "tile_config"]
 
 LAYOUTS = {"awq": 0, "gptq": 1, "fp8": 2}
 
@@ -61,6 +63,7 @@ def _dequant_gemm_kernel(
     K,
     stride_xm,
     stride_ym,
+    k_per_split,
     ZERO_OFFSET,
     GROUP: tl.constexpr,
     LAYOUT: tl.constexpr,
@@ -74,12 +77,15 @@ def _dequant_gemm_kernel(
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    split = tl.program_id(2)  # split-K: this program's share of K, its partial at y + split * M * N
     offs_m = pid_m * BM + tl.arange(0, BM)  # [BM]
     offs_n = pid_n * BN + tl.arange(0, BN)  # [BN]
     m_mask = offs_m < M
     n_mask = offs_n < N
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    k_start = split * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    for k0 in range(k_start, k_end, BK):
         offs_k = k0 + tl.arange(0, BK)  # [BK]
         k_mask = offs_k < K
         if HAS_PERM:  # noqa: SIM108 - act-order: stored row j multiplies input feature perm[j]
@@ -108,21 +114,32 @@ def _dequant_gemm_kernel(
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(
-        y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
+        y_ptr + split * M * N + offs_m[:, None] * stride_ym + offs_n[None, :],
         acc.to(y_ptr.dtype.element_ty),
         mask=m_mask[:, None] & n_mask[None, :],
     )
 
 
+DECODE_PROGRAMS = 264  # split-K until a decode GEMM has about this many programs (2 per H200 SM)
+
+
 def tile_config(rows: int) -> tuple[int, int, int, int]:
-    """(BM, BN, BK, warps) for ``rows`` rows of x: narrow output tiles for decode (rows <= 16),
-    so that a [4096, 4096] weight gets 128 programs; wider ones for prefill. BK divides the
-    4-bit group size (128)."""
+    """(BM, BN, BK, warps) for ``rows`` rows of x: 64-column tiles for decode (rows <= 32: an
+    AWQ row of a tile is 32 contiguous bytes), wider ones for prefill. BK divides the 4-bit
+    group size (128)."""
     if rows <= 16:
-        return 16, 32, 128, 4
-    if rows <= 64:
+        return 16, 64, 128, 4
+    if rows <= 32:
         return 32, 64, 64, 4
     return 64, 128, 64, 8
+
+
+def split_k(rows: int, n_blocks: int, k_blocks: int) -> int:
+    """How many parts K is split into: decode-sized GEMMs (rows <= 32), whose output tiles alone
+    would leave most of the GPU idle, until about ``DECODE_PROGRAMS`` programs; 1 otherwise."""
+    if rows > 32:
+        return 1
+    return max(1, min(k_blocks, DECODE_PROGRAMS // max(1, n_blocks)))
 
 
 def dequant_gemm(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -152,16 +169,28 @@ def dequant_gemm(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     if rows == 0:
         return y
     bm, bn, bk, warps = tile_config(rows)
+    k_blocks = triton.cdiv(k, bk)
+    splits = split_k(rows, triton.cdiv(n, bn), k_blocks)
+    k_per_split = triton.cdiv(k_blocks, splits) * bk
+    splits = triton.cdiv(k, k_per_split)  # no empty part
+    # [splits, T, N] float32 partials, summed below; or the output itself
+    out = y if splits == 1 else torch.empty((splits, rows, n), dtype=torch.float32, device=x.device)
     qweight = weight.qweight
     zeros = weight.qzeros if weight.qzeros is not None else qweight
     perm = weight.perm if weight.perm is not None else qweight
-    grid = (triton.cdiv(n, bn), triton.cdiv(rows, bm))
+    grid = (triton.cdiv(n, bn), triton.cdiv(rows, bm), splits)
+    with_bias = bias is not None and splits == 1
     _dequant_gemm_kernel[grid](
-        x, qweight, weight.scales, zeros, perm, bias if bias is not None else weight.scales, y,
-        rows, n, k, x.stride(0), y.stride(0), weight.zero_offset,
+        x, qweight, weight.scales, zeros, perm, bias if with_bias else weight.scales, out,
+        rows, n, k, x.stride(0), n if splits > 1 else y.stride(0), k_per_split, weight.zero_offset,
         GROUP=weight.group_size, LAYOUT=LAYOUTS[weight.kind], HAS_PERM=weight.perm is not None,
-        HAS_BIAS=bias is not None, BM=bm, BN=bn, BK=bk,
+        HAS_BIAS=with_bias, BM=bm, BN=bn, BK=bk,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST=x.dtype == torch.bfloat16 and interpreting(), num_warps=warps,
     )  # fmt: skip
-    return y
+    if splits == 1:
+        return y
+    total = out.sum(0)  # [T, N] float32
+    if bias is not None:
+        total += bias.float()
+    return y.copy_(total)

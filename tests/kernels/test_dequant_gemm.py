@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from multilora_studio.engine.quant_pack import group_contiguous, quantize_awq, quantize_fp8, quantize_gptq
-from multilora_studio.kernels.dequant_gemm import dequant_gemm
+from multilora_studio.kernels.dequant_gemm import DECODE_PROGRAMS, dequant_gemm, split_k
 from multilora_studio.kernels.quant_linear import QuantPlan, fp8_scaled_mm, quant_linear, quantize_rows_fp8
 from multilora_studio.kernels.quant_weight import QuantizedWeight, concat_outputs, dequantize
 from tests.kernels.grid import INTERPRETED
@@ -54,6 +54,7 @@ def check(y: torch.Tensor, x: torch.Tensor, weight: QuantizedWeight, bias: torch
 
 CASES = [
     ("awq", 1, 256, 128, torch.float32),
+    ("awq", 1, 64, 512, torch.float32),  # K split in 4, with a bias
     ("awq", 37, 96, 256, torch.bfloat16),
     ("gptq", 3, 128, 256, torch.float32),
     ("gptq", 70, 64, 128, torch.float32),
@@ -74,6 +75,13 @@ def test_dequant_gemm_equals_the_float64_reference(kind, rows, n, k, dtype):
     y = dequant_gemm(x, weight, bias)
     assert y.dtype == dtype and y.shape == (rows, n)
     check(y, x, weight, bias)
+
+
+def test_decode_splits_k_until_the_gpu_is_busy():
+    assert split_k(1, 64, 32) == DECODE_PROGRAMS // 64  # [4096, 4096] at decode: 64 tiles x 4
+    assert split_k(1, 448, 32) == 1  # gate_up [28672, 4096]: its tiles are enough
+    assert split_k(1, 2, 3) == 3  # never more parts than K blocks
+    assert split_k(64, 2, 32) == 1  # prefill: no split
 
 
 def test_dequant_gemm_reads_strided_rows_and_no_rows():
