@@ -50,6 +50,19 @@ def _int4_tile(qw_ptr, zeros_ptr, scales_ptr, offs_k, offs_n, group, N, LAYOUT: 
 
 
 @triton.jit
+def _e4m3_values(b):
+    """float32 values of float8_e4m3fn bytes (int32 0..255), decoded from their bits (exact; no
+    FP8 type needed, so Ampere and the interpreter run it): sign, 4 exponent bits (bias 7), 3
+    mantissa bits; exponent 0 is subnormal, m * 2^-9."""
+    sign = b >> 7
+    exponent = (b >> 3) & 0xF
+    mantissa = b & 0x7
+    normal = ((sign << 31) | ((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
+    subnormal = mantissa.to(tl.float32) * 0.001953125
+    return tl.where(exponent == 0, tl.where(sign == 1, -subnormal, subnormal), normal)
+
+
+@triton.jit
 def _dequant_gemm_kernel(
     x_ptr,
     qw_ptr,
@@ -97,12 +110,14 @@ def _dequant_gemm_kernel(
             mask=m_mask[:, None] & k_mask[None, :],
             other=0.0,
         )  # [BM, BK]
-        if LAYOUT == 2:  # fp8: qweight [N, K]
-            w = tl.load(
-                qw_ptr + offs_n[None, :] * K + offs_k[:, None],
-                mask=n_mask[None, :] & k_mask[:, None],
-                other=0.0,
-            ).to(tl.float32)  # [BK, BN]
+        if LAYOUT == 2:  # fp8: qweight [N, K], read as its bytes
+            w = _e4m3_values(
+                tl.load(
+                    qw_ptr + offs_n[None, :] * K + offs_k[:, None],
+                    mask=n_mask[None, :] & k_mask[:, None],
+                    other=0,
+                ).to(tl.int32)
+            )  # [BK, BN]
         else:
             w = _int4_tile(qw_ptr, zeros_ptr, scales_ptr, offs_k, offs_n, k0 // GROUP, N, LAYOUT, ZERO_OFFSET)
         if UPCAST:  # the interpreter multiplies bf16 tiles as raw bits: float32 tiles of bf16 values
@@ -175,7 +190,8 @@ def dequant_gemm(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     splits = triton.cdiv(k, k_per_split)  # no empty part
     # [splits, T, N] float32 partials, summed below; or the output itself
     out = y if splits == 1 else torch.empty((splits, rows, n), dtype=torch.float32, device=x.device)
-    qweight = weight.qweight
+    # fp8 bytes as uint8: the kernel decodes them (_e4m3_values)
+    qweight = weight.qweight.view(torch.uint8) if weight.kind == "fp8" else weight.qweight
     zeros = weight.qzeros if weight.qzeros is not None else qweight
     perm = weight.perm if weight.perm is not None else qweight
     grid = (triton.cdiv(n, bn), triton.cdiv(rows, bm), splits)

@@ -6,7 +6,7 @@ format, ``EngineConfig`` and the device) and read by the model through ``quant_l
 * ``dequantize_at_load``: the loader turns every quantized weight into a dense one of the
   model's dtype (the CPU: the dense GEMMs, oneDNN-packed, are the fastest there, and a step
   reads float weights as before); the model then never sees a ``QuantizedWeight``.
-* ``fp8``: ``"scaled_mm"`` (CUDA compute capability >= 8.9, bf16 / fp16 activations:
+* ``fp8``: ``"scaled_mm"`` (CUDA compute capability >= 8.9, bf16 activations:
   ``torch._scaled_mm`` on FP8 tensor cores, activations quantized per token on the fly),
   ``"triton"`` (the dequantize-GEMM, ``kernels/dequant_gemm.py``: weights read at 8 bits,
   activations kept in their dtype), or ``"dequantize"`` (a dense copy per call, any device).
@@ -62,7 +62,7 @@ class QuantPlan:
 
 def scaled_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether ``torch._scaled_mm`` runs FP8 GEMMs for activations of ``dtype`` on ``device``."""
-    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+    if device.type != "cuda" or dtype != torch.bfloat16:  # row-wise scales give bf16 outputs
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return torch.cuda.get_device_capability(index) >= SCALED_MM_CAPABILITY
@@ -77,7 +77,7 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fp8_scaled_mm(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x`` [T, K] (bf16 / fp16) times an FP8 weight [N, K] on FP8 tensor cores -> [T, N].
+    """``x`` [T, K] (bf16) times an FP8 weight [N, K] on FP8 tensor cores -> [T, N].
 
     Semantics::
 
@@ -88,8 +88,8 @@ def fp8_scaled_mm(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor |
     """
     if weight.kind != "fp8":
         raise ValueError(f"fp8_scaled_mm takes an fp8 weight, got {weight.kind}")
-    if x.dim() != 2 or x.shape[1] != weight.in_features or x.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"x must be [T, {weight.in_features}] bf16 / fp16, got {tuple(x.shape)} {x.dtype}")
+    if x.dim() != 2 or x.shape[1] != weight.in_features or x.dtype != torch.bfloat16:
+        raise ValueError(f"x must be [T, {weight.in_features}] bf16, got {tuple(x.shape)} {x.dtype}")
     xq, sx = quantize_rows_fp8(x)
     return torch._scaled_mm(
         xq,

@@ -84,6 +84,15 @@ def test_decode_splits_k_until_the_gpu_is_busy():
     assert split_k(64, 2, 32) == 1  # prefill: no split
 
 
+def test_every_e4m3_byte_decodes_to_its_value():
+    codes = torch.arange(256, dtype=torch.int32)
+    codes[(codes & 0x7F) == 0x7F] = 0  # the two NaN codes: no weight holds them
+    q = codes.to(torch.uint8).view(torch.float8_e4m3fn).view(2, 128)  # subnormals, normals, both signs
+    weight = QuantizedWeight("fp8", (2, 128), q, torch.ones(2))
+    y = dequant_gemm(torch.eye(128), weight)  # [128, 2]: row k is W[:, k]
+    assert torch.equal(y.t(), q.float())
+
+
 def test_dequant_gemm_reads_strided_rows_and_no_rows():
     weight = make_weight("awq", 64, 128, seed=3)
     x = torch.randn(6, 256)[:, :128]  # rows 256 apart
