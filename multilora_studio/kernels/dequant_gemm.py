@@ -62,7 +62,8 @@ def _e4m3_values(b):
     return tl.where(exponent == 0, tl.where(sign == 1, -subnormal, subnormal), normal)
 
 
-@triton.jit
+# the step's row count (and the split that follows from it) never asks for a new compile
+@triton.jit(do_not_specialize=["M", "stride_xm", "k_per_split"])
 def _dequant_gemm_kernel(
     x_ptr,
     qw_ptr,
