@@ -29,22 +29,39 @@ LAYOUTS = {"awq": 0, "gptq": 1, "fp8": 2}
 
 
 @triton.jit
-def _int4_tile(qw_ptr, zeros_ptr, scales_ptr, offs_k, offs_n, group, N, LAYOUT: tl.constexpr, ZERO_OFFSET):
-    """The [BK, BN] float32 weight tile (k rows, n columns) of a 4-bit layout in one group."""
+def _int4_tile(
+    qw_ptr, zeros_ptr, scales_ptr, k0, n0, group, N, LAYOUT: tl.constexpr, ZERO_OFFSET,
+    BK: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    """The [BK, BN] float32 weight tile (rows k0.., columns n0..) of a 4-bit layout in one group.
+    The packed words are loaded as they lie (contiguous along their last axis) and spread out in
+    registers: AWQ's along N by ``tl.interleave``, GPTQ's along K by a broadcast."""
+    offs_n = n0 + tl.arange(0, BN)  # [BN]
     n_mask = offs_n < N
     packed_n = N // 8
+    offs_c = n0 // 8 + tl.arange(0, BN // 8)  # [BN / 8] words of 8 columns
+    zero_words = tl.load(zeros_ptr + group * packed_n + offs_c, mask=offs_c < packed_n, other=0)
+    zero_words = tl.interleave(zero_words, zero_words)
+    zero_words = tl.interleave(zero_words, zero_words)
+    zero_words = tl.interleave(zero_words, zero_words)  # [BN]: column n's word
+    j = tl.arange(0, BN) % 8
     if LAYOUT == 0:  # awq: qweight [K, N / 8]; column 8 c + j in nibble (j odd) * 4 + j // 2
-        j = offs_n % 8
+        offs_k = k0 + tl.arange(0, BK)
+        words = tl.load(
+            qw_ptr + offs_k[:, None] * packed_n + offs_c[None, :], mask=(offs_c < packed_n)[None, :], other=0
+        )  # [BK, BN / 8]
+        words = tl.interleave(words, words)
+        words = tl.interleave(words, words)
+        words = tl.interleave(words, words)  # [BK, BN]
         shift = ((j & 1) * 4 + (j >> 1)) * 4  # [BN]
-        words = tl.load(qw_ptr + offs_k[:, None] * packed_n + (offs_n // 8)[None, :], mask=n_mask[None, :])
-        q = (words >> shift[None, :]) & 0xF  # [BK, BN]
-        zero_words = tl.load(zeros_ptr + group * packed_n + offs_n // 8, mask=n_mask)
+        q = (words >> shift[None, :]) & 0xF
         z = (zero_words >> shift) & 0xF  # [BN]
     else:  # gptq: qweight [K / 8, N]; row 8 r + i in nibble i of row r; zeros along N in order
-        words = tl.load(qw_ptr + (offs_k // 8)[:, None] * N + offs_n[None, :], mask=n_mask[None, :])
-        q = (words >> ((offs_k % 8) * 4)[:, None]) & 0xF
-        zero_words = tl.load(zeros_ptr + group * packed_n + offs_n // 8, mask=n_mask)
-        z = ((zero_words >> ((offs_n % 8) * 4)) & 0xF) + ZERO_OFFSET
+        offs_r = k0 // 8 + tl.arange(0, BK // 8)
+        words = tl.load(qw_ptr + offs_r[:, None] * N + offs_n[None, :], mask=n_mask[None, :], other=0)
+        words = tl.reshape(tl.broadcast_to(words[:, None, :], (BK // 8, 8, BN)), (BK, BN))  # row k's word
+        q = (words >> ((tl.arange(0, BK) % 8) * 4)[:, None]) & 0xF
+        z = ((zero_words >> (j * 4)) & 0xF) + ZERO_OFFSET
     s = tl.load(scales_ptr + group * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)  # [BN]
     return (q - z[None, :]).to(tl.float32) * s[None, :]
 
@@ -111,16 +128,20 @@ def _dequant_gemm_kernel(
             mask=m_mask[:, None] & k_mask[None, :],
             other=0.0,
         )  # [BM, BK]
-        if LAYOUT == 2:  # fp8: qweight [N, K], read as its bytes
-            w = _e4m3_values(
-                tl.load(
-                    qw_ptr + offs_n[None, :] * K + offs_k[:, None],
-                    mask=n_mask[None, :] & k_mask[:, None],
-                    other=0,
-                ).to(tl.int32)
+        if LAYOUT == 2:  # fp8: qweight [N, K], its bytes read along K (contiguous), then transposed
+            w = tl.trans(
+                _e4m3_values(
+                    tl.load(
+                        qw_ptr + offs_n[:, None] * K + offs_k[None, :],
+                        mask=n_mask[:, None] & k_mask[None, :],
+                        other=0,
+                    ).to(tl.int32)
+                )
             )  # [BK, BN]
         else:
-            w = _int4_tile(qw_ptr, zeros_ptr, scales_ptr, offs_k, offs_n, k0 // GROUP, N, LAYOUT, ZERO_OFFSET)
+            w = _int4_tile(
+                qw_ptr, zeros_ptr, scales_ptr, k0, pid_n * BN, k0 // GROUP, N, LAYOUT, ZERO_OFFSET, BK, BN
+            )
         if UPCAST:  # the interpreter multiplies bf16 tiles as raw bits: float32 tiles of bf16 values
             acc += tl.dot(x.to(tl.float32), w.to(x.dtype).to(tl.float32), input_precision="ieee")
         else:

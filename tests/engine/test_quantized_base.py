@@ -178,16 +178,18 @@ def prefill_logits(runner: ModelRunner, slots: dict[str | None, int]) -> torch.T
     return logits.clone()
 
 
-def quant_runner(folder, plan: QuantPlan, adapters: dict) -> tuple[ModelRunner, dict[str | None, int]]:
+def quant_runner(
+    folder, plan: QuantPlan, adapters: dict, device_name: str
+) -> tuple[ModelRunner, dict[str | None, int]]:
     from multilora_studio.adapters.peft_adapter import load_peft_adapter
     from multilora_studio.engine.lora_weights import pack_adapter
 
-    config = engine_config(folder, cpu_weight_packing=False)
-    cpu = torch.device("cpu")
+    config = engine_config(folder, device_name, cpu_weight_packing=False)
+    device = torch.device(device_name)
     quantization = base_quantization(config)
-    base = resolve_model(config.model, torch.float32, cpu, None, 0, quantization, plan)
-    lora_plan = build_lora_plan(config, cpu, torch.float32, quantized=True)
-    runner = ModelRunner(config, base.spec, base.weights, 64, cpu, torch.float32, lora_plan, plan)
+    base = resolve_model(config.model, torch.float32, device, None, 0, quantization, plan)
+    lora_plan = build_lora_plan(config, device, torch.float32, quantized=True)
+    runner = ModelRunner(config, base.spec, base.weights, 64, device, torch.float32, lora_plan, plan)
     slots: dict[str | None, int] = {None: -1}
     for slot, (name, path) in enumerate(adapters.items()):
         spec = base.spec
@@ -201,13 +203,15 @@ def quant_runner(folder, plan: QuantPlan, adapters: dict) -> tuple[ModelRunner, 
 
 @pytest.mark.parametrize("kind", ["fp8-channel", "awq", "gptq-act-order"])
 @torch.inference_mode()
-def test_the_triton_dequantize_gemm_path_equals_the_dequantized_model(checkpoints, quant_adapters, kind):
+def test_the_triton_dequantize_gemm_path_equals_the_dequantized_model(
+    checkpoints, quant_adapters, kind, engine_device
+):
     quantized, _ = checkpoints(kind)
     triton_plan = QuantPlan(dequantize_at_load=False, fp8="triton", int4="triton")
-    runner, slots = quant_runner(quantized, triton_plan, quant_adapters)
+    runner, slots = quant_runner(quantized, triton_plan, quant_adapters, engine_device)
     assert isinstance(runner.weights.layers[0].qkv, QuantizedWeight)
     dense, dense_slots = quant_runner(
-        quantized, dataclasses.replace(triton_plan, dequantize_at_load=True), quant_adapters
+        quantized, dataclasses.replace(triton_plan, dequantize_at_load=True), quant_adapters, engine_device
     )
     assert isinstance(dense.weights.layers[0].qkv, torch.Tensor)
     got, expected = prefill_logits(runner, slots), prefill_logits(dense, dense_slots)

@@ -87,17 +87,17 @@ def test_decode_splits_k_until_the_gpu_is_busy():
 def test_every_e4m3_byte_decodes_to_its_value():
     codes = torch.arange(256, dtype=torch.int32)
     codes[(codes & 0x7F) == 0x7F] = 0  # the two NaN codes: no weight holds them
-    q = codes.to(torch.uint8).view(torch.float8_e4m3fn).view(2, 128)  # subnormals, normals, both signs
-    weight = QuantizedWeight("fp8", (2, 128), q, torch.ones(2))
-    y = dequant_gemm(torch.eye(128), weight)  # [128, 2]: row k is W[:, k]
+    q = codes.to(torch.uint8).view(torch.float8_e4m3fn).view(2, 128).to(DEVICE)  # both signs, subnormals
+    weight = QuantizedWeight("fp8", (2, 128), q, torch.ones(2, device=DEVICE))
+    y = dequant_gemm(torch.eye(128, device=DEVICE), weight)  # [128, 2]: row k is W[:, k]
     assert torch.equal(y.t(), q.float())
 
 
 def test_dequant_gemm_reads_strided_rows_and_no_rows():
-    weight = make_weight("awq", 64, 128, seed=3)
-    x = torch.randn(6, 256)[:, :128]  # rows 256 apart
+    weight = make_weight("awq", 64, 128, seed=3).to(torch.device(DEVICE))
+    x = torch.randn(6, 256, device=DEVICE)[:, :128]  # rows 256 apart
     check(dequant_gemm(x, weight), x, weight, None)
-    assert dequant_gemm(torch.empty(0, 128), weight).shape == (0, 64)
+    assert dequant_gemm(torch.empty(0, 128, device=DEVICE), weight).shape == (0, 64)
 
 
 def test_dequant_gemm_refuses_what_it_cannot_multiply():
@@ -113,13 +113,13 @@ def test_dequant_gemm_refuses_what_it_cannot_multiply():
 
 
 def test_fused_parts_concatenate_their_outputs():
-    parts = [make_weight("awq", n, 128, seed=n) for n in (64, 32, 32)]
+    parts = [make_weight("awq", n, 128, seed=n).to(torch.device(DEVICE)) for n in (64, 32, 32)]
     fused = concat_outputs(parts)
     assert fused.shape == (128, 128)
     assert torch.equal(
         dequantize(fused, torch.float64), torch.cat([dequantize(p, torch.float64) for p in parts])
     )
-    x = torch.randn(4, 128)
+    x = torch.randn(4, 128, device=DEVICE)
     check(dequant_gemm(x, fused), x, fused, None)
     act_order = [make_weight("gptq-act-order", 64, 256, seed=s) for s in (1, 2)]
     with pytest.raises(ValueError, match="act-order permutation"):
@@ -130,11 +130,11 @@ def test_fused_parts_concatenate_their_outputs():
 @pytest.mark.parametrize("kind", ["awq", "fp8"])
 def test_quant_linear_runs_each_path_of_the_plan(kind, path):
     plan = QuantPlan(dequantize_at_load=False, fp8=path, int4=path)
-    weight = make_weight(kind, 64, 128, seed=9)
-    x = torch.randn(3, 128)
-    bias = torch.randn(64)
+    weight = make_weight(kind, 64, 128, seed=9).to(torch.device(DEVICE))
+    x = torch.randn(3, 128, device=DEVICE)
+    bias = torch.randn(64, device=DEVICE)
     check(quant_linear(x, weight, bias, plan=plan), x, weight, bias)
-    dense = torch.randn(64, 128)
+    dense = torch.randn(64, 128, device=DEVICE)
     assert torch.equal(quant_linear(x, dense, plan=plan), torch.nn.functional.linear(x, dense))
 
 
