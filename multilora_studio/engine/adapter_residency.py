@@ -178,8 +178,10 @@ class AdapterResidency:
         thread; None while it is being made, or while no pinned block is free."""
         future = self._staging.get(packed.name)
         if future is None:
+            if self.arena is None or not self.arena.free_blocks:
+                return None  # every block is in use: asked again on the next turn (not counted)
             staged = PackedAdapter(packed.name, packed.rank, {}, {}, pinned=True)
-            block = self.arena.take(staged) if self.arena is not None else None
+            block = self.arena.take(staged)
             if block is None:
                 return None
             future = self._stager.submit(stage_copy, packed, staged, block, self.dtype)

@@ -12,7 +12,7 @@ QUEUED = ("tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", "tiny-r8-attn")
 
 def fill_the_batch(engine, rows: int):
     """``rows`` long base requests: every row of the batch is taken until they are aborted."""
-    long = SamplingParams(max_tokens=200, **GREEDY)
+    long = SamplingParams(max_tokens=4000, **GREEDY)  # aborted by the test once it has seen the loads
     streams = [engine.submit(f"Hello {i}", None, long) for i in range(rows)]
     for stream in streams:
         next(iter(stream))  # running from here on
@@ -24,7 +24,7 @@ def test_queued_adapters_are_read_ahead_in_arrival_order_while_the_batch_is_full
     prompts = [f"Ship {i}" for i in range(len(QUEUED))]
     alone = make_engine(adapters=list(QUEUED))
     expected = [o.token_ids for o in alone.generate(prompts, list(QUEUED), params)]
-    engine = make_engine(adapters=[], max_loras=2, max_num_seqs=2, max_cpu_loras=6)
+    engine = make_engine(adapters=[], max_loras=2, max_num_seqs=2, max_cpu_loras=6, max_model_len=4096)
     for name in QUEUED:
         engine.add_adapter(name, tiny_adapters[name], preload=False)
     busy = fill_the_batch(engine, 2)
@@ -50,7 +50,7 @@ def test_look_ahead_stops_where_it_would_push_out_a_queued_requests_adapter(make
     prompts = [f"Ship {i}" for i in range(len(QUEUED))]
     alone = make_engine(adapters=list(QUEUED))
     expected = [o.token_ids for o in alone.generate(prompts, list(QUEUED), params)]
-    engine = make_engine(adapters=[], max_loras=2, max_num_seqs=2, max_cpu_loras=2)
+    engine = make_engine(adapters=[], max_loras=2, max_num_seqs=2, max_cpu_loras=2, max_model_len=4096)
     for name in QUEUED:
         engine.add_adapter(name, tiny_adapters[name], preload=False)
     busy = fill_the_batch(engine, 2)
