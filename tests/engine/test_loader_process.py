@@ -61,7 +61,7 @@ def test_loader_packs_like_the_thread_and_survives_a_killed_child(tiny_model_dir
     try:
         for name in ("tiny-r8-all", "tiny-r16-mlp"):
             folder = tiny_adapters[name]
-            got = loader.load(name, folder, arena=None, pin=False)
+            got = loader.load(name, folder, arena=None, keep=0)
             layers, shape_of = spec.num_layers, spec.projection_shape
             host = load_peft_adapter(name, folder, layers, shape_of, 32, spec.vocab)
             want = pack_adapter(host, spec, torch.float32, pin=False)
@@ -71,8 +71,8 @@ def test_loader_packs_like_the_thread_and_survives_a_killed_child(tiny_model_dir
         for pid in list(loader._pool._processes):  # the child dies between two loads
             os.kill(pid, signal.SIGKILL)
         with pytest.raises(AdapterError, match="loader process died"):
-            loader.load("tiny-r4-qv", tiny_adapters["tiny-r4-qv"], arena=None, pin=False)
-        again = loader.load("tiny-r4-qv", tiny_adapters["tiny-r4-qv"], arena=None, pin=False)
+            loader.load("tiny-r4-qv", tiny_adapters["tiny-r4-qv"], arena=None, keep=0)
+        again = loader.load("tiny-r4-qv", tiny_adapters["tiny-r4-qv"], arena=None, keep=0)
         assert again.rank == 4
     finally:
         loader.close()
@@ -87,7 +87,7 @@ def test_several_children_load_at_once_each_into_its_own_staging_buffer(tiny_mod
     try:
         with ThreadPoolExecutor(3) as threads:  # as the host tier's three loader threads would
             got = list(
-                threads.map(lambda n: loader.load(n, tiny_adapters[n], arena=None, pin=False), names * 2)
+                threads.map(lambda n: loader.load(n, tiny_adapters[n], arena=None, keep=0), names * 2)
             )
         layers, shape_of = spec.num_layers, spec.projection_shape
         for name, packed in zip(names * 2, got, strict=True):
@@ -132,7 +132,7 @@ with open(sys.argv[1], "a") as runs:  # one line each time this script's body ru
     runs.write("ran\\n")
 spec = load_spec(Path(sys.argv[2]))
 loader = LoaderProcess(spec, 32, torch.float32, max_packed_bytes(spec, 32, torch.float32), workers=2)
-print("rank", loader.load("a", Path(sys.argv[3]), arena=None, pin=False).rank)
+print("rank", loader.load("a", Path(sys.argv[3]), arena=None, keep=0).rank)
 loader.close()
 """
 
