@@ -8,32 +8,39 @@ from tests.waiting import wait_until
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 QUEUED = ("tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", "tiny-r8-attn")
+PARAMS = SamplingParams(max_tokens=6, **GREEDY)
+PROMPTS = [f"Ship {i}" for i in range(len(QUEUED))]
 
 
-def fill_the_batch(engine, rows: int):
-    """``rows`` long base requests: every row of the batch is taken until they are aborted."""
+def queue_behind_a_full_batch(make_engine, tiny_adapters, host_tier: int):
+    """Each queued adapter's tokens alone, then an engine of two rows and ``host_tier`` host
+    slots whose rows are taken by long base requests, with one request per ``QUEUED`` adapter
+    queued behind them: (expected tokens, engine, the long streams, the queued streams)."""
+    alone = make_engine(adapters=list(QUEUED))
+    expected = [o.token_ids for o in alone.generate(PROMPTS, list(QUEUED), PARAMS)]
+    rows = dict(max_loras=2, max_num_seqs=2, max_model_len=4096)
+    engine = make_engine(adapters=[], max_cpu_loras=host_tier, **rows)
+    for name in QUEUED:
+        engine.add_adapter(name, tiny_adapters[name], preload=False)
     long = SamplingParams(max_tokens=4000, **GREEDY)  # aborted by the test once it has seen the loads
-    streams = [engine.submit(f"Hello {i}", None, long) for i in range(rows)]
-    for stream in streams:
+    busy = [engine.submit(f"Hello {i}", None, long) for i in range(2)]
+    for stream in busy:
         next(iter(stream))  # running from here on
-    return streams
+    queued = [engine.submit(p, name, PARAMS) for p, name in zip(PROMPTS, QUEUED, strict=True)]
+    return expected, engine, busy, queued
+
+
+def wait_for_host_tier(engine, names, busy) -> None:
+    wait_until(
+        lambda: set(names) <= set(engine.metrics(fresh=True).cpu_adapters) or busy[0].output.finish_reason,
+        timeout=60,
+        what=f"{', '.join(names)} in host RAM, or the batch done",
+    )
 
 
 def test_queued_adapters_are_read_ahead_in_arrival_order_while_the_batch_is_full(make_engine, tiny_adapters):
-    params = SamplingParams(max_tokens=6, **GREEDY)
-    prompts = [f"Ship {i}" for i in range(len(QUEUED))]
-    alone = make_engine(adapters=list(QUEUED))
-    expected = [o.token_ids for o in alone.generate(prompts, list(QUEUED), params)]
-    engine = make_engine(adapters=[], max_loras=2, max_num_seqs=2, max_cpu_loras=6, max_model_len=4096)
-    for name in QUEUED:
-        engine.add_adapter(name, tiny_adapters[name], preload=False)
-    busy = fill_the_batch(engine, 2)
-    queued = [engine.submit(p, name, params) for p, name in zip(prompts, QUEUED, strict=True)]
-    wait_until(
-        lambda: set(QUEUED) <= set(engine.metrics(fresh=True).cpu_adapters) or busy[0].output.finish_reason,
-        timeout=60,
-        what="the queued adapters in host RAM, or the batch done",
-    )
+    expected, engine, busy, queued = queue_behind_a_full_batch(make_engine, tiny_adapters, host_tier=6)
+    wait_for_host_tier(engine, QUEUED, busy)
     snapshot = engine.metrics(fresh=True)
     assert all(s.output.finish_reason is None for s in busy), "the loads waited for free rows"
     assert [n for n in snapshot.cpu_adapters if n in QUEUED] == list(QUEUED)  # read in arrival order
@@ -46,21 +53,8 @@ def test_queued_adapters_are_read_ahead_in_arrival_order_while_the_batch_is_full
 
 
 def test_look_ahead_stops_where_it_would_push_out_a_queued_requests_adapter(make_engine, tiny_adapters):
-    params = SamplingParams(max_tokens=6, **GREEDY)
-    prompts = [f"Ship {i}" for i in range(len(QUEUED))]
-    alone = make_engine(adapters=list(QUEUED))
-    expected = [o.token_ids for o in alone.generate(prompts, list(QUEUED), params)]
-    engine = make_engine(adapters=[], max_loras=2, max_num_seqs=2, max_cpu_loras=2, max_model_len=4096)
-    for name in QUEUED:
-        engine.add_adapter(name, tiny_adapters[name], preload=False)
-    busy = fill_the_batch(engine, 2)
-    queued = [engine.submit(p, name, params) for p, name in zip(prompts, QUEUED, strict=True)]
-    first_two = set(QUEUED[:2])
-    wait_until(
-        lambda: first_two <= set(engine.metrics(fresh=True).cpu_adapters) or busy[0].output.finish_reason,
-        timeout=60,
-        what="the first two queued adapters in host RAM, or the batch done",
-    )
+    expected, engine, busy, queued = queue_behind_a_full_batch(make_engine, tiny_adapters, host_tier=2)
+    wait_for_host_tier(engine, QUEUED[:2], busy)
     for _ in range(3):  # each round trip is a turn of the worker's loop, with its look-ahead
         snapshot = engine.metrics(fresh=True)
     assert all(s.output.finish_reason is None for s in busy)
