@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 # Triton reads TRITON_INTERPRET when a kernel is defined, so it is set here, before any test
 # module imports the kernels; a GPU machine runs the same tests natively with TRITON_INTERPRET=0.
@@ -20,6 +21,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # An exception that ends any thread during a test fails that test instead of printing a
     # warning (tests/threads.py hands a helper thread's failure to the test thread itself).
     config.addinivalue_line("filterwarnings", "error::pytest.PytestUnhandledThreadExceptionWarning")
+    # Tests stop `serve` processes with Ctrl+C (SIGINT). A run started with SIGINT ignored (a
+    # background job of a shell without job control) would hand that to every child, whose
+    # Python then never raises KeyboardInterrupt: take SIGINT back so children start with it.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
