@@ -117,7 +117,7 @@ class EngineMetrics:
     device_memory_bytes: int
     adapter_loader: str = "thread"  # "thread" or "process": where adapters are read
     adapter_load_workers: int = 1  # adapter loads at once
-    pinned_blocks_exhausted: int = 0  # loads that found every pinned host block taken
+    pinned_blocks_exhausted: int = 0  # loads kept in pageable memory: no pinned block to spare
     # Triton kernel compiles since start-up finished (each stalls the running batch), and their seconds
     kernel_compiles: int = 0
     kernel_compile_s: float = 0.0

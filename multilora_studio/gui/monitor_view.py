@@ -244,7 +244,7 @@ class MonitorView(QWidget):
             return "-" if math.isnan(value) else f"{value:.0f}%"
 
         runs_out = metrics.pinned_blocks_exhausted
-        exhausted = f" · pinned host blocks ran out {runs_out}x" if runs_out else ""
+        exhausted = f" · {runs_out} loads kept in pageable memory (staged for upload)" if runs_out else ""
         compiles = metrics.kernel_compiles
         stalls = (
             f" · <b>{compiles} kernel compiles while serving ({metrics.kernel_compile_s:.1f} s of stalls)</b>"
