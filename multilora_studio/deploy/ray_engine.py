@@ -2,10 +2,10 @@
 engine) and ``RemoteEngine`` (the ingress's ``ServingEngine`` over the replicas' handle).
 
 An adapter's requests carry its name as Ray's multiplexed model id, so Ray routes them to
-replicas that have it loaded (``@serve.multiplexed``, an LRU of ``max_cpu_loras`` adapters per
-replica: the host tier's size). Each registration of a name at the ingress has its own token:
-a replica that loaded an earlier adapter of that name reloads before it serves the new one, so
-a re-registered name never runs on stale weights.
+replicas that have it loaded (``@serve.multiplexed``, an LRU of ``least_host_capacity``
+adapters per replica: ``max_cpu_loras``, or its automatic size's floor). Each registration of
+a name at the ingress has its own token: a replica that loaded an earlier adapter of that name
+reloads before it serves the new one, so a re-registered name never runs on stale weights.
 """
 
 from __future__ import annotations
