@@ -29,7 +29,7 @@ from multilora_studio.gui.preferences import Preferences
 from multilora_studio.gui.replica_panel import ReplicaPanel
 from multilora_studio.gui.theme import plot_background, plot_foreground
 from multilora_studio.gui.usage_table import UsageTable
-from multilora_studio.gui.widgets import format_bytes, format_ms
+from multilora_studio.gui.widgets import format_bytes, format_ms, scroll_as_one_page
 from multilora_studio.server.usage import UsageLedger
 
 HISTORY_S = 120.0
@@ -131,13 +131,7 @@ class MonitorView(QWidget):
         layout.addWidget(self.usage)
         layout.addWidget(self.advice)
         layout.addLayout(plots, 1)
-        page = QScrollArea()  # the whole view scrolls in a small window
-        page.setWidgetResizable(True)
-        page.setFrameShape(QScrollArea.Shape.NoFrame)
-        page.setWidget(content)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(page)
+        scroll_as_one_page(self, content)
 
     def changeEvent(self, event: QEvent) -> None:
         if event.type() == QEvent.Type.PaletteChange:  # the OS switched light/dark

@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QRadioButton,
-    QScrollArea,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -33,7 +32,7 @@ from multilora_studio.gui.engine_host import LOADING, EngineHost
 from multilora_studio.gui.field_labels import FIELD_LABELS, in_field_labels
 from multilora_studio.gui.preferences import EMBEDDED, ENGINE_DEFAULTS, EngineChoice, Preferences
 from multilora_studio.gui.theme import THEMES, set_theme
-from multilora_studio.gui.widgets import MessageBanner, format_bytes
+from multilora_studio.gui.widgets import MessageBanner, format_bytes, scroll_as_one_page
 
 
 def device_names() -> list[str]:
@@ -168,13 +167,7 @@ class SettingsView(QWidget):
         columns = QHBoxLayout(row)
         columns.addWidget(content)
         columns.addStretch(1)
-        page = QScrollArea()  # the whole view scrolls in a small window
-        page.setWidgetResizable(True)
-        page.setFrameShape(QScrollArea.Shape.NoFrame)
-        page.setWidget(row)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(page)
+        scroll_as_one_page(self, row)
         layout = QVBoxLayout(content)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.banner)

@@ -15,12 +15,26 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QListWidget,
     QPlainTextEdit,
+    QScrollArea,
     QSpinBox,
     QToolButton,
+    QVBoxLayout,
     QWidget,
 )
 
 KIND_COLORS = {"error": "#c62828", "warning": "#b26a00", "info": "#1565c0", "success": "#2e7d32"}
+
+
+def scroll_as_one_page(view: QWidget, content: QWidget) -> None:
+    """Fill ``view`` with ``content`` in a frameless scroll area: the whole view scrolls in a
+    small window."""
+    page = QScrollArea()
+    page.setWidgetResizable(True)
+    page.setFrameShape(QScrollArea.Shape.NoFrame)
+    page.setWidget(content)
+    outer = QVBoxLayout(view)
+    outer.setContentsMargins(0, 0, 0, 0)
+    outer.addWidget(page)
 
 
 def on_any_edit(callback: Callable[[], None], widgets: list[QWidget]) -> None:
