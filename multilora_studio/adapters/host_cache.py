@@ -12,15 +12,15 @@ that waits.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
+from multilora_studio.adapters.load_latency import TierCounters
 from multilora_studio.adapters.short_lived_workers import ShortLivedWorkers
 
 
@@ -61,34 +61,6 @@ class _Failure:
         if time.monotonic() - self.at >= FAILED_LOAD_TTL_S:
             return True
         return files_fingerprint(self.path) != self.fingerprint
-
-
-LATENCY_WINDOW = 1024  # the quantiles are of this many most recent loads
-
-
-@dataclass
-class TierCounters:
-    """Hits and misses of one tier, and the latency of its recent loads into it (seconds)."""
-
-    hits: int = 0
-    misses: int = 0
-    bytes_loaded: int = 0
-    load_seconds: list[float] = field(default_factory=list)  # the last LATENCY_WINDOW (or up to twice)
-
-    def record(self, seconds: float) -> None:
-        """One load's latency; the oldest beyond the window are dropped (in batches: amortised)."""
-        self.load_seconds.append(seconds)
-        if len(self.load_seconds) >= 2 * LATENCY_WINDOW:
-            del self.load_seconds[:-LATENCY_WINDOW]
-
-    def percentile(self, q: float) -> float | None:
-        """Nearest-rank percentile of the last ``LATENCY_WINDOW`` load latencies (``q`` in [0, 1]);
-        None before any load."""
-        if not self.load_seconds:
-            return None
-        ordered = sorted(self.load_seconds[-LATENCY_WINDOW:])
-        rank = math.ceil(round(q * len(ordered), 9))  # round: 0.95 * 20 must be rank 19, not 20
-        return ordered[min(len(ordered) - 1, max(0, rank - 1))]
 
 
 class HostAdapterCache(Generic[AdapterT]):
@@ -237,7 +209,7 @@ class HostAdapterCache(Generic[AdapterT]):
                     self._insert(adapter)
                     self._fresh.add(name)
                     self.counters.bytes_loaded += adapter.nbytes
-                    self.counters.record(time.perf_counter() - start)
+                    self.counters.record(name, time.perf_counter() - start)
         self._on_ready()
 
     def discard(self, name: str) -> None:

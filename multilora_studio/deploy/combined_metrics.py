@@ -6,15 +6,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from multilora_studio.adapters.load_latency import LoadQuantiles
 from multilora_studio.engine import EngineMetrics
-from multilora_studio.engine.outputs import SlotState
+from multilora_studio.engine.outputs import AdapterLoadTimes, SlotState
 
 
 def combine_metrics(snaps: Sequence[EngineMetrics]) -> EngineMetrics:
     """One snapshot of ``snaps`` (at least one): the sum of every count and rate; ``state``
     running while any replica is; ``device`` the replicas' devices; slots numbered on across
     replicas; the host tier the adapters any replica holds; cold-load and upload quantiles the
-    slowest replica's; the loader kind the first replica's."""
+    slowest replica's, overall and per adapter (whose loads are summed); the loader kind the
+    first replica's."""
     first = snaps[0]
     values: dict[str, object] = {}
     for field in dataclasses.fields(EngineMetrics):
@@ -39,5 +41,29 @@ def combine_metrics(snaps: Sequence[EngineMetrics]) -> EngineMetrics:
         upload_p50_s=max(uploads_50) if uploads_50 else None,
         upload_p95_s=max(uploads_95) if uploads_95 else None,
         adapter_loader=first.adapter_loader,
+        adapter_loads=combine_adapter_loads(snaps),
     )
     return EngineMetrics(**values)  # type: ignore[arg-type]
+
+
+def combine_adapter_loads(snaps: Sequence[EngineMetrics]) -> tuple[AdapterLoadTimes, ...]:
+    """Per adapter over ``snaps``: its loads of each tier summed, the slowest quantiles, by name."""
+    by_name: dict[str, list[AdapterLoadTimes]] = {}
+    for snap in snaps:
+        for loads in snap.adapter_loads:
+            by_name.setdefault(loads.adapter, []).append(loads)
+    return tuple(
+        AdapterLoadTimes(
+            name,
+            slowest([p.disk_to_host for p in parts]),
+            slowest([p.host_to_gpu for p in parts]),
+        )
+        for name, parts in sorted(by_name.items())
+    )
+
+
+def slowest(parts: Sequence[LoadQuantiles]) -> LoadQuantiles:
+    """The loads of ``parts`` summed with the largest of their quantiles."""
+    p50s = [p.p50_s for p in parts if p.p50_s is not None]
+    p95s = [p.p95_s for p in parts if p.p95_s is not None]
+    return LoadQuantiles(sum(p.loads for p in parts), max(p50s, default=None), max(p95s, default=None))

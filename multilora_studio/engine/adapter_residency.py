@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from multilora_studio.adapters.adapter_tokenizer import AdapterTokenizer, adapter_tokenizer
-from multilora_studio.adapters.host_cache import HostAdapterCache, TierCounters
+from multilora_studio.adapters.host_cache import HostAdapterCache
+from multilora_studio.adapters.load_latency import TierCounters
 from multilora_studio.adapters.peft_adapter import HostAdapter, inspect_peft_adapter, load_peft_adapter
 from multilora_studio.adapters.short_lived_workers import call_on_short_lived_thread
 from multilora_studio.adapters.slot_table import SlotTable
@@ -377,7 +378,7 @@ class AdapterResidency:
                 if not upload[0].query():
                     return Admission.LOADING
                 del self._uploads[name]  # the end of a miss, counted when the upload started
-                self.upload_counters.record(upload[2].elapsed_time(upload[0]) / 1000.0)
+                self.upload_counters.record(name, upload[2].elapsed_time(upload[0]) / 1000.0)
                 self.slots.release(name)
             else:
                 self.gpu_hits += 1
@@ -419,7 +420,7 @@ class AdapterResidency:
         if self.upload_stream is None:
             started = time.perf_counter()
             self.lora.upload(acquired.slot, packed)
-            self.upload_counters.record(time.perf_counter() - started)
+            self.upload_counters.record(name, time.perf_counter() - started)
             return Admission.READY
         with torch.cuda.stream(self.upload_stream):
             start = torch.cuda.Event(enable_timing=True)
@@ -476,6 +477,8 @@ class AdapterResidency:
         if slot is not None:
             self.lora.clear(slot)
         self.host_cache.discard(name)
+        self.host_cache.counters.adapters.forget(name)
+        self.upload_counters.adapters.forget(name)
         self._pinned_loads.discard(name)
         self._staging.pop(name, None)
         with self._lock:

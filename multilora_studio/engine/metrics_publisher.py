@@ -12,9 +12,10 @@ import time
 
 import torch
 
+from multilora_studio.adapters.load_latency import LoadQuantiles
 from multilora_studio.engine.adapter_residency import AdapterResidency
 from multilora_studio.engine.block_manager import BlockManager
-from multilora_studio.engine.outputs import EngineMetrics, SlotState
+from multilora_studio.engine.outputs import AdapterLoadTimes, EngineMetrics, SlotState
 from multilora_studio.engine.scheduler import Scheduler, StepPlan
 from multilora_studio.kernels.jit_watch import compile_count
 
@@ -44,6 +45,8 @@ class MetricsPublisher:
         self._last_batch = (0, 0, 0)  # tokens, sequences, distinct adapters
         self._last_time = 0.0
         self._compiles_at_start = compile_count()  # after the warm-up and the graph captures
+        self._loads_version = (-1, -1)  # the per-adapter latencies' versions _loads was made of
+        self._loads: tuple[AdapterLoadTimes, ...] = ()
 
     def record_step(self, plan: StepPlan, sampled: int, now: float) -> None:
         """A step of ``plan`` ran and sampled ``sampled`` tokens at ``now`` (monotonic)."""
@@ -105,4 +108,19 @@ class MetricsPublisher:
             busy_seconds=self.busy_seconds,
             upload_p50_s=residency.upload_counters.percentile(0.5),
             upload_p95_s=residency.upload_counters.percentile(0.95),
+            adapter_loads=self._adapter_loads(),
         )
+
+    def _adapter_loads(self) -> tuple[AdapterLoadTimes, ...]:
+        """Each adapter's disk and upload figures, rebuilt only after a load or a removal."""
+        disk, upload = self.residency.host_cache.counters.adapters, self.residency.upload_counters.adapters
+        version = (disk.version, upload.version)
+        if version != self._loads_version:
+            reads, uploads = disk.summaries(), upload.summaries()
+            none = LoadQuantiles(0, None, None)
+            self._loads = tuple(
+                AdapterLoadTimes(name, reads.get(name, none), uploads.get(name, none))
+                for name in sorted(reads.keys() | uploads.keys())
+            )
+            self._loads_version = version
+        return self._loads

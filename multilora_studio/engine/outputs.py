@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from multilora_studio.adapters.load_latency import LoadQuantiles
+
 # where a request's adapter was when it arrived (RequestOutput.adapter_tier), coldest first
 ADAPTER_TIERS = ("disk", "loading", "host", "gpu")
 
@@ -90,6 +92,17 @@ class SlotState:
 
 
 @dataclass(frozen=True)
+class AdapterLoadTimes:
+    """One adapter's cold-start figures since it was added: its reads from disk into host RAM
+    and its uploads from host RAM into a GPU slot, each counted, with p50 / p95 of its last
+    ``ADAPTER_WINDOW`` (``adapters/load_latency.py``)."""
+
+    adapter: str
+    disk_to_host: LoadQuantiles
+    host_to_gpu: LoadQuantiles
+
+
+@dataclass(frozen=True)
 class EngineMetrics:
     """A snapshot of the engine's state, safe to read from any thread."""
 
@@ -131,3 +144,4 @@ class EngineMetrics:
     upload_p95_s: float | None = None
     cpu_capacity: int = 0  # adapters the host tier holds (max_cpu_loras, or sized from host memory)
     cpu_bytes: int = 0  # host memory its adapters take now
+    adapter_loads: tuple[AdapterLoadTimes, ...] = ()  # every adapter loaded at least once, by name

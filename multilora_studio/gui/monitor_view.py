@@ -1,5 +1,6 @@
 """Monitor view: each base model's state with its GPU slots and CPU tier (of each engine replica),
-disk counts, counters, the endpoint's usage by tenant, and live plots from the metrics snapshot."""
+disk counts, counters, the endpoint's usage by tenant, cold start by adapter, and live plots from the
+metrics snapshot."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from multilora_studio.engine import EngineMetrics
+from multilora_studio.gui.adapter_loads_table import AdapterLoadsTable
 from multilora_studio.gui.advice_panel import AdvicePanel
 from multilora_studio.gui.base_panel import BasePanel
 from multilora_studio.gui.base_states import LOADED, BaseState
@@ -75,6 +77,7 @@ class MonitorView(QWidget):
         super().__init__(parent)
         self.host = host
         self.usage = UsageTable(usage, prefs)
+        self.loads = AdapterLoadsTable()
         self.advice = AdvicePanel(usage, host)
         self.process = psutil.Process()
         self.times: deque[float] = deque()
@@ -129,6 +132,7 @@ class MonitorView(QWidget):
         layout.addWidget(scroll)
         layout.addLayout(row)
         layout.addWidget(self.usage)
+        layout.addWidget(self.loads)
         layout.addWidget(self.advice)
         layout.addLayout(plots, 1)
         scroll_as_one_page(self, content)
@@ -190,6 +194,7 @@ class MonitorView(QWidget):
         self._show_stats(metrics, values)
         if self.isVisible():
             self.usage.refresh()
+            self.loads.show_bases(self.base_states)
 
     def series(self, name: str) -> list[float]:
         return list(self.history[name])

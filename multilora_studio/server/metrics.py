@@ -1,10 +1,15 @@
 """Prometheus metrics: per-adapter request series from the server, each loaded base's engine state
 from its snapshots (labelled ``base`` and ``replica``: one series per base model served and per
-engine replica of it, ``0`` for a base on one device; bounded sets)."""
+engine replica of it, ``0`` for a base on one device; bounded sets).
+
+The per-adapter cold-start series (``multilora_adapter_load_seconds``, ``multilora_adapter_loads``)
+are of at most ``LOAD_SERIES_ADAPTERS`` adapters per base and replica, those with the most loads
+(ties by name): a library of thousands of adapters adds at most that many ``adapter`` values;
+``/v1/usage`` lists every adapter's figures."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -12,10 +17,18 @@ from prometheus_client.registry import Collector
 
 from multilora_studio.deploy import BasePool, replicas_of
 from multilora_studio.engine import EngineMetrics
+from multilora_studio.engine.outputs import AdapterLoadTimes
 from multilora_studio.server.usage import UsageCollector, UsageLedger
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
+LOAD_SERIES_ADAPTERS = 32  # adapters per base and replica with cold-start series
+
+
+def most_loaded(loads: Sequence[AdapterLoadTimes], limit: int) -> list[AdapterLoadTimes]:
+    """The ``limit`` adapters of ``loads`` with the most loads (disk reads and uploads), ties by name."""
+    ranked = sorted(loads, key=lambda a: (-(a.disk_to_host.loads + a.host_to_gpu.loads), a.adapter))
+    return ranked[:limit]
 
 
 class EngineCollector(Collector):
@@ -68,12 +81,36 @@ class EngineCollector(Collector):
         yield misses
         yield cold
         yield upload
+        yield from adapter_load_families(snapshots)
         for family, table in ((GaugeMetricFamily, GAUGES), (CounterMetricFamily, COUNTERS)):
             for name, documentation, reading in table:
                 metric = family(name, documentation, labels=["base", "replica"])
                 for labels, snap in snapshots:
                     metric.add_metric(list(labels), reading(snap))
                 yield metric
+
+
+def adapter_load_families(snapshots: Sequence[tuple[tuple[str, str], EngineMetrics]]) -> Iterator[Metric]:
+    """Per adapter (``most_loaded``): its loads and their p50 / p95, by tier."""
+    seconds = GaugeMetricFamily(
+        "multilora_adapter_load_seconds",
+        "An adapter's load latency into a tier (disk_to_host, host_to_gpu), over its recent loads",
+        labels=["base", "replica", "adapter", "tier", "quantile"],
+    )
+    count = CounterMetricFamily(
+        "multilora_adapter_loads",
+        "An adapter's loads into a tier since it was added",
+        labels=["base", "replica", "adapter", "tier"],
+    )
+    for (base, replica), snap in snapshots:
+        for loads in most_loaded(snap.adapter_loads, LOAD_SERIES_ADAPTERS):
+            for tier, figures in (("disk_to_host", loads.disk_to_host), ("host_to_gpu", loads.host_to_gpu)):
+                count.add_metric([base, replica, loads.adapter, tier], figures.loads)
+                for quantile, value in (("0.5", figures.p50_s), ("0.95", figures.p95_s)):
+                    if value is not None:
+                        seconds.add_metric([base, replica, loads.adapter, tier, quantile], value)
+    yield seconds
+    yield count
 
 
 Reading = Callable[[EngineMetrics], float]

@@ -1,5 +1,6 @@
 """``GET /v1/usage``: requests, tokens, latency, cold starts and engine time by tenant and model
-(admin keys only), as JSON or CSV."""
+(admin keys only), as JSON or CSV; in the JSON, each base's load quantiles and each adapter's
+(``adapters``: its disk -> host reads and host -> GPU uploads, counted, with p50 / p95)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,11 @@ async def usage(
     if output_format == "csv":
         return PlainTextResponse(rows_csv(rows), media_type="text/csv")
     bases: list[dict[str, Any]] = []
+    adapters: list[dict[str, Any]] = []
     for name, engine in state.pool.resident():
         snap = engine.metrics()
         if snap is not None:
+            adapters.extend({"base": name, **dataclasses.asdict(loads)} for loads in snap.adapter_loads)
             bases.append(
                 {
                     "base": name,
@@ -64,5 +67,6 @@ async def usage(
             "complete": state.usage.complete_since(since),
             "data": [dataclasses.asdict(row) for row in rows],
             "bases": bases,
+            "adapters": adapters,
         }
     )

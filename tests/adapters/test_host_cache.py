@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from multilora_studio.adapters.host_cache import LATENCY_WINDOW, HostAdapterCache, TierCounters
+from multilora_studio.adapters.host_cache import HostAdapterCache
+from multilora_studio.adapters.load_latency import LoadQuantiles
 from multilora_studio.adapters.peft_adapter import AdapterError, HostAdapter
 
 WAIT_S = 10.0
@@ -116,6 +117,8 @@ def test_miss_loads_in_the_background_and_calls_on_ready(cache, loader, ready):
     assert (counters.hits, counters.misses) == (1, 1)
     assert counters.bytes_loaded == adapter.nbytes > 0
     assert len(counters.load_seconds) == 1 and counters.load_seconds[0] > 0
+    (seconds,) = counters.load_seconds
+    assert counters.adapters.summaries() == {"x": LoadQuantiles(1, seconds, seconds)}
     assert cache.error_of("x") is None
 
 
@@ -261,31 +264,6 @@ def test_close_waits_for_the_running_load(loader, ready):
     assert ready.count == 1 and cache.get("x") is not None
 
 
-@pytest.mark.parametrize(
-    ("samples", "q", "expected"),
-    [
-        ([3.0], 0.5, 3.0),
-        ([3.0], 0.95, 3.0),
-        ([2.0, 1.0], 0.5, 1.0),
-        ([4.0, 1.0, 3.0, 2.0], 0.5, 2.0),
-        ([4.0, 1.0, 3.0, 2.0], 0.75, 3.0),
-        ([float(i) for i in range(1, 21)], 0.95, 19.0),
-        ([float(i) for i in range(1, 21)], 0.5, 10.0),
-        ([float(i) for i in range(1, 11)], 0.7, 7.0),
-        ([float(i) for i in range(1, 101)], 0.95, 95.0),
-        ([5.0, 1.0], 1.0, 5.0),
-        ([5.0, 1.0], 0.0, 1.0),
-    ],
-)
-def test_percentile_is_nearest_rank(samples, q, expected):
-    counters = TierCounters(load_seconds=list(samples))
-    assert counters.percentile(q) == expected
-
-
-def test_percentile_without_loads_is_none():
-    assert TierCounters().percentile(0.5) is None
-
-
 def test_several_load_workers_load_at_once(ready):
     # Three loads that each wait for the other two: only parallel workers can finish them.
     barrier = threading.Barrier(3, timeout=WAIT_S)
@@ -322,16 +300,6 @@ def test_holds_loading_and_eviction_candidate_change_nothing(cache, loader, read
     ready.wait_for(1)
     assert cache.holds("c") and not cache.loading("c") and cache.loads_in_flight == 0
     assert cache.eviction_candidate() == "a"
-
-
-def test_load_latency_quantiles_are_of_the_recent_loads_only():
-    counters = TierCounters()
-    for _ in range(3 * LATENCY_WINDOW):
-        counters.record(10.0)  # old, slow loads
-    for _ in range(LATENCY_WINDOW):
-        counters.record(0.001)
-    assert len(counters.load_seconds) < 2 * LATENCY_WINDOW  # bounded memory
-    assert counters.percentile(0.95) == 0.001  # the window holds only the recent loads
 
 
 def test_the_tier_counts_the_bytes_it_holds_through_puts_evictions_and_discards():

@@ -1,4 +1,5 @@
-"""Monitor view fed by the real engine's metrics: slots, CPU tier, counters and plots around a run."""
+"""Monitor view fed by the real engine's metrics: slots, CPU tier, counters, cold start by adapter
+and plots around a run."""
 
 from __future__ import annotations
 
@@ -59,4 +60,14 @@ def test_monitor_shows_slots_tiers_and_live_plots(
     assert "2 kernel compiles while serving (1.2 s of stalls)" in monitor.stats.text()
     monitor.update_metrics(metrics)
     assert window.library.row_of("tiny-r4-qv")["Tier"].startswith("GPU slot")
+    # each adapter's own loads: together, the engine's disk reads and slot uploads
+    loads = {a.adapter: a for a in metrics.adapter_loads}
+    assert sorted(loads) == sorted(ADAPTERS)
+    assert sum(a.disk_to_host.loads for a in loads.values()) == metrics.cpu_misses
+    assert sum(a.host_to_gpu.loads for a in loads.values()) == metrics.gpu_misses
+    assert all(a.host_to_gpu.loads >= 1 and a.host_to_gpu.p95_s is not None for a in loads.values())
+    table = monitor.loads.table
+    qtbot.waitUntil(lambda: table.rowCount() == len(ADAPTERS), timeout=5000)
+    shown = {table.item(r, 1).text(): int(table.item(r, 4).text()) for r in range(table.rowCount())}
+    assert shown == {name: a.host_to_gpu.loads for name, a in loads.items()}
     save_screenshot(window, "monitor")

@@ -2,7 +2,8 @@
 counts each tenant's requests and tokens as they were sent and answered, the engine seconds of
 all requests add up to the engine's busy time, a cold adapter's first request is counted cold,
 one tenant over its token budget gets 429s while the other is served, and the same totals are
-on /metrics by tenant and model, and in the CSV."""
+on /metrics by tenant and model, and in the CSV; the cold adapter's own load figures are listed
+per adapter, and /metrics carries them for the most loaded adapters only."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ import io
 import json
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import openai
 import pytest
 
+from multilora_studio.adapters.load_latency import LoadQuantiles
+from multilora_studio.engine.outputs import AdapterLoadTimes
 from multilora_studio.server.api_keys import USER, ApiKey
+from multilora_studio.server.metrics import LOAD_SERIES_ADAPTERS, adapter_load_families
 from tests.server_fixtures import GREEDY, client
 
 ADMIN = "sk-usage-admin"
@@ -96,6 +101,11 @@ def test_usage_by_tenant_adds_up(serve, engine, cold_adapter):
     assert billed == pytest.approx(busy, rel=0.01) and billed > 0
     assert rows[("team-b", COLD)]["cold_requests"] == 1 and rows[("team-b", COLD)]["cold_ttft_p95_s"] > 0
     assert all(row["cold_requests"] == 0 for key, row in rows.items() if key != ("team-b", COLD))
+    adapters = {row["adapter"]: row for row in usage["adapters"]}
+    cold = adapters[COLD]  # read from disk once (its first request), then uploaded into a slot
+    assert cold["base"] == base["base"] and cold["disk_to_host"]["loads"] == 1
+    assert cold["disk_to_host"]["p50_s"] == cold["disk_to_host"]["p95_s"] > 0
+    assert cold["host_to_gpu"]["loads"] >= 1 and cold["host_to_gpu"]["p95_s"] > 0
 
     status, body = get(server, "/metrics", ADMIN)
     text = body.decode()
@@ -103,6 +113,10 @@ def test_usage_by_tenant_adds_up(serve, engine, cold_adapter):
     assert f"{line}{float(rows[('team-b', 'tiny-r16-mlp')]['requests'])}" in text
     assert 'multilora_tenant_request_latency_seconds_count{tenant="team-a"}' in text
     assert 'multilora_adapter_upload_seconds{base="' in text
+    disk = f'{{adapter="{COLD}",base="{base["base"]}",replica="0",tier="disk_to_host"}}'
+    assert f"multilora_adapter_loads_total{disk} 1.0" in text
+    p95 = f'{{adapter="{COLD}",base="{base["base"]}",quantile="0.95",replica="0",tier="disk_to_host"}}'
+    assert f"multilora_adapter_load_seconds{p95} {cold['disk_to_host']['p95_s']}" in text
 
     status, body = get(server, "/v1/usage?format=csv", ADMIN)
     table = list(csv.DictReader(io.StringIO(body.decode())))
@@ -114,3 +128,19 @@ def test_usage_by_tenant_adds_up(serve, engine, cold_adapter):
     assert later["data"] == [] and later["complete"]
     assert get(server, "/v1/usage", TENANTS["team-a"])[0] == 403  # admin keys only
     assert get(server, "/v1/usage?format=xml", ADMIN)[0] in (400, 422)
+
+
+def test_per_adapter_load_series_are_the_most_loaded_adapters_only(engine):
+    snap = engine.metrics(fresh=True)
+    loads = tuple(
+        AdapterLoadTimes(f"a{i:02d}", LoadQuantiles(i, 0.01, 0.02), LoadQuantiles(i % 3, 0.001, 0.002))
+        for i in range(40)
+    )
+    families = list(adapter_load_families([(("base", "0"), replace(snap, adapter_loads=loads))]))
+    # i + i % 3 loads: a00-a07 have 0-8, every later one at least 9
+    expected = {f"a{i:02d}" for i in range(8, 40)}
+    assert len(expected) == LOAD_SERIES_ADAPTERS
+    for family in families:
+        assert {sample.labels["adapter"] for sample in family.samples} == expected
+    (count,) = [f for f in families if f.name == "multilora_adapter_loads"]
+    assert len(count.samples) == 2 * LOAD_SERIES_ADAPTERS  # both tiers of each
