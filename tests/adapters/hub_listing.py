@@ -1,18 +1,20 @@
 """The Hub's model search (``GET /api/models``) for the test Hub, answered as the Hub answers it.
 
-olah has no listing route, so the test harness answers it from ``hub_listing.json``: entries
-in the shape of the Hub's answer, written by hand. An entry of a repository that the test
-Hub holds gives what only the Hub knows (``_id``, downloads, likes, trendingScore,
-createdAt, pipeline_tag); the repository gives the rest, as on the Hub: the tags from its
-model card and files, author, sha and lastModified of its head commit, its files. Entries of
-repositories it does not hold are listed as recorded (search results that cannot be pulled).
+olah has no listing route, so the test harness answers it from ``hub_records/`` (its README
+says where each file comes from): ``recorded.json`` holds real Hub records, listed as
+recorded (found by search, not pullable from the test Hub); ``test_repos.json`` holds what
+only the Hub knows about the test Hub's own repositories (``_id``, downloads, likes,
+trendingScore, createdAt, pipeline_tag), and each repository gives the rest, as on the Hub:
+the tags from its model card and files, author, sha and lastModified of its head commit, its
+files. A repository of the test Hub without counts there has zero counts.
 
 The query follows the Hub (its API docs, and huggingface_hub 1.x, which no longer sends
 ``direction``): ``search`` is a case-insensitive substring of the id, ``author`` the owner,
 each ``filter`` a tag that must be present; ``sort`` one of the fields below, descending
 (the only direction the Hub allows for all but createdAt, where ``direction`` other than -1
-sorts ascending); without ``sort``, trending first; ``limit`` at most 1000 (one page). Without
-``full`` or ``expand`` an entry has the Hub's default fields only.
+sorts ascending), an entry without the field (recorded model pages carry no trendingScore)
+as 0; without ``sort``, trending first; ``limit`` at most 1000 (one page). Without ``full``
+or ``expand`` an entry has the Hub's default fields only.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-RECORDED = Path(__file__).with_name("hub_listing.json")
+RECORDS = Path(__file__).with_name("hub_records")
+RECORDED = RECORDS / "recorded.json"
+TEST_REPO_COUNTS = RECORDS / "test_repos.json"
 DEFAULT_FIELDS = (
     "_id", "id", "likes", "trendingScore", "private", "downloads", "tags", "pipeline_tag",
     "library_name", "createdAt", "modelId",
@@ -75,7 +79,7 @@ def hub_tags(card: dict, files: list[str]) -> list[str]:
     return [*dict.fromkeys(tags), "region:us"]
 
 
-def local_entry(repo: Path, recorded: dict[str, Any] | None) -> dict[str, Any]:
+def local_entry(repo: Path, counts: dict[str, Any] | None) -> dict[str, Any]:
     """The full listing entry of a repository under ``<mirrors>/models/<org>/<name>``."""
     repo_id = f"{repo.parent.name}/{repo.name}"
     card = _card(repo)
@@ -89,7 +93,7 @@ def local_entry(repo: Path, recorded: dict[str, Any] | None) -> dict[str, Any]:
         "private": False,
         "createdAt": hub_time(int(commit_times[-1])),
         "pipeline_tag": None,
-        **(recorded or {}),
+        **(counts or {}),
     }
     entry.update(
         id=repo_id,
@@ -106,16 +110,15 @@ def local_entry(repo: Path, recorded: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def all_models(mirrors: list[Path]) -> list[dict[str, Any]]:
-    """Every repository the test Hub holds, then the recorded entries of the others (those with
-    a ``sha``: an entry without one describes a repository of the test Hub, listed only while
-    the Hub holds it)."""
-    recorded = {entry["id"]: entry for entry in json.loads(RECORDED.read_text())}
-    models = []
-    for mirror in mirrors:
-        for repo in sorted((mirror / "models").glob("*/*")):
-            if (repo / ".git").exists():
-                models.append(local_entry(repo, recorded.pop(f"{repo.parent.name}/{repo.name}", None)))
-    return models + [entry for entry in recorded.values() if "sha" in entry]
+    """Every repository the test Hub holds, then the recorded Hub records."""
+    counts = {entry["id"]: entry for entry in json.loads(TEST_REPO_COUNTS.read_text())}
+    models = [
+        local_entry(repo, counts.get(f"{repo.parent.name}/{repo.name}"))
+        for mirror in mirrors
+        for repo in sorted((mirror / "models").glob("*/*"))
+        if (repo / ".git").exists()
+    ]
+    return models + json.loads(RECORDED.read_text())
 
 
 def search(
@@ -148,7 +151,7 @@ def search(
     ]
     key = sort or "trendingScore"
     ascending = key in ASCENDING_ALLOWED and direction not in (None, "-1")
-    found.sort(key=lambda model: model[key], reverse=not ascending)
+    found.sort(key=lambda model: model.get(key, 0), reverse=not ascending)
     if full:
         fields = None
     elif expand:

@@ -4,7 +4,7 @@ olah (PyPI) serves the repositories under ``<mirrors>/models/<org>/<name>`` to t
 real ``huggingface_hub`` client: model info, refs, trees, file downloads by branch,
 tag or commit. It has no ``GET /api/models`` listing route (Hub search), so this
 harness adds one route to olah's own FastAPI app before starting it, answered by
-``hub_listing`` from recorded entries and the local repositories, with the Hub's
+``hub_listing`` from recorded Hub records and the local repositories, with the Hub's
 fields, sorting, filters and limit. Everything else is olah as shipped.
 
 Run as ``python -m tests.adapters.hub_server CONFIG LOG_DIR`` in a child process;

@@ -222,7 +222,7 @@ def test_search_lists_the_adapters_of_a_base_model(hub, hub_env):
     assert search_adapters("nobody/nothing") == []
 
 
-# hub_listing.json's downloads, by hand: neither the order of the ids nor the order they were made in
+# hub_records/test_repos.json's downloads, by hand: neither the order of the ids nor the order of making
 ADAPTERS_BY_DOWNLOADS = [
     f"{HUB_ORG}/tiny-r8-all",  # 48210
     f"{HUB_ORG}/tiny-pickle",  # 19044
@@ -258,6 +258,33 @@ def test_the_test_hub_sorts_by_what_the_client_asks(hub, hub_env):
     assert [m.created_at for m in by_age] == sorted((m.created_at for m in by_age), reverse=True)
     newest = next(m for m in by_age if m.id in ADAPTERS_BY_DOWNLOADS)  # newest of the recorded ones
     assert newest.id == f"{HUB_ORG}/tiny-big" and newest.sha == hub.repos.shas[(f"{HUB_ORG}/tiny-big", "v1")]
+
+
+def test_the_client_searches_the_recorded_hub_records_as_on_the_hub(hub, hub_env):
+    """Real Hub records (hub_records/recorded.json), read by the real client: order, limit, author, filter."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub.endpoint)
+    top = list(api.list_models(filter="text-generation", sort="downloads", limit=3))
+    assert [m.id for m in top] == [
+        "openai-community/gpt2",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/Meta-Llama-3-8B-Instruct",
+    ]
+    assert [m.downloads for m in top] == [17272637, 5795728, 1127302]  # copied from the records by hand
+    meta = list(api.list_models(author="meta-llama", filter=["conversational"], sort="downloads", full=True))
+    assert [m.id for m in meta] == [
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/Meta-Llama-3-8B-Instruct",
+        "meta-llama/Meta-Llama-3-70B-Instruct",
+    ]
+    assert {m.gated for m in meta} == {"manual"} and all(m.author == "meta-llama" for m in meta)
+    assert meta[0].sha == "0e9e39f249a16976918f6564b8830bc894c89659"
+    modified = meta[0].last_modified
+    assert modified is not None and modified.isoformat() == "2024-09-25T17:00:57+00:00"
+    assert "model-00001-of-00004.safetensors" in {s.rfilename for s in meta[0].siblings or ()}
+    zephyr = list(api.list_models(filter="base_model:finetune:mistralai/Mistral-7B-v0.1", search="ZEPHYR"))
+    assert [(m.id, m.likes) for m in zephyr] == [("HuggingFaceH4/zephyr-7b-beta", 1667)]
 
 
 def test_offline_mode_pulls_from_the_cache_alone(hub, hub_env, registry, tiny_base, tmp_path, monkeypatch):
