@@ -60,7 +60,12 @@ from multilora_studio.adapters.private_files import (
     tighten,
     tighten_tree,
 )
-from multilora_studio.adapters.registry_lifecycle import RegistryLifecycle, not_served_because
+from multilora_studio.adapters.registry_lifecycle import (
+    ALIAS_WARM_QUERY,
+    RegistryLifecycle,
+    alias_warm_lists,
+    not_served_because,
+)
 from multilora_studio.adapters.registry_schema import (
     AdapterRecord,
     BaseModelRecord,
@@ -181,7 +186,11 @@ class Registry(RegistryLifecycle):
             aliases: dict[str, list[str]] = {}
             for adapter_id, alias in conn.execute("SELECT adapter_id, alias FROM aliases ORDER BY alias"):
                 aliases.setdefault(adapter_id, []).append(alias)
-        return [AdapterRecord.from_row(row, tuple(aliases.get(row["id"], ()))) for row in rows]
+            warm = alias_warm_lists(conn.execute(ALIAS_WARM_QUERY + " ORDER BY w.alias, w.position"))
+        return [
+            AdapterRecord.from_row(row, tuple(aliases.get(row["id"], ())), warm.get(row["id"], ()))
+            for row in rows
+        ]
 
     def find(self, name: str) -> AdapterRecord | None:
         """The adapter called ``name`` (or with that alias), or None."""
@@ -602,7 +611,9 @@ class Registry(RegistryLifecycle):
         aliases = conn.execute(
             "SELECT alias FROM aliases WHERE adapter_id = ? ORDER BY alias", (row["id"],)
         ).fetchall()
-        return AdapterRecord.from_row(row, tuple(a[0] for a in aliases))
+        query = ALIAS_WARM_QUERY + " WHERE s.adapter_id = ? ORDER BY w.alias, w.position"
+        warm = alias_warm_lists(conn.execute(query, (row["id"],)))
+        return AdapterRecord.from_row(row, tuple(a[0] for a in aliases), warm.get(row["id"], ()))
 
     def _update(self, name: str, assignment: str, value: object) -> AdapterRecord:
         with self._write() as conn:

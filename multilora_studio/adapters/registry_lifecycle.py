@@ -21,8 +21,10 @@ import shutil
 import sqlite3
 import tarfile
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from multilora_studio.adapters.library_errors import LibraryError
 from multilora_studio.adapters.private_files import make_private_dir, tighten
@@ -54,6 +56,26 @@ def not_served_because(
     return None
 
 
+# (the alias's adapter id, alias, a listed adapter's name) of every warm list; callers add a
+# WHERE on s.adapter_id and order by alias and position
+ALIAS_WARM_QUERY = (
+    "SELECT s.adapter_id, w.alias, a.name FROM alias_warm w "
+    "JOIN aliases s ON s.alias = w.alias JOIN adapters a ON a.id = w.adapter_id"
+)
+
+
+def alias_warm_lists(rows: Iterable[Sequence[Any]]) -> dict[str, tuple[tuple[str, tuple[str, ...]], ...]]:
+    """``ALIAS_WARM_QUERY``'s rows (in alias and position order) by the aliases' adapter:
+    ((alias, its listed adapters), ...)."""
+    lists: dict[str, dict[str, list[str]]] = {}
+    for adapter_id, alias, name in rows:
+        lists.setdefault(adapter_id, {}).setdefault(alias, []).append(name)
+    return {
+        adapter_id: tuple((alias, tuple(names)) for alias, names in aliases.items())
+        for adapter_id, aliases in lists.items()
+    }
+
+
 @dataclass(frozen=True)
 class AdapterEvent:
     """One transition of an adapter: registered, retired, reactivated, archived, restored, removed."""
@@ -78,6 +100,9 @@ class RegistryLifecycle:
         raise NotImplementedError
 
     def _connect(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _row(self, conn: sqlite3.Connection, name: str) -> sqlite3.Row | None:  # pragma: no cover
         raise NotImplementedError
 
     @property
@@ -126,6 +151,33 @@ class RegistryLifecycle:
             conn.execute("UPDATE adapters SET warm = ? WHERE id = ?", (int(warm), record.id))
             self.record_event(conn, record.id, record.name, "warm" if warm else "not warm", "")
         return self.get(record.name)
+
+    def set_alias_warm(self, alias: str, names: Sequence[str]) -> AdapterRecord:
+        """Read ``names`` (adapters, by name or alias) into host RAM when a request first uses
+        ``alias`` after its engine started; an empty list clears it. All or nothing; returns
+        the alias's adapter (``alias_warm`` lists it)."""
+        with self._write() as conn:
+            owner = self._row(conn, alias)
+            if owner is None or owner["name"] == alias:
+                raise LibraryError(
+                    f"no alias {alias!r} in the library (give an adapter one: --alias, or Add alias… "
+                    "in the Library)"
+                )
+            ids: list[str] = []
+            for name in names:
+                row = self._row(conn, name)
+                if row is None:
+                    raise LibraryError(f"no adapter named {name!r} in the library; nothing changed")
+                if row["id"] not in ids:
+                    ids.append(row["id"])
+            conn.execute("DELETE FROM alias_warm WHERE alias = ?", (alias,))
+            conn.executemany(
+                "INSERT INTO alias_warm (alias, adapter_id, position) VALUES (?, ?, ?)",
+                [(alias, adapter_id, position) for position, adapter_id in enumerate(ids)],
+            )
+            listed = ", ".join(names) or "none"
+            self.record_event(conn, owner["id"], owner["name"], "warm on alias", f"{alias}: {listed}")
+        return self.get(alias)
 
     def reactivate(self, name: str, reason: str = "") -> AdapterRecord:
         """Serve a retired adapter again."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from multilora_studio.adapters.base_quantization import BaseQuantization
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Migration n brings a database from user_version n-1 to n.
 MIGRATIONS = {
     1: """
@@ -105,6 +105,15 @@ MIGRATIONS = {
     CREATE INDEX aliases_adapter ON aliases (adapter_id, alias);
     CREATE INDEX adapter_events_name ON adapter_events (name)
     """,
+    # per alias, the adapters read into host RAM when a request first uses the alias
+    8: """
+    CREATE TABLE alias_warm (
+        alias TEXT NOT NULL REFERENCES aliases (alias) ON DELETE CASCADE,
+        adapter_id TEXT NOT NULL REFERENCES adapters (id) ON DELETE CASCADE,
+        position INTEGER NOT NULL,
+        PRIMARY KEY (alias, adapter_id)
+    )
+    """,
 }
 
 
@@ -152,13 +161,21 @@ class AdapterRecord:
     archive_path: Path | None = None
     archive_sha256: str | None = None
     warm: bool = False  # read into host RAM when an engine starts (before its first request)
+    # (alias, adapters) for its aliases with a warm list: read into host RAM on the alias's first use
+    alias_warm: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row | Mapping[str, Any], aliases: tuple[str, ...]) -> AdapterRecord:
+    def from_row(
+        cls,
+        row: sqlite3.Row | Mapping[str, Any],
+        aliases: tuple[str, ...],
+        alias_warm: tuple[tuple[str, tuple[str, ...]], ...] = (),
+    ) -> AdapterRecord:
         return cls(
             id=row["id"],
             name=row["name"],
             aliases=aliases,
+            alias_warm=alias_warm,
             source_kind=row["source_kind"],
             source=row["source"],
             revision=row["revision"],

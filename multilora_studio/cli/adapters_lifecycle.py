@@ -1,5 +1,5 @@
-"""``adapters retire | reactivate | archive | restore | history``: an adapter's life after it is
-registered (``adapters/registry_lifecycle.py``)."""
+"""``adapters retire | reactivate | archive | restore | warm | warm-on-alias | import-scores |
+history``: an adapter's life after it is registered (``adapters/registry_lifecycle.py``)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,16 @@ def add_lifecycle_actions(actions: Any) -> None:
         parser = actions.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
         parser.add_argument("name", help="adapter name or alias")
         parser.set_defaults(handler=run_warm, warm=warm)
+    alias_warm = actions.add_parser(
+        "warm-on-alias",
+        help="adapters to read into host RAM when a request first uses an alias",
+        description="Set the adapters read into host RAM (not blocking the request) when a request "
+        "first uses an alias after its engine started; without ADAPTER, show them.",
+    )
+    alias_warm.add_argument("alias", help="an alias of a library adapter")
+    alias_warm.add_argument("adapters", nargs="*", metavar="ADAPTER", help="adapter name or alias")
+    alias_warm.add_argument("--clear", action="store_true", help="read nothing on its first use")
+    alias_warm.set_defaults(handler=run_alias_warm)
     scores = actions.add_parser(
         "import-scores",
         help="record evaluation scores from a JSON file (what the quality gate reads)",
@@ -65,6 +75,21 @@ def run_transition(args: argparse.Namespace) -> int:
 def run_warm(args: argparse.Namespace) -> int:
     record = Registry().set_warm(args.name, args.warm)
     print(f"{record.name}: {'warm at start' if record.warm else 'read on first use'}")
+    return 0
+
+
+def run_alias_warm(args: argparse.Namespace) -> int:
+    registry = Registry()
+    if args.clear and args.adapters:
+        raise ValueError("give adapters or --clear, not both")
+    if args.clear or args.adapters:
+        record = registry.set_alias_warm(args.alias, args.adapters)
+    else:
+        record = registry.get(args.alias)
+        if args.alias not in record.aliases:
+            raise ValueError(f"{args.alias!r} is an adapter's name, not an alias")
+    names = dict(record.alias_warm).get(args.alias, ())
+    print(f"{args.alias} ({record.name}): " + (", ".join(names) if names else "reads nothing on first use"))
     return 0
 
 

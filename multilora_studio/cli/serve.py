@@ -235,8 +235,9 @@ def serve_library(
     pool: BasePool, demo_adapters: bool = True, min_pass_rate: float | None = None
 ) -> list[str]:
     """Serve the library's active adapters next to those already served, each on the base whose
-    weights it was validated against, and read the warm ones into host RAM; returns the names
-    added. ``min_pass_rate``: the quality gate (``not_served_because``).
+    weights it was validated against and under its aliases (``ModelAliases.add_record``), and
+    read the warm ones into host RAM; returns the names added. ``min_pass_rate``: the quality
+    gate (``not_served_because``).
 
     First offers the demo adapters (``offer_demo_adapters``: once per library, on their base
     model) to the first base, when it is loaded, unless ``demo_adapters`` is off. An adapter
@@ -285,6 +286,7 @@ def serve_library(
             added.append(record.name)
             if record.warm:
                 warm.setdefault(base, []).append(record.name)
+            pool.aliases.add_record(record)
     for base, engine in pool.resident():
         snapshot = engine.metrics(fresh=True)
         # the host tier holds this many: the first ones (a Ray deployment's LRU takes them all)

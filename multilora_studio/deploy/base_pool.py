@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from multilora_studio.deploy.model_aliases import ModelAliases
 from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.engine.model_source import RANDOM_PREFIX, describe_model
 from multilora_studio.engine.serving_engine import ServingEngine
@@ -39,6 +40,7 @@ class BaseUnavailable(RuntimeError):
 DEFAULT_LOAD_TIMEOUT_S = 600.0  # how long a request waits for its base model to load
 DEFAULT_MAX_RESIDENT: int | None = None  # every base loaded at once
 DEFAULT_KEEP_ALIVE_S: float | None = None  # an idle base stays loaded
+ALIAS_WARM_TIMEOUT_S = 120.0  # an alias's warm adapters still not read after this are left to first use
 
 
 @dataclass
@@ -92,6 +94,7 @@ class BasePool:
         self._lock = threading.Condition()
         self._bases: dict[str, PoolBase] = {}
         self._room_waiters: Counter[str] = Counter()  # base -> requests waiting for it to get room
+        self.aliases = ModelAliases()  # other names of its adapters (base_of resolves them)
         for index, config in enumerate(configs):
             engine = started[index] if index < len(started) else None
             name, digest = (
@@ -131,13 +134,18 @@ class BasePool:
             return [(b.name, b.engine) for b in self._bases.values() if b.engine is not None]
 
     def base_of(self, model: str) -> tuple[str, str | None] | None:
-        """(base, adapter) that ``model`` names: a base (adapter None) or one of a base's
-        adapters; None for neither."""
+        """(base, adapter) that ``model`` names: a base (adapter None), one of a base's
+        adapters, or an alias of one (``aliases``); None for none of these."""
         if model in self._bases:
             return model, None
         for name in self._bases:
             if self._serves(name, model):
                 return name, model
+        adapter = self.aliases.target(model)
+        if adapter is not None:
+            for name in self._bases:
+                if self._serves(name, adapter):
+                    return name, adapter
         return None
 
     def _serves(self, base: str, adapter: str) -> bool:
@@ -254,6 +262,41 @@ class BasePool:
             engine.add_adapter(name, path, preload=False)
         finally:
             self.release(base_name)
+
+    def warm_alias(self, alias: str, engine: ServingEngine) -> threading.Thread | None:
+        """A request for ``alias`` runs on ``engine``: on the alias's first use there, read its
+        warm list (``aliases``) into host RAM, each adapter on its own base while that is loaded,
+        on a thread the request does not wait for (returned; None when there is nothing to read)."""
+        names = self.aliases.first_use(alias, engine)
+        if not names:
+            return None
+        thread = threading.Thread(target=self._prefetch, args=(alias, names), name="alias-warm", daemon=True)
+        thread.start()
+        return thread
+
+    def _prefetch(self, alias: str, names: Sequence[str]) -> None:
+        by_base: dict[str, list[str]] = {}
+        for name in names:
+            found = self.base_of(name)
+            if found is None or found[1] is None:
+                log.info("alias %s: %s is not served; not read", alias, name)
+                continue
+            by_base.setdefault(found[0], []).append(found[1])
+        resident = dict(self.resident())
+        for base, adapters in by_base.items():
+            engine = resident.get(base)
+            if engine is None:
+                continue  # not loaded: they are read on first use
+            snapshot = engine.metrics()
+            room = snapshot.cpu_capacity if snapshot is not None and snapshot.cpu_capacity else len(adapters)
+            try:
+                failures = engine.prefetch_adapters(adapters[:room], timeout=ALIAS_WARM_TIMEOUT_S)
+            except (ValueError, TimeoutError, RuntimeError) as error:
+                log.warning("alias %s: reading its warm adapters on %s failed: %s", alias, base, error)
+                continue
+            for name, failure in failures.items():
+                if failure is not None:
+                    log.warning("alias %s: warm adapter %s not read: %s", alias, name, failure)
 
     def remove_adapter(self, name: str) -> None:
         found = self.base_of(name)

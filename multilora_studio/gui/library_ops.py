@@ -40,10 +40,10 @@ def base_for(record: AdapterRecord, digests: dict[str, str]) -> str | None:
 
 
 def load_library(registry: Registry, pool: BasePool, report: Report | None = None) -> LoadResult:
-    """Register every library adapter with the base it was validated against (``base_for``);
-    weights are read on first use. A loaded base's engine takes it at once (and its pin); a
-    swapped-out base when it next loads. The library is read once and not written (registering
-    is not a use: ``last_used`` stays)."""
+    """Register every library adapter with the base it was validated against (``base_for``),
+    and its aliases (``ModelAliases.add_record``); weights are read on first use. A loaded
+    base's engine takes it at once (and its pin); a swapped-out base when it next loads. The
+    library is read once and not written (registering is not a use: ``last_used`` stays)."""
     records = registry.list_adapters()
     digests = {name: pool.base(name).digest for name in pool.names}
     resident = dict(pool.resident())
@@ -54,6 +54,7 @@ def load_library(registry: Registry, pool: BasePool, report: Report | None = Non
             report(index / max(1, len(records)), f"registering adapter {record.name}")
         if pool.base_of(record.name) is not None:
             loaded.append(record.name)
+            pool.aliases.add_record(record)
             continue
         base = base_for(record, digests)
         try:
@@ -76,6 +77,7 @@ def load_library(registry: Registry, pool: BasePool, report: Report | None = Non
             log.info("not serving %s: %s", record.name, error)
         else:
             loaded.append(record.name)
+            pool.aliases.add_record(record)
     return LoadResult(tuple(loaded), skipped)
 
 
@@ -170,8 +172,21 @@ def set_warm(registry: Registry, engine: ServingEngine | None, name: str, warm: 
     return record
 
 
-def add_alias(registry: Registry, name: str, alias: str) -> AdapterRecord:
+def add_alias(registry: Registry, pool: BasePool | None, name: str, alias: str) -> AdapterRecord:
+    """Give ``name`` another name, served at once (requests may use it as their ``model``)."""
     alias = alias.strip()
     if not alias:
         raise LibraryError("type an alias")
-    return registry.add_alias(name, alias)
+    record = registry.add_alias(name, alias)
+    if pool is not None:
+        pool.aliases.add_record(record)
+    return record
+
+
+def set_alias_warm(registry: Registry, pool: BasePool | None, alias: str, names: list[str]) -> AdapterRecord:
+    """Read ``names`` into host RAM on the first request by ``alias`` (``Registry.set_alias_warm``),
+    from now on in the running pool too."""
+    record = registry.set_alias_warm(alias, names)
+    if pool is not None:
+        pool.aliases.add_record(record)
+    return record

@@ -51,6 +51,13 @@ ALL_BASES = "All bases"
 BASE_NAME_ROLE = Qt.ItemDataRole.UserRole + 1  # a base filter entry's base name
 
 
+def aliases_label(record: AdapterRecord) -> str:
+    """Its aliases, each with the adapters its first use reads ("support (warms a, b)")."""
+    lists = dict(record.alias_warm)
+    parts = [a + (f" (warms {', '.join(lists[a])})" if lists.get(a) else "") for a in record.aliases]
+    return ", ".join(parts) or "-"
+
+
 class LibraryView(QWidget):
     """The adapter library (see the module docstring); every change runs off the GUI thread."""
 
@@ -86,6 +93,11 @@ class LibraryView(QWidget):
         self.retire_button = QPushButton("Retire")
         self.archive_button = QPushButton("Archive")
         self.warm_button = QPushButton("Warm at start")
+        self.alias_warm_button = QPushButton("Warm on alias…")
+        self.alias_warm_button.setToolTip(
+            "Adapters read into host RAM when a request first uses one of its aliases"
+        )
+        self.alias_warm_button.clicked.connect(self._ask_alias_warm)
         self.retire_button.setToolTip("Retire: listed, not served. Reactivate: served again")
         self.archive_button.setToolTip("Archive: the files packed into one archive, the folder freed")
         self.warm_button.setToolTip("Read into host RAM at every engine start, before its first request")
@@ -111,6 +123,7 @@ class LibraryView(QWidget):
             self.retire_button,
             self.archive_button,
             self.warm_button,
+            self.alias_warm_button,
             self.merge_button,
         ):
             buttons.addWidget(button)
@@ -272,6 +285,7 @@ class LibraryView(QWidget):
         self.retire_button.setEnabled(record is not None and state != "archived")
         self.archive_button.setText("Restore" if state == "archived" else "Archive")
         self.warm_button.setText("Not warm" if record is not None and record.warm else "Warm at start")
+        self.alias_warm_button.setEnabled(record is not None and bool(record.aliases))
         self.details.setHtml(self._details_html(record) if record is not None else self._empty_html())
 
     def _empty_html(self) -> str:
@@ -285,7 +299,7 @@ class LibraryView(QWidget):
     def _details_html(self, record: AdapterRecord) -> str:
         rows = [
             ("Name", record.name),
-            ("Aliases", ", ".join(record.aliases) or "-"),
+            ("Aliases", aliases_label(record)),
             ("Tier now", self.model.tier(record.name)),
             ("Source", record.source_label),
             ("Path", str(record.path)),
@@ -401,8 +415,16 @@ class LibraryView(QWidget):
     def add_alias(self, name: str, alias: str) -> Task:
         return self._run(
             f"alias {name}",
-            lambda task: library_ops.add_alias(self.registry, name, alias),
+            lambda task: library_ops.add_alias(self.registry, self.host.pool, name, alias),
             lambda record: f"{record.name!r} is now also called {alias.strip()!r}.",
+        )
+
+    def set_alias_warm(self, alias: str, names: list[str]) -> Task:
+        """Read ``names`` into host RAM when a request first uses ``alias`` (empty: nothing)."""
+        return self._run(
+            f"warm on {alias}",
+            lambda task: library_ops.set_alias_warm(self.registry, self.host.pool, alias, names),
+            lambda record: f"The first request by {alias!r} reads {', '.join(names) or 'nothing'}.",
         )
 
     def _run(
@@ -489,6 +511,26 @@ class LibraryView(QWidget):
         alias, ok = QInputDialog.getText(self, "Add alias", f"Another name for {name}:")
         if ok:
             self.add_alias(name, alias)
+
+    def _ask_alias_warm(self) -> None:
+        name = self.selected_name()
+        record = self.registry.find(name) if name else None
+        if record is None or not record.aliases:
+            return
+        alias = record.aliases[0]
+        if len(record.aliases) > 1:
+            alias, ok = QInputDialog.getItem(self, "Warm on alias", "Alias:", list(record.aliases), 0, False)
+            if not ok:
+                return
+        listed = ", ".join(dict(record.alias_warm).get(alias, ()))
+        text, ok = QInputDialog.getText(
+            self,
+            "Warm on alias",
+            f"Adapters read into host RAM when a request first uses {alias} (comma-separated):",
+            text=listed,
+        )
+        if ok:
+            self.set_alias_warm(alias, [n.strip() for n in text.split(",") if n.strip()])
 
     def _confirm_remove(self) -> None:
         name = self.selected_name()

@@ -35,10 +35,12 @@ class LiveJob(Protocol):
 
 @dataclass(frozen=True)
 class ModelTarget:
-    """What a request's ``model`` names: a base of the pool, and one of its adapters (None: the base)."""
+    """What a request's ``model`` names: a base of the pool, and one of its adapters (None: the
+    base); ``alias``: the alias it named the adapter by, if it did."""
 
     base: str
     adapter: str | None
+    alias: str | None = None
 
 
 @dataclass
@@ -83,22 +85,28 @@ class ServerState:
             raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
         found = self.pool.base_of(model)
         if found is not None:
-            return ModelTarget(*found)
+            base, adapter = found
+            return ModelTarget(base, adapter, model if adapter not in (None, model) else None)
         if self.hub is not None:
             return ModelTarget(self.pool.primary, await self.hub.resolve(model))
         raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
 
     async def lease(self, target: ModelTarget) -> ServingEngine:
         """The engine of ``target``'s base, loaded and kept loaded until ``release(target)``;
-        503 when it cannot be loaded in time. A request cancelled while it waits leaves no lease."""
+        503 when it cannot be loaded in time. A request cancelled while it waits leaves no lease.
+        A request by an alias starts reading the alias's warm list on its first use there
+        (``BasePool.warm_alias``)."""
         task = asyncio.ensure_future(asyncio.to_thread(self.pool.acquire, target.base))
         try:
-            return await asyncio.shield(task)
+            engine = await asyncio.shield(task)
         except BaseUnavailable as error:
             raise ApiError(503, str(error), "model_unavailable", "model") from None
         except asyncio.CancelledError:
             task.add_done_callback(lambda done: self._release_if_acquired(target, done))
             raise
+        if target.alias is not None:
+            self.pool.warm_alias(target.alias, engine)
+        return engine
 
     def release(self, target: ModelTarget) -> None:
         self.pool.release(target.base)

@@ -1,6 +1,7 @@
 """The lifecycle in the Library view on a real registry and engine: retire (listed, no longer
 served), archive and restore (the same files), reactivate (served again), warm at start (read
-into host RAM), each step in the adapter's history in the details pane."""
+into host RAM), each step in the adapter's history in the details pane; an alias added in the view
+is served at once, and its warm list is read on its first use."""
 
 from __future__ import annotations
 
@@ -51,3 +52,20 @@ def test_retire_archive_restore_reactivate_and_warm_in_the_view(qtbot, open_wind
     wait_task(qtbot, library.change_state("tiny-r8-all", "reactivate"))  # not retired: refused
     assert library.banner.kind == "error" and "only a retired adapter" in library.banner.text
     assert "tiny-r8-all" in served(window)
+
+    assert library.select("tiny-r8-all") and not library.alias_warm_button.isEnabled()  # no alias
+    wait_task(qtbot, library.add_alias("tiny-r4-qv", "support"))
+    pool = window.host.pool
+    assert pool.base_of("support") == (window.host.engine.model_name, "tiny-r4-qv")  # served at once
+    assert library.select("tiny-r4-qv") and library.alias_warm_button.isEnabled()
+    wait_task(qtbot, library.set_warm("tiny-r8-all", False))
+    wait_task(qtbot, library.change_state("tiny-r8-all", "retire"))  # leaves host RAM
+    wait_task(qtbot, library.change_state("tiny-r8-all", "reactivate"))
+    assert "tiny-r8-all" not in window.host.engine.metrics(fresh=True).cpu_adapters
+    wait_task(qtbot, library.set_alias_warm("support", ["tiny-r8-all"]))
+    assert library.banner.text == "The first request by 'support' reads tiny-r8-all."
+    assert library.select("tiny-r4-qv") and "support (warms tiny-r8-all)" in library.details.toPlainText()
+    reading = pool.warm_alias("support", window.host.engine)  # what the endpoint's first request does
+    assert reading is not None
+    reading.join(30)
+    assert "tiny-r8-all" in window.host.engine.metrics(fresh=True).cpu_adapters
