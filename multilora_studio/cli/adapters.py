@@ -18,9 +18,8 @@ from multilora_studio.cli.shared import (
     add_naming_arguments,
     describe_base,
 )
+from multilora_studio.default_model import DEFAULT_MODEL_REPO
 from multilora_studio.demo import offer_demo_adapters
-
-DEFAULT_SEARCH_BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded default model on the Hub
 
 
 def add_adapters_command(subparsers: Subcommands) -> None:
@@ -72,7 +71,7 @@ def add_adapters_command(subparsers: Subcommands) -> None:
         description="Search the Hugging Face Hub for adapters of a base model (its base_model:adapter: tag).",
     )
     search.add_argument("text", nargs="?", default=None, help="words the repository id contains")
-    search.add_argument("--base", default=DEFAULT_SEARCH_BASE, help="base model repository id on the Hub")
+    search.add_argument("--base", default=DEFAULT_MODEL_REPO, help="base model repository id on the Hub")
     search.add_argument(
         "--limit", type=int, default=20, help="repositories listed at most, most downloaded first"
     )

@@ -6,7 +6,8 @@ runs its own worker thread; building them (model conversion, weight loading) hap
 thread, and every result reaches the window as a queued signal. Views read ``host.pool`` and
 ``host.engine`` (the first base's engine while it is loaded) only while ``host.state ==
 "ready"``; work on a base's engine off the GUI thread holds a lease (``host.lease``,
-``host.lease_for``), so that the base is not swapped out under it.
+``host.lease_for``), so that the base is not swapped out under it; a lease given a progress
+callback hears the base's load when it must be loaded first (a swap).
 """
 
 from __future__ import annotations
@@ -14,19 +15,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.default_model import DEFAULT_MODEL_REPO, ensure_default_model
 from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.deploy import BasePool, start_engine
 from multilora_studio.engine import EngineConfig, ServingEngine
 from multilora_studio.engine.device_setup import resolve_device
 from multilora_studio.engine.host_memory import return_freed_memory
-from multilora_studio.engine.model_source import check_model_folder
+from multilora_studio.engine.model_source import RANDOM_PREFIX, check_model_folder
 from multilora_studio.gui.library_ops import LoadResult, base_for, load_library
 from multilora_studio.gui.preferences import EngineChoice
 from multilora_studio.gui.tasks import USER_ERRORS, Cancelled, Task, TaskRunner, user_message
@@ -34,6 +36,7 @@ from multilora_studio.gui.tasks import USER_ERRORS, Cancelled, Task, TaskRunner,
 log = logging.getLogger(__name__)
 
 STOPPED, LOADING, READY, FAILED = "stopped", "loading", "ready", "failed"
+Report = Callable[[float, str], None]
 
 
 class SettingsRejected(ValueError):
@@ -72,6 +75,8 @@ class EngineHost(QObject):
         self.working_choice: EngineChoice | None = None  # the last settings an engine started with
         self.skipped: dict[str, str] = {}
         self.load_progress: dict[str, tuple[float, str]] = {}
+        self._load_watchers: dict[str, list[Report]] = {}  # base -> leases waiting for its load
+        self._watch_lock = threading.Lock()
 
     @property
     def pool(self) -> BasePool | None:
@@ -88,14 +93,75 @@ class EngineHost(QObject):
         return dict(pool.resident()).get(pool.primary)
 
     @contextlib.contextmanager
-    def lease(self, base: str | None = None) -> Iterator[ServingEngine]:
+    def lease(self, base: str | None = None, report: Report | None = None) -> Iterator[ServingEngine]:
         """The engine of ``base`` (default the first), loaded if it is swapped out and kept
-        loaded until the block ends (off the GUI thread: a load takes seconds)."""
+        loaded until the block ends (off the GUI thread: a load takes seconds). ``report``
+        hears the wait and the load's progress when the base is not loaded."""
         pool = self._pool
         if pool is None:
             raise RuntimeError("the engine is not running")
-        with pool.lease(base or pool.primary) as engine:
+        name = base or pool.primary
+        with self._watching(name, report if name not in dict(pool.resident()) else None):
+            engine = pool.acquire(name)
+        try:
             yield engine
+        finally:
+            pool.release(name)
+
+    @contextlib.contextmanager
+    def _watching(self, base: str, report: Report | None) -> Iterator[None]:
+        """``report`` hears base ``base``'s load progress until the block ends."""
+        if report is None:
+            yield
+            return
+        report(0.0, f"waiting for base model {base} to load (it is swapped out)")
+        with self._watch_lock:
+            self._load_watchers.setdefault(base, []).append(report)
+        try:
+            yield
+        finally:
+            with self._watch_lock:
+                self._load_watchers[base].remove(report)
+
+    def _tell_watchers(self, base: str, fraction: float, message: str) -> None:
+        with self._watch_lock:
+            watchers = list(self._load_watchers.get(base, ()))
+        for report in watchers:
+            report(fraction, f"loading base model {base}: {message}")
+
+    def base_with_weights(self, digest: str, name: str) -> str | None:
+        """The base of the pool with weights ``digest`` (unknown digest: the base called
+        ``name``), or None."""
+        pool = self._pool
+        if pool is None:
+            return None
+        return next(
+            (base for base in pool.names if (pool.base(base).digest == digest if digest else base == name)),
+            None,
+        )
+
+    def base_folder(self, base: str, progress: Report | None = None) -> Path:
+        """The folder of base ``base``'s weights, without loading its engine (the embedded model
+        is converted first if it never was)."""
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("the engine is not running")
+        model = pool.base(base).config.model
+        if model is None:
+            return ensure_default_model(progress).path
+        if model.startswith(RANDOM_PREFIX):
+            raise ValueError(f"base model {base} has random weights and no folder")
+        return Path(model).expanduser()
+
+    def hub_repo_of(self, base: str) -> str:
+        """The Hub repository of base ``base`` (to search for its adapters): the embedded
+        model's, an ``org/name`` from the Hub cache; "" for a local folder."""
+        pool = self._pool
+        if pool is None:
+            return ""
+        if pool.base(base).config.model is None:
+            return DEFAULT_MODEL_REPO
+        return base if "/" in base else ""
 
     def base_for_adapter(self, name: str) -> str:
         """The base that serves library adapter ``name``, or would serve it (``base_for``),
@@ -213,6 +279,7 @@ class EngineHost(QObject):
 
             def report(fraction: float, message: str) -> None:
                 self.load_progress[name] = (fraction, message)
+                self._tell_watchers(name, fraction, message)
 
             report(0.0, "loading")
             try:

@@ -1,13 +1,15 @@
 """Evaluate view: a prompt-set file through the ticked adapters (and the base), scored per adapter.
 
-The run is one background task over the first base model's engine, leased (loaded first if it
-was swapped out; ``evaluate.run_eval``: every prompt
+The run is one background task over the engine of the base model picked above the adapter list
+(shown when the window serves several; it lists that base's adapters), leased: a swapped-out
+base is loaded first, its load shown in the progress bar (``evaluate.run_eval``: every prompt
 with every adapter in shared batches), with progress and Cancel. When it ends the matrix shows
 each output tinted by pass or fail, the scores table each adapter's numbers, the drill-down one
 prompt's outputs side by side; the results are saved as JSON and the library records the scores
 of its adapters. *Rerun…* (or a double click in *Recent*, the newest saved results first) runs a
-saved evaluation again (``evaluate.Rerun``): the view's inputs show what it ran, and a changed
-prompt set, another base or changed adapter weights are refused in the banner.
+saved evaluation again (``evaluate.Rerun``) on the base with the weights it ran on: the view's
+inputs show what it ran, and a changed prompt set, a base no longer served or changed adapter
+weights are refused in the banner.
 """
 
 from __future__ import annotations
@@ -101,6 +103,12 @@ class EvaluateView(QWidget):
         self.adapters.setToolTip("Tick the adapters to evaluate; 'base' is the model without an adapter")
         self.adapters.itemChanged.connect(self._ticks_changed)
         self.adapters.setMaximumHeight(120)
+        self.base_picker = QComboBox()
+        self.base_picker.setToolTip("The base model to evaluate on; its adapters are listed")
+        self.base_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.base_picker.currentIndexChanged.connect(lambda *_: self.refresh_adapters())
+        self.base_picker.hide()
+        self._picked: str | None = None  # the base picked, kept while the bases are listed again
         every, none = QPushButton("All"), QPushButton("None")
         every.clicked.connect(lambda: self.tick_all(True))
         none.clicked.connect(lambda: self.tick_all(False))
@@ -149,6 +157,7 @@ class EvaluateView(QWidget):
         file_row.addWidget(browse)
         ticks = QHBoxLayout()
         ticks.addWidget(QLabel("<b>Adapters</b>"), 1)
+        ticks.addWidget(self.base_picker)
         ticks.addWidget(every)
         ticks.addWidget(none)
         adapter_box = QVBoxLayout()
@@ -201,9 +210,10 @@ class EvaluateView(QWidget):
     # ---------------------------------------------------------------- choices
 
     def refresh_adapters(self) -> None:
-        """List 'base' and every adapter the first base model serves, ticked as the person left them."""
-        pool = self.host.pool
-        names = [BASE, *sorted(pool.adapters_of(pool.primary))] if pool is not None else []
+        """List 'base' and every adapter the picked base model serves, ticked as the person left them."""
+        self._show_bases()
+        pool, base = self.host.pool, self.picked_base()
+        names = [BASE, *sorted(pool.adapters_of(base))] if pool is not None and base is not None else []
         self.adapters.blockSignals(True)
         self.adapters.clear()
         for name in names:
@@ -213,6 +223,32 @@ class EvaluateView(QWidget):
             item.setCheckState(Qt.CheckState.Checked if name in self._wanted else Qt.CheckState.Unchecked)
             self.adapters.addItem(item)
         self.adapters.blockSignals(False)
+
+    def _show_bases(self) -> None:
+        """The base picker lists every base (shown only when there are several)."""
+        pool = self.host.pool
+        names = pool.names if pool is not None else []
+        if self.base_picker.currentData() is not None:
+            self._picked = self.base_picker.currentData()
+        self.base_picker.blockSignals(True)
+        self.base_picker.clear()
+        for name in names:
+            self.base_picker.addItem(name, name)
+        self.base_picker.setCurrentIndex(max(0, self.base_picker.findData(self._picked)))
+        self.base_picker.blockSignals(False)
+        self.base_picker.setVisible(len(names) > 1)
+
+    def picked_base(self) -> str | None:
+        """The base model the view evaluates on (None while no engine runs)."""
+        return self.base_picker.currentData()
+
+    def pick_base(self, base: str) -> bool:
+        """Evaluate on ``base``: list its adapters; False when the window does not serve it."""
+        index = self.base_picker.findData(base)
+        if index >= 0:
+            self._picked = base
+            self.base_picker.setCurrentIndex(index)
+        return index >= 0
 
     def _ticks_changed(self) -> None:
         listed = {self.adapters.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.adapters.count())}
@@ -263,6 +299,7 @@ class EvaluateView(QWidget):
         if self.task is not None:
             return False
         pool, names, path = self.host.pool, self.checked_names(), self.path.text().strip()
+        base = self.picked_base()
         problem = (
             "Choose a prompt set file first."
             if not path
@@ -272,7 +309,7 @@ class EvaluateView(QWidget):
             if not names
             else None
         )
-        if problem is not None or pool is None:
+        if problem is not None or pool is None or base is None:
             self.banner.show_message(problem or "The engine is not ready yet.", "warning")
             return False
         default = self.default_check.currentText() if self.default_check.currentIndex() > 0 else None
@@ -285,14 +322,15 @@ class EvaluateView(QWidget):
 
         def work(task: Task) -> Finished:
             prompt_set = load_prompt_set(Path(path), default)
-            with self.host.lease() as engine:  # the first base, loaded if it was swapped out
+            with self.host.lease(base, task.notify) as engine:  # loaded if it was swapped out
                 results = run_eval(
                     engine, prompt_set, names, settings, task.report, task.cancel_event, digests
                 )
             saved = save_results(results, folder)
             return Finished(results, saved, record_scores(registry, results, saved))
 
-        self._launch(work, f"Evaluating {Path(path).name} on {', '.join(names)}…")
+        on = f" (base model {base})" if len(pool.names) > 1 else ""
+        self._launch(work, f"Evaluating {Path(path).name} on {', '.join(names)}{on}…")
         return True
 
     def rerun(self, path: Path) -> bool:
@@ -307,12 +345,20 @@ class EvaluateView(QWidget):
         except (OSError, ValueError) as error:
             self.banner.show_message(f"Cannot rerun: {error}")
             return False
+        base = self.host.base_with_weights(saved.base_digest, saved.model)
+        if base is None:
+            self.banner.show_message(
+                f"Cannot rerun: the evaluation ran on {saved.model} (sha256 "
+                f"{saved.base_digest[:12] or 'unknown'}), which is not among the base models in Settings."
+            )
+            return False
+        self.pick_base(base)
         self.show_inputs(saved)
         registry, folder, digests = self.host.registry, self.results_dir, self.digests
 
         def work(task: Task) -> Finished:
             rerun = Rerun.of(saved)
-            with self.host.lease() as engine:  # the first base, loaded if it was swapped out
+            with self.host.lease(base, task.notify) as engine:  # loaded if it was swapped out
                 warnings = rerun.check_engine(engine, digests)
                 results = rerun.run(engine, task.report, task.cancel_event, digests)
             written = save_results(results, folder)
@@ -431,10 +477,11 @@ class EvaluateView(QWidget):
 
     def saved_widgets(self) -> list[QWidget]:
         """The inputs ``save_state`` records (the window saves again when any of them changes)."""
-        return [self.path, self.adapters, self.max_tokens, self.default_check, self.chat]
+        return [self.path, self.adapters, self.base_picker, self.max_tokens, self.default_check, self.chat]
 
     def save_state(self, prefs: Preferences) -> None:
         prefs.set("evaluate/prompt_set", self.path.text())
+        prefs.set("evaluate/base", self.picked_base() or self._picked or "")
         prefs.set("evaluate/adapters", sorted(self._wanted))
         prefs.set("evaluate/max_tokens", self.max_tokens.value())
         prefs.set("evaluate/default_check", self.default_check.currentText())
@@ -442,6 +489,7 @@ class EvaluateView(QWidget):
 
     def restore_state(self, prefs: Preferences) -> None:
         self.path.setText(prefs.get("evaluate/prompt_set", ""))
+        self._picked = prefs.get("evaluate/base", "") or None
         self.set_checked(prefs.get("evaluate/adapters", [BASE]))
         self.max_tokens.setValue(prefs.get("evaluate/max_tokens", EvalSettings().max_tokens))
         check = prefs.get("evaluate/default_check", DEFAULT_CHECKS[0])

@@ -236,6 +236,13 @@ class LibraryView(QWidget):
             self.base_filter.setCurrentIndex(index)
         return index >= 0
 
+    def filtered_base(self) -> str | None:
+        """The served base the base filter shows (None: every base, or a base not served)."""
+        pool, key = self.host.pool, self.base_filter.currentData()
+        if pool is None or key is None:
+            return None
+        return next((base for base in pool.names if pool.base(base).digest == key), None)
+
     def names(self) -> list[str]:
         """Adapter names in table order (after sorting and filtering)."""
         return [self.proxy.index(row, 0).data() for row in range(self.proxy.rowCount())]

@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 METRICS_INTERVAL_MS = 200  # 5 Hz
 AUTOSAVE_MS = 1000  # window state, prompt and choices are saved this long after the last change
 PAGES = ("Library", "Compare", "Evaluate", "Monitor", "Server", "Settings")
-DEFAULT_HUB_BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 class MainWindow(QMainWindow):
@@ -128,15 +127,11 @@ class MainWindow(QMainWindow):
         self.host.start(choice)
 
     def open_pull_dialog(self) -> None:
+        """The pull dialog, on the base the Library's base filter shows (else the first)."""
         if self.pull_dialog is None:
-            choice = self.host.choice
-            base = DEFAULT_HUB_BASE
-            if choice is not None and choice.model_source == "hub":
-                base = choice.model.partition("@")[0]
-            elif choice is not None and choice.model_source == "folder":
-                base = ""
-            self.pull_dialog = PullDialog(self.host, base, self)
+            self.pull_dialog = PullDialog(self.host, self)
             self.pull_dialog.pulled.connect(lambda name: self.host.reload_adapters())
+        self.pull_dialog.show_bases(self.library.filtered_base())
         self.pull_dialog.show()
         self.pull_dialog.raise_()
 

@@ -1,6 +1,11 @@
-"""Merge and export: one adapter (or several, with weights) merged into the loaded base and
+"""Merge and export: one adapter (or several, with weights) merged into a base of the window and
 written as a Hugging Face model folder, with progress and cancel; the result is registered as
-a base model of its own."""
+a base model of its own.
+
+The dialog merges into the base it picks (the selected adapter's own base, by the library's
+digest, unless the person picks another) and lists that base's adapters only; the merge reads
+the base's files, so a swapped-out base is merged without loading its engine.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from PySide6.QtWidgets import (
 
 from multilora_studio.adapters.registry_schema import BaseModelRecord
 from multilora_studio.gui.engine_host import EngineHost
+from multilora_studio.gui.library_ops import base_for
 from multilora_studio.gui.tasks import Task
 from multilora_studio.gui.widgets import MessageBanner
 from multilora_studio.merge import COMBINATIONS, OUTPUT_DTYPES, MergedModel, parse_shard_size
@@ -52,6 +58,9 @@ class MergeDialog(QDialog):
         self.adapters.setHorizontalHeaderLabels(["Adapter (check to merge)", "Weight"])
         self.adapters.horizontalHeader().setStretchLastSection(True)
         self.adapters.verticalHeader().hide()
+        self.target = QComboBox()
+        self.target.setToolTip("The base model to merge into; its adapters are listed")
+        self.target.currentIndexChanged.connect(lambda *_: self._fill(None))
         self.combination = QComboBox()
         self.combination.addItems(list(COMBINATIONS))
         self.out = QLineEdit(placeholderText="a new folder for the merged model")
@@ -71,7 +80,8 @@ class MergeDialog(QDialog):
         out_row = QHBoxLayout()
         out_row.addWidget(self.out, 1)
         out_row.addWidget(browse)
-        form = QFormLayout()
+        self.form = form = QFormLayout()
+        form.addRow("Merge into base model", self.target)
         form.addRow("Several adapters combine", self.combination)
         form.addRow("Output folder", out_row)
         form.addRow("Weights dtype", self.dtype)
@@ -111,9 +121,14 @@ class MergeDialog(QDialog):
             spin.setValue(weights.get(item.text(), spin.value()))
 
     def reload(self, selected: str | None) -> None:
-        """Re-read the library into the table (unless a merge runs), ``selected`` checked."""
+        """Re-read the library into the table (unless a merge runs), on ``selected``'s base
+        with it checked."""
         if self.task is None:
             self._fill(selected)
+
+    def pick_base(self, base: str) -> None:
+        """Merge into ``base``: list its adapters (none checked)."""
+        self.target.setCurrentIndex(max(0, self.target.findData(base)))
 
     def _rows(self) -> list[tuple[QTableWidgetItem, QDoubleSpinBox]]:
         rows = []
@@ -124,16 +139,9 @@ class MergeDialog(QDialog):
         return rows
 
     def start_merge(self) -> Task | None:
-        engine = self.host.engine
-        folder = engine.model_folder if engine is not None else None
-        if folder is None:
-            swapped = self.host.pool is not None and engine is None
-            self.banner.show_message(
-                "The first base model is swapped out; load it (a Compare column of it), then merge."
-                if swapped
-                else "Load a base model from a folder first; its adapters merge into it.",
-                "warning",
-            )
+        base = self.target.currentData()
+        if self.host.pool is None or base is None:
+            self.banner.show_message("The engine is not ready yet; merge once it has loaded.", "warning")
             return None
         chosen = self.checked()
         if not chosen:
@@ -152,6 +160,7 @@ class MergeDialog(QDialog):
         )
 
         def work(task: Task) -> tuple[MergedModel, BaseModelRecord]:
+            folder = self.host.base_folder(base, task.notify)
             inputs = resolve_merge_inputs(
                 registry, [n for n, _ in chosen], [w for _, w in chosen], str(folder), False, task.notify
             )
@@ -182,7 +191,20 @@ class MergeDialog(QDialog):
         super().closeEvent(event)
 
     def _fill(self, selected: str | None) -> None:
+        """The adapters of the picked base (``selected``'s base when given), ``selected`` checked."""
         records = self.host.registry.list_adapters()
+        pool = self.host.pool
+        if pool is not None:
+            base = self.host.base_for_adapter(selected) if selected else self.target.currentData()
+            self.target.blockSignals(True)
+            self.target.clear()
+            for name in pool.names:
+                self.target.addItem(name, name)
+            self.target.setCurrentIndex(max(0, self.target.findData(base)))
+            self.target.blockSignals(False)
+            self.form.setRowVisible(self.target, len(pool.names) > 1)
+            digests = {name: pool.base(name).digest for name in pool.names}
+            records = [r for r in records if base_for(r, digests) == self.target.currentData()]
         self.adapters.blockSignals(True)
         self.adapters.setRowCount(len(records))
         for row, record in enumerate(records):

@@ -1,10 +1,16 @@
-"""Pull from the Hub: search adapters of the loaded base, pull one with progress, cancel at any time."""
+"""Pull from the Hub: search adapters of a base, pull one with progress, cancel at any time.
+
+The adapter is validated against the base picked in the dialog (the Library's base filter's,
+else the first) and served there: the pull leases that base's engine, so a swapped-out base
+is loaded first, its progress shown.
+"""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
+    QComboBox,
     QDialog,
     QFormLayout,
     QHBoxLayout,
@@ -34,7 +40,7 @@ class PullDialog(QDialog):
 
     pulled = Signal(str)
 
-    def __init__(self, host: EngineHost, base_repo: str, parent: QWidget | None = None) -> None:
+    def __init__(self, host: EngineHost, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Pull an adapter from the Hugging Face Hub")
         self.resize(640, 480)
@@ -42,7 +48,10 @@ class PullDialog(QDialog):
         self.task: Task | None = None  # the pull
         self.search_task: Task | None = None
         self.banner = MessageBanner()
-        self.base = QLineEdit(base_repo, placeholderText="base model repo id, e.g. ORG/NAME")
+        self.target = QComboBox()
+        self.target.setToolTip("The base model the adapter was trained on: it is validated and served there")
+        self.target.currentIndexChanged.connect(self._target_changed)
+        self.base = QLineEdit(placeholderText="base model repo id, e.g. ORG/NAME")
         self.query = QLineEdit(placeholderText="words in the adapter's repo id (optional)")
         self.search_button = QPushButton("Search")
         self.results = QListWidget()
@@ -59,8 +68,9 @@ class PullDialog(QDialog):
         search_row = QHBoxLayout()
         search_row.addWidget(self.query, 1)
         search_row.addWidget(self.search_button)
-        form = QFormLayout()
-        form.addRow("Base model", self.base)
+        self.form = form = QFormLayout()
+        form.addRow("Serve on base model", self.target)
+        form.addRow("Adapters of (Hub id)", self.base)
         form.addRow("Search", search_row)
         form.addRow("Repository", self.repo)
         form.addRow("Name", self.name)
@@ -82,6 +92,25 @@ class PullDialog(QDialog):
         self.pull_button.clicked.connect(lambda: self.start_pull(self.repo.text(), self.name.text()))
         self.cancel_button.clicked.connect(self.cancel)
         close.clicked.connect(self.close)
+
+    def show_bases(self, picked: str | None) -> None:
+        """List the window's bases in the base picker (shown when there are several), ``picked``
+        chosen (None: the one chosen before, else the first)."""
+        pool = self.host.pool
+        names = pool.names if pool is not None else []
+        chosen = picked if picked in names else self.target.currentData()
+        self.target.blockSignals(True)
+        self.target.clear()
+        for name in names:
+            self.target.addItem(name, name)
+        self.target.setCurrentIndex(max(0, self.target.findData(chosen)))
+        self.target.blockSignals(False)
+        self.form.setRowVisible(self.target, len(names) > 1)
+        self._target_changed()
+
+    def _target_changed(self, *_: object) -> None:
+        base = self.target.currentData()
+        self.base.setText(self.host.hub_repo_of(base) if base is not None else "")
 
     def search(self) -> Task:
         base, text = self.base.text().strip(), self.query.text().strip()
@@ -120,31 +149,33 @@ class PullDialog(QDialog):
         self.cancel_button.setEnabled(self.task is not None)
 
     def start_pull(self, ref: str, name: str = "") -> Task | None:
-        engine = self.host.engine
-        if engine is None:
+        """Pull ``ref`` for the picked base (``show_bases``) and serve it there."""
+        pool = self.host.pool
+        if pool is None:
             self.banner.show_message("The engine is not ready yet; pull once it has loaded.", "warning")
             return None
         if not ref.strip():
             self.banner.show_message("Choose a search result or type a repository id.", "warning")
             return None
         registry = self.host.registry
-        base = BaseModelRef.of_engine(engine)
+        target = self.target.currentData() or pool.primary
 
-        def work(task: Task) -> PullResult:
-            result = pull(
-                ref.strip(),
-                registry,
-                base,
-                name=name.strip() or None,
-                max_rank=engine.config.max_lora_rank,
-                progress=task.notify,
-                cancel=task.cancel_event,
-            )
-            if result.adapter is None:
-                raise ValueError(f"{ref.strip()} is a base model; choose it in Settings to use it")
-            if result.adapter.name not in {info.name for info in engine.list_adapters()}:
-                add_to_engine(registry, engine, result.adapter)
-            return result
+        def work(task: Task) -> tuple[PullResult, str]:
+            with self.host.lease(target, task.notify) as engine:
+                result = pull(
+                    ref.strip(),
+                    registry,
+                    BaseModelRef.of_engine(engine),
+                    name=name.strip() or None,
+                    max_rank=engine.config.max_lora_rank,
+                    progress=task.notify,
+                    cancel=task.cancel_event,
+                )
+                if result.adapter is None:
+                    raise ValueError(f"{ref.strip()} is a base model; choose it in Settings to use it")
+                if not engine.has_adapter(result.adapter.name):
+                    add_to_engine(registry, engine, result.adapter)
+            return result, target
 
         self.banner.clear()
         self._busy(True)
@@ -173,11 +204,15 @@ class PullDialog(QDialog):
         self.progress.setValue(int(fraction * 1000))
         self.status.setText(message)
 
-    def _pulled(self, result: PullResult) -> None:
+    def _pulled(self, value: tuple[PullResult, str]) -> None:
+        result, base = value
         self._busy(False)
         name = result.adapter.name if result.adapter is not None else result.repo_id
         state = "was already in the library as" if result.already_registered else "was added as"
-        self.banner.show_message(f"{result.repo_id}@{result.revision[:12]} {state} {name!r}.", "success")
+        self.banner.show_message(
+            f"{result.repo_id}@{result.revision[:12]} {state} {name!r}, served on base model {base}.",
+            "success",
+        )
         self.progress.setValue(1000)
         self.pulled.emit(name)
 

@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before any QApplication exists
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,12 @@ from multilora_studio.cli.shared import describe_base
 from multilora_studio.gui.main_window import MainWindow
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 from multilora_studio.gui.theme import apply_theme, set_theme
+from tests.fixtures import AdapterSpec, build_adapter
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
 ENGINE_TIMEOUT_MS = 120_000
+LLAMA_ADAPTERS = ("tiny-r8-all", "tiny-r4-qv")  # the first base's adapters in ``two_bases``
+QWEN_ADAPTER = AdapterSpec("qwen-r8", 8, 16, ("q_proj", "v_proj", "down_proj"), 51)
 
 
 def save_screenshot(widget: QWidget, name: str) -> Path:
@@ -53,6 +57,27 @@ def tiny_choice(tiny_model_dir: Path, engine_device: str) -> EngineChoice:
         max_loras=4,
         max_lora_rank=32,
     )
+
+
+@pytest.fixture(scope="session")
+def qwen_base(tiny_family_models, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A second base (a tiny Qwen2, attention bias) and a PEFT adapter trained on it."""
+    folder = tiny_family_models["qwen2"]
+    return folder, build_adapter(folder, QWEN_ADAPTER, tmp_path_factory.mktemp("qwen-adapter") / "qwen-r8")
+
+
+@pytest.fixture
+def two_bases(
+    registry: Registry, tiny_base, tiny_adapters, qwen_base, make_prefs, tiny_choice: EngineChoice
+) -> EngineChoice:
+    """A library with adapters of both bases, and Settings that serve both (``extra_models``)."""
+    folder, adapter = qwen_base
+    for name in LLAMA_ADAPTERS:
+        registry.import_folder(tiny_adapters[name], tiny_base, max_rank=32)
+    registry.import_folder(adapter, describe_base(str(folder)), name="qwen-r8", max_rank=32)
+    choice = replace(tiny_choice, extra_models=(str(folder),))
+    make_prefs().set_engine_choice(choice)
+    return choice
 
 
 @pytest.fixture

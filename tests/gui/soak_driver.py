@@ -12,9 +12,10 @@ the third restart leaves room for one base only, so compares of both bases swap 
 compare ticks every listed column, the base picker cycling through all bases and each one; every
 other compare is a chat action (``start_chat_compare``: follow-ups, a column with its own settings, token
 divergence), every fourth an adapter's strength sweep; on the Evaluate page it keeps an
-evaluation of base and every adapter going, cancelling every other one (``EvaluateActions``);
-on the Library page it merges a demo adapter into the base and exports it, cancelling every
-other merge (``MergeActions``), and cycles the base filter (``BaseFilterActions``). The endpoint
+evaluation of base and every adapter going, on each base in turn, cancelling every other one
+(``EvaluateActions``); on the Library page it merges an adapter into its base and exports it,
+each base in turn, cancelling every other merge (``MergeActions``), and cycles the base filter
+(``BaseFilterActions``). The endpoint
 runs throughout (restarted with each engine), a client thread sending it a short completion
 every second, for an adapter of each base in turn (``EndpointTraffic``), and the Monitor's usage
 table must show what it was sent; the Monitor's base panels are watched (``watch_bases``).
@@ -71,16 +72,24 @@ SECOND_ADAPTER = "soak-second-base"  # the second base's adapter in the library
 SWAP_RESTART = 2  # restarts done before the one that leaves room for one base (one engine each)
 
 
+def base_in_turn(window: MainWindow, started: int) -> str | None:
+    """The base an action works on: each base for two actions in turn (a run and a cancelled one)."""
+    pool = window.host.pool
+    return pool.names[(started // 2) % len(pool.names)] if pool is not None else None
+
+
 class EvaluateActions:
     """The soak's Evaluate actions: while the Evaluate page shows, a run of base and every adapter
-    is kept going over a small prompt set, and every second run is cancelled as soon as it starts.
-    Errors (not cancellations) are problems."""
+    of a base (each base in turn, ``base_in_turn``) is kept going over a small prompt set, and
+    every second run is cancelled as soon as it starts. Errors (not cancellations) are problems;
+    the bases evaluated are counted."""
 
     def __init__(self, window: MainWindow, folder: Path) -> None:
         self.window = window
         self.prompts = folder / "soak-prompts.jsonl"
         self.prompts.write_text("".join(json.dumps(row) + "\n" for row in EVALUATE_ROWS))
         self.started = self.finished = 0
+        self.bases: set[str] = set()  # bases an evaluation finished on
         self.problems: list[str] = []
         window.evaluate.results_dir = folder / "evaluations"
         window.evaluate.runFinished.connect(self.run_finished)
@@ -95,6 +104,10 @@ class EvaluateActions:
             return
         view.path.setText(str(self.prompts))
         view.max_tokens.setValue(EVALUATE_TOKENS)
+        base = base_in_turn(self.window, self.started)
+        if base is None or not view.pick_base(base):
+            self.problems.append(f"evaluate lists no base {base}")
+            return
         view.tick_all(True)
         if view.start():
             self.started += 1
@@ -103,21 +116,25 @@ class EvaluateActions:
 
     def run_finished(self) -> None:
         self.finished += 1
-        banner = self.window.evaluate.banner
-        if banner.kind == "error":
-            self.problems.append(f"evaluation failed: {banner.text}")
+        view = self.window.evaluate
+        if view.banner.kind == "error":
+            self.problems.append(f"evaluation failed: {view.banner.text}")
+        elif view.results is not None and view.summary.text().startswith("Saved"):
+            self.bases.add(view.results.model)
 
 
 class MergeActions:
-    """The soak's Library actions: while the Library page shows, "Merge and export" of one demo
-    adapter is kept going (the adapters in turn), every second merge cancelled as soon as it
+    """The soak's Library actions: while the Library page shows, "Merge and export" of one adapter
+    into its base is kept going (each base in turn, ``base_in_turn``, its adapters in turn;
+    a swapped-out base is merged from its files), every second merge cancelled as soon as it
     starts; a merged folder is deleted once written, and the merged adapter's "Warm at start"
-    toggled. Errors (not cancellations) are problems."""
+    toggled. Errors (not cancellations) are problems; the bases merged into are counted."""
 
     def __init__(self, window: MainWindow, folder: Path) -> None:
         self.window = window
         self.folder = folder / "merges"
         self.started = self.finished = self.cancelled = self.warm_toggles = 0
+        self.bases: set[str] = set()  # bases a merge was written from
         self.warm_pending: tuple[str, bool] | None = None
         self.problems: list[str] = []
         self.task = None
@@ -126,15 +143,19 @@ class MergeActions:
         self.check_warm()
         if self.task is not None or self.window.page != "Library" or self.window.host.state != "ready":
             return
-        pool = self.window.host.pool
-        if pool is None or self.window.host.engine is None:  # the first base swapped out
+        pool, base = self.window.host.pool, base_in_turn(self.window, self.started)
+        if pool is None or base is None:
             return
-        names = sorted(pool.adapters_of(pool.primary))  # they merge into the first base
+        names = sorted(pool.adapters_of(base))
         if not names:
             return
         dialog = self.window.library.open_merge_dialog()
-        merged = names[self.started % len(names)]
+        dialog.pick_base(base)
+        merged = names[(self.started // 4) % len(names)]
         dialog.set_checked({merged: 1.0})
+        if dialog.checked() != [(merged, 1.0)]:
+            self.problems.append(f"the merge dialog does not list {merged} under base {base}")
+            return
         out = self.folder / f"merge-{self.started}"
         dialog.out.setText(str(out))
         dialog.name.setText(f"soak-merge-{self.started}")
@@ -144,16 +165,17 @@ class MergeActions:
             return
         self.task = task
         self.started += 1
-        task.done.connect(lambda: self.merge_done(out, merged))
+        task.done.connect(lambda: self.merge_done(out, merged, base))
         if self.started % 2 == 0:
             task.cancel()
 
-    def merge_done(self, out: Path, name: str) -> None:
+    def merge_done(self, out: Path, name: str, base: str) -> None:
         self.task = None
         dialog = self.window.library.merge_dialog
         banner = dialog.banner if dialog is not None else None
         if banner is not None and banner.kind == "success":
             self.finished += 1
+            self.bases.add(base)
             shutil.rmtree(out, ignore_errors=True)
             self.toggle_warm(name)
         elif banner is not None and banner.text.startswith("Merge cancelled"):
@@ -425,6 +447,8 @@ class Soak(QObject):
             "evaluations": self.evaluate_actions.finished if self.evaluate_actions else 0,
             "merges": self.merge_actions.finished if self.merge_actions else 0,
             "merges_cancelled": self.merge_actions.cancelled if self.merge_actions else 0,
+            "evaluated_bases": sorted(self.evaluate_actions.bases) if self.evaluate_actions else [],
+            "merged_bases": sorted(self.merge_actions.bases) if self.merge_actions else [],
             "warm_toggles": self.merge_actions.warm_toggles if self.merge_actions else 0,
             "none_refs": self.none_refs,
             "rss_after_restart": self.rss_after_restart,

@@ -14,33 +14,11 @@ from multilora_studio.engine import Engine, SamplingParams
 from multilora_studio.gui.base_panel import BasePanel
 from multilora_studio.gui.base_states import LOADED, LOADING, SWAPPED_OUT, BaseState
 from multilora_studio.gui.preferences import EngineChoice
-from tests.fixtures import AdapterSpec, build_adapter
-from tests.gui.conftest import save_screenshot, wait_ready
+from tests.gui.conftest import LLAMA_ADAPTERS, save_screenshot, wait_ready
 from tests.gui.test_server import start_endpoint
 
-LLAMA_ADAPTERS = ("tiny-r8-all", "tiny-r4-qv")
-QWEN_ADAPTER = AdapterSpec("qwen-r8", 8, 16, ("q_proj", "v_proj", "down_proj"), 51)
 PROMPT = "Tell me about lighthouses."
 TOKENS = 12
-
-
-@pytest.fixture(scope="module")
-def qwen_base(tiny_family_models, tmp_path_factory):
-    """The second base (a tiny Qwen2, attention bias) and a PEFT adapter trained on it."""
-    folder = tiny_family_models["qwen2"]
-    return folder, build_adapter(folder, QWEN_ADAPTER, tmp_path_factory.mktemp("qwen-adapter") / "qwen-r8")
-
-
-@pytest.fixture
-def two_bases(registry, tiny_base, tiny_adapters, qwen_base, make_prefs, tiny_choice):
-    """A library with adapters of both bases, and Settings that serve both (``extra_models``)."""
-    folder, adapter = qwen_base
-    for name in LLAMA_ADAPTERS:
-        registry.import_folder(tiny_adapters[name], tiny_base, max_rank=32)
-    registry.import_folder(adapter, describe_base(str(folder)), name="qwen-r8", max_rank=32)
-    choice = replace(tiny_choice, extra_models=(str(folder),))
-    make_prefs().set_engine_choice(choice)
-    return choice
 
 
 def run_compare(qtbot, compare, names: list[str]) -> dict[str, list[int]]:

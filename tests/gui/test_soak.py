@@ -56,6 +56,7 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tiny_fa
     assert result["restarts"] == RESTARTS and result["compares"] >= RESTARTS, result
     assert result["evaluations"] >= 1, result
     assert result["merges"] >= 1 and result["merges_cancelled"] >= 1, result
+    assert len(result["evaluated_bases"]) == len(result["merged_bases"]) == 2, result  # each base
     assert result["warm_toggles"] >= 1, result
     assert result["chat_runs"] >= 2 and result["divergences"] >= 1, result
     assert result["strength_sweeps"] >= 1, result
