@@ -101,6 +101,9 @@ class SlotTable:
     def is_pinned(self, name: str) -> bool:
         return name in self._pinned
 
+    def pinned_names(self) -> frozenset[str]:
+        return frozenset(self._pinned)
+
     def evict(self, name: str) -> int | None:
         """Drop ``name`` from its slot (it must not be in use); return the freed slot."""
         if self._in_use.get(name, 0) > 0:

@@ -258,6 +258,9 @@ class RemoteEngine(RequestMethods):
             "a Ray deployment's replicas keep adapters by Ray's multiplexed LRU; pinning is per engine"
         )
 
+    def pinned_adapters(self) -> list[str]:
+        return []  # pinning is refused (pin_adapter)
+
     def list_adapters(self) -> list[AdapterInfo]:
         with self._lock:
             return [registration.facts.info for registration in self._adapters.values()]

@@ -341,6 +341,9 @@ class ReplicaSet(RequestMethods):
         for engine in self.replicas:
             engine.pin_adapter(name, pinned)
 
+    def pinned_adapters(self) -> list[str]:
+        return self.replicas[0].pinned_adapters()
+
     def list_adapters(self) -> list[AdapterInfo]:
         return self.replicas[0].list_adapters()
 
@@ -372,6 +375,20 @@ class ReplicaSet(RequestMethods):
             for r, engine in enumerate(self.replicas)
         ]
 
+    def park_bytes(self) -> int:
+        return sum(engine.park_bytes() for engine in self.replicas)
+
+    def park(self) -> None:
+        """Every replica swapped out (``Engine.park``), together."""
+        self._on_every_replica(Engine.park)
+
+    def unpark(self) -> None:
+        self._on_every_replica(Engine.unpark)
+
+    def _on_every_replica(self, work: Callable[[Engine], None]) -> None:
+        with ThreadPoolExecutor(len(self.replicas), thread_name_prefix="replica-swap") as pool:
+            list(pool.map(work, self.replicas))
+
     @property
     def running(self) -> bool:
         """While at least one replica takes requests."""
@@ -380,8 +397,7 @@ class ReplicaSet(RequestMethods):
 
     def shutdown(self) -> None:
         self._stopping.set()
-        with ThreadPoolExecutor(len(self.replicas), thread_name_prefix="replica-stop") as pool:
-            list(pool.map(lambda engine: engine.shutdown(), self.replicas))
+        self._on_every_replica(Engine.shutdown)
 
     def __enter__(self) -> ReplicaSet:
         return self

@@ -14,7 +14,7 @@ from multilora_studio.engine.host_tier_size import least_host_capacity
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta, TokenLogprob
 from multilora_studio.engine.prompts import Prompt
 from multilora_studio.engine.requests import RequestStream
-from multilora_studio.engine.serving_engine import ServingEngine
+from multilora_studio.engine.serving_engine import ParkableEngine, ServingEngine
 from multilora_studio.engine.structured import StructuredOutput
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineMetrics",
+    "ParkableEngine",
     "Prompt",
     "RequestOutput",
     "RequestStream",

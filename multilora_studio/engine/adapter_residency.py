@@ -453,6 +453,15 @@ class AdapterResidency:
     def uploads_in_flight(self) -> int:
         return len(self._uploads)
 
+    def finish_uploads(self) -> None:
+        """Wait for the slot uploads in flight to land (before the slots are parked)."""
+        if self.upload_stream is not None:
+            self.upload_stream.synchronize()
+
+    def pinned(self) -> list[str]:
+        """The adapters pinned, in a slot or on their way into one."""
+        return sorted(self.slots.pinned_names())
+
     def take_failed_loads(self) -> list[str]:
         """The adapters whose load into the host tier failed since the last call."""
         return self.host_cache.take_failures()

@@ -54,11 +54,31 @@ class CallOnWorker:
 
 
 @dataclass(frozen=True)
+class Park:
+    """Swap the base out: weights and slots to host memory, KV cache and graphs freed."""
+
+
+@dataclass(frozen=True)
+class Unpark:
+    """Swap the base back in."""
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Finish every request with reason 'abort' and end the worker loop."""
 
 
-Command = AddRequests | AbortRequest | RemoveAdapter | PinAdapter | SnapshotMetrics | CallOnWorker | Shutdown
+Command = (
+    AddRequests
+    | AbortRequest
+    | RemoveAdapter
+    | PinAdapter
+    | SnapshotMetrics
+    | CallOnWorker
+    | Park
+    | Unpark
+    | Shutdown
+)
 
 
 class CommandQueue:

@@ -27,10 +27,12 @@ from multilora_studio.engine.commands import (
     CallOnWorker,
     Command,
     CommandQueue,
+    Park,
     PinAdapter,
     RemoveAdapter,
     Shutdown,
     SnapshotMetrics,
+    Unpark,
 )
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.device_setup import load_on_device, resolve_device, resolve_dtype
@@ -141,6 +143,10 @@ class Engine(RequestMethods):
         the adapter in its slot once it is there.
         """
         self._call(PinAdapter(name, pinned))
+
+    def pinned_adapters(self) -> list[str]:
+        """The adapters pinned (``pin_adapter``), whether in their slot yet or not."""
+        return self._call(CallOnWorker(self.residency.pinned))
 
     def list_adapters(self) -> list[AdapterInfo]:
         return self.residency.infos()
@@ -260,6 +266,29 @@ class Engine(RequestMethods):
         """Stop a request; it finishes with reason 'abort' and its KV blocks are freed."""
         self._post(AbortRequest(request_id))
 
+    # ---------------------------------------------------------------- swaps (BasePool)
+
+    def park_bytes(self) -> int:
+        """Bytes a ``park`` holds in host memory: the base weights and the LoRA slots."""
+        return self._call(CallOnWorker(self.runner.park_bytes))
+
+    def park(self) -> None:
+        """Swap the base out, keeping this engine: its weights and LoRA slots are copied to
+        page-locked host memory and freed on the device with its KV cache and CUDA graphs
+        (``engine/device_parking.py``; on the CPU the weights stay where they are). Adapters,
+        pins, the host tier and the tokenizer stay. RuntimeError while requests are queued or
+        running; requests submitted while parked wait for ``unpark``."""
+        self._call(Park())
+
+    def unpark(self) -> None:
+        """Swap the base back in: the weights and slots copied back, the KV cache allocated
+        again; CUDA graphs are captured again by the first steps that need them."""
+        self._call(Unpark())
+
+    @property
+    def parked(self) -> bool:
+        return self.worker.parked
+
     # ---------------------------------------------------------------- state
 
     def metrics(self, fresh: bool = False) -> EngineMetrics | None:
@@ -299,6 +328,7 @@ class Engine(RequestMethods):
         self._stopping = True
         self._thread.join()
         self.residency.close()
+        self.runner.parking.close()
         gc.unfreeze()  # what was frozen at start-up can be collected again
 
     def __enter__(self) -> Engine:

@@ -132,6 +132,16 @@ class LoRASlotWeights:
                 self.row_bias[group][:, slot].zero_()
         self.slot_row_groups[slot] = frozenset()
 
+    def device_state(self) -> list[object]:
+        """What the slots hold on the device: tensors, and the token tables' dataclasses that
+        hold more (read by ``device_parking.tensors_of`` for a park of the engine)."""
+        pool = self.token_tables
+        norms = list(self.base.sq_norms.values()) if self.base is not None else []
+        return [
+            *self.a.values(), *self.b.values(), *self.row_scale.values(), *self.row_bias.values(),
+            self.slot_ranks, *norms, *pool.tables.values(), pool.embed_swaps, pool.head_swaps,
+        ]  # fmt: skip
+
     @property
     def nbytes(self) -> int:
         rows = itertools.chain(self.row_scale.values(), self.row_bias.values())

@@ -38,6 +38,7 @@ class MetricsPublisher:
         self.blocks = blocks
         self.residency = residency
         self.latest: EngineMetrics | None = None
+        self.parked = False  # the base is swapped out (state "parked")
         self.preemptions = 0
         self.busy_seconds = 0.0
         self._generated = 0
@@ -72,7 +73,7 @@ class MetricsPublisher:
         compiled = compile_count()
         pool = residency.lora.token_tables
         self.latest = EngineMetrics(
-            state="running" if self.scheduler.has_work else "idle",
+            state="parked" if self.parked else "running" if self.scheduler.has_work else "idle",
             device=str(self.device),
             steps=self.scheduler.step_count,
             running=len(self.scheduler.running),

@@ -14,6 +14,7 @@ import torch
 
 from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.device_parking import DeviceParking, tensors_of
 from multilora_studio.engine.dora import BaseProjection, base_row_norms
 from multilora_studio.engine.grammar import DeviceMasks, apply_token_masks
 from multilora_studio.engine.kernel_warmup import warm_up_kernels, warmup_steps
@@ -138,28 +139,17 @@ class ModelRunner:
         self.block_size = config.block_size
         self.score_chunk_rows = score_chunk_rows(spec.vocab_size, dtype)
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
-        # KV cache: [layers, 2 (k, v), blocks, block_size, kv_heads, head_dim]
-        self.kv_cache = torch.zeros(
-            (spec.num_layers, 2, num_kv_blocks, config.block_size, spec.num_kv_heads, spec.head_dim),
-            dtype=dtype,
-            device=device,
-        )
-        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(spec.num_layers)]
+        self.num_kv_blocks = num_kv_blocks
+        self._allocate_kv_cache()
         self.lora_batch = LoRABatch.allocate(config.max_num_batched_tokens, config.max_loras, device)
+        self.parking = DeviceParking(device, copy_kept=device.type == "cuda")  # BasePool's swaps
         self.decode_graphs: StepGraphs | None = None
         self.mixed_graphs: StepGraphs | None = None
         started = self._phase_done("slots and KV cache", started)
-        if device.type == "cuda" and not config.enforce_eager:
-            pool = torch.cuda.graph_pool_handle()  # one memory pool for every capture
-            seqs = config.max_num_seqs
-            self.decode_graphs = StepGraphs(
-                self.model, self.kv_caches, self._staging(seqs, seqs, True), batch_buckets(seqs), pool
-            )
-            started = self._phase_done("decode graphs", started)
-            buckets = token_buckets(min(MIXED_MAX_TOKENS, config.max_num_batched_tokens))
-            staging = self._staging(buckets[-1], seqs, False)
-            self.mixed_graphs = StepGraphs(self.model, self.kv_caches, staging, buckets, pool)
-            started = self._phase_done("mixed graphs", started)
+        self.uses_graphs = device.type == "cuda" and not config.enforce_eager
+        if self.uses_graphs:
+            self._make_graphs(capture=True, started=started)
+            started = time.perf_counter()
         if device.type == "cuda":
             # Triton compiles now, not in the middle of serving
             steps = warmup_steps(config, decode_graphs=self.decode_graphs is not None)
@@ -172,6 +162,61 @@ class ModelRunner:
         elif plan.batch_invariant:
             paged_attention_cpu.compile_now()  # the invariant attention runs every dtype in float32
         self._phase_done("kernel warm-up", started)
+
+    def _allocate_kv_cache(self) -> None:
+        spec, config = self.spec, self.config
+        # KV cache: [layers, 2 (k, v), blocks, block_size, kv_heads, head_dim]
+        self.kv_cache = torch.zeros(
+            (spec.num_layers, 2, self.num_kv_blocks, config.block_size, spec.num_kv_heads, spec.head_dim),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(spec.num_layers)]
+
+    def _make_graphs(self, capture: bool, started: float = 0.0) -> None:
+        """The decode and mixed steps' graphs over fresh staging buffers and one new memory pool:
+        each captured now (``capture``: the start) or on the first step that needs it (after an
+        unpark, so that the swap-in copies weights only)."""
+        pool = torch.cuda.graph_pool_handle()  # one memory pool for every capture
+        seqs = self.config.max_num_seqs
+        self.decode_graphs = StepGraphs(
+            self.model, self.kv_caches, self._staging(seqs, seqs, True), batch_buckets(seqs), pool, capture
+        )
+        if capture:
+            started = self._phase_done("decode graphs", started)
+        buckets = token_buckets(min(MIXED_MAX_TOKENS, self.config.max_num_batched_tokens))
+        staging = self._staging(buckets[-1], seqs, False)
+        self.mixed_graphs = StepGraphs(self.model, self.kv_caches, staging, buckets, pool, capture)
+        if capture:
+            self._phase_done("mixed graphs", started)
+
+    # ---------------------------------------------------------------- parking (BasePool's swaps)
+
+    def _kept_on_park(self) -> list[torch.Tensor]:
+        """The tensors a park copies to host memory: the base weights and the LoRA slots."""
+        return list(tensors_of(self.weights, *self.lora.device_state()))
+
+    def park_bytes(self) -> int:
+        """Host bytes a park holds: the base weights' and the LoRA slots' (each storage once)."""
+        return self.parking.kept_bytes(self._kept_on_park())
+
+    def park(self) -> None:
+        """Move the weights and slots to host memory and free them, the KV cache and the graphs
+        on the device (no request runs: no block is in use; ``unpark`` brings them back)."""
+        self.parking.park(self._kept_on_park())
+        self.decode_graphs = self.mixed_graphs = None  # their addresses are gone
+        self.kv_caches = []
+        self.kv_cache = torch.empty(0, dtype=self.dtype, device=self.device)  # [0]: freed
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # back to the driver: another engine's allocations see it free
+
+    def unpark(self) -> None:
+        """The weights and slots back on the device, a new KV cache of the same blocks (zeroed,
+        as at the start), and graphs again (captured as steps need them)."""
+        self.parking.unpark()
+        self._allocate_kv_cache()
+        if self.uses_graphs:
+            self._make_graphs(capture=False)
 
     def _phase_done(self, phase: str, started: float) -> float:
         """Record ``phase`` as ending now (CUDA work included); returns now."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -40,6 +40,8 @@ class ServingEngine(Protocol):
     ) -> dict[str, str | None]: ...
 
     def pin_adapter(self, name: str, pinned: bool = True) -> None: ...
+
+    def pinned_adapters(self) -> list[str]: ...
 
     def list_adapters(self) -> list[AdapterInfo]: ...
 
@@ -94,3 +96,15 @@ class ServingEngine(Protocol):
     def metrics(self, fresh: bool = False) -> EngineMetrics | None: ...
 
     def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class ParkableEngine(Protocol):
+    """A serving engine that can swap its base out and back in and stay itself (``Engine.park``):
+    the base pool's fast time-share swap; other engines are stopped and started again."""
+
+    def park_bytes(self) -> int: ...
+
+    def park(self) -> None: ...
+
+    def unpark(self) -> None: ...

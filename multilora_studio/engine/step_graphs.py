@@ -133,13 +133,20 @@ class GraphStep:
 
 class StepGraphs:
     """Captured steps over one staging, keyed by (bucket, uses_lora, uses_rows, uses_tables,
-    slot_span); buckets end at its size. The graphs over every slot are captured at start; those
-    over fewer leading slots (``LoRAStep.slot_span``), with the per-row terms (DoRA, lora_bias)
-    or between a step's token tables on the first step of their bucket that needs them
-    (``model.lora.ensure_row_buffers()`` first)."""
+    slot_span); buckets end at its size. The graphs over every slot are captured at start
+    (``capture``; without it, on the first step of their bucket, as after an engine's swap-in);
+    those over fewer leading slots (``LoRAStep.slot_span``), with the per-row terms (DoRA,
+    lora_bias) or between a step's token tables on the first step of their bucket that needs
+    them (``model.lora.ensure_row_buffers()`` first)."""
 
     def __init__(
-        self, model: LlamaModel, kv_caches: KVCaches, staging: StepStaging, buckets: list[int], pool: Any
+        self,
+        model: LlamaModel,
+        kv_caches: KVCaches,
+        staging: StepStaging,
+        buckets: list[int],
+        pool: Any,
+        capture: bool = True,
     ) -> None:
         if buckets[-1] != staging.max_tokens:
             raise ValueError(f"the largest bucket {buckets[-1]} must be the staging's {staging.max_tokens}")
@@ -156,7 +163,8 @@ class StepGraphs:
         self.hidden_rows = torch.zeros((staging.max_seqs, hidden), dtype=dtype, device=device)  # [S, H]
         self.graphs: dict[tuple[int, bool, bool, bool, int], torch.cuda.CUDAGraph] = {}
         self.pool = pool
-        self.capture_all()
+        if capture:
+            self.capture_all()
 
     def _forward(
         self,

@@ -22,10 +22,12 @@ from multilora_studio.engine.commands import (
     CallOnWorker,
     Command,
     CommandQueue,
+    Park,
     PinAdapter,
     RemoveAdapter,
     Shutdown,
     SnapshotMetrics,
+    Unpark,
 )
 from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
@@ -96,6 +98,8 @@ class EngineWorker:
         self._active: dict[str, ActiveRequest] = {}
         self._last_step_end = 0.0
         self.cpu_threads = torch.get_num_threads()  # torch's threads for the steps (built on this thread)
+        # swapped out (``park``): no step, upload or pinned load runs until ``unpark``
+        self.parked = False
 
     # ---------------------------------------------------------------- the loop
 
@@ -106,6 +110,9 @@ class EngineWorker:
             wake.clear()
             if not self._drain_commands():
                 return
+            if self.parked:  # requests queued meanwhile wait for the swap-in
+                wake.wait()
+                continue
             self._fail_unloadable_adapters()
             self.residency.look_ahead()
             pinned_loading = self.residency.load_pinned()
@@ -394,6 +401,7 @@ class EngineWorker:
         elif isinstance(command, AbortRequest):
             self._finish(command.request_id, "abort", None)
         elif isinstance(command, RemoveAdapter):
+            self._refuse_while_parked(f"remove adapter {command.name!r}")
             self.residency.remove(command.name)
         elif isinstance(command, PinAdapter):
             self.residency.pin(command.name, command.pinned)
@@ -402,6 +410,37 @@ class EngineWorker:
             return self.metrics.latest
         elif isinstance(command, CallOnWorker):
             return command.work()
+        elif isinstance(command, Park):
+            self._park()
+        elif isinstance(command, Unpark):
+            self._unpark()
         else:
             raise ValueError(f"unknown engine command {command!r}")
         return None
+
+    # ---------------------------------------------------------------- swaps (BasePool)
+
+    def _park(self) -> None:
+        """Swap the base out (``ModelRunner.park``); refused while requests are queued or running."""
+        if self._active:
+            running = len(self._active)
+            raise RuntimeError(f"cannot swap the base out: {running} requests are queued or running")
+        if self.parked:
+            return
+        self.residency.finish_uploads()
+        nbytes = self.runner.park_bytes()
+        self.runner.park()
+        self.parked = self.metrics.parked = True
+        self.metrics.publish(force=True)
+        log.info("base %s swapped out (%.2f GB in host memory)", self.base.name, nbytes / 1e9)
+
+    def _unpark(self) -> None:
+        if self.parked:
+            self.runner.unpark()
+            self.parked = self.metrics.parked = False
+            self.metrics.publish(force=True)
+
+    def _refuse_while_parked(self, what: str) -> None:
+        """RuntimeError for work on the device while the base is swapped out."""
+        if self.parked:
+            raise RuntimeError(f"cannot {what} while the base {self.base.name} is swapped out")
