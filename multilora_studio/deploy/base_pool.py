@@ -3,13 +3,20 @@ host tier), sharing the device: colocated while at most ``max_resident`` are loa
 when more are asked for.
 
 A request leases its base (``lease``): a base that is not loaded is loaded first, after the
-least recently used idle base is unloaded to make room (never one with a lease: its requests
+least recently used idle base is swapped out to make room (never one with a lease: its requests
 run to the end first), and the request waits for that, at most ``load_timeout_s``. While a
 request waits for room, new requests for the loaded bases wait too, so those drain and the
 bases take turns (time-share) instead of one starving the other. A base
-idle for ``keep_alive_s`` is unloaded (Ollama's ``keep_alive``). Each base keeps its adapter
-registrations across swaps: a reloaded engine gets them back before any request runs on it.
-A request only ever runs on the engine of the base its model names.
+idle for ``keep_alive_s`` is swapped out (Ollama's ``keep_alive``).
+
+A swap-out parks the engine (``Engine.park``): it stays, with its tokenizer, adapters, pins and
+host tier, its weights and LoRA slots copied to page-locked host memory and freed on the device
+with its KV cache and graphs, before any other base is brought in; the swap-in copies them
+back. Host memory is bounded: a base is parked only while its bytes are at most
+``park_memory_fraction`` of the host memory available at that moment; otherwise (or for an
+engine that cannot park, or with ``park_memory_fraction=0``) its engine is stopped and started
+again from its checkpoint on its next request, its adapter registrations and pins applied again
+before any request runs on it. A request only ever runs on the engine of the base its model names.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from multilora_studio.deploy.model_aliases import ModelAliases
-from multilora_studio.engine import Engine, EngineConfig
+from multilora_studio.engine import Engine, EngineConfig, ParkableEngine
+from multilora_studio.engine.host_tier_size import available_host_memory
 from multilora_studio.engine.model_source import RANDOM_PREFIX, describe_model
 from multilora_studio.engine.serving_engine import ServingEngine
 
@@ -40,22 +48,30 @@ class BaseUnavailable(RuntimeError):
 DEFAULT_LOAD_TIMEOUT_S = 600.0  # how long a request waits for its base model to load
 DEFAULT_MAX_RESIDENT: int | None = None  # every base loaded at once
 DEFAULT_KEEP_ALIVE_S: float | None = None  # an idle base stays loaded
+# a swapped-out base is parked in host memory while its bytes are at most this share of the host
+# memory available then (so as much again stays free); 0: swapped-out bases are stopped
+DEFAULT_PARK_MEMORY_FRACTION = 0.5
 ALIAS_WARM_TIMEOUT_S = 120.0  # an alias's warm adapters still not read after this are left to first use
 
 
 @dataclass
 class PoolBase:
-    """One base of the pool: how to start its engine, its adapters, and its engine when loaded."""
+    """One base of the pool: how to start its engine, its adapters, and its engine when loaded
+    (``engine``) or parked in host memory (``parked``)."""
 
     name: str
     config: EngineConfig
     digest: str = ""  # of its weights (checkpoint_digest; "" for random weights)
-    adapters: dict[str, Path] = field(default_factory=dict)  # served when it was last unloaded
+    adapters: dict[str, Path] = field(default_factory=dict)  # served when its engine was last stopped
+    pinned: list[str] = field(default_factory=list)  # pinned when its engine was last stopped
     engine: ServingEngine | None = None
+    parked: ServingEngine | None = None  # swapped out, its weights in host memory
     leases: int = 0
     last_used: float = 0.0
-    loads: int = 0  # times its engine was started
+    loads: int = 0  # times it was brought onto the device (started, or swapped in from host memory)
+    starts: int = 0  # times its engine was started
     loading: bool = False
+    unloading: bool = False  # being swapped out (still on the device until that ends)
     error: str | None = None  # why its last load failed
 
 
@@ -78,6 +94,7 @@ class BasePool:
         load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
         engine_factory: EngineFactory = Engine,
         started: Sequence[ServingEngine] = (),
+        park_memory_fraction: float = DEFAULT_PARK_MEMORY_FRACTION,
     ) -> None:
         """``started``: engines already running for the first configs (in order), adopted as
         they are (their adapters become the base's registrations)."""
@@ -87,6 +104,9 @@ class BasePool:
             raise ValueError(f"max_resident_bases must be >= 1, got {max_resident}")
         if keep_alive_s is not None and keep_alive_s <= 0:
             raise ValueError(f"keep_alive must be > 0 seconds, got {keep_alive_s}")
+        if not 0 <= park_memory_fraction <= 1:
+            raise ValueError(f"park_memory_fraction must be in [0, 1], got {park_memory_fraction}")
+        self.park_memory_fraction = park_memory_fraction
         self.max_resident = max_resident or len(configs)
         self.keep_alive_s = keep_alive_s
         self.load_timeout_s = load_timeout_s
@@ -104,7 +124,7 @@ class BasePool:
                 raise ValueError(f"two base models are both named {name!r}; serve each once")
             base = PoolBase(name, config, digest, engine=engine, last_used=time.monotonic())
             if engine is not None:
-                base.loads = 1
+                base.loads = base.starts = 1
             self._bases[name] = base
         if sum(b.engine is not None for b in self._bases.values()) > self.max_resident:
             raise ValueError(f"more bases started than max_resident_bases={self.max_resident}")
@@ -152,17 +172,17 @@ class BasePool:
         """Whether ``base`` serves ``adapter`` (``adapters_of``), by one lookup."""
         with self._lock:
             entry = self._bases[base]
-            engine = entry.engine
+            engine = entry.engine or entry.parked
             if engine is None:
                 return adapter in entry.adapters
         return engine.has_adapter(adapter)
 
     def adapters_of(self, base: str) -> dict[str, Path]:
-        """The adapters a base serves: its engine's own list while it is loaded (adapters added
-        to the engine directly count), else those it had when it was unloaded."""
+        """The adapters a base serves: its engine's own list while it is loaded or parked
+        (adapters added to the engine directly count), else those it had when it was stopped."""
         with self._lock:
             entry = self._bases[base]
-            engine = entry.engine
+            engine = entry.engine or entry.parked
             if engine is None:
                 return dict(entry.adapters)
         return {info.name: info.path for info in engine.list_adapters()}
@@ -185,27 +205,31 @@ class BasePool:
         wait_s = self.load_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + wait_s
         base = self._bases[name]
+        victim: PoolBase | None = None
         with self._lock:
             waiting = False  # counted in _room_waiters while it waits for another base to drain
             try:
                 while True:
                     if self._closed:
                         raise BaseUnavailable("the server is stopping")
-                    if base.engine is not None and not base.loading and not self._others_wait(base):
+                    busy = base.loading or base.unloading
+                    if base.engine is not None and not busy and not self._others_wait(base):
                         base.leases += 1
                         base.last_used = time.monotonic()
                         return base.engine
-                    if base.engine is None and not base.loading and self._room_for(base):
-                        base.loading = True
-                        break
-                    if base.engine is None and not base.loading and not waiting:
-                        waiting = True
-                        self._room_waiters[name] += 1
+                    if base.engine is None and not busy:
+                        room, victim = self._make_room(base)
+                        if room:
+                            base.loading = True
+                            break
+                        if not waiting:
+                            waiting = True
+                            self._room_waiters[name] += 1
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise BaseUnavailable(
                             f"base model {name!r} did not load within {wait_s:g} s"
-                            if base.loading
+                            if busy
                             else f"base model {name!r} waits for other bases' requests to finish; "
                             "try again, or allow more resident bases"
                         )
@@ -213,6 +237,8 @@ class BasePool:
             finally:
                 if waiting:
                     self._room_waiters[name] -= 1
+        if victim is not None:  # off the device before this base comes on it
+            self._swap_out(victim, "to make room for " + name)
         return self._load(base)
 
     def waiting(self, name: str) -> int:
@@ -251,17 +277,22 @@ class BasePool:
             raise ValueError(f"a model named {name!r} already exists")
         with self._lock:
             base = self._bases[base_name]
-            while base.loading:  # its engine takes the registrations it had when the load began
+            # a starting engine takes the registrations it had when the load began; a stopping
+            # one hands its own over
+            while base.loading or base.unloading:
                 self._lock.wait()
-            engine = base.engine
+            engine = base.engine or base.parked  # a parked engine takes it in host memory
             if engine is None:
                 base.adapters[name] = Path(path)
                 return
-            base.leases += 1  # not unloaded while its engine takes the adapter
+            leased = base.engine is not None
+            if leased:
+                base.leases += 1  # not swapped out while its engine takes the adapter
         try:
             engine.add_adapter(name, path, preload=False)
         finally:
-            self.release(base_name)
+            if leased:
+                self.release(base_name)
 
     def warm_alias(self, alias: str, engine: ServingEngine) -> threading.Thread | None:
         """A request for ``alias`` runs on ``engine``: on the alias's first use there, read its
@@ -309,12 +340,15 @@ class BasePool:
     # ------------------------------------------------------------------------ lifecycle
 
     def shutdown(self) -> None:
-        """Stop every engine (requests still running are aborted by the engines themselves)."""
+        """Stop every engine (requests still running are aborted by the engines themselves); one
+        being swapped out is stopped when that ends."""
         with self._lock:
             self._closed = True
-            engines = [b.engine for b in self._bases.values() if b.engine is not None]
+            engines = []
             for base in self._bases.values():
-                base.engine = None
+                if not base.unloading:
+                    engines += [e for e in (base.engine, base.parked) if e is not None]
+                    base.engine = base.parked = None
             self._lock.notify_all()
         for engine in engines:
             engine.shutdown()
@@ -327,30 +361,126 @@ class BasePool:
 
     # ------------------------------------------------------------------------- internals
 
-    def _room_for(self, base: PoolBase) -> bool:
-        """Whether ``base`` may load now (the lock held): a free place, or an idle base to
-        unload (the least recently used), which is unloaded here."""
-        loaded = [b for b in self._bases.values() if b.engine is not None or b.loading]
-        if len(loaded) < self.max_resident:
-            return True
-        idle = [b for b in loaded if b.leases == 0 and not b.loading and b is not base]
+    def _make_room(self, base: PoolBase) -> tuple[bool, PoolBase | None]:
+        """Whether ``base`` may load now (the lock held), and the base to swap out first: none
+        while a place is free, else the least recently used idle loaded base, marked
+        ``unloading`` here (the caller swaps it out, then loads ``base``)."""
+        on_device = [b for b in self._bases.values() if b.engine is not None or b.loading]
+        if len(on_device) < self.max_resident:
+            return True, None
+        idle = [b for b in on_device if b.leases == 0 and not b.loading and not b.unloading and b is not base]
         if not idle:
-            return False
+            return False, None
         victim = min(idle, key=lambda b: b.last_used)
-        self._unload(victim, "to make room for " + base.name)
-        return True
+        victim.unloading = True
+        return True, victim
 
-    def _unload(self, base: PoolBase, why: str) -> None:
-        """Stop ``base``'s engine (the lock held; it has no lease, so no request runs on it),
-        keeping the adapters it served for its next load."""
-        engine, base.engine = base.engine, None
-        if engine is not None:
-            log.info("unloading base model %s %s", base.name, why)
-            base.adapters = {info.name: info.path for info in engine.list_adapters()}
+    def _swap_out(self, base: PoolBase, why: str) -> None:
+        """Park ``base``'s engine in host memory, or stop it (module docstring). Called without
+        the lock on a base marked ``unloading`` (no lease: no request runs on it); its device
+        memory is free when this returns."""
+        engine = base.engine
+        assert engine is not None  # only a loaded base is marked unloading
+        adapters: dict[str, Path] = {}
+        pinned: list[str] = []
+        parked = self._park(base.name, engine, why)
+        if not parked:
+            try:
+                adapters = {info.name: info.path for info in engine.list_adapters()}
+                pinned = engine.pinned_adapters()
+            except RuntimeError as error:  # its worker ended: what it served is lost
+                log.warning("base model %s: its adapters could not be read: %s", base.name, error)
+            log.info("stopping base model %s %s", base.name, why)
+            engine.shutdown()
+        with self._lock:
+            base.engine = None
+            base.parked = engine if parked else None
+            if not parked:
+                base.adapters, base.pinned = adapters, pinned
+            base.unloading = False
+            closed = self._closed
+            if closed:
+                base.parked = None
+            self._lock.notify_all()
+        if closed and parked:  # the pool was shut down meanwhile
             engine.shutdown()
 
+    def _park(self, name: str, engine: ServingEngine, why: str) -> bool:
+        """Park ``engine`` (``Engine.park``) if it can be and its bytes fit the host memory
+        bound; False when it was not parked."""
+        if self.park_memory_fraction <= 0 or not isinstance(engine, ParkableEngine):
+            return False
+        try:
+            nbytes = engine.park_bytes()
+            available = available_host_memory()
+            if nbytes > self.park_memory_fraction * available:
+                log.info(
+                    "base model %s: its %.2f GB are more than %g of the %.2f GB of host memory "
+                    "available; it is stopped, not parked", name, nbytes / 1e9,
+                    self.park_memory_fraction, available / 1e9,
+                )  # fmt: skip
+                return False
+            started = time.perf_counter()
+            engine.park()
+        except (RuntimeError, ValueError, OSError) as error:
+            log.warning("base model %s could not be parked (%s); it is stopped", name, error)
+            return False
+        log.info(
+            "parked base model %s in host memory %s (%.2f GB, %.2f s)",
+            name, why, nbytes / 1e9, time.perf_counter() - started,
+        )  # fmt: skip
+        return True
+
     def _load(self, base: PoolBase) -> ServingEngine:
+        """Bring ``base`` onto the device (``base.loading`` set by the caller): swap its parked
+        engine in, else start one."""
         started = time.perf_counter()
+        engine = self._unpark(base)
+        fresh = engine is None
+        if engine is None:
+            engine = self._start(base)
+        with self._lock:
+            closed = self._closed
+            if not closed:  # a pool shut down while this base loaded never holds its engine
+                base.engine, base.error = engine, None
+                base.loads += 1
+                base.starts += int(fresh)
+                base.leases += 1
+                base.last_used = time.monotonic()
+            base.loading = False
+            self._lock.notify_all()
+        if closed:
+            engine.shutdown()
+            raise BaseUnavailable("the server is stopping")
+        how = "started" if fresh else "swapped in from host memory"
+        log.info("base model %s %s in %.2f s", base.name, how, time.perf_counter() - started)
+        return engine
+
+    def _unpark(self, base: PoolBase) -> ServingEngine | None:
+        """``base``'s parked engine swapped back in; None when it had none, or when the swap-in
+        failed (that engine is then stopped, its registrations kept for a start)."""
+        with self._lock:
+            engine, base.parked = base.parked, None
+        if engine is None:
+            return None
+        assert isinstance(engine, ParkableEngine)  # only those are parked
+        try:
+            engine.unpark()
+            return engine
+        except (RuntimeError, ValueError, OSError) as error:  # torch's out-of-memory is a RuntimeError
+            log.warning("base model %s could not be swapped in (%s); starting it again", base.name, error)
+        try:
+            adapters = {info.name: info.path for info in engine.list_adapters()}
+            pinned = engine.pinned_adapters()
+            with self._lock:
+                base.adapters, base.pinned = adapters, pinned
+        except RuntimeError as error:
+            log.warning("base model %s: its adapters could not be read: %s", base.name, error)
+        engine.shutdown()
+        return None
+
+    def _start(self, base: PoolBase) -> ServingEngine:
+        """A new engine for ``base`` with its registrations and pins (BaseUnavailable if it fails)."""
         try:
             engine = self._factory(base.config)
         except Exception as error:
@@ -364,19 +494,11 @@ class BasePool:
                 engine.add_adapter(name, path, preload=False)
             except (ValueError, OSError) as error:
                 log.warning("base model %s: adapter %s not served: %s", base.name, name, error)
-        with self._lock:
-            closed = self._closed
-            if not closed:  # a pool shut down while this base loaded never holds its engine
-                base.engine, base.error = engine, None
-                base.loads += 1
-                base.leases += 1
-                base.last_used = time.monotonic()
-            base.loading = False
-            self._lock.notify_all()
-        if closed:
-            engine.shutdown()
-            raise BaseUnavailable("the server is stopping")
-        log.info("loaded base model %s in %.2f s", base.name, time.perf_counter() - started)
+        for name in base.pinned:
+            try:
+                engine.pin_adapter(name)
+            except ValueError as error:  # not served any more, or more pins than slots
+                log.warning("base model %s: adapter %s not pinned again: %s", base.name, name, error)
         return engine
 
     def _reap_idle(self, keep: float) -> None:
@@ -385,7 +507,18 @@ class BasePool:
                 if self._closed:
                     return
                 now = time.monotonic()
-                for base in self._bases.values():
-                    if base.engine is not None and base.leases == 0 and now - base.last_used >= keep:
-                        self._unload(base, f"after {keep:g} s idle")
-                self._lock.wait(min(keep / 4, 1.0))
+                idle = [
+                    b
+                    for b in self._bases.values()
+                    if b.engine is not None
+                    and b.leases == 0
+                    and not b.loading
+                    and not b.unloading
+                    and now - b.last_used >= keep
+                ]
+                for base in idle:
+                    base.unloading = True
+                if not idle:
+                    self._lock.wait(min(keep / 4, 1.0))
+            for base in idle:
+                self._swap_out(base, f"after {keep:g} s idle")

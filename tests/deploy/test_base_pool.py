@@ -1,6 +1,8 @@
 """Several bases in one process: each request runs on its own base's engine and equals PEFT for
 its adapter on that base; with room for one base, alternating requests swap it and stay
-equal; a request for a swapped-out base waits for the one in use, bounded; idle bases unload."""
+equal, each base parked in host memory with its engine and adapters (or stopped and started
+again), its pins held across the swap either way; a request for a swapped-out base waits for
+the one in use, bounded; idle bases swap out."""
 
 from __future__ import annotations
 
@@ -127,9 +129,11 @@ def test_an_idle_base_unloads_after_keep_alive_and_reloads_on_the_next_request(t
     with make_pool(two_bases, keep_alive_s=0.5) as pool:
         llama, _ = pool.names
         assert run(pool, "tiny-r8-all") == expected[(folders["llama"][0].name, "tiny-r8-all")]
+        loads = pool.base(llama).loads
         wait_until(lambda: pool.resident() == [], 30, "the idle base to unload")
+        assert pool.base(llama).parked is not None  # swapped out to host memory, engine kept
         assert run(pool, "tiny-r8-all") == expected[(folders["llama"][0].name, "tiny-r8-all")]
-        assert pool.base(llama).loads == 2
+        assert pool.base(llama).loads == loads + 1 and pool.base(llama).starts == 1
 
 
 def test_a_base_that_finishes_loading_after_the_pool_stopped_is_stopped_too(two_bases):
@@ -207,3 +211,57 @@ def test_base_of_finds_adapters_of_loaded_and_swapped_out_bases(two_bases):
         pool.remove_adapter("direct")
         assert pool.base_of("direct") is None and pool.base_of("nowhere") is None
         assert pool.base_of(llama) == (llama, None)
+
+
+def pinned_in_slot(engine, name: str) -> bool:
+    snap = engine.metrics(fresh=True)
+    return snap is not None and any(slot.adapter == name and slot.pinned for slot in snap.slots)
+
+
+STOPPED = {"park_memory_fraction": 0}  # swapped-out bases stopped and started again
+
+
+@pytest.mark.parametrize("options", [{}, STOPPED], ids=["parked", "stopped"])
+def test_alternating_swaps_park_each_base_with_its_adapters_or_restart_it(two_bases, options):
+    folders, expected = two_bases
+    parks = not options
+    with make_pool(two_bases, max_resident=1, **options) as pool:
+        llama, qwen = pool.names
+        turns = [
+            ("tiny-r8-all", "llama", llama, "qwen-r8", qwen),
+            ("qwen-r8", "qwen", qwen, "tiny-r8-all", llama),
+        ]
+        engines: dict[str, set[int]] = {llama: set(), qwen: set()}
+        for _ in range(2):
+            for adapter, family, base, other_adapter, other in turns:
+                with pool.lease(base) as engine:
+                    engines[base].add(id(engine))
+                    out = engine.generate(PROMPTS, [adapter] * len(PROMPTS), GREEDY)
+                assert [o.token_ids for o in out] == expected[(folders[family][0].name, adapter)]
+                assert [name for name, _ in pool.resident()] == [base]
+                parked = pool.base(other).parked  # the other base is off the device
+                assert (parked is not None) == parks
+                assert parked is None or parked.has_adapter(other_adapter)  # kept by its engine
+                assert pool.base_of(other_adapter) == (other, other_adapter)  # still served
+        for base in (llama, qwen):
+            entry = pool.base(base)
+            assert entry.starts == (1 if parks else entry.loads)
+            assert len(engines[base]) == 1 or not parks  # parked: the same engine each time
+
+
+@pytest.mark.parametrize("options", [{}, STOPPED], ids=["parked", "stopped"])
+def test_an_adapter_pinned_on_a_base_is_pinned_again_after_a_swap(two_bases, options):
+    folders, expected = two_bases
+    with make_pool(two_bases, max_resident=1, **options) as pool:
+        llama, _ = pool.names
+        with pool.lease(llama) as engine:
+            engine.pin_adapter("tiny-r8-all")
+            wait_until(lambda: pinned_in_slot(engine, "tiny-r8-all"), 60, "the pinned adapter in its slot")
+        starts = pool.base(llama).starts
+        run(pool, "qwen-r8")  # swaps llama out
+        assert llama not in dict(pool.resident())
+        with pool.lease(llama) as engine:  # swaps it back in
+            assert engine.pinned_adapters() == ["tiny-r8-all"]
+            wait_until(lambda: pinned_in_slot(engine, "tiny-r8-all"), 60, "the pinned adapter in its slot")
+        assert run(pool, "tiny-r8-all") == expected[(folders["llama"][0].name, "tiny-r8-all")]
+        assert pool.base(llama).starts == starts + (1 if options else 0)  # stopped: started again
