@@ -65,6 +65,7 @@ from multilora_studio.adapters.registry_lifecycle import (
     RegistryLifecycle,
     alias_warm_lists,
     not_served_because,
+    unjudged_because,
 )
 from multilora_studio.adapters.registry_schema import (
     AdapterRecord,
@@ -72,13 +73,15 @@ from multilora_studio.adapters.registry_schema import (
     EvalScoreRecord,
     migrate,
 )
+from multilora_studio.adapters.score_import import read_model_card
 from multilora_studio.paths import data_dir_path
 
 log = logging.getLogger(__name__)
 
 DB_FILE = "library.sqlite3"
+MODEL_CARD = "README.md"  # a pulled or imported adapter's model card: its model-index becomes scores
 ADAPTERS_DIR = "adapters"
-COPIED_FILES = (CONFIG_FILE, WEIGHTS_FILE, "README.md", ADDED_TOKENS_FILE, *TOKENIZER_FOLDER_FILES)
+COPIED_FILES = (CONFIG_FILE, WEIGHTS_FILE, MODEL_CARD, ADDED_TOKENS_FILE, *TOKENIZER_FOLDER_FILES)
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")  # the engine's adapter-name rule
 RESERVED_NAMES = ("base",)
 DEFAULT_MAX_RANK = 64
@@ -135,6 +138,34 @@ def serve_record(engine: Any, record: AdapterRecord, override: bool = False, pre
     engine.add_adapter(record.name, record.path, preload=preload)
     if record.pinned:
         engine.pin_adapter(record.name)
+
+
+def insert_score(conn: sqlite3.Connection, adapter_id: str, score: EvalScoreRecord) -> None:
+    """One score row, inside the caller's transaction."""
+    conn.execute(
+        "INSERT INTO eval_scores (adapter_id, prompt_set, prompt_set_digest, base_digest, prompts, checked, "
+        "passed, reference_logprob, results_path, created, metric, value) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            adapter_id, score.prompt_set, score.prompt_set_digest, score.base_digest, score.prompts,
+            score.checked, score.passed, score.reference_logprob, score.results_path, score.created,
+            score.metric, score.value,
+        ),
+    )  # fmt: skip
+
+
+def model_card_scores(folder: Path, row: dict, shown_folder: Path) -> list[EvalScoreRecord]:
+    """The scores of the model card (README.md) in ``folder`` of the adapter ``row`` is about
+    (none without a card or a ``model-index``); a card that cannot be read is logged and left
+    out: it does not stop the registration. ``shown_folder``: where the card will be."""
+    card = folder / MODEL_CARD
+    if not card.is_file():
+        return []
+    try:
+        return read_model_card(card, row["name"], row["base_digest"], shown_folder / MODEL_CARD)
+    except LibraryError as error:
+        log.warning("%s: no scores recorded from its model card: %s", row["name"], error)
+        return []
 
 
 class Registry(RegistryLifecycle):
@@ -275,8 +306,9 @@ class Registry(RegistryLifecycle):
                 row.update(
                     id=adapter_id, source_kind="local", source=str(source), path=str(final), notes=notes
                 )
+                scores = model_card_scores(staging, row, final)
                 with self._write() as conn:
-                    self._insert(conn, row, names)
+                    self._insert(conn, row, names, scores)
                     os.replace(staging, final)  # inside the transaction: a failed commit undoes it below
         except BaseException as error:
             for leftover in (staging, final):
@@ -313,8 +345,9 @@ class Registry(RegistryLifecycle):
             path=str(folder),
             notes=notes,
         )
+        scores = model_card_scores(Path(folder), row, Path(folder))
         with self._write() as conn:
-            self._insert(conn, row, names)
+            self._insert(conn, row, names, scores)
         log.info("registered %s@%s as %r", repo_id, revision, name)
         return self.get(name)
 
@@ -451,16 +484,7 @@ class Registry(RegistryLifecycle):
                     raise LibraryError(
                         f"no adapter named {score.adapter!r} in the library; no scores recorded"
                     )
-                conn.execute(
-                    "INSERT INTO eval_scores (adapter_id, prompt_set, prompt_set_digest, base_digest, "
-                    "prompts, checked, passed, reference_logprob, results_path, created) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        row["id"], score.prompt_set, score.prompt_set_digest, score.base_digest,
-                        score.prompts, score.checked, score.passed, score.reference_logprob,
-                        score.results_path, score.created,
-                    ),
-                )  # fmt: skip
+                insert_score(conn, row["id"], score)
 
     def eval_scores(self, name: str) -> list[EvalScoreRecord]:
         """The adapter's recorded evaluation scores, newest first."""
@@ -471,12 +495,31 @@ class Registry(RegistryLifecycle):
             ).fetchall()
         return [EvalScoreRecord.from_row(row, record.name) for row in rows]
 
-    def latest_eval_scores(self) -> dict[str, EvalScoreRecord]:
-        """Each evaluated adapter's newest scores, by adapter name."""
+    def served_records(self, min_pass_rate: float | None = None) -> list[AdapterRecord]:
+        """The adapters the library serves (``not_served_because``, the quality gate at
+        ``min_pass_rate``): each left out is logged with why, and each the gate lets through
+        without judging it (``unjudged_because``) with a warning."""
+        latest, newest = self.latest_eval_scores(counted=True), self.latest_eval_scores()
+        served = []
+        for record in self.list_adapters():
+            refused = not_served_because(record, latest.get(record.name), min_pass_rate)
+            if refused is not None:
+                log.info("library adapter %s not served: %s", record.name, refused)
+                continue
+            unjudged = unjudged_because(latest.get(record.name), newest.get(record.name), min_pass_rate)
+            if unjudged is not None:
+                log.warning("library adapter %s served without the quality gate: %s", record.name, unjudged)
+            served.append(record)
+        return served
+
+    def latest_eval_scores(self, counted: bool = False) -> dict[str, EvalScoreRecord]:
+        """Each evaluated adapter's newest scores, by adapter name; ``counted``: of the scores
+        with counts only (what the quality gate judges; a model card's metrics have none)."""
+        where = " WHERE eval_scores.checked IS NOT NULL" if counted else ""
         with self._connect() as conn:
             rows = conn.execute(
-                "SELECT eval_scores.*, adapters.name AS adapter_name FROM eval_scores "
-                "JOIN adapters ON adapters.id = eval_scores.adapter_id ORDER BY created, eval_scores.id"
+                "SELECT eval_scores.*, adapters.name AS adapter_name FROM eval_scores JOIN adapters "
+                f"ON adapters.id = eval_scores.adapter_id{where} ORDER BY created, eval_scores.id"
             ).fetchall()
         return {row["adapter_name"]: EvalScoreRecord.from_row(row, row["adapter_name"]) for row in rows}
 
@@ -657,7 +700,10 @@ class Registry(RegistryLifecycle):
             pinned=0,
         )
 
-    def _insert(self, conn: sqlite3.Connection, row: dict, names: Sequence[str]) -> None:
+    def _insert(
+        self, conn: sqlite3.Connection, row: dict, names: Sequence[str], scores: Sequence[EvalScoreRecord]
+    ) -> None:
+        """Register ``row`` under ``names`` (its name, then its aliases) with its model card's ``scores``."""
         self._ensure_free(conn, names)
         columns = ", ".join(row)
         conn.execute(
@@ -667,3 +713,5 @@ class Registry(RegistryLifecycle):
         self.record_event(
             conn, row["id"], row["name"], "registered", f"{row['source_kind']}: {row['source']}"
         )
+        for score in scores:
+            insert_score(conn, row["id"], score)

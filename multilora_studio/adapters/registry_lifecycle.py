@@ -41,8 +41,9 @@ def not_served_because(
     record: AdapterRecord, latest: EvalScoreRecord | None, min_pass_rate: float | None
 ) -> str | None:
     """Why the library does not serve ``record`` (None: it does): retired or archived, or its
-    newest evaluation passed fewer prompts than ``min_pass_rate`` (the quality gate; an adapter
-    never evaluated passes it)."""
+    newest evaluation with counts (``latest``: ``Registry.latest_eval_scores(counted=True)``)
+    passed fewer prompts than ``min_pass_rate`` (the quality gate; an adapter never evaluated
+    passes it, see ``unjudged_because``)."""
     if record.state != ACTIVE:
         return record.state
     if latest is None or min_pass_rate is None:
@@ -74,6 +75,18 @@ def alias_warm_lists(rows: Iterable[Sequence[Any]]) -> dict[str, tuple[tuple[str
         adapter_id: tuple((alias, tuple(names)) for alias, names in aliases.items())
         for adapter_id, aliases in lists.items()
     }
+
+
+def unjudged_because(
+    counted: EvalScoreRecord | None, newest: EvalScoreRecord | None, min_pass_rate: float | None
+) -> str | None:
+    """Why the quality gate lets an adapter through without judging it although it has scores:
+    they carry no counts (a model card's metrics), so there is no pass rate to compare; None
+    when the gate is off, judged a score with counts, or there is no score at all. ``counted``
+    and ``newest``: its newest score with counts and its newest of all."""
+    if min_pass_rate is None or counted is not None or newest is None:
+        return None
+    return f"its scores carry no counts ({newest.label}), so the gate has no pass rate to judge"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 from multilora_studio.adapters.base_quantization import BaseQuantization
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # Migration n brings a database from user_version n-1 to n.
 MIGRATIONS = {
     1: """
@@ -113,6 +113,32 @@ MIGRATIONS = {
         position INTEGER NOT NULL,
         PRIMARY KEY (alias, adapter_id)
     )
+    """,
+    # scores without counts (a model card's metrics): the counts may be NULL, the metric and its
+    # value are kept (SQLite cannot drop NOT NULL in place: the table is copied)
+    9: """
+    CREATE TABLE eval_scores_9 (
+        id INTEGER PRIMARY KEY,
+        adapter_id TEXT NOT NULL REFERENCES adapters (id) ON DELETE CASCADE,
+        prompt_set TEXT NOT NULL,
+        prompt_set_digest TEXT NOT NULL,
+        base_digest TEXT NOT NULL,
+        prompts INTEGER,
+        checked INTEGER,
+        passed INTEGER,
+        reference_logprob REAL,
+        results_path TEXT,
+        created REAL NOT NULL,
+        metric TEXT,
+        value REAL
+    );
+    INSERT INTO eval_scores_9 (id, adapter_id, prompt_set, prompt_set_digest, base_digest, prompts,
+        checked, passed, reference_logprob, results_path, created)
+        SELECT id, adapter_id, prompt_set, prompt_set_digest, base_digest, prompts, checked, passed,
+        reference_logprob, results_path, created FROM eval_scores;
+    DROP TABLE eval_scores;
+    ALTER TABLE eval_scores_9 RENAME TO eval_scores;
+    CREATE INDEX eval_scores_adapter ON eval_scores (adapter_id, created)
     """,
 }
 
@@ -233,22 +259,35 @@ class AdapterRecord:
 
 @dataclass(frozen=True)
 class EvalScoreRecord:
-    """One adapter's scores on one prompt set, as an evaluation recorded them."""
+    """One adapter's scores on one prompt set, as an evaluation recorded them; or one metric of
+    a model card's ``model-index`` (``metric`` and ``value``, with no counts: None)."""
 
     adapter: str
     prompt_set: str
     prompt_set_digest: str
     base_digest: str
-    prompts: int
-    checked: int
-    passed: int
+    prompts: int | None
+    checked: int | None
+    passed: int | None
     reference_logprob: float | None
     results_path: str | None
     created: float
+    metric: str | None = None  # a model card's metric type ("acc", "f1", ...)
+    value: float | None = None  # its value, as the card gives it
 
     @property
     def pass_rate(self) -> float | None:
-        return self.passed / self.checked if self.checked else None
+        """Passed / checked; None without counts or checked prompts."""
+        return self.passed / self.checked if self.checked and self.passed is not None else None
+
+    @property
+    def label(self) -> str:
+        """``set: 3/4 passed, -1.23/token``, or ``set: acc 31.46 (no counts)``."""
+        if self.checked is None:
+            value = "-" if self.value is None else f"{self.value:g}"
+            return f"{self.prompt_set}: {self.metric} {value} (no counts)"
+        logprob = "" if self.reference_logprob is None else f", {self.reference_logprob:.2f}/token"
+        return f"{self.prompt_set}: {self.passed}/{self.checked} passed{logprob}"
 
     @classmethod
     def from_row(cls, row: sqlite3.Row, adapter: str) -> EvalScoreRecord:
@@ -263,6 +302,8 @@ class EvalScoreRecord:
             reference_logprob=row["reference_logprob"],
             results_path=row["results_path"],
             created=row["created"],
+            metric=row["metric"],
+            value=row["value"],
         )
 
 

@@ -186,11 +186,8 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def _eval_label(score: EvalScoreRecord | None) -> str:
-    """``set: 3/4 passed, -1.23/token``, or '' when never evaluated."""
-    if score is None:
-        return ""
-    logprob = "" if score.reference_logprob is None else f", {score.reference_logprob:.2f}/token"
-    return f"{score.prompt_set}: {score.passed}/{score.checked} passed{logprob}"
+    """``EvalScoreRecord.label``, or '' when never evaluated."""
+    return "" if score is None else score.label
 
 
 def _score_json(score: EvalScoreRecord) -> dict:

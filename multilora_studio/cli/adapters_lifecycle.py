@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.adapters.score_import import read_scores
+from multilora_studio.adapters.score_import import read_model_card, read_scores
 
 TRANSITIONS = {  # action: (help, Registry method)
     "retire": ("stop serving an adapter; it stays listed with its files", "retire"),
@@ -47,12 +47,16 @@ def add_lifecycle_actions(actions: Any) -> None:
     alias_warm.set_defaults(handler=run_alias_warm)
     scores = actions.add_parser(
         "import-scores",
-        help="record evaluation scores from a JSON file (what the quality gate reads)",
+        help="record evaluation scores from a JSON file or a model card (what the quality gate reads)",
         description='Record an adapter\'s evaluation scores from a JSON file: {"prompt_set", "prompts", '
-        '"checked", "passed", "reference_logprob"} or a list of them.',
+        '"checked", "passed", "reference_logprob"} or a list of them; or the metrics of a Hugging Face '
+        "model card's model-index (recorded without counts: the quality gate does not judge them).",
     )
     scores.add_argument("name", help="adapter name or alias")
-    scores.add_argument("file", type=Path, help="the JSON file")
+    scores.add_argument("file", type=Path, nargs="?", default=None, help="the JSON file")
+    scores.add_argument(
+        "--model-card", type=Path, default=None, metavar="README", help="a model card (README.md) instead"
+    )
     scores.set_defaults(handler=run_import_scores)
     history = actions.add_parser(
         "history",
@@ -94,13 +98,30 @@ def run_alias_warm(args: argparse.Namespace) -> int:
 
 
 def run_import_scores(args: argparse.Namespace) -> int:
+    if (args.file is None) == (args.model_card is None):
+        raise ValueError("give a JSON file or --model-card README.md (one of them)")
     registry = Registry()
     record = registry.get(args.name)
-    scores = read_scores(args.file, record.name, record.base_digest)
+    if args.model_card is not None:
+        scores = read_model_card(args.model_card, record.name, record.base_digest)
+        if not scores:
+            raise ValueError(
+                f"{args.model_card}: no model-index results in its front matter; none recorded"
+            )
+    else:
+        scores = read_scores(args.file, record.name, record.base_digest)
     registry.record_eval_scores(scores)
     for score in scores:
+        if score.checked is None:
+            print(f"{record.name}: {score.label}")
+            continue
         rate = f"{score.pass_rate:.0%}" if score.pass_rate is not None else "no checks"
         print(f"{record.name}: {score.prompt_set} {score.passed}/{score.checked} passed ({rate})")
+    if any(score.checked is None for score in scores):
+        print(
+            "These scores carry no counts: serve --min-pass-rate judges the newest evaluation with "
+            "counts, and serves an adapter that has none with a warning."
+        )
     return 0
 
 

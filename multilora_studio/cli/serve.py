@@ -13,7 +13,6 @@ from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.base_quantization import BaseQuantization, base_quantization_of
 from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.adapters.registry_lifecycle import not_served_because
 from multilora_studio.cli.serve_ray import add_ray_arguments, run_serve_ray
 from multilora_studio.cli.shared import (
     Subcommands,
@@ -237,7 +236,7 @@ def serve_library(
     """Serve the library's active adapters next to those already served, each on the base whose
     weights it was validated against and under its aliases (``ModelAliases.add_record``), and
     read the warm ones into host RAM; returns the names added. ``min_pass_rate``: the quality
-    gate (``not_served_because``).
+    gate (``Registry.served_records``).
 
     First offers the demo adapters (``offer_demo_adapters``: once per library, on their base
     model) to the first base, when it is loaded, unless ``demo_adapters`` is off. An adapter
@@ -256,13 +255,8 @@ def serve_library(
     digests = {name: pool.base(name).digest for name in pool.names}
     quantizations = {name: pool_base_quantization(pool.base(name).config) for name in pool.names}
     added = []
-    latest = registry.latest_eval_scores()
     warm: dict[str, list[str]] = {}
-    for record in registry.list_adapters():
-        refused = not_served_because(record, latest.get(record.name), min_pass_rate)
-        if refused is not None:
-            log.info("library adapter %s not served: %s", record.name, refused)
-            continue
+    for record in registry.served_records(min_pass_rate):
         if pool.base_of(record.name) is not None:
             log.info("library adapter %s not served: another model uses that name", record.name)
             continue

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.adapters.registry_lifecycle import not_served_because
 from multilora_studio.cli.shared import check_fraction, engine_configs, wait_for_stop_signal
 from multilora_studio.deploy.base_pool import identify_base
 
@@ -91,19 +90,15 @@ def parse_autoscale(text: str) -> tuple[int, int]:
 
 def library_adapters(digest: str, min_pass_rate: float | None) -> dict[str, str]:
     """name -> folder of each active library adapter validated against the base of ``digest``
-    that passes the quality gate (``not_served_because``)."""
+    that passes the quality gate (``Registry.served_records``)."""
     try:
         registry = Registry()
     except (OSError, ValueError) as error:
         log.warning("serving without the adapter library: %s", error)
         return {}
     chosen = {}
-    latest = registry.latest_eval_scores()
-    for record in registry.list_adapters():
-        refused = not_served_because(record, latest.get(record.name), min_pass_rate)
-        if refused is not None:
-            log.info("library adapter %s not served: %s", record.name, refused)
-        elif record.base_status(digest) == "ok":
+    for record in registry.served_records(min_pass_rate):
+        if record.base_status(digest) == "ok":
             chosen[record.name] = str(Path(record.path))
         else:
             log.info("library adapter %s not served: trained on another base", record.name)

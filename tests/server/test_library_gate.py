@@ -1,9 +1,11 @@
 """What ``serve`` takes from the library: active adapters only, the quality gate on their newest
-evaluation, and the warm ones read into host RAM before any request."""
+evaluation with counts (a model card's scores, which have none, are not judged, and the log says
+so), and the warm ones read into host RAM before any request."""
 
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -87,3 +89,41 @@ def test_scores_imported_from_json_reach_the_gate(library, engine, tmp_path, cap
         assert main(["adapters", "import-scores", "gate-warm", str(path)]) == 1
         assert message in capsys.readouterr().err
     assert len(library.eval_scores("gate-warm")) == 1  # nothing recorded from the bad files
+
+
+CARD = """---
+library_name: peft
+model-index:
+- name: gate-card
+  results:
+  - task:
+      type: text-generation
+    dataset:
+      name: HellaSwag
+      type: hellaswag
+    metrics:
+    - type: acc_norm
+      value: 0.615
+---
+"""
+
+
+def test_scores_without_counts_are_not_judged_by_the_gate_and_it_says_so(library, engine, tmp_path, caplog):
+    card = tmp_path / "README.md"
+    card.write_text(CARD)
+    for name in ("gate-bad", "gate-warm"):  # newer than gate-bad's 25 % evaluation; gate-warm's only one
+        assert main(["adapters", "import-scores", name, "--model-card", str(card)]) == 0
+    pool = BasePool([engine.config], started=[engine])
+    with caplog.at_level(logging.INFO):
+        added = serve_library(pool, demo_adapters=False, min_pass_rate=0.5)
+    try:
+        assert sorted(added) == ["gate-good", "gate-warm"]  # gate-bad: still judged by its 25 %
+        assert "library adapter gate-bad not served: its last evaluation (smoke) passed 25%" in caplog.text
+        assert (
+            "library adapter gate-warm served without the quality gate: its scores carry no counts "
+            "(HellaSwag: acc_norm 0.615 (no counts)), so the gate has no pass rate to judge"
+        ) in caplog.text
+        assert "gate-good served without the quality gate" not in caplog.text
+    finally:
+        for name in added:
+            engine.remove_adapter(name)
