@@ -9,7 +9,7 @@ import torch
 
 from multilora_studio.adapters.peft_adapter import load_peft_adapter
 from multilora_studio.engine import Engine, EngineConfig, step_graphs
-from multilora_studio.engine.lora_plan_builder import build_lora_plan
+from multilora_studio.engine.lora_plan_builder import build_lora_plan, shrink_in_gemm_rows
 from multilora_studio.engine.lora_weights import pack_adapter
 from multilora_studio.engine.model_source import resolve_model
 from multilora_studio.engine.runner import ModelRunner
@@ -64,22 +64,25 @@ def tiny_engine(tiny_model_dir, tiny_adapters, engine_device):
         yield engine
 
 
-RUNNER_BLOCK = 4  # KV block size of runner_with_adapters
+RUNNER_BLOCK = 4  # KV block size of tiny_runner
 
 
-def cpu_runner(model_dir, adapters: dict, **overrides) -> tuple[ModelRunner, dict[str | None, int]]:
-    """A float32 runner on the CPU with ``adapters`` (name -> folder) in slots 0, 1, ...; the
-    slot of each name (None -> -1)."""
+def tiny_runner(
+    model_dir, adapters: dict, device: str, **overrides
+) -> tuple[ModelRunner, dict[str | None, int]]:
+    """A float32 runner on ``device`` with ``adapters`` (name -> folder) in slots 0, 1, ...,
+    laid out as an engine's (its LoRA plan and shrink-in-GEMM rows), 64 KV blocks, no CUDA
+    graphs of its own (the tests make the graphs they compare); the slot of each name (None -> -1)."""
     settings = dict(
-        model=str(model_dir), device="cpu", dtype="float32", max_loras=4, max_lora_rank=32,
+        model=str(model_dir), device=device, dtype="float32", max_loras=4, max_lora_rank=32,
         max_num_seqs=16, max_model_len=64, max_num_batched_tokens=256, block_size=RUNNER_BLOCK,
+        enforce_eager=True,
     )  # fmt: skip
     config = EngineConfig(**{**settings, **overrides})
-    cpu = torch.device("cpu")
-    base = resolve_model(config.model, torch.float32, cpu, None)
-    runner = ModelRunner(
-        config, base.spec, base.weights, 64, cpu, torch.float32, build_lora_plan(config, cpu, torch.float32)
-    )
+    where = torch.device(device)
+    plan = build_lora_plan(config, where, torch.float32)
+    base = resolve_model(config.model, torch.float32, where, None, shrink_in_gemm_rows(config, plan))
+    runner = ModelRunner(config, base.spec, base.weights, 64, where, torch.float32, plan)
     spec = base.spec
     slot_of: dict[str | None, int] = {None: -1}
     for slot, (name, folder) in enumerate(adapters.items()):
@@ -97,11 +100,13 @@ def cpu_runner(model_dir, adapters: dict, **overrides) -> tuple[ModelRunner, dic
     return runner, slot_of
 
 
-def emulate_graph_capture(monkeypatch) -> None:
-    """CUDA graph capture on the CPU, as ``capture_graph`` does it: the work runs once at capture,
-    then each replay runs it again."""
+def capture_graphs_on(device: str, monkeypatch) -> None:
+    """CUDA graphs as ``device`` has them: real on CUDA; on the CPU capture stood in as
+    ``capture_graph`` does it (the work runs once at capture, then again at each replay)."""
+    if torch.device(device).type == "cuda":
+        return
 
-    def capture(work, pool, device):
+    def capture(work, pool, on):
         work()
         return SimpleNamespace(replay=work)
 
@@ -110,7 +115,9 @@ def emulate_graph_capture(monkeypatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def runner_with_adapters(tiny_model_dir, tiny_adapters):
+def runner_with_adapters(tiny_model_dir, tiny_adapters, engine_device):
     names = ["tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", "tiny-r32-ko-down"]
-    runner, slot_of = cpu_runner(tiny_model_dir, {name: tiny_adapters[name] for name in names})
+    runner, slot_of = tiny_runner(
+        tiny_model_dir, {name: tiny_adapters[name] for name in names}, engine_device
+    )
     return runner, {name: slot_of[name] for name in names}

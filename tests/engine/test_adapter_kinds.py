@@ -19,7 +19,7 @@ from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
 from multilora_studio.engine.step_graphs import StepGraphs, batch_buckets
 from multilora_studio.engine.step_staging import StepStaging
-from tests.engine.conftest import RUNNER_BLOCK, cpu_runner, emulate_graph_capture
+from tests.engine.conftest import RUNNER_BLOCK, capture_graphs_on, tiny_runner
 from tests.engine.reference import PeftReference
 from tests.engine.test_decode_staging import make_sequences
 from tests.engine.test_model_families import PATHS
@@ -127,14 +127,17 @@ def test_lora_bias_follows_the_adapter_strength(kinds, tiny_model_dir, engine_de
 
 
 @torch.inference_mode()
-def test_step_graphs_with_the_per_row_terms_equal_the_eager_step(kinds, tiny_model_dir, monkeypatch):
+def test_step_graphs_with_the_per_row_terms_equal_the_eager_step(
+    kinds, tiny_model_dir, engine_device, monkeypatch
+):
     """The decode graphs run DoRA and bias rows through their per-row-terms capture, made on
     first use: equal to the eager step (graph capture stood in by eager replay on the CPU)."""
     adapters, _ = kinds
-    emulate_graph_capture(monkeypatch)
-    runner, slot_of = cpu_runner(tiny_model_dir, adapters, max_lora_rank=16, max_num_seqs=8)
-    cpu = torch.device("cpu")
-    staging = StepStaging(8, 8, runner.max_blocks_per_seq, 4, RUNNER_BLOCK, cpu, one_token_per_seq=True)
+    capture_graphs_on(engine_device, monkeypatch)
+    runner, slot_of = tiny_runner(tiny_model_dir, adapters, engine_device, max_lora_rank=16, max_num_seqs=8)
+    staging = StepStaging(
+        8, 8, runner.max_blocks_per_seq, 4, RUNNER_BLOCK, runner.device, one_token_per_seq=True
+    )
     decode = StepGraphs(runner.model, runner.kv_caches, staging, batch_buckets(8), None)
     blocks = BlockManager(64, RUNNER_BLOCK)
     seqs = make_sequences(5, blocks, random.Random(3))

@@ -1,7 +1,8 @@
 """Decode steps staged on the host (one copy) against the step tensors the eager path builds.
 
-The CUDA graphs read their inputs from these buffers; here the same forward runs eagerly
-on the CPU over the tiny model with adapters in slots, padded to a larger bucket.
+The CUDA graphs read their inputs from these buffers; here the same forward runs eagerly on
+the test device over the tiny model with adapters in slots, padded to a larger bucket. The
+staged words are checked on the CPU (host bookkeeping).
 """
 
 from __future__ import annotations
@@ -42,9 +43,12 @@ def assert_lora_words(staged: LoRABatch, slots: list[int], ranks: list[int]) -> 
     assert staged.num_tokens.item() == len(slots)
 
 
-def decode_staging(max_batch: int, width: int, num_slots: int) -> StepStaging:
-    cpu = torch.device("cpu")
-    return StepStaging(max_batch, max_batch, width, num_slots, BLOCK, cpu, one_token_per_seq=True)
+def decode_staging(
+    max_batch: int, width: int, num_slots: int, device: str | torch.device = "cpu"
+) -> StepStaging:
+    return StepStaging(
+        max_batch, max_batch, width, num_slots, BLOCK, torch.device(device), one_token_per_seq=True
+    )
 
 
 def decode_plan(seqs: list[Sequence]) -> StepPlan:
@@ -116,7 +120,7 @@ def test_staged_decode_forward_equals_the_eager_step(runner_with_adapters):
     plan = decode_plan(seqs)
     eager = runner.run(runner.prepare(plan, blocks, slot_of))[0].clone()  # [5, V]
     cache_after_eager = runner.kv_cache.clone()
-    staging = decode_staging(16, runner.max_blocks_per_seq, runner.lora.num_slots)
+    staging = decode_staging(16, runner.max_blocks_per_seq, runner.lora.num_slots, runner.device)
     staged = staging.stage(plan.chunks, slot_of, runner.lora.slot_ranks_host)
     assert staged.uses_lora
     # bucket 8: three padding rows
@@ -124,7 +128,7 @@ def test_staged_decode_forward_equals_the_eager_step(runner_with_adapters):
     torch.testing.assert_close(logits[:5], eager, rtol=1e-5, atol=1e-5)
     assert logits[:5].argmax(-1).tolist() == eager.argmax(-1).tolist()
     # the same tokens rewrote the same cache slots (to rounding); padding rows wrote nothing
-    written = torch.zeros(runner.kv_cache.shape[2] * BLOCK, dtype=torch.bool)
+    written = torch.zeros(runner.kv_cache.shape[2] * BLOCK, dtype=torch.bool, device=runner.device)
     written[[blocks.slot_of(s, s.num_tokens - 1) for s in seqs]] = True
     flat = runner.kv_cache.flatten(2, 3)  # [L, 2, blocks * block_size, Hkv, D]
     flat_eager = cache_after_eager.flatten(2, 3)
@@ -160,7 +164,7 @@ def test_staged_strengths_equal_the_eager_step_and_never_linger(runner_with_adap
     runner.run(runner.prepare(prefill, blocks, slot_of))
     plan = decode_plan(seqs)
     eager = runner.run(runner.prepare(plan, blocks, slot_of))[0].clone()  # [5, V]
-    staging = decode_staging(16, runner.max_blocks_per_seq, runner.lora.num_slots)
+    staging = decode_staging(16, runner.max_blocks_per_seq, runner.lora.num_slots, runner.device)
     staged = staging.stage(plan.chunks, slot_of, runner.lora.slot_ranks_host)
     batch = staging.lora_batch
     assert batch.scaled

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -87,10 +85,9 @@ def test_warm_up_runs_every_step_kind_and_leaves_slots_and_outputs_unchanged(run
     torch.testing.assert_close(prefill_logits(), before, rtol=0, atol=0)
 
 
-@pytest.mark.skipif(
-    os.environ.get("MULTILORA_TEST_DEVICE", "cpu") != "cuda", reason="Triton compiles on CUDA"
-)
-def test_no_kernel_compiles_while_serving_after_start_up(make_engine):
+def test_no_kernel_compiles_while_serving_after_start_up(make_engine, engine_device):
+    if engine_device != "cuda":
+        pytest.skip("Triton compiles on CUDA")
     engine = make_engine()
     names = ["tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", None]
     prompts = ["Hi", "Hello there, how are you today?", "A" * 70, "Once upon a time " * 9]

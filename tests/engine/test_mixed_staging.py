@@ -1,8 +1,9 @@
 """Steps with prompt tokens staged on the host (one copy) for the mixed-step CUDA graphs.
 
 The graphs read their inputs from these buffers; here the staged words are checked against
-what the eager path builds, and the graphs' forward runs eagerly on the CPU over the tiny
-model with adapters in slots, padded to a larger token bucket, against the eager step.
+what the eager path builds (on the CPU: host bookkeeping), and the graphs' forward runs eagerly
+on the test device over the tiny model with adapters in slots, padded to a larger token
+bucket, against the eager step.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def test_staged_mixed_forward_equals_the_eager_step(runner_with_adapters):
     plan = StepPlan(chunks)
     eager = runner.run(runner.prepare(plan, blocks, slot_of))[0].clone()  # [5, V]: chunk 6 samples nothing
     cache_after_eager = runner.kv_cache.clone()
-    staging = StepStaging(64, 8, runner.max_blocks_per_seq, runner.lora.num_slots, BLOCK, torch.device("cpu"))
+    staging = StepStaging(64, 8, runner.max_blocks_per_seq, runner.lora.num_slots, BLOCK, runner.device)
     staged = staging.stage(plan.chunks, slot_of, runner.lora.slot_ranks_host)
     assert staged.uses_lora and staged.num_sampled == 5 and staged.num_tokens < 32
     # bucket 32: padding tokens and sequences
@@ -126,7 +127,7 @@ def test_staged_mixed_forward_equals_the_eager_step(runner_with_adapters):
     torch.testing.assert_close(logits[:5], eager, rtol=1e-5, atol=1e-5)
     assert logits[:5].argmax(-1).tolist() == eager.argmax(-1).tolist()
     # the same tokens rewrote the same cache slots (to rounding); padding tokens wrote nothing
-    written = torch.zeros(runner.kv_cache.shape[2] * BLOCK, dtype=torch.bool)
+    written = torch.zeros(runner.kv_cache.shape[2] * BLOCK, dtype=torch.bool, device=runner.device)
     for chunk in plan.chunks:
         written[
             [blocks.slot_of(chunk.seq, p) for p in range(chunk.start, chunk.start + chunk.num_tokens)]

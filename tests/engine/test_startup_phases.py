@@ -8,14 +8,21 @@ from multilora_studio.engine import Engine
 from tests.engine.conftest import tiny_engine_config
 
 
-def test_start_up_phases_cover_the_start_and_add_up_within_it(tiny_model_dir, caplog):
+def test_start_up_phases_cover_the_start_and_add_up_within_it(tiny_model_dir, engine_device, caplog):
     caplog.set_level("INFO", logger="multilora_studio.engine.engine")
     started = time.perf_counter()
-    with Engine(tiny_engine_config(tiny_model_dir, device="cpu")) as engine:
+    with Engine(tiny_engine_config(tiny_model_dir, device=engine_device)) as engine:
         elapsed = time.perf_counter() - started
         phases = engine.runner.startup_seconds
-    # on the CPU no graphs are captured; on CUDA "decode graphs" and "mixed graphs" come between
-    expected = ["device and model load", "slots and KV cache", "kernel warm-up", "adapter tiers", "step loop"]
+    graphs = ["decode graphs", "mixed graphs"] if engine_device == "cuda" else []  # none on the CPU
+    expected = [
+        "device and model load",
+        "slots and KV cache",
+        *graphs,
+        "kernel warm-up",
+        "adapter tiers",
+        "step loop",
+    ]
     assert list(phases) == expected
     assert all(seconds >= 0 for seconds in phases.values())
     assert sum(phases.values()) <= elapsed  # parts of the start, measured inside it

@@ -1,55 +1,45 @@
-"""The step graphs' staging, bucket choice and replay against the eager step, on the CPU.
+"""The step graphs' staging, bucket choice and replay against the eager step, on the test device.
 
-A CUDA graph replays the work it captured on the same buffers; here ``capture_graph`` is
-replaced by a stand-in whose ``replay`` runs that work again eagerly, so everything else
-(the capture loop, staging, buckets, the logits rows a replay returns) runs as on CUDA.
+A CUDA graph replays the work it captured on the same buffers: on CUDA the graphs are real;
+on the CPU ``capture_graph`` is replaced by a stand-in whose ``replay`` runs that work again
+eagerly, so everything else (the capture loop, staging, buckets, the logits rows a replay
+returns) runs as on CUDA.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
-import pytest
 import torch
 
-from multilora_studio.engine import step_graphs
 from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
 from multilora_studio.engine.step_graphs import GraphStep, StepGraphs, batch_buckets, token_buckets
 from multilora_studio.engine.step_staging import StepStaging
 from tests.engine.conftest import RUNNER_BLOCK as BLOCK
+from tests.engine.conftest import capture_graphs_on
 from tests.engine.test_decode_staging import make_sequences
 
 
-class EagerGraph:
-    def __init__(self, work: Callable[[], None]) -> None:
-        self.work = work
-
-    def replay(self) -> None:
-        self.work()
-
-
-@pytest.fixture
-def eager_capture(monkeypatch):
-    monkeypatch.setattr(step_graphs, "capture_graph", lambda work, pool, device: EagerGraph(work))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-
-
 @torch.inference_mode()
-def test_replayed_steps_equal_the_eager_steps(runner_with_adapters, eager_capture):
+def test_replayed_steps_equal_the_eager_steps(runner_with_adapters, engine_device, monkeypatch):
+    capture_graphs_on(engine_device, monkeypatch)
     runner, slot_of_name = runner_with_adapters
-    cpu = torch.device("cpu")
+    device = runner.device
     width, slots = runner.max_blocks_per_seq, runner.lora.num_slots
     decode = StepGraphs(
         runner.model,
         runner.kv_caches,
-        StepStaging(8, 8, width, slots, BLOCK, cpu, one_token_per_seq=True),
+        StepStaging(8, 8, width, slots, BLOCK, device, one_token_per_seq=True),
         batch_buckets(8),
         None,
     )
     mixed = StepGraphs(
-        runner.model, runner.kv_caches, StepStaging(96, 8, width, slots, BLOCK, cpu), token_buckets(96), None
+        runner.model,
+        runner.kv_caches,
+        StepStaging(96, 8, width, slots, BLOCK, device),
+        token_buckets(96),
+        None,
     )
     assert sorted(decode.graphs) == [
         (b, lora, False, False, 0) for b in (1, 2, 4, 8) for lora in (False, True)

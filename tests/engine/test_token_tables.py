@@ -189,7 +189,7 @@ def test_each_kind_round_trips_through_the_library(table_adapters, tiny_model_di
 
 @torch.inference_mode()
 def test_step_graphs_between_the_token_tables_equal_the_eager_step(
-    table_adapters, tiny_model_dir, monkeypatch
+    table_adapters, tiny_model_dir, engine_device, monkeypatch
 ):
     """A decode step of rows with token tables replays the graph that starts from the taken
     embeddings and ends at the hidden rows: its logits equal the eager step's (graph capture
@@ -200,16 +200,18 @@ def test_step_graphs_between_the_token_tables_equal_the_eager_step(
     from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
     from multilora_studio.engine.step_graphs import GraphStep, StepGraphs, batch_buckets
     from multilora_studio.engine.step_staging import StepStaging
-    from tests.engine.conftest import RUNNER_BLOCK, cpu_runner, emulate_graph_capture
+    from tests.engine.conftest import RUNNER_BLOCK, capture_graphs_on, tiny_runner
     from tests.engine.test_decode_staging import make_sequences
 
-    emulate_graph_capture(monkeypatch)
+    capture_graphs_on(engine_device, monkeypatch)
     names = ["head", "embed", "tokens", "added", "plain"]
-    runner, slot_of = cpu_runner(
-        tiny_model_dir, {n: table_adapters[n] for n in names}, max_loras=5, max_lora_rank=16, max_num_seqs=8
+    adapters = {n: table_adapters[n] for n in names}
+    runner, slot_of = tiny_runner(
+        tiny_model_dir, adapters, engine_device, max_loras=5, max_lora_rank=16, max_num_seqs=8
     )
-    cpu = torch.device("cpu")
-    staging = StepStaging(8, 8, runner.max_blocks_per_seq, 5, RUNNER_BLOCK, cpu, one_token_per_seq=True)
+    staging = StepStaging(
+        8, 8, runner.max_blocks_per_seq, 5, RUNNER_BLOCK, runner.device, one_token_per_seq=True
+    )
     decode = StepGraphs(runner.model, runner.kv_caches, staging, batch_buckets(8), None)
     runner.decode_graphs = decode
     blocks = BlockManager(64, RUNNER_BLOCK)

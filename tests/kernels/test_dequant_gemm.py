@@ -16,10 +16,9 @@ from multilora_studio.engine.quant_pack import group_contiguous, quantize_awq, q
 from multilora_studio.kernels.dequant_gemm import DECODE_PROGRAMS, dequant_gemm, split_k
 from multilora_studio.kernels.quant_linear import QuantPlan, fp8_scaled_mm, quant_linear, quantize_rows_fp8
 from multilora_studio.kernels.quant_weight import QuantizedWeight, concat_outputs, dequantize
-from tests.kernels.grid import INTERPRETED
+from tests.kernels.device import DEVICE
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 
 
 def make_weight(kind: str, n: int, k: int, seed: int) -> QuantizedWeight:

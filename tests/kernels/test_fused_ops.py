@@ -3,8 +3,6 @@ against float64 references."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -19,11 +17,11 @@ from multilora_studio.kernels.fused_ops import (
     rope_,
     silu_and_mul,
 )
+from tests.kernels.device import DEVICE
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 DTYPES = list(TOLERANCE)
 BACKENDS = ["torch", "triton", "numba"]  # numba: float32 on the CPU only
-DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)

@@ -28,10 +28,9 @@ from multilora_studio.kernels import (
     reference_shrink,
 )
 from multilora_studio.kernels.lora_rows import RowTerms, apply_row_terms
+from tests.kernels.device import DEVICE, TRITON_OK
 from tests.kernels.grid import INTERPRETED, grid
 
-TRITON_OK = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
-DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
 NEEDS_TRITON = pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
 # "triton" takes the token-major (BGMV) kernels up to LoRAPlan.bgmv_max_tokens tokens and the
 # slot-grouped (SGMV) ones above; "triton-grouped" forces the slot-grouped kernels.

@@ -20,12 +20,10 @@ from multilora_studio.kernels.paged_attention import (
     reference_paged_attention,
     write_kv,
 )
+from tests.kernels.device import DEVICE, TRITON_OK
 from tests.kernels.grid import grid
 
-TRITON_OK = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 needs_triton = pytest.mark.skipif(not TRITON_OK, reason="needs CUDA or TRITON_INTERPRET=1")
-# Natively on a GPU when there is one and the interpreter is off (scripts/gpu_session.sh gpu-tests).
-DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
 
 # (atol, rtol) of the output against the float64 reference, per dtype.
 TOL = {

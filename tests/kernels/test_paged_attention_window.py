@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from multilora_studio.kernels.paged_attention import paged_attention
+from tests.kernels.device import DEVICE
 from tests.kernels.grid import INTERPRETED
-from tests.kernels.test_paged_attention import DEVICE, NUMBA_OK, TOL, make_case, needs_triton
+from tests.kernels.test_paged_attention import NUMBA_OK, TOL, make_case, needs_triton
 
 # (q_len, seq_len) per sequence, and the max_query_len hint.
 STEPS = {

@@ -21,9 +21,8 @@ from multilora_studio.kernels import (
     write_kv,
 )
 from multilora_studio.kernels.lora_rows import RowTerms, apply_row_terms
+from tests.kernels.device import DEVICE, TRITON_OK
 
-TRITON_OK = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
-DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(not TRITON_OK, reason="needs Triton")
 # the Triton kernels, with the q/k/v epilogue as one launch
 FUSED = replace(LoRAPlan.for_device(DEVICE), backend="triton", fused_qkv=True) if TRITON_OK else None

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from multilora_studio.kernels.row_scores import MAX_TOP_K, row_scores, top_k_torch
+from tests.kernels.device import DEVICE
 
-DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
 TOLERANCE = 2e-5  # float32 sums against float64
 BACKENDS = ["torch", "triton"]
 SHAPES = [
