@@ -70,6 +70,28 @@ class AdapterFacts:
 
 
 @dataclass(frozen=True)
+class RequestTotals:
+    """What a replica's engine measured of a request and its deltas do not carry: its share of
+    the engine's busy time, its adapter's tier when it arrived and its time in the queue. The
+    replica sends it just before the finishing delta, so the ingress's output is whole when
+    that delta ends the request (usage behind Ray bills the replicas' engine time)."""
+
+    engine_seconds: float
+    adapter_tier: str | None
+    queue_s: float | None
+
+    @classmethod
+    def of(cls, output: RequestOutput) -> RequestTotals:
+        return cls(output.engine_seconds, output.adapter_tier, output.queue_time)
+
+    def apply(self, output: RequestOutput) -> None:
+        """Onto the ingress's output (its queue time counted from the ingress's arrival)."""
+        output.engine_seconds, output.adapter_tier = self.engine_seconds, self.adapter_tier
+        if self.queue_s is not None:
+            output.first_scheduled_time = output.arrival_time + self.queue_s
+
+
+@dataclass(frozen=True)
 class Registration:
     """An adapter served at the ingress under one name: its folder and this registration's token."""
 
@@ -146,8 +168,9 @@ def engine_replica_class(adapters_per_replica: int) -> type:
             registration: tuple[str, str] | None,
             params: SamplingParams,
             request_id: str,
-        ) -> AsyncIterator[TokenDelta]:
-            """The request's deltas; cancelling the call aborts the engine request."""
+        ) -> AsyncIterator[TokenDelta | RequestTotals]:
+            """The request's deltas, its ``RequestTotals`` just before the last; cancelling the
+            call aborts the engine request."""
             if adapter is not None and registration is not None:
                 if serve.get_multiplexed_model_id() != adapter:
                     raise ValueError(
@@ -162,18 +185,22 @@ def engine_replica_class(adapters_per_replica: int) -> type:
             try:
                 async for delta in stream:
                     finished = delta.finished
+                    if finished:
+                        yield RequestTotals.of(stream.output)
                     yield delta
             finally:
                 if not finished:
                     self.engine.abort(request_id)
 
         def holdings(self) -> dict[str, Any]:
-            """This replica's id, the adapters in its host tier and its reads from disk."""
+            """This replica's id, the adapters in its host tier, its reads from disk and its
+            engine's busy seconds."""
             snap = self.engine.metrics(fresh=True)
             return {
                 "replica": serve.get_replica_context().replica_id.unique_id,
                 "host_tier": list(snap.cpu_adapters) if snap is not None else [],
                 "disk_loads": snap.cpu_misses if snap is not None else 0,
+                "busy_seconds": snap.busy_seconds if snap is not None else 0.0,
             }
 
         def _export_metrics(self) -> None:
@@ -199,6 +226,8 @@ class RemoteEngine(RequestMethods):
     Differences from a local engine: a request a replica refuses (a bad sampling value the
     server's checks let through) ends with reason 'error' instead of raising at submit;
     ``metrics()`` is None here (each replica exports its own through Ray); pinning is refused.
+    A finished output's engine seconds, adapter tier and queue time are the replica's
+    (``RequestTotals``).
     """
 
     def __init__(self, handle: DeploymentHandle, facts: EngineFacts) -> None:
@@ -360,9 +389,12 @@ class RemoteEngine(RequestMethods):
         call = handle.generate.remote(token_ids, adapter, ticket, params, output.request_id)
         assert isinstance(call, DeploymentResponseGenerator)  # a streaming handle's answer
         try:
-            async for delta in call:
-                self._record(output, delta, params)
-                stream.push(delta)
+            async for item in call:
+                if isinstance(item, RequestTotals):
+                    item.apply(output)
+                    continue
+                self._record(output, item, params)
+                stream.push(item)
         except asyncio.CancelledError:
             call.cancel()
             self._record(output, TokenDelta(output.request_id, [], "", True, "abort"), params)

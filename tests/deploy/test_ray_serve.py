@@ -2,13 +2,16 @@
 flags; three adapters from ``--lora-modules``, one from the library): two engine replicas of the
 tiny model behind the ingress, driven by the official ``openai`` client: outputs equal one engine's;
 Ray's multiplexed routing keeps each adapter on one replica (each read from disk once); an API
-key is enforced at the ingress; stopping it leaves no Serve process running."""
+key is enforced at the ingress; its usage bills the replicas' engine seconds and counts their
+cold starts; stopping it leaves no Serve process running."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -112,6 +115,17 @@ def routers_know(handle) -> bool:
     return True
 
 
+def replica_holdings(handle) -> dict[str, dict]:
+    """Each replica's ``holdings()`` by replica id (Ray routes each call to one of them)."""
+    holdings: dict[str, dict] = {}
+    deadline = time.monotonic() + 60
+    while len(holdings) < 2 and time.monotonic() < deadline:
+        held = handle.holdings.remote().result()
+        holdings[held["replica"]] = held
+    assert len(holdings) == 2, "both replicas answer"
+    return holdings
+
+
 def complete(client: openai.OpenAI, index: int, adapter: str | None, base: str) -> str:
     reply = client.completions.create(
         model=adapter or base,
@@ -137,12 +151,7 @@ def test_two_ray_replicas_answer_like_one_engine_and_keep_each_adapter_on_one(ra
         texts = list(pool.map(lambda key: complete(client, key[0], key[1], base), keys))
     assert texts == [expected_texts[key] for key in keys]
 
-    holdings: dict[str, dict] = {}
-    deadline = time.monotonic() + 60
-    while len(holdings) < 2 and time.monotonic() < deadline:
-        held = handle.holdings.remote().result()
-        holdings[held["replica"]] = held
-    assert len(holdings) == 2, "both replicas answer"
+    holdings = replica_holdings(handle)
     tiers = [set(h["host_tier"]) for h in holdings.values()]
     assert sum(h["disk_loads"] for h in holdings.values()) == len(ADAPTERS), holdings
     assert not tiers[0] & tiers[1] and tiers[0] | tiers[1] == set(ADAPTERS)
@@ -151,6 +160,27 @@ def test_two_ray_replicas_answer_like_one_engine_and_keep_each_adapter_on_one(ra
         openai.OpenAI(base_url=f"{ray_app}/v1", api_key="wrong", max_retries=0).models.list()
     with pytest.raises(openai.NotFoundError):
         complete(client, 0, "not-served", "not-served")
+
+
+def test_usage_behind_ray_bills_the_replicas_engine_time_and_cold_starts(ray_app):
+    client = openai.OpenAI(base_url=f"{ray_app}/v1", api_key=KEY, max_retries=0)
+    base = next(m.id for m in client.models.list().data if m.id not in ADAPTERS)
+    for adapter in (*ADAPTERS, None):  # one at a time: an adapter's first request alone reads it
+        complete(client, 1, adapter, base)
+    request = urllib.request.Request(f"{ray_app}/v1/usage", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        rows = json.loads(reply.read())["data"]
+    holdings = replica_holdings(serve.get_deployment_handle(ENGINE_DEPLOYMENT, APP_NAME))
+    # every request of the application went through this ingress: its rows bill what the
+    # replicas' engines were busy, and count a cold start for each read from disk
+    billed = sum(row["engine_seconds"] for row in rows)
+    assert billed == pytest.approx(sum(h["busy_seconds"] for h in holdings.values()), rel=0.01)
+    answered = {row["model"]: row for row in rows if row["requests"] > row["errors"]}
+    assert set(answered) == {*ADAPTERS, base} and all(row["engine_seconds"] > 0 for row in answered.values())
+    assert sum(row["cold_requests"] for row in rows) == sum(h["disk_loads"] for h in holdings.values())
+    cold = [row for row in rows if row["cold_requests"]]
+    assert {row["model"] for row in cold} == set(ADAPTERS)  # the base is never cold
+    assert all(row["cold_wait_s"] > 0 and row["cold_ttft_p95_s"] > 0 for row in cold)
 
 
 def test_serve_shutdown_leaves_nothing_running(ray_app):
