@@ -25,12 +25,13 @@ from multilora_studio.adapters.registry import Registry
 from multilora_studio.default_model import DEFAULT_MODEL_REPO, ensure_default_model
 from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.deploy import BasePool, start_engine
+from multilora_studio.deploy.base_settings import check_kv_sizes
 from multilora_studio.engine import EngineConfig, ServingEngine
 from multilora_studio.engine.device_setup import resolve_device
 from multilora_studio.engine.host_memory import return_freed_memory
 from multilora_studio.engine.model_source import RANDOM_PREFIX, check_model_folder
 from multilora_studio.gui.library_ops import LoadResult, base_for, load_library
-from multilora_studio.gui.preferences import EngineChoice
+from multilora_studio.gui.preferences import BaseEntry, EngineChoice
 from multilora_studio.gui.tasks import USER_ERRORS, Cancelled, Task, TaskRunner, user_message
 
 log = logging.getLogger(__name__)
@@ -226,14 +227,19 @@ class EngineHost(QObject):
 
     def _build(self, task: Task, choice: EngineChoice) -> tuple[BasePool, LoadResult]:
         try:
-            configs = choice.engine_configs(self._resolve_model(task, choice))
+            bases = choice.bases()
+            configs = choice.engine_configs(
+                [
+                    self._resolve_model(
+                        task, base, f"base {index + 1} of {len(bases)}: " if len(bases) > 1 else ""
+                    )
+                    for index, base in enumerate(bases)
+                ]
+            )
             for config in configs:
                 if config.model is not None:
                     check_model_folder(Path(config.model))
-            if len(configs) > 1 and not choice.kv_cache_gb and self._on_gpu(choice):
-                raise ValueError(
-                    "kv_cache_memory_gb: give each base's KV cache size when several base models share a GPU"
-                )
+            check_kv_sizes(configs, self._on_gpu(choice))
         except (Cancelled, *USER_ERRORS) as error:
             raise SettingsRejected(user_message(error)) from None
         with self._handover:
@@ -306,25 +312,28 @@ class EngineHost(QObject):
         devices = choice.device_list()
         return resolve_device(devices[0] if devices else choice.device).type == "cuda"
 
-    def _resolve_model(self, task: Task, choice: EngineChoice) -> str | None:
-        if choice.model_source == "embedded":
+    def _resolve_model(self, task: Task, base: BaseEntry, which: str) -> str | None:
+        """The folder of ``base`` (None: the embedded model): a Hub repository is pulled into
+        the HF cache first (``HF_HUB_OFFLINE``: from the cache), its progress reported after
+        ``which``."""
+        if base.source == "embedded":
             return None
-        if choice.model_source == "folder":
-            return choice.model
+        if base.source == "folder":
+            return base.model
         from multilora_studio.adapters.pull import pull
 
         def not_a_model() -> None:
-            raise ValueError(f"{choice.model} is an adapter, not a base model; pull it in the Library")
+            raise ValueError(f"{base.model} is an adapter, not a base model; pull it in the Library")
 
         result = pull(
-            choice.model,
+            base.model,
             self.registry,
             not_a_model,  # type: ignore[arg-type]
-            progress=lambda f, m: task.notify(0.05 * f, m),
+            progress=lambda f, m: task.notify(0.05 * f, which + m),
             cancel=task.cancel_event,
         )
         if result.model is None:
-            raise ValueError(f"{choice.model} is an adapter, not a base model")
+            raise ValueError(f"{base.model} is an adapter, not a base model")
         if task.cancelled:
             raise Cancelled
         return str(result.path)

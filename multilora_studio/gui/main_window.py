@@ -119,9 +119,12 @@ class MainWindow(QMainWindow):
         self.settings.apply()
 
     def restart_engine(self, choice: EngineChoice) -> None:
-        """Restart with new settings; a compare run stops, a running server restarts on the new engine."""
+        """Restart with new settings; a compare run, an evaluation and a pull stop, a running
+        server restarts on the new engine."""
         self.compare.stop()
         self.evaluate.stop()
+        if self.pull_dialog is not None:
+            self.pull_dialog.cancel()
         self._serve_after_restart = self.control.state == ON
         self.control.stop()
         self.host.start(choice)

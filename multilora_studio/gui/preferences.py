@@ -3,21 +3,51 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings
 
 from multilora_studio.deploy import parse_devices
 from multilora_studio.deploy.base_pool import DEFAULT_KEEP_ALIVE_S, DEFAULT_MAX_RESIDENT
+from multilora_studio.deploy.base_settings import BaseSettings, format_model, parse_model
 from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
 from multilora_studio.engine import EngineConfig
 
 MODEL_SOURCES = ("embedded", "folder", "hub")
 EMBEDDED = "embedded"  # an entry of ``extra_models``: the embedded default model
+HUB_PREFIX = "hub:"  # an entry of ``extra_models``: hub:ORG/NAME[@REVISION]
 ENGINE_GROUP = "engine"
 # EngineConfig's defaults: the one source for the window, the CLI and the Python API
 ENGINE_DEFAULTS: dict[str, Any] = {item.name: item.default for item in fields(EngineConfig)}
+
+
+@dataclass(frozen=True)
+class BaseEntry:
+    """One base model of the window: where its weights come from (``source`` as
+    ``EngineChoice.model_source``, ``model`` a folder or ``ORG/NAME[@REVISION]``, "" for the
+    embedded model) and its own engine settings (``own``; the Engine settings for the rest)."""
+
+    source: str
+    model: str = ""
+    own: BaseSettings = field(default_factory=BaseSettings)
+
+    @classmethod
+    def parse(cls, text: str) -> BaseEntry:
+        """An entry of ``extra_models``: ``MODEL[,SETTING=VALUE...]`` (``parse_model``) where
+        MODEL is a folder, ``embedded`` or ``hub:ORG/NAME[@REVISION]``."""
+        model, own = parse_model(text.strip())
+        if model == EMBEDDED:
+            return cls("embedded", "", own)
+        if model.startswith(HUB_PREFIX):
+            return cls("hub", model[len(HUB_PREFIX) :].strip(), own)
+        return cls("folder", model, own)
+
+    @property
+    def text(self) -> str:
+        """The form ``parse`` reads."""
+        model = {"embedded": EMBEDDED, "hub": HUB_PREFIX + self.model}.get(self.source, self.model)
+        return format_model(model, self.own)
 
 
 @dataclass(frozen=True)
@@ -33,12 +63,13 @@ class EngineChoice:
     settings default to EngineConfig's, except ``batch_invariant``: on in the window, whose
     Compare and Evaluate views compare outputs that must not depend on the batch they ran in.
 
-    ``extra_models``: more base models served beside the first (folders, or ``EMBEDDED``), each
-    an engine of its own with these settings, in a ``BasePool``: ``max_resident_bases`` (0: all)
+    ``extra_models``: more base models served beside the first (``BaseEntry.parse``: a folder,
+    ``EMBEDDED`` or a Hub repository, with the engine settings it sets for itself), each an
+    engine of its own with these settings, in a ``BasePool``: ``max_resident_bases`` (0: all)
     loaded at once, ``keep_alive_s`` (0: never) unloads an idle one, as ``serve --model A
-    --model B --max-resident-bases N --keep-alive S``; ``kv_cache_gb`` (0: the engine's sizing)
-    each engine's KV cache, needed when several bases share a GPU. ``quantization``: the bases'
-    (EngineConfig's; "" serves each checkpoint as it is).
+    --model B,max-loras=4 --max-resident-bases N --keep-alive S``; ``kv_cache_gb`` (0: the
+    engine's sizing) each engine's KV cache, needed when several bases share a GPU.
+    ``quantization``: the bases' (EngineConfig's; "" serves each checkpoint as it is).
     """
 
     model_source: str = "embedded"
@@ -65,7 +96,6 @@ class EngineChoice:
         if self.model_source != "embedded" and not self.model.strip():
             what = "a model folder" if self.model_source == "folder" else "a Hub repository id"
             raise ValueError(f"choose {what} or the embedded default model")
-        self.engine_config(None if self.model_source == "embedded" else self.model)
         self.device_list()
         if self.dispatch_margin < 0:
             raise ValueError(f"dispatch_margin must be >= 0 requests, got {self.dispatch_margin}")
@@ -73,19 +103,30 @@ class EngineChoice:
             raise ValueError(f"max_resident_bases must be >= 0 (0: all), got {self.max_resident_bases}")
         if self.keep_alive_s < 0:
             raise ValueError(f"keep_alive must be >= 0 seconds (0: never), got {self.keep_alive_s:g}")
-        models = [self.model.strip() if self.model_source != "embedded" else EMBEDDED]
-        for entry in self.extra_models:
-            if not entry.strip():
-                raise ValueError("an entry of the base models list is empty")
-            if entry in models:
-                raise ValueError(f"base model {entry} is listed twice")
-            models.append(entry)
+        if any(not entry.strip() for entry in self.extra_models):
+            raise ValueError("an entry of the base models list is empty")
+        bases = self.bases()
+        models: set[tuple[str, str]] = set()
+        for base in bases:
+            if base.source == "hub" and not base.model:
+                raise ValueError(f"{base.text}: name the Hub repository, ORG/NAME[@REVISION]")
+            if (base.source, base.model) in models:
+                raise ValueError(f"base model {base.text} is listed twice")
+            models.add((base.source, base.model))
+        self.engine_configs([base.model or None for base in bases])  # EngineConfig checks each
 
-    def engine_configs(self, model: str | None) -> list[EngineConfig]:
-        """One EngineConfig per base model: the first at ``model`` (resolved as in
-        ``engine_config``), then ``extra_models``."""
-        extra = [None if entry == EMBEDDED else entry for entry in self.extra_models]
-        return [self.engine_config(model), *(self.engine_config(entry) for entry in extra)]
+    def bases(self) -> list[BaseEntry]:
+        """Every base model: the first (``model_source``, ``model``), then ``extra_models``."""
+        first = BaseEntry(self.model_source, "" if self.model_source == "embedded" else self.model.strip())
+        return [first, *(BaseEntry.parse(entry) for entry in self.extra_models)]
+
+    def engine_configs(self, folders: list[str | None]) -> list[EngineConfig]:
+        """One EngineConfig per base model (``bases``), each at its resolved folder in
+        ``folders`` (None: the embedded model) with its own settings."""
+        return [
+            base.own.apply(self.engine_config(folder))
+            for base, folder in zip(self.bases(), folders, strict=True)
+        ]
 
     @property
     def pool_options(self) -> tuple[int | None, float | None]:

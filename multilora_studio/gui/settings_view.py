@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
+    QInputDialog,
     QLabel,
     QLineEdit,
     QListWidget,
@@ -30,7 +31,13 @@ from multilora_studio.engine.config import MAX_SLOTS, SUPPORTED_DTYPES
 from multilora_studio.engine.quantization import QUANTIZATIONS, quantization_summary
 from multilora_studio.gui.engine_host import LOADING, EngineHost
 from multilora_studio.gui.field_labels import FIELD_LABELS, in_field_labels
-from multilora_studio.gui.preferences import EMBEDDED, ENGINE_DEFAULTS, EngineChoice, Preferences
+from multilora_studio.gui.preferences import (
+    EMBEDDED,
+    ENGINE_DEFAULTS,
+    HUB_PREFIX,
+    EngineChoice,
+    Preferences,
+)
 from multilora_studio.gui.theme import THEMES, set_theme
 from multilora_studio.gui.widgets import MessageBanner, format_bytes, scroll_as_one_page
 
@@ -201,12 +208,15 @@ class SettingsView(QWidget):
         )
         add_folder = QPushButton("Add folder…")
         add_folder.clicked.connect(self._browse_extra)
+        add_hub = QPushButton("Add Hub repository…")
+        add_hub.setToolTip("A base model on the Hugging Face Hub, pulled into the HF cache when applied")
+        add_hub.clicked.connect(self._ask_hub_model)
         add_embedded = QPushButton("Add the embedded model")
         add_embedded.clicked.connect(lambda: self.add_extra_model(EMBEDDED))
         remove = QPushButton("Remove")
         remove.clicked.connect(lambda: self.extra_models.takeItem(self.extra_models.currentRow()))
         buttons = QHBoxLayout()
-        for button in (add_folder, add_embedded, remove):
+        for button in (add_folder, add_hub, add_embedded, remove):
             buttons.addWidget(button)
         buttons.addStretch(1)
         self.max_resident_bases = QSpinBox(minimum=0, maximum=64)
@@ -235,8 +245,16 @@ class SettingsView(QWidget):
         return box
 
     def add_extra_model(self, entry: str) -> None:
-        """Add a base model folder (or EMBEDDED) to the list (applied with the other settings)."""
+        """Add a base model to the list (applied with the other settings): a folder, EMBEDDED or
+        ``hub:ORG/NAME[@REVISION]`` (``BaseEntry.parse``)."""
         self.extra_models.addItem(entry)
+
+    def _ask_hub_model(self) -> None:
+        repo, ok = QInputDialog.getText(
+            self, "Add a base model from the Hub", "Repository (ORG/NAME, or ORG/NAME@REVISION):"
+        )
+        if ok and repo.strip():
+            self.add_extra_model(HUB_PREFIX + repo.strip())
 
     def extra_model_entries(self) -> list[str]:
         return [self.extra_models.item(i).text() for i in range(self.extra_models.count())]
@@ -296,11 +314,9 @@ class SettingsView(QWidget):
         choice = self.choice()
         try:
             choice.check()
-            folders = [choice.model] if choice.model_source == "folder" else []
-            folders += [entry for entry in choice.extra_models if entry != EMBEDDED]
-            for folder in folders:
-                if not Path(folder).expanduser().is_dir():
-                    raise ValueError(f"model folder {folder} does not exist")
+            for base in choice.bases():
+                if base.source == "folder" and not Path(base.model).expanduser().is_dir():
+                    raise ValueError(f"model folder {base.model} does not exist")
         except ValueError as error:
             self.banner.show_message(in_field_labels(str(error), where=""))
             return False

@@ -2,7 +2,10 @@
 
 The window runs on the embedded model (CPU) with the demo adapters in a fresh library and, with
 ``--second-base FOLDER --second-adapter FOLDER``, a second base model (Settings' models list) with
-an adapter of its own in the library. For
+an adapter of its own in the library; with ``--second-base-hub REPO`` that base is served from the
+Hub repository REPO holding the same files (HF_ENDPOINT: the test's loopback Hub), and with
+``--pull REPO`` (one per base, in order) the Library page pulls each base's adapter from the Hub
+in turn (``PullActions``). For
 ``--seconds``, and on until it has run a compare for each restart (a busy machine makes them
 slower; the test bounds the whole run), it visits every view in turn, keeps a compare of base
 and every adapter running, lets the Monitor plot, switches the theme, and applies a restart in
@@ -53,7 +56,7 @@ from multilora_studio.gui.app import checked_application
 from multilora_studio.gui.compare_column import MARKDOWN, TOKENS
 from multilora_studio.gui.library_model import base_key
 from multilora_studio.gui.main_window import PAGES, MainWindow
-from multilora_studio.gui.preferences import EngineChoice, Preferences
+from multilora_studio.gui.preferences import HUB_PREFIX, EngineChoice, Preferences
 from multilora_studio.gui.theme import set_theme
 from multilora_studio.run_records import ColumnOverrides
 from tests.live_objects import live_engines
@@ -80,9 +83,9 @@ def base_in_turn(window: MainWindow, started: int) -> str | None:
 
 class EvaluateActions:
     """The soak's Evaluate actions: while the Evaluate page shows, a run of base and every adapter
-    of a base (each base in turn, ``base_in_turn``) is kept going over a small prompt set, and
-    every second run is cancelled as soon as it starts. Errors (not cancellations) are problems;
-    the bases evaluated are counted."""
+    of a base (one not evaluated yet, else each base in turn, ``base_in_turn``) is kept going over
+    a small prompt set, and every second run is cancelled as soon as it starts (a restart cancels
+    one too). Errors (not cancellations) are problems; the bases evaluated are counted."""
 
     def __init__(self, window: MainWindow, folder: Path) -> None:
         self.window = window
@@ -104,7 +107,9 @@ class EvaluateActions:
             return
         view.path.setText(str(self.prompts))
         view.max_tokens.setValue(EVALUATE_TOKENS)
-        base = base_in_turn(self.window, self.started)
+        pool = self.window.host.pool
+        waiting = [name for name in pool.names if name not in self.bases] if pool is not None else []
+        base = waiting[0] if waiting and self.started % 2 == 0 else base_in_turn(self.window, self.started)
         if base is None or not view.pick_base(base):
             self.problems.append(f"evaluate lists no base {base}")
             return
@@ -205,6 +210,52 @@ class MergeActions:
             self.warm_pending = None
 
 
+class PullActions:
+    """The soak's *Pull from Hub…*: while the Library page shows, the adapter repository of one
+    base (each base in turn, ``base_in_turn``) is pulled onto that base with the pull dialog
+    (its first pull downloads, the next ones find it in the library; each leases the base, so a
+    swapped-out one is loaded; a restart cancels it). Errors are problems; the bases pulled onto
+    are counted."""
+
+    def __init__(self, window: MainWindow, repos: list[str]) -> None:
+        self.window = window
+        self.repos = repos
+        self.started = 0
+        self.bases: set[str] = set()
+        self.problems: list[str] = []
+        self.task = None
+
+    def tick(self) -> None:
+        window = self.window
+        pool, base = window.host.pool, base_in_turn(window, self.started)
+        if self.task is not None or window.page != "Library" or pool is None or base is None:
+            return
+        index = pool.names.index(base)
+        window.library.pull_button.click()
+        dialog = window.pull_dialog
+        if dialog is None:
+            self.problems.append("the pull dialog did not open")
+            return
+        dialog.show_bases(base)
+        task = dialog.start_pull(self.repos[index % len(self.repos)], f"soak-pulled-{index}")
+        if task is None:
+            self.problems.append(f"pull did not start: {dialog.banner.text}")
+            return
+        self.task = task
+        self.started += 1
+        task.done.connect(lambda: self.pull_done(base))
+
+    def pull_done(self, base: str) -> None:
+        self.task = None
+        dialog = self.window.pull_dialog
+        if dialog is not None and dialog.banner.kind == "success":
+            self.bases.add(base)
+        elif dialog is not None and not dialog.banner.text.startswith("Pull cancelled"):
+            self.problems.append(f"pull onto {base} failed: {dialog.banner.text}")
+        if dialog is not None:
+            dialog.close()
+
+
 class BaseFilterActions:
     """The soak's Library base filter: while the Library page shows, the next base is chosen each
     tick; a listed adapter of another base's weights is a problem."""
@@ -301,6 +352,7 @@ class Soak(QObject):
         window.compare.runFinished.connect(self.compare_finished)
         self.evaluate_actions: EvaluateActions | None = None  # set by main()
         self.merge_actions: MergeActions | None = None  # set by main()
+        self.pull_actions: PullActions | None = None  # set by main()
         window.compare.divergenceFinished.connect(lambda: divergence_finished(self))
 
     def engine_ready(self) -> None:
@@ -343,6 +395,8 @@ class Soak(QObject):
             self.evaluate_actions.tick()
         if self.merge_actions is not None:
             self.merge_actions.tick()
+        if self.pull_actions is not None:
+            self.pull_actions.tick()
         if self.base_filters is not None:
             self.base_filters.tick()
         if self.window.host.state != "ready":
@@ -443,12 +497,15 @@ class Soak(QObject):
             "problems": self.problems
             + (self.evaluate_actions.problems if self.evaluate_actions else [])
             + (self.merge_actions.problems if self.merge_actions else [])
+            + (self.pull_actions.problems if self.pull_actions else [])
             + (self.base_filters.problems if self.base_filters else []),
             "evaluations": self.evaluate_actions.finished if self.evaluate_actions else 0,
             "merges": self.merge_actions.finished if self.merge_actions else 0,
             "merges_cancelled": self.merge_actions.cancelled if self.merge_actions else 0,
             "evaluated_bases": sorted(self.evaluate_actions.bases) if self.evaluate_actions else [],
             "merged_bases": sorted(self.merge_actions.bases) if self.merge_actions else [],
+            "pulled_bases": sorted(self.pull_actions.bases) if self.pull_actions else [],
+            "base_names": self.window.host.pool.names if self.window.host.pool is not None else [],
             "warm_toggles": self.merge_actions.warm_toggles if self.merge_actions else 0,
             "none_refs": self.none_refs,
             "rss_after_restart": self.rss_after_restart,
@@ -494,6 +551,8 @@ def main() -> int:
     parser.add_argument("--restarts", type=int, default=5)
     parser.add_argument("--second-base", type=Path, default=None, help="a second base model folder")
     parser.add_argument("--second-adapter", type=Path, default=None, help="an adapter of the second base")
+    parser.add_argument("--second-base-hub", default=None, help="the second base's Hub repository")
+    parser.add_argument("--pull", action="append", default=[], help="an adapter repository per base")
     args = parser.parse_args()
     app = checked_application()
     with tempfile.TemporaryDirectory(prefix="multilora-soak-") as folder:
@@ -502,7 +561,8 @@ def main() -> int:
         choice = replace(EngineChoice(), device="cpu", max_loras=2)
         models = ["demo-pirate"]
         if args.second_base is not None and args.second_adapter is not None:
-            choice = replace(choice, extra_models=(str(args.second_base),))
+            second = f"{HUB_PREFIX}{args.second_base_hub}" if args.second_base_hub else str(args.second_base)
+            choice = replace(choice, extra_models=(second,))
             base = describe_base(str(args.second_base))
             registry.import_folder(
                 args.second_adapter, base, name=SECOND_ADAPTER, max_rank=choice.max_lora_rank
@@ -514,6 +574,8 @@ def main() -> int:
         soak.evaluate_actions = EvaluateActions(window, Path(folder))
         soak.merge_actions = MergeActions(window, Path(folder))
         soak.base_filters = BaseFilterActions(window)
+        if args.pull:
+            soak.pull_actions = PullActions(window, args.pull)
         window.server.port.setValue(0)  # any free port
         soak.traffic = EndpointTraffic(window, models)
         soak.traffic.thread.start()

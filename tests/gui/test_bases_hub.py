@@ -1,5 +1,6 @@
 """The Hub and several base models, against a Hub-compatible server on loopback (olah): *Pull from
-Hub…* serves the adapter on the base the Library filters by (loading it when it is swapped out)."""
+Hub…* serves the adapter on the base the Library filters by (loading it when it is swapped out);
+a Hub repository is a base beside the first (pulled into the HF cache, read from it offline)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from multilora_studio.cli.shared import describe_base
+from multilora_studio.engine import Engine, SamplingParams
+from multilora_studio.gui.preferences import HUB_PREFIX
 from tests.adapters.hub_repos import LocalRepos, model_card
 from tests.adapters.hub_server import HubServer, point_client_at
-from tests.gui.conftest import save_screenshot, wait_task
+from tests.gui.conftest import save_screenshot, wait_ready, wait_task
 
 QWEN_REPO = "studio-tests/tiny-qwen"
 QWEN_LORA = "studio-tests/qwen-lora"
@@ -77,3 +81,70 @@ def test_a_pull_serves_the_adapter_on_the_base_the_library_filters_by(
     assert registry.get("hub-qwen-on-llama").base_digest == pool.base(llama).digest
     assert pool.base_of("hub-qwen-on-llama") == (llama, "hub-qwen-on-llama")
     assert pool.base_of("hub-qwen") == (qwen, "hub-qwen") and resident(window) == [llama]
+
+
+def test_a_hub_repository_is_another_base_online_and_offline(
+    qtbot, open_window, registry, hub, qwen_base, tmp_path, monkeypatch
+):
+    folder, adapter = qwen_base
+    local = describe_base(str(folder))
+    registry.import_folder(adapter, local, name="qwen-r8", max_rank=32)  # on the same weights
+    point_client_at(monkeypatch, hub.endpoint, tmp_path / "hf-cache", offline=False)
+    window = open_window()
+    llama = window.host.pool.names[0]
+    assert window.library.row_of("qwen-r8")["Tier"] == "not served"
+    settings = window.settings
+    messages: list[str] = []
+    window.host.progress.connect(lambda fraction, message: messages.append(message))
+    window.show_page("Settings")
+    settings.add_extra_model(f"{HUB_PREFIX}{QWEN_REPO}@v1")
+    assert settings.apply(), settings.banner.text
+    wait_ready(qtbot, window)
+    pool = window.host.pool
+    assert pool.names == [llama, QWEN_REPO]  # named by its repository, from the HF cache
+    assert pool.base(QWEN_REPO).digest == local.digest
+    assert str(tmp_path / "hf-cache") in pool.base(QWEN_REPO).config.model
+    assert any(m.startswith("base 2 of 2: ") and "safetensors" in m for m in messages), messages
+    assert QWEN_REPO in [m.repo_id for m in registry.list_base_models()]
+    assert pool.base_of("qwen-r8") == (QWEN_REPO, "qwen-r8")
+    assert window.prefs.engine_choice().extra_models == (f"{HUB_PREFIX}{QWEN_REPO}@v1",)
+    save_screenshot(window, "settings-hub-base")
+
+    # its adapter's column equals the local folder's engine with that adapter, token for token
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    with Engine(window.host.choice.engine_config(str(folder))) as engine:
+        engine.add_adapter("qwen-r8", adapter)
+        expected = engine.generate(["Hello there"], ["qwen-r8"], greedy)[0].token_ids
+    with window.host.lease(QWEN_REPO) as engine:
+        assert engine.generate(["Hello there"], ["qwen-r8"], greedy)[0].token_ids == expected
+
+    # offline, a restart finds it in the HF cache
+    point_client_at(monkeypatch, hub.endpoint, tmp_path / "hf-cache", offline=True)
+    settings.max_loras.setValue(3)
+    assert settings.apply()
+    wait_ready(qtbot, window)
+    assert (
+        window.host.pool.names == [llama, QWEN_REPO]
+        and window.host.pool.base(QWEN_REPO).config.max_loras == 3
+    )
+
+    # a repository that is not there, offline and online, and an adapter: not applied, the
+    # running engines stay
+    running = window.host.pool
+    for offline, entry, says in (
+        (
+            True,
+            "studio-tests/not-there",
+            "offline (HF_HUB_OFFLINE): studio-tests/not-there@main is not in the HF cache",
+        ),
+        (False, "studio-tests/not-there", "studio-tests/not-there was not found"),
+        (False, QWEN_LORA, f"{QWEN_LORA} is an adapter, not a base model"),
+    ):
+        point_client_at(monkeypatch, hub.endpoint, tmp_path / "hf-cache", offline=offline)
+        settings.banner.clear()
+        settings.extra_models.clear()
+        settings.add_extra_model(HUB_PREFIX + entry)
+        assert settings.apply()
+        qtbot.waitUntil(lambda: "Not applied" in settings.banner.text, timeout=60_000)
+        assert says in settings.banner.text, settings.banner.text
+        assert window.host.state == "ready" and window.host.pool is running

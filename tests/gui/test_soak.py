@@ -1,5 +1,6 @@
-"""Minutes of real use of the window in its own process (``soak_driver``), on two base models: it
-must survive, unchanged."""
+"""Minutes of real use of the window in its own process (``soak_driver``), on two base models (the
+second from a Hub-compatible server on loopback, which also serves an adapter of each): it must
+survive, unchanged."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from multilora_studio.default_model import DEFAULT_MODEL_REPO
+from tests.adapters.hub_repos import LocalRepos, model_card
+from tests.adapters.hub_server import HubServer
 from tests.fixtures import AdapterSpec, build_adapter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,6 +23,21 @@ RESTARTS = 5
 RSS_GROWTH_LIMIT = 300 << 20  # resident memory after the 5th restart vs after the 1st
 NONE_REFS_LOST_LIMIT = 1_000  # a binding that drops a reference per Qt call loses ~100k a minute
 SECOND_BASE_ADAPTER = AdapterSpec("second-base-r8", 8, 16, ("q_proj", "v_proj", "down_proj"), 61)
+SECOND_BASE_REPO = "soak/second-base"
+PULLED = ("soak/pirate-lora", "soak/second-lora")  # an adapter of each base on the Hub
+
+
+def start_hub(tmp_path: Path, second_base: Path, second_adapter: Path) -> HubServer:
+    """The second base and an adapter of each base as Hub repositories, served on loopback."""
+    repos = LocalRepos(tmp_path / "mirrors")
+    files: dict[str, str | bytes | Path] = {"README.md": model_card(None, library="transformers")}
+    files.update({p.name: p for p in second_base.iterdir() if p.is_file()})
+    repos.commit(SECOND_BASE_REPO, "v1", files)
+    repos.add_adapter(
+        PULLED[0], "v1", ROOT / "resources" / "demo_adapters" / "demo-pirate", DEFAULT_MODEL_REPO
+    )
+    repos.add_adapter(PULLED[1], "v1", second_adapter, SECOND_BASE_REPO)
+    return HubServer(repos.mirrors, tmp_path / "hub-server").start()
 
 
 @pytest.mark.slow
@@ -26,28 +45,18 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tiny_fa
     out = tmp_path / "soak.json"
     second_base = tiny_family_models["qwen2"]  # a second family beside the embedded Llama
     second_adapter = build_adapter(second_base, SECOND_BASE_ADAPTER, tmp_path / "second-adapter")
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.gui.soak_driver",
-            str(out),
-            "--seconds",
-            str(SOAK_SECONDS),
-            "--restarts",
-            str(RESTARTS),
-            "--second-base",
-            str(second_base),
-            "--second-adapter",
-            str(second_adapter),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=SOAK_SECONDS + 400,
+    hub = start_hub(tmp_path, second_base, second_adapter)
+    env = dict(
+        os.environ,
+        QT_QPA_PLATFORM="offscreen",
+        HF_ENDPOINT=hub.endpoint,
+        HF_HUB_CACHE=str(tmp_path / "hf-cache"),
+        HF_HUB_OFFLINE="0",
     )
+    try:
+        run = run_driver(out, second_base, second_adapter, env)
+    finally:
+        hub.stop()
     assert "Fatal Python error" not in run.stderr, run.stderr[-3000:]
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -57,6 +66,8 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tiny_fa
     assert result["evaluations"] >= 1, result
     assert result["merges"] >= 1 and result["merges_cancelled"] >= 1, result
     assert len(result["evaluated_bases"]) == len(result["merged_bases"]) == 2, result  # each base
+    assert result["base_names"][1] == SECOND_BASE_REPO, result  # the second base came from the Hub
+    assert len(result["pulled_bases"]) == 2, result  # an adapter pulled onto each base
     assert result["warm_toggles"] >= 1, result
     assert result["chat_runs"] >= 2 and result["divergences"] >= 1, result
     assert result["strength_sweeps"] >= 1, result
@@ -74,3 +85,30 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tiny_fa
     assert len(rss) == RESTARTS
     assert rss[-1] - rss[0] <= RSS_GROWTH_LIMIT, f"resident memory after each restart: {rss}"
     assert result["live_engines"] == result["engine_threads"] == result["resident_engines"] >= 1, result
+
+
+def run_driver(out: Path, second_base: Path, second_adapter: Path, env: dict[str, str]):
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.gui.soak_driver",
+            str(out),
+            "--seconds",
+            str(SOAK_SECONDS),
+            "--restarts",
+            str(RESTARTS),
+            "--second-base",
+            str(second_base),
+            "--second-adapter",
+            str(second_adapter),
+            "--second-base-hub",
+            SECOND_BASE_REPO,
+            *(arg for repo in PULLED for arg in ("--pull", repo)),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SOAK_SECONDS + 400,
+    )
