@@ -30,6 +30,7 @@ from multilora_studio.deploy.base_pool import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_MAX_RESIDENT,
 )
+from multilora_studio.deploy.base_settings import check_kv_sizes
 from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
 from multilora_studio.engine import EngineConfig, ServingEngine
 from multilora_studio.engine.device_setup import resolve_device
@@ -332,10 +333,7 @@ def run_serve(args: argparse.Namespace) -> int:
     configs = engine_configs(args, args.kv_cache_gb)
     first_device = parse_devices(args.devices)[0] if args.devices is not None else configs[0].device
     on_gpu = resolve_device(first_device).type == "cuda"
-    if len(configs) > 1 and on_gpu and args.kv_cache_gb is None:
-        raise ValueError(
-            "--kv-cache-gb: give each base's KV cache size when serving several --model on a GPU"
-        )
+    check_kv_sizes(configs, on_gpu)
     listener = bind_socket(config.host, config.port)  # a busy port fails now, not after the model loads
     try:
         with start_pool(configs, args) as pool:

@@ -62,8 +62,11 @@ def add_engine_arguments(
             "--model",
             action="append",
             default=None,
+            metavar="FOLDER[,SETTING=VALUE...]",
             help="HF model folder (default: the embedded model); repeat to serve several base models, "
-            "each with its own engine (the first takes --lora-modules)",
+            "each with its own engine (the first takes --lora-modules); SETTING=VALUE after a folder "
+            "sets that base's own max-loras, max-lora-rank, max-cpu-loras or kv-cache-gb "
+            "(default: the flag's), e.g. --model /models/qwen,max-loras=4,kv-cache-gb=2",
         )
     else:
         parser.add_argument("--model", default=None, help="HF model folder (default: the embedded model)")
@@ -158,12 +161,16 @@ def add_rank_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_configs(args: argparse.Namespace, kv_cache_memory_gb: float | None = None) -> list[EngineConfig]:
-    """One EngineConfig per ``--model`` (``several_models``), the other flags shared."""
-    models = args.model or [None]
-    return [
-        dataclasses.replace(engine_config(args, model), kv_cache_memory_gb=kv_cache_memory_gb)
-        for model in models
-    ]
+    """One EngineConfig per ``--model`` (``several_models``): the other flags shared, with the
+    settings a ``--model FOLDER,SETTING=VALUE`` sets for its base (``parse_model``)."""
+    from multilora_studio.deploy.base_settings import BaseSettings, parse_model
+
+    configs = []
+    for entry in args.model or [None]:
+        model, own = parse_model(entry) if entry is not None else (None, BaseSettings())
+        shared = dataclasses.replace(engine_config(args, model), kv_cache_memory_gb=kv_cache_memory_gb)
+        configs.append(own.apply(shared))
+    return configs
 
 
 def engine_config(args: argparse.Namespace, model: str | None = None) -> EngineConfig:

@@ -1,7 +1,13 @@
-"""Settings view: base models, device, dtype and adapter slots; applying restarts the engines."""
+"""Settings view: base models, device, dtype and adapter slots; applying restarts the engines.
+
+The Engine settings serve every base model; a base of *More base models* may set its own GPU
+slots, largest rank, CPU RAM tier and KV cache (``deploy.base_settings``), kept in its entry of
+the models list (``/models/qwen,max-loras=4``, the form of ``serve --model``).
+"""
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from PySide6.QtCore import Signal
@@ -27,6 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from multilora_studio.deploy.base_settings import BaseSettings
 from multilora_studio.engine.config import MAX_SLOTS, SUPPORTED_DTYPES
 from multilora_studio.engine.quantization import QUANTIZATIONS, quantization_summary
 from multilora_studio.gui.engine_host import LOADING, EngineHost
@@ -35,6 +42,7 @@ from multilora_studio.gui.preferences import (
     EMBEDDED,
     ENGINE_DEFAULTS,
     HUB_PREFIX,
+    BaseEntry,
     EngineChoice,
     Preferences,
 )
@@ -132,7 +140,7 @@ class SettingsView(QWidget):
         model_layout.addLayout(quantization_row)
         model_layout.addWidget(self.quantization_info)
         bases_box = self._bases_box()
-        engine_box = QGroupBox("Engine")
+        engine_box = QGroupBox("Engine (every base model, unless it sets its own)")
         form = QFormLayout(engine_box)
         form.addRow(FIELD_LABELS["device"], self.device)
         form.addRow(FIELD_LABELS["devices"], self.devices)
@@ -242,7 +250,57 @@ class SettingsView(QWidget):
         form.addRow(FIELD_LABELS["keep_alive"], self.keep_alive)
         form.addRow(FIELD_LABELS["kv_cache_memory_gb"], self.kv_cache_gb)
         layout.addLayout(form)
+        layout.addWidget(self._own_box())
         return box
+
+    def _own_box(self) -> QGroupBox:
+        """The selected base's own engine settings (0: the shared value)."""
+        self.own_max_loras = QSpinBox(minimum=0, maximum=MAX_SLOTS)
+        self.own_max_lora_rank = QSpinBox(minimum=0, maximum=512)
+        self.own_max_cpu_loras = QSpinBox(minimum=0, maximum=1 << 16)
+        self.own_kv_cache_gb = QDoubleSpinBox(minimum=0.0, maximum=4096.0, decimals=1, singleStep=0.5)
+        self.own_box = QGroupBox("The selected base's own settings")
+        form = QFormLayout(self.own_box)
+        for name, spin in self._own_spins().items():
+            spin.setSpecialValueText("as above" if name == "kv_cache_memory_gb" else "as Engine")
+            spin.valueChanged.connect(self._own_changed)
+            form.addRow(f"{FIELD_LABELS[name]} ({name})", spin)
+        self.own_box.setEnabled(False)
+        self.extra_models.currentRowChanged.connect(self._show_own)
+        return self.own_box
+
+    def _own_spins(self) -> dict[str, QSpinBox | QDoubleSpinBox]:
+        """The own-settings fields by BaseSettings field."""
+        return {
+            "max_loras": self.own_max_loras,
+            "max_lora_rank": self.own_max_lora_rank,
+            "max_cpu_loras": self.own_max_cpu_loras,
+            "kv_cache_memory_gb": self.own_kv_cache_gb,
+        }
+
+    def _show_own(self, row: int) -> None:
+        """Show the own settings of the base in ``row`` (nothing selected, or an entry that does
+        not read: disabled)."""
+        item = self.extra_models.item(row)
+        try:
+            own = BaseEntry.parse(item.text()).own if item is not None else None
+        except ValueError:
+            own = None
+        self.own_box.setEnabled(own is not None)
+        values = asdict(own) if own is not None else {}
+        for name, spin in self._own_spins().items():
+            spin.blockSignals(True)
+            spin.setValue(values.get(name) or 0)
+            spin.blockSignals(False)
+
+    def _own_changed(self, *_: object) -> None:
+        """Write the own settings into the selected entry of the models list."""
+        item = self.extra_models.currentItem()
+        if item is None:
+            return
+        values = {name: spin.value() or None for name, spin in self._own_spins().items()}
+        own = BaseSettings(**values)  # type: ignore[arg-type]
+        item.setText(replace(BaseEntry.parse(item.text()), own=own).text)
 
     def add_extra_model(self, entry: str) -> None:
         """Add a base model to the list (applied with the other settings): a folder, EMBEDDED or

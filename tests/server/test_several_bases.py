@@ -1,7 +1,7 @@
 """One server, two base models of different families: the official ``openai`` client's requests
 for adapters of both, interleaved, each equal PEFT for its adapter on its base; with room for
 one base, alternating and concurrent requests swap it and all complete; ``serve`` takes
-several ``--model``."""
+several ``--model``, each with the engine settings it sets for its base."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -122,7 +123,8 @@ def test_serve_takes_several_models(bases, tmp_path):
     qwen = adapters["qwen-r8"][0]
     command = [
         sys.executable, "-m", "multilora_studio", "serve", "--port", "0", "--no-library",
-        "--model", str(llama), "--model", str(qwen), "--max-resident-bases", "1", "--keep-alive", "60",
+        "--model", str(llama), "--model", f"{qwen},max-loras=2,kv-cache-gb=0.25",
+        "--max-resident-bases", "1", "--keep-alive", "60",
         "--device", "cpu", "--dtype", "float32", "--max-model-len", "64", "--max-lora-rank", "8",
         "--lora-modules", f"tiny-r8-all={llama_adapter}",
     ]  # fmt: skip
@@ -138,6 +140,14 @@ def test_serve_takes_several_models(bases, tmp_path):
         api = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
         assert complete(api, "tiny-r8-all", PROMPTS[1]) == expected["tiny-r8-all"][1]
         assert complete(api, qwen.name, PROMPTS[1]) == expected[qwen.name][1]  # swapped in
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=30) as reply:
+            metrics = reply.read().decode()
+        # qwen's engine has its own 2 slots (the flag's default: 8)
+        assert f'multilora_gpu_slots_total{{base="{qwen.name}",replica="0"}} 2.0' in metrics, metrics
+        assert complete(api, "tiny-r8-all", PROMPTS[0]) == expected["tiny-r8-all"][0]  # swapped back
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=30) as reply:
+            metrics = reply.read().decode()
+        assert f'multilora_gpu_slots_total{{base="{llama.name}",replica="0"}} 8.0' in metrics, metrics
         models = json.loads(api.models.with_raw_response.list().text)["data"]
         assert {m["id"] for m in models} == {llama.name, "tiny-r8-all", qwen.name}
         process.send_signal(signal.SIGINT)
