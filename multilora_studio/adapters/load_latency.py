@@ -2,8 +2,9 @@
 quantiles of the recent loads, overall and per adapter, in bounded memory.
 
 Overall: the last ``LATENCY_WINDOW`` loads. Per adapter: its loads counted and the last
-``ADAPTER_WINDOW`` latencies (at most ``2 * ADAPTER_WINDOW`` doubles held, about 0.5 KiB an
-adapter), kept until the adapter is forgotten (removed from the engine).
+``ADAPTER_WINDOW`` latencies (at most ``2 * ADAPTER_WINDOW`` doubles held: under 1 KiB an
+adapter and tier with its summary, measured), kept until the adapter is forgotten (removed from
+the engine). Its quantiles are sorted again only after one of its loads.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ ADAPTER_WINDOW = 32  # an adapter's quantiles are of this many of its most recen
 
 def nearest_rank(values: Sequence[float], q: float) -> float | None:
     """Nearest-rank percentile of ``values`` (``q`` in [0, 1]); None when there are none."""
-    if not values:
-        return None
-    ordered = sorted(values)
+    return ranked(sorted(values), q) if values else None
+
+
+def ranked(ordered: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of the sorted, non-empty ``ordered``."""
     rank = math.ceil(round(q * len(ordered), 9))  # round: 0.95 * 20 must be rank 19, not 20
     return ordered[min(len(ordered) - 1, max(0, rank - 1))]
 
@@ -36,8 +39,13 @@ class LoadQuantiles:
     p95_s: float | None
 
 
+NO_LOADS = LoadQuantiles(0, None, None)
+
+
 class AdapterLatencies:
-    """Per-adapter load latencies (any thread): ``record``, ``forget``, ``summaries``."""
+    """Per-adapter load latencies (any thread): ``record`` and ``forget``; ``summary`` of one
+    adapter or ``summaries`` of all; ``take_changed`` names the adapters whose figures changed,
+    so that a reader redoes only theirs."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -45,7 +53,7 @@ class AdapterLatencies:
         self._loads: dict[str, int] = {}
         self._summaries: dict[str, LoadQuantiles] = {}
         self._stale: set[str] = set()  # recorded since their summary was made
-        self.version = 0  # moves on every change: readers rebuild what they made of the summaries
+        self._changed: set[str] = set()  # recorded or forgotten since the last take_changed
 
     def record(self, name: str, seconds: float) -> None:
         with self._lock:
@@ -55,7 +63,7 @@ class AdapterLatencies:
                 del samples[:-ADAPTER_WINDOW]
             self._loads[name] = self._loads.get(name, 0) + 1
             self._stale.add(name)
-            self.version += 1
+            self._changed.add(name)
 
     def forget(self, name: str) -> None:
         """Drop ``name``'s figures (the adapter was removed)."""
@@ -64,19 +72,32 @@ class AdapterLatencies:
                 del self._loads[name]
                 self._summaries.pop(name, None)
                 self._stale.discard(name)
-                self.version += 1
+                self._changed.add(name)
+
+    def take_changed(self) -> set[str]:
+        """The adapters recorded or forgotten since the last call."""
+        with self._lock:
+            changed, self._changed = self._changed, set()
+        return changed
+
+    def summary(self, name: str) -> LoadQuantiles:
+        """``name``'s count and quantiles (``NO_LOADS`` before its first load)."""
+        with self._lock:
+            return self._summary(name) if name in self._seconds else NO_LOADS
 
     def summaries(self) -> dict[str, LoadQuantiles]:
-        """Every adapter loaded at least once: its count and quantiles (only the adapters
-        recorded since the last call are sorted again)."""
+        """Every adapter loaded at least once: its count and quantiles."""
         with self._lock:
-            for name in self._stale:
-                recent = self._seconds[name][-ADAPTER_WINDOW:]
-                self._summaries[name] = LoadQuantiles(
-                    self._loads[name], nearest_rank(recent, 0.5), nearest_rank(recent, 0.95)
-                )
-            self._stale.clear()
-            return dict(self._summaries)
+            return {name: self._summary(name) for name in self._seconds}
+
+    def _summary(self, name: str) -> LoadQuantiles:
+        """(Lock held.) Sorted again only after a load."""
+        if name in self._stale:
+            ordered = sorted(self._seconds[name][-ADAPTER_WINDOW:])
+            p50, p95 = ranked(ordered, 0.5), ranked(ordered, 0.95)
+            self._summaries[name] = LoadQuantiles(self._loads[name], p50, p95)
+            self._stale.discard(name)
+        return self._summaries[name]
 
 
 @dataclass

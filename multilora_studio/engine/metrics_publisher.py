@@ -12,7 +12,6 @@ import time
 
 import torch
 
-from multilora_studio.adapters.load_latency import LoadQuantiles
 from multilora_studio.engine.adapter_residency import AdapterResidency
 from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.outputs import AdapterLoadTimes, EngineMetrics, SlotState
@@ -46,8 +45,8 @@ class MetricsPublisher:
         self._last_batch = (0, 0, 0)  # tokens, sequences, distinct adapters
         self._last_time = 0.0
         self._compiles_at_start = compile_count()  # after the warm-up and the graph captures
-        self._loads_version = (-1, -1)  # the per-adapter latencies' versions _loads was made of
-        self._loads: tuple[AdapterLoadTimes, ...] = ()
+        self._loads: dict[str, AdapterLoadTimes] = {}  # by adapter, in the order of first loads
+        self._loads_shown: tuple[AdapterLoadTimes, ...] = ()  # the same, as the last snapshot has it
 
     def record_step(self, plan: StepPlan, sampled: int, now: float) -> None:
         """A step of ``plan`` ran and sampled ``sampled`` tokens at ``now`` (monotonic)."""
@@ -113,15 +112,16 @@ class MetricsPublisher:
         )
 
     def _adapter_loads(self) -> tuple[AdapterLoadTimes, ...]:
-        """Each adapter's disk and upload figures, rebuilt only after a load or a removal."""
+        """Each adapter's disk and upload figures: only the adapters loaded or removed since the
+        last snapshot are redone (a library of thousands costs a copy of the tuple, not a sort)."""
         disk, upload = self.residency.host_cache.counters.adapters, self.residency.upload_counters.adapters
-        version = (disk.version, upload.version)
-        if version != self._loads_version:
-            reads, uploads = disk.summaries(), upload.summaries()
-            none = LoadQuantiles(0, None, None)
-            self._loads = tuple(
-                AdapterLoadTimes(name, reads.get(name, none), uploads.get(name, none))
-                for name in sorted(reads.keys() | uploads.keys())
-            )
-            self._loads_version = version
-        return self._loads
+        changed = disk.take_changed() | upload.take_changed()
+        for name in changed:
+            reads, uploads = disk.summary(name), upload.summary(name)
+            if reads.loads or uploads.loads:
+                self._loads[name] = AdapterLoadTimes(name, reads, uploads)
+            else:
+                self._loads.pop(name, None)  # removed
+        if changed:
+            self._loads_shown = tuple(self._loads.values())
+        return self._loads_shown

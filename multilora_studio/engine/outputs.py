@@ -144,4 +144,4 @@ class EngineMetrics:
     upload_p95_s: float | None = None
     cpu_capacity: int = 0  # adapters the host tier holds (max_cpu_loras, or sized from host memory)
     cpu_bytes: int = 0  # host memory its adapters take now
-    adapter_loads: tuple[AdapterLoadTimes, ...] = ()  # every adapter loaded at least once, by name
+    adapter_loads: tuple[AdapterLoadTimes, ...] = ()  # every adapter loaded at least once (first loads first)

@@ -3,6 +3,8 @@ into a GPU slot, counted, with p50 / p95 (``EngineMetrics.adapter_loads`` of eve
 
 from __future__ import annotations
 
+import operator
+
 from PySide6.QtWidgets import QGroupBox, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from multilora_studio.adapters.load_latency import ADAPTER_WINDOW
@@ -20,6 +22,7 @@ class AdapterLoadsTable(QGroupBox):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Cold start by adapter", parent)
         self.rows: list[tuple[str, ...]] = []
+        self._figures: list[object] = []  # the bases' adapter_loads last shown (unchanged: the same)
         self.summary = QLabel("no adapter loaded yet")
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
@@ -32,6 +35,10 @@ class AdapterLoadsTable(QGroupBox):
         layout.addWidget(self.table)
 
     def show_bases(self, bases: list[BaseState]) -> None:
+        figures = [base.metrics.adapter_loads for base in bases if base.metrics]
+        if len(figures) == len(self._figures) and all(map(operator.is_, figures, self._figures)):
+            return  # no load since: a snapshot keeps its tuple (thousands of adapters, 5 times a second)
+        self._figures = list(figures)
         loads = [(base.name, a) for base in bases if base.metrics for a in base.metrics.adapter_loads]
         shown = {id(a) for a in most_loaded([a for _, a in loads], MAX_ROWS)}
         rows: list[tuple[str, ...]] = [

@@ -10,6 +10,7 @@ import pytest
 from multilora_studio.adapters.load_latency import (
     ADAPTER_WINDOW,
     LATENCY_WINDOW,
+    NO_LOADS,
     AdapterLatencies,
     LoadQuantiles,
     TierCounters,
@@ -79,18 +80,19 @@ def test_an_adapters_quantiles_are_of_its_last_loads_and_its_memory_is_bounded()
     assert len(latencies._seconds["a"]) < 2 * ADAPTER_WINDOW
 
 
-def test_forgetting_an_adapter_drops_its_figures_and_moves_the_version():
+def test_forgetting_an_adapter_drops_its_figures_and_each_change_is_named_once():
     latencies = AdapterLatencies()
     latencies.record("a", 0.2)
     latencies.record("b", 0.1)
+    assert latencies.take_changed() == {"a", "b"} and latencies.take_changed() == set()
     assert set(latencies.summaries()) == {"a", "b"}
-    version = latencies.version
     latencies.forget("a")
-    latencies.forget("never-loaded")  # nothing to drop: the version stays
-    assert latencies.version == version + 1
+    latencies.forget("never-loaded")  # nothing to drop: no change
+    assert latencies.take_changed() == {"a"}
     assert latencies.summaries() == {"b": LoadQuantiles(1, 0.1, 0.1)}
+    assert latencies.summary("a") == NO_LOADS
     latencies.record("a", 0.4)  # added again: counted afresh
-    assert latencies.summaries()["a"] == LoadQuantiles(1, 0.4, 0.4)
+    assert latencies.summary("a") == LoadQuantiles(1, 0.4, 0.4) and latencies.take_changed() == {"a"}
 
 
 def test_loads_recorded_from_several_threads_are_all_counted():
