@@ -153,6 +153,12 @@ class BasePool:
         with self._lock:
             return [(b.name, b.engine) for b in self._bases.values() if b.engine is not None]
 
+    def engines(self) -> list[tuple[str, ServingEngine]]:
+        """Every engine the pool holds, in pool order: the loaded bases' and the parked ones'."""
+        with self._lock:
+            held = [(b.name, b.engine or b.parked) for b in self._bases.values()]
+        return [(name, engine) for name, engine in held if engine is not None]
+
     def base_of(self, model: str) -> tuple[str, str | None] | None:
         """(base, adapter) that ``model`` names: a base (adapter None), one of a base's
         adapters, or an alias of one (``aliases``); None for none of these."""
@@ -269,10 +275,11 @@ class BasePool:
         with self.lease(base_name) as engine:
             engine.add_adapter(name, path, preload=preload)
 
-    def register_adapter(self, base_name: str, name: str, path: Path) -> None:
-        """Serve an adapter on a base without loading the base: a loaded base's engine takes it
-        at once (its weights read on first use), a swapped-out base when it next loads (an
-        adapter it then refuses is logged and dropped, the base still loads)."""
+    def register_adapter(self, base_name: str, name: str, path: Path, pinned: bool = False) -> None:
+        """Serve an adapter on a base without loading the base: a loaded or parked base's engine
+        takes it at once (its weights read on first use), a stopped one when it next starts (an
+        adapter it then refuses is logged and dropped, the base still loads); ``pinned``: pinned
+        there too (``pin_adapter``; at the start for a stopped base)."""
         if self.base_of(name) is not None:
             raise ValueError(f"a model named {name!r} already exists")
         with self._lock:
@@ -284,12 +291,16 @@ class BasePool:
             engine = base.engine or base.parked  # a parked engine takes it in host memory
             if engine is None:
                 base.adapters[name] = Path(path)
+                if pinned:
+                    base.pinned.append(name)
                 return
             leased = base.engine is not None
             if leased:
                 base.leases += 1  # not swapped out while its engine takes the adapter
         try:
             engine.add_adapter(name, path, preload=False)
+            if pinned:
+                engine.pin_adapter(name)
         finally:
             if leased:
                 self.release(base_name)

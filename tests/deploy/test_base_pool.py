@@ -239,6 +239,7 @@ def test_alternating_swaps_park_each_base_with_its_adapters_or_restart_it(two_ba
                     out = engine.generate(PROMPTS, [adapter] * len(PROMPTS), GREEDY)
                 assert [o.token_ids for o in out] == expected[(folders[family][0].name, adapter)]
                 assert [name for name, _ in pool.resident()] == [base]
+                assert [name for name, _ in pool.engines()] == ([llama, qwen] if parks else [base])
                 parked = pool.base(other).parked  # the other base is off the device
                 assert (parked is not None) == parks
                 assert parked is None or parked.has_adapter(other_adapter)  # kept by its engine
@@ -265,3 +266,16 @@ def test_an_adapter_pinned_on_a_base_is_pinned_again_after_a_swap(two_bases, opt
             wait_until(lambda: pinned_in_slot(engine, "tiny-r8-all"), 60, "the pinned adapter in its slot")
         assert run(pool, "tiny-r8-all") == expected[(folders["llama"][0].name, "tiny-r8-all")]
         assert pool.base(llama).starts == starts + (1 if options else 0)  # stopped: started again
+
+
+@pytest.mark.parametrize("options", [{}, STOPPED], ids=["parked", "stopped"])
+def test_an_adapter_registered_pinned_on_a_swapped_out_base_is_pinned_once_it_is_in(two_bases, options):
+    folders, _ = two_bases
+    with make_pool(two_bases, max_resident=1, **options) as pool:
+        llama, _ = pool.names
+        assert llama not in dict(pool.resident())  # the qwen adapter's add swapped it out
+        pool.register_adapter(llama, "llama-pinned", folders["llama"][1], pinned=True)
+        assert pool.base_of("llama-pinned") == (llama, "llama-pinned")
+        with pool.lease(llama) as engine:
+            assert engine.pinned_adapters() == ["llama-pinned"]
+            wait_until(lambda: pinned_in_slot(engine, "llama-pinned"), 60, "the pinned adapter in its slot")
