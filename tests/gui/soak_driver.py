@@ -464,9 +464,9 @@ class Soak(QObject):
         return {name: pool.base(name).loads for name in pool.names} if pool is not None else {}
 
     def resident_engines(self) -> int:
-        """Engines the pool holds now (a replica set's replicas each)."""
+        """Engines the pool holds now, loaded and parked (a replica set's replicas each)."""
         pool = self.window.host.pool
-        return sum(len(replicas_of(engine)) for _, engine in pool.resident()) if pool is not None else 0
+        return sum(len(replicas_of(engine)) for _, engine in pool.engines()) if pool is not None else 0
 
     def finish(self) -> None:
         self.timer.stop()
