@@ -2,8 +2,8 @@
 host RAM when a request first uses it.
 
 "First" is per engine: the first request for the alias since the engine of its base started
-(a base swapped out and loaded again, or an engine restarted, warms again). Bookkeeping only;
-``BasePool`` resolves the names and runs the reads.
+(an engine stopped and started again warms again; a parked one, which keeps its host tier, does
+not). Bookkeeping only; ``BasePool`` resolves the names and runs the reads.
 """
 
 from __future__ import annotations
