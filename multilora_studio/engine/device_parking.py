@@ -28,6 +28,7 @@ import torch
 log = logging.getLogger(__name__)
 
 ALIGN = 4096  # each storage's bytes start at this alignment in the host buffer
+PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every device's context (replica sets)
 
 
 def tensors_of(*roots: object) -> Iterator[torch.Tensor]:
@@ -74,7 +75,7 @@ class HostBuffer:
         self.memory = torch.empty(nbytes, dtype=torch.uint8)  # [nbytes]
         self.pinned = False
         if pin and nbytes:
-            error = int(torch.cuda.cudart().cudaHostRegister(self.memory.data_ptr(), nbytes, 0))
+            error = int(torch.cuda.cudart().cudaHostRegister(self.memory.data_ptr(), nbytes, PORTABLE))
             self.pinned = error == 0
             if not self.pinned:
                 log.warning(
