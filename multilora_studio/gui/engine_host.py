@@ -24,7 +24,7 @@ from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.default_model import DEFAULT_MODEL_REPO, ensure_default_model
 from multilora_studio.demo import offer_demo_adapters
-from multilora_studio.deploy import BasePool, start_engine
+from multilora_studio.deploy import BasePool, BaseUnavailable, start_engine
 from multilora_studio.deploy.base_settings import check_kv_sizes
 from multilora_studio.engine import EngineConfig, ServingEngine
 from multilora_studio.engine.device_setup import resolve_device
@@ -97,13 +97,21 @@ class EngineHost(QObject):
     def lease(self, base: str | None = None, report: Report | None = None) -> Iterator[ServingEngine]:
         """The engine of ``base`` (default the first), loaded if it is swapped out and kept
         loaded until the block ends (off the GUI thread: a load takes seconds). ``report``
-        hears the wait and the load's progress when the base is not loaded."""
+        hears the wait and the load's progress when the base is not loaded. BaseUnavailable when
+        it cannot load, or when a restart stops the pool while this waits."""
         pool = self._pool
         if pool is None:
             raise RuntimeError("the engine is not running")
         name = base or pool.primary
         with self._watching(name, report if name not in dict(pool.resident()) else None):
-            engine = pool.acquire(name)
+            try:
+                engine = pool.acquire(name)
+            except BaseUnavailable:
+                if pool is not self._pool:  # a restart (or the window closing) stopped the pool
+                    raise BaseUnavailable(
+                        f"the engines restarted while this waited for base model {name}; try again"
+                    ) from None
+                raise
         try:
             yield engine
         finally:

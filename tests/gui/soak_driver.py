@@ -11,7 +11,8 @@ slower; the test bounds the whole run), it visits every view in turn, keeps a co
 and every adapter running, lets the Monitor plot, switches the theme, and applies a restart in
 Settings ``--restarts`` times (alternating the number of GPU slots; every second restart
 starts two engine replicas behind the dispatcher, the next one engine again; with a second base,
-the third restart leaves room for one base only, so compares of both bases swap them). A
+the third restart leaves room for one base only, so compares of both bases swap them; every other
+restart gives the second base its own GPU slots in the models list, checked after the start). A
 compare ticks every listed column, the base picker cycling through all bases and each one; every
 other compare is a chat action (``start_chat_compare``: follow-ups, a column with its own settings, token
 divergence), every fourth an adapter's strength sweep; on the Evaluate page it keeps an
@@ -73,6 +74,7 @@ EVALUATE_ROWS = [
 CHAT_TOKENS = 6
 SECOND_ADAPTER = "soak-second-base"  # the second base's adapter in the library
 SWAP_RESTART = 2  # restarts done before the one that leaves room for one base (one engine each)
+OWN_SLOTS = 4  # the second base's own GPU slots at every other restart (the Engine's: 2 or 3)
 
 
 def base_in_turn(window: MainWindow, started: int) -> str | None:
@@ -133,7 +135,8 @@ class MergeActions:
     into its base is kept going (each base in turn, ``base_in_turn``, its adapters in turn;
     a swapped-out base is merged from its files), every second merge cancelled as soon as it
     starts; a merged folder is deleted once written, and the merged adapter's "Warm at start"
-    toggled. Errors (not cancellations) are problems; the bases merged into are counted."""
+    toggled (its base leased: a restart while it waits for a swap ends it, which is no problem).
+    Errors (not cancellations) are problems; the bases merged into are counted."""
 
     def __init__(self, window: MainWindow, folder: Path) -> None:
         self.window = window
@@ -206,7 +209,9 @@ class MergeActions:
             self.warm_toggles += 1
             self.warm_pending = None
         elif self.window.library.banner.kind == "error":
-            self.problems.append(f"warm toggle failed: {self.window.library.banner.text}")
+            text = self.window.library.banner.text
+            if "restarted while this waited" not in text:  # a restart during a swap: not a problem
+                self.problems.append(f"warm toggle failed: {text}")
             self.warm_pending = None
 
 
@@ -333,6 +338,7 @@ class Soak(QObject):
         self.base_panels_seen = 0  # most base panels the Monitor showed
         self.base_states_seen: set[str] = set()  # loaded / swapped out / loading, as the Monitor showed
         self.two_base_compares = 0  # compares with columns of two bases
+        self.own_slots_checked = 0  # restarts after which the second base's own slots were checked
         self.swap_loads: dict[int, int] = {}  # restarts before a pool -> its base loads after its start
         self.started_loads = 0  # base loads of the running pool when it started
         self.base_filters: BaseFilterActions | None = None  # set by main()
@@ -364,6 +370,7 @@ class Soak(QObject):
             return
         self.restart_pending = False
         self.restarts_done += 1
+        self.check_own_slots()
         return_freed_memory()  # what stays resident, not the allocator's free pages
         self.rss_after_restart.append(psutil.Process().memory_info().rss)
 
@@ -453,10 +460,23 @@ class Soak(QObject):
         settings.devices.setText("cpu,cpu" if self.restarts_done % 2 else "")
         if settings.extra_model_entries():  # room for one base after the third restart, else for all
             settings.max_resident_bases.setValue(1 if self.restarts_done == SWAP_RESTART else 0)
+            settings.extra_models.setCurrentRow(0)  # the second base: its own slots every other start
+            settings.own_max_loras.setValue(OWN_SLOTS if self.restarts_done % 2 == 0 else 0)
         self.restart_pending = True
         if not settings.apply():
             self.problems.append(f"settings refused: {settings.banner.text}")
             self.restart_pending = False
+
+    def check_own_slots(self) -> None:
+        """After a restart, the second base's engine has the slots its entry sets, else the Engine's."""
+        pool, settings = self.window.host.pool, self.window.settings
+        if pool is None or len(pool.names) < 2:
+            return
+        wanted = OWN_SLOTS if self.restarts_done % 2 else settings.max_loras.value()
+        got = pool.base(pool.names[1]).config.max_loras
+        if got != wanted:
+            self.problems.append(f"the second base started with {got} slots, not {wanted}")
+        self.own_slots_checked += 1
 
     def base_loads(self) -> dict[str, int]:
         """Each base's engine starts in the pool running now (a swap is one more)."""
@@ -505,6 +525,7 @@ class Soak(QObject):
             "evaluated_bases": sorted(self.evaluate_actions.bases) if self.evaluate_actions else [],
             "merged_bases": sorted(self.merge_actions.bases) if self.merge_actions else [],
             "pulled_bases": sorted(self.pull_actions.bases) if self.pull_actions else [],
+            "own_slots_checked": self.own_slots_checked,
             "base_names": self.window.host.pool.names if self.window.host.pool is not None else [],
             "warm_toggles": self.merge_actions.warm_toggles if self.merge_actions else 0,
             "none_refs": self.none_refs,

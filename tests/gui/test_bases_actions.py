@@ -12,9 +12,10 @@ import pytest
 from PySide6.QtCore import Qt
 
 from multilora_studio.adapters.registry import MERGED_REVISION
+from multilora_studio.deploy import BaseUnavailable
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from multilora_studio.evaluate import BASE, EvalSettings, load_prompt_set, run_eval
-from tests.gui.conftest import LLAMA_ADAPTERS, save_screenshot, wait_task
+from tests.gui.conftest import LLAMA_ADAPTERS, save_screenshot, wait_ready, wait_task
 
 ROWS = [
     {"prompt": "Once upon a time", "reference": " there", "check": "contains"},
@@ -77,6 +78,28 @@ def test_a_lease_of_a_swapped_out_base_reports_its_load(qtbot, open_window, one_
     with window.host.lease(qwen, lambda fraction, message: heard.append(message)):
         pass
     assert heard == []  # a loaded base: nothing to wait for
+
+
+def test_a_restart_ends_a_lease_waiting_for_its_base_with_a_message(qtbot, open_window, one_resident):
+    window = open_window()
+    pool = window.host.pool
+    llama, qwen = pool.names
+    outcome: list[str] = []
+
+    def wait_for_qwen() -> None:
+        try:
+            with window.host.lease(qwen):
+                outcome.append("leased")
+        except BaseUnavailable as error:
+            outcome.append(str(error))
+
+    with window.host.lease(llama):  # llama busy: qwen waits for room
+        threading.Thread(target=wait_for_qwen, daemon=True).start()
+        qtbot.waitUntil(lambda: pool.waiting(qwen) == 1, timeout=10_000)
+        window.host.start(window.host.choice)
+        qtbot.waitUntil(lambda: outcome != [], timeout=60_000)
+    assert outcome == [f"the engines restarted while this waited for base model {qwen}; try again"]
+    wait_ready(qtbot, window)
 
 
 def test_evaluate_runs_on_the_picked_base_and_a_rerun_on_the_base_it_ran_on(

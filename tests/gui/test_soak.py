@@ -68,6 +68,7 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tiny_fa
     assert len(result["evaluated_bases"]) == len(result["merged_bases"]) == 2, result  # each base
     assert result["base_names"][1] == SECOND_BASE_REPO, result  # the second base came from the Hub
     assert len(result["pulled_bases"]) == 2, result  # an adapter pulled onto each base
+    assert result["own_slots_checked"] == RESTARTS, result  # the second base's own slots, or not
     assert result["warm_toggles"] >= 1, result
     assert result["chat_runs"] >= 2 and result["divergences"] >= 1, result
     assert result["strength_sweeps"] >= 1, result
