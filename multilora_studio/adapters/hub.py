@@ -141,6 +141,10 @@ def check_reachable(endpoint: str, timeout: float = REACH_TIMEOUT_S) -> None:
         raise HubError(f"cannot reach the Hub at {endpoint} ({kind}: {error}): are you offline?")
 
 
+# the listing fields a search result shows (HubModel)
+SEARCH_FIELDS = ("downloads", "likes", "lastModified", "tags")
+
+
 def search_adapters(
     base_model: str, text: str | None = None, limit: int = 20, settings: HubSettings | None = None
 ) -> list[HubModel]:
@@ -152,7 +156,11 @@ def search_adapters(
     api = HfApi(endpoint=settings.endpoint)
     with _hub_errors(base_model, None, settings):
         found = api.list_models(
-            filter=[ADAPTER_TAG.format(base=base_model)], search=text or None, sort="downloads", limit=limit
+            filter=[ADAPTER_TAG.format(base=base_model)],
+            search=text or None,
+            sort="downloads",
+            limit=limit,
+            expand=list(SEARCH_FIELDS),  # the Hub's default listing leaves out lastModified
         )
         return [
             HubModel(

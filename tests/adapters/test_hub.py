@@ -245,6 +245,8 @@ def test_search_lists_the_most_downloaded_adapters_first(hub, hub_env):
     assert downloads[:6] == [48210, 19044, 7760, 1523, 310, 5]
     assert downloads == sorted(downloads, reverse=True)
     assert [m.likes for m in found][:6] == [97, 8, 31, 12, 2, 0]
+    # lastModified is not among the Hub's default listing fields: the search asks for it
+    assert all(m.last_modified for m in found)
     assert [m.repo_id for m in search_adapters(BASE_REPO, limit=2)] == ADAPTERS_BY_DOWNLOADS[:2]
 
 
