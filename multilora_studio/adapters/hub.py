@@ -31,6 +31,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.hf_api import ExpandModelProperty_T
 from tqdm.auto import tqdm
 
 from multilora_studio.paths import data_dir
@@ -142,7 +143,7 @@ def check_reachable(endpoint: str, timeout: float = REACH_TIMEOUT_S) -> None:
 
 
 # the listing fields a search result shows (HubModel)
-SEARCH_FIELDS = ("downloads", "likes", "lastModified", "tags")
+SEARCH_FIELDS: tuple[ExpandModelProperty_T, ...] = ("downloads", "likes", "lastModified", "tags")
 
 
 def search_adapters(
