@@ -352,12 +352,12 @@ class BasePool:
 
     def shutdown(self) -> None:
         """Stop every engine (requests still running are aborted by the engines themselves); one
-        being swapped out is stopped when that ends."""
+        being swapped in or out is stopped when that ends."""
         with self._lock:
             self._closed = True
             engines = []
             for base in self._bases.values():
-                if not base.unloading:
+                if not base.unloading and not base.loading:
                     engines += [e for e in (base.engine, base.parked) if e is not None]
                     base.engine = base.parked = None
             self._lock.notify_all()
@@ -452,6 +452,7 @@ class BasePool:
             engine = self._start(base)
         with self._lock:
             closed = self._closed
+            base.parked = None
             if not closed:  # a pool shut down while this base loaded never holds its engine
                 base.engine, base.error = engine, None
                 base.loads += 1
@@ -468,10 +469,10 @@ class BasePool:
         return engine
 
     def _unpark(self, base: PoolBase) -> ServingEngine | None:
-        """``base``'s parked engine swapped back in; None when it had none, or when the swap-in
-        failed (that engine is then stopped, its registrations kept for a start)."""
-        with self._lock:
-            engine, base.parked = base.parked, None
+        """``base``'s parked engine swapped back in (it stays ``parked`` meanwhile, so that its
+        adapters are found; ``_load`` moves it to ``engine``); None when it had none, or when
+        the swap-in failed (that engine is then stopped, its registrations kept for a start)."""
+        engine = base.parked  # only this thread changes it while the base is loading
         if engine is None:
             return None
         assert isinstance(engine, ParkableEngine)  # only those are parked
@@ -480,13 +481,15 @@ class BasePool:
             return engine
         except (RuntimeError, ValueError, OSError) as error:  # torch's out-of-memory is a RuntimeError
             log.warning("base model %s could not be swapped in (%s); starting it again", base.name, error)
+        adapters: dict[str, Path] = {}
+        pinned: list[str] = []
         try:
             adapters = {info.name: info.path for info in engine.list_adapters()}
             pinned = engine.pinned_adapters()
-            with self._lock:
-                base.adapters, base.pinned = adapters, pinned
         except RuntimeError as error:
             log.warning("base model %s: its adapters could not be read: %s", base.name, error)
+        with self._lock:
+            base.adapters, base.pinned, base.parked = adapters, pinned, None
         engine.shutdown()
         return None
 

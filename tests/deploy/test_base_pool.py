@@ -232,6 +232,16 @@ def test_alternating_swaps_park_each_base_with_its_adapters_or_restart_it(two_ba
             ("qwen-r8", "qwen", qwen, "tiny-r8-all", llama),
         ]
         engines: dict[str, set[int]] = {llama: set(), qwen: set()}
+        stop, unresolved = threading.Event(), set()
+
+        def resolve() -> None:  # every adapter resolves to its base through every swap
+            while not stop.is_set():
+                for adapter, _, base, _, _ in turns:
+                    if pool.base_of(adapter) != (base, adapter):
+                        unresolved.add(adapter)
+
+        resolver = CheckedThread(resolve)
+        resolver.start()
         for _ in range(2):
             for adapter, family, base, other_adapter, other in turns:
                 with pool.lease(base) as engine:
@@ -244,6 +254,9 @@ def test_alternating_swaps_park_each_base_with_its_adapters_or_restart_it(two_ba
                 assert (parked is not None) == parks
                 assert parked is None or parked.has_adapter(other_adapter)  # kept by its engine
                 assert pool.base_of(other_adapter) == (other, other_adapter)  # still served
+        stop.set()
+        resolver.join()
+        assert not unresolved
         for base in (llama, qwen):
             entry = pool.base(base)
             assert entry.starts == (1 if parks else entry.loads)
