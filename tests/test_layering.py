@@ -30,6 +30,7 @@ ALLOWED = {
         "merge",
         "deploy",
         "bench",
+        "default_model",
     },
     "demo": {"engine", "adapters", "default_model", "kernels"},
     "merge": {"engine", "adapters"},
