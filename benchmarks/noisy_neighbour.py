@@ -2,6 +2,7 @@
 endpoint past its per-key limits (which answer it 429).
 
     python -m benchmarks.noisy_neighbour [--requests 12] [--flood-processes 4] [--max-concurrent 2]
+        [--server-cpus 0 --client-cpus 1]
 
 Prompts are token ids (random weights have no tokenizer).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import statistics
 import time
 
@@ -42,8 +44,10 @@ def quiet_latencies(client: openai.OpenAI, model: str, requests: int) -> list[fl
     return latencies
 
 
-def flood(url: str, model: str, stop, answered, refused) -> None:
-    """The noisy tenant, in a process of its own: completions back to back until ``stop``."""
+def flood(url: str, model: str, stop, answered, refused, cpus: set[int] | None) -> None:
+    """The noisy tenant, in a process of its own (on ``cpus``): completions back to back until ``stop``."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     noisy = openai.OpenAI(base_url=url, api_key=NOISY, max_retries=0, timeout=120)
     while not stop.is_set():
         try:
@@ -56,12 +60,27 @@ def flood(url: str, model: str, stop, answered, refused) -> None:
                 refused.value += 1
 
 
+def cpu_list(text: str) -> set[int]:
+    """``0,2-3`` -> {0, 2, 3}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=12)
     parser.add_argument("--flood-processes", type=int, default=4)
     parser.add_argument("--max-concurrent", type=int, default=2)
+    parser.add_argument("--server-cpus", type=cpu_list, default=None,
+                        help="CPUs of the server's process, e.g. 0 (default: all)")  # fmt: skip
+    parser.add_argument("--client-cpus", type=cpu_list, default=None,
+                        help="CPUs of the flooding processes, e.g. 1 (default: all)")  # fmt: skip
     args = parser.parse_args()
+    if args.server_cpus:
+        os.sched_setaffinity(0, args.server_cpus)
     config = EngineConfig(model="random:smollm2-135m", device="cpu", dtype="float32", cpu_threads=1,
                           max_model_len=256)  # fmt: skip
     keys = (ApiKey(QUIET, USER, None, "quiet"), ApiKey(NOISY, USER, None, "noisy"))
@@ -78,12 +97,20 @@ def main() -> None:
         context = multiprocessing.get_context("spawn")
         stop, answered, refused = context.Event(), context.Value("i", 0), context.Value("i", 0)
         workers = [
-            context.Process(target=flood, args=(url, engine.model_name, stop, answered, refused))
+            context.Process(
+                target=flood, args=(url, engine.model_name, stop, answered, refused, args.client_cpus)
+            )
             for _ in range(args.flood_processes)
         ]
+        if args.client_cpus:  # the children start (and import) on the clients' CPUs
+            os.sched_setaffinity(0, args.client_cpus)
         for worker in workers:
             worker.start()
-        time.sleep(3.0)  # the flood is running
+        if args.server_cpus:
+            os.sched_setaffinity(0, args.server_cpus)
+        deadline = time.monotonic() + 300
+        while answered.value + refused.value < 2 * args.flood_processes and time.monotonic() < deadline:
+            time.sleep(0.1)  # until every process floods
         crowded = quiet_latencies(quiet, engine.model_name, args.requests)
         stop.set()
         for worker in workers:
@@ -94,6 +121,7 @@ def main() -> None:
         "quiet_crowded_p50_s": statistics.median(crowded),
         "quiet_crowded_p95_s": float(np.quantile(crowded, 0.95)),
         "p50_ratio": statistics.median(crowded) / statistics.median(alone),
+        "quiet_crowded_s": [round(latency, 3) for latency in crowded],
         "noisy_answered": answered.value,
         "noisy_refused_429": refused.value,
         "max_concurrent_per_key": args.max_concurrent,

@@ -49,6 +49,7 @@ class ApiError(Exception):
         self.code = code
         self.param = param
         self.headers = headers or {}
+        self.hold_s = 0.0  # seconds the answer waits before it is sent (a key's early retry: limits.py)
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, self.code, self.param)

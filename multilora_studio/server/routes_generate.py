@@ -29,7 +29,7 @@ from multilora_studio.server.sampling import (
     score_options,
 )
 from multilora_studio.server.schemas import ChatCompletionRequest, CompletionRequest
-from multilora_studio.server.state import api_key_label, caller, server_state
+from multilora_studio.server.state import ServerState, api_key_label, caller, server_state
 from multilora_studio.server.tools.setup import tool_plan, uses_tools, with_tool_structure
 
 router = APIRouter()
@@ -98,12 +98,13 @@ async def generate(
     """Run one generation request; ``max_tokens_field`` names the field that set the output cap."""
     state, key = server_state(request), api_key_label(request)
     try:
+        state.admission.check_room(key)  # a key at its limit is refused before any work
         target = await state.resolve_model(body.model, caller(request))
         check_supported(body)
         check_fields(route, body)
         engine = await state.lease(target)  # the base loads first if it was swapped out
     except ApiError as error:
-        record_rejection(state, route, body.model, key, body.stream, error)
+        await refuse(state, route, body, key, error)
         raise
     try:
         prompts, params = prepare(engine, target.adapter)
@@ -123,7 +124,7 @@ async def generate(
     except BaseException as error:
         state.release(target)
         if isinstance(error, ApiError):
-            record_rejection(state, route, body.model, key, body.stream, error)
+            await refuse(state, route, body, key, error)
         raise
     if configure is not None:
         configure(job)
@@ -148,3 +149,12 @@ async def generate(
         return JSONResponse(build_body(job))
     finally:
         job.close()
+
+
+async def refuse(
+    state: ServerState, route: str, body: CompletionRequest | ChatCompletionRequest, key: str, error: ApiError
+) -> None:
+    """Log a request refused before any engine work; hold the answer to a key that came back
+    before its ``Retry-After`` (``Admission.hold_refusal``)."""
+    record_rejection(state, route, body.model, key, body.stream, error)
+    await state.admission.hold_refusal(key, error)

@@ -9,6 +9,7 @@ import pytest
 
 from tests.server.raw_http import call, post_json
 from tests.server_fixtures import GREEDY, client
+from tests.threads import CheckedThread
 from tests.waiting import wait_until
 
 KEY = "sk-test-0123456789"
@@ -128,6 +129,32 @@ def test_concurrency_limit_per_key(serve):
     stream.close()
     wait_until(lambda: in_flight(server) == 0, what="the closed stream's reservation to be returned")
     assert api.completions.create(model="tiny-r8-all", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_a_key_back_before_its_retry_after_is_answered_when_it_was_told(serve):
+    server = serve(api_keys=(KEY, "sk-other-key-0000"), max_concurrent_per_key=1)
+    admission = server.state.admission
+    api, other = client(server, api_key=KEY), client(server, api_key="sk-other-key-0000")
+    stream = api.completions.create(model="tiny-r8-all", prompt="Hi", stream=True, **LONG)
+    next(iter(stream))
+    refused: list[openai.RateLimitError] = []
+
+    def over_the_limit() -> None:
+        for _ in range(2):  # the first is refused at once; the second, sent at once, comes too soon
+            with pytest.raises(openai.RateLimitError) as caught:
+                api.completions.create(model="tiny-r8-all", prompt="Hi", max_tokens=2)
+            refused.append(caught.value)
+
+    flood = CheckedThread(over_the_limit, name="over-the-limit")
+    flood.start()
+    wait_until(lambda: admission.held("key-1") == 1, what="the early request's refusal to be held")
+    assert len(refused) == 1  # held: not answered yet
+    served = other.completions.create(model="tiny-r4-qv", prompt="Hi", max_tokens=2)  # other keys are not
+    assert served.usage.completion_tokens == 2
+    flood.join()
+    assert [error.body["code"] for error in refused] == ["concurrency_limit_exceeded"] * 2
+    assert admission.held("key-1") == 0
+    stream.close()
 
 
 def test_full_server_answers_503_at_once(serve, engine):
