@@ -274,7 +274,7 @@ def serve_library(
             )
             continue
         try:
-            pool.register_adapter(base, record.name, record.path)
+            pool.register_adapter(base, record.name, record.path, pinned=record.pinned)
         except (ValueError, OSError) as error:
             log.info("library adapter %s not served: %s", record.name, error)
         else:

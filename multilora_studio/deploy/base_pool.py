@@ -279,7 +279,8 @@ class BasePool:
         """Serve an adapter on a base without loading the base: a loaded or parked base's engine
         takes it at once (its weights read on first use), a stopped one when it next starts (an
         adapter it then refuses is logged and dropped, the base still loads); ``pinned``: pinned
-        there too (``pin_adapter``; at the start for a stopped base)."""
+        there too (``pin_adapter``; at the start for a stopped base; a pin the engine refuses is
+        logged and the adapter served unpinned)."""
         if self.base_of(name) is not None:
             raise ValueError(f"a model named {name!r} already exists")
         with self._lock:
@@ -300,7 +301,10 @@ class BasePool:
         try:
             engine.add_adapter(name, path, preload=False)
             if pinned:
-                engine.pin_adapter(name)
+                try:
+                    engine.pin_adapter(name)
+                except ValueError as error:  # every slot pinned already: served, not pinned
+                    log.warning("base model %s: adapter %s not pinned: %s", base_name, name, error)
         finally:
             if leased:
                 self.release(base_name)

@@ -71,7 +71,7 @@ def load_library(registry: Registry, pool: BasePool, report: Report | None = Non
                 refused = not_served_because(record, None, None)
                 if refused is not None:
                     raise LibraryError(f"{record.name!r} is not served: {refused}")
-                pool.register_adapter(base, record.name, record.path)
+                pool.register_adapter(base, record.name, record.path, pinned=record.pinned)
         except (ValueError, OSError) as error:
             skipped[record.name] = str(error)
             log.info("not serving %s: %s", record.name, error)

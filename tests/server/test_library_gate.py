@@ -57,6 +57,17 @@ def test_serve_takes_active_adapters_through_the_gate_and_warms_the_warm_ones(li
     assert [e.event for e in library.events("gate-warm")] == ["registered", "warm"]
 
 
+def test_serve_pins_the_adapters_pinned_in_the_library(library, engine):
+    library.set_pinned("gate-good", True)
+    pool = BasePool([engine.config], started=[engine])
+    added = serve_library(pool, demo_adapters=False)
+    try:
+        assert "gate-good" in added and engine.pinned_adapters() == ["gate-good"]
+    finally:
+        for name in added:
+            engine.remove_adapter(name)
+
+
 def test_the_gate_is_a_fraction(capsys, library):
     assert main(["serve", "--min-pass-rate", "80", "--no-demo-adapters", "--port", "0"]) == 1
     assert (
