@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import operator
 
-from PySide6.QtWidgets import QGroupBox, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGroupBox, QLabel, QTableWidgetItem, QVBoxLayout, QWidget
 
 from multilora_studio.adapters.load_latency import ADAPTER_WINDOW
 from multilora_studio.gui.base_states import BaseState
-from multilora_studio.gui.widgets import format_ms
+from multilora_studio.gui.widgets import format_ms, read_only_table
 from multilora_studio.server.metrics import most_loaded
 
 COLUMNS = ("Base", "Adapter", "Disk → host loads", "p50 / p95", "Host → GPU uploads", "p50 / p95")
@@ -24,12 +24,7 @@ class AdapterLoadsTable(QGroupBox):
         self.rows: list[tuple[str, ...]] = []
         self._figures: list[object] = []  # the bases' adapter_loads last shown (unchanged: the same)
         self.summary = QLabel("no adapter loaded yet")
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
-        self.table.setMinimumHeight(90)
-        self.table.setMaximumHeight(200)
+        self.table = read_only_table(COLUMNS, 90, 200)
         layout = QVBoxLayout(self)
         layout.addWidget(self.summary)
         layout.addWidget(self.table)

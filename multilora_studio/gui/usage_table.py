@@ -13,14 +13,13 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPushButton,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from multilora_studio.gui.preferences import Preferences
-from multilora_studio.gui.widgets import format_ms
+from multilora_studio.gui.widgets import format_ms, read_only_table
 from multilora_studio.server.usage import UsageLedger, UsageRow, rows_csv
 
 COLUMNS = (
@@ -59,12 +58,7 @@ class UsageTable(QGroupBox):
         self.export_button = QPushButton("Export CSV…")
         self.export_button.clicked.connect(self._export_dialog)
         self.summary = QLabel("no requests through the endpoint yet")
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
-        self.table.setMinimumHeight(90)
-        self.table.setMaximumHeight(200)
+        self.table = read_only_table(COLUMNS, 90, 200)
         top = QHBoxLayout()
         top.addWidget(self.summary, 1)
         top.addWidget(QLabel("Price"))

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QScrollArea,
     QSpinBox,
+    QTableWidget,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -35,6 +36,17 @@ def scroll_as_one_page(view: QWidget, content: QWidget) -> None:
     outer = QVBoxLayout(view)
     outer.setContentsMargins(0, 0, 0, 0)
     outer.addWidget(page)
+
+
+def read_only_table(columns: tuple[str, ...] | list[str], min_height: int, max_height: int) -> QTableWidget:
+    """A table of ``columns`` that cannot be edited, without row numbers, between two heights."""
+    table = QTableWidget(0, len(columns))
+    table.setHorizontalHeaderLabels(list(columns))
+    table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+    table.verticalHeader().setVisible(False)
+    table.setMinimumHeight(min_height)
+    table.setMaximumHeight(max_height)
+    return table
 
 
 def on_any_edit(callback: Callable[[], None], widgets: list[QWidget]) -> None:
