@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QGroupBox, QLabel, QProgressBar, QVBoxLayout, QWidget
 
-from multilora_studio.gui.base_states import LOADED, LOADING, BaseState
+from multilora_studio.gui.base_states import LOADED, LOADING, PARKED, BaseState
 from multilora_studio.gui.replica_panel import ReplicaPanel, replica_title
 from multilora_studio.gui.widgets import format_bytes
 
@@ -35,6 +35,12 @@ def base_note(base: BaseState) -> str:
         return f"{message} ({served} wait for it)"
     if base.state == LOADED:
         return ""
+    if base.state == PARKED:
+        in_ram = len(base.metrics.cpu_adapters) if base.metrics is not None else 0
+        return (
+            f"Swapped out to host memory with its engine: {served} ({in_ram} in CPU RAM) wait; "
+            "its weights are copied back on its next request."
+        )
     failed = f" Its last load failed: {base.error}" if base.error else ""
     return f"Swapped out: {served} wait on disk; the base loads on its next request.{failed}"
 

@@ -1,5 +1,6 @@
-"""What the window shows of each base model of its pool: loaded, swapped out or loading, with
-the loaded engine's metrics snapshot (read once per timer tick, no call into an engine's worker)."""
+"""What the window shows of each base model of its pool: loaded, parked in host memory, swapped
+out (stopped) or loading, with the loaded or parked engine's metrics snapshot (read once per timer
+tick, no call into an engine's worker)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from dataclasses import dataclass
 from multilora_studio.deploy import BasePool, replicas_of
 from multilora_studio.engine import EngineMetrics
 
-LOADED, SWAPPED_OUT, LOADING = "loaded", "swapped out", "loading"
+LOADED, PARKED, SWAPPED_OUT, LOADING = "loaded", "parked in host memory", "swapped out", "loading"
 
 
 @dataclass(frozen=True)
 class BaseState:
-    """One base: its state, its snapshot while loaded (one per replica when it has several),
+    """One base: its state, its snapshot while loaded or parked (one per replica when it has several),
     the adapters it serves, and its load progress (fraction, message) while it loads."""
 
     name: str
@@ -30,10 +31,11 @@ class BaseState:
 def base_states(pool: BasePool, progress: dict[str, tuple[float, str]]) -> list[BaseState]:
     """Every base of ``pool`` in its order; ``progress``: the loads in progress by base."""
     resident = dict(pool.resident())
+    held = dict(pool.engines())  # the loaded engines and the parked ones
     states = []
     for name in pool.names:
         entry = pool.base(name)
-        engine = resident.get(name)
+        engine = held.get(name)
         metrics = engine.metrics() if engine is not None else None
         replicas = replicas_of(engine) if engine is not None else []
         snaps = (
@@ -41,7 +43,12 @@ def base_states(pool: BasePool, progress: dict[str, tuple[float, str]]) -> list[
             if len(replicas) > 1
             else (("0", metrics),)
         )
-        state = LOADING if entry.loading else LOADED if engine is not None else SWAPPED_OUT
+        if entry.loading:
+            state = LOADING
+        elif name in resident:
+            state = LOADED
+        else:
+            state = PARKED if engine is not None else SWAPPED_OUT
         states.append(
             BaseState(
                 name=name,

@@ -16,7 +16,7 @@ from PySide6.QtCore import (
 
 from multilora_studio.adapters.registry_schema import AdapterRecord
 from multilora_studio.engine import EngineMetrics
-from multilora_studio.gui.base_states import LOADED, BaseState
+from multilora_studio.gui.base_states import LOADED, PARKED, BaseState
 from multilora_studio.gui.widgets import format_bytes, format_time
 
 # Name first (it stays in place when the table scrolls sideways), then what changes while serving
@@ -60,11 +60,17 @@ def tiers_of(metrics: EngineMetrics | None, served: Iterable[str]) -> dict[str, 
 
 
 def tiers_of_bases(bases: Iterable[BaseState]) -> dict[str, str]:
-    """``tiers_of`` each base's adapters; those of a base that is not loaded are on disk."""
+    """``tiers_of`` each base's adapters; those of a parked base in CPU RAM or on disk, those of
+    another base that is not loaded on disk."""
     tiers: dict[str, str] = {}
     for base in bases:
         if base.state == LOADED:
             tiers.update(tiers_of(base.metrics, base.adapters))
+        elif base.state == PARKED:
+            in_ram = set(base.metrics.cpu_adapters) if base.metrics is not None else set()
+            tiers.update(
+                {name: f"{'CPU' if name in in_ram else 'disk'} (base parked)" for name in base.adapters}
+            )
         else:
             tiers.update(dict.fromkeys(base.adapters, f"disk (base {base.state})"))
     return tiers

@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from multilora_studio.cli.shared import describe_base
 from multilora_studio.engine import Engine, SamplingParams
 from multilora_studio.gui.base_panel import BasePanel
-from multilora_studio.gui.base_states import LOADED, LOADING, SWAPPED_OUT, BaseState
+from multilora_studio.gui.base_states import LOADED, LOADING, PARKED, SWAPPED_OUT, BaseState
 from multilora_studio.gui.preferences import EngineChoice
 from tests.gui.conftest import LLAMA_ADAPTERS, save_screenshot, wait_ready
 from tests.gui.test_server import start_endpoint
@@ -126,8 +126,11 @@ def test_with_room_for_one_base_columns_swap_it_and_stay_equal(
     assert [name for name, _ in pool.resident()] == [qwen]
     assert pool.base(qwen).loads == 1 and pool.base(llama).loads == 1
     window.show_page("Monitor")
-    qtbot.waitUntil(lambda: [p.state for p in monitor.bases] == [SWAPPED_OUT, LOADED], timeout=5000)
-    assert window.library.row_of("tiny-r8-all")["Tier"] == "disk (base swapped out)"
+    # the swap parked llama's engine in host memory: the adapter its column used is in its CPU RAM
+    qtbot.waitUntil(lambda: [p.state for p in monitor.bases] == [PARKED, LOADED], timeout=5000)
+    assert monitor.bases[0].title().startswith(f"{llama}: parked in host memory")
+    assert "(1 in CPU RAM)" in monitor.bases[0].note.text()
+    assert window.library.row_of("tiny-r8-all")["Tier"] == "CPU (base parked)"
 
     # the Library's actions on an adapter of a swapped-out base lease (load) its base
     window.show_page("Library")
