@@ -42,9 +42,9 @@ system-deps:
 
 LINT_PATHS := multilora_studio resources tests benchmarks
 
-# ruff, then mypy (its files and settings are in pyproject.toml), then the tests.
+# ruff, then mypy (its files and settings are in pyproject.toml), then the tests (the 40 slowest listed).
 test: lint system-deps
-	QT_QPA_PLATFORM=offscreen TRITON_INTERPRET=1 $(PY) -m pytest -q tests
+	QT_QPA_PLATFORM=offscreen TRITON_INTERPRET=1 $(PY) -m pytest -q --durations=40 tests
 
 lint: $(VENV)/.test
 	$(PY) -m ruff check $(LINT_PATHS)
