@@ -6,8 +6,9 @@ an adapter of its own in the library; with ``--second-base-hub REPO`` that base 
 Hub repository REPO holding the same files (HF_ENDPOINT: the test's loopback Hub), and with
 ``--pull REPO`` (one per base, in order) the Library page pulls each base's adapter from the Hub
 in turn (``PullActions``). For
-``--seconds``, and on until it has run a compare for each restart (a busy machine makes them
-slower; the test bounds the whole run), it visits every view in turn, keeps a compare of base
+``--seconds``, and on until it has run a compare for each restart (each start serves one
+before the next restart: a busy machine makes them slower; the test bounds the whole run), it
+visits every view in turn, keeps a compare of base
 and every adapter running, lets the Monitor plot, switches the theme, and applies a restart in
 Settings ``--restarts`` times (alternating the number of GPU slots; every second restart
 starts two engine replicas behind the dispatcher, the next one engine again; with a second base,
@@ -332,6 +333,7 @@ class Soak(QObject):
         self.restarts_done = 0
         self.restart_pending = False
         self.compares = 0
+        self.compares_at_start = 0  # compares finished when the running engines started
         self.replica_compares = 0  # compares run on a replica set
         self.replica_panels_seen = 0  # most replica panels the Monitor showed
         self.usage_rows_seen = 0  # most rows the Monitor's usage table showed
@@ -363,6 +365,7 @@ class Soak(QObject):
 
     def engine_ready(self) -> None:
         self.started_loads = sum(self.base_loads().values())
+        self.compares_at_start = self.compares
         if not self.timer.isActive():  # the first start
             self.started = self.page_since = time.monotonic()
             self.none_refs.append(sys.getrefcount(None))
@@ -415,7 +418,9 @@ class Soak(QObject):
         if self.window.control.state == "off" and self.traffic is not None:
             self.window.server.start()  # at the first start, and if a restart left it off
         due = (self.restarts_done + 1) * self.seconds / (self.restarts + 1)
-        if not self.restart_pending and self.restarts_done < self.restarts and elapsed >= due:
+        # each start serves a compare before the next restart (a busy machine makes one slow)
+        compared = self.compares > self.compares_at_start
+        if not self.restart_pending and self.restarts_done < self.restarts and elapsed >= due and compared:
             self.restart()
         elif not self.window.compare.running and not self.window.compare.divergence_busy:
             if self.compares % 2:
