@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 RUN_ARGS ?= gui
+# pytest-xdist worker processes for `make test`: one a core by default; a test file runs in one
+TEST_WORKERS ?= auto
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
@@ -44,7 +46,7 @@ LINT_PATHS := multilora_studio resources tests benchmarks
 
 # ruff, then mypy (its files and settings are in pyproject.toml), then the tests (the 40 slowest listed).
 test: lint system-deps
-	QT_QPA_PLATFORM=offscreen TRITON_INTERPRET=1 $(PY) -m pytest -q --durations=40 tests
+	QT_QPA_PLATFORM=offscreen TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=40 tests
 
 lint: $(VENV)/.test
 	$(PY) -m ruff check $(LINT_PATHS)

@@ -75,7 +75,9 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tiny_fa
     assert result["replica_compares"] >= 1 and result["replica_panels_seen"] == 2, result
     assert result["two_base_compares"] >= 1 and result["base_panels_seen"] == 2, result
     assert result["swaps"] >= 1, result  # with room for one base, a compare of both swapped one in
-    assert {"loaded", "swapped out"} <= set(result["base_states_seen"]), result
+    # a base out of the device: parked in host memory (a swap), or stopped (not started yet)
+    seen = set(result["base_states_seen"])
+    assert "loaded" in seen and seen & {"swapped out", "parked in host memory"}, result
     assert result["base_filters"] >= 1, result
     assert all(count >= 1 for count in result["endpoint_answered_by"].values()), result  # both bases
     assert result["endpoint_answered"] >= 10 and result["usage_rows_seen"] >= 1, result
