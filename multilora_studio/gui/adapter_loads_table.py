@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import operator
 
-from PySide6.QtWidgets import QGroupBox, QLabel, QTableWidgetItem, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from multilora_studio.adapters.load_latency import ADAPTER_WINDOW
 from multilora_studio.gui.base_states import BaseState
-from multilora_studio.gui.widgets import format_ms, read_only_table
+from multilora_studio.gui.widgets import fill_rows, format_ms, read_only_table
 from multilora_studio.server.metrics import most_loaded
 
 COLUMNS = ("Base", "Adapter", "Disk → host loads", "p50 / p95", "Host → GPU uploads", "p50 / p95")
@@ -51,14 +51,7 @@ class AdapterLoadsTable(QGroupBox):
         if rows == self.rows:
             return
         self.rows = rows
-        self.table.setRowCount(len(rows))
-        for r, row in enumerate(rows):
-            for c, value in enumerate(row):
-                item = self.table.item(r, c)
-                if item is None:
-                    self.table.setItem(r, c, QTableWidgetItem(value))
-                elif item.text() != value:
-                    item.setText(value)
+        fill_rows(self.table, rows)
         more = f" (the {MAX_ROWS} with the most loads shown)" if len(loads) > len(rows) else ""
         self.summary.setText(
             f"{len(loads)} adapters loaded since their engine started{more}; "

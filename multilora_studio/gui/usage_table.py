@@ -13,13 +13,12 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPushButton,
-    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from multilora_studio.gui.preferences import Preferences
-from multilora_studio.gui.widgets import format_ms, read_only_table
+from multilora_studio.gui.widgets import fill_rows, format_ms, read_only_table
 from multilora_studio.server.usage import UsageLedger, UsageRow, rows_csv
 
 COLUMNS = (
@@ -78,29 +77,26 @@ class UsageTable(QGroupBox):
 
     def _fill(self) -> None:
         price = self.price.value()
-        self.table.setRowCount(len(self.rows))
-        for r, row in enumerate(self.rows):
-            hot = row.requests - row.cold_requests
-            values = (
-                row.tenant,
-                row.model,
-                str(row.requests),
-                str(row.errors),
-                f"{hot} / {row.cold_requests}",
-                format_ms(row.cold_wait_s) if row.cold_requests else "-",
-                str(row.prompt_tokens),
-                str(row.completion_tokens),
-                f"{format_ms(row.ttft_p50_s)} / {format_ms(row.ttft_p95_s)}",
-                format_ms(row.cold_ttft_p95_s),
-                f"{row.engine_seconds:.3f}",
-                f"${row.cost(price):.4f}",
-            )
-            for c, value in enumerate(values):
-                item = self.table.item(r, c)
-                if item is None:
-                    self.table.setItem(r, c, QTableWidgetItem(value))
-                elif item.text() != value:
-                    item.setText(value)
+        fill_rows(
+            self.table,
+            [
+                (
+                    row.tenant,
+                    row.model,
+                    str(row.requests),
+                    str(row.errors),
+                    f"{row.requests - row.cold_requests} / {row.cold_requests}",
+                    format_ms(row.cold_wait_s) if row.cold_requests else "-",
+                    str(row.prompt_tokens),
+                    str(row.completion_tokens),
+                    f"{format_ms(row.ttft_p50_s)} / {format_ms(row.ttft_p95_s)}",
+                    format_ms(row.cold_ttft_p95_s),
+                    f"{row.engine_seconds:.3f}",
+                    f"${row.cost(price):.4f}",
+                )
+                for row in self.rows
+            ],
+        )
         if self.rows:
             seconds = sum(row.engine_seconds for row in self.rows)
             requests = sum(row.requests for row in self.rows)

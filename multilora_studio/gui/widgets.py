@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QScrollArea,
     QSpinBox,
     QTableWidget,
+    QTableWidgetItem,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -47,6 +48,19 @@ def read_only_table(columns: tuple[str, ...] | list[str], min_height: int, max_h
     table.setMinimumHeight(min_height)
     table.setMaximumHeight(max_height)
     return table
+
+
+def fill_rows(table: QTableWidget, rows: list[tuple[str, ...]]) -> None:
+    """Show ``rows`` of text in ``table``, keeping its items and setting only the texts that changed
+    (a selection or scroll position survives a refresh)."""
+    table.setRowCount(len(rows))
+    for r, row in enumerate(rows):
+        for c, value in enumerate(row):
+            item = table.item(r, c)
+            if item is None:
+                table.setItem(r, c, QTableWidgetItem(value))
+            elif item.text() != value:
+                item.setText(value)
 
 
 def on_any_edit(callback: Callable[[], None], widgets: list[QWidget]) -> None:
