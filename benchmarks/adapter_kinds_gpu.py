@@ -13,7 +13,6 @@ on all seven projections per case, with CUDA graphs: plain LoRA, DoRA, LoRA with
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.engine_gpu import run_batch
+from benchmarks.rounds import report_lines
 from multilora_studio.bench.random_adapters import KINDS, write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.engine.model_source import RANDOM_SHAPES
@@ -104,10 +104,7 @@ def main() -> None:
         results[f"{case}_decode_tok_s"] = statistics.median(rounds[case])
         results[f"{case}_over_lora"] = statistics.median(rounds[case]) / lora
         results[f"{case}_rounds"] = rounds[case]
-    for key, value in results.items():
-        print(f"  {key:<32} {value:.3f}" if isinstance(value, float) else f"  {key:<32} {value}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    report_lines(results, args.json, 32)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ bytes at the measured pinned host-to-device bandwidth.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import tempfile
@@ -29,6 +28,7 @@ import torch
 
 from benchmarks.engine_gpu import run_batch
 from benchmarks.merge_gpu import write_random_base
+from benchmarks.rounds import parser, report_json
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.deploy import BasePool
 from multilora_studio.engine import EngineConfig
@@ -142,23 +142,17 @@ def swap(args: argparse.Namespace, workdir: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--kv-cache-gb", type=float, default=8.0)
-    parser.add_argument("--skip-swap", action="store_true")
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    arguments = parser(__doc__)
+    arguments.add_argument("--kv-cache-gb", type=float, default=8.0)
+    arguments.add_argument("--skip-swap", action="store_true")
+    args = arguments.parse_args()
     logging.basicConfig(level=logging.INFO)
     workdir = Path(tempfile.mkdtemp(prefix="mls-bases-bench-"))
     results: dict = {"gpu": torch.cuda.get_device_name(), "colocated": colocated(args, workdir)}
-    print(json.dumps(results, indent=1), flush=True)
+    report_json(results)
     if not args.skip_swap:
         results["swap"] = swap(args, workdir)
-    print(json.dumps(results, indent=1))
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1))
+    report_json(results, args.json)
 
 
 if __name__ == "__main__":

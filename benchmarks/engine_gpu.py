@@ -12,7 +12,6 @@ same tokens as eager execution.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.rounds import report_lines
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams, ServingEngine
 from multilora_studio.engine.diagnostics import step_profile, time_decode_graph
@@ -212,10 +212,7 @@ def main() -> None:
     results["base_fraction_of_ceiling"] = results["graphs_base_decode_tok_s"] / results["ceiling_tok_s"]
 
     print()
-    for key, value in results.items():
-        print(f"  {key:<36} {value:.3f}" if isinstance(value, float) else f"  {key:<36} {value}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    report_lines(results, args.json, 36)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ reference. The merged model's greedy tokens are compared with base + adapter's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import statistics
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.engine_gpu import run_batch
+from benchmarks.rounds import device_name, parser, report_json
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.engine.model_source import RANDOM_SHAPES
@@ -110,20 +110,15 @@ def write_random_base(spec: ModelSpec, folder: Path, device: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--shape", default="llama3-8b")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    arguments = parser(__doc__)
+    arguments.add_argument("--shape", default="llama3-8b")
+    arguments.add_argument("--device", default="cuda")
+    args = arguments.parse_args()
     logging.basicConfig(level=logging.INFO)
     spec = RANDOM_SHAPES[args.shape]
     workdir = Path(tempfile.mkdtemp(prefix="mls-merge-bench-"))
     base, adapter, merged = workdir / "base", workdir / "adapter", workdir / "merged"
-    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    results: dict = {"shape": args.shape, "device": gpu}
+    results: dict = {"shape": args.shape, "device": device_name(args.device)}
     start = time.perf_counter()
     write_random_base(spec, base, args.device)
     results["write_base_s"] = round(time.perf_counter() - start, 1)
@@ -135,7 +130,7 @@ def main() -> None:
         check=True,
     )
     results["merge"] = json.loads(child.stdout.strip().splitlines()[-1])
-    print(json.dumps(results), flush=True)
+    report_json(results)
 
     settings = dict(
         device=args.device, dtype="bfloat16", max_loras=4, max_lora_rank=16, max_num_seqs=8,
@@ -176,9 +171,7 @@ def main() -> None:
         len(tokens["merged"]),
     )
     results["greedy_tokens_same"] = same
-    print(json.dumps(results, indent=1))
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1))
+    report_json(results, args.json)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from unittest import mock
 
 import torch
 
+from benchmarks.rounds import parser, report_json
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.deploy import ReplicaSet, parse_devices
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams, ServingEngine, device_setup
@@ -222,20 +223,18 @@ def processes(args: argparse.Namespace, folders: list[Path], prompts: list[list[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument(
+    arguments = parser(__doc__)
+    arguments.add_argument(
         "--one-engine", choices=("own", "default"), help="only one engine's rate, on this stream"
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--devices",
         type=parse_devices,
         default=["cuda:0", "cuda:0"],
         help="the replicas' devices (default: two sharing cuda:0; cuda:0,cuda:1 on two GPUs)",
     )
-    parser.add_argument("--processes", type=int, default=None, help="engines in processes of their own")
-    args = parser.parse_args()
+    arguments.add_argument("--processes", type=int, default=None, help="engines in processes of their own")
+    args = arguments.parse_args()
     logging.basicConfig(level=logging.WARNING)
     spec = RANDOM_SHAPES[SHAPE]
     generator = torch.Generator().manual_seed(0)
@@ -255,11 +254,9 @@ def main() -> None:
             "device": torch.cuda.get_device_name(),
             "correctness": correctness(folders, prompts, args.devices),
         }
-        print(json.dumps(result), flush=True)
+        report_json(result)
         result["throughput"] = throughput(args, folders, prompts)
-    print(json.dumps(result, indent=2), flush=True)
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2))
+    report_json(result, args.json)
 
 
 if __name__ == "__main__":

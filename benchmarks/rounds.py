@@ -1,5 +1,5 @@
-"""What the A/B benchmarks share: the common flags, alternating rounds with the ratio of
-medians, decode throughput from request outputs, random prompts and the result files."""
+"""What the benchmarks share: the common flags, alternating rounds with the ratio of medians,
+decode throughput from request outputs, random prompts, and the results printed and written."""
 
 from __future__ import annotations
 
@@ -60,3 +60,18 @@ def device_name(device: str) -> str:
 def write_results(path: Path | None, results: dict[str, Any]) -> None:
     if path is not None:
         path.write_text(json.dumps(results, indent=1))
+
+
+def report_json(results: dict[str, Any], path: Path | None = None) -> None:
+    """Print ``results`` as JSON and write them to ``path`` (when given)."""
+    print(json.dumps(results, indent=1), flush=True)
+    write_results(path, results)
+
+
+def report_lines(results: dict[str, Any], path: Path | None, width: int) -> None:
+    """Print ``results`` a ``key value`` line each (floats to three places, keys ``width`` wide) and
+    write them to ``path`` (when given)."""
+    for key, value in results.items():
+        print(f"  {key:<{width}} {value:.3f}" if isinstance(value, float) else f"  {key:<{width}} {value}")
+    write_results(path, results)
+

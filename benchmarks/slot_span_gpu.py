@@ -12,8 +12,6 @@ row (decode tok/s), base for reference, cases alternating, medians.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import statistics
 import tempfile
@@ -22,20 +20,17 @@ from pathlib import Path
 import torch
 
 from benchmarks.engine_gpu import run_batch
+from benchmarks.rounds import parser, write_results
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--shape", default="llama3-8b")
-    parser.add_argument("--slots", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    arguments = parser(__doc__)
+    arguments.add_argument("--shape", default="llama3-8b")
+    arguments.add_argument("--slots", type=int, default=32)
+    args = arguments.parse_args()
     logging.basicConfig(level=logging.INFO)
     spec = RANDOM_SHAPES[args.shape]
     workdir = Path(tempfile.mkdtemp(prefix="mls-span-bench-"))
@@ -85,8 +80,7 @@ def main() -> None:
     for name in rounds:
         row = results[name]
         print(f"  {name:<36} {row['decode_tok_s']:9.1f} tok/s  {row['over_base']:.3f} of base")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    write_results(args.json, results)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ request for the swapped-out base (``BasePool.acquire``: the other parked, this o
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.rounds import parser, report_json
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.deploy import BasePool
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
@@ -133,23 +133,17 @@ def pool_swaps(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", default="random:llama3-8b")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--skip-pool", action="store_true")
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    arguments = parser(__doc__)
+    arguments.add_argument("--model", default="random:llama3-8b")
+    arguments.add_argument("--skip-pool", action="store_true")
+    args = arguments.parse_args()
     logging.basicConfig(level=logging.INFO)
     workdir = Path(tempfile.mkdtemp(prefix="mls-swap-bench-"))
     results: dict = {"gpu": torch.cuda.get_device_name(), "engine": engine_swaps(args, workdir)}
-    print(json.dumps(results, indent=1), flush=True)
+    report_json(results)
     if not args.skip_pool:
         results["pool"] = pool_swaps(args)
-    print(json.dumps(results, indent=1))
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1))
+    report_json(results, args.json)
 
 
 if __name__ == "__main__":
