@@ -20,83 +20,8 @@ from multilora_studio.adapters.score_import import read_model_card
 from multilora_studio.cli import main
 from multilora_studio.util import sha256_file
 from tests.adapter_fixtures import BASE_REPO, HUB_ORG
+from tests.library_fixtures import CARD, CARD_SCORES, home_library
 
-# A PEFT adapter's card as the Hub shows them: the metadata the Hub reads, then a model-index
-# with one result per benchmark (the Open LLM Leaderboard's shape: task, dataset with config,
-# split and few-shot args, metrics with a type, a value and a display name, and the source).
-CARD = """---
-base_model: HuggingFaceTB/SmolLM2-135M-Instruct
-library_name: peft
-license: apache-2.0
-tags:
-- lora
-- generated_from_trainer
-datasets:
-- openai/gsm8k
-model-index:
-- name: smol-math-lora
-  results:
-  - task:
-      type: text-generation
-      name: Text Generation
-    dataset:
-      name: GSM8k (5-shot)
-      type: gsm8k
-      config: main
-      split: test
-      args:
-        num_few_shot: 5
-    metrics:
-    - type: acc
-      value: 31.46
-      name: accuracy
-    source:
-      url: https://huggingface.co/spaces/open-llm-leaderboard/open_llm_leaderboard
-      name: Open LLM Leaderboard
-  - task:
-      type: text-generation
-      name: Text Generation
-    dataset:
-      name: AI2 Reasoning Challenge (25-Shot)
-      type: ai2_arc
-      config: ARC-Challenge
-      split: test
-      args:
-        num_few_shot: 25
-    metrics:
-    - type: acc_norm
-      value: 43.6
-      name: normalized accuracy
-    - type: acc
-      value: '40.1'
-      name: accuracy
-      verified: false
-  - task:
-      type: text-generation
-    dataset:
-      name: HellaSwag
-      type: hellaswag
-    metrics:
-    - type: acc_norm
-      value: 0.615
----
-
-# smol-math-lora
-
-This adapter was fine-tuned from SmolLM2-135M-Instruct on GSM8k.
-
-## Training procedure
-
-- learning_rate: 0.0002
-- num_epochs: 3
-"""
-# (prompt set, metric, value) of each metric of CARD, read off it by hand
-CARD_SCORES = [
-    ("GSM8k (5-shot) (main, test)", "acc", 31.46),
-    ("AI2 Reasoning Challenge (25-Shot) (ARC-Challenge, test)", "acc_norm", 43.6),
-    ("AI2 Reasoning Challenge (25-Shot) (ARC-Challenge, test)", "acc", 40.1),
-    ("HellaSwag", "acc_norm", 0.615),
-]
 NO_INDEX = """---
 base_model: HuggingFaceTB/SmolLM2-135M-Instruct
 library_name: peft
@@ -195,10 +120,9 @@ def test_pulling_an_adapter_with_a_card_records_its_scores(hub, hub_env, registr
 
 
 def test_import_scores_reads_a_model_card_on_the_command_line(
-    registry, tiny_base, tiny_adapters, tmp_path, monkeypatch, capsys
+    tiny_base, tiny_adapters, tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.setenv("MULTILORA_STUDIO_HOME", str(tmp_path / "home"))
-    Registry().import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="math", max_rank=32)
+    home_library(monkeypatch, tmp_path, tiny_base, {"math": tiny_adapters["tiny-r4-qv"]})
     card = tmp_path / "README.md"
     card.write_text(CARD)
     assert main(["adapters", "import-scores", "math", "--model-card", str(card)]) == 0

@@ -11,12 +11,10 @@ import urllib.request
 import pytest
 
 from multilora_studio.adapters.library_errors import LibraryError
-from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli import main
-from multilora_studio.cli.serve import serve_library
-from multilora_studio.deploy import BasePool
 from multilora_studio.deploy.model_aliases import ModelAliases
 from multilora_studio.server import ApiServer, ServerConfig
+from tests.library_fixtures import home_library, served
 from tests.server_fixtures import GREEDY, client
 from tests.waiting import wait_until
 
@@ -25,49 +23,46 @@ LISTED = ("alias-warm-a", "alias-warm-b")
 
 @pytest.fixture
 def library(monkeypatch, tmp_path, tiny_adapters, tiny_base):
-    monkeypatch.setenv("MULTILORA_STUDIO_HOME", str(tmp_path / "home"))
-    registry = Registry()
-    for name, source in (
-        ("alias-main", "tiny-r4-qv"),
-        ("alias-warm-a", "tiny-r8-all"),
-        ("alias-warm-b", "tiny-r16-mlp"),
-        ("alias-other", "tiny-r8-attn"),
-    ):
-        aliases = ["support"] if name == "alias-main" else []
-        registry.import_folder(tiny_adapters[source], tiny_base, name=name, aliases=aliases, max_rank=32)
-    return registry
+    folders = {
+        "alias-main": tiny_adapters["tiny-r4-qv"],
+        "alias-warm-a": tiny_adapters["tiny-r8-all"],
+        "alias-warm-b": tiny_adapters["tiny-r16-mlp"],
+        "alias-other": tiny_adapters["tiny-r8-attn"],
+    }
+    return home_library(monkeypatch, tmp_path, tiny_base, folders, aliases={"alias-main": ["support"]})
 
 
 def test_the_first_request_by_an_alias_reads_its_warm_list(library, engine):
     record = library.set_alias_warm("support", [*LISTED, "alias-warm-a"])  # a repeat is listed once
     assert record.name == "alias-main" and record.alias_warm == (("support", LISTED),)
-    pool = BasePool([engine.config], started=[engine])
-    added = serve_library(pool, demo_adapters=False)
-    server = ApiServer(pool, ServerConfig(port=0))
-    server.start()
-    try:
-        assert sorted(added) == sorted(["alias-main", "alias-other", *LISTED])
-        held = engine.metrics(fresh=True).cpu_adapters
-        assert not set(LISTED) & set(held)  # nothing read before the alias is used
+    with served(engine) as (pool, added):
+        server = ApiServer(pool, ServerConfig(port=0))
+        server.start()
+        try:
+            assert sorted(added) == sorted(["alias-main", "alias-other", *LISTED])
+            held = engine.metrics(fresh=True).cpu_adapters
+            assert not set(LISTED) & set(held)  # nothing read before the alias is used
 
-        by_alias = client(server).completions.create(model="support", prompt="hi", max_tokens=6, **GREEDY)
-        wait_until(
-            lambda: set(LISTED) <= set(engine.metrics(fresh=True).cpu_adapters),
-            what="the alias's warm list in host RAM",
-        )
-        assert "alias-other" not in engine.metrics(fresh=True).cpu_adapters  # not listed: not read
-        by_name = client(server).completions.create(model="alias-main", prompt="hi", max_tokens=6, **GREEDY)
-        base = client(server).completions.create(model=engine.model_name, prompt="hi", max_tokens=6, **GREEDY)
-        assert by_alias.choices[0].text == by_name.choices[0].text != base.choices[0].text
-        assert pool.warm_alias("support", engine) is None  # used on this engine already
+            by_alias = client(server).completions.create(model="support", prompt="hi", max_tokens=6, **GREEDY)
+            wait_until(
+                lambda: set(LISTED) <= set(engine.metrics(fresh=True).cpu_adapters),
+                what="the alias's warm list in host RAM",
+            )
+            assert "alias-other" not in engine.metrics(fresh=True).cpu_adapters  # not listed: not read
+            by_name = client(server).completions.create(
+                model="alias-main", prompt="hi", max_tokens=6, **GREEDY
+            )
+            base = client(server).completions.create(
+                model=engine.model_name, prompt="hi", max_tokens=6, **GREEDY
+            )
+            assert by_alias.choices[0].text == by_name.choices[0].text != base.choices[0].text
+            assert pool.warm_alias("support", engine) is None  # used on this engine already
 
-        with urllib.request.urlopen(f"{server.url}/v1/usage", timeout=30) as reply:
-            rows = {row["model"]: row for row in json.loads(reply.read())["data"]}
-        assert rows["support"]["requests"] == 1  # counted under the name it was asked by
-    finally:
-        server.stop()
-        for name in added:
-            engine.remove_adapter(name)
+            with urllib.request.urlopen(f"{server.url}/v1/usage", timeout=30) as reply:
+                rows = {row["model"]: row for row in json.loads(reply.read())["data"]}
+            assert rows["support"]["requests"] == 1  # counted under the name it was asked by
+        finally:
+            server.stop()
 
 
 class Started:

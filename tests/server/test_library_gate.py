@@ -9,11 +9,9 @@ import logging
 
 import pytest
 
-from multilora_studio.adapters.registry import Registry
 from multilora_studio.adapters.registry_schema import EvalScoreRecord
 from multilora_studio.cli import main
-from multilora_studio.cli.serve import serve_library
-from multilora_studio.deploy import BasePool
+from tests.library_fixtures import CARD, home_library, served
 
 
 def score(name: str, passed: int, checked: int = 4) -> EvalScoreRecord:
@@ -22,15 +20,13 @@ def score(name: str, passed: int, checked: int = 4) -> EvalScoreRecord:
 
 @pytest.fixture
 def library(monkeypatch, tmp_path, tiny_adapters, tiny_base):
-    monkeypatch.setenv("MULTILORA_STUDIO_HOME", str(tmp_path / "home"))
-    registry = Registry()
-    for name, source in (
-        ("gate-good", "tiny-r4-qv"),
-        ("gate-bad", "tiny-r8-all"),
-        ("gate-warm", "tiny-r16-mlp"),
-        ("gate-gone", "tiny-r8-attn"),
-    ):
-        registry.import_folder(tiny_adapters[source], tiny_base, name=name, max_rank=32)
+    folders = {
+        "gate-good": tiny_adapters["tiny-r4-qv"],
+        "gate-bad": tiny_adapters["tiny-r8-all"],
+        "gate-warm": tiny_adapters["tiny-r16-mlp"],
+        "gate-gone": tiny_adapters["tiny-r8-attn"],
+    }
+    registry = home_library(monkeypatch, tmp_path, tiny_base, folders)
     registry.record_eval_scores([score("gate-good", 3), score("gate-bad", 1)])
     registry.record_eval_scores([score("gate-bad", 1), score("gate-good", 2)])  # newer: 50 %
     registry.set_warm("gate-warm")
@@ -39,33 +35,19 @@ def library(monkeypatch, tmp_path, tiny_adapters, tiny_base):
 
 
 def test_serve_takes_active_adapters_through_the_gate_and_warms_the_warm_ones(library, engine):
-    pool = BasePool([engine.config], started=[engine])
-    added = serve_library(pool, demo_adapters=False, min_pass_rate=0.5)
-    try:
+    with served(engine, min_pass_rate=0.5) as (_, added):
         assert sorted(added) == ["gate-good", "gate-warm"]  # 50 % passes a 50 % gate; 25 % does not
         assert "gate-warm" in engine.metrics(fresh=True).cpu_adapters  # read before any request
         assert "gate-good" not in engine.metrics(fresh=True).cpu_adapters  # read on first use
-    finally:
-        for name in added:
-            engine.remove_adapter(name)
-    added = serve_library(pool, demo_adapters=False)  # no gate: every active adapter
-    try:
+    with served(engine) as (_, added):  # no gate: every active adapter
         assert sorted(added) == ["gate-bad", "gate-good", "gate-warm"]
-    finally:
-        for name in added:
-            engine.remove_adapter(name)
     assert [e.event for e in library.events("gate-warm")] == ["registered", "warm"]
 
 
 def test_serve_pins_the_adapters_pinned_in_the_library(library, engine):
     library.set_pinned("gate-good", True)
-    pool = BasePool([engine.config], started=[engine])
-    added = serve_library(pool, demo_adapters=False)
-    try:
+    with served(engine) as (_, added):
         assert "gate-good" in added and engine.pinned_adapters() == ["gate-good"]
-    finally:
-        for name in added:
-            engine.remove_adapter(name)
 
 
 def test_the_gate_is_a_fraction(capsys, library):
@@ -83,13 +65,8 @@ def test_scores_imported_from_json_reach_the_gate(library, engine, tmp_path, cap
     assert capsys.readouterr().out.strip() == "gate-warm: pipeline-eval 2/10 passed (20%)"
     (latest,) = library.eval_scores("gate-warm")
     assert (latest.prompts, latest.checked, latest.passed, latest.results_path) == (10, 10, 2, str(path))
-    pool = BasePool([engine.config], started=[engine])
-    added = serve_library(pool, demo_adapters=False, min_pass_rate=0.5)
-    try:
+    with served(engine, min_pass_rate=0.5) as (_, added):
         assert "gate-warm" not in added and "gate-good" in added
-    finally:
-        for name in added:
-            engine.remove_adapter(name)
     for bad, message in (
         ("{", "not a readable JSON file"),
         ('{"prompts": 3}', "needs an object with a prompt_set name"),
@@ -102,39 +79,16 @@ def test_scores_imported_from_json_reach_the_gate(library, engine, tmp_path, cap
     assert len(library.eval_scores("gate-warm")) == 1  # nothing recorded from the bad files
 
 
-CARD = """---
-library_name: peft
-model-index:
-- name: gate-card
-  results:
-  - task:
-      type: text-generation
-    dataset:
-      name: HellaSwag
-      type: hellaswag
-    metrics:
-    - type: acc_norm
-      value: 0.615
----
-"""
-
-
 def test_scores_without_counts_are_not_judged_by_the_gate_and_it_says_so(library, engine, tmp_path, caplog):
     card = tmp_path / "README.md"
     card.write_text(CARD)
     for name in ("gate-bad", "gate-warm"):  # newer than gate-bad's 25 % evaluation; gate-warm's only one
         assert main(["adapters", "import-scores", name, "--model-card", str(card)]) == 0
-    pool = BasePool([engine.config], started=[engine])
-    with caplog.at_level(logging.INFO):
-        added = serve_library(pool, demo_adapters=False, min_pass_rate=0.5)
-    try:
+    with caplog.at_level(logging.INFO), served(engine, min_pass_rate=0.5) as (_, added):
         assert sorted(added) == ["gate-good", "gate-warm"]  # gate-bad: still judged by its 25 %
         assert "library adapter gate-bad not served: its last evaluation (smoke) passed 25%" in caplog.text
-        assert (
+        assert (  # the card's last metric is its newest score
             "library adapter gate-warm served without the quality gate: its scores carry no counts "
             "(HellaSwag: acc_norm 0.615 (no counts)), so the gate has no pass rate to judge"
         ) in caplog.text
         assert "gate-good served without the quality gate" not in caplog.text
-    finally:
-        for name in added:
-            engine.remove_adapter(name)
