@@ -20,7 +20,10 @@ from tests.fixtures import AdapterSpec, build_adapter
 ROOT = Path(__file__).resolve().parents[2]
 SOAK_SECONDS = 150
 RESTARTS = 5
-RSS_GROWTH_LIMIT = 300 << 20  # resident memory after the 5th restart vs after the 1st
+# resident memory after the 5th restart vs after the 1st: below one leaked engine of the embedded
+# model (its float32 weights alone are 538 MB; a leak per restart grew it 2.2 GB a restart). Runs
+# without a leak grew 110-341 MB (native heap: Python's traced memory stayed within 1 MB)
+RSS_GROWTH_LIMIT = 480 << 20
 NONE_REFS_LOST_LIMIT = 1_000  # a binding that drops a reference per Qt call loses ~100k a minute
 SECOND_BASE_ADAPTER = AdapterSpec("second-base-r8", 8, 16, ("q_proj", "v_proj", "down_proj"), 61)
 SECOND_BASE_REPO = "soak/second-base"
