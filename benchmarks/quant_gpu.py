@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from benchmarks.rounds import decode_tok_s, device_name, parser, random_prompts, write_results
+from benchmarks.rounds import decode_tok_s, device_name, graph_time_ms, parser, random_prompts, write_results
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from multilora_studio.engine.model_source import RANDOM_SHAPES
@@ -106,47 +106,31 @@ def decode_section(
     return results
 
 
-def _time_ms(fn, repeats: int = 20, per_graph: int = 10) -> float:
-    """Device milliseconds of one ``fn()``: captured ``per_graph`` times in a CUDA graph (as the
-    engine replays decode steps, so the host's launch time is not counted), replayed ``repeats``
-    times."""
-    fn()  # compiles before the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(per_graph):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / (repeats * per_graph)
-
-
 def copy_bandwidth_gb_s() -> float:
     """The device's streaming bandwidth (bytes read + written per second) of an elementwise
     kernel over 2 GiB (a copy_ inside a CUDA graph became a copy-engine node: 2.8 TB/s on the
     H200, below what the GEMMs reach)."""
     source = torch.empty(1 << 30, dtype=torch.int16, device="cuda")
     target = torch.empty_like(source)
-    ms = _time_ms(lambda: torch.neg(source, out=target), 5, 2)
+    ms = graph_time_ms(lambda: torch.neg(source, out=target), 5, 2)
     return 2 * source.numel() * 2 / ms / 1e6
 
 
-def gemm_section(shape: str) -> dict[str, Any]:
-    """Each 8B projection at decode row counts: ms, GB/s and the fraction of the copy bandwidth."""
+def projection_shapes(shape: str) -> dict[str, tuple[int, int]]:
+    """[N, K] of each fused projection of a random shape's layer."""
     spec = RANDOM_SHAPES[shape]
     hidden, inter, q, kv = spec.hidden_size, spec.intermediate_size, spec.q_size, spec.kv_size
-    shapes = {
+    return {
         "qkv": (q + 2 * kv, hidden),
         "o": (hidden, q),
         "gate_up": (2 * inter, hidden),
         "down": (hidden, inter),
     }
+
+
+def gemm_section(shape: str) -> dict[str, Any]:
+    """Each 8B projection at decode row counts: ms, GB/s and the fraction of the copy bandwidth."""
+    shapes = projection_shapes(shape)
     peak = copy_bandwidth_gb_s()
     print(f"copy bandwidth {peak:.0f} GB/s", flush=True)
     rows_out: list[dict[str, Any]] = []
@@ -164,7 +148,7 @@ def gemm_section(shape: str) -> dict[str, Any]:
                 fp8 = weights["fp8"]
                 cases["fp8 scaled_mm"] = (functools.partial(fp8_scaled_mm, x, fp8), fp8.nbytes)
             for label, (fn, weight_bytes) in cases.items():
-                ms = _time_ms(fn)
+                ms = graph_time_ms(fn)
                 gb_s = (weight_bytes + io_bytes) / ms / 1e6
                 row = {
                     "group": group,

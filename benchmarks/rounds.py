@@ -75,3 +75,23 @@ def report_lines(results: dict[str, Any], path: Path | None, width: int) -> None
         print(f"  {key:<{width}} {value:.3f}" if isinstance(value, float) else f"  {key:<{width}} {value}")
     write_results(path, results)
 
+
+def graph_time_ms(fn: Callable[[], object], repeats: int = 20, per_graph: int = 10) -> float:
+    """Device milliseconds of one ``fn()``: captured ``per_graph`` times in a CUDA graph (as the
+    engine replays decode steps, so the host's launch time is not counted), replayed ``repeats``
+    times."""
+    fn()  # compiles before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (repeats * per_graph)

@@ -2,7 +2,7 @@
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft, with
 # .device_pkg/ carried (scripts/device_package.sh builds it: the tokenizer and the other wheels).
-# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS)] [engine-tests|engine-fidelity] [engine-bench] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [swap-bench]
+# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS)] [engine-tests|engine-fidelity] [engine-bench] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [swap-bench]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 # Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
 set -u
@@ -154,6 +154,10 @@ for step in $steps; do
       # batch-32 decode with 32 rank-16 adapters, the dequantize-GEMM's bandwidth, FP8's logit error
       timeout ${QUANT_BENCH_TIMEOUT:-560} python3 -m benchmarks.quant_gpu --rounds 2 --json "$OUT/quant_gpu.json" 2>&1 \
         | tee "$OUT/quant-bench.log" | grep -v "^INFO" | tail -90 ;;
+    quant-sweep)
+      # the dequantize-GEMM's launches at decode rows on the 8B projections: the fastest per case
+      timeout ${QUANT_SWEEP_TIMEOUT:-420} python3 -m benchmarks.kernels.dequant_sweep --budget ${QUANT_SWEEP_BUDGET:-300} \
+        --json "$OUT/quant_sweep.json" 2>&1 | tee "$OUT/quant-sweep.log" | grep -v "^INFO" | tail -120 ;;
     swap-bench)
       # time-share swap of random:llama3-8b: its swap-in from page-locked host memory (Engine.unpark)
       # against a plain page-locked copy of the same bytes (target <= 2x), the first batch after a

@@ -16,6 +16,8 @@ that one sum adds up: their output tiles alone would occupy a fraction of the GP
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -23,7 +25,7 @@ import triton.language as tl
 from .quant_weight import QuantizedWeight
 from .triton_support import interpreting
 
-__all__ = ["DECODE_PROGRAMS", "dequant_gemm", "split_k", "tile_config"]
+__all__ = ["DECODE_PROGRAMS", "TileConfig", "dequant_gemm", "split_k", "tile_config"]
 
 LAYOUTS = {"awq": 0, "gptq": 1, "fp8": 2}
 
@@ -31,28 +33,39 @@ LAYOUTS = {"awq": 0, "gptq": 1, "fp8": 2}
 @triton.jit
 def _int4_tile(
     qw_ptr, zeros_ptr, scales_ptr, k0, n0, group, N, LAYOUT: tl.constexpr, ZERO_OFFSET,
-    BK: tl.constexpr, BN: tl.constexpr,
+    BK: tl.constexpr, BN: tl.constexpr, GATHER: tl.constexpr,
 ):  # fmt: skip
     """The [BK, BN] float32 weight tile (rows k0.., columns n0..) of a 4-bit layout in one group.
-    The packed words are loaded as they lie (contiguous along their last axis) and spread out in
-    registers: AWQ's along N by ``tl.interleave``, GPTQ's along K by a broadcast."""
+    Words packed along N (AWQ's values, both layouts' zeros) are either loaded as they lie and
+    spread out in registers by ``tl.interleave`` or, with ``GATHER``, loaded once per column
+    (eight lanes read one word); GPTQ's values, packed along K, are spread by a broadcast."""
     offs_n = n0 + tl.arange(0, BN)  # [BN]
     n_mask = offs_n < N
     packed_n = N // 8
     offs_c = n0 // 8 + tl.arange(0, BN // 8)  # [BN / 8] words of 8 columns
-    zero_words = tl.load(zeros_ptr + group * packed_n + offs_c, mask=offs_c < packed_n, other=0)
-    zero_words = tl.interleave(zero_words, zero_words)
-    zero_words = tl.interleave(zero_words, zero_words)
-    zero_words = tl.interleave(zero_words, zero_words)  # [BN]: column n's word
+    if GATHER:
+        zero_words = tl.load(zeros_ptr + group * packed_n + offs_n // 8, mask=n_mask, other=0)  # [BN]
+    else:
+        zero_words = tl.load(zeros_ptr + group * packed_n + offs_c, mask=offs_c < packed_n, other=0)
+        zero_words = tl.interleave(zero_words, zero_words)
+        zero_words = tl.interleave(zero_words, zero_words)
+        zero_words = tl.interleave(zero_words, zero_words)  # [BN]: column n's word
     j = tl.arange(0, BN) % 8
     if LAYOUT == 0:  # awq: qweight [K, N / 8]; column 8 c + j in nibble (j odd) * 4 + j // 2
         offs_k = k0 + tl.arange(0, BK)
-        words = tl.load(
-            qw_ptr + offs_k[:, None] * packed_n + offs_c[None, :], mask=(offs_c < packed_n)[None, :], other=0
-        )  # [BK, BN / 8]
-        words = tl.interleave(words, words)
-        words = tl.interleave(words, words)
-        words = tl.interleave(words, words)  # [BK, BN]
+        if GATHER:
+            words = tl.load(
+                qw_ptr + offs_k[:, None] * packed_n + (offs_n // 8)[None, :], mask=n_mask[None, :], other=0
+            )  # [BK, BN]
+        else:
+            words = tl.load(
+                qw_ptr + offs_k[:, None] * packed_n + offs_c[None, :],
+                mask=(offs_c < packed_n)[None, :],
+                other=0,
+            )  # [BK, BN / 8]
+            words = tl.interleave(words, words)
+            words = tl.interleave(words, words)
+            words = tl.interleave(words, words)  # [BK, BN]
         shift = ((j & 1) * 4 + (j >> 1)) * 4  # [BN]
         q = (words >> shift[None, :]) & 0xF
         z = (zero_words >> shift) & 0xF  # [BN]
@@ -105,6 +118,8 @@ def _dequant_gemm_kernel(
     BK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    GATHER: tl.constexpr,
+    NATIVE_FP8: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -129,19 +144,20 @@ def _dequant_gemm_kernel(
             other=0.0,
         )  # [BM, BK]
         if LAYOUT == 2:  # fp8: qweight [N, K], its bytes read along K (contiguous), then transposed
-            w = tl.trans(
-                _e4m3_values(
-                    tl.load(
-                        qw_ptr + offs_n[:, None] * K + offs_k[None, :],
-                        mask=n_mask[:, None] & k_mask[None, :],
-                        other=0,
-                    ).to(tl.int32)
-                )
-            )  # [BK, BN]
+            w_bytes = tl.load(
+                qw_ptr + offs_n[:, None] * K + offs_k[None, :],
+                mask=n_mask[:, None] & k_mask[None, :],
+                other=0,
+            )  # [BN, BK] uint8
+            if NATIVE_FP8:  # the device converts e4m3 itself (compute capability >= 8.9)
+                w = tl.trans(w_bytes.to(tl.float8e4nv, bitcast=True).to(tl.float32))  # [BK, BN]
+            else:
+                w = tl.trans(_e4m3_values(w_bytes.to(tl.int32)))  # [BK, BN]
         else:
             w = _int4_tile(
-                qw_ptr, zeros_ptr, scales_ptr, k0, pid_n * BN, k0 // GROUP, N, LAYOUT, ZERO_OFFSET, BK, BN
-            )
+                qw_ptr, zeros_ptr, scales_ptr, k0, pid_n * BN, k0 // GROUP, N, LAYOUT, ZERO_OFFSET,
+                BK, BN, GATHER,
+            )  # fmt: skip
         if UPCAST:  # the interpreter multiplies bf16 tiles as raw bits: float32 tiles of bf16 values
             acc += tl.dot(x.to(tl.float32), w.to(x.dtype).to(tl.float32), input_precision="ieee")
         else:
@@ -160,15 +176,32 @@ def _dequant_gemm_kernel(
 DECODE_PROGRAMS = 264  # split-K until a decode GEMM has about this many programs (2 per H200 SM)
 
 
-def tile_config(rows: int) -> tuple[int, int, int, int]:
-    """(BM, BN, BK, warps) for ``rows`` rows of x: 64-column tiles for decode (rows <= 32: an
-    AWQ row of a tile is 32 contiguous bytes), wider ones for prefill. BK divides the 4-bit
-    group size (128)."""
+@dataclass(frozen=True)
+class TileConfig:
+    """How one dequantize-GEMM is launched: a [bm, bn] output tile per program, K in bk steps
+    (bk divides the 4-bit group size, 128), ``warps`` and software-pipeline ``stages``; ``splits``
+    parts of K (None: ``split_k``'s choice); ``gather`` loads words packed along N once per
+    column instead of interleaving them in registers; ``native_fp8`` converts e4m3 bytes with
+    the device's own instructions (compute capability >= 8.9) instead of decoding their bits."""
+
+    bm: int
+    bn: int
+    bk: int
+    warps: int
+    stages: int = 3
+    splits: int | None = None
+    gather: bool = False
+    native_fp8: bool = False
+
+
+def tile_config(rows: int) -> TileConfig:
+    """The launch for ``rows`` rows of x: 64-column tiles for decode (rows <= 32: an AWQ row of a
+    tile is 32 contiguous bytes), wider ones for prefill."""
     if rows <= 16:
-        return 16, 64, 128, 4
+        return TileConfig(16, 64, 128, 4)
     if rows <= 32:
-        return 32, 64, 64, 4
-    return 64, 128, 64, 8
+        return TileConfig(32, 64, 64, 4)
+    return TileConfig(64, 128, 64, 8)
 
 
 def split_k(rows: int, n_blocks: int, k_blocks: int) -> int:
@@ -179,8 +212,14 @@ def split_k(rows: int, n_blocks: int, k_blocks: int) -> int:
     return max(1, min(k_blocks, DECODE_PROGRAMS // max(1, n_blocks)))
 
 
-def dequant_gemm(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x`` [T, K] times a quantized weight [N, K] -> [T, N] in x's dtype (the Triton kernel).
+def dequant_gemm(
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
+    """``x`` [T, K] times a quantized weight [N, K] -> [T, N] in x's dtype (the Triton kernel),
+    launched as ``config`` says (``tile_config``'s choice by default).
 
     Semantics::
 
@@ -205,10 +244,11 @@ def dequant_gemm(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if rows == 0:
         return y
-    bm, bn, bk, warps = tile_config(rows)
+    config = config or tile_config(rows)
+    bm, bn, bk = config.bm, config.bn, config.bk
     k_blocks = triton.cdiv(k, bk)
-    splits = split_k(rows, triton.cdiv(n, bn), k_blocks)
-    k_per_split = triton.cdiv(k_blocks, splits) * bk
+    splits = config.splits or split_k(rows, triton.cdiv(n, bn), k_blocks)
+    k_per_split = triton.cdiv(k_blocks, min(splits, k_blocks)) * bk
     splits = triton.cdiv(k, k_per_split)  # no empty part
     # [splits, T, N] float32 partials, summed below; or the output itself
     out = y if splits == 1 else torch.empty((splits, rows, n), dtype=torch.float32, device=x.device)
@@ -224,7 +264,8 @@ def dequant_gemm(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
         GROUP=weight.group_size, LAYOUT=LAYOUTS[weight.kind], HAS_PERM=weight.perm is not None,
         HAS_BIAS=with_bias, BM=bm, BN=bn, BK=bk,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        UPCAST=x.dtype == torch.bfloat16 and interpreting(), num_warps=warps,
+        UPCAST=x.dtype == torch.bfloat16 and interpreting(), GATHER=config.gather,
+        NATIVE_FP8=config.native_fp8, num_warps=config.warps, num_stages=config.stages,
     )  # fmt: skip
     if splits == 1:
         return y

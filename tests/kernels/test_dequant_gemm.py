@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from multilora_studio.engine.quant_pack import group_contiguous, quantize_awq, quantize_fp8, quantize_gptq
-from multilora_studio.kernels.dequant_gemm import DECODE_PROGRAMS, dequant_gemm, split_k
+from multilora_studio.kernels.dequant_gemm import (
+    DECODE_PROGRAMS,
+    TileConfig,
+    dequant_gemm,
+    split_k,
+    tile_config,
+)
 from multilora_studio.kernels.quant_linear import QuantPlan, fp8_scaled_mm, quant_linear, quantize_rows_fp8
 from multilora_studio.kernels.quant_weight import QuantizedWeight, concat_outputs, dequantize
 from tests.kernels.device import DEVICE
@@ -74,6 +80,35 @@ def test_dequant_gemm_equals_the_float64_reference(kind, rows, n, k, dtype):
     y = dequant_gemm(x, weight, bias)
     assert y.dtype == dtype and y.shape == (rows, n)
     check(y, x, weight, bias)
+
+
+LAUNCHES = [
+    TileConfig(16, 64, 128, 4, stages=2, splits=2),
+    TileConfig(16, 128, 128, 8, stages=4, splits=1, gather=True),
+    TileConfig(16, 256, 64, 4, splits=3, gather=True),  # three parts of an uneven K
+]
+
+
+@pytest.mark.parametrize("config", LAUNCHES, ids=str)
+@pytest.mark.parametrize("kind", ["awq", "gptq-act-order", "fp8"])
+def test_every_launch_computes_the_same_product(kind, config):
+    """Tiles, splits, pipelining and gathered words change how the product is computed, not its
+    value (the launch a benchmark picks for a GPU is one of these)."""
+    weight = make_weight(kind, 256, 384, seed=7).to(torch.device(DEVICE))
+    x = torch.randn(3, 384, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    bias = torch.randn(256, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    check(dequant_gemm(x, weight, bias, config), x, weight, bias)
+
+
+@pytest.mark.skipif(
+    DEVICE != "cuda" or not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+    reason="the device's own e4m3 conversion needs compute capability >= 8.9 (the GPU session runs it)",
+)
+def test_native_e4m3_conversion_equals_the_decoded_bits():
+    weight = make_weight("fp8", 256, 384, seed=8).to(torch.device(DEVICE))
+    x = torch.randn(16, 384, device=DEVICE, dtype=torch.bfloat16)
+    native = TileConfig(**{**tile_config(16).__dict__, "native_fp8": True})
+    assert torch.equal(dequant_gemm(x, weight, config=native), dequant_gemm(x, weight))
 
 
 def test_decode_splits_k_until_the_gpu_is_busy():
