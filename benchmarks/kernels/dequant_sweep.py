@@ -37,8 +37,8 @@ QUANTIZE = {"awq": quantize_awq, "gptq": quantize_gptq, "fp8": quantize_fp8}
 def launches(kind: str) -> list[TileConfig]:
     """Every launch of the grid (module docstring) for a layout."""
     if kind == "fp8":
-        grid = itertools.product((64, 128), (128, 256), (4, 8), (2, 4), SPLITS, (False, True))
-        return [TileConfig(16, bn, bk, w, st, sp, native_fp8=nat) for bn, bk, w, st, sp, nat in grid]
+        fp8_grid = itertools.product((64, 128), (128, 256), (4, 8), (2, 4), SPLITS, (False, True))
+        return [TileConfig(16, bn, bk, w, st, sp, native_fp8=nat) for bn, bk, w, st, sp, nat in fp8_grid]
     gathers = (False, True) if kind == "awq" else (False,)
     grid = itertools.product((64, 128, 256), (4, 8), (2, 4), SPLITS, gathers)
     return [TileConfig(16, bn, 128, w, st, sp, gather=g) for bn, w, st, sp, g in grid]
