@@ -9,7 +9,8 @@ below is timed inside CUDA graphs (``graph_time_ms``); printed per case: bf16 ``
 default launch (``tile_config``) and the three fastest, with GB/s over the bytes the weights need
 and the fraction of the device's copy bandwidth. The grid: 4-bit tiles of 64 / 128 / 256 columns
 (K steps of one group), FP8 tiles of 64 / 128 columns and K steps of 128 / 256; 4 or 8
-warps; 2 or 4 pipeline stages; K in 1 / 2 / 4 / 8 parts or ``split_k``'s choice; AWQ's words
+warps; 2 or 4 pipeline stages; at one row also GEMV launches (32 / 64 / 128 columns);
+K in 1 / 2 / 4 / 8 parts or ``split_k``'s choice; AWQ's words
 interleaved or gathered; FP8 bytes decoded bit by bit or converted natively. ``--budget`` (seconds)
 stops the sweep early, reporting what it timed.
 """
@@ -34,8 +35,16 @@ SPLITS = (None, 1, 2, 4, 8)
 QUANTIZE = {"awq": quantize_awq, "gptq": quantize_gptq, "fp8": quantize_fp8}
 
 
-def launches(kind: str) -> list[TileConfig]:
-    """Every launch of the grid (module docstring) for a layout."""
+def launches(kind: str, rows: int) -> list[TileConfig]:
+    """Every launch of the grid (module docstring) for a layout and a row count."""
+    gemv = []
+    if rows == 1:  # one row: GEMV launches too (no tensor-core tile)
+        gemv_grid = itertools.product((32, 64, 128), (4, 8), (2, 4), SPLITS, (kind == "awq",))
+        gemv = [TileConfig(1, bn, 128, w, st, sp, gather=g, gemv=True) for bn, w, st, sp, g in gemv_grid]
+    return gemv + tensor_core_launches(kind)
+
+
+def tensor_core_launches(kind: str) -> list[TileConfig]:
     if kind == "fp8":
         fp8_grid = itertools.product((64, 128), (128, 256), (4, 8), (2, 4), SPLITS, (False, True))
         return [TileConfig(16, bn, bk, w, st, sp, native_fp8=nat) for bn, bk, w, st, sp, nat in fp8_grid]
@@ -47,7 +56,7 @@ def launches(kind: str) -> list[TileConfig]:
 def sweep_case(x: torch.Tensor, weight: QuantizedWeight, deadline: float) -> list[tuple[float, TileConfig]]:
     """(ms, launch) of each launch timed before ``deadline``, fastest first."""
     timed = []
-    for config in launches(weight.kind):
+    for config in launches(weight.kind, x.shape[0]):
         if time.monotonic() > deadline:
             break
         timed.append((graph_time_ms(functools.partial(dequant_gemm, x, weight, None, config), 10), config))

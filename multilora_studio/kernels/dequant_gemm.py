@@ -120,6 +120,7 @@ def _dequant_gemm_kernel(
     UPCAST: tl.constexpr,
     GATHER: tl.constexpr,
     NATIVE_FP8: tl.constexpr,
+    GEMV: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -129,6 +130,7 @@ def _dequant_gemm_kernel(
     m_mask = offs_m < M
     n_mask = offs_n < N
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    products = tl.zeros((BK, BN), dtype=tl.float32)  # GEMV (BM == 1): x_k * w_kn, summed over K at the end
     k_start = split * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     for k0 in range(k_start, k_end, BK):
@@ -158,10 +160,14 @@ def _dequant_gemm_kernel(
                 qw_ptr, zeros_ptr, scales_ptr, k0, pid_n * BN, k0 // GROUP, N, LAYOUT, ZERO_OFFSET,
                 BK, BN, GATHER,
             )  # fmt: skip
-        if UPCAST:  # the interpreter multiplies bf16 tiles as raw bits: float32 tiles of bf16 values
+        if GEMV:  # one row, no tensor-core tile: products in registers, one reduction after the loop
+            products += tl.trans(x).to(tl.float32) * w.to(x.dtype).to(tl.float32)  # [BK, 1] * [BK, BN]
+        elif UPCAST:  # the interpreter multiplies bf16 tiles as raw bits: float32 tiles of bf16 values
             acc += tl.dot(x.to(tl.float32), w.to(x.dtype).to(tl.float32), input_precision="ieee")
         else:
             acc += tl.dot(x, w.to(x.dtype), input_precision=DOT_PRECISION)
+    if GEMV:
+        acc += tl.sum(products, axis=0)[None, :]
     if LAYOUT == 2:
         acc *= tl.load(scales_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
     if HAS_BIAS:
@@ -182,7 +188,9 @@ class TileConfig:
     (bk divides the 4-bit group size, 128), ``warps`` and software-pipeline ``stages``; ``splits``
     parts of K (None: ``split_k``'s choice); ``gather`` loads words packed along N once per
     column instead of interleaving them in registers; ``native_fp8`` converts e4m3 bytes with
-    the device's own instructions (compute capability >= 8.9) instead of decoding their bits."""
+    the device's own instructions (compute capability >= 8.9) instead of decoding their bits;
+    ``gemv`` (bm == 1: a program per row) multiplies without tensor-core tiles, summing each
+    column's products over K in registers."""
 
     bm: int
     bn: int
@@ -192,6 +200,11 @@ class TileConfig:
     splits: int | None = None
     gather: bool = False
     native_fp8: bool = False
+    gemv: bool = False
+
+    def __post_init__(self) -> None:
+        if self.gemv != (self.bm == 1):
+            raise ValueError(f"a GEMV launch has one row a program (bm == 1), got {self}")
 
 
 def tile_config(rows: int) -> TileConfig:
@@ -265,7 +278,7 @@ def dequant_gemm(
         HAS_BIAS=with_bias, BM=bm, BN=bn, BK=bk,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST=x.dtype == torch.bfloat16 and interpreting(), GATHER=config.gather,
-        NATIVE_FP8=config.native_fp8, num_warps=config.warps, num_stages=config.stages,
+        NATIVE_FP8=config.native_fp8, GEMV=config.gemv, num_warps=config.warps, num_stages=config.stages,
     )  # fmt: skip
     if splits == 1:
         return y
