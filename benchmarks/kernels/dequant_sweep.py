@@ -40,7 +40,10 @@ def launches(kind: str, rows: int) -> list[TileConfig]:
     gemv = []
     if rows == 1:  # one row: GEMV launches too (no tensor-core tile)
         gemv_grid = itertools.product((32, 64, 128), (4, 8), (2, 4), SPLITS, (kind == "awq",))
-        gemv = [TileConfig(1, bn, 128, w, st, sp, gather=g, gemv=True) for bn, w, st, sp, g in gemv_grid]
+        gemv = [
+            TileConfig(1, bn, 128, w, st, sp, gather=g, native_fp8=kind == "fp8", gemv=True)
+            for bn, w, st, sp, g in gemv_grid
+        ]
     return gemv + tensor_core_launches(kind)
 
 
