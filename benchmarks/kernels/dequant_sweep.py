@@ -62,7 +62,12 @@ def sweep_case(x: torch.Tensor, weight: QuantizedWeight, deadline: float) -> lis
     for config in launches(weight.kind, x.shape[0]):
         if time.monotonic() > deadline:
             break
-        timed.append((graph_time_ms(functools.partial(dequant_gemm, x, weight, None, config), 10), config))
+        try:
+            ms = graph_time_ms(functools.partial(dequant_gemm, x, weight, None, config), 10)
+        except Exception as error:  # a launch the device cannot run (shared memory, registers)
+            print(f"    {config}: {type(error).__name__}: {str(error)[:120]}", flush=True)
+            continue
+        timed.append((ms, config))
     return sorted(timed, key=lambda pair: pair[0])
 
 
