@@ -68,6 +68,7 @@ from multilora_studio.adapters.registry_lifecycle import (
     unjudged_because,
 )
 from multilora_studio.adapters.registry_schema import (
+    ADAPTER_SELECT,
     AdapterRecord,
     BaseModelRecord,
     EvalScoreRecord,
@@ -211,16 +212,14 @@ class Registry(RegistryLifecycle):
     def list_adapters(self) -> list[AdapterRecord]:
         """Every adapter, by name (two queries, whatever the size of the library)."""
         with self._connect() as conn:
-            cursor = conn.execute("SELECT * FROM adapters ORDER BY name")
-            columns = [column[0] for column in cursor.description]
-            rows = [dict(zip(columns, row, strict=True)) for row in cursor]  # a dict reads faster than a Row
+            conn.row_factory = None  # plain tuples: RECORD_COLUMNS order, the id first
+            rows = conn.execute(ADAPTER_SELECT + " ORDER BY name").fetchall()
             aliases: dict[str, list[str]] = {}
             for adapter_id, alias in conn.execute("SELECT adapter_id, alias FROM aliases ORDER BY alias"):
                 aliases.setdefault(adapter_id, []).append(alias)
             warm = alias_warm_lists(conn.execute(ALIAS_WARM_QUERY + " ORDER BY w.alias, w.position"))
         return [
-            AdapterRecord.from_row(row, tuple(aliases.get(row["id"], ())), warm.get(row["id"], ()))
-            for row in rows
+            AdapterRecord.from_row(row, tuple(aliases.get(row[0], ())), warm.get(row[0], ())) for row in rows
         ]
 
     def find(self, name: str) -> AdapterRecord | None:
@@ -241,7 +240,7 @@ class Registry(RegistryLifecycle):
         """The adapter pulled from ``repo_id`` at commit ``revision``, or None."""
         with self._connect() as conn:
             row = conn.execute(
-                "SELECT * FROM adapters WHERE source_kind = 'hub' AND source = ? AND revision = ?",
+                ADAPTER_SELECT + " WHERE source_kind = 'hub' AND source = ? AND revision = ?",
                 (repo_id, revision),
             ).fetchone()
             return None if row is None else self._record(conn, row)
@@ -646,7 +645,7 @@ class Registry(RegistryLifecycle):
 
     def _row(self, conn: sqlite3.Connection, name: str) -> sqlite3.Row | None:
         return conn.execute(
-            "SELECT * FROM adapters WHERE name = ? OR id = (SELECT adapter_id FROM aliases WHERE alias = ?)",
+            ADAPTER_SELECT + " WHERE name = ? OR id = (SELECT adapter_id FROM aliases WHERE alias = ?)",
             (name, name),
         ).fetchone()
 

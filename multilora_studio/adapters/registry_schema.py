@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import sqlite3
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,13 @@ def migrate(conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA user_version = {step}")
 
 
+@functools.lru_cache(maxsize=256)
+def targets_of(column: str) -> tuple[str, ...]:
+    """The target modules of an ``adapters.targets`` value (comma-separated); a library's
+    adapters share a few of these."""
+    return tuple(t for t in column.split(",") if t)
+
+
 @dataclass(frozen=True)
 class AdapterRecord:
     """One adapter of the library."""
@@ -168,7 +176,7 @@ class AdapterRecord:
     source: str
     revision: str | None
     requested_revision: str | None
-    path: Path
+    folder: str  # where the files are now, as the library stores it (``path``: as a Path)
     declared_base: str | None
     base_name: str
     base_digest: str
@@ -193,39 +201,27 @@ class AdapterRecord:
     @classmethod
     def from_row(
         cls,
-        row: sqlite3.Row | Mapping[str, Any],
+        row: Sequence[Any],
         aliases: tuple[str, ...],
         alias_warm: tuple[tuple[str, tuple[str, ...]], ...] = (),
     ) -> AdapterRecord:
-        return cls(
-            id=row["id"],
-            name=row["name"],
-            aliases=aliases,
-            alias_warm=alias_warm,
-            source_kind=row["source_kind"],
-            source=row["source"],
-            revision=row["revision"],
-            requested_revision=row["requested_revision"],
-            path=Path(row["path"]),
-            declared_base=row["declared_base"],
-            base_name=row["base_name"],
-            base_digest=row["base_digest"],
-            rank=row["rank"],
-            alpha=row["alpha"],
-            targets=tuple(t for t in row["targets"].split(",") if t),
-            size_bytes=row["size_bytes"],
-            created=row["created"],
-            last_used=row["last_used"],
-            pinned=bool(row["pinned"]),
-            notes=row["notes"],
-            kind=row["kind"],
-            tokens=row["tokens"],
-            tokenizer=row["tokenizer"],
-            state=row["state"],
-            archive_path=Path(row["archive_path"]) if row["archive_path"] else None,
-            archive_sha256=row["archive_sha256"],
-            warm=bool(row["warm"]),
-        )
+        """The record of a row of ``ADAPTER_SELECT`` (its values in ``RECORD_COLUMNS`` order)."""
+        values = dict(zip(RECORD_COLUMNS, row, strict=False))  # the select's: one value a field
+        values["aliases"], values["alias_warm"] = aliases, alias_warm
+        values["targets"] = targets_of(values["targets"])
+        values["pinned"], values["warm"] = bool(values["pinned"]), bool(values["warm"])
+        values["archive_path"] = Path(values["archive_path"]) if values["archive_path"] else None
+        record = object.__new__(cls)
+        # all fields at once: the frozen __init__ sets each through object.__setattr__, which
+        # took as long as the query itself for 10,000 records
+        object.__setattr__(record, "__dict__", values)
+        return record
+
+    @property
+    def path(self) -> Path:
+        """Where the files are now (made when asked: a Path for each of 10,000 records took a
+        third of listing them)."""
+        return Path(self.folder)
 
     @property
     def contents_label(self) -> str:
@@ -255,6 +251,14 @@ class AdapterRecord:
         if self.source_kind == "hub":
             return f"{self.source}@{self.revision}"
         return self.source
+
+
+# AdapterRecord's fields read from the adapters table, in field order (its aliases come from
+# their tables), and the query that reads them (``folder`` is the column ``path``)
+RECORD_COLUMNS = tuple(f.name for f in fields(AdapterRecord) if f.name not in ("aliases", "alias_warm"))
+ADAPTER_SELECT = (
+    f"SELECT {', '.join('path AS folder' if c == 'folder' else c for c in RECORD_COLUMNS)} FROM adapters"
+)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
+import operator
 import time
 from pathlib import Path
 
@@ -20,6 +22,11 @@ from multilora_studio.cli.shared import (
 )
 from multilora_studio.default_model import DEFAULT_MODEL_REPO
 from multilora_studio.demo import offer_demo_adapters
+
+BASE_FLAGS = {"ok": "", "mismatch": " (!)", "unknown": " (?)"}  # by AdapterRecord.base_status
+RECORD_FIELDS = tuple(field.name for field in dataclasses.fields(AdapterRecord))
+record_values = operator.attrgetter(*RECORD_FIELDS)
+JSON_KEYS = tuple("path" if name == "folder" else name for name in RECORD_FIELDS)  # an adapter's, in order
 
 
 def add_adapters_command(subparsers: Subcommands) -> None:
@@ -114,17 +121,15 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     rows = [("NAME", "STATE", "RANK", "TARGETS", "SIZE", "PIN", "BASE", "LAST EVAL", "SOURCE")]
     for r in records:
-        flag = (
-            "" if digest is None else {"ok": "", "mismatch": " (!)", "unknown": " (?)"}[r.base_status(digest)]
-        )
+        flag = "" if digest is None else BASE_FLAGS[r.base_status(digest)]
         rows.append(
             (r.name, r.state, r.rank_label, ",".join(r.targets), _size(r.size_bytes),
              "yes" if r.pinned else "", r.base_name + flag, _eval_label(evaluated.get(r.name)),
              r.source_label)
         )  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
+    line = "  ".join(f"{{:<{width}}}" for width in widths)
+    print("\n".join(line.format(*row).rstrip() for row in rows))
     if digest is not None and any(r.base_status(digest) == "mismatch" for r in records):
         print("(!) validated against other base weights: refused unless overridden")
     return 0
@@ -198,8 +203,7 @@ def _score_json(score: EvalScoreRecord) -> dict:
 
 
 def _as_json(record: AdapterRecord, digest: str | None, latest: EvalScoreRecord | None = None) -> dict:
-    data = {field.name: getattr(record, field.name) for field in dataclasses.fields(record)}  # no deep copy
-    data["path"] = str(record.path)
+    data = dict(zip(JSON_KEYS, record_values(record), strict=False))  # as many; no deep copy
     data["archive_path"] = str(record.archive_path) if record.archive_path is not None else None
     data["aliases"] = list(record.aliases)
     data["targets"] = list(record.targets)
@@ -213,6 +217,12 @@ def _as_json(record: AdapterRecord, digest: str | None, latest: EvalScoreRecord 
 
 
 def _time(stamp: float) -> str:
+    return _second(int(stamp))
+
+
+@functools.lru_cache(maxsize=1024)
+def _second(stamp: int) -> str:
+    """The local time of a whole second (adapters imported together share their seconds)."""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt
 
-from multilora_studio.adapters.registry_schema import AdapterRecord
+from multilora_studio.adapters.registry_schema import RECORD_COLUMNS, AdapterRecord
 from multilora_studio.gui.library_model import COLUMNS, TIER_COLUMN, BaseFilterProxy, LibraryModel
 
 ROWS = 60
@@ -17,14 +17,14 @@ ROWS = 60
 def record(index: int, **changes: object) -> AdapterRecord:
     row = {
         "id": f"id{index}", "name": f"adapter-{index:03d}", "source_kind": "local", "source": f"/src/{index}",
-        "revision": None, "requested_revision": None, "path": f"/lib/{index}", "declared_base": None,
+        "revision": None, "requested_revision": None, "folder": f"/lib/{index}", "declared_base": None,
         "base_name": "tiny", "base_digest": "d" * 64, "rank": 1 + index % 7, "alpha": 8.0,
         "targets": "q_proj", "size_bytes": 1000 * (ROWS - index), "created": 0.0, "last_used": None,
         "pinned": 0, "notes": "", "kind": "LoRA", "tokens": "", "tokenizer": "", "state": "active",
         "archive_path": None, "archive_sha256": None, "warm": 0,
     }  # fmt: skip
     row.update(changes)
-    return AdapterRecord.from_row(row, ())
+    return AdapterRecord.from_row([row[column] for column in RECORD_COLUMNS], ())
 
 
 def filled_model() -> tuple[LibraryModel, list[tuple[int, int, int, int]]]:
