@@ -3,7 +3,8 @@ alias, remove, merge and export, details.
 
 Each action that touches an engine runs on a task thread with a lease of the adapter's base
 (``EngineHost.lease_for``): a swapped-out base is loaded for it. The library is read on a task
-thread too (all of its records: hundreds of ms for 10,000); the GUI thread only shows them.
+thread too (its records and the table's text of each: about 100 ms for 10,000); the GUI thread
+only shows them.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from multilora_studio.gui.base_states import BaseState, base_states
 from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.frozen_table import FrozenFirstColumnTable
 from multilora_studio.gui.library_model import (
-    BaseFilterProxy,
+    COLUMNS,
     LibraryModel,
+    LibraryRows,
     base_key,
+    library_rows,
     tiers_of_bases,
 )
 from multilora_studio.gui.merge_dialog import MergeDialog
@@ -72,17 +75,15 @@ class LibraryView(QWidget):
         self._read_again = False  # another was asked for meanwhile
         self.banner = MessageBanner()
         self.model = LibraryModel()
-        self.proxy = BaseFilterProxy(self)
-        self.proxy.setSourceModel(self.model)
 
         self.filter = QLineEdit(placeholderText="Filter by name, source, base, targets…")
         self.filter.setClearButtonEnabled(True)
-        self.filter.textChanged.connect(self.proxy.set_text)
+        self.filter.textChanged.connect(self.model.set_text)
         self.base_filter = QComboBox()
         self.base_filter.setToolTip("Only the adapters validated against one base model's weights")
         self.base_filter.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.base_filter.currentIndexChanged.connect(
-            lambda *_: self.proxy.set_base(self.base_filter.currentData())
+            lambda *_: self.model.set_base(self.base_filter.currentData())
         )
         self.import_button = QPushButton("Import folder…")
         self.pull_button = QPushButton("Pull from Hub…")
@@ -133,7 +134,7 @@ class LibraryView(QWidget):
         buttons.addWidget(self.filter, 2)
 
         self.table = FrozenFirstColumnTable()
-        self.table.setModel(self.proxy)
+        self.table.setModel(self.model)
         self.table.setSortingEnabled(True)
         self.table.sortByColumn(0, Qt.SortOrder.AscendingOrder)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
@@ -159,7 +160,7 @@ class LibraryView(QWidget):
         layout.addWidget(splitter, 1)
         host.adaptersChanged.connect(self.refresh)
         try:
-            self.show_records(self.registry.list_adapters())  # read here once, before the view shows
+            self.show_records(library_rows(self.registry.list_adapters()))  # here once, before it shows
         except ValueError as error:
             self.banner.show_message(str(error))
 
@@ -174,7 +175,7 @@ class LibraryView(QWidget):
         self.reading = True
         self.host.tasks.run(
             "read the library",
-            lambda task: self.registry.list_adapters(),
+            lambda task: library_rows(self.registry.list_adapters()),
             self.show_records,
             self.banner.show_message,
             on_done=self._read_done,
@@ -186,14 +187,14 @@ class LibraryView(QWidget):
             self._read_again = False
             self.refresh()
 
-    def show_records(self, records: list[AdapterRecord]) -> None:
-        """Show ``records`` (the library as read), keeping the selection."""
+    def show_records(self, rows: LibraryRows) -> None:
+        """Show ``rows`` (the library as read), keeping the selection."""
         selected = self.selected_name()
-        if self.model.set_records(records, self.host.skipped):  # other adapters: other widths
+        if self.model.set_records(rows, self.host.skipped):  # other adapters: other widths
             self._fit_columns()
         pool = self.host.pool
         bases = base_states(pool, self.host.load_progress) if pool is not None else []
-        self._show_bases(records, bases)
+        self._show_bases(rows.records, bases)
         self.model.set_tiers(tiers_of_bases(bases))
         if selected is not None:
             self.select(selected)
@@ -227,7 +228,7 @@ class LibraryView(QWidget):
         index = self.base_filter.findData(chosen)
         self.base_filter.setCurrentIndex(max(0, index))
         self.base_filter.blockSignals(False)
-        self.proxy.set_base(self.base_filter.currentData())
+        self.model.set_base(self.base_filter.currentData())
 
     def filter_base(self, name: str | None) -> bool:
         """Show only the adapters of the base called ``name`` (None: of every base)."""
@@ -245,32 +246,26 @@ class LibraryView(QWidget):
 
     def names(self) -> list[str]:
         """Adapter names in table order (after sorting and filtering)."""
-        return [self.proxy.index(row, 0).data() for row in range(self.proxy.rowCount())]
+        return [self.model.record(row).name for row in range(self.model.rowCount())]
 
     def row_of(self, name: str) -> dict[str, str]:
-        """The displayed cells of ``name``'s row, by column title."""
-        for row in range(self.model.rowCount()):
-            if self.model.record(row).name == name:
-                return {
-                    self.model.headerData(c, Qt.Orientation.Horizontal, Qt.ItemDataRole.DisplayRole): str(
-                        self.model.index(row, c).data()
-                    )
-                    for c in range(self.model.columnCount())
-                }
-        raise KeyError(name)
+        """The displayed cells of ``name``'s row, by column title (filtered out or not)."""
+        cells = self.model.cells(name)
+        if cells is None:
+            raise KeyError(name)
+        return dict(zip(COLUMNS, cells, strict=True))
 
     def selected_name(self) -> str | None:
         rows = self.table.selectionModel().selectedRows()
         if not rows:
             return None
-        return self.model.record(self.proxy.mapToSource(rows[0]).row()).name
+        return self.model.record(rows[0].row()).name
 
     def select(self, name: str) -> bool:
         row = self.model.row_of(name)
-        shown = self.proxy.mapFromSource(self.model.index(row, 0)) if row is not None else None
-        if shown is None or not shown.isValid():
+        if row is None:
             return False
-        self.table.selectRow(shown.row())
+        self.table.selectRow(row)
         return True
 
     def _selection_changed(self, *args: object) -> None:
@@ -296,7 +291,7 @@ class LibraryView(QWidget):
         self.details.setHtml(self._details_html(record) if record is not None else self._empty_html())
 
     def _empty_html(self) -> str:
-        if self.model.rowCount():
+        if self.model.records:  # filtered out or not
             return "<p>Select an adapter to see its details.</p>"
         return (
             "<p>The library is empty.</p><p>Import a PEFT folder (adapter_config.json + "
@@ -437,12 +432,12 @@ class LibraryView(QWidget):
     def _run(
         self, title: str, work: Callable[[Task], AdapterRecord], describe: Callable[[AdapterRecord], str]
     ) -> Task:
-        def changed(task: Task) -> tuple[AdapterRecord, list[AdapterRecord]]:
-            return work(task), self.registry.list_adapters()  # the table's rows, read here
+        def changed(task: Task) -> tuple[AdapterRecord, LibraryRows]:
+            return work(task), library_rows(self.registry.list_adapters())  # the table's rows, made here
 
-        def succeeded(result: tuple[AdapterRecord, list[AdapterRecord]]) -> None:
-            record, records = result
-            self.show_records(records)
+        def succeeded(result: tuple[AdapterRecord, LibraryRows]) -> None:
+            record, rows = result
+            self.show_records(rows)
             self.banner.show_message(describe(record), "success")
             self.host.reload_adapters()
 

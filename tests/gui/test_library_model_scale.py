@@ -1,15 +1,21 @@
 """The Library's model at the size of a large library, checked by behaviour: an update redraws
-only the rows that changed, sorting is the model's own (the proxy keeps its order), the filter
-matches any cell, the tier included, and a selection follows its row through a sort."""
+only the rows that changed, the model sorts and filters its own rows (the filter matches any
+cell, the tier included, and follows the tiers), and a selection follows its row through a sort
+and a filter."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt
+from PySide6.QtCore import QItemSelectionModel, Qt
 
 from multilora_studio.adapters.registry_schema import RECORD_COLUMNS, AdapterRecord
-from multilora_studio.gui.library_model import COLUMNS, TIER_COLUMN, BaseFilterProxy, LibraryModel
+from multilora_studio.gui.library_model import (
+    COLUMNS,
+    TIER_COLUMN,
+    LibraryModel,
+    library_rows,
+)
 
 ROWS = 60
 
@@ -31,7 +37,7 @@ def filled_model() -> tuple[LibraryModel, list[tuple[int, int, int, int]]]:
     """A model of ROWS adapters, and the (first row, last row, first column, last column) of
     every dataChanged it emits from now on."""
     model = LibraryModel()
-    model.set_records([record(i) for i in range(ROWS)], {})
+    model.set_records(library_rows([record(i) for i in range(ROWS)]), {})
     changes: list[tuple[int, int, int, int]] = []
     model.dataChanged.connect(
         lambda top, bottom, *_: changes.append((top.row(), bottom.row(), top.column(), bottom.column()))
@@ -56,45 +62,62 @@ def test_a_refresh_of_the_same_adapters_redraws_only_the_changed_row(qapp):
     resets: list[bool] = []
     model.modelReset.connect(lambda: resets.append(True))
     records = [record(i) for i in range(ROWS)]
-    assert model.set_records(records, {}) is False and changes == [] and resets == []
+    assert model.set_records(library_rows(records), {}) is False and changes == [] and resets == []
     records[12] = record(12, pinned=1)
-    assert model.set_records(records, {}) is False
+    assert model.set_records(library_rows(records), {}) is False
     assert changes == [(12, 12, 0, len(COLUMNS) - 1)] and resets == []
     assert model.index(12, COLUMNS.index("Pinned")).data() == "yes"
-    assert model.set_records(records[:-1], {}) is True and resets == [True]  # an adapter went
+    assert model.set_records(library_rows(records[:-1]), {}) is True and resets == [True]  # an adapter went
 
 
-def test_sorting_through_the_proxy_orders_the_model_and_keeps_the_selection(qapp):
+def test_sorting_orders_the_rows_and_keeps_the_selection(qapp):
     model, _ = filled_model()
-    proxy = BaseFilterProxy()
-    proxy.setSourceModel(model)
-    selection = QItemSelectionModel(proxy)
-    selection.select(proxy.index(3, 0), QItemSelectionModel.SelectionFlag.ClearAndSelect)
-    proxy.sort(COLUMNS.index("Size"), Qt.SortOrder.AscendingOrder)
+    selection = QItemSelectionModel(model)
+    selection.select(model.index(3, 0), QItemSelectionModel.SelectionFlag.ClearAndSelect)
+    model.sort(COLUMNS.index("Size"), Qt.SortOrder.AscendingOrder)
     sizes = [r.size_bytes for r in model.records]
     assert sizes == sorted(sizes) and model.records[0].name == f"adapter-{ROWS - 1:03d}"
-    assert [proxy.index(row, 0).data() for row in range(ROWS)] == [r.name for r in model.records]
+    assert [model.index(row, 0).data() for row in range(ROWS)] == [r.name for r in model.records]
     assert selection.selectedIndexes()[0].data() == "adapter-003"
-    proxy.sort(COLUMNS.index("Rank"), Qt.SortOrder.DescendingOrder)
+    model.sort(COLUMNS.index("Rank"), Qt.SortOrder.DescendingOrder)
     assert [r.rank for r in model.records] == sorted((r.rank for r in model.records), reverse=True)
     assert model.row_of("adapter-003") == next(
         row for row in range(ROWS) if model.record(row).name == "adapter-003"
     )
 
 
+def shown(model: LibraryModel) -> list[str]:
+    return [model.index(row, 0).data() for row in range(model.rowCount())]
+
+
 def test_the_filter_matches_any_cell_and_the_tier(qapp):
     model, _ = filled_model()
-    proxy = BaseFilterProxy()
-    proxy.setSourceModel(model)
     model.set_tiers({"adapter-021": "GPU slot 2"})
-    proxy.set_text("ADAPTER-02")
-    assert proxy.rowCount() == 10
-    proxy.set_text("/src/33")  # the Source column
-    assert [proxy.index(row, 0).data() for row in range(proxy.rowCount())] == ["adapter-033"]
-    proxy.set_text("gpu slot")
-    assert [proxy.index(row, 0).data() for row in range(proxy.rowCount())] == ["adapter-021"]
+    model.set_text("ADAPTER-02")
+    assert model.rowCount() == 10
+    model.set_text("/src/33")  # the Source column
+    assert shown(model) == ["adapter-033"]
+    model.set_text("gpu slot")
+    assert shown(model) == ["adapter-021"]
     model.set_tiers({"adapter-021": "CPU", "adapter-050": "GPU slot 2"})  # a tier moves: the filter follows
-    assert [proxy.index(row, 0).data() for row in range(proxy.rowCount())] == ["adapter-050"]
-    proxy.set_text("")
-    assert proxy.rowCount() == ROWS and proxy.mapToSource(proxy.index(5, 0)) != QModelIndex()
+    assert shown(model) == ["adapter-050"]
+    model.set_text("")
+    assert model.rowCount() == ROWS and model.index(5, 0).isValid()
     assert Path(model.index(5, 0).data(Qt.ItemDataRole.ToolTipRole)) == Path("/lib/5")
+
+
+def test_a_filter_keeps_the_selection_while_its_row_shows_and_drops_it_after(qapp):
+    model, _ = filled_model()
+    selection = QItemSelectionModel(model)
+    selection.select(model.index(33, 0), QItemSelectionModel.SelectionFlag.ClearAndSelect)
+    model.set_text("adapter-03")
+    assert shown(model)[0] == "adapter-030" and selection.selectedIndexes()[0].data() == "adapter-033"
+    assert model.row_of("adapter-033") == 3 and model.row_of("adapter-040") is None
+    assert model.cells("adapter-040") is not None  # filtered out, still in the library
+    model.set_text("adapter-04")
+    assert selection.selectedIndexes() == []
+    model.set_base("name:other")  # no adapter of that base
+    assert model.rowCount() == 0
+    model.set_base(None)
+    model.set_text("")
+    assert model.rowCount() == ROWS
