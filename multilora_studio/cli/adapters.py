@@ -27,6 +27,7 @@ BASE_FLAGS = {"ok": "", "mismatch": " (!)", "unknown": " (?)"}  # by AdapterReco
 RECORD_FIELDS = tuple(field.name for field in dataclasses.fields(AdapterRecord))
 record_values = operator.attrgetter(*RECORD_FIELDS)
 JSON_KEYS = tuple("path" if name == "folder" else name for name in RECORD_FIELDS)  # an adapter's, in order
+JSON_LINE = json.JSONEncoder(check_circular=False).encode  # json.dumps less a check per dict: no cycles here
 
 
 def add_adapters_command(subparsers: Subcommands) -> None:
@@ -113,7 +114,7 @@ def run_list(args: argparse.Namespace) -> int:
     digest = base.digest if base is not None else None
     evaluated = registry.latest_eval_scores()
     if args.json:  # one adapter a line: the C encoder (indent= would take the slow Python one)
-        lines = [json.dumps(_as_json(r, digest, evaluated.get(r.name))) for r in records]
+        lines = [JSON_LINE(_as_json(r, digest, evaluated.get(r.name))) for r in records]
         print("[\n" + ",\n".join(lines) + "\n]" if lines else "[]")
         return 0
     if not records:
