@@ -1,18 +1,19 @@
 """Launch sweep of the dequantize-GEMM at decode row counts: which ``TileConfig`` reads the
 quantized weights fastest on this GPU.
 
-    python -m benchmarks.kernels.dequant_sweep [--rows 1,16] [--budget 240] [--json OUT.json]
+    python -m benchmarks.kernels.dequant_sweep [--rows 1,32] [--budget 240] [--json OUT.json]
 
 For each layout (AWQ, GPTQ 4-bit in groups of 128, FP8 per channel), each projection of the
 Llama-3-8B shape (random weights quantized at load) and each row count, every launch of the grid
 below is timed inside CUDA graphs (``graph_time_ms``); printed per case: bf16 ``F.linear``, the
 default launch (``tile_config``) and the three fastest, with GB/s over the bytes the weights need
 and the fraction of the device's copy bandwidth. The grid: 4-bit tiles of 64 / 128 / 256 columns
-(K steps of one group), FP8 tiles of 64 / 128 columns and K steps of 128 / 256; 4 or 8
-warps; 2 or 4 pipeline stages; at one row also GEMV launches (32 / 64 / 128 columns);
-K in 1 / 2 / 4 / 8 parts or ``split_k``'s choice; AWQ's words
-interleaved or gathered; FP8 bytes decoded bit by bit or converted natively. ``--budget`` (seconds)
-stops the sweep early, reporting what it timed.
+(K steps of one group), FP8 tiles of 64 / 128 columns and K steps of 128 / 256 (converted
+natively); 16 or 32 rows as the row count needs; 4 or 8 warps; 2 or 4 pipeline stages; K in
+1 / 2 / 4 / 8 parts or ``split_k``'s choice; AWQ's words interleaved or gathered; at one row
+also GEMV launches (32 / 64 / 128 columns). Every projection at the first row count is swept
+before the next row count; ``--budget`` (seconds) stops the sweep early, reporting what it
+timed.
 """
 
 from __future__ import annotations
@@ -37,23 +38,20 @@ QUANTIZE = {"awq": quantize_awq, "gptq": quantize_gptq, "fp8": quantize_fp8}
 
 def launches(kind: str, rows: int) -> list[TileConfig]:
     """Every launch of the grid (module docstring) for a layout and a row count."""
+    bm = 16 if rows <= 16 else 32
     gemv = []
     if rows == 1:  # one row: GEMV launches too (no tensor-core tile)
-        gemv_grid = itertools.product((32, 64, 128), (4, 8), (2, 4), SPLITS, (kind == "awq",))
+        gemv_grid = itertools.product((32, 64, 128), (4, 8), (2, 4), SPLITS)
         gemv = [
-            TileConfig(1, bn, 128, w, st, sp, gather=g, native_fp8=kind == "fp8", gemv=True)
-            for bn, w, st, sp, g in gemv_grid
+            TileConfig(1, bn, 128, w, st, sp, gather=kind == "awq", native_fp8=kind == "fp8", gemv=True)
+            for bn, w, st, sp in gemv_grid
         ]
-    return gemv + tensor_core_launches(kind)
-
-
-def tensor_core_launches(kind: str) -> list[TileConfig]:
     if kind == "fp8":
-        fp8_grid = itertools.product((64, 128), (128, 256), (4, 8), (2, 4), SPLITS, (False, True))
-        return [TileConfig(16, bn, bk, w, st, sp, native_fp8=nat) for bn, bk, w, st, sp, nat in fp8_grid]
+        fp8_grid = itertools.product((64, 128), (128, 256), (4, 8), (2, 4), SPLITS)
+        return gemv + [TileConfig(bm, bn, bk, w, st, sp, native_fp8=True) for bn, bk, w, st, sp in fp8_grid]
     gathers = (False, True) if kind == "awq" else (False,)
     grid = itertools.product((64, 128, 256), (4, 8), (2, 4), SPLITS, gathers)
-    return [TileConfig(16, bn, 128, w, st, sp, gather=g) for bn, w, st, sp, g in grid]
+    return gemv + [TileConfig(bm, bn, 128, w, st, sp, gather=g) for bn, w, st, sp, g in grid]
 
 
 def sweep_case(x: torch.Tensor, weight: QuantizedWeight, deadline: float) -> list[tuple[float, TileConfig]]:
@@ -71,9 +69,45 @@ def sweep_case(x: torch.Tensor, weight: QuantizedWeight, deadline: float) -> lis
     return sorted(timed, key=lambda pair: pair[0])
 
 
+def sweep_report(
+    group: str,
+    kind: str,
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    bf16_ms: float,
+    peak: float,
+    deadline: float,
+) -> dict[str, Any]:
+    """One case swept and printed: bf16, the default launch and the fastest three."""
+    rows, (n, k) = x.shape[0], weight.shape
+    io_bytes = 2 * rows * (k + n)
+
+    def gb_s(ms: float) -> float:
+        return (weight.nbytes + io_bytes) / ms / 1e6
+
+    default_ms = graph_time_ms(functools.partial(dequant_gemm, x, weight, None, tile_config(rows)))
+    best = sweep_case(x, weight, deadline)
+    print(
+        f"{group:8s} {kind:4s} rows {rows:2d}: bf16 {bf16_ms * 1e3:6.1f} us, default "
+        f"{default_ms * 1e3:6.1f} us ({gb_s(default_ms) / peak:4.0%} of copy)",
+        flush=True,
+    )
+    for ms, config in best[:3]:
+        print(f"    {ms * 1e3:6.1f} us {gb_s(ms):6.0f} GB/s {gb_s(ms) / peak:4.0%}  {config}", flush=True)
+    return {
+        "group": group,
+        "kind": kind,
+        "rows": rows,
+        "bf16_us": bf16_ms * 1e3,
+        "default_us": default_ms * 1e3,
+        "timed": len(best),
+        "best": [{"us": ms * 1e3, "of_copy": gb_s(ms) / peak, **config.__dict__} for ms, config in best[:5]],
+    }
+
+
 def main() -> None:
     arguments = parser(__doc__)
-    arguments.add_argument("--rows", default="1,16", help="row counts of x, comma-separated")
+    arguments.add_argument("--rows", default="1,32", help="row counts of x, comma-separated")
     arguments.add_argument("--budget", type=float, default=240.0, help="seconds before the sweep stops")
     arguments.add_argument("--kinds", default="awq,gptq,fp8")
     args = arguments.parse_args()
@@ -81,50 +115,18 @@ def main() -> None:
     peak = copy_bandwidth_gb_s()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {peak:.0f} GB/s", flush=True)
     generator = torch.Generator(device="cuda").manual_seed(0)
-    results: list[dict[str, Any]] = []
+    kinds = args.kinds.split(",")
+    weights: dict[str, tuple[torch.Tensor, dict[str, QuantizedWeight]]] = {}
     for group, (n, k) in projection_shapes("llama3-8b").items():
         dense = (torch.randn(n, k, device="cuda", generator=generator) * k**-0.5).to(torch.bfloat16)
-        for kind in args.kinds.split(","):
-            weight = QUANTIZE[kind](dense)
-            for rows in (int(r) for r in args.rows.split(",")):
-                x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-
-                def gb_s(
-                    ms: float, io_bytes: int = 2 * rows * (k + n), weight_bytes: int = weight.nbytes
-                ) -> float:
-                    return (weight_bytes + io_bytes) / ms / 1e6
-
-                bf16_ms = graph_time_ms(functools.partial(F.linear, x, dense))
-                default_ms = graph_time_ms(
-                    functools.partial(dequant_gemm, x, weight, None, tile_config(rows))
-                )
-                best = sweep_case(x, weight, deadline)
-                print(
-                    f"{group:8s} {kind:4s} rows {rows:2d}: bf16 {bf16_ms * 1e3:6.1f} us, default "
-                    f"{default_ms * 1e3:6.1f} us ({gb_s(default_ms) / peak:4.0%} of copy)",
-                    flush=True,
-                )
-                for ms, config in best[:3]:
-                    print(
-                        f"    {ms * 1e3:6.1f} us {gb_s(ms):6.0f} GB/s {gb_s(ms) / peak:4.0%}  {config}",
-                        flush=True,
-                    )
-                results.append(
-                    {
-                        "group": group,
-                        "kind": kind,
-                        "rows": rows,
-                        "bf16_us": bf16_ms * 1e3,
-                        "default_us": default_ms * 1e3,
-                        "timed": len(best),
-                        "best": [
-                            {"us": ms * 1e3, "of_copy": gb_s(ms) / peak, **config.__dict__}
-                            for ms, config in best[:5]
-                        ],
-                    }
-                )
-        del dense
-        torch.cuda.empty_cache()
+        weights[group] = dense, {kind: QUANTIZE[kind](dense) for kind in kinds}
+    results: list[dict[str, Any]] = []
+    for rows in (int(r) for r in args.rows.split(",")):
+        for group, (dense, quantized) in weights.items():
+            x = torch.randn(rows, dense.shape[1], device="cuda", dtype=torch.bfloat16)
+            bf16_ms = graph_time_ms(functools.partial(F.linear, x, dense))
+            for kind, weight in quantized.items():
+                results.append(sweep_report(group, kind, x, weight, bf16_ms, peak, deadline))
     write_results(args.json, {"device": torch.cuda.get_device_name(), "copy_gb_s": peak, "cases": results})
 
 
