@@ -85,6 +85,14 @@ def test_capacity_must_be_positive(capacity, loader, ready):
         HostAdapterCache(capacity, loader, ready)
 
 
+def test_a_capacity_of_one_keeps_the_latest_adapter(loader, ready):
+    cache = HostAdapterCache(1, loader, ready)
+    cache.put(make_adapter("a"))
+    cache.put(make_adapter("b"))
+    assert cache.names() == ["b"]
+    cache.close()
+
+
 def test_put_and_get_keep_at_most_capacity_in_lru_order(cache):
     for name in ("a", "b", "c"):
         cache.put(make_adapter(name))
@@ -120,6 +128,16 @@ def test_miss_loads_in_the_background_and_calls_on_ready(cache, loader, ready):
     (seconds,) = counters.load_seconds
     assert counters.adapters.summaries() == {"x": LoadQuantiles(1, seconds, seconds)}
     assert cache.error_of("x") is None
+
+
+def test_each_lookup_of_a_resident_adapter_counts_one_hit(cache):
+    cache.put(make_adapter("a"))
+    cache.put(make_adapter("b"))
+    for hits in (1, 2, 3):
+        assert cache.lookup("a", Path("/a")) is not None
+        assert cache.counters.hits == hits
+    assert cache.lookup("b", Path("/b")) is not None
+    assert (cache.counters.hits, cache.counters.misses) == (4, 0)
 
 
 def test_loaded_adapters_evict_the_least_recently_used(cache, ready):
