@@ -7,13 +7,14 @@ For each layout (AWQ, GPTQ 4-bit in groups of 128, FP8 per channel), each projec
 Llama-3-8B shape (random weights quantized at load) and each row count, every launch of the grid
 below is timed inside CUDA graphs (``graph_time_ms``); printed per case: bf16 ``F.linear``, the
 default launch (``tile_config``) and the three fastest, with GB/s over the bytes the weights need
-and the fraction of the device's copy bandwidth. The grid: 4-bit tiles of 64 / 128 / 256 columns
-(K steps of one group), FP8 tiles of 64 / 128 columns and K steps of 128 / 256 (converted
-natively); 16 or 32 rows as the row count needs; 4 or 8 warps; 2 or 4 pipeline stages; K in
-1 / 2 / 4 / 8 parts or ``split_k``'s choice; AWQ's words interleaved or gathered; at one row
-also GEMV launches (32 / 64 / 128 columns). Every projection at the first row count is swept
-before the next row count; ``--budget`` (seconds) stops the sweep early, reporting what it
-timed.
+and the fraction of the device's copy bandwidth. The grid (``launches``): at one row, GEMV
+launches (32 / 64 / 128 columns, 4 or 8 warps) and tensor-core tiles of 16 rows with float32
+operands; at more rows, tiles of 16 or 32 rows with bf16 or float32 operands; 4-bit tiles of
+64 / 128 / 256 columns (K steps of one group), FP8 tiles of 64 / 128 columns and K steps of 128 /
+256; 2 or 4 pipeline stages; K in 1 / 2 / 4 / 8 parts or ``split_k``'s choice; AWQ's words
+gathered per column, FP8 converted natively (and by its bits, for GEMV). Every projection at
+the first row count is swept before the next row count; ``--budget`` (seconds) stops the sweep
+early, reporting what it timed.
 """
 
 from __future__ import annotations
@@ -33,25 +34,34 @@ from multilora_studio.kernels.dequant_gemm import TileConfig, dequant_gemm, tile
 from multilora_studio.kernels.quant_weight import QuantizedWeight
 
 SPLITS = (None, 1, 2, 4, 8)
+INT4_TILES = ((64, 128, 4), (128, 128, 4), (256, 128, 8))  # (bn, bk, warps); bk: one group a step
+FP8_TILES = ((64, 128, 4), (64, 256, 4), (128, 128, 4), (128, 256, 4))
 QUANTIZE = {"awq": quantize_awq, "gptq": quantize_gptq, "fp8": quantize_fp8}
 
 
 def launches(kind: str, rows: int) -> list[TileConfig]:
-    """Every launch of the grid (module docstring) for a layout and a row count."""
-    bm = 16 if rows <= 16 else 32
-    gemv = []
-    if rows == 1:  # one row: GEMV launches too (no tensor-core tile)
-        gemv_grid = itertools.product((32, 64, 128), (4, 8), (2, 4), SPLITS)
+    """Every launch of the grid (module docstring) for a layout and a row count, GEMV first."""
+    gather, native = kind == "awq", kind == "fp8"
+    if rows == 1:
+        gemv_grid = itertools.product((32, 64, 128), (4, 8), (2, 4), (native, False) if native else (False,))
         gemv = [
-            TileConfig(1, bn, 128, w, st, sp, gather=kind == "awq", native_fp8=kind == "fp8", gemv=True)
-            for bn, w, st, sp in gemv_grid
+            TileConfig(1, bn, 128, w, st, sp, gather=gather, native_fp8=nat, gemv=True)
+            for bn, w, st, nat in gemv_grid
+            for sp in SPLITS
         ]
-    if kind == "fp8":
-        fp8_grid = itertools.product((64, 128), (128, 256), (4, 8), (2, 4), SPLITS)
-        return gemv + [TileConfig(bm, bn, bk, w, st, sp, native_fp8=True) for bn, bk, w, st, sp in fp8_grid]
-    gathers = (False, True) if kind == "awq" else (False,)
-    grid = itertools.product((64, 128, 256), (4, 8), (2, 4), SPLITS, gathers)
-    return gemv + [TileConfig(bm, bn, 128, w, st, sp, gather=g) for bn, w, st, sp, g in grid]
+        tiles = itertools.product(FP8_TILES if native else INT4_TILES, (2, 4), (True,))
+        return gemv + [
+            TileConfig(16, bn, bk, 4, st, sp, gather, native, fp32_operands=f32)
+            for (bn, bk, _), st, f32 in tiles
+            for sp in SPLITS
+        ]
+    bm = 16 if rows <= 16 else 32
+    tiles = itertools.product(FP8_TILES if native else INT4_TILES, (2, 4), (False, True))
+    return [
+        TileConfig(bm, bn, bk, w, st, sp, gather, native, fp32_operands=f32)
+        for (bn, bk, w), st, f32 in tiles
+        for sp in SPLITS
+    ]
 
 
 def sweep_case(x: torch.Tensor, weight: QuantizedWeight, deadline: float) -> list[tuple[float, TileConfig]]:

@@ -76,20 +76,26 @@ def _int4_tile(
         q = (words >> ((tl.arange(0, BK) % 8) * 4)[:, None]) & 0xF
         z = ((zero_words >> (j * 4)) & 0xF) + ZERO_OFFSET
     s = tl.load(scales_ptr + group * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)  # [BN]
-    return (q - z[None, :]).to(tl.float32) * s[None, :]
+    # q as a float without an int-to-float conversion (a slow instruction, once per weight): the
+    # bits of 2^23 with q in the low mantissa bits are 2^23 + q exactly; z's 2^23 + z comes off
+    q_plus = (q | 0x4B000000).to(tl.float32, bitcast=True)  # [BK, BN] 2^23 + q
+    return (q_plus - (z.to(tl.float32) + 8388608.0)[None, :]) * s[None, :]
 
 
 @triton.jit
 def _e4m3_values(b):
     """float32 values of float8_e4m3fn bytes (int32 0..255), decoded from their bits (exact; no
     FP8 type needed, so Ampere and the interpreter run it): sign, 4 exponent bits (bias 7), 3
-    mantissa bits; exponent 0 is subnormal, m * 2^-9."""
+    mantissa bits into float32's fields. Exponent 0 is subnormal, m * 2^-9 = 2^-6 (1 + m / 8) -
+    2^-6: the normal bits with float32 exponent 2^-6, less the implicit leading 2^-6 (integer and
+    float operations only, no int-to-float conversion)."""
     sign = b >> 7
     exponent = (b >> 3) & 0xF
-    mantissa = b & 0x7
-    normal = ((sign << 31) | ((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
-    subnormal = mantissa.to(tl.float32) * 0.001953125
-    return tl.where(exponent == 0, tl.where(sign == 1, -subnormal, subnormal), normal)
+    subnormal = exponent == 0
+    field = tl.where(subnormal, 121, exponent + 120)  # float32's biased exponent: 2^(e - 7)
+    value = ((sign << 31) | (field << 23) | ((b & 0x7) << 20)).to(tl.float32, bitcast=True)
+    implicit = ((sign << 31) | (121 << 23)).to(tl.float32, bitcast=True)  # +-2^-6
+    return tl.where(subnormal, value - implicit, value)
 
 
 # the step's row count (and the split that follows from it) never asks for a new compile
@@ -121,6 +127,8 @@ def _dequant_gemm_kernel(
     GATHER: tl.constexpr,
     NATIVE_FP8: tl.constexpr,
     GEMV: tl.constexpr,
+    FP32_OPERANDS: tl.constexpr,
+    FP32_PRECISION: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -161,7 +169,9 @@ def _dequant_gemm_kernel(
                 BK, BN, GATHER,
             )  # fmt: skip
         if GEMV:  # one row, no tensor-core tile: products in registers, one reduction after the loop
-            products += tl.trans(x).to(tl.float32) * w.to(x.dtype).to(tl.float32)  # [BK, 1] * [BK, BN]
+            products += tl.trans(x).to(tl.float32) * w  # [BK, 1] * [BK, BN]
+        elif FP32_OPERANDS:  # no rounding of w to x's dtype: a tf32 (or float32) product
+            acc += tl.dot(x.to(tl.float32), w, input_precision=FP32_PRECISION)
         elif UPCAST:  # the interpreter multiplies bf16 tiles as raw bits: float32 tiles of bf16 values
             acc += tl.dot(x.to(tl.float32), w.to(x.dtype).to(tl.float32), input_precision="ieee")
         else:
@@ -190,7 +200,9 @@ class TileConfig:
     column instead of interleaving them in registers; ``native_fp8`` converts e4m3 bytes with
     the device's own instructions (compute capability >= 8.9) instead of decoding their bits;
     ``gemv`` (bm == 1: a program per row) multiplies without tensor-core tiles, summing each
-    column's products over K in registers."""
+    column's products over K in registers; ``fp32_operands`` gives the tensor cores float32
+    weight tiles (tf32 products) instead of tiles rounded to x's dtype (a slow conversion per
+    weight, which decode-sized GEMMs feel)."""
 
     bm: int
     bn: int
@@ -201,6 +213,7 @@ class TileConfig:
     gather: bool = False
     native_fp8: bool = False
     gemv: bool = False
+    fp32_operands: bool = False
 
     def __post_init__(self) -> None:
         if self.gemv != (self.bm == 1):
@@ -240,7 +253,8 @@ def dequant_gemm(
         y = (x.double() @ W.T + (0 if bias is None else bias)).to(x.dtype)
 
     with float32 accumulation; each weight value is rounded once to x's dtype before the
-    product (FP8: the per-channel scale multiplies the float32 sum instead).
+    product, or to tf32 (``fp32_operands``), or not at all (``gemv``); FP8's per-channel scale
+    multiplies the float32 sum.
     """
     if x.dim() != 2 or x.shape[1] != weight.in_features:
         raise ValueError(f"x must be [T, {weight.in_features}], got {tuple(x.shape)}")
@@ -278,7 +292,9 @@ def dequant_gemm(
         HAS_BIAS=with_bias, BM=bm, BN=bn, BK=bk,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST=x.dtype == torch.bfloat16 and interpreting(), GATHER=config.gather,
-        NATIVE_FP8=config.native_fp8, GEMV=config.gemv, num_warps=config.warps, num_stages=config.stages,
+        NATIVE_FP8=config.native_fp8, GEMV=config.gemv, FP32_OPERANDS=config.fp32_operands,
+        FP32_PRECISION="ieee" if x.dtype == torch.float32 or interpreting() else "tf32",
+        num_warps=config.warps, num_stages=config.stages,
     )  # fmt: skip
     if splits == 1:
         return y

@@ -88,6 +88,7 @@ LAUNCHES = [
     TileConfig(16, 256, 64, 4, splits=3, gather=True),  # three parts of an uneven K
     TileConfig(1, 64, 128, 4, splits=2, gemv=True),
     TileConfig(1, 128, 64, 8, gather=True, gemv=True),
+    TileConfig(16, 64, 128, 4, splits=2, fp32_operands=True),
 ]
 
 
