@@ -433,3 +433,44 @@ def test_a_rank_pattern_takes_positive_integers_only(rank, accepted):
     else:
         with pytest.raises(AdapterError, match="rank_pattern"):
             parse_adapter_config(raw, "adapter_config.json", 16)
+
+
+def test_a_config_naming_only_the_rank_and_targets_is_a_plain_lora():
+    """PEFT's defaults stand in for the fields a config leaves out (``peft_type`` among them)."""
+    config = parse_adapter_config({"r": 4, "target_modules": ["v_proj", "q_proj"]}, "adapter_config.json", 16)
+    assert (config.rank, config.alpha, config.targets) == (4, 4.0, ("q_proj", "v_proj"))
+    flags = (config.use_rslora, config.use_dora, config.lora_bias, config.base_model)
+    assert flags == (False, False, False, None)
+    assert config.kind == "LoRA"
+    assert config.scale_of(0, "q_proj", 4, "model") == 1.0  # lora_alpha defaults to r
+
+
+def test_a_pattern_key_may_be_256_characters_long_and_no_longer():
+    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"]}
+    longest = "a" * 250 + "q_proj"  # 256 characters
+    raw["rank_pattern"] = {longest: 4}
+    assert parse_adapter_config(raw, "adapter_config.json", 16).rank_pattern == {longest: 4}
+    raw["rank_pattern"] = {"a" + longest: 4}
+    with pytest.raises(AdapterError) as refused:
+        parse_adapter_config(raw, "adapter_config.json", 16)
+    # the message names the key by its first 40 characters
+    assert str(refused.value) == (
+        f"adapter_config.json: rank_pattern key '{'a' * 40}'... is longer than 256 characters"
+    )
+
+
+def test_a_pattern_key_naming_the_mlp_matches_only_mlp_projections():
+    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "up_proj"]}
+    raw["rank_pattern"] = {"layers.0.mlp.up_proj": 4, "self_attn.up_proj": 2}
+    config = parse_adapter_config(raw, "adapter_config.json", 16)
+    ranks = [config.rank_of(layer, module, "model") for layer in (0, 1) for module in ("up_proj", "q_proj")]
+    assert ranks == [4, 8, 8, 8]  # up_proj is in model.layers.0.mlp, q_proj in self_attn
+
+
+def test_a_pattern_past_its_time_budget_is_refused_naming_the_key():
+    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "rank_pattern": {"q_proj": 4}}
+    config = parse_adapter_config(raw, "adapter_config.json", 16)
+    config.budget[0] = 0.0  # spent: the next match, however quick, ends it
+    with pytest.raises(AdapterError) as refused:
+        config.rank_of(0, "q_proj", "model")
+    assert str(refused.value) == "rank_pattern key 'q_proj' took too long to match; simplify it"
