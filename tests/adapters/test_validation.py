@@ -474,3 +474,11 @@ def test_a_pattern_past_its_time_budget_is_refused_naming_the_key():
     with pytest.raises(AdapterError) as refused:
         config.rank_of(0, "q_proj", "model")
     assert str(refused.value) == "rank_pattern key 'q_proj' took too long to match; simplify it"
+
+
+def test_modules_to_save_must_be_a_list():
+    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "modules_to_save": "lm_head"}
+    with pytest.raises(AdapterError) as refused:
+        parse_adapter_config(raw, "adapter_config.json", 16)
+    expected = "adapter_config.json: 'modules_to_save' must be a list of module names or null"
+    assert str(refused.value) == expected
