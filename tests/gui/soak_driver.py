@@ -33,6 +33,7 @@ binding that loses references aborts it before that.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import shutil
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -76,6 +78,10 @@ CHAT_TOKENS = 6
 SECOND_ADAPTER = "soak-second-base"  # the second base's adapter in the library
 SWAP_RESTART = 2  # restarts done before the one that leaves room for one base (one engine each)
 OWN_SLOTS = 4  # the second base's own GPU slots at every other restart (the Engine's: 2 or 3)
+# past --seconds by this much the run is stuck: it ends with what it waits for and every thread's
+# stack as a problem (normal runs end within 60 s of --seconds); a window thread that stops
+# ticking is dumped by faulthandler a minute later
+STUCK_AFTER_S = 240.0
 
 
 def base_in_turn(window: MainWindow, started: int) -> str | None:
@@ -394,6 +400,10 @@ class Soak(QObject):
         if elapsed >= self.seconds and work_done and not self.restart_pending:
             self.finish()
             return
+        if elapsed >= self.seconds + STUCK_AFTER_S:
+            self.problems.append(self.stuck_report())
+            self.finish()
+            return
         if now - self.page_since >= PAGE_S:
             self.page_since = now
             self.page = (self.page + 1) % len(PAGES)
@@ -427,6 +437,30 @@ class Soak(QObject):
                 start_chat_compare(self)
             else:
                 self.start_compare()
+
+    def stuck_report(self) -> str:
+        """What the run waits for, and where every thread is."""
+        window = self.window
+        waits = {
+            "host_state": window.host.state,
+            "restarts_done": self.restarts_done,
+            "restart_pending": self.restart_pending,
+            "compares": self.compares,
+            "compares_at_start": self.compares_at_start,
+            "compare_running": window.compare.running,
+            "divergence_busy": window.compare.divergence_busy,
+            "compare_banner": window.compare.banner.text,
+            "settings_banner": window.settings.banner.text,
+            "evaluate_running": window.evaluate.running,
+            "merge_task": self.merge_actions is not None and self.merge_actions.task is not None,
+            "pull_task": self.pull_actions is not None and self.pull_actions.task is not None,
+        }
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        stacks = [
+            f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame)[-8:])
+            for ident, frame in sys._current_frames().items()
+        ]
+        return f"stuck {self.seconds + STUCK_AFTER_S:.0f} s in: {json.dumps(waits)}\n" + "\n".join(stacks)
 
     def watch_bases(self) -> None:
         monitor = self.window.monitor
@@ -580,6 +614,7 @@ def main() -> int:
     parser.add_argument("--second-base-hub", default=None, help="the second base's Hub repository")
     parser.add_argument("--pull", action="append", default=[], help="an adapter repository per base")
     args = parser.parse_args()
+    faulthandler.dump_traceback_later(args.seconds + STUCK_AFTER_S + 60, exit=True)
     app = checked_application()
     with tempfile.TemporaryDirectory(prefix="multilora-soak-") as folder:
         prefs = Preferences(QSettings(str(Path(folder) / "settings.ini"), QSettings.Format.IniFormat))
