@@ -5,16 +5,16 @@ from __future__ import annotations
 import os
 import signal
 
+from tests.cores import worker_threads
+
 # Triton reads TRITON_INTERPRET when a kernel is defined, so it is set here, before any test
 # module imports the kernels; a GPU machine runs the same tests natively with TRITON_INTERPRET=0.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 # Each pytest-xdist worker, and every process a test starts, gets its share of the cores for
 # OpenMP's (torch's) and Numba's thread pools, set before torch is imported: two workers with a
 # pool of every core each spin at each other's barriers (docs/testing.md, "Two worker processes").
-_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-_threads = str(max(1, _cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
-os.environ.setdefault("OMP_NUM_THREADS", _threads)
-os.environ.setdefault("NUMBA_NUM_THREADS", _threads)
+os.environ.setdefault("OMP_NUM_THREADS", worker_threads())
+os.environ.setdefault("NUMBA_NUM_THREADS", worker_threads())
 from pathlib import Path
 
 import pytest

@@ -12,7 +12,8 @@ visits every view in turn, keeps a compare of base
 and every adapter running, lets the Monitor plot, switches the theme, and applies a restart in
 Settings ``--restarts`` times (alternating the number of GPU slots; every second restart
 starts two engine replicas behind the dispatcher, the next one engine again; with a second base,
-the third restart leaves room for one base only, so compares of both bases swap them; every other
+the third restart leaves room for one base only, so compares of both bases swap them (the next
+restart waits for a swap); every other
 restart gives the second base its own GPU slots in the models list, checked after the start). A
 compare ticks every listed column, the base picker cycling through all bases and each one; every
 other compare is a chat action (``start_chat_compare``: follow-ups, a column with its own settings, token
@@ -430,7 +431,8 @@ class Soak(QObject):
         due = (self.restarts_done + 1) * self.seconds / (self.restarts + 1)
         # each start serves a compare before the next restart (a busy machine makes one slow)
         compared = self.compares > self.compares_at_start
-        if not self.restart_pending and self.restarts_done < self.restarts and elapsed >= due and compared:
+        ready = compared and self.swap_seen()
+        if not self.restart_pending and self.restarts_done < self.restarts and elapsed >= due and ready:
             self.restart()
         elif not self.window.compare.running and not self.window.compare.divergence_busy:
             if self.compares % 2:
@@ -445,6 +447,7 @@ class Soak(QObject):
             "host_state": window.host.state,
             "restarts_done": self.restarts_done,
             "restart_pending": self.restart_pending,
+            "swap_seen": self.swap_seen(),
             "compares": self.compares,
             "compares_at_start": self.compares_at_start,
             "compare_running": window.compare.running,
@@ -461,6 +464,15 @@ class Soak(QObject):
             for ident, frame in sys._current_frames().items()
         ]
         return f"stuck {self.seconds + STUCK_AFTER_S:.0f} s in: {json.dumps(waits)}\n" + "\n".join(stacks)
+
+    def swap_seen(self) -> bool:
+        """Whether the pool that has room for one of two bases (started by restart SWAP_RESTART + 1)
+        swapped one in (its compares of both bases and the endpoint's traffic to each do): that
+        pool is not restarted before it has."""
+        pool = self.window.host.pool
+        if self.restarts_done != SWAP_RESTART + 1 or pool is None or len(pool.names) < 2:
+            return True
+        return self.swap_loads.get(self.restarts_done, 0) >= 1
 
     def watch_bases(self) -> None:
         monitor = self.window.monitor
