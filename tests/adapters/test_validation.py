@@ -12,7 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from multilora_studio.adapters.adapter_config import parse_adapter_config
+from multilora_studio.adapters.adapter_config import (
+    CONFIG_FILE,
+    MAX_CONFIG_BYTES,
+    parse_adapter_config,
+    read_adapter_config,
+)
 from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter, lora_gain, peak
 from tests.adapter_fixtures import edit_config, edit_tensors
 
@@ -482,3 +487,54 @@ def test_modules_to_save_must_be_a_list():
         parse_adapter_config(raw, "adapter_config.json", 16)
     expected = "adapter_config.json: 'modules_to_save' must be a list of module names or null"
     assert str(refused.value) == expected
+
+
+WHERE = "adapter_config.json"
+
+
+def tokens_of(indices: object) -> dict[str, tuple[int, ...]]:
+    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "trainable_token_indices": indices}
+    return parse_adapter_config(raw, WHERE, 16).trainable_tokens
+
+
+def test_trainable_token_indices_as_a_list_or_by_module():
+    assert tokens_of([0, 7]) == {"embed_tokens": (0, 7)}  # id 0 is a token too
+    by_module = {"model.embed_tokens": [3], "lm_head": [0, 2]}
+    assert tokens_of(by_module) == {"embed_tokens": (3,), "lm_head": (0, 2)}
+    assert tokens_of(None) == tokens_of([]) == {}
+
+
+@pytest.mark.parametrize(
+    ("indices", "message"),
+    [
+        (5, "'trainable_token_indices' must be a list of token ids or a dict"),
+        ({"embed_tokens": []}, "trainable_token_indices of 'embed_tokens' must be token ids (>= 0)"),
+        ({"embed_tokens": 5}, "trainable_token_indices of 'embed_tokens' must be token ids (>= 0)"),
+        ([4, -1], "trainable_token_indices of 'embed_tokens' must be token ids (>= 0)"),
+        ([4, 2.0], "trainable_token_indices of 'embed_tokens' must be token ids (>= 0)"),
+        ({"lm_head": [4, 9, 4]}, "trainable_token_indices of 'lm_head' repeats a token id"),
+        (
+            {"score": [1]},
+            "trainable_token_indices names 'score'; only embed_tokens and lm_head are served "
+            "(other fully trained modules are not)",
+        ),
+    ],
+)
+def test_bad_trainable_token_indices_are_refused_with_their_message(indices, message):
+    with pytest.raises(AdapterError) as refused:
+        tokens_of(indices)
+    assert str(refused.value) == f"{WHERE}: {message}"
+
+
+def test_read_adapter_config_refuses_a_file_and_takes_a_config_of_exactly_its_limit(tmp_path):
+    not_a_folder = tmp_path / "adapter.bin"
+    not_a_folder.write_bytes(b"")
+    with pytest.raises(AdapterError) as refused:
+        read_adapter_config(not_a_folder)
+    assert str(refused.value) == f"{not_a_folder} is not a folder"
+    body = json.dumps({"r": 4, "target_modules": ["q_proj"]})
+    (tmp_path / CONFIG_FILE).write_text(body + " " * (MAX_CONFIG_BYTES - len(body)))  # the limit
+    assert read_adapter_config(tmp_path) == {"r": 4, "target_modules": ["q_proj"]}
+    (tmp_path / CONFIG_FILE).write_text(body + " " * (MAX_CONFIG_BYTES + 1 - len(body)))
+    with pytest.raises(AdapterError, match="is larger than 1 MiB"):
+        read_adapter_config(tmp_path)
