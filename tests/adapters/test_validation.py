@@ -538,3 +538,10 @@ def test_read_adapter_config_refuses_a_file_and_takes_a_config_of_exactly_its_li
     (tmp_path / CONFIG_FILE).write_text(body + " " * (MAX_CONFIG_BYTES + 1 - len(body)))
     with pytest.raises(AdapterError, match="is larger than 1 MiB"):
         read_adapter_config(tmp_path)
+
+
+def test_read_adapter_config_refuses_json_nested_past_the_parser(tmp_path):
+    (tmp_path / CONFIG_FILE).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(AdapterError) as refused:
+        read_adapter_config(tmp_path)
+    assert str(refused.value) == f"{tmp_path / CONFIG_FILE}: JSON nested too deeply"
