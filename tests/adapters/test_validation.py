@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from multilora_studio.adapters.adapter_config import (
     CONFIG_FILE,
     MAX_CONFIG_BYTES,
+    SUPPORTED_TARGETS,
     parse_adapter_config,
     read_adapter_config,
 )
@@ -545,3 +546,28 @@ def test_read_adapter_config_refuses_json_nested_past_the_parser(tmp_path):
     with pytest.raises(AdapterError) as refused:
         read_adapter_config(tmp_path)
     assert str(refused.value) == f"{tmp_path / CONFIG_FILE}: JSON nested too deeply"
+
+
+def targets_of(targets: object) -> tuple[str, ...] | None:
+    raw = {"peft_type": "LORA", "r": 8, "target_modules": targets}
+    return parse_adapter_config(raw, WHERE, 16).targets
+
+
+def test_target_modules_by_full_path_are_their_projection_in_the_models_order():
+    given = ["model.layers.0.mlp.down_proj", "v_proj", "gate_proj", "model.layers.3.self_attn.q_proj"]
+    named = {"down_proj", "v_proj", "gate_proj", "q_proj"}
+    expected = tuple(name for name in SUPPORTED_TARGETS if name in named)
+    assert expected != tuple(sorted(expected))  # the model's order is not the alphabet's
+    assert targets_of(given) == expected
+
+
+def test_unsupported_target_modules_are_named_with_what_is_supported():
+    supported = f"(supported: {', '.join(SUPPORTED_TARGETS)})"
+    with pytest.raises(AdapterError) as refused:
+        targets_of(["q_proj", "score", "model.classifier"])
+    assert str(refused.value) == f"{WHERE}: LoRA on classifier, score is not supported {supported}"
+    with pytest.raises(AdapterError) as refused:
+        targets_of(["lm_head", "q_proj", "model.embed_tokens"])
+    assert str(refused.value) == (
+        f"{WHERE}: LoRA on embed_tokens, lm_head is not supported (embedding LoRA, lm_head LoRA) {supported}"
+    )
