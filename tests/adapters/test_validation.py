@@ -571,3 +571,31 @@ def test_unsupported_target_modules_are_named_with_what_is_supported():
     assert str(refused.value) == (
         f"{WHERE}: LoRA on embed_tokens, lm_head is not supported (embedding LoRA, lm_head LoRA) {supported}"
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("peft_type", 1, "a string"),
+        ("task_type", ["CAUSAL_LM"], "a string or null"),
+        ("use_rslora", "yes", "true or false"),
+        ("use_dora", 1, "true or false"),
+        ("lora_bias", "false", "true or false"),
+        ("base_model_name_or_path", 7, "a string or null"),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_named_with_the_type_it_takes(key, value, expected):
+    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], key: value}
+    with pytest.raises(AdapterError) as refused:
+        parse_adapter_config(raw, WHERE, 16)
+    assert str(refused.value) == f"{WHERE}: '{key}' must be {expected}, got {value!r}"
+
+
+def test_a_task_other_than_text_generation_is_refused_saying_which_are_served():
+    raw = {"peft_type": "lora", "task_type": "SEQ_CLS", "r": 8, "target_modules": ["q_proj"]}
+    with pytest.raises(AdapterError) as refused:
+        parse_adapter_config(raw, WHERE, 16)
+    assert str(refused.value) == (
+        f"{WHERE}: task_type SEQ_CLS is not supported; "
+        "only CAUSAL_LM (text generation) adapters can be served"
+    )
