@@ -59,9 +59,17 @@ docs: $(VENV)/.app
 # The mutation check (docs/testing.md): mutmut over the modules and tests in pyproject.toml's
 # [tool.mutmut]; MUTANTS narrows it, e.g. MUTANTS='multilora_studio.engine.sampler*'.
 # CPU heavy (the selected tests once, then each mutant's tests); not part of `make test`.
+# The tests' tokenizer is read from the embedded model's GGUF once (12 s) instead of in every
+# mutant's test session.
 MUTANTS ?=
-mutation: $(VENV)/.test
-	QT_QPA_PLATFORM=offscreen TRITON_INTERPRET=1 $(PY) -m mutmut run $(MUTANTS)
+MUTATION_TOKENIZER := $(abspath $(VENV))/mutation-tokenizer
+$(MUTATION_TOKENIZER)/tokenizer.json: $(VENV)/.test
+	$(PY) -c "import sys; from pathlib import Path; from multilora_studio.default_model import gguf_path; \
+	  from tests.fixtures import extract_tokenizer; extract_tokenizer(gguf_path(), Path(sys.argv[1]))" $(MUTATION_TOKENIZER)
+
+mutation: $(VENV)/.test $(MUTATION_TOKENIZER)/tokenizer.json
+	MULTILORA_TEST_TOKENIZER_DIR=$(MUTATION_TOKENIZER) QT_QPA_PLATFORM=offscreen TRITON_INTERPRET=1 \
+	  $(PY) -m mutmut run $(MUTANTS)
 	$(PY) -m mutmut results
 
 clean:
