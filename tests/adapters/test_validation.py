@@ -599,3 +599,23 @@ def test_a_task_other_than_text_generation_is_refused_saying_which_are_served():
         f"{WHERE}: task_type SEQ_CLS is not supported; "
         "only CAUSAL_LM (text generation) adapters can be served"
     )
+
+
+def test_rank_one_is_a_rank_and_bad_patterns_are_named_with_what_they_map_to():
+    raw = {"peft_type": "LORA", "r": 1, "target_modules": ["q_proj"]}
+    assert parse_adapter_config(raw, WHERE, 16).rank == 1
+    for key, value, expected in [
+        ("rank_pattern", {"q_proj": 0}, "positive integers"),
+        ("alpha_pattern", {"q_proj": "16"}, "finite numbers"),
+    ]:
+        with pytest.raises(AdapterError) as refused:
+            parse_adapter_config({**raw, key: value}, WHERE, 16)
+        assert str(refused.value) == f"{WHERE}: '{key}' must map module names to {expected}"
+
+
+def test_every_unsupported_content_of_a_config_is_named():
+    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "layer_replication": [[0, 1]]}
+    raw["use_qalora"] = True
+    with pytest.raises(AdapterError) as refused:
+        parse_adapter_config(raw, WHERE, 16)
+    assert str(refused.value) == f"{WHERE}: unsupported adapter contents: layer replication, QA-LoRA"
