@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-from tests.cores import worker_threads
+from tests.cores import worker_thread_pools
 
 # Triton reads TRITON_INTERPRET when a kernel is defined, so it is set here, before any test
 # module imports the kernels; a GPU machine runs the same tests natively with TRITON_INTERPRET=0.
@@ -13,8 +13,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # Each pytest-xdist worker, and every process a test starts, gets its share of the cores for
 # OpenMP's (torch's) and Numba's thread pools, set before torch is imported: two workers with a
 # pool of every core each spin at each other's barriers (docs/testing.md, "Two worker processes").
-os.environ.setdefault("OMP_NUM_THREADS", worker_threads())
-os.environ.setdefault("NUMBA_NUM_THREADS", worker_threads())
+os.environ.update(worker_thread_pools())
 from pathlib import Path
 
 import pytest
