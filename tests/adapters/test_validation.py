@@ -619,3 +619,26 @@ def test_every_unsupported_content_of_a_config_is_named():
     with pytest.raises(AdapterError) as refused:
         parse_adapter_config(raw, WHERE, 16)
     assert str(refused.value) == f"{WHERE}: unsupported adapter contents: layer replication, QA-LoRA"
+
+
+def test_a_rank_above_the_cap_names_the_flag_to_raise():
+    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "rank_pattern": {"q_proj": 32}}
+    with pytest.raises(AdapterError) as refused:
+        parse_adapter_config(raw, WHERE, 16)
+    assert str(refused.value) == (
+        f"{WHERE}: rank 32 exceeds max_lora_rank=16; raise max_lora_rank to use this adapter"
+    )
+
+
+@pytest.mark.parametrize(
+    ("layers", "accepted"),
+    [(2, True), ([0, 2], True), (None, True), ([0, "1"], False), ("0", False), (1.0, False)],
+)
+def test_layers_to_transform_takes_an_integer_or_a_list_of_them(layers, accepted):
+    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "layers_to_transform": layers}
+    if accepted:
+        assert parse_adapter_config(raw, WHERE, 16).rank == 8
+        return
+    with pytest.raises(AdapterError) as refused:
+        parse_adapter_config(raw, WHERE, 16)
+    assert str(refused.value) == f"{WHERE}: 'layers_to_transform' must be an integer or a list of integers"
