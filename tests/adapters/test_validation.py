@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -642,3 +643,51 @@ def test_layers_to_transform_takes_an_integer_or_a_list_of_them(layers, accepted
     with pytest.raises(AdapterError) as refused:
         parse_adapter_config(raw, WHERE, 16)
     assert str(refused.value) == f"{WHERE}: 'layers_to_transform' must be an integer or a list of integers"
+
+
+SUPPORTED = ", ".join(SUPPORTED_TARGETS)
+UNSUPPORTED_TENSORS = {
+    "embedding_lora": (
+        "base_model.model.model.embed_tokens.lora_embedding_A",
+        "embedding LoRA (embed_tokens)",
+    ),
+    "lm_head_lora": ("base_model.model.lm_head.lora_A.weight", "lm_head LoRA"),
+    "norm_bias": (
+        "base_model.model.model.norm.bias",
+        "trained bias terms other than lora_B's (base_model.model.model.norm.bias)",
+    ),
+    "lora_on_a_router": (
+        "base_model.model.model.layers.0.mlp.router.lora_A.weight",
+        f"LoRA on base_model.model.model.layers.0.mlp.router (supported: {SUPPORTED})",
+    ),
+    "other_tensor": (
+        "base_model.model.score.weight",
+        f"tensor 'base_model.model.score.weight' (only LoRA factors of {SUPPORTED} can be served)",
+    ),
+}
+
+
+def unsupported_contents(folder: Path, labels: str) -> str:
+    """The whole refusal naming ``labels``, as a pattern for ``assert_refused``."""
+    return f"^{re.escape(f'{folder}: unsupported adapter contents: {labels}')}$"
+
+
+@pytest.mark.parametrize("case", sorted(UNSUPPORTED_TENSORS))
+def test_an_unsupported_tensor_is_named_by_what_it_is(case, registry, tiny_adapters, tiny_base, tmp_path):
+    key, label = UNSUPPORTED_TENSORS[case]
+    folder = shutil.copytree(tiny_adapters[GOOD], tmp_path / case)
+    edit_tensors(folder, add_tensor(key, (8, 64)))
+    assert_refused(
+        registry, folder, tiny_base, f"^{re.escape(f'{folder}: unsupported adapter contents: {label}')}$"
+    )
+
+
+def test_every_unsupported_tensor_is_named_once_in_order(registry, tiny_adapters, tiny_base, tmp_path):
+    folder = shutil.copytree(tiny_adapters[GOOD], tmp_path / "several")
+    for key, _ in UNSUPPORTED_TENSORS.values():
+        edit_tensors(folder, add_tensor(key, (8, 64)))
+    edit_tensors(folder, add_tensor("base_model.model.model.embed_tokens.lora_embedding_B", (64, 8)))
+    labels = ", ".join(sorted(label for _, label in UNSUPPORTED_TENSORS.values()))
+    assert_refused(
+        registry, folder, tiny_base, f"^{re.escape(f'{folder}: unsupported adapter contents: {labels}')}$"
+    )
