@@ -22,6 +22,7 @@ from multilora_studio.adapters.adapter_config import (
 )
 from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter, lora_gain, peak
 from tests.adapter_fixtures import edit_config, edit_tensors
+from tests.fixtures import FUSED_ADAPTERS, build_adapter
 
 GOOD = "tiny-r8-all"  # rank 8 on all seven projections
 FIRST_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
@@ -691,3 +692,35 @@ def test_every_unsupported_tensor_is_named_once_in_order(registry, tiny_adapters
     assert_refused(
         registry, folder, tiny_base, f"^{re.escape(f'{folder}: unsupported adapter contents: {labels}')}$"
     )
+
+
+def test_an_adapter_of_fused_projections_is_cut_into_its_parts(tiny_family_models, tmp_path):
+    """phi3's qkv_proj B rows become q, k and v (each sharing the fused A), scale folded in."""
+    base = tiny_family_models["phi3"]
+    spec = next(s for s in FUSED_ADAPTERS if s.targets == ("qkv_proj",))
+    folder = build_adapter(base, spec, tmp_path / spec.name)
+    config = json.loads((base / "config.json").read_text())
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    sizes = {
+        "q_proj": config["num_attention_heads"] * head_dim,
+        "k_proj": config["num_key_value_heads"] * head_dim,
+        "v_proj": config["num_key_value_heads"] * head_dim,
+    }
+    assert len(set(sizes.values())) > 1  # the parts differ in size: a wrong cut shows
+
+    def shape_of(module: str) -> tuple[int, int]:  # (out, in) of a projection, fused or its part
+        out = sum(sizes.values()) if module == "qkv_proj" else sizes[module]
+        return out, config["hidden_size"]
+
+    host = load_peft_adapter(spec.name, folder, config["num_hidden_layers"], shape_of, 16)
+    saved = load_file(str(weights(folder)))
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"base_model.model.model.layers.{layer}.self_attn.qkv_proj"
+        a, b = saved[f"{prefix}.lora_A.weight"], saved[f"{prefix}.lora_B.weight"] * (spec.alpha / spec.rank)
+        start = 0
+        for part in ("q_proj", "k_proj", "v_proj"):
+            part_a, part_b = host.weights[(layer, part)]
+            assert torch.equal(part_a, a)
+            assert torch.allclose(part_b, b[start : start + sizes[part]], rtol=0, atol=1e-7)
+            start += sizes[part]
+        assert (layer, "qkv_proj") not in host.weights
