@@ -661,6 +661,11 @@ UNSUPPORTED_TENSORS = {
         "base_model.model.model.layers.0.mlp.router.lora_A.weight",
         f"LoRA on base_model.model.model.layers.0.mlp.router (supported: {SUPPORTED})",
     ),
+    "lora_a_bias": (
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.bias",
+        "trained bias terms other than lora_B's "
+        "(base_model.model.model.layers.0.self_attn.q_proj.lora_A.bias)",
+    ),
     "other_tensor": (
         "base_model.model.score.weight",
         f"tensor 'base_model.model.score.weight' (only LoRA factors of {SUPPORTED} can be served)",
@@ -724,3 +729,18 @@ def test_an_adapter_of_fused_projections_is_cut_into_its_parts(tiny_family_model
             assert torch.allclose(part_b, b[start : start + sizes[part]], rtol=0, atol=1e-7)
             start += sizes[part]
         assert (layer, "qkv_proj") not in host.weights
+
+
+NESTED = "[" * 100_000 + "]" * 100_000  # past the JSON parser's recursion
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("{", " is not valid JSON: Expecting property name"), (NESTED, ": JSON nested too deeply")],
+)
+def test_an_unreadable_added_tokens_file_is_named(
+    text, message, registry, tiny_adapters, tiny_base, tmp_path
+):
+    folder = shutil.copytree(tiny_adapters[GOOD], tmp_path / "added")
+    (folder / "added_tokens.json").write_text(text)
+    assert_refused(registry, folder, tiny_base, f"^{re.escape(str(folder / 'added_tokens.json') + message)}")
