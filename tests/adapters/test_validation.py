@@ -744,3 +744,20 @@ def test_an_unreadable_added_tokens_file_is_named(
     folder = shutil.copytree(tiny_adapters[GOOD], tmp_path / "added")
     (folder / "added_tokens.json").write_text(text)
     assert_refused(registry, folder, tiny_base, f"^{re.escape(str(folder / 'added_tokens.json') + message)}")
+
+
+def test_added_tokens_outside_the_vocabulary_are_named_the_first_five_in_order(
+    registry, tiny_adapters, tiny_base, tmp_path
+):
+    folder = shutil.copytree(tiny_adapters[GOOD], tmp_path / "added")
+    path = folder / "added_tokens.json"
+    path.write_text("[1]")
+    assert_refused(registry, folder, tiny_base, f"^{re.escape(f'{path} must map token strings to ids')}$")
+    added = {f"<t{i}>": 49152 + i for i in range(7)} | {"<0-in-vocabulary>": 3}
+    path.write_text(json.dumps(added))
+    expected = (
+        f"{folder}: adds tokens ('<t0>', '<t1>', '<t2>', '<t3>', '<t4>') outside its vocabulary of 49152; "
+        "an adapter that adds tokens must hold its resized embed_tokens and lm_head "
+        "(save it with save_embedding_layers=True)"
+    )
+    assert_refused(registry, folder, tiny_base, f"^{re.escape(expected)}$")
