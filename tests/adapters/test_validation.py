@@ -20,7 +20,14 @@ from multilora_studio.adapters.adapter_config import (
     parse_adapter_config,
     read_adapter_config,
 )
-from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter, lora_gain, peak
+from multilora_studio.adapters.peft_adapter import (
+    MAX_ADAPTER_BYTES,
+    AdapterError,
+    load_peft_adapter,
+    lora_gain,
+    peak,
+    weights_file,
+)
 from tests.adapter_fixtures import edit_config, edit_tensors
 from tests.fixtures import FUSED_ADAPTERS, build_adapter
 
@@ -761,3 +768,23 @@ def test_added_tokens_outside_the_vocabulary_are_named_the_first_five_in_order(
         "(save it with save_embedding_layers=True)"
     )
     assert_refused(registry, folder, tiny_base, f"^{re.escape(expected)}$")
+
+
+def test_weights_file_names_pickles_and_takes_a_file_of_exactly_its_limit(tmp_path):
+    for name in ("training_args.bin", "adapter_model.pt", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(AdapterError) as refused:
+        weights_file(tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path}: only pickle weights (adapter_model.pt, training_args.bin) found; pickle files can run "
+        "code when loaded and are refused. Re-save the adapter with safe_serialization=True"
+    )
+    path = weights(tmp_path)
+    with path.open("wb") as sparse:
+        sparse.truncate(MAX_ADAPTER_BYTES)  # 8 GiB that take no disk blocks
+    assert weights_file(tmp_path) == path
+    with path.open("r+b") as sparse:
+        sparse.truncate(MAX_ADAPTER_BYTES + 1)
+    with pytest.raises(AdapterError) as refused:
+        weights_file(tmp_path)
+    assert str(refused.value) == f"{path} is larger than 8 GiB"
