@@ -438,7 +438,7 @@ def _describe_unsupported(key: str) -> str:
     if key.endswith(".bias"):
         return f"trained bias terms other than lora_B's ({key})"
     if "lora_" in key:
-        module = key.split(".lora_", maxsplit=1)[0]
+        module = key.rsplit(".lora_", maxsplit=1)[0]
         return f"LoRA on {module} (supported: {', '.join(SUPPORTED_TARGETS)})"
     return f"tensor {key!r} (only LoRA factors of {', '.join(SUPPORTED_TARGETS)} can be served)"
 

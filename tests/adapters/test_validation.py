@@ -664,9 +664,9 @@ UNSUPPORTED_TENSORS = {
         "base_model.model.model.norm.bias",
         "trained bias terms other than lora_B's (base_model.model.model.norm.bias)",
     ),
-    "lora_on_a_router": (
-        "base_model.model.model.layers.0.mlp.router.lora_A.weight",
-        f"LoRA on base_model.model.model.layers.0.mlp.router (supported: {SUPPORTED})",
+    "lora_on_a_router": (  # a module whose own name starts with lora_ is named whole
+        "base_model.model.model.layers.0.mlp.lora_router.lora_A.weight",
+        f"LoRA on base_model.model.model.layers.0.mlp.lora_router (supported: {SUPPORTED})",
     ),
     "lora_a_bias": (
         "base_model.model.model.layers.0.self_attn.q_proj.lora_A.bias",
