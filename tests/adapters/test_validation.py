@@ -788,3 +788,28 @@ def test_weights_file_names_pickles_and_takes_a_file_of_exactly_its_limit(tmp_pa
     with pytest.raises(AdapterError) as refused:
         weights_file(tmp_path)
     assert str(refused.value) == f"{path} is larger than 8 GiB"
+
+
+def test_factors_stored_in_half_precision_come_in_the_dtype_asked_for(
+    tiny_model_dir, tiny_adapters, tmp_path
+):
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    outs = {
+        "q_proj": config["num_attention_heads"] * head_dim,
+        "v_proj": config["num_key_value_heads"] * head_dim,
+    }
+
+    def shape_of(module: str) -> tuple[int, int]:
+        return outs[module], config["hidden_size"]
+
+    folder = shutil.copytree(tiny_adapters["tiny-r4-qv"], tmp_path / "half")
+    edit_tensors(folder, lambda tensors: tensors.update({k: v.half() for k, v in tensors.items()}))
+    layers = config["num_hidden_layers"]
+    as_float32 = load_peft_adapter("half", folder, layers, shape_of, 16).weights
+    as_float16 = load_peft_adapter("half", folder, layers, shape_of, 16, dtype=torch.float16).weights
+    assert as_float32.keys() == as_float16.keys() and len(as_float32) == 2 * layers
+    for key, (a32, b32) in as_float32.items():
+        a16, b16 = as_float16[key]
+        assert (a32.dtype, b32.dtype, a16.dtype, b16.dtype) == (torch.float32,) * 2 + (torch.float16,) * 2
+        assert torch.equal(a32, a16.float())  # A is not scaled: the same values
