@@ -28,6 +28,7 @@ from multilora_studio.adapters.peft_adapter import (
     peak,
     weights_file,
 )
+from multilora_studio.engine.model_spec import spec_from_config
 from tests.adapter_fixtures import edit_config, edit_tensors
 from tests.fixtures import FUSED_ADAPTERS, build_adapter
 
@@ -437,11 +438,16 @@ def test_lora_gain_is_the_largest_output_of_inputs_within_one():
         assert math.isnan(peak(torch.tensor([1.0, bad])))
 
 
+def plain_lora(**fields: object) -> dict:
+    """A raw config of a rank-8 LoRA on q_proj, with ``fields`` over it."""
+    return {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], **fields}
+
+
 @pytest.mark.parametrize(
     ("rank", "accepted"), [(1, True), (2, True), (0, False), (2.5, False), (True, False)]
 )
 def test_a_rank_pattern_takes_positive_integers_only(rank, accepted):
-    raw = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
+    raw = plain_lora(lora_alpha=16)
     raw["rank_pattern"] = {"q_proj": rank}
     if accepted:
         assert parse_adapter_config(raw, "adapter_config.json", 16).rank_of(0, "q_proj", "model") == rank
@@ -461,7 +467,7 @@ def test_a_config_naming_only_the_rank_and_targets_is_a_plain_lora():
 
 
 def test_a_pattern_key_may_be_256_characters_long_and_no_longer():
-    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"]}
+    raw = plain_lora()
     longest = "a" * 250 + "q_proj"  # 256 characters
     raw["rank_pattern"] = {longest: 4}
     assert parse_adapter_config(raw, "adapter_config.json", 16).rank_pattern == {longest: 4}
@@ -475,7 +481,7 @@ def test_a_pattern_key_may_be_256_characters_long_and_no_longer():
 
 
 def test_a_pattern_key_naming_the_mlp_matches_only_mlp_projections():
-    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "up_proj"]}
+    raw = plain_lora(target_modules=["q_proj", "up_proj"])
     raw["rank_pattern"] = {"layers.0.mlp.up_proj": 4, "self_attn.up_proj": 2}
     config = parse_adapter_config(raw, "adapter_config.json", 16)
     ranks = [config.rank_of(layer, module, "model") for layer in (0, 1) for module in ("up_proj", "q_proj")]
@@ -483,7 +489,7 @@ def test_a_pattern_key_naming_the_mlp_matches_only_mlp_projections():
 
 
 def test_a_pattern_past_its_time_budget_is_refused_naming_the_key():
-    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "rank_pattern": {"q_proj": 4}}
+    raw = plain_lora(rank_pattern={"q_proj": 4})
     config = parse_adapter_config(raw, "adapter_config.json", 16)
     config.budget[0] = 0.0  # spent: the next match, however quick, ends it
     with pytest.raises(AdapterError) as refused:
@@ -492,7 +498,7 @@ def test_a_pattern_past_its_time_budget_is_refused_naming_the_key():
 
 
 def test_modules_to_save_must_be_a_list():
-    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "modules_to_save": "lm_head"}
+    raw = plain_lora(modules_to_save="lm_head")
     with pytest.raises(AdapterError) as refused:
         parse_adapter_config(raw, "adapter_config.json", 16)
     expected = "adapter_config.json: 'modules_to_save' must be a list of module names or null"
@@ -503,7 +509,7 @@ WHERE = "adapter_config.json"
 
 
 def tokens_of(indices: object) -> dict[str, tuple[int, ...]]:
-    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "trainable_token_indices": indices}
+    raw = plain_lora(trainable_token_indices=indices)
     return parse_adapter_config(raw, WHERE, 16).trainable_tokens
 
 
@@ -558,7 +564,7 @@ def test_read_adapter_config_refuses_json_nested_past_the_parser(tmp_path):
 
 
 def targets_of(targets: object) -> tuple[str, ...] | None:
-    raw = {"peft_type": "LORA", "r": 8, "target_modules": targets}
+    raw = plain_lora(target_modules=targets)
     return parse_adapter_config(raw, WHERE, 16).targets
 
 
@@ -594,7 +600,7 @@ def test_unsupported_target_modules_are_named_with_what_is_supported():
     ],
 )
 def test_a_field_of_the_wrong_type_is_named_with_the_type_it_takes(key, value, expected):
-    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], key: value}
+    raw = plain_lora(**{key: value})
     with pytest.raises(AdapterError) as refused:
         parse_adapter_config(raw, WHERE, 16)
     assert str(refused.value) == f"{WHERE}: '{key}' must be {expected}, got {value!r}"
@@ -611,7 +617,7 @@ def test_a_task_other_than_text_generation_is_refused_saying_which_are_served():
 
 
 def test_rank_one_is_a_rank_and_bad_patterns_are_named_with_what_they_map_to():
-    raw = {"peft_type": "LORA", "r": 1, "target_modules": ["q_proj"]}
+    raw = plain_lora(r=1)
     assert parse_adapter_config(raw, WHERE, 16).rank == 1
     for key, value, expected in [
         ("rank_pattern", {"q_proj": 0}, "positive integers"),
@@ -623,7 +629,7 @@ def test_rank_one_is_a_rank_and_bad_patterns_are_named_with_what_they_map_to():
 
 
 def test_every_unsupported_content_of_a_config_is_named():
-    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "layer_replication": [[0, 1]]}
+    raw = plain_lora(layer_replication=[[0, 1]])
     raw["use_qalora"] = True
     with pytest.raises(AdapterError) as refused:
         parse_adapter_config(raw, WHERE, 16)
@@ -631,7 +637,7 @@ def test_every_unsupported_content_of_a_config_is_named():
 
 
 def test_a_rank_above_the_cap_names_the_flag_to_raise():
-    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "rank_pattern": {"q_proj": 32}}
+    raw = plain_lora(rank_pattern={"q_proj": 32})
     with pytest.raises(AdapterError) as refused:
         parse_adapter_config(raw, WHERE, 16)
     assert str(refused.value) == (
@@ -644,7 +650,7 @@ def test_a_rank_above_the_cap_names_the_flag_to_raise():
     [(2, True), ([0, 2], True), (None, True), ([0, "1"], False), ("0", False), (1.0, False)],
 )
 def test_layers_to_transform_takes_an_integer_or_a_list_of_them(layers, accepted):
-    raw = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "layers_to_transform": layers}
+    raw = plain_lora(layers_to_transform=layers)
     if accepted:
         assert parse_adapter_config(raw, WHERE, 16).rank == 8
         return
@@ -711,22 +717,12 @@ def test_an_adapter_of_fused_projections_is_cut_into_its_parts(tiny_family_model
     base = tiny_family_models["phi3"]
     spec = next(s for s in FUSED_ADAPTERS if s.targets == ("qkv_proj",))
     folder = build_adapter(base, spec, tmp_path / spec.name)
-    config = json.loads((base / "config.json").read_text())
-    head_dim = config["hidden_size"] // config["num_attention_heads"]
-    sizes = {
-        "q_proj": config["num_attention_heads"] * head_dim,
-        "k_proj": config["num_key_value_heads"] * head_dim,
-        "v_proj": config["num_key_value_heads"] * head_dim,
-    }
+    model = spec_from_config(json.loads((base / "config.json").read_text()))
+    sizes = {part: model.projection_shape(part)[0] for part in ("q_proj", "k_proj", "v_proj")}
     assert len(set(sizes.values())) > 1  # the parts differ in size: a wrong cut shows
-
-    def shape_of(module: str) -> tuple[int, int]:  # (out, in) of a projection, fused or its part
-        out = sum(sizes.values()) if module == "qkv_proj" else sizes[module]
-        return out, config["hidden_size"]
-
-    host = load_peft_adapter(spec.name, folder, config["num_hidden_layers"], shape_of, 16)
+    host = load_peft_adapter(spec.name, folder, model.num_layers, model.projection_shape, 16)
     saved = load_file(str(weights(folder)))
-    for layer in range(config["num_hidden_layers"]):
+    for layer in range(model.num_layers):
         prefix = f"base_model.model.model.layers.{layer}.self_attn.qkv_proj"
         a, b = saved[f"{prefix}.lora_A.weight"], saved[f"{prefix}.lora_B.weight"] * (spec.alpha / spec.rank)
         start = 0
@@ -793,19 +789,10 @@ def test_weights_file_names_pickles_and_takes_a_file_of_exactly_its_limit(tmp_pa
 def test_factors_stored_in_half_precision_come_in_the_dtype_asked_for(
     tiny_model_dir, tiny_adapters, tmp_path
 ):
-    config = json.loads((tiny_model_dir / "config.json").read_text())
-    head_dim = config["hidden_size"] // config["num_attention_heads"]
-    outs = {
-        "q_proj": config["num_attention_heads"] * head_dim,
-        "v_proj": config["num_key_value_heads"] * head_dim,
-    }
-
-    def shape_of(module: str) -> tuple[int, int]:
-        return outs[module], config["hidden_size"]
-
+    model = spec_from_config(json.loads((tiny_model_dir / "config.json").read_text()))
     folder = shutil.copytree(tiny_adapters["tiny-r4-qv"], tmp_path / "half")
     edit_tensors(folder, lambda tensors: tensors.update({k: v.half() for k, v in tensors.items()}))
-    layers = config["num_hidden_layers"]
+    layers, shape_of = model.num_layers, model.projection_shape
     as_float32 = load_peft_adapter("half", folder, layers, shape_of, 16).weights
     as_float16 = load_peft_adapter("half", folder, layers, shape_of, 16, dtype=torch.float16).weights
     assert as_float32.keys() == as_float16.keys() and len(as_float32) == 2 * layers
