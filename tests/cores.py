@@ -10,7 +10,9 @@ THREAD_POOLS = ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")  # OpenMP's (torch's) an
 def worker_thread_pools() -> dict[str, str]:
     """In a pytest-xdist worker, the thread-pool sizes not set yet: the usable cores divided
     among the workers (at least one each). Nothing in the controller or a run without workers,
-    whose processes keep every core (and whose environment the workers would inherit)."""
+    whose processes keep every core (and whose environment the workers would inherit). The cores
+    are counted as ``engine.config.usable_cores`` counts them; that module imports torch, which
+    must not load before these are set."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers is None or "PYTEST_XDIST_WORKER" not in os.environ:
         return {}
