@@ -28,7 +28,7 @@ sympy networkx mpmath pytest pluggy iniconfig setuptools accelerate psutil typin
 hf-xet""".split())
 # what the engine imports beyond those, and what the engine and server tests need
 WANTED = """platformdirs gguf openai fastapi starlette uvicorn httpx llguidance jsonschema
-prometheus-client pytest-timeout hypothesis compressed-tensors""".split()
+prometheus-client pytest-timeout pytest-xdist hypothesis compressed-tensors""".split()
 closure: dict[str, str] = {}
 
 
