@@ -132,6 +132,20 @@ def int_first_a(tensors: dict) -> None:
     tensors[FIRST_A] = tensors[FIRST_A].to(torch.int32)
 
 
+def first_a_in_three_dimensions(tensors: dict) -> None:
+    tensors[FIRST_A] = tensors[FIRST_A].unsqueeze(-1)  # [r, in] -> [r, in, 1], lora_B left as it is
+
+
+def first_pair_at_rank(rank: int):
+    """The first q_proj's factors at ``rank`` (the config still declares the adapter's r)."""
+
+    def change(tensors: dict) -> None:
+        tensors[FIRST_A] = torch.randn(rank, tensors[FIRST_A].shape[1])
+        tensors[FIRST_B] = torch.randn(tensors[FIRST_B].shape[0], rank)
+
+    return change
+
+
 CASES = {
     # files and their bytes
     "truncated": (truncate, "corrupt or truncated"),
@@ -200,6 +214,15 @@ CASES = {
     "fused_and_its_part": (add_fused_qkv_beside_q, "both qkv_proj and [qkv]_proj"),
     "rank_differs_from_config": (lambda f: edit_config(f, r=4), "declares r=4"),
     "wrong_in_features": (lambda f: edit_tensors(f, reshape_first_a), "different base model"),
+    "three_dimensional_a": (
+        lambda f: edit_tensors(f, first_a_in_three_dimensions),
+        r"layer 0 q_proj has A \[8, 64, 1\] and B \[64, 8\]; the base model needs A \[r, 64\] and "
+        r"B \[64, r\]",
+    ),
+    "factors_above_the_rank_cap": (
+        lambda f: edit_tensors(f, first_pair_at_rank(80)),
+        r"layer 0 q_proj has rank 80 > max_lora_rank=64",
+    ),
     "wrong_out_features": (lambda f: edit_tensors(f, widen_first_b), "different base model"),
     "more_layers_than_base": (
         lambda f: edit_tensors(f, rename_tensor(FIRST_A, FIRST_A.replace("layers.0.", "layers.7."))),
@@ -404,6 +427,27 @@ def test_peft_saved_dora_is_registered_with_its_kind(
     assert record.kind == kind
     reopened = type(registry)(registry.root)
     assert reopened.get(f"kind-{case}").kind == kind
+
+
+def test_a_rank_pattern_for_one_layer_takes_that_layers_factors(registry, tiny_adapters, tiny_base, tmp_path):
+    """A rank_pattern key naming one layer's module by its whole path holds for that layer only."""
+    folder = shutil.copytree(tiny_adapters[GOOD], tmp_path / "layer-rank")
+    a_key, b_key = (key.replace("layers.0.", "layers.1.") for key in (FIRST_A, FIRST_B))
+
+    def second_q_at_rank_4(tensors: dict) -> None:
+        tensors[a_key] = tensors[a_key][:4].clone()  # [8, in] -> [4, in]
+        tensors[b_key] = tensors[b_key][:, :4].clone()  # [out, 8] -> [out, 4]
+
+    edit_tensors(folder, second_q_at_rank_4)
+    edit_config(folder, rank_pattern={"model.layers.1.self_attn.q_proj": 4})
+    host = load_peft_adapter(
+        "layer-rank", folder, tiny_base.num_layers, tiny_base.shape_of, 16, tiny_base.vocab
+    )
+    assert [host.weights[(layer, "q_proj")][0].shape[0] for layer in range(3)] == [8, 4, 8]
+    edit_config(folder, rank_pattern={"model.layers.2.self_attn.q_proj": 4})  # the wrong layer
+    assert_refused(
+        registry, folder, tiny_base, "layer 1 q_proj has rank 4 but adapter_config.json declares r=8"
+    )
 
 
 def test_an_alpha_pattern_for_one_layer_scales_only_that_layer():
