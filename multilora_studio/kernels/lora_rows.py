@@ -95,7 +95,8 @@ def add_row_terms(
     HAS_BIAS: tl.constexpr,
 ):
     """``y`` [BN] (columns ``cols`` of a token with an adapter in ``slot``) with its row terms,
-    rounded as ``apply_row_terms`` rounds."""
+    rounded as ``apply_row_terms`` rounds (with both terms, a GPU compiler may fuse the scale's
+    product into the bias's sum, skipping one rounding to the dtype)."""
     row = slot.to(tl.int64) * stride_row + cols
     if HAS_SCALE:
         scale = tl.load(scale_ptr + row, mask=ok, other=1.0)

@@ -10,6 +10,7 @@ GREEDY = dict(temperature=0, ignore_eos=True)
 QUEUED = ("tiny-r4-qv", "tiny-r8-all", "tiny-r16-mlp", "tiny-r8-attn")
 PARAMS = SamplingParams(max_tokens=6, **GREEDY)
 PROMPTS = [f"Ship {i}" for i in range(len(QUEUED))]
+LONG = 60_000  # tokens of the requests that hold the batch's rows
 
 
 def queue_behind_a_full_batch(make_engine, tiny_adapters, host_tier: int):
@@ -18,11 +19,13 @@ def queue_behind_a_full_batch(make_engine, tiny_adapters, host_tier: int):
     queued behind them: (expected tokens, engine, the long streams, the queued streams)."""
     alone = make_engine(adapters=list(QUEUED))
     expected = [o.token_ids for o in alone.generate(PROMPTS, list(QUEUED), PARAMS)]
-    rows = dict(max_loras=2, max_num_seqs=2, max_model_len=4096)
+    # the long requests outlast the loads on any device (a GPU runs 4,000 of the tiny model's
+    # steps in a few seconds, less than eight loader processes take to start on a busy host)
+    rows = dict(max_loras=2, max_num_seqs=2, max_model_len=LONG + 16)
     engine = make_engine(adapters=[], max_cpu_loras=host_tier, **rows)
     for name in QUEUED:
         engine.add_adapter(name, tiny_adapters[name], preload=False)
-    long = SamplingParams(max_tokens=4000, **GREEDY)  # aborted by the test once it has seen the loads
+    long = SamplingParams(max_tokens=LONG, **GREEDY)  # aborted by the test once it has seen the loads
     busy = [engine.submit(f"Hello {i}", None, long) for i in range(2)]
     for stream in busy:
         next(iter(stream))  # running from here on

@@ -69,7 +69,9 @@ def test_bad_words_are_banned_as_transformers_bans_them(seed):
     logits, prompt, output = case(seed)
     tail = output[-2:] if len(output) >= 2 else [5]
     bad = [[11], [3, 9], [*tail, 17], [output[-1] if output else 4, 23]]  # some continue the output
-    expected = theirs(NoBadWordsLogitsProcessor(bad), logits, output)
+    # the output behind a token outside the vocabulary, which no bad word holds: transformers
+    # 5.17 skipped a bad word as long as its whole context ([13, 33, 17] after [13, 33])
+    expected = theirs(NoBadWordsLogitsProcessor(bad), logits, [V, *output])
     got = ours(logits, SamplingParams(bad_words_token_ids=bad), prompt, output)
     assert torch.equal(got.isinf(), expected.isinf())
     torch.testing.assert_close(got[~got.isinf()], expected[~expected.isinf()], rtol=0, atol=0)

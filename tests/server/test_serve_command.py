@@ -58,7 +58,8 @@ def test_serve_process_answers_and_stops_on_ctrl_c(tiny_model_dir, server_adapte
         "--max-model-len", "256", "--max-lora-rank", "32", "--port", "0",
         "--lora-modules", f"pirate={server_adapters['tiny-r8-all']}", f"poet={server_adapters['tiny-r4-qv']}",
     ]  # fmt: skip
-    env = os.environ | {"MULTILORA_STUDIO_API_KEY": KEY}
+    # PYTHONFAULTHANDLER: a SIGABRT makes it print every thread's stack (if it does not stop)
+    env = os.environ | {"MULTILORA_STUDIO_API_KEY": KEY, "PYTHONFAULTHANDLER": "1"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = process.stdout.readline()
@@ -72,7 +73,14 @@ def test_serve_process_answers_and_stops_on_ctrl_c(tiny_model_dir, server_adapte
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url, api_key="sk-wrong-key-99", max_retries=0).models.list()
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=20) == 0
+        try:
+            code = process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            pytest.fail(
+                f"serve still ran 20 s after Ctrl+C; its log and stacks:\n{process.communicate()[1][-6000:]}"
+            )
+        assert code == 0
     finally:
         if process.poll() is None:
             process.kill()
