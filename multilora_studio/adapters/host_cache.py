@@ -109,11 +109,16 @@ class HostAdapterCache(Generic[AdapterT]):
             return name in self._pending
 
     def eviction_candidate(self) -> str | None:
-        """The adapter a new load would evict (least recently used), None while there is room."""
+        """The adapter a new load would evict once the loads in flight have landed (each of
+        those evicts the least recently used in turn), None while there is room. It may be an
+        adapter still loading: with more loads in flight than the tier has room for, a new one
+        would push out what an earlier load brought in."""
         with self._lock:
-            if len(self._entries) + len(self._pending) < self.capacity or not self._entries:
+            taken = len(self._entries) + len(self._pending) - self.capacity  # evictions already due
+            if taken < 0:
                 return None
-            return next(iter(self._entries))
+            landing = [*self._entries, *self._pending]  # least recently used first, loads last
+            return landing[taken]  # taken < len(landing): the capacity is at least 1
 
     @property
     def loads_in_flight(self) -> int:

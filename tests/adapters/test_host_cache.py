@@ -320,6 +320,25 @@ def test_holds_loading_and_eviction_candidate_change_nothing(cache, loader, read
     assert cache.eviction_candidate() == "a"
 
 
+def test_loads_in_flight_take_the_room_they_will_fill(loader, ready):
+    """With more loads in flight than the tier has room for, the next load's victim is the
+    adapter that the earlier loads leave least recently used, an adapter still loading too."""
+    cache = HostAdapterCache(2, loader, ready, load_workers=4)
+    try:
+        loader.gate.clear()
+        assert cache.lookup("a", Path("/a")) is None
+        assert cache.eviction_candidate() is None  # one in flight, room for two
+        assert cache.lookup("b", Path("/b")) is None
+        assert cache.eviction_candidate() == "a"  # nothing resident: "b" landing after "a" fills it
+        assert cache.lookup("c", Path("/c")) is None
+        assert cache.eviction_candidate() == "b"  # "c" lands on "a"'s place
+        loader.gate.set()
+        ready.wait_for(3)
+        assert len(cache.names()) == 2 and cache.eviction_candidate() == cache.names()[0]
+    finally:
+        cache.close()
+
+
 def test_the_tier_counts_the_bytes_it_holds_through_puts_evictions_and_discards():
     cache = HostAdapterCache(2, Loader(), Ready())
     small, large = make_adapter("small", rank=1), make_adapter("large", rank=4)

@@ -13,16 +13,17 @@ PROMPTS = [f"Ship {i}" for i in range(len(QUEUED))]
 LONG = 60_000  # tokens of the requests that hold the batch's rows
 
 
-def queue_behind_a_full_batch(make_engine, tiny_adapters, host_tier: int):
-    """Each queued adapter's tokens alone, then an engine of two rows and ``host_tier`` host
-    slots whose rows are taken by long base requests, with one request per ``QUEUED`` adapter
-    queued behind them: (expected tokens, engine, the long streams, the queued streams)."""
+def queue_behind_a_full_batch(make_engine, tiny_adapters, host_tier: int, load_workers: int):
+    """Each queued adapter's tokens alone, then an engine of two rows, ``host_tier`` host
+    slots and ``load_workers`` loads at once whose rows are taken by long base requests, with
+    one request per ``QUEUED`` adapter queued behind them: (expected tokens, engine, the long
+    streams, the queued streams)."""
     alone = make_engine(adapters=list(QUEUED))
     expected = [o.token_ids for o in alone.generate(PROMPTS, list(QUEUED), PARAMS)]
     # the long requests outlast the loads on any device (a GPU runs 4,000 of the tiny model's
     # steps in a few seconds, less than eight loader processes take to start on a busy host)
     rows = dict(max_loras=2, max_num_seqs=2, max_model_len=LONG + 16)
-    engine = make_engine(adapters=[], max_cpu_loras=host_tier, **rows)
+    engine = make_engine(adapters=[], max_cpu_loras=host_tier, adapter_load_workers=load_workers, **rows)
     for name in QUEUED:
         engine.add_adapter(name, tiny_adapters[name], preload=False)
     long = SamplingParams(max_tokens=LONG, **GREEDY)  # aborted by the test once it has seen the loads
@@ -42,7 +43,8 @@ def wait_for_host_tier(engine, names, busy) -> None:
 
 
 def test_queued_adapters_are_read_ahead_in_arrival_order_while_the_batch_is_full(make_engine, tiny_adapters):
-    expected, engine, busy, queued = queue_behind_a_full_batch(make_engine, tiny_adapters, host_tier=6)
+    # one load at a time, so the host tier's order is the order the loads started in
+    expected, engine, busy, queued = queue_behind_a_full_batch(make_engine, tiny_adapters, 6, load_workers=1)
     wait_for_host_tier(engine, QUEUED, busy)
     snapshot = engine.metrics(fresh=True)
     assert all(s.output.finish_reason is None for s in busy), "the loads waited for free rows"
@@ -56,7 +58,8 @@ def test_queued_adapters_are_read_ahead_in_arrival_order_while_the_batch_is_full
 
 
 def test_look_ahead_stops_where_it_would_push_out_a_queued_requests_adapter(make_engine, tiny_adapters):
-    expected, engine, busy, queued = queue_behind_a_full_batch(make_engine, tiny_adapters, host_tier=2)
+    # four loads at once for a tier of two: the loads in flight count against its room
+    expected, engine, busy, queued = queue_behind_a_full_batch(make_engine, tiny_adapters, 2, load_workers=4)
     wait_for_host_tier(engine, QUEUED[:2], busy)
     for _ in range(3):  # each round trip is a turn of the worker's loop, with its look-ahead
         snapshot = engine.metrics(fresh=True)
