@@ -84,7 +84,7 @@ OUT_FEATURES = {
 
 def add_vectors(suffix: str, short_module: str):
     """A per-row vector (DoRA's magnitude, lora_B's bias) on every projection of every layer,
-    one row short on ``short_module``."""
+    one row short on ``short_module`` (``""``: none)."""
 
     def change(tensors: dict) -> None:
         for layer in range(3):
@@ -191,11 +191,13 @@ CASES = {
             edit_config(f, use_dora=True),
             edit_tensors(f, add_vectors("lora_magnitude_vector", "v_proj")),
         ),
-        r"v_proj has a lora_magnitude_vector \(DoRA\) of shape \[31\]; the base model needs \[32\]",
+        r"v_proj has a lora_magnitude_vector \(DoRA\) of shape \[31\]; the base model needs \[32\]\. The "
+        "adapter was trained on a different base model$",
     ),
     "lora_bias_shape": (
         lambda f: (edit_config(f, lora_bias=True), edit_tensors(f, add_vectors("lora_B.bias", "gate_proj"))),
-        r"gate_proj has a lora_B bias of shape \[159\]; the base model needs \[160\]",
+        r"gate_proj has a lora_B bias of shape \[159\]; the base model needs \[160\]\. The adapter was "
+        "trained on a different base model$",
     ),
     "lm_head_weights": (
         lambda f: edit_tensors(f, add_tensor("base_model.model.lm_head.weight", (8, 64))),
@@ -211,7 +213,11 @@ CASES = {
         "trained bias terms",
     ),
     "missing_lora_b": (lambda f: edit_tensors(f, drop_tensor(FIRST_B)), "lacks its lora_B"),
-    "fused_and_its_part": (add_fused_qkv_beside_q, "both qkv_proj and [qkv]_proj"),
+    "fused_and_its_part": (  # q, k and v all beside it: the first in order is named
+        add_fused_qkv_beside_q,
+        r"layer 0 has LoRA on both qkv_proj and k_proj, which it contains; an adapter targets either "
+        "the fused projection or its parts$",
+    ),
     "rank_differs_from_config": (lambda f: edit_config(f, r=4), "declares r=4"),
     "wrong_in_features": (lambda f: edit_tensors(f, reshape_first_a), "different base model"),
     "three_dimensional_a": (
@@ -227,6 +233,36 @@ CASES = {
     "more_layers_than_base": (
         lambda f: edit_tensors(f, rename_tensor(FIRST_A, FIRST_A.replace("layers.0.", "layers.7."))),
         "another base model",
+    ),
+    "layer_at_the_layer_count": (  # layers 0-2 exist: 3 is one past the last
+        lambda f: edit_tensors(f, rename_tensor(FIRST_A, FIRST_A.replace("layers.0.", "layers.3."))),
+        r"is for layer 3, the base model has 3 layers; was it trained on another base model\?$",
+    ),
+    "two_model_paths": (
+        lambda f: edit_tensors(
+            f,
+            rename_tensor(
+                FIRST_A, FIRST_A.replace("model.model.layers", "model.model.language_model.layers")
+            ),
+        ),
+        r"LoRA tensors under more than one model path: model, model.language_model$",
+    ),
+    "two_kinds_undeclared": (
+        lambda f: (
+            edit_tensors(f, add_vectors("lora_magnitude_vector", "")),
+            edit_tensors(f, add_vectors("lora_B.bias", "")),
+        ),
+        r"layer 0 down_proj has lora_B bias, lora_magnitude_vector \(DoRA\), which adapter_config.json "
+        "does not declare$",
+    ),
+    "two_kinds_missing": (
+        lambda f: (
+            edit_config(f, use_dora=True),
+            edit_tensors(f, add_vectors("lora_magnitude_vector", "")),
+            edit_tensors(f, drop_tensor(FIRST_A)),
+            edit_tensors(f, drop_tensor(FIRST_B)),
+        ),
+        r"layer 0 q_proj lacks its lora_A, lora_B tensor$",
     ),
     "tensor_outside_target_modules": (
         lambda f: edit_config(f, target_modules=["q_proj"]),
@@ -427,6 +463,26 @@ def test_peft_saved_dora_is_registered_with_its_kind(
     assert record.kind == kind
     reopened = type(registry)(registry.root)
     assert reopened.get(f"kind-{case}").kind == kind
+
+
+def test_vision_tower_and_token_tensors_are_not_taken_for_factors(tiny_adapters, tiny_base, tmp_path):
+    """An image-text model's vision-tower LoRA is left out and trainable-token rows go to the
+    token tables; every factor after them in the file is still read."""
+    folder = shutil.copytree(tiny_adapters[GOOD], tmp_path / "with-others")
+    vision = "base_model.model.vision_tower.encoder.layers.0.self_attn.q_proj"
+    edit_tensors(folder, add_tensor(f"{vision}.lora_A.weight", (8, 32)))
+    edit_tensors(folder, add_tensor(f"{vision}.lora_B.weight", (32, 8)))
+    token_rows = "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta"
+    edit_tensors(folder, add_tensor(token_rows, (2, 64)))  # sorts before every layer's factors
+    edit_config(folder, trainable_token_indices=[5, 6])
+    host, plain = (
+        load_peft_adapter(f.name, f, tiny_base.num_layers, tiny_base.shape_of, 16, tiny_base.vocab)
+        for f in (folder, tiny_adapters[GOOD])
+    )
+    assert set(host.weights) == set(plain.weights) and len(plain.weights) == 3 * 7
+    for key, (a, b) in plain.weights.items():
+        torch.testing.assert_close(host.weights[key][0], a)
+        torch.testing.assert_close(host.weights[key][1], b)
 
 
 def test_a_rank_pattern_for_one_layer_takes_that_layers_factors(registry, tiny_adapters, tiny_base, tmp_path):
