@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -103,6 +104,22 @@ def _child_load(name: str, path: str, index: int) -> StagedAdapter:
     return StagedAdapter(name, packed.rank, groups, tuple(tuple(t.shape) for t in tensors), end, row_keys)
 
 
+class _SpawnContext(multiprocessing.context.SpawnContext):
+    """The spawn context, keeping the processes the pool starts with it: a pool's shutdown
+    waits for children still importing torch (seconds each, on a busy host tens of seconds);
+    ``LoaderProcess.close`` ends them instead."""
+
+    def __init__(self) -> None:
+        self.children: list[multiprocessing.context.SpawnProcess] = []
+
+    def Process(  # type: ignore[override]  # the pool calls its context's Process
+        self, *args: Any, **kwargs: Any
+    ) -> multiprocessing.context.SpawnProcess:
+        child = multiprocessing.context.SpawnProcess(*args, **kwargs)
+        self.children.append(child)
+        return child
+
+
 _main_lock = threading.Lock()
 
 
@@ -165,9 +182,10 @@ class LoaderProcess:
         self._pool = self._start()
 
     def _start(self) -> ProcessPoolExecutor:
+        self._context = _SpawnContext()
         pool = ProcessPoolExecutor(
             max_workers=self.workers,
-            mp_context=multiprocessing.get_context("spawn"),
+            mp_context=self._context,
             initializer=_child_init,
             initargs=(tuple(m.name for m in self._memories), self.spec, self.max_rank, self.dtype),
         )
@@ -212,7 +230,12 @@ class LoaderProcess:
         return packed
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """End the children at once (a load in flight is abandoned) and free the staging buffers."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for child in self._context.children:
+            child.terminate()
+        for child in self._context.children:
+            child.join()
         self._staging.clear()
         for memory in self._memories:
             memory.close()

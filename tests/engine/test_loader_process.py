@@ -78,6 +78,17 @@ def test_loader_packs_like_the_thread_and_survives_a_killed_child(tiny_model_dir
         loader.close()
 
 
+def test_close_ends_children_still_starting_instead_of_waiting_for_them(tiny_model_dir):
+    """An engine stopped right after its start (Ctrl+C on ``serve``, a restart from Settings)
+    does not wait for its loader children to import torch: close ends each one by SIGTERM
+    (a pool's own shutdown let every child start first, then exit with 0)."""
+    spec = load_spec(tiny_model_dir)
+    loader = LoaderProcess(spec, 32, torch.float32, max_packed_bytes(spec, 32, torch.float32), workers=3)
+    children = list(loader._context.children)
+    loader.close()
+    assert [child.exitcode for child in children] == [-signal.SIGTERM] * 3
+
+
 def test_several_children_load_at_once_each_into_its_own_staging_buffer(tiny_model_dir, tiny_adapters):
     from concurrent.futures import ThreadPoolExecutor
 
