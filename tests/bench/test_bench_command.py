@@ -197,11 +197,11 @@ def test_prefetch_host_reads_the_popular_adapters_before_each_sweep_case(tiny_mo
     assert (small["prefetched_to_host"], large["prefetched_to_host"]) == (3, 5)
     assert plain["sweep n=3"]["prefetched_to_host"] == 0
     assert small["engine"]["cold_loads"] == 0 < plain["sweep n=3"]["engine"]["cold_loads"]
-    # the same requests (seeded) read no more adapters from disk with the 5 most popular in RAM;
-    # with more adapters than the tier holds, look-ahead reads and evictions follow the timing,
-    # so how many fewer is not fixed (the small case above, without evictions, is exact)
+    # the same requests (seeded) in both runs; with more adapters than the tier holds, the
+    # look-ahead's reads and the evictions follow the timing, so the large case's disk reads
+    # are not compared: a prefetched adapter pushed out by a cold one can be read again (4
+    # against 3 after the engine tests in one process, here and on the commit before)
     assert large["distinct_adapters"] == plain["sweep n=12"]["distinct_adapters"]
-    assert large["engine"]["cold_loads"] <= plain["sweep n=12"]["engine"]["cold_loads"]
 
 
 def test_bad_options_are_refused_with_a_message(capsys, tiny_model_dir):
