@@ -23,6 +23,7 @@ from multilora_studio.adapters.adapter_config import (
 from multilora_studio.adapters.peft_adapter import (
     MAX_ADAPTER_BYTES,
     AdapterError,
+    inspect_peft_adapter,
     load_peft_adapter,
     lora_gain,
     peak,
@@ -30,7 +31,7 @@ from multilora_studio.adapters.peft_adapter import (
 )
 from multilora_studio.engine.model_spec import spec_from_config
 from tests.adapter_fixtures import edit_config, edit_tensors
-from tests.fixtures import FUSED_ADAPTERS, build_adapter
+from tests.fixtures import FUSED_ADAPTERS, AdapterSpec, build_adapter
 
 GOOD = "tiny-r8-all"  # rank 8 on all seven projections
 FIRST_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
@@ -356,6 +357,11 @@ CASES = {
     "embedding_target": (
         lambda f: edit_config(f, target_modules=["q_proj", "embed_tokens"]),
         "embedding LoRA",
+    ),
+    "alpha_gain_too_large": (  # scale 1e33: the bound on A x B's output passes float16's
+        lambda f: edit_config(f, lora_alpha=8e33),  # range, while B x scale still fits float32
+        r"lora_alpha \(or its alpha_pattern\) gives scale 1e\+33, and the scaled factors overflow "
+        "float32; lora_alpha is too large$",
     ),
     "rank_pattern_too_large": (
         lambda f: edit_config(f, rank_pattern={"q_proj": 128}),
@@ -832,6 +838,8 @@ def test_an_adapter_of_fused_projections_is_cut_into_its_parts(tiny_family_model
             assert torch.allclose(part_b, b[start : start + sizes[part]], rtol=0, atol=1e-7)
             start += sizes[part]
         assert (layer, "qkv_proj") not in host.weights
+    summary = inspect_peft_adapter(folder, model.num_layers, model.projection_shape, 16)
+    assert summary.targets == host.targets == ("q_proj", "k_proj", "v_proj")  # the parts, as served
 
 
 NESTED = "[" * 100_000 + "]" * 100_000  # past the JSON parser's recursion
@@ -900,3 +908,120 @@ def test_factors_stored_in_half_precision_come_in_the_dtype_asked_for(
         a16, b16 = as_float16[key]
         assert (a32.dtype, b32.dtype, a16.dtype, b16.dtype) == (torch.float32,) * 2 + (torch.float16,) * 2
         assert torch.equal(a32, a16.float())  # A is not scaled: the same values
+
+
+def file_tensors(folder: Path, ending: str) -> dict[tuple[int, str], torch.Tensor]:
+    """The file's tensors whose names end in ``ending``, by (layer, module)."""
+    found = {}
+    for key, tensor in load_file(str(weights(folder))).items():
+        if key.endswith(ending) and ".layers." in key:
+            parts = key.split(".")
+            found[(int(parts[parts.index("layers") + 1]), parts[parts.index("layers") + 3])] = tensor
+    return found
+
+
+@pytest.fixture(scope="module")
+def kinds_of_adapters(tiny_adapters, peft_variants, tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
+    """Adapters with each kind of content a load returns: plain, DoRA, lora_bias, whole token
+    matrices, retrained token rows, and a resized vocabulary with its added tokens."""
+    root = tmp_path_factory.mktemp("kinds")
+    bias = build_adapter(
+        tiny_model_dir,
+        AdapterSpec("bias", 4, 8, ("q_proj", "down_proj"), 41, (("lora_bias", True),)),
+        root / "bias",
+    )
+    added = build_adapter(
+        tiny_model_dir, AdapterSpec("added", 4, 8, ("q_proj", "v_proj"), 42), root / "added", 8
+    )
+    (added / "added_tokens.json").write_text(json.dumps({f"<new{i}>": 49152 + i for i in range(8)}))
+    return {
+        "plain": tiny_adapters[GOOD],
+        "dora": peft_variants["dora"],
+        "bias": bias,
+        "saved_embeddings": peft_variants["saved_embeddings"],
+        "trainable_tokens": peft_variants["trainable_tokens"],
+        "added": added,
+    }
+
+
+@pytest.mark.parametrize("case", ["plain", "dora", "bias", "saved_embeddings", "trainable_tokens", "added"])
+def test_load_and_inspect_return_what_the_files_hold(case, kinds_of_adapters, tiny_base):
+    """A load returns lora_B's bias with the config's scale, DoRA's magnitudes as saved, the
+    token tables, and its own name and path; inspecting the header alone says the same of rank,
+    alpha, targets, size, kind and tokens."""
+    folder = kinds_of_adapters[case]
+    config = json.loads((folder / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    layers, shape_of, vocab = tiny_base.num_layers, tiny_base.shape_of, tiny_base.vocab
+    host = load_peft_adapter(case, folder, layers, shape_of, 16, vocab)
+    assert (host.name, host.path) == (case, folder)
+    factors_a = file_tensors(folder, "lora_A.weight")
+    assert host.rank == max(a.shape[0] for a in factors_a.values())
+    biases = file_tensors(folder, "lora_B.bias")
+    assert set(host.biases) == set(biases) and (case == "bias") == bool(biases)
+    for key, bias in biases.items():
+        torch.testing.assert_close(host.biases[key], bias * scale)
+    magnitudes = file_tensors(folder, "lora_magnitude_vector")
+    assert set(host.magnitudes) == set(magnitudes) and (case == "dora") == bool(magnitudes)
+    for key, magnitude in magnitudes.items():
+        assert torch.equal(host.magnitudes[key], magnitude)
+    with_tokens = case in ("saved_embeddings", "trainable_tokens", "added")
+    assert (host.tokens is not None) == with_tokens
+    summary = inspect_peft_adapter(folder, layers, shape_of, 16, vocab)
+    assert (summary.rank, summary.alpha, summary.targets, summary.kind) == (
+        host.rank,
+        config["lora_alpha"],
+        host.targets,
+        {"dora": "DoRA", "bias": "LoRA with bias"}.get(case, "LoRA"),
+    )
+    assert summary.size_bytes == weights(folder).stat().st_size
+    assert summary.base_model == config["base_model_name_or_path"]
+    if host.tokens is None:
+        assert (summary.tokens, summary.vocab_size, summary.table_values) == ("", None, 0)
+        return
+    tables = [t for t in (host.tokens.embed, host.tokens.head) if t is not None]
+    expected_vocab = 49152 + 8 if case == "added" else 49152
+    assert (summary.tokens, summary.vocab_size) == (host.tokens.label, expected_vocab)
+    assert summary.table_values == sum(t.numel() for t in tables) and (case == "trainable_tokens") == (
+        not tables
+    )
+
+
+def test_an_adapter_with_token_tensors_needs_the_bases_vocabulary(peft_variants, tiny_base):
+    folder = peft_variants["saved_embeddings"]
+    with pytest.raises(
+        AdapterError, match=r"its embed_tokens / lm_head tensors need the base's vocabulary to check$"
+    ):
+        load_peft_adapter("tables", folder, tiny_base.num_layers, tiny_base.shape_of, 16)
+
+
+@pytest.mark.parametrize("case", ["rank_differs_from_config", "r_zero", "trainable_tokens_without_rows"])
+def test_inspect_refuses_as_the_import_does_naming_the_folder(case, tiny_adapters, tiny_base, tmp_path):
+    mutate, message = CASES[case]
+    folder = shutil.copytree(tiny_adapters[GOOD], tmp_path / case)
+    mutate(folder)
+    with pytest.raises(AdapterError, match=message) as caught:
+        inspect_peft_adapter(folder, tiny_base.num_layers, tiny_base.shape_of, 16, tiny_base.vocab)
+    assert str(folder) in str(caught.value)
+
+
+def test_an_alpha_pattern_for_one_layers_module_scales_its_loaded_factors(tiny_adapters, tiny_base, tmp_path):
+    folder = shutil.copytree(tiny_adapters[GOOD], tmp_path / "layer-alpha")
+    edit_config(folder, lora_alpha=16, alpha_pattern={"model.layers.1.self_attn.q_proj": 32})
+    host = load_peft_adapter("layer-alpha", folder, tiny_base.num_layers, tiny_base.shape_of, 16)
+    saved_b = file_tensors(folder, "lora_B.weight")
+    for (layer, module), (_, b) in host.weights.items():
+        scale = 4.0 if (layer, module) == (1, "q_proj") else 2.0  # alpha / r: 32 / 8 there, 16 / 8 elsewhere
+        torch.testing.assert_close(b, saved_b[(layer, module)] * scale)
+
+
+def test_token_tables_stored_in_half_precision_load_in_the_dtype_asked_for(
+    peft_variants, tiny_base, tmp_path
+):
+    folder = shutil.copytree(peft_variants["saved_embeddings"], tmp_path / "half")
+    edit_tensors(folder, lambda tensors: tensors.update({k: t.half() for k, t in tensors.items()}))
+    layers, shape_of, vocab = tiny_base.num_layers, tiny_base.shape_of, tiny_base.vocab
+    for dtype in (torch.float16, torch.float32):
+        tokens = load_peft_adapter("half", folder, layers, shape_of, 16, vocab, dtype=dtype).tokens
+        assert tokens is not None and tokens.embed is not None and tokens.head is not None
+        assert tokens.embed.dtype == tokens.head.dtype == dtype
