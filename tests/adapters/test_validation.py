@@ -133,6 +133,17 @@ def int_first_a(tensors: dict) -> None:
     tensors[FIRST_A] = tensors[FIRST_A].to(torch.int32)
 
 
+def scale_factors(a_value: float, b_value: float):
+    """Every lora_A entry set to ``a_value`` and every lora_B entry to ``b_value``."""
+
+    def change(tensors: dict) -> None:
+        for key, tensor in tensors.items():
+            if ".lora_A." in key or ".lora_B." in key:
+                tensor.fill_(a_value if ".lora_A." in key else b_value)
+
+    return change
+
+
 def first_a_in_three_dimensions(tensors: dict) -> None:
     tensors[FIRST_A] = tensors[FIRST_A].unsqueeze(-1)  # [r, in] -> [r, in, 1], lora_B left as it is
 
@@ -362,6 +373,10 @@ CASES = {
         lambda f: edit_config(f, lora_alpha=8e33),  # range, while B x scale still fits float32
         r"lora_alpha \(or its alpha_pattern\) gives scale 1e\+33, and the scaled factors overflow "
         "float32; lora_alpha is too large$",
+    ),
+    "b_times_scale_overflows": (  # tiny A keeps the output bound small; B x scale passes float32
+        lambda f: (edit_config(f, lora_alpha=8e9), edit_tensors(f, scale_factors(1e-10, 1e30))),
+        r"gives scale 1e\+09, and the scaled factors overflow float32; lora_alpha is too large$",
     ),
     "rank_pattern_too_large": (
         lambda f: edit_config(f, rank_pattern={"q_proj": 128}),
@@ -1025,3 +1040,26 @@ def test_token_tables_stored_in_half_precision_load_in_the_dtype_asked_for(
         tokens = load_peft_adapter("half", folder, layers, shape_of, 16, vocab, dtype=dtype).tokens
         assert tokens is not None and tokens.embed is not None and tokens.head is not None
         assert tokens.embed.dtype == tokens.head.dtype == dtype
+
+
+@pytest.mark.parametrize("option", ["lora_bias", "use_dora"])
+def test_a_fused_projections_bias_and_magnitude_are_cut_into_its_parts(option, tiny_family_models, tmp_path):
+    """phi3's qkv_proj lora_B bias (scaled) and DoRA magnitude [q + k + v rows] become q's, k's
+    and v's rows."""
+    base = tiny_family_models["phi3"]
+    folder = build_adapter(
+        base, AdapterSpec("fused", 4, 8, ("qkv_proj",), 43, ((option, True),)), tmp_path / "f"
+    )
+    model = spec_from_config(json.loads((base / "config.json").read_text()))
+    host = load_peft_adapter("fused", folder, model.num_layers, model.projection_shape, 16)
+    ending, got = (
+        ("lora_B.bias", host.biases) if option == "lora_bias" else ("lora_magnitude_vector", host.magnitudes)
+    )
+    scale = 8 / 4 if option == "lora_bias" else 1.0  # a bias is scaled as lora_B's output; a magnitude is not
+    for (layer, _), rows in file_tensors(folder, ending).items():
+        start = 0
+        for part in ("q_proj", "k_proj", "v_proj"):
+            size = model.projection_shape(part)[0]
+            torch.testing.assert_close(got[(layer, part)], rows[start : start + size] * scale)
+            start += size
+        assert start == rows.shape[0] and (layer, "qkv_proj") not in got
