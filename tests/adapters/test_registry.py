@@ -199,3 +199,34 @@ def test_rename_keeps_aliases_and_refuses_taken_or_bad_names(registry, tiny_adap
     with pytest.raises(LibraryError, match="no adapter named 'zzz'"):
         registry.rename("zzz", "x")
     assert sorted(r.name for r in registry.list_adapters()) == ["b", "first"]
+
+
+def test_a_hub_adapter_is_found_by_its_repository_and_commit_only(registry, tiny_adapters, tiny_base):
+    commit, other = "a" * 40, "b" * 40
+    pulled = registry.register_hub(
+        tiny_adapters["tiny-r4-qv"],
+        tiny_base,
+        repo_id="org/pirate",
+        revision=commit,
+        requested_revision="main",
+    )
+    registry.import_folder(tiny_adapters["tiny-r8-all"], tiny_base, name="org/poet")  # a folder, not a pull
+    found = registry.find_hub("org/pirate", commit)
+    assert found is not None and (found.name, found.source, found.revision) == (
+        pulled.name,
+        "org/pirate",
+        commit,
+    )
+    assert found.aliases == pulled.aliases and found.rank == 4
+    assert registry.find_hub("org/pirate", other) is None  # another commit of the repository
+    assert registry.find_hub("org/poet", commit) is None  # an imported folder is not a pull
+
+
+def test_removing_an_alias_that_does_not_exist_is_refused(registry, tiny_adapters, tiny_base):
+    registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="pirate", aliases=["arr"])
+    with pytest.raises(LibraryError, match=r"^no alias 'yo' in the library$"):
+        registry.remove_alias("yo")
+    registry.remove_alias("arr")
+    assert registry.get("pirate").aliases == ()
+    with pytest.raises(LibraryError, match=r"^no alias 'arr' in the library$"):
+        registry.remove_alias("arr")
