@@ -9,7 +9,7 @@ import time
 import pytest
 
 from multilora_studio.adapters.library_sweep import writing
-from multilora_studio.adapters.registry import BaseMismatchError, LibraryError, Registry
+from multilora_studio.adapters.registry import BaseMismatchError, LibraryError, Registry, check_record_base
 from multilora_studio.adapters.registry_schema import SCHEMA_VERSION
 from multilora_studio.cli.shared import describe_base
 from tests.waiting import wait_until
@@ -230,3 +230,30 @@ def test_removing_an_alias_that_does_not_exist_is_refused(registry, tiny_adapter
     assert registry.get("pirate").aliases == ()
     with pytest.raises(LibraryError, match=r"^no alias 'arr' in the library$"):
         registry.remove_alias("arr")
+
+
+def test_an_adapters_record_carries_the_warm_lists_of_its_own_aliases(registry, tiny_adapters, tiny_base):
+    """Read one at a time or listed, each adapter shows the lists of its aliases, in their
+    order, and no other adapter's."""
+    registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="pirate", aliases=["arr", "ahoy"])
+    registry.import_folder(tiny_adapters["tiny-r8-all"], tiny_base, name="poet", aliases=["verse"])
+    registry.import_folder(tiny_adapters["tiny-r16-mlp"], tiny_base, name="chef")
+    registry.set_alias_warm("arr", ["chef", "poet"])
+    registry.set_alias_warm("ahoy", ["verse"])  # by the alias: its adapter is listed
+    expected = {"pirate": (("ahoy", ("poet",)), ("arr", ("chef", "poet"))), "poet": (), "chef": ()}
+    assert {name: registry.get(name).alias_warm for name in expected} == expected
+    assert {r.name: r.alias_warm for r in registry.list_adapters()} == expected
+
+
+def test_a_record_of_another_base_is_refused_unless_overridden(registry, tiny_adapters, tiny_base):
+    record = registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="pirate")
+    other = "f" * 64
+    message = (
+        f"adapter 'pirate' was validated against base {record.base_name} (sha256 {record.base_digest[:12]}), "
+        f"the loaded base has sha256 {'f' * 12}; its outputs may be wrong. Override to load it anyway"
+    )
+    with pytest.raises(BaseMismatchError) as caught:
+        check_record_base(record, other)  # override is off unless asked for
+    assert str(caught.value) == message
+    check_record_base(record, other, override=True)
+    check_record_base(record, record.base_digest)
