@@ -257,3 +257,27 @@ def test_a_record_of_another_base_is_refused_unless_overridden(registry, tiny_ad
     assert str(caught.value) == message
     check_record_base(record, other, override=True)
     check_record_base(record, record.base_digest)
+
+
+def test_loading_reads_the_weights_so_a_copy_damaged_after_import_is_refused_at_once(
+    registry, tiny_adapters, tiny_base, tiny_model_dir
+):
+    """``load_into`` reads the adapter's weights when it loads it (not at its first request):
+    a library copy whose weights went bad after the import is refused by the load itself."""
+    from safetensors.torch import load_file, save_file
+
+    from multilora_studio.adapters.peft_adapter import AdapterError
+    from multilora_studio.engine import Engine, EngineConfig
+
+    record = registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="qv")
+    weights = record.path / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    next(t for k, t in tensors.items() if "lora_B" in k)[0, 0] = float("nan")
+    save_file(tensors, str(weights))
+    config = EngineConfig(
+        model=str(tiny_model_dir), device="cpu", dtype="float32", max_loras=2, max_model_len=128
+    )
+    with Engine(config) as engine:
+        with pytest.raises(AdapterError, match="holds NaN or Inf weights"):
+            registry.load_into(engine, "qv")
+        assert engine.list_adapters() == []
