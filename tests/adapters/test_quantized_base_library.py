@@ -100,3 +100,16 @@ def test_a_float_base_of_other_weights_is_still_a_mismatch(tmp_path, float_base,
     save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
     with Engine(config(other)) as engine, pytest.raises(BaseMismatchError):
         registry.load_into(engine, "qv")
+
+
+def test_an_adapter_validated_on_the_quantized_checkpoint_itself_gets_no_quantized_note(
+    tmp_path, awq_base, adapter
+):
+    """Served on the base it was validated against (an AWQ checkpoint, as it is), an adapter is
+    on its own base: nothing to say in its log."""
+    registry = Registry(tmp_path / "library")
+    registry.import_folder(adapter, describe_base(str(awq_base)), name="qv")
+    with Engine(config(awq_base)) as engine:
+        registry.load_into(engine, "qv")
+        assert [a.name for a in engine.list_adapters()] == ["qv"]
+    assert [e for e in registry.events("qv") if e.event == SERVED_QUANTIZED] == []
