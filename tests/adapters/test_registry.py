@@ -281,3 +281,12 @@ def test_loading_reads_the_weights_so_a_copy_damaged_after_import_is_refused_at_
         with pytest.raises(AdapterError, match="holds NaN or Inf weights"):
             registry.load_into(engine, "qv")
         assert engine.list_adapters() == []
+
+
+def test_the_listing_gives_each_adapter_its_own_aliases(registry, tiny_adapters, tiny_base):
+    registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="pirate", aliases=["arr", "ahoy"])
+    registry.import_folder(tiny_adapters["tiny-r8-all"], tiny_base, name="poet", aliases=["verse"])
+    registry.import_folder(tiny_adapters["tiny-r16-mlp"], tiny_base, name="chef")
+    expected = {"pirate": ("ahoy", "arr"), "poet": ("verse",), "chef": ()}
+    assert {r.name: r.aliases for r in registry.list_adapters()} == expected
+    assert {name: registry.get(name).aliases for name in expected} == expected
