@@ -2,7 +2,7 @@
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft, with
 # .device_pkg/ carried (scripts/device_package.sh builds it: the tokenizer and the other wheels).
-# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS)] [engine-tests|engine-fidelity] [engine-bench] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [swap-bench]
+# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS, GPU_DIST, GPU_SESSION_TIMEOUT)] [engine-tests|engine-fidelity] [engine-bench] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [swap-bench]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 # Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
 set -u
@@ -49,14 +49,14 @@ for step in $steps; do
       # scripts/gpu_tests.py lists its files (or GPU_TESTS': files or folders) less those whose
       # imports are not carried (lm-evaluation-harness, LangChain, litellm: their tests run in CI);
       # GPU_SHARD=I/N runs the I-th of N parts, so that N calls within the call limit run it all;
-      # GPU_WORKERS pytest-xdist processes (6) share the one GPU, a test file each at a time
+      # GPU_WORKERS pytest-xdist processes (8) share the one GPU, a test file each at a time
       # (GPU_DIST=load: a test each, for a few long files); past
       # GPU_SESSION_TIMEOUT (480 s) no test starts, so the summary and $OUT/gpu-tests.xml still come
       if files=$(python3 scripts/gpu_tests.py --shard "${GPU_SHARD:-1/1}" ${GPU_TESTS:-}); then
         # shellcheck disable=SC2086
         TRITON_INTERPRET=0 MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
           timeout ${GPU_TESTS_TIMEOUT:-575} python3 -m pytest -q -rfE -p no:cacheprovider \
-          -n "${GPU_WORKERS:-6}" --dist "${GPU_DIST:-loadfile}" --durations=25 --session-timeout "${GPU_SESSION_TIMEOUT:-480}" \
+          -n "${GPU_WORKERS:-8}" --dist "${GPU_DIST:-loadfile}" --durations=25 --session-timeout "${GPU_SESSION_TIMEOUT:-480}" \
           --junitxml "$OUT/gpu-tests.xml" $files 2>&1 \
           | tee "$OUT/gpu-tests.log" | tail -25
       fi ;;
