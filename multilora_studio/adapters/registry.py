@@ -115,12 +115,14 @@ def check_record_base(
         )
 
 
-def serve_record(engine: Any, record: AdapterRecord, override: bool = False, preload: bool = True) -> None:
+def serve_record(engine: Any, record: AdapterRecord, override: bool = False, *, preload: bool) -> str | None:
     """Add a library adapter to a running engine (checked against its base), pin it if pinned;
     the library is not written. ``preload=False`` registers it without reading its weights
-    (they load on first use). A quantized base of the adapter's base serves it (said in the log)."""
+    (they load on first use). A quantized base of the adapter's base serves it: said in the log,
+    and returned (``serving_note``); None on the adapter's own base."""
     quantization = base_quantization_of(engine.model_folder, engine.config.quantization)
     check_record_base(record, engine.base_digest, override, quantization)
+    note = None
     if record.base_status(engine.base_digest, quantization) == "quantized" and quantization is not None:
         note = serving_note(
             record.name,
@@ -139,6 +141,7 @@ def serve_record(engine: Any, record: AdapterRecord, override: bool = False, pre
     engine.add_adapter(record.name, record.path, preload=preload)
     if record.pinned:
         engine.pin_adapter(record.name)
+    return note
 
 
 def insert_score(conn: sqlite3.Connection, adapter_id: str, score: EvalScoreRecord) -> None:
@@ -535,10 +538,9 @@ class Registry(RegistryLifecycle):
     ) -> AdapterRecord:
         """Serve a library adapter on a running engine (``serve_record``) and record it as used now."""
         record = self.get(name)
-        serve_record(engine, record, override, preload)
-        quantization = base_quantization_of(engine.model_folder, engine.config.quantization)
-        if record.base_status(engine.base_digest, quantization) == "quantized" and quantization is not None:
-            self.note_serving(record, engine.model_name, engine.base_digest, quantization)
+        note = serve_record(engine, record, override, preload=preload)
+        if note is not None:
+            self.record_serving_note(record, note)
         return self.touch(record.name)
 
     def note_serving(
@@ -549,10 +551,14 @@ class Registry(RegistryLifecycle):
         note = serving_note(
             record.name, record.base_name, record.base_digest, base_name, digest, quantization
         )
+        self.record_serving_note(record, note)
+        return note
+
+    def record_serving_note(self, record: AdapterRecord, note: str) -> None:
+        """Write ``note`` (``serving_note``) to the adapter's audit log unless it is there."""
         if not any(e.event == SERVED_QUANTIZED and e.reason == note for e in self.events(record.name)):
             with self._write() as conn:
                 self.record_event(conn, record.id, record.name, SERVED_QUANTIZED, note)
-        return note
 
     # ---------------------------------------------------------------- internals
 

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from multilora_studio.adapters.base_quantization import BaseQuantization, base_quantization_of
-from multilora_studio.adapters.registry import SERVED_QUANTIZED, BaseMismatchError, Registry
+from multilora_studio.adapters.registry import SERVED_QUANTIZED, BaseMismatchError, Registry, serve_record
 from multilora_studio.cli.serve import pool_base_quantization
 from multilora_studio.cli.shared import describe_base
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
@@ -85,8 +85,10 @@ def test_a_quantized_base_serves_the_float_bases_adapter_and_the_library_says_so
     assert len(notes) == 1
     label = "awq" if quantized == "awq-checkpoint" else "fp8, quantized at load"
     expected = f"is served on {served_name} ({label}, sha256 {served_digest[:12]})"
-    assert f"trained on base {float_base.name}" in notes[0].reason and expected in notes[0].reason
-    assert any(expected in message for message in caplog.messages)
+    reason = notes[0].reason
+    assert reason.startswith(f"adapter 'qv' was trained on base {float_base.name} (sha256 ")
+    assert reason.endswith(expected)
+    assert caplog.messages.count(reason) == 2  # the log says it at each load, word for word
 
 
 def test_a_float_base_of_other_weights_is_still_a_mismatch(tmp_path, float_base, adapter):
@@ -98,18 +100,23 @@ def test_a_float_base_of_other_weights_is_still_a_mismatch(tmp_path, float_base,
     tensors = load_file(str(other / "model.safetensors"))
     tensors["model.norm.weight"] = tensors["model.norm.weight"] * 1.01
     save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
-    with Engine(config(other)) as engine, pytest.raises(BaseMismatchError):
-        registry.load_into(engine, "qv")
+    with Engine(config(other)) as engine:
+        with pytest.raises(BaseMismatchError):
+            registry.load_into(engine, "qv")
+        with pytest.raises(BaseMismatchError):  # the window's path: no override unless asked for
+            serve_record(engine, registry.get("qv"), preload=False)
+        assert engine.list_adapters() == []
 
 
 def test_an_adapter_validated_on_the_quantized_checkpoint_itself_gets_no_quantized_note(
-    tmp_path, awq_base, adapter
+    tmp_path, awq_base, adapter, caplog
 ):
     """Served on the base it was validated against (an AWQ checkpoint, as it is), an adapter is
     on its own base: nothing to say in its log."""
     registry = Registry(tmp_path / "library")
     registry.import_folder(adapter, describe_base(str(awq_base)), name="qv")
-    with Engine(config(awq_base)) as engine:
+    with Engine(config(awq_base)) as engine, caplog.at_level(logging.INFO):
         registry.load_into(engine, "qv")
         assert [a.name for a in engine.list_adapters()] == ["qv"]
     assert [e for e in registry.events("qv") if e.event == SERVED_QUANTIZED] == []
+    assert not any("was trained on base" in message for message in caplog.messages)

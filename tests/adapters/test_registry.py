@@ -9,7 +9,13 @@ import time
 import pytest
 
 from multilora_studio.adapters.library_sweep import writing
-from multilora_studio.adapters.registry import BaseMismatchError, LibraryError, Registry, check_record_base
+from multilora_studio.adapters.registry import (
+    BaseMismatchError,
+    LibraryError,
+    Registry,
+    check_record_base,
+    serve_record,
+)
 from multilora_studio.adapters.registry_schema import SCHEMA_VERSION
 from multilora_studio.cli.shared import describe_base
 from tests.waiting import wait_until
@@ -281,6 +287,9 @@ def test_loading_reads_the_weights_so_a_copy_damaged_after_import_is_refused_at_
         with pytest.raises(AdapterError, match="holds NaN or Inf weights"):
             registry.load_into(engine, "qv")
         assert engine.list_adapters() == []
+        # the window's path: registered without reading the weights, refused at first use
+        assert serve_record(engine, registry.get("qv"), preload=False) is None
+        assert [a.name for a in engine.list_adapters()] == ["qv"]
 
 
 def test_the_listing_gives_each_adapter_its_own_aliases(registry, tiny_adapters, tiny_base):
