@@ -3,8 +3,8 @@
 PEFT builds each adapter in the test (every trained tensor perturbed: A, B, B's bias, DoRA's
 magnitude); greedy tokens of every row equal PEFT's for that adapter alone, float32, 32 new
 tokens, on each LoRA path (the shrink in the kernels, in the GEMMs, and the fused q/k/v
-epilogue under the Triton interpreter on the CPU), on the tiny Llama and on phi3's fused
-projections.
+epilogue: 8 tokens under the Triton interpreter on the CPU), on the tiny Llama and on phi3's
+fused projections.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from multilora_studio.engine.step_staging import StepStaging
 from tests.engine.conftest import RUNNER_BLOCK, capture_graphs_on, tiny_runner
 from tests.engine.reference import PeftReference
 from tests.engine.test_decode_staging import make_sequences
-from tests.engine.test_model_families import PATHS
+from tests.engine.test_model_families import PATHS, new_tokens
 from tests.fixtures import ATTENTION_TARGETS, MLP_TARGETS, AdapterSpec, build_adapter
 
 NEW_TOKENS = 32
@@ -50,7 +50,7 @@ def kinds(tiny_model_dir, tmp_path_factory):
     return adapters, PeftReference(tiny_model_dir, adapters)
 
 
-def generate(base, adapters, engine_device, **config):
+def generate(base, adapters, engine_device, max_tokens: int = NEW_TOKENS, **config):
     engine_config = EngineConfig(
         model=str(base), device=engine_device, dtype="float32", max_lora_rank=16, max_model_len=128, **config
     )
@@ -62,7 +62,7 @@ def generate(base, adapters, engine_device, **config):
         outputs = engine.generate(
             PROMPTS[: len(names)],
             names,
-            SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True),
+            SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
         )
     return names, outputs, kinds
 
@@ -75,7 +75,8 @@ CONFIGS = {**PATHS, "loader-process": dict(lora_shrink_in_gemm=False, adapter_lo
 @pytest.mark.parametrize("path", list(CONFIGS))
 def test_dora_and_lora_bias_in_a_mixed_batch_match_peft(path, kinds, tiny_model_dir, engine_device):
     adapters, reference = kinds
-    names, outputs, shown = generate(tiny_model_dir, adapters, engine_device, **CONFIGS[path])
+    count = new_tokens(path, engine_device, NEW_TOKENS)
+    names, outputs, shown = generate(tiny_model_dir, adapters, engine_device, count, **CONFIGS[path])
     assert shown == {
         "dora-r8-all": "DoRA",
         "bias-r4-qkv-down": "LoRA with bias",
@@ -83,8 +84,8 @@ def test_dora_and_lora_bias_in_a_mixed_batch_match_peft(path, kinds, tiny_model_
         "dora-r4-qv": "DoRA",
     }
     for prompt, name, output in zip(PROMPTS, names, outputs, strict=False):
-        assert output.token_ids == reference.greedy(name, prompt, NEW_TOKENS), name
-    plain = [reference.greedy(None, prompt, NEW_TOKENS) for prompt in PROMPTS[: len(names)]]
+        assert output.token_ids == reference.greedy(name, prompt, count), name
+    plain = [reference.greedy(None, prompt, count) for prompt in PROMPTS[: len(names)]]
     assert all(o.token_ids != p for o, p, n in zip(outputs, plain, names, strict=True) if n), (
         "an adapter did nothing"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from multilora_studio.engine import SamplingParams
+from tests.engine.test_model_families import new_tokens
 from tests.fixtures import TINY_ADAPTERS
 
 NEW_TOKENS = 32
@@ -37,12 +38,15 @@ def expected(peft_reference, cache, prompt_ids, adapter):
     return cache[key]
 
 
-def generate_matches_peft(engine, peft_reference, cache, requests) -> None:
-    """One batched ``generate`` of ``requests``; each output equals PEFT's for its adapter alone."""
-    outputs = engine.generate([p for p, _ in requests], [a for _, a in requests], GREEDY)
+def generate_matches_peft(engine, peft_reference, cache, requests, max_tokens: int = NEW_TOKENS) -> None:
+    """One batched ``generate`` of ``requests``, ``max_tokens`` each; each output equals PEFT's
+    (its first ``max_tokens``) for its adapter alone."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    outputs = engine.generate([p for p, _ in requests], [a for _, a in requests], params)
     for (prompt_ids, adapter), output in zip(requests, outputs, strict=True):
         assert output.finish_reason == "length"
-        assert output.token_ids == expected(peft_reference, cache, prompt_ids, adapter), adapter
+        wanted = expected(peft_reference, cache, prompt_ids, adapter)[:max_tokens]
+        assert output.token_ids == wanted, adapter
 
 
 # The LoRA shrink by the kernels, and inside the base GEMMs (every slot's A rows appended).
@@ -86,14 +90,15 @@ def test_requests_joining_mid_decode_match_peft(make_engine, peft_reference, exp
         ), adapter
 
 
-def test_fused_qkv_epilogue_matches_peft(make_engine, peft_reference, expected_cache):
+def test_fused_qkv_epilogue_matches_peft(make_engine, peft_reference, expected_cache, engine_device):
     """The q/k/v expand, RoPE and cache write as one kernel (fused_qkv_epilogue=True, with the
     shrink in the GEMMs so the kernel does the expand; under TRITON_INTERPRET=1 on the CPU, as
-    the test suite runs). Every adapter and the base once: the interpreter is slow."""
+    the test suite runs). Every adapter and the base once, fewer tokens in the interpreter."""
     engine = make_engine(lora_shrink_in_gemm=True, fused_qkv_epilogue=True)
     assert engine.runner.model.plan.fused_qkv
     requests = mixed_requests(engine)[: len(TINY_ADAPTERS) + 1]
-    generate_matches_peft(engine, peft_reference, expected_cache, requests)
+    count = new_tokens("fused-qkv", engine_device, NEW_TOKENS)
+    generate_matches_peft(engine, peft_reference, expected_cache, requests, count)
 
 
 @SHRINK_PATHS

@@ -4,7 +4,8 @@ PEFT builds each adapter in the test, every trained tensor perturbed: a saved ``
 (modules_to_save), a saved ``embed_tokens``, retrained tokens (``trainable_token_indices``,
 tied into the tiny model's tied head as PEFT ties them), a resized vocabulary with 8 added
 tokens, its own tokenizer and chat template, a DoRA and a lora_bias adapter. Greedy tokens of
-every row equal PEFT's for that adapter alone (float32, 32 new tokens) on each LoRA path;
+every row equal PEFT's for that adapter alone (float32, 32 new tokens; 8 on the fused q/k/v
+path under Triton's interpreter) on each LoRA path;
 prompts hold the retrained and the added ids; log-probabilities of the added-token rows cover
 their own vocabulary.
 """
@@ -16,7 +17,7 @@ import torch
 
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from tests.engine.reference import greedy_tokens
-from tests.engine.test_model_families import PATHS
+from tests.engine.test_model_families import PATHS, new_tokens
 from tests.token_table_fixtures import ADDED, prompts_for
 
 NEW_TOKENS = 32
@@ -42,13 +43,14 @@ def make_engine(base, adapters, engine_device, **config) -> Engine:
 def test_token_tables_in_a_mixed_batch_match_peft(
     path, table_adapters, references, tiny_model_dir, engine_device
 ):
+    count = new_tokens(path, engine_device, NEW_TOKENS)
     with make_engine(tiny_model_dir, table_adapters, engine_device, **PATHS[path]) as engine:
         prompts = prompts_for(engine.spec.vocab_size)
         shown = {info.name: info.tokens for info in engine.list_adapters()}
         outputs = engine.generate(
             list(prompts.values()),
             list(prompts),
-            SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True),
+            SamplingParams(max_tokens=count, temperature=0, ignore_eos=True),
         )
     assert shown == {
         "head": "lm_head",
@@ -60,12 +62,10 @@ def test_token_tables_in_a_mixed_batch_match_peft(
         "bias": "",
     }
     for (name, prompt), output in zip(prompts.items(), outputs, strict=True):
-        assert output.token_ids == greedy_tokens(references[name], prompt, NEW_TOKENS), name
+        assert output.token_ids == greedy_tokens(references[name], prompt, count), name
     for (name, prompt), output in zip(prompts.items(), outputs, strict=True):
         if name not in (None, "added"):  # (the base cannot read the added ids)
-            assert output.token_ids != greedy_tokens(references[None], prompt, NEW_TOKENS), (
-                f"{name} did nothing"
-            )
+            assert output.token_ids != greedy_tokens(references[None], prompt, count), f"{name} did nothing"
 
 
 def test_rows_of_an_added_vocabulary_score_over_it(table_adapters, references, tiny_model_dir, engine_device):
