@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import time
@@ -299,3 +300,26 @@ def test_the_listing_gives_each_adapter_its_own_aliases(registry, tiny_adapters,
     expected = {"pirate": ("ahoy", "arr"), "poet": ("verse",), "chef": ()}
     assert {r.name: r.aliases for r in registry.list_adapters()} == expected
     assert {name: registry.get(name).aliases for name in expected} == expected
+
+
+def test_scores_are_recorded_together_and_read_back_newest_first_under_the_adapters_name(
+    registry, tiny_adapters, tiny_base
+):
+    from multilora_studio.adapters.registry_schema import EvalScoreRecord
+
+    registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="pirate", aliases=["arr"])
+    registry.import_folder(tiny_adapters["tiny-r8-all"], tiny_base, name="poet")
+    old = EvalScoreRecord("arr", "style", "d" * 64, tiny_base.digest, 4, 4, 3, -1.5, "/r/old.json", 10.0)
+    new = EvalScoreRecord("pirate", "style", "d" * 64, tiny_base.digest, 4, 4, 4, None, None, 20.0)
+    card = EvalScoreRecord("poet", "card", "", "", None, None, None, None, None, 15.0, "acc", 31.5)
+    registry.record_eval_scores([old, card])
+    registry.record_eval_scores([new])
+    # read by an alias or the name, each score is the adapter's, under its name
+    expected = [new, dataclasses.replace(old, adapter="pirate")]
+    assert registry.eval_scores("arr") == registry.eval_scores("pirate") == expected
+    assert registry.eval_scores("poet") == [card]
+    unknown = EvalScoreRecord("gone", "style", "d" * 64, "", 1, 1, 1, None, None, 30.0)
+    with pytest.raises(LibraryError) as caught:
+        registry.record_eval_scores([new, unknown])
+    assert str(caught.value) == "no adapter named 'gone' in the library; no scores recorded"
+    assert registry.eval_scores("pirate") == expected  # the first of that evaluation was not kept
