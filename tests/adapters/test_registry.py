@@ -318,6 +318,8 @@ def test_scores_are_recorded_together_and_read_back_newest_first_under_the_adapt
     expected = [new, dataclasses.replace(old, adapter="pirate")]
     assert registry.eval_scores("arr") == registry.eval_scores("pirate") == expected
     assert registry.eval_scores("poet") == [card]
+    assert registry.latest_eval_scores() == {"pirate": new, "poet": card}
+    assert registry.latest_eval_scores(counted=True) == {"pirate": new}  # a card's metric has no counts
     unknown = EvalScoreRecord("gone", "style", "d" * 64, "", 1, 1, 1, None, None, 30.0)
     with pytest.raises(LibraryError) as caught:
         registry.record_eval_scores([new, unknown])
