@@ -4,7 +4,8 @@ Decode steps are captured in CUDA graphs, which compiles their kernels. Steps wi
 prompt chunk run eagerly, and their kernels pick tile sizes and integer specialisations
 from the token count and the longest query: the first step of a new kind would compile
 (about 0.1-1 s a kernel) while every running request waits. One forward pass per kind,
-with and without LoRA, on scratch KV blocks, compiles them all before the first request.
+without LoRA, with LoRA, and with LoRA and the per-row terms of DoRA and lora_bias adapters,
+on scratch KV blocks, compiles them all before the first request.
 """
 
 from __future__ import annotations
@@ -94,17 +95,21 @@ def warm_up_kernels(
     max_tokens: int,
     steps: list[list[int]],
 ) -> tuple[int, float]:
-    """Run the eager forward once per step of ``steps`` (:func:`warmup_steps`), with and
-    without LoRA (every token on slot 0; the LoRA metadata sized for ``max_tokens``, as the
-    runner's is). Returns (forward passes, seconds).
+    """Run the eager forward once per step of ``steps`` (:func:`warmup_steps`) without LoRA,
+    with LoRA, and with LoRA and every group's per-row terms (every token on slot 0; the LoRA
+    metadata sized for ``max_tokens``, as the runner's is). Returns (forward passes, seconds).
 
     Writes only KV blocks that no sequence owns yet (the cache is empty at start-up) and
-    leaves the LoRA slots and the step buffers as they were.
+    leaves the LoRA slots, their per-row buffers and the step buffers as they were.
     """
     started = time.perf_counter()
     keys = kv_caches[0][0]  # [blocks, block_size, Hkv, D]
     num_blocks, block_size, device = keys.shape[0], keys.shape[1], keys.device
     batch = LoRABatch.allocate(max_tokens, lora.num_slots, device)
+    groups = frozenset(LORA_GROUPS)
+    kinds = (None, LoRAStep(batch, groups), LoRAStep(batch, groups, row_groups=groups))
+    made_rows = not lora.row_scale  # (made for the warm-up, dropped after it)
+    lora.ensure_row_buffers()
     passes = 0
     for lengths in steps:
         attn = _metadata(lengths, block_size, num_blocks, device)
@@ -117,10 +122,12 @@ def warm_up_kernels(
         last_rows = torch.tensor(  # each sequence's last token: the rows a step samples
             [end - 1 for end in itertools.accumulate(lengths)], dtype=torch.int64, device=device
         )
-        for step_lora in (None, LoRAStep(batch, frozenset(LORA_GROUPS))):
+        for step_lora in kinds:
             hidden = model.forward(input_ids, positions, attn, kv_caches, step_lora)
             model.logits(hidden[last_rows])
             passes += 1
+    if made_rows:
+        lora.drop_row_buffers()
     warm_up_sampling(torch.zeros(1, model.spec.vocab_size, device=device), model.weights.lm_head.dtype)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -6,10 +6,12 @@ Storage (allocated once, zeros; see ``multilora_studio.kernels.lora`` for the ke
     b[group]: [layers, slots, out_total, max_rank]   slice s = rows offsets[s]:offsets[s+1]
               (on the CPU a transposed view of [layers, slots, max_rank, out_total] storage)
     slot_ranks: [slots] int32, 0 = empty slot
-    row_scale[group], row_bias[group]: [layers, slots + 1, out_total], made when the first
-              DoRA or LoRA-bias adapter is uploaded: each slot's per-row output scale (DoRA's
-              magnitude / ||W + B A||, 1 elsewhere) and bias (lora_bias, 0 elsewhere); row
-              ``slots`` is for tokens without an adapter (1 and 0)
+    row_scale[group], row_bias[group]: [layers, slots + 1, out_total], every group's of both
+              kinds made when the first DoRA or LoRA-bias adapter is uploaded (so that every
+              step with per-row terms runs one kernel variant, the one the warm-up compiles):
+              each slot's per-row output scale (DoRA's magnitude / ||W + B A||, 1 elsewhere)
+              and bias (lora_bias, 0 elsewhere); row ``slots`` is for tokens without an
+              adapter (1 and 0)
     token_tables: the embedding / LM-head tables of the slots' adapters that have them
               (``engine/token_tables.py``), filled and cleared with the slot
 The LoRA scale is folded into B when a slot is filled.
@@ -39,8 +41,6 @@ LORA_GROUPS: dict[str, tuple[str, ...]] = {
 GROUP_OF = {
     module: (group, index) for group, modules in LORA_GROUPS.items() for index, module in enumerate(modules)
 }
-# per-row vectors an adapter may carry besides A and B (PackedAdapter.rows keys are "kind:group")
-ROW_KINDS = ("bias", "magnitude")
 
 
 class LoRASlotWeights:
@@ -107,22 +107,22 @@ class LoRASlotWeights:
         self.row_scale: dict[str, torch.Tensor] = {}
         self.row_bias: dict[str, torch.Tensor] = {}
 
-    def _row_buffer(self, kind: str, group: str) -> torch.Tensor:
-        """``row_scale[group]`` (ones) or ``row_bias[group]`` (zeros) [L, slots + 1, out_total],
-        made on first use."""
-        buffers = self.row_scale if kind == "magnitude" else self.row_bias
-        if group not in buffers:
-            shape = (self.spec.num_layers, self.num_slots + 1, self.offsets[group][-1])
-            fill = 1.0 if kind == "magnitude" else 0.0
-            buffers[group] = torch.full(shape, fill, dtype=self.dtype, device=self.device)
-        return buffers[group]
-
     def ensure_row_buffers(self) -> None:
-        """Every group's ``row_scale`` and ``row_bias`` (what a CUDA graph with the per-row
-        terms reads)."""
+        """Every group's ``row_scale`` (ones) and ``row_bias`` (zeros) [L, slots + 1, out_total],
+        made once: what a step with per-row terms reads, eager or in a CUDA graph."""
         for group in LORA_GROUPS:
-            for kind in ROW_KINDS:
-                self._row_buffer(kind, group)
+            shape = (self.spec.num_layers, self.num_slots + 1, self.offsets[group][-1])
+            if group not in self.row_scale:
+                self.row_scale[group] = torch.ones(shape, dtype=self.dtype, device=self.device)
+            if group not in self.row_bias:
+                self.row_bias[group] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def drop_row_buffers(self) -> None:
+        """Forget the per-row buffers (their memory goes back to the allocator); only while no
+        slot holds an adapter with per-row terms."""
+        assert not any(self.slot_row_groups), "a slot's adapter has per-row terms"
+        self.row_scale.clear()
+        self.row_bias.clear()
 
     def _reset_rows(self, slot: int) -> None:
         for group in LORA_GROUPS:  # every buffer made: one may exist for a group the slot lacks
@@ -197,6 +197,8 @@ class LoRASlotWeights:
         self.slot_groups[slot] = frozenset(packed.a)
         self._reset_rows(slot)
         self.token_tables.put(slot, packed.tokens)
+        if packed.rows:
+            self.ensure_row_buffers()
         for key, stored in packed.rows.items():  # [L, out_total]
             kind, group = key.split(":")
             rows = stored
@@ -206,7 +208,9 @@ class LoRASlotWeights:
                 a = self.a[group][:, slot, :, :rank]  # [L, S, r, in]
                 b = self.b[group][:, slot, :, :rank]  # [L, out_total, r]
                 rows = dora_row_scale(stored, a, b, self.offsets[group], group, self.base)
-            self._row_buffer(kind, group)[:, slot].copy_(rows, non_blocking=True)
+            (self.row_scale if kind == "magnitude" else self.row_bias)[group][:, slot].copy_(
+                rows, non_blocking=True
+            )
         self.slot_row_groups[slot] = frozenset(key.split(":")[1] for key in packed.rows)
         self.slot_adapter[slot] = packed.name
 

@@ -18,7 +18,10 @@ from multilora_studio.engine.kernel_warmup import (
 from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
 from multilora_studio.engine.sequence import Sequence
 from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
-from tests.engine.conftest import RUNNER_BLOCK
+from multilora_studio.kernels.triton_support import interpreting
+from tests.engine.conftest import RUNNER_BLOCK, tiny_runner
+from tests.fixtures import ATTENTION_TARGETS, MLP_TARGETS, AdapterSpec, build_adapter
+from tests.kernel_variants import VariantLog, describe
 
 
 class TorchCalls(TorchFunctionMode):
@@ -79,7 +82,8 @@ def test_warm_up_runs_every_step_kind_and_leaves_slots_and_outputs_unchanged(run
     vocab = runner.spec.vocab_size
     assert [name for name in SAMPLING_CALLS if vocab not in calls.widths.get(name, ())] == []
     fitting = [s for s in steps if sum(-(-n // RUNNER_BLOCK) for n in s) <= runner.kv_cache.shape[2]]
-    assert passes == 2 * len(fitting) and seconds > 0
+    assert passes == 3 * len(fitting) and seconds > 0  # without LoRA, with it, with its row terms
+    assert runner.lora.row_scale == runner.lora.row_bias == {}  # made for the warm-up only
     assert torch.equal(runner.lora.slot_ranks, ranks)
     assert {group: t.sum().item() for group, t in runner.lora.a.items()} == a_sums
     torch.testing.assert_close(prefill_logits(), before, rtol=0, atol=0)
@@ -129,3 +133,53 @@ def test_cpu_kernels_compile_at_start_up_not_while_serving(make_engine):
     for size in (1, 3):
         engine.generate([[5, 6, 7, 8][: size + 1]] * size, names[:size], params)
     assert {name: len(kernel.signatures) for name, kernel in kernels.items()} == compiled
+
+
+ROW_KINDS = (
+    AdapterSpec("warm-dora", 8, 16, tuple(ATTENTION_TARGETS + MLP_TARGETS), 41, (("use_dora", True),)),
+    AdapterSpec("warm-bias", 4, 8, ("q_proj", "k_proj", "v_proj", "down_proj"), 42, (("lora_bias", True),)),
+)
+
+
+@pytest.mark.skipif(not interpreting(), reason="the CUDA kernels on the CPU: TRITON_INTERPRET=1")
+@pytest.mark.parametrize("shrink_in_gemm", [False, True], ids=["kernel-shrink", "shrink-in-gemm"])
+def test_serving_launches_no_triton_variant_that_the_warm_up_did_not(
+    shrink_in_gemm, tiny_model_dir, tiny_adapters, tmp_path
+):
+    """The Triton variants (Triton's own specialisation keys) of a served mix: plain, DoRA and
+    lora_bias adapters alone and together, one adapter in the first slot (the narrowest span of
+    slots), base rows, prompts, decodes and both in one step, are all launched by the start-up
+    warm-up, so on a GPU none compiles while requests wait."""
+    adapters = {"plain": tiny_adapters["tiny-r4-qv"]}
+    adapters |= {spec.name: build_adapter(tiny_model_dir, spec, tmp_path / spec.name) for spec in ROW_KINDS}
+    runner, slot_of = tiny_runner(
+        tiny_model_dir, adapters, "cpu", lora_backend="triton", fused_qkv_epilogue=True,
+        lora_shrink_in_gemm=shrink_in_gemm, max_num_batched_tokens=16, max_num_seqs=4,
+    )  # fmt: skip
+    config = runner.config
+    with VariantLog() as warm:
+        warm_up_kernels(
+            runner.model, runner.kv_caches, runner.lora, config.max_num_batched_tokens,
+            warmup_steps(config, decode_graphs=False),
+        )  # fmt: skip
+    blocks = BlockManager(runner.kv_cache.shape[2], RUNNER_BLOCK)
+    mixes = [["plain"], ["warm-dora"], ["warm-bias"], ["plain", "warm-dora", "warm-bias", None], [None]]
+    with VariantLog() as served:
+        for number, names in enumerate(mixes):
+            seqs = [
+                Sequence(f"s{number}-{i}", [7 + i, 11, 13, 17 + i, 19][: 2 + i], name, SamplingParams(), 0)
+                for i, name in enumerate(names)
+            ]
+            for seq in seqs:
+                blocks.grow(seq, seq.num_tokens)
+            prefill = StepPlan([ScheduledChunk(s, 0, s.num_tokens) for s in seqs])
+            runner.run(runner.prepare(prefill, blocks, slot_of))
+            for seq in seqs:
+                seq.output_token_ids.append(5)
+                blocks.grow(seq, seq.num_tokens)
+            decode = StepPlan([ScheduledChunk(s, s.num_tokens - 1, 1) for s in seqs])
+            runner.run(runner.prepare(decode, blocks, slot_of))
+            for seq in seqs:
+                blocks.free(seq)
+    missing = served.variants - warm.variants
+    assert served.variants and not missing, f"{len(missing)} variants not warmed:\n{describe(missing)}"
