@@ -14,6 +14,7 @@ from multilora_studio.engine.block_manager import BlockManager, blocks_needed
 from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.host_threads import quiet_host_threads, size_step_threads
 from multilora_studio.engine.lora_plan_builder import build_lora_plan, shrink_in_gemm_rows
+from multilora_studio.engine.lora_weights import row_buffer_bytes
 from multilora_studio.engine.model_source import BaseModel, resolve_model
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.quant_plan_builder import base_quantization, build_quant_plan
@@ -61,10 +62,13 @@ def kv_cache_blocks(
         budget = int(config.kv_cache_memory_gb * (1 << 30))
     elif device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        budget = int(free * 0.85) - (2 << 30) - token_table_bytes(config)
+        # besides the KV cache: the token tables, and the per-row buffers of DoRA and lora_bias
+        # adapters (made by the warm-up for its pass, kept from the first such adapter on)
+        others = token_table_bytes(config) + row_buffer_bytes(spec, config.max_loras, dtype)
+        budget = int(free * 0.85) - (2 << 30) - others
         if config.device_memory_share < 1:
             share = int(total * config.device_memory_share * 0.85) - own_bytes - (2 << 30)
-            budget = min(budget, share - token_table_bytes(config))
+            budget = min(budget, share - others)
     else:
         budget = CPU_KV_CACHE_CAP_BYTES
     blocks = min(wanted, budget // per_block)

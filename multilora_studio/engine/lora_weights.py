@@ -43,6 +43,14 @@ GROUP_OF = {
 }
 
 
+def row_buffer_bytes(spec: ModelSpec, num_slots: int, dtype: torch.dtype) -> int:
+    """Device memory of every group's ``row_scale`` and ``row_bias`` (``ensure_row_buffers``)."""
+    out_total = sum(
+        spec.projection_shape(module)[0] for modules in LORA_GROUPS.values() for module in modules
+    )
+    return 2 * spec.num_layers * (num_slots + 1) * out_total * dtype.itemsize
+
+
 class LoRASlotWeights:
     """The device-side LoRA factor buffers for ``num_slots`` adapters."""
 

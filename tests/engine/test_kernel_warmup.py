@@ -15,6 +15,7 @@ from multilora_studio.engine.kernel_warmup import (
     warmup_steps,
     warmup_token_counts,
 )
+from multilora_studio.engine.lora_weights import LORA_GROUPS, row_buffer_bytes
 from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
 from multilora_studio.engine.sequence import Sequence
 from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
@@ -87,6 +88,21 @@ def test_warm_up_runs_every_step_kind_and_leaves_slots_and_outputs_unchanged(run
     assert torch.equal(runner.lora.slot_ranks, ranks)
     assert {group: t.sum().item() for group, t in runner.lora.a.items()} == a_sums
     torch.testing.assert_close(prefill_logits(), before, rtol=0, atol=0)
+
+
+def test_the_kv_budget_sets_aside_what_the_row_buffers_take(runner_with_adapters):
+    """The warm-up makes every group's per-row buffers for its row-term pass (and the first
+    DoRA or bias adapter keeps them): the KV cache's budget leaves their bytes out."""
+    runner, _ = runner_with_adapters
+    lora = runner.lora
+    lora.ensure_row_buffers()
+    try:
+        buffers = [*lora.row_scale.values(), *lora.row_bias.values()]
+        held = sum(t.numel() * t.element_size() for t in buffers)
+        assert len(buffers) == 2 * len(LORA_GROUPS)
+        assert held == row_buffer_bytes(runner.spec, lora.num_slots, runner.dtype)
+    finally:
+        lora.drop_row_buffers()
 
 
 def test_no_kernel_compiles_while_serving_after_start_up(make_engine, engine_device):
