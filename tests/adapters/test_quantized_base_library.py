@@ -120,3 +120,16 @@ def test_an_adapter_validated_on_the_quantized_checkpoint_itself_gets_no_quantiz
         assert [a.name for a in engine.list_adapters()] == ["qv"]
     assert [e for e in registry.events("qv") if e.event == SERVED_QUANTIZED] == []
     assert not any("was trained on base" in message for message in caplog.messages)
+
+
+def test_the_audit_log_notes_each_quantized_base_once(tmp_path, float_base, adapter):
+    registry = Registry(tmp_path / "library")
+    record = registry.import_folder(adapter, describe_base(str(float_base)), name="qv")
+    awq, fp8 = BaseQuantization("awq"), BaseQuantization("fp8", at_load=True)
+    first = registry.note_serving(record, "base-awq", "1" * 64, awq)
+    assert first.startswith(f"adapter 'qv' was trained on base {float_base.name} (sha256 ")
+    assert first.endswith("served on base-awq (awq, sha256 111111111111)")
+    assert registry.note_serving(record, "base-awq", "1" * 64, awq) == first  # noted once
+    second = registry.note_serving(record, "base-fp8", "2" * 64, fp8)
+    notes = [e.reason for e in registry.events("qv") if e.event == SERVED_QUANTIZED]
+    assert sorted(notes) == sorted([first, second])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sqlite3
 import time
 
@@ -325,3 +326,44 @@ def test_scores_are_recorded_together_and_read_back_newest_first_under_the_adapt
         registry.record_eval_scores([new, unknown])
     assert str(caught.value) == "no adapter named 'gone' in the library; no scores recorded"
     assert registry.eval_scores("pirate") == expected  # the first of that evaluation was not kept
+
+
+def test_a_hub_snapshot_is_registered_where_it_is_and_removing_it_leaves_the_cache(
+    registry, tiny_adapters, tiny_base, tmp_path
+):
+    snapshot = shutil.copytree(tiny_adapters["tiny-r4-qv"], tmp_path / "hf-cache" / "snapshots" / "c0ffee")
+    other = shutil.copytree(tiny_adapters["tiny-r8-all"], tmp_path / "hf-cache" / "snapshots" / "beef")
+    commit = "c" * 40
+    record = registry.register_hub(
+        snapshot, tiny_base, repo_id="org/pirate", revision=commit, requested_revision="main", aliases=["arr"]
+    )
+    fields = (record.name, record.source_kind, record.source, record.revision, record.requested_revision)
+    assert fields == ("org/pirate", "hub", "org/pirate", commit, "main")
+    assert (record.path, record.notes, record.aliases) == (snapshot, "", ("arr",))
+    for aliases in (["arr"], ["not a name"]):  # taken, invalid: refused before anything is written
+        with pytest.raises(LibraryError):
+            registry.register_hub(
+                other,
+                tiny_base,
+                repo_id="org/poet",
+                revision=commit,
+                requested_revision=None,
+                aliases=aliases,
+            )
+    noted = registry.register_hub(
+        other, tiny_base, repo_id="org/poet", revision=commit, requested_revision=None, notes="from the Hub"
+    )
+    assert (noted.requested_revision, noted.notes) == (None, "from the Hub")
+    assert registry.remove("arr").id == record.id
+    assert registry.find("org/pirate") is None
+    # the snapshot is the shared HF cache's: it stays, every file of it
+    assert sorted(p.name for p in snapshot.iterdir()) == sorted(p.name for p in other.iterdir())
+
+
+def test_an_archived_adapter_whose_archive_is_gone_can_still_be_removed(registry, tiny_adapters, tiny_base):
+    registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="old")
+    archived = registry.archive("old")
+    assert archived.archive_path is not None and archived.archive_path.is_file()
+    archived.archive_path.unlink()  # deleted by hand
+    assert registry.remove("old").name == "old"
+    assert registry.find("old") is None
