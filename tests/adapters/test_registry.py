@@ -45,6 +45,7 @@ def test_import_copies_the_folder_and_records_everything(registry, tiny_adapters
 def test_names_and_aliases_share_one_namespace(registry, tiny_adapters, tiny_base):
     first = registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="pirate", aliases=["arr"])
     assert registry.get("arr") == first and first.aliases == ("arr",)
+    assert first.notes == ""  # none given
     for name, aliases in (("pirate", ()), ("arr", ()), ("other", ["pirate"]), ("other", ["arr"])):
         with pytest.raises(LibraryError, match="already has an adapter or alias named"):
             registry.import_folder(tiny_adapters["tiny-r8-all"], tiny_base, name=name, aliases=aliases)
@@ -367,3 +368,14 @@ def test_an_archived_adapter_whose_archive_is_gone_can_still_be_removed(registry
     archived.archive_path.unlink()  # deleted by hand
     assert registry.remove("old").name == "old"
     assert registry.find("old") is None
+    assert [(e.event, e.reason) for e in registry.events("old")][-1] == ("removed", "")
+
+
+def test_importing_a_file_or_a_missing_folder_is_refused_naming_it(registry, tiny_base, tmp_path):
+    not_a_folder = tmp_path / "adapter.safetensors"
+    not_a_folder.write_bytes(b"")
+    for source in (not_a_folder, tmp_path / "missing"):
+        with pytest.raises(LibraryError) as refused:
+            registry.import_folder(source, tiny_base)
+        assert str(refused.value) == f"{source} is not a folder"
+    assert registry.list_adapters() == []
