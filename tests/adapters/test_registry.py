@@ -39,6 +39,11 @@ def test_import_copies_the_folder_and_records_everything(registry, tiny_adapters
     assert record.declared_base is not None and record.declared_base.endswith(tiny_base.name)
     assert started <= record.created <= time.time()
     assert (record.last_used, record.pinned, record.notes) == (None, False, "first try")
+    assert (record.tokens, record.tokenizer, record.kind) == (
+        "",
+        "",
+        "LoRA",
+    )  # plain LoRA, no files of its own
     assert Registry(registry.root).get("tiny-r8-attn") == record  # another instance reads the same file
 
 
@@ -379,3 +384,17 @@ def test_importing_a_file_or_a_missing_folder_is_refused_naming_it(registry, tin
             registry.import_folder(source, tiny_base)
         assert str(refused.value) == f"{source} is not a folder"
     assert registry.list_adapters() == []
+
+
+def test_a_record_says_which_vocabulary_rows_and_tokenizer_files_an_adapter_brings(
+    registry, tiny_model_dir, tiny_base, tokenizer_dir, tmp_path
+):
+    from tests.fixtures import AdapterSpec, build_adapter
+    from tests.token_table_fixtures import SPECS
+
+    head = build_adapter(tiny_model_dir, SPECS["head"], tmp_path / "head")
+    shutil.copy(tokenizer_dir / "tokenizer.json", head / "tokenizer.json")
+    record = registry.import_folder(head, tiny_base, name="head")
+    assert (record.tokens, record.tokenizer) == ("lm_head", "own tokenizer")
+    plain = build_adapter(tiny_model_dir, AdapterSpec("plain", 4, 8, ("q_proj",), 3), tmp_path / "plain")
+    assert registry.import_folder(plain, tiny_base).tokens == ""
