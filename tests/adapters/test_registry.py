@@ -398,3 +398,16 @@ def test_a_record_says_which_vocabulary_rows_and_tokenizer_files_an_adapter_brin
     assert (record.tokens, record.tokenizer) == ("lm_head", "own tokenizer")
     plain = build_adapter(tiny_model_dir, AdapterSpec("plain", 4, 8, ("q_proj",), 3), tmp_path / "plain")
     assert registry.import_folder(plain, tiny_base).tokens == ""
+
+
+def test_names_that_repeat_one_another_are_refused_naming_them(registry):
+    with pytest.raises(LibraryError) as refused:
+        registry.check_names("pirate", ["arr", "pirate"])
+    assert str(refused.value) == "the names pirate, arr, pirate repeat one another"
+
+
+def test_a_library_in_folders_that_do_not_exist_yet_makes_them(tmp_path, tiny_adapters, tiny_base):
+    root = tmp_path / "home" / "studio" / "library"
+    library = Registry(root)
+    assert root.is_dir() and not library.read_only
+    assert library.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base).path.parent == library.adapters_dir
