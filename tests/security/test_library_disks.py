@@ -8,6 +8,7 @@ that is not root).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,27 @@ def test_a_full_disk_fails_an_import_in_one_line_and_changes_nothing(
     assert_consistent(home)
     assert add(capsys, tiny_adapters["tiny-r8-all"], tiny_model_dir, "after")[0] == 0
     assert names(capsys) == ["after", "kept"]
+
+
+@needs_mount
+def test_a_disk_that_fills_during_the_copy_fails_the_import_in_one_line_and_changes_nothing(
+    capsys, disk, home, tiny_adapters, tiny_model_dir
+):
+    """Room for the library's database but not for the adapter's weights: the copy itself
+    fails, and the message says where."""
+    assert add(capsys, tiny_adapters["tiny-r4-qv"], tiny_model_dir, "kept")[0] == 0
+    before = sorted(p.name for p in (home / "adapters").iterdir())
+    source = tiny_adapters["tiny-r8-all"]
+    filler = fill(disk)
+    room = (source / "adapter_model.safetensors").stat().st_size // 2
+    os.truncate(filler, filler.stat().st_size - room)
+    message = one_line_error(capsys, "adapters", "add", str(source), "--model", str(tiny_model_dir))
+    assert message.startswith(f"no space left on device while copying {source}"), message
+    assert message.endswith(f"into the library {home}; nothing was changed"), message
+    assert sorted(p.name for p in (home / "adapters").iterdir()) == before  # no staging copy left
+    filler.unlink()
+    assert names(capsys) == ["kept"]
+    assert_consistent(home)
 
 
 @needs_mount
