@@ -18,12 +18,12 @@ CAUSES = {
 SQLITE_PERM, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN = 3, 8, 10, 13, 14
 SQLITE_IOERR_SHMSIZE = SQLITE_IOERR | (19 << 8)  # the -shm file could not grow: a full disk under WAL
 SQLITE_CAUSES = {  # extended codes first, then primary ones
-    SQLITE_IOERR_SHMSIZE: (errno.ENOSPC, "no space left on device"),
-    SQLITE_FULL: (errno.ENOSPC, "no space left on device"),
-    SQLITE_READONLY: (errno.EROFS, "the database is read-only"),
-    SQLITE_CANTOPEN: (errno.EACCES, "the database cannot be opened"),
-    SQLITE_PERM: (errno.EACCES, "permission denied"),
-    SQLITE_IOERR: (errno.EIO, "disk I/O error"),
+    SQLITE_IOERR_SHMSIZE: "no space left on device",
+    SQLITE_FULL: "no space left on device",
+    SQLITE_READONLY: "the database is read-only",
+    SQLITE_CANTOPEN: "the database cannot be opened",
+    SQLITE_PERM: "permission denied",
+    SQLITE_IOERR: "disk I/O error",
 }
 
 
@@ -34,27 +34,26 @@ class LibraryError(ValueError):
 class StorageError(LibraryError):
     """The library's disk refused a write or a read: full, read-only or not ours."""
 
-    def __init__(self, message: str, code: int | None, cause: str = "") -> None:
+    def __init__(self, message: str, cause: str = "") -> None:
         super().__init__(message)
-        self.code = code
         self.cause = cause or message
 
 
 def storage_error(error: OSError | sqlite3.Error, action: str) -> StorageError:
     """``<cause> while <action>; nothing was changed`` as a StorageError (``action`` names the place)."""
-    code, cause = cause_of(error)
-    return StorageError(f"{cause} while {action}; nothing was changed", code, cause)
+    cause = cause_of(error)
+    return StorageError(f"{cause} while {action}; nothing was changed", cause)
 
 
-def cause_of(error: OSError | sqlite3.Error) -> tuple[int | None, str]:
-    """The errno-like code and the words for what went wrong."""
+def cause_of(error: OSError | sqlite3.Error) -> str:
+    """The words for what went wrong."""
     if isinstance(error, OSError):
-        return error.errno, CAUSES.get(error.errno or 0, (error.strerror or str(error)).lower())
+        return CAUSES.get(error.errno or 0, (error.strerror or str(error)).lower())
     code = getattr(error, "sqlite_errorcode", 0)
     for known in (code, code & 0xFF):
         if known in SQLITE_CAUSES:
             return SQLITE_CAUSES[known]
-    return None, str(error)
+    return str(error)
 
 
 def unwritable(folder: Path) -> OSError | None:

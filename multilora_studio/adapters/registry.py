@@ -203,11 +203,9 @@ class Registry(RegistryLifecycle):
             self._open_for_writing()  # the disk may have been freed or remounted since
         except (OSError, StorageError) as error:
             self._read_only_uri = uri
-            code, cause = (error.code, error.cause) if isinstance(error, StorageError) else cause_of(error)
+            cause = error.cause if isinstance(error, StorageError) else cause_of(error)
             raise StorageError(
-                f"the adapter library {self.root} can only be read ({cause}); nothing was changed",
-                code,
-                cause,
+                f"the adapter library {self.root} can only be read ({cause}); nothing was changed", cause
             ) from error
 
     # ---------------------------------------------------------------- reading

@@ -411,3 +411,9 @@ def test_a_library_in_folders_that_do_not_exist_yet_makes_them(tmp_path, tiny_ad
     library = Registry(root)
     assert root.is_dir() and not library.read_only
     assert library.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base).path.parent == library.adapters_dir
+
+
+def test_the_library_database_runs_in_wal_mode(registry):
+    """Readers (the window, the server) never wait for a writer (an import, a pull)."""
+    with sqlite3.connect(registry.db_path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)

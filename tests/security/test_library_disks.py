@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from multilora_studio.adapters.library_errors import StorageError
 from multilora_studio.adapters.registry import Registry
 from tests.security.library_checks import assert_consistent, cli, one_line_error
 from tests.security.mounts import fill, needs_mount, remount, tmpfs
@@ -105,6 +106,12 @@ def test_a_read_only_disk_still_lists_and_refuses_every_write_in_one_line(
             message = one_line_error(capsys, *argv)
             assert str(home) in message and "read-only" in message, (argv, message)
             assert message.endswith("nothing was changed"), (argv, message)
+        with pytest.raises(StorageError) as refused:  # an open library tries again, and stays read-only
+            opened.set_pinned("kept")
+        assert str(refused.value) == (
+            f"the adapter library {home} can only be read (read-only file system); nothing was changed"
+        )
+        assert opened.read_only and opened.get("kept").pinned is False
     finally:
         remount(disk, read_only=False)
     registry = assert_consistent(home)
