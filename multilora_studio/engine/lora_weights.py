@@ -43,11 +43,14 @@ GROUP_OF = {
 }
 
 
+def group_widths(spec: ModelSpec, group: str) -> list[int]:
+    """The output features of each projection of ``group``, in ``LORA_GROUPS`` order."""
+    return [spec.projection_shape(module)[0] for module in LORA_GROUPS[group]]
+
+
 def row_buffer_bytes(spec: ModelSpec, num_slots: int, dtype: torch.dtype) -> int:
     """Device memory of every group's ``row_scale`` and ``row_bias`` (``ensure_row_buffers``)."""
-    out_total = sum(
-        spec.projection_shape(module)[0] for modules in LORA_GROUPS.values() for module in modules
-    )
+    out_total = sum(sum(group_widths(spec, group)) for group in LORA_GROUPS)
     return 2 * spec.num_layers * (num_slots + 1) * out_total * dtype.itemsize
 
 
@@ -79,7 +82,7 @@ class LoRASlotWeights:
         self.offsets: dict[str, tuple[int, ...]] = {}
         for group, modules in LORA_GROUPS.items():
             in_features = spec.projection_shape(modules[0])[1]
-            widths = [spec.projection_shape(module)[0] for module in modules]
+            widths = group_widths(spec, group)
             self.offsets[group] = (0, *itertools.accumulate(widths))
             a_shape = (spec.num_layers, num_slots, len(modules), max_rank, in_features)
             out_total = sum(widths)
