@@ -12,7 +12,7 @@ from tests.cores import worker_thread_pools
 os.environ.setdefault("TRITON_INTERPRET", "1")
 # Each pytest-xdist worker, and every process a test starts, gets its share of the cores for
 # OpenMP's (torch's) and Numba's thread pools, set before torch is imported: two workers with a
-# pool of every core each spin at each other's barriers (docs/testing.md, "Two worker processes").
+# pool of every core each spin at each other's barriers (docs/dev/testing.md, "Two worker processes").
 os.environ.update(worker_thread_pools())
 from pathlib import Path
 

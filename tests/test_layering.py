@@ -1,4 +1,4 @@
-"""Each package imports only the layers docs/architecture.md allows (read from the source, nothing run)."""
+"""Each package imports only the layers docs/dev/architecture.md allows (read from the source, nothing run)."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def test_every_package_imports_only_what_the_architecture_allows():
 
 
 def test_the_architecture_doc_states_the_same_allowed_imports():
-    """docs/architecture.md's table names, for each package, the project packages it may import:
+    """docs/dev/architecture.md's table names, for each package, the project packages it may import:
     the same sets as ALLOWED, so the doc cannot drift from what this test enforces."""
     text = (ROOT / "docs" / "architecture.md").read_text()
     project = set(ALLOWED) | {"kernels"}

@@ -25,7 +25,7 @@ INTRO = """\
 Generated from the parsers by `make docs` (`python -m multilora_studio.cli.reference`);
 `tests/test_cli_reference.py` fails when this page differs from them. Every command also
 takes `-h` / `--help`. Without a command, `multilora-studio` opens the window (`gui`).
-An engine setting's default is `EngineConfig`'s (docs/engine.md), the same in the window's
+An engine setting's default is `EngineConfig`'s ([python-api.md](python-api.md)), the same in the window's
 Settings. Errors name the flags as typed here; a value the command line did not set is
 marked `(the default)`. The make targets and the installers' variables are in
 [installers.md](installers.md).

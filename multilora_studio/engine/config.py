@@ -95,7 +95,7 @@ class EngineConfig:
     # Whether steps of up to 256 tokens compute the LoRA shrink inside the base GEMMs: every
     # slot's A is stored as extra rows after the base weight's rows, so one GEMM gives the
     # base output and each token's shrink against every slot, and the expand reads its own
-    # slot's (docs/engine.md). One launch fewer per projection, but it reads every slot's A
+    # slot's (docs/dev/engine.md). One launch fewer per projection, but it reads every slot's A
     # whatever the batch uses. None: on CUDA when max_loras x max_lora_rank <= 768 (on the
     # H200 it was faster at any adapter mix with 512, slower with 1024), never on the CPU
     # (engine/lora_plan_builder.py decides).
@@ -110,7 +110,7 @@ class EngineConfig:
     # Batch invariance: a request's logits, and so its tokens and log-probabilities, do not
     # depend on what else is in the batch or on how its prompt is split into steps. Every
     # choice that makes a row's arithmetic depend on the batch is pinned in the plan
-    # (engine/lora_plan_builder.py; docs/engine.md, "Batch-invariant mode"); it costs speed.
+    # (engine/lora_plan_builder.py; docs/dev/engine.md, "Batch-invariant mode"); it costs speed.
     batch_invariant: bool = False
     # Adapters that replace embedding or LM-head rows (modules_to_save, trainable or added
     # tokens) hold their tables on the device while in a slot: at most this many at once, in
@@ -126,7 +126,7 @@ class EngineConfig:
     # The base's quantization (vLLM's --quantization). None: as the checkpoint is (float, or
     # the FP8 / AWQ / GPTQ its config.json declares); "fp8": an FP8 checkpoint as it is, a float
     # one quantized to FP8 per channel at load; "awq" / "gptq": a checkpoint of that kind (random
-    # shapes are quantized at load). engine/quantization.py; docs/engine.md, "Quantized bases".
+    # shapes are quantized at load). engine/quantization.py; docs/dev/engine.md, "Quantized bases".
     quantization: str | None = None
 
     def __post_init__(self) -> None:
@@ -241,7 +241,7 @@ class SamplingParams:
     adapter_scale: float = 1.0
     # What the output must match (a JSON schema, a regex, a grammar ...); None: free text.
     structured: StructuredOutput | None = None
-    # Logits processors (engine/logits_processors.py; docs/engine.md, "Sampling order"), all
+    # Logits processors (engine/logits_processors.py; docs/dev/engine.md, "Sampling order"), all
     # off by default. OpenAI's penalties over the tokens generated so far: logit -= presence *
     # (count > 0) + frequency * count.
     presence_penalty: float = 0.0

@@ -18,7 +18,7 @@ from multilora_studio.kernels.triton_support import triton_runs_on
 
 # max_loras x max_lora_rank up to which CUDA engines compute the LoRA shrink in the base GEMMs:
 # on the H200 it was faster at any adapter mix with 512 rows a slice, slower with 1024
-# (docs/kernels.md).
+# (docs/dev/kernels.md).
 SHRINK_IN_GEMM_MAX_ROWS = 768
 # Rows per GEMM call in batch-invariant mode (kernels/row_tiles.py), per device type. CPU: a
 # single stream's decode then computes 8 rows for its one and ran at 0.8-0.9 of the default

@@ -40,7 +40,7 @@ def build_quant_plan(device: torch.device, dtype: torch.dtype) -> QuantPlan:
     """How quantized weights are multiplied on ``device`` in ``dtype``.
 
     CPU: dequantized once at load (the dense oneDNN GEMMs are the fastest path there; a
-    per-call dequantize measured 8-30x slower a GEMM, docs/engine.md). CUDA: the weights stay
+    per-call dequantize measured 8-30x slower a GEMM, docs/dev/engine.md). CUDA: the weights stay
     quantized; FP8 through ``torch._scaled_mm`` where the GPU has FP8 tensor cores (compute
     capability >= 8.9) and the activations are bf16, else the Triton dequantize-GEMM;
     4-bit through the Triton dequantize-GEMM.

@@ -1,7 +1,7 @@
 """Which quantization a base checkpoint has (config.json's ``quantization_config``), which ones the
 engine serves, and what ``EngineConfig.quantization`` makes of it.
 
-Served (``docs/engine.md``, "Quantized bases"):
+Served (``docs/dev/engine.md``, "Quantized bases"):
 
 * FP8 e4m3 weights with per-channel or per-tensor scales: ``quant_method`` ``fp8`` (vLLM's /
   AutoFP8's checkpoints) or ``compressed-tensors`` with ``float-quantized`` (or

@@ -9,7 +9,7 @@ Two sets run on CUDA, each over a :class:`StepStaging` of its own:
   ``MIXED_MAX_TOKENS`` tokens, per token bucket. An eager step of an 8B model costs about
   26 ms of host time launching ~550 kernels (Triton launches dominate) whatever its size,
   against 5-7 ms for a replayed decode step: every prompt that joined a running batch made
-  one step four times slower (docs/engine.md). Each graph takes every sequence slot
+  one step four times slower (docs/dev/engine.md). Each graph takes every sequence slot
   (padding sequences have no query) and the attention kernel's prefill variant with
   ``max_query_len`` = the bucket, so its launch grids depend on the bucket alone; the
   logits of the ``max_num_seqs`` sampling rows come out of a fixed buffer.

@@ -3,7 +3,7 @@
 ``F.linear`` on the CPU reads a row-major weight with a generic GEMM; at decode sizes
 (1..8 rows) it streams weights at about 13 GB/s on a 2-core Zen 4 whose memory reads
 35 GB/s. The same weight reordered once by oneDNN streams at about 22 GB/s at 1 and at 8
-rows (see docs/kernels.md). A reordered weight keeps its shape and dtype but not its
+rows (see docs/dev/kernels.md). A reordered weight keeps its shape and dtype but not its
 layout: only ``packed_linear`` may read it.
 """
 

@@ -52,7 +52,7 @@ class LoRAPlan:
     # Triton: the token-major (BGMV) kernels up to this many tokens, the slot-grouped (SGMV)
     # ones above. On the H200 the token-major kernels were 1.8-2.5x faster with 8-256
     # distinct adapters and as fast or faster with all tokens on one adapter, up to 256
-    # tokens (docs/kernels.md). Also the most tokens a step may have for the shrink in GEMM
+    # tokens (docs/dev/kernels.md). Also the most tokens a step may have for the shrink in GEMM
     # and the folded expands, which use the token-major expand.
     bgmv_max_tokens: int = 256
     # numba: up to this many tokens the compiled kernel beats the torch ops on the default
@@ -61,7 +61,7 @@ class LoRAPlan:
     numba_max_tokens: int = 64
     # torch: steps of at most this many tokens whose adapters (at least stacked_min_adapters,
     # in consecutive slots) multiply every token by every adapter in a few large ops; on the
-    # CPU that won from 3 adapters up to 32 tokens (135M default model, docs/kernels.md).
+    # CPU that won from 3 adapters up to 32 tokens (135M default model, docs/dev/kernels.md).
     stacked_max_tokens: int = 32
     stacked_min_adapters: int = 3
     # The model computes each projection's shrink inside its base GEMM (module docstring) in

@@ -26,7 +26,7 @@ results are bitwise reproducible and graph replay equals eager.
 
 ``add_lora`` is one shrink launch then one expand launch. (A single-launch variant, in
 which expand programs waited on per-slot counters published by the shrink programs, was
-measured slower on an H200: docs/kernels.md.)
+measured slower on an H200: docs/dev/kernels.md.)
 """
 
 from __future__ import annotations
