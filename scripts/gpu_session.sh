@@ -2,7 +2,7 @@
 # One device session: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft, with
 # .device_pkg/ carried (scripts/device_package.sh builds it: the tokenizer and the other wheels).
-# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS, GPU_DIST, GPU_SESSION_TIMEOUT)] [engine-tests|engine-fidelity] [engine-bench] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [swap-bench]
+# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS, GPU_DIST, GPU_SESSION_TIMEOUT)] [engine-tests|engine-fidelity] [engine-bench] [bench-latency] [prefill-profile] [prefill-lora-bench] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [swap-bench]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 # Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
 set -u
@@ -29,8 +29,22 @@ for step in $steps; do
         tests/engine/test_logprobs.py \
         2>&1 | tee "$OUT/engine-tests.log" | tail -25 ;;
     engine-bench)
-      timeout 400 python3 -m benchmarks.engine_gpu --json "$OUT/engine_gpu.json" 2>&1 \
+      timeout 400 python3 -m benchmarks.engine_gpu --rounds ${ENGINE_BENCH_ROUNDS:-3} --json "$OUT/engine_gpu.json" 2>&1 \
         | tee "$OUT/engine-bench.log" | grep -v "^INFO" | tail -30 ;;
+    bench-latency)
+      # single stream, TTFT of 2,048 tokens, prefill 16 x 1,024 over 4 adapters, batch 32 end to
+      # end, each with adapters against the base (multilora-studio bench latency, full sizes)
+      timeout ${LATENCY_TIMEOUT:-300} python3 -m multilora_studio bench latency --model random:llama3-8b \
+        --device cuda --dtype bfloat16 --rank 16 --targets all --max-loras 32 --rounds ${LATENCY_ROUNDS:-3} \
+        --no-progress --json "$OUT/bench_latency.json" 2>&1 | tee "$OUT/bench-latency.log" | grep -v " INFO " | tail -20 ;;
+    prefill-profile)
+      # the kernels of a 2,048-token prompt and of 16 x 1,024 prompts, base and with adapters (torch profile)
+      timeout ${PROFILE_TIMEOUT:-200} python3 -m benchmarks.prefill_profile_gpu --json "$OUT/prefill_profile.json" 2>&1 \
+        | tee "$OUT/prefill-profile.log" | grep -v "^INFO" | tail -70 ;;
+    prefill-lora-bench)
+      # the LoRA shrink and expand at prefill sizes against the base GEMMs, with their tiles swept
+      timeout ${PREFILL_LORA_TIMEOUT:-200} python3 -m benchmarks.kernels.prefill_lora_bench \
+        --budget ${PREFILL_LORA_BUDGET:-120} --json "$OUT/prefill_lora.json" 2>&1 | tee "$OUT/prefill-lora.log" | tail -12 ;;
     engine-bench-invariant)
       # the engine benchmark in the default mode, then batch-invariant (one round each, same call)
       for flag in "" --batch-invariant; do
