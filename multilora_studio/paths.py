@@ -38,3 +38,8 @@ def models_dir() -> Path:
 def runs_dir() -> Path:
     """The history of runs (one JSON record each, ``run_records.py``)."""
     return data_dir() / "runs"
+
+
+def command_defaults_path() -> Path:
+    """The command line's defaults file (``cli/defaults_file.py``), which may not exist."""
+    return data_dir_path() / "config.toml"

@@ -16,8 +16,10 @@ import sys
 from collections.abc import Collection, Sequence
 
 from multilora_studio import __version__
+from multilora_studio.cli.defaults_file import DefaultsFileError, apply_defaults, long_flags
 from multilora_studio.cli.flag_words import in_flag_words, typed_flags
 from multilora_studio.cli.shared import print_error
+from multilora_studio.paths import command_defaults_path
 
 PIPE_CLOSED = 141  # 128 + SIGPIPE: what a tool stopped by a closed pipe returns
 DEFAULT_COMMAND = "gui"
@@ -83,6 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_command(argv: list[str]) -> int:
     command = command_of(argv)
     parser = build_parser(() if command is None else (command,))
+    try:
+        apply_defaults(parser, command_defaults_path(), lambda: long_flags(build_parser()))
+    except DefaultsFileError as error:
+        print_error(error, str(error))
+        return 2
     args = parser.parse_args(argv)
     if args.command is None:  # no subcommand: open the window
         args = parser.parse_args([*argv, DEFAULT_COMMAND])
