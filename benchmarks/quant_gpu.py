@@ -4,7 +4,7 @@
     python -m benchmarks.quant_gpu --cpu   # a small smoke run on the CPU (SmolLM2-135M shape, FP8 only)
 
 Random bf16 weights of the Llama-3-8B shape, quantized at load (``EngineConfig.quantization``:
-FP8 per channel; AWQ and GPTQ 4-bit, group 128, round to nearest). What issue 28 asks of them:
+FP8 per channel; AWQ and GPTQ 4-bit, group 128, round to nearest). What they are held to:
 
 * decode: single-stream decode tok/s (base, 128-token prompt, 128 new tokens) and batch 32 with
   32 distinct rank-16 adapters on every projection, each quantization against bf16 (targets:

@@ -6,7 +6,7 @@ Engine: a ``random:llama3-8b`` engine (bf16, CUDA graphs, 8 slots holding rank-1
 all seven projections) is parked (``Engine.park``: weights and slots to page-locked host memory)
 and swapped back in (``Engine.unpark``) ``--rounds`` times; each swap-in's seconds against one
 plain page-locked host-to-device copy of the same bytes (best of five, ``cudaHostRegister``
-memory as the park uses), and their ratio (issue #29's target: <= 2). The first swap-out
+memory as the park uses), and their ratio (the target: <= 2). The first swap-out
 page-locks the host buffer; later ones only copy. Also: the first request after a swap-in
 (its graphs are captured again then) against the same request warm, and whether the tokens
 after a swap-in equal those before.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build .device_pkg/ (gitignored), what a GPU session carries: the embedded model's tokenizer and
+# Build .device_pkg/ (gitignored), what a GPU host is given: the embedded model's tokenizer and
 # wheels the device lacks (pure Python, or built for its Python 3.12 on x86-64 Linux).
 # Usage: scripts/device_package.sh [python]   (the project's virtual environment by default)
 set -eu

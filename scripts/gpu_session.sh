@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device session: GPU correctness of the engine against PEFT and the engine benchmark.
+# One run on a GPU host: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft, with
 # .device_pkg/ carried (scripts/device_package.sh builds it: the tokenizer and the other wheels).
 # Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS, GPU_DIST, GPU_SESSION_TIMEOUT)] [engine-tests|engine-fidelity] [engine-bench] [bench-latency] [prefill-profile] [prefill-lora-bench] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [swap-bench]

@@ -1,12 +1,12 @@
-"""The test files of the GPU test set for one device call, one per line.
+"""The test files of the GPU test set for one run on a GPU host, one per line.
 
     python3 scripts/gpu_tests.py [--shard I/N] [PATH ...]
 
 PATHs (files or folders; default: ``GPU_SET``) give their ``test_*.py`` files, less those that
-import a package this machine lacks (a device session carries only ``.device_pkg/``; each one
+import a package this machine lacks (a GPU host gets only ``.device_pkg/``; each one
 left out is named on stderr), split into N parts by turns: the I-th part is printed. N calls,
-each within a device call's time limit, run the whole set. Standard library only (it runs
-with the device's Python before anything is installed for the tests).
+each within one run's time limit, run the whole set. Standard library only (it runs
+with the GPU host's Python before anything is installed for the tests).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def tiny_adapters(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
 def default_model():
     """The embedded default model, converted once per test session.
 
-    A GPU session does not carry the model's package: there its tests skip, saying so; the
+    A GPU host without the model's package skips its tests, saying so; the
     test extras install it everywhere else (CI runs them).
     """
     from multilora_studio.default_model import DefaultModelMissing, ensure_default_model
@@ -94,7 +94,7 @@ def default_model():
         try:
             return ensure_default_model()
         except DefaultModelMissing as missing:
-            pytest.skip(f"not carried to this GPU session: {missing}")
+            pytest.skip(f"not installed on this GPU host: {missing}")
     return ensure_default_model()
 
 

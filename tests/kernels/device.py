@@ -1,5 +1,5 @@
 """Where the kernel tests run: on CUDA tensors when Triton runs natively and a GPU is there (a
-device session, ``TRITON_INTERPRET=0``), on the CPU under Triton's interpreter (CI)."""
+GPU host, ``TRITON_INTERPRET=0``), on the CPU under Triton's interpreter (CI)."""
 
 from __future__ import annotations
 

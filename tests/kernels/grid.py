@@ -1,6 +1,6 @@
 """Parameter grids of the kernel tests: every combination where the kernels run natively, a
 covering subset of the Triton cases under Triton's interpreter (which runs each program of a
-launch in Python, so each case costs seconds on the CPU; the GPU session runs the whole grid)."""
+launch in Python, so each case costs seconds on the CPU; a GPU host runs the whole grid)."""
 
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ def test_every_launch_computes_the_same_product(kind, config):
 
 @pytest.mark.skipif(
     DEVICE != "cuda" or not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
-    reason="the device's own e4m3 conversion needs compute capability >= 8.9 (the GPU session runs it)",
+    reason="the device's own e4m3 conversion needs compute capability >= 8.9 (a GPU host runs it)",
 )
 def test_native_e4m3_conversion_equals_the_decoded_bits():
     weight = make_weight("fp8", 256, 384, seed=8).to(torch.device(DEVICE))
@@ -192,7 +192,7 @@ def test_per_token_activation_quantization_is_within_e4m3_precision():
 
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
-    reason="torch._scaled_mm's FP8 GEMM needs a GPU of compute capability >= 8.9 (the GPU session runs it)",
+    reason="torch._scaled_mm's FP8 GEMM needs a GPU of compute capability >= 8.9 (a GPU host runs it)",
 )
 def test_fp8_scaled_mm_equals_its_semantics():
     weight = make_weight("fp8", 256, 512, seed=5).to(torch.device("cuda"))
