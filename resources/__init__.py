@@ -1,4 +1,5 @@
-"""Icons, the desktop entry template and demo adapters (import name ``multilora_studio.resources``)."""
+"""Icons, the desktop entry template, demo adapters and their example prompt set (import name
+``multilora_studio.resources``)."""
 
 from importlib.resources import files
 from pathlib import Path

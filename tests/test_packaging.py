@@ -22,3 +22,21 @@ def test_every_package_folder_is_listed_in_pyproject():
     mapped = set(setuptools["package-dir"]) - {"multilora_studio"}  # folders outside the package
     assert folders - listed == set(), "add these packages to [tool.setuptools] packages"
     assert mapped <= listed
+
+
+def test_every_resource_file_is_package_data():
+    """A file under resources/ that no package-data pattern names would be missing from the wheel."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    patterns = setuptools["package-data"]["multilora_studio.resources"]
+    resources = ROOT / setuptools["package-dir"]["multilora_studio.resources"]
+    matched = {path for pattern in patterns for path in resources.glob(pattern)}  # as setuptools globs
+    data = {path for path in resources.rglob("*") if path.is_file() and path.suffix not in (".py", ".pyc")}
+    assert data and sorted(map(str, data - matched)) == [], "add them to [tool.setuptools.package-data]"
+
+
+def test_the_checkouts_demo_prompt_set_is_the_packaged_one():
+    from multilora_studio.demo import demo_prompt_set
+
+    packaged = demo_prompt_set()
+    assert packaged.is_file() and packaged.is_relative_to(ROOT / "resources")
+    assert (ROOT / "docs" / "examples" / "demo-prompts.jsonl").resolve() == packaged.resolve()

@@ -20,6 +20,7 @@ from multilora_studio.cli.shared import (
     library_for,
     print_progress,
 )
+from multilora_studio.demo import demo_adapter_dirs, demo_prompt_set
 from multilora_studio.engine import Engine, EngineConfig
 from multilora_studio.evaluate import (
     BASE,
@@ -47,6 +48,7 @@ SETTING_FLAGS = {
     "chat": "--chat",
     "batch_prompts": "--batch-prompts",
 }  # EvalSettings' fields and their flags: None when not given (EvalSettings' default; a rerun's own)
+DEMO_PROMPTS = "demo"  # --prompts demo: the demo adapters' example prompt set
 
 
 def add_eval_command(subparsers: Subcommands) -> None:
@@ -59,9 +61,10 @@ def add_eval_command(subparsers: Subcommands) -> None:
     )
     parser.add_argument(
         "--prompts",
-        type=Path,
+        type=prompt_set_file,
         default=None,
-        help="the prompt set (.jsonl or .csv); with --rerun: where it moved",
+        help=f"the prompt set (.jsonl or .csv; '{DEMO_PROMPTS}': the demo adapters' example set, "
+        "one prompt per adapter); with --rerun: where it moved",
     )
     parser.add_argument(
         "--rerun",
@@ -79,7 +82,8 @@ def add_eval_command(subparsers: Subcommands) -> None:
     parser.add_argument(
         "--adapters",
         default=None,
-        help=f"comma-separated adapter names; '{BASE}' is the base model (default)",
+        help=f"comma-separated adapter names; '{BASE}' is the base model (default: {BASE}; with "
+        f"--prompts {DEMO_PROMPTS} on the embedded model: {BASE} and the demo adapters)",
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="folder of the results (default: evaluations/ in the data dir)"
@@ -132,6 +136,11 @@ def add_eval_command(subparsers: Subcommands) -> None:
     parser.set_defaults(handler=run_eval_command)
 
 
+def prompt_set_file(text: str) -> Path:
+    """``--prompts``: a file, or ``demo`` for the demo adapters' example prompt set."""
+    return demo_prompt_set() if text == DEMO_PROMPTS else Path(text)
+
+
 def default_check(text: str | None) -> Any:
     """``--check``: a kind name or a JSON check object (checked against each row it applies to)."""
     if text is None or not text.lstrip().startswith("{"):
@@ -149,13 +158,15 @@ def run_eval_command(args: argparse.Namespace) -> int:
         raise ValueError("give the prompt set with --prompts FILE (or a saved evaluation with --rerun)")
     prompt_set = load_prompt_set(args.prompts, default_check(args.check))
     modules = parse_lora_modules(args.lora_modules)
-    names = list(dict.fromkeys(name.strip() for name in (args.adapters or BASE).split(",") if name.strip()))
+    offer = args.model is None and not args.no_demo_adapters  # the demo adapters are for the embedded model
+    default = [BASE, *demo_adapter_dirs()] if offer and args.prompts == demo_prompt_set() else [BASE]
+    given_names = (args.adapters or ",".join(default)).split(",")
+    names = list(dict.fromkeys(name.strip() for name in given_names if name.strip()))
     if not names:
         raise ValueError("--adapters names at least one adapter or 'base'")
     given = {name: getattr(args, name) for name in SETTING_FLAGS if getattr(args, name) is not None}
     settings = EvalSettings(**given)
     adapters = [name for name in names if name != BASE]
-    offer = args.model is None and not args.no_demo_adapters  # the demo adapters are for the embedded model
     registry = library_for(adapters, modules, offer)
     with Engine(engine_config(args), progress=print_progress) as engine:
         add_adapters(engine, adapters, modules, registry, args.allow_other_base)

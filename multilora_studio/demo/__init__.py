@@ -43,6 +43,14 @@ def demo_adapters_root() -> Path:
     return resource_path("demo_adapters")
 
 
+def demo_prompt_set() -> Path:
+    """The demo adapters' example prompt set: one prompt per adapter with a check of its style
+    (inside the installed package; ``eval --prompts demo`` and the Evaluate view offer it)."""
+    from multilora_studio.resources import resource_path
+
+    return resource_path("examples", "demo-prompts.jsonl")
+
+
 def read_index(root: Path | None = None) -> dict:
     """The demo adapters' index: base model name and digest, and one entry per adapter."""
     root = root or demo_adapters_root()

@@ -1,4 +1,5 @@
-"""Evaluate view: a prompt-set file through the ticked adapters (and the base), scored per adapter.
+"""Evaluate view: a prompt-set file through the ticked adapters (and the base), scored per adapter;
+while no file is given, *Try the demo prompt set* fills in the demo adapters' example set.
 
 The run is one background task over the engine of the base model picked above the adapter list
 (shown when the window serves several; it lists that base's adapters), leased: a swapped-out
@@ -26,7 +27,6 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
     QListWidget,
     QListWidgetItem,
     QProgressBar,
@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from multilora_studio.demo import demo_adapter_dirs
 from multilora_studio.evaluate import (
     BASE,
     EvalResults,
@@ -56,6 +57,7 @@ from multilora_studio.evaluate import (
 from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.evaluate_tables import DrillDown, MatrixTable, ScoresTable
 from multilora_studio.gui.preferences import Preferences
+from multilora_studio.gui.prompt_set_field import PromptSetField
 from multilora_studio.gui.tasks import Task
 from multilora_studio.gui.widgets import MessageBanner
 from multilora_studio.run_records import AdapterDigests
@@ -95,10 +97,9 @@ class EvaluateView(QWidget):
         self.digests = AdapterDigests()
         self.banner = MessageBanner()
 
-        self.path = QLineEdit()
-        self.path.setPlaceholderText("A prompt set: .jsonl (prompt or messages, reference, check) or .csv")
-        browse = QPushButton("Choose…")
-        browse.clicked.connect(self._choose_file)
+        self.prompt_set = PromptSetField()
+        self.prompt_set.demoChosen.connect(lambda: self.set_checked([BASE, *demo_adapter_dirs()]))
+        self.path = self.prompt_set.path
         self.adapters = QListWidget()
         self.adapters.setToolTip("Tick the adapters to evaluate; 'base' is the model without an adapter")
         self.adapters.itemChanged.connect(self._ticks_changed)
@@ -151,10 +152,6 @@ class EvaluateView(QWidget):
         self.scores = ScoresTable()
         self.drill_down = DrillDown()
 
-        file_row = QHBoxLayout()
-        file_row.addWidget(QLabel("<b>Prompt set</b>"))
-        file_row.addWidget(self.path, 1)
-        file_row.addWidget(browse)
         ticks = QHBoxLayout()
         ticks.addWidget(QLabel("<b>Adapters</b>"), 1)
         ticks.addWidget(self.base_picker)
@@ -184,7 +181,7 @@ class EvaluateView(QWidget):
         controls = QWidget()
         controls_layout = QVBoxLayout(controls)
         controls_layout.setContentsMargins(0, 0, 0, 0)
-        controls_layout.addLayout(file_row)
+        controls_layout.addWidget(self.prompt_set)
         controls_layout.addLayout(top)
         controls_layout.addLayout(buttons)
         controls_layout.addWidget(self.summary)
@@ -282,11 +279,6 @@ class EvaluateView(QWidget):
             item.setData(Qt.ItemDataRole.UserRole, str(path))
             item.setToolTip(str(path))
             self.recent.addItem(item)
-
-    def _choose_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Choose a prompt set", "", "Prompt sets (*.jsonl *.csv)")
-        if path:
-            self.path.setText(path)
 
     # ---------------------------------------------------------------- running
 

@@ -1,4 +1,5 @@
-"""A first start offers the shipped demo adapters: ``adapters list``, ``compare`` and ``serve``.
+"""A first start offers the shipped demo adapters: ``adapters list``, ``compare``, ``eval`` (the demo
+prompt set) and ``serve``.
 
 Each test starts from a new user's empty library (``new_user_home``) on the embedded model.
 """
@@ -17,7 +18,8 @@ import pytest
 
 from multilora_studio.cli import adapters as adapters_command
 from multilora_studio.cli import main
-from multilora_studio.demo import OFFERED_FILE, SKIP_ENV, read_index
+from multilora_studio.demo import OFFERED_FILE, SKIP_ENV, demo_prompt_set, read_index
+from multilora_studio.evaluate import read_results_json
 
 DEMO = sorted(entry["name"] for entry in read_index()["adapters"])
 SUMMARIES = {entry["name"]: entry["summary"] for entry in read_index()["adapters"]}
@@ -77,6 +79,19 @@ def test_compare_runs_a_demo_adapter_on_a_first_start(new_user_home, capsys):
     assert (shout["adapter"], base["adapter"]) == ("demo-shout", "base")
     assert upper_share(shout["text"]) >= 0.8, shout["text"]
     assert upper_share(base["text"]) < 0.3, base["text"]
+
+
+def test_eval_runs_the_demo_prompt_set_through_the_base_and_the_demo_adapters(new_user_home, capsys):
+    argv = ["eval", "--prompts", "demo", "--device", "cpu", "--max-model-len", "256", "--max-tokens", "4"]
+    assert main([*argv, "--no-batch-invariant", "--out", str(new_user_home / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "model: SmolLM2-135M-Instruct   prompt set: demo-prompts (6 prompts)" in out
+    (saved,) = (new_user_home / "runs").glob("demo-prompts-*.json")
+    results = read_results_json(saved)
+    assert results.adapters == ["base", *(entry["name"] for entry in read_index()["adapters"])]
+    assert results.prompt_set_path == str(demo_prompt_set().resolve())
+    assert results.prompts[0].check == {"type": "regex", "pattern": "^Arr!"}  # the pirate's opener
+    assert results.cell(0, "demo-pirate").passed and not results.cell(0, "base").passed
 
 
 def test_serve_lists_the_demo_adapters_in_v1_models(new_user_home):

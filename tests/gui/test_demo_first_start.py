@@ -1,11 +1,13 @@
-"""The window's first start on the embedded model offers the demo adapters; a restart keeps a removal."""
+"""The window's first start on the embedded model offers the demo adapters (a restart keeps a removal)
+and Evaluate offers their prompt set."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QSettings, Qt
 
 from multilora_studio.adapters.registry import Registry
-from multilora_studio.demo import read_index
+from multilora_studio.demo import demo_prompt_set, read_index
+from multilora_studio.evaluate import BASE
 from multilora_studio.gui.main_window import MainWindow
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 from tests.gui.conftest import wait_ready, wait_task
@@ -45,5 +47,35 @@ def test_first_start_lists_the_demo_adapters_and_a_restart_keeps_a_removal(
         engine = window.host.engine
         assert engine is not None
         assert sorted(info.name for info in engine.list_adapters()) == remaining
+    finally:
+        window.close()
+
+
+def test_evaluate_offers_the_demo_prompt_set_while_its_field_is_empty(
+    qtbot, qapp, new_user_home, tmp_path, engine_device
+):
+    prefs = Preferences(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
+    choice = EngineChoice(device=engine_device, dtype="float32", batch_invariant=False)  # the embedded model
+    prefs.set_engine_choice(choice)
+    window = MainWindow(prefs, Registry())
+    try:
+        window.show()
+        window.show_page("Evaluate")
+        view = window.evaluate
+        button = view.prompt_set.demo_button
+        assert view.path.text() == "" and button.isVisible()
+        wait_ready(qtbot, window)
+        qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+        assert view.path.text() == str(demo_prompt_set()) and not button.isVisible()
+        qtbot.waitUntil(lambda: view.checked_names() == [BASE, *DEMO], timeout=LIBRARY_READ_MS)
+        view.max_tokens.setValue(2)
+        view.results_dir = tmp_path / "runs"
+        with qtbot.waitSignal(view.runFinished, timeout=120_000):
+            qtbot.mouseClick(view.run_button, Qt.MouseButton.LeftButton)
+        assert view.banner.text == "", view.banner.text
+        assert view.results is not None and view.results.prompt_set == "demo-prompts"
+        assert (view.matrix.rowCount(), view.matrix.columnCount()) == (6, 1 + len(DEMO))
+        view.path.clear()
+        assert button.isVisible()
     finally:
         window.close()

@@ -51,6 +51,8 @@ def test_wheel_ships_kernels_and_resources(wheel):
         "multilora_studio/kernels/paged_attention.py",
         "multilora_studio/resources/icons/multilora-studio.svg",
         "multilora_studio/resources/desktop/multilora-studio.desktop.in",
+        "multilora_studio/resources/demo_adapters/demo-pirate/adapter_model.safetensors",
+        "multilora_studio/resources/examples/demo-prompts.jsonl",
         "multilora_studio/engine/engine.py",
     ):
         assert required in names, required
