@@ -1,10 +1,13 @@
-"""Small helpers the package shares: a file's SHA-256 and the type of progress callbacks."""
+"""Small helpers the package shares: a file's SHA-256, the type of progress callbacks and how to
+install an optional extra."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
+
+from multilora_studio import __version__
 
 ProgressCallback = Callable[[float, str], None]  # progress(fraction done in [0, 1], message)
 
@@ -16,3 +19,10 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def extra_install_hint(extra: str) -> str:
+    """The commands that install the optional ``extra`` (pyproject's optional dependencies): the
+    package is installed from a checkout or from its wheel, not from the package index."""
+    wheel = f"multilora_studio-{__version__}-py3-none-any.whl"
+    return f'pip install -e ".[{extra}]" in a checkout, or pip install "{wheel}[{extra}]" with the wheel'

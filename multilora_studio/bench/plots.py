@@ -6,8 +6,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from multilora_studio.util import extra_install_hint
+
 log = logging.getLogger(__name__)
-INSTALL_HINT = "--plot needs matplotlib: pip install 'multilora-studio[bench]' (or pip install matplotlib)"
+INSTALL_HINT = f"--plot needs matplotlib: {extra_install_hint('bench')}"
 
 
 def require_matplotlib() -> None:

@@ -31,6 +31,7 @@ from multilora_studio.bench.workloads import BenchRequest, prompt_token_ids
 from multilora_studio.engine import Engine, EngineConfig, resolve_device, resolve_dtype
 from multilora_studio.engine.config import usable_cores
 from multilora_studio.engine.step_trace import summarize as summarize_steps
+from multilora_studio.util import extra_install_hint
 
 log = logging.getLogger(__name__)
 WARMUP_TOKENS = 2
@@ -158,7 +159,7 @@ def _run_endpoint(options: BenchOptions, report: dict[str, Any]) -> list[dict[st
     try:
         from multilora_studio.bench.http_backend import EndpointBackend, served_models
     except ImportError:
-        raise ValueError("--endpoint needs httpx: pip install 'multilora-studio[bench]'") from None
+        raise ValueError(f"--endpoint needs httpx: {extra_install_hint('bench')}") from None
 
     assert options.endpoint is not None
     url = options.endpoint.rstrip("/")

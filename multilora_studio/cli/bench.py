@@ -15,6 +15,7 @@ from multilora_studio.bench.stats import Slo
 from multilora_studio.bench.workloads import PATTERNS, parse_range
 from multilora_studio.cli.shared import Subcommands, add_device_arguments, engine_default
 from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
+from multilora_studio.util import extra_install_hint
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     else:
         options = options_from_args(args)
         if options.baseline == "peft" and importlib.util.find_spec("peft") is None:
-            raise ValueError("--baseline peft needs peft: pip install 'multilora-studio[bench]'")
+            raise ValueError(f"--baseline peft needs peft: {extra_install_hint('bench')}")
         if math.isinf(options.sweep_rate) and options.sweep_adapters:
             log.info("sweep: %s requests per case, all at once", ",".join(map(str, options.requests)))
         checkpoint = (lambda partial: write_json(partial, args.json)) if args.json is not None else None

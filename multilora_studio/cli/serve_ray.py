@@ -12,6 +12,7 @@ from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli.shared import check_fraction, engine_configs, wait_for_stop_signal
 from multilora_studio.deploy.base_pool import identify_base
+from multilora_studio.util import extra_install_hint
 
 if TYPE_CHECKING:
     from multilora_studio.deploy.ray_serve import RayServeOptions
@@ -68,6 +69,7 @@ def ray_serve_options(args: argparse.Namespace, server: ServerConfig) -> RayServ
             library_adapters(identify_base(configs[0])[1], check_fraction(args.min_pass_rate)) | adapters
         )
     autoscaling = parse_autoscale(args.autoscale) if args.autoscale is not None else None
+    require_ray_serve()
     from multilora_studio.deploy.ray_serve import RayServeOptions  # Ray is an optional extra
 
     return RayServeOptions(
@@ -134,6 +136,14 @@ def stop_on_ray() -> None:
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def require_ray_serve() -> None:
+    """RuntimeError naming the install command when Ray Serve cannot be imported (an optional extra)."""
+    try:
+        import ray.serve  # noqa: F401
+    except ImportError as error:
+        raise RuntimeError(f"--ray needs Ray Serve ({error}): {extra_install_hint('ray')}") from None
 
 
 def run_serve_ray(args: argparse.Namespace, server: ServerConfig) -> int:

@@ -1,13 +1,21 @@
 """``serve``'s scale-out flags (``--ray``, ``--devices``): what they refuse, with the flag named,
-before Ray or a model starts."""
+before Ray or a model starts; without Ray installed, the one line that says how to install it."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import metadata
+from pathlib import Path
 
 import pytest
 
 from multilora_studio.cli import build_parser, main
 from multilora_studio.cli.serve_ray import parse_autoscale, ray_serve_options
 from multilora_studio.server import ServerConfig
+from multilora_studio.util import extra_install_hint
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -59,3 +67,36 @@ def test_options_carry_the_flags(tiny_model_dir, tiny_adapters):
         5,
     )
     assert parse_autoscale(" 2 : 8 ") == (2, 8)
+
+
+def test_serve_ray_without_ray_says_how_to_install_it_in_one_line(tiny_model_dir):
+    without_ray = (
+        "import sys; sys.modules['ray'] = None; from multilora_studio.cli import main; sys.exit(main())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", without_ray, "serve", "--ray", "--no-library", "--model", str(tiny_model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: --ray needs Ray Serve (") and line.endswith(extra_install_hint("ray"))
+
+
+def test_the_extras_hint_names_the_checkout_and_this_versions_wheel():
+    installed = metadata("multilora-studio")  # pyproject's name, version and extras
+    assert {"ray", "bench"} <= set(installed.get_all("Provides-Extra") or ())
+    wheel = f"{installed['Name'].replace('-', '_')}-{installed['Version']}-py3-none-any.whl"
+    assert extra_install_hint("ray") == (
+        f'pip install -e ".[ray]" in a checkout, or pip install "{wheel}[ray]" with the wheel'
+    )
+    others = [
+        path.relative_to(ROOT)
+        for path in (ROOT / "multilora_studio").rglob("*.py")
+        if "multilora-studio[" in path.read_text() or "pip install -e" in path.read_text()
+    ]
+    assert others == [Path("multilora_studio/util.py")], (
+        "say an extra's install command with extra_install_hint"
+    )
