@@ -2,7 +2,7 @@
 # One run on a GPU host: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft, with
 # .device_pkg/ carried (scripts/device_package.sh builds it: the tokenizer and the other wheels).
-# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS, GPU_DIST, GPU_SESSION_TIMEOUT)] [engine-tests|engine-fidelity] [engine-bench] [bench-latency] [prefill-profile] [prefill-lora-bench] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [swap-bench]
+# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS, GPU_DIST, GPU_SESSION_TIMEOUT)] [engine-tests|engine-fidelity] [engine-bench] [bench-latency] [prefill-profile] [prefill-lora-bench] [prefill-ab] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [swap-bench]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 # Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
 set -u
@@ -41,6 +41,11 @@ for step in $steps; do
       # the kernels of a 2,048-token prompt and of 16 x 1,024 prompts, base and with adapters (torch profile)
       timeout ${PROFILE_TIMEOUT:-200} python3 -m benchmarks.prefill_profile_gpu --json "$OUT/prefill_profile.json" 2>&1 \
         | tee "$OUT/prefill-profile.log" | grep -v "^INFO" | tail -70 ;;
+    prefill-ab)
+      # TTFT of 2,048 tokens and prefill of 16 x 1,024 over 4 adapters with the engine's plan and
+      # with the shrink in the GEMM over a narrow slot span (PREFILL_AB_ROWS A rows a slice), alternating
+      timeout ${PREFILL_AB_TIMEOUT:-240} python3 -m benchmarks.prefill_ab_gpu --rows ${PREFILL_AB_ROWS:-64} \
+        --json "$OUT/prefill_ab.json" 2>&1 | tee "$OUT/prefill-ab.log" | grep -v "^INFO" | tail -6 ;;
     prefill-lora-bench)
       # the LoRA shrink and expand at prefill sizes against the base GEMMs, with their tiles swept
       timeout ${PREFILL_LORA_TIMEOUT:-200} python3 -m benchmarks.kernels.prefill_lora_bench \

@@ -4,8 +4,9 @@ Decode steps are captured in CUDA graphs, which compiles their kernels. Steps wi
 prompt chunk run eagerly, and their kernels pick tile sizes and integer specialisations
 from the token count and the longest query: the first step of a new kind would compile
 (about 0.1-1 s a kernel) while every running request waits. One forward pass per kind,
-without LoRA, with LoRA, and with LoRA and the per-row terms of DoRA and lora_bias adapters,
-on scratch KV blocks, compiles them all before the first request.
+without LoRA, with LoRA, and with LoRA and the per-row terms of DoRA and lora_bias adapters
+(and, for steps with the shrink in the GEMM over a narrow slot span, with LoRA over such
+spans), on scratch KV blocks, compiles them all before the first request.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRASte
 from multilora_studio.engine.logprobs import score_rows
 from multilora_studio.engine.lora_weights import LORA_GROUPS, LoRASlotWeights
 from multilora_studio.engine.sampler import make_generator, sample
-from multilora_studio.kernels.lora import LoRABatch
+from multilora_studio.kernels.lora import LoRABatch, LoRAPlan
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,21 @@ def warmup_steps(config: EngineConfig, decode_graphs: bool) -> list[list[int]]:
     return steps
 
 
+def narrow_slot_spans(plan: LoRAPlan, num_slots: int, max_rank: int) -> list[int]:
+    """The slot spans (powers of two) over which steps above ``plan.bgmv_max_tokens`` tokens
+    compute their shrink in the GEMM, one for each alignment of the rows it appends (once a
+    span's rows are a multiple of 16, wider spans compile nothing new); none without it."""
+    if not plan.shrink_in_gemm or max_rank < 1:
+        return []
+    spans, span = [], 1
+    while span <= num_slots and plan.shrinks_in_gemm(plan.bgmv_max_tokens + 1, span * max_rank):
+        spans.append(span)
+        if span * max_rank % 16 == 0:
+            break
+        span *= 2
+    return spans
+
+
 @torch.inference_mode()
 def warm_up_kernels(
     model: LlamaModel,
@@ -108,6 +124,13 @@ def warm_up_kernels(
     batch = LoRABatch.allocate(max_tokens, lora.num_slots, device)
     groups = frozenset(LORA_GROUPS)
     kinds = (None, LoRAStep(batch, groups), LoRAStep(batch, groups, row_groups=groups))
+    # steps above the token-major kernels over a narrow slot span: the shrink in the GEMM, whose
+    # output rows are wider by the span's A rows (each span whose row stride aligns differently)
+    narrow = tuple(
+        LoRAStep(batch, groups, row_groups=rows, slot_span=span)
+        for span in narrow_slot_spans(model.plan, lora.num_slots, lora.max_rank)
+        for rows in (frozenset(), groups)
+    )
     made_rows = not lora.row_scale  # (made for the warm-up, dropped after it)
     lora.ensure_row_buffers()
     passes = 0
@@ -122,7 +145,8 @@ def warm_up_kernels(
         last_rows = torch.tensor(  # each sequence's last token: the rows a step samples
             [end - 1 for end in itertools.accumulate(lengths)], dtype=torch.int64, device=device
         )
-        for step_lora in kinds:
+        large = tokens > model.plan.bgmv_max_tokens
+        for step_lora in (*kinds, *narrow) if large else kinds:
             hidden = model.forward(input_ids, positions, attn, kv_caches, step_lora)
             model.logits(hidden[last_rows])
             passes += 1

@@ -136,7 +136,10 @@ class LlamaModel:
 
     def _shrinks_in_gemm(self, group: str, tokens: int, step: LoRAStep | None) -> bool:
         """Whether ``group``'s LoRA term this step comes from the GEMM over its shrink-in-GEMM weight."""
-        return step is not None and group in step.groups and self.plan.shrinks_in_gemm(tokens)
+        if step is None or group not in step.groups or self.lora is None:
+            return False
+        span_rows = (step.slot_span or self.lora.num_slots) * self.lora.max_rank
+        return self.plan.shrinks_in_gemm(tokens, span_rows)
 
     def _row_terms(self, group: str, layer: int, step: LoRAStep | None) -> RowTerms | None:
         """Layer ``layer``'s DoRA / lora_bias row terms of ``group`` when an adapter of the step has them."""

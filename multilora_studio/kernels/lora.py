@@ -206,8 +206,9 @@ def lora_expand_shrunk_in_gemm(
     ``shrunk[t, l, s]`` is ``x[t] @ lora_a[l, s]^T`` for every slot ``l`` (``[T, num_slots,
     num_slices, max_rank]``, any float dtype, any strides), as the shrink in GEMM produces
     it (one GEMM over the base weight with every slot's A rows appended); each token reads
-    its own slot's entry. Other arguments as in :func:`lora_expand`. One token-major Triton
-    launch where ``plan.uses_bgmv``; otherwise the rows are gathered and the torch expand runs.
+    its own slot's entry. Other arguments as in :func:`lora_expand`. One Triton launch, token-major
+    where ``plan.uses_bgmv`` and slot-grouped above; on the torch backend the rows are gathered and
+    the torch expand runs.
 
     Semantics::
 
@@ -234,6 +235,8 @@ def lora_expand_shrunk_in_gemm(
     _check_backend(plan, y.device)
     if plan.uses_bgmv(y.shape[0]):
         return lora_bgmv.expand_shrunk_in_gemm(y, shrunk, lora_b, batch, offs, plan)
+    if plan.backend == "triton":
+        return lora_sgmv.expand_shrunk_in_gemm(y, shrunk, lora_b, batch, offs)
     lora_torch.expand_shrunk_in_gemm(y, shrunk, lora_b, batch, offs, plan)
     return y
 
@@ -409,6 +412,8 @@ def qkv_rope_write(
             :func:`lora_expand_shrunk_in_gemm`, or None (base rows only).
         plan: one Triton launch (``qkv_epilogue``) where ``plan.fused_qkv``, for a power-of-two
             head_dim >= 8 and LoRA ranks up to 64; otherwise the launches below, one after the other.
+            Above ``plan.bgmv_max_tokens`` tokens the Triton backend runs the LoRA expand (and row
+            terms) as its own slot-grouped launch first.
         qk_norm: ``(q_weight [D], k_weight [D], eps)``: Qwen3's RMSNorm of each q and k head,
             after the LoRA term and before RoPE; None: no norm.
         rows: the layer's q/k/v :class:`RowTerms` ``[slots + 1, (Hq + 2 Hkv) * D]`` (with
@@ -438,6 +443,16 @@ def qkv_rope_write(
             f"qkv must be [T, {heads * head_dim}] with a contiguous last dim, got {tuple(qkv.shape)}"
         )
     plan = _plan_for(plan, qkv)
+    q_size, kv_size = num_q_heads * head_dim, num_kv_heads * head_dim
+    if lora is not None and plan.backend == "triton" and not plan.uses_bgmv(num_tokens):
+        # a large step (a shrink in GEMM over a narrow slot span): the slot-grouped expand reads
+        # each adapter's B tiles once per block of its tokens; the fused launch would read them
+        # once per token
+        shrunk, lora_b, batch = lora
+        lora_expand_shrunk_in_gemm(qkv, shrunk, lora_b, batch, (0, q_size, q_size + kv_size, width), plan)
+        if rows is not None:
+            qkv.copy_(apply_row_terms(qkv, rows, batch))
+        lora, rows = None, None
     max_rank = lora[1].shape[-1] if lora is not None else 0
     if (
         plan.fused_qkv
@@ -451,7 +466,6 @@ def qkv_rope_write(
             qkv, num_q_heads, num_kv_heads, cos_sin, positions, k_cache, v_cache, slot_mapping, lora, plan,
             qk_norm, rows,
         )  # fmt: skip
-    q_size, kv_size = num_q_heads * head_dim, num_kv_heads * head_dim
     q = qkv[:, :q_size].view(num_tokens, num_q_heads, head_dim)
     k = qkv[:, q_size : q_size + kv_size].view(num_tokens, num_kv_heads, head_dim)
     v = qkv[:, q_size + kv_size :].view(num_tokens, num_kv_heads, head_dim)

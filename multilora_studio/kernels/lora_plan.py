@@ -67,6 +67,12 @@ class LoRAPlan:
     # The model computes each projection's shrink inside its base GEMM (module docstring) in
     # steps of up to bgmv_max_tokens tokens; the weights must hold the slots' A rows.
     shrink_in_gemm: bool = False
+    # With shrink_in_gemm, larger steps (prefill) also compute their shrink in the GEMM when
+    # the A rows it appends per slice (the step's slot span times the largest rank) are at
+    # most this many, and their expands read its output (slot-grouped): a prompt on an adapter
+    # in one of the first slots pays a few GEMM columns instead of a shrink launch reading x.
+    # 0: never.
+    grouped_shrink_in_gemm_rows: int = 0
     # The q/k/v expand (with the shrink in GEMM), RoPE and the K/V cache write as one launch.
     fused_qkv: bool = False
     # Token-major kernels launch with programmatic dependent launch (only where
@@ -94,7 +100,13 @@ class LoRAPlan:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "numba" and not lora_cpu.AVAILABLE:
             raise ValueError("backend='numba' but Numba cannot be imported")
-        for name in ("bgmv_max_tokens", "numba_max_tokens", "stacked_max_tokens", "stacked_min_adapters"):
+        for name in (
+            "bgmv_max_tokens",
+            "numba_max_tokens",
+            "stacked_max_tokens",
+            "stacked_min_adapters",
+            "grouped_shrink_in_gemm_rows",
+        ):
             _check_count(name, getattr(self, name))
         _check_count("gemm_row_tile", self.gemm_row_tile)
         if self.batch_invariant and not self.gemm_row_tile:
@@ -129,9 +141,15 @@ class LoRAPlan:
         """Whether the torch ops multiply every token by every adapter (given consecutive slots)."""
         return num_tokens <= self.stacked_max_tokens and num_adapters >= self.stacked_min_adapters
 
-    def shrinks_in_gemm(self, num_tokens: int) -> bool:
-        """Whether a step of ``num_tokens`` tokens computes the shrink inside the base GEMMs."""
-        return self.shrink_in_gemm and num_tokens <= self.bgmv_max_tokens
+    def shrinks_in_gemm(self, num_tokens: int, span_rows: int | None = None) -> bool:
+        """Whether a step of ``num_tokens`` tokens computes the shrink inside the base GEMMs;
+        ``span_rows``: the A rows per slice its GEMMs would append (slot span x largest rank),
+        None where the step does not say (then only up to ``bgmv_max_tokens`` tokens)."""
+        if not self.shrink_in_gemm:
+            return False
+        if num_tokens <= self.bgmv_max_tokens:
+            return True
+        return span_rows is not None and 0 < span_rows <= self.grouped_shrink_in_gemm_rows
 
     def folds_expand(self, num_tokens: int, max_rank: int) -> bool:
         """Whether an expand is folded into the kernel that reads its output this call."""

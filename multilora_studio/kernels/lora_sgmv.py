@@ -386,6 +386,7 @@ def _lora_expand_kernel(
     stride_bs,
     stride_bt,
     stride_br,
+    stride_bl,
     stride_wl,
     stride_wn,
     stride_wr,
@@ -411,8 +412,11 @@ def _lora_expand_kernel(
         w0 = _expand_w(
             b_ptr, slot, n0, hi, 0, rank, stride_wl, stride_wn, stride_wr, BLOCK_N, BLOCK_R, RANK_ALIGN
         )
+        # the slot's own shrink: stride_bl is 0 for the shrink kernel's partials (every token's
+        # row holds its own slot's values) and the slot stride of a shrink in GEMM's output
+        buf_slot = buf_ptr + slot.to(tl.int64) * stride_bl
         _expand_tile(
-            w0, buf_ptr, b_ptr, y_ptr, sorted_ptr, scales_ptr, slot, s, m_block, n0, hi, count, rank,
+            w0, buf_slot, b_ptr, y_ptr, sorted_ptr, scales_ptr, slot, s, m_block, n0, hi, count, rank,
             start, num_tokens, num_splits,
             stride_bp, stride_bs, stride_bt, stride_br, stride_wl, stride_wn, stride_wr,
             stride_yt, stride_yn,
@@ -566,6 +570,39 @@ def expand(
 ) -> torch.Tensor:
     """Launch the expand kernel: ``buf`` is float32 partials ``[splits, S, T, R]``."""
     splits, _, num_tokens, max_rank = buf.shape
+    strides = (*buf.stride(), 0)  # (split, slice, token, rank, slot): each token's own row
+    return _launch_expand(y, buf, strides, splits, num_tokens, max_rank, lora_b, batch, slice_offsets, config)
+
+
+def expand_shrunk_in_gemm(
+    y: torch.Tensor,
+    shrunk: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    slice_offsets: tuple[int, ...],
+    config: ExpandConfig | None = None,
+) -> torch.Tensor:
+    """Slot-grouped expand whose input is the shrink against the leading slots (the shrink in
+    GEMM): ``shrunk [T, span, S, R]`` (any strides, any float dtype), ``x[t] @ A[l, s]^T`` for
+    every slot ``l < span``; each program reads its slot's values of its tokens."""
+    num_tokens, _, _, max_rank = shrunk.shape
+    st_t, st_l, st_s, st_r = shrunk.stride()
+    strides = (0, st_s, st_t, st_r, st_l)  # (split, slice, token, rank, slot): one split
+    return _launch_expand(y, shrunk, strides, 1, num_tokens, max_rank, lora_b, batch, slice_offsets, config)
+
+
+def _launch_expand(
+    y: torch.Tensor,
+    buf: torch.Tensor,
+    buf_strides: tuple[int, ...],
+    splits: int,
+    num_tokens: int,
+    max_rank: int,
+    lora_b: torch.Tensor,
+    batch: LoRABatch,
+    slice_offsets: tuple[int, ...],
+    config: ExpandConfig | None,
+) -> torch.Tensor:
     _, out_total, _ = lora_b.shape
     if num_tokens == 0 or out_total == 0:
         return y
@@ -587,7 +624,7 @@ def expand(
         batch.num_slots,
         *cum,
         *padded_offsets(slice_offsets),
-        *buf.stride(),
+        *buf_strides,
         *lora_b.stride(),
         *y.stride(),
         BLOCK_M=cfg.block_m,

@@ -69,13 +69,18 @@ RUNNER_BLOCK = 4  # KV block size of tiny_runner
 
 
 def tiny_runner(
-    model_dir, adapters: dict, device: str, lora_backend: str | None = None, **overrides
+    model_dir,
+    adapters: dict,
+    device: str,
+    lora_backend: str | None = None,
+    plan_changes: dict | None = None,
+    **overrides,
 ) -> tuple[ModelRunner, dict[str | None, int]]:
     """A float32 runner on ``device`` with ``adapters`` (name -> folder) in slots 0, 1, ...,
     laid out as an engine's (its LoRA plan and shrink-in-GEMM rows), 64 KV blocks, no CUDA
     graphs of its own (the tests make the graphs they compare); the slot of each name (None -> -1).
     ``lora_backend``: the LoRA kernels' backend instead of the device's own ("triton" on the
-    CPU runs CUDA's kernels in Triton's interpreter)."""
+    CPU runs CUDA's kernels in Triton's interpreter); ``plan_changes``: LoRAPlan fields to replace."""
     settings = dict(
         model=str(model_dir), device=device, dtype="float32", max_loras=4, max_lora_rank=32,
         max_num_seqs=16, max_model_len=64, max_num_batched_tokens=256, block_size=RUNNER_BLOCK,
@@ -86,6 +91,7 @@ def tiny_runner(
     plan = build_lora_plan(config, where, torch.float32)
     if lora_backend is not None:
         plan = dataclasses.replace(plan, backend=lora_backend)
+    plan = dataclasses.replace(plan, **(plan_changes or {}))
     base = resolve_model(config.model, torch.float32, where, None, shrink_in_gemm_rows(config, plan))
     runner = ModelRunner(config, base.spec, base.weights, 64, where, torch.float32, plan)
     spec = base.spec

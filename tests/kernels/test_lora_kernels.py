@@ -216,7 +216,7 @@ def on_triton(backend: str, *_: object) -> bool:
     """Whether a case's kernels run in Triton (the interpreter, on the CPU): grid's predicate.
     Under the interpreter the Triton cases below are a covering subset of the grid
     (tests/kernels/grid.py): every dtype with every pattern here, each pattern once in the
-    fused tests; natively (the GPU session) every combination."""
+    fused tests; natively (a GPU host) every combination."""
     return backend == "triton"
 
 
@@ -300,13 +300,21 @@ def test_expand_shrunk_in_gemm_matches_reference(backend, plan, dtype, pattern, 
 
 
 @NEEDS_TRITON
-def test_expand_shrunk_in_gemm_above_the_decode_kernels_runs_torch():
-    plan = replace(plan_for("triton"), bgmv_max_tokens=4)  # 7 tokens: the torch gather path
-    gen = torch.Generator().manual_seed(seed_of("gathered-large"))
-    case = make_case(torch.float32, 7, "qkv", "base_mixed", gen)
-    y = case.y.clone()
-    lora_expand_shrunk_in_gemm(y, gathered_shrink(case, gen), case.lora_b, case.batch, case.offsets, plan)
-    check_y(y, case, torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pattern", ["base_mixed", "identical", "zipf"])
+def test_expand_shrunk_in_gemm_above_the_decode_kernels_runs_slot_grouped(dtype, pattern):
+    """Above ``bgmv_max_tokens`` the slot-grouped expand reads each token's own slot's row of
+    the GEMM's shrink (strided rows, NaN in every other slot's entries) and the torch path
+    (the gather) agrees with it."""
+    plan = replace(plan_for("triton"), bgmv_max_tokens=4)  # 37 tokens: the slot-grouped kernel
+    gen = torch.Generator().manual_seed(seed_of("gathered-large", dtype, pattern))
+    case = make_case(dtype, 37, "qkv", pattern, gen)
+    shrunk = gathered_shrink(case, gen)
+    for path in (plan, LoRAPlan()):
+        y = torch.empty(37, case.offsets[-1] + 8, dtype=dtype, device=DEVICE)[:, 4:-4]
+        y.copy_(case.y)  # strided rows, as the GEMM output's view is
+        lora_expand_shrunk_in_gemm(y, shrunk, case.lora_b, case.batch, case.offsets, path)
+        check_y(y, case, dtype)
 
 
 def test_expand_shrunk_in_gemm_rejects_bad_input():
