@@ -1,13 +1,14 @@
 """Finishing what a crashed library write (kill -9, power loss) left behind.
 
-Every write that creates or moves an adapter folder holds a shared lock on the
-library's ``library.lock`` while it runs (``writing``). Opening the library takes that
-lock exclusively without waiting (``sweep``): when it gets it, no such write is under way
-in any process, so every staging folder and every folder without a row is a crash's
-leftover and is deleted, and a removal's trash whose row is still there (the crash came
-before its commit) is put back. While another process writes, only leftovers older than
-an hour are touched. The locks are ``flock`` locks: the kernel drops them when a process
-dies. Without ``fcntl`` (Windows) leftovers are swept by age only.
+Every write that creates, moves or deletes the library's files (an import, a removal, an
+archive, a restore) holds a shared lock on the library's ``library.lock`` from its first file
+to its last (``writing``). Opening the library takes that lock exclusively without waiting
+(``sweep``), and only when it gets it, so while no write is under way in any process, does it
+touch anything: then a staging entry, a folder or an archive that no row names, and the
+folder of an archived adapter, are a crash's leftovers and are deleted, and a folder moved
+aside (trash) whose row still wants it is put back. While another process writes, nothing is
+swept; the next open does it. The locks are ``flock`` locks: the kernel drops them when a
+process dies. Without ``fcntl`` (Windows) nothing is swept.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from multilora_studio.adapters.private_files import PRIVATE_FILE
@@ -30,9 +31,22 @@ except ImportError:  # Windows
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "library.lock"  # next to the database
-STAGING_PREFIX = ".tmp-"
-TRASH_PREFIX = ".trash-"
-STALE_AFTER_S = 3600.0
+STAGING_PREFIX = ".tmp-"  # + a fresh token: a write's files before they move into place
+TRASH_PREFIX = ".trash-"  # + the adapter's folder name, "." and a fresh token: a folder moved aside
+
+
+@dataclass(frozen=True)
+class NamedByRows:
+    """What the rows name: the adapters whose folder must exist (all but the archived ones)
+    and the archives' file names."""
+
+    live: frozenset[str]
+    archives: frozenset[str]
+
+
+def trash_name(folder: Path, token: str) -> Path:
+    """Where a write moves ``folder`` aside (its own fresh ``token``), next to it."""
+    return folder.with_name(f"{TRASH_PREFIX}{folder.name}.{token}")
 
 
 @contextmanager
@@ -47,30 +61,45 @@ def writing(lock: Path) -> Iterator[None]:
         os.close(handle)
 
 
-def sweep(adapters_dir: Path, lock: Path, known_ids: Callable[[], set[str]]) -> None:
-    """Delete leftovers of crashed writes and restore interrupted removals (module docstring)."""
+def sweep(adapters_dir: Path, archives_dir: Path, lock: Path, named: Callable[[], NamedByRows]) -> None:
+    """Delete leftovers of crashed writes and put back interrupted moves, when no write is
+    under way (module docstring)."""
     handle = _open_lock(lock)
     try:
-        alone = fcntl is not None and _try_exclusive(handle)
-        known = known_ids()
-        cutoff = time.time() - STALE_AFTER_S
-        with os.scandir(adapters_dir) as entries:  # names first: a Path per folder is slow in thousands
-            unknown = sorted(entry.name for entry in entries if entry.name not in known)
-        for name in unknown:
-            entry = adapters_dir / name
-            if entry.is_symlink() or not entry.is_dir():
-                continue
-            if not alone and not _older_than(entry, cutoff):
-                continue
-            owner = entry.name.removeprefix(TRASH_PREFIX)
-            if entry.name.startswith(TRASH_PREFIX) and owner in known and not (adapters_dir / owner).exists():
-                log.info("restoring %s: its removal did not commit", adapters_dir / owner)
-                os.replace(entry, adapters_dir / owner)
-                continue
-            log.info("removing leftover %s", entry)
-            shutil.rmtree(entry, ignore_errors=True)
+        if fcntl is None or not _try_exclusive(handle):
+            return
+        rows = named()
+        _sweep_folders(adapters_dir, rows)
+        if archives_dir.is_dir():
+            _sweep_archives(archives_dir, rows)
     finally:
         os.close(handle)
+
+
+def _sweep_folders(adapters_dir: Path, rows: NamedByRows) -> None:
+    with os.scandir(adapters_dir) as entries:  # names first: a Path per folder is slow in thousands
+        unknown = sorted(entry.name for entry in entries if entry.name not in rows.live)
+    for name in unknown:
+        entry = adapters_dir / name
+        if entry.is_symlink() or not entry.is_dir():
+            continue
+        owner = name.removeprefix(TRASH_PREFIX).partition(".")[0]
+        if name.startswith(TRASH_PREFIX) and owner in rows.live and not (adapters_dir / owner).exists():
+            log.info("restoring %s: the write that moved it aside did not commit", adapters_dir / owner)
+            os.replace(entry, adapters_dir / owner)
+            continue
+        log.info("removing leftover %s", entry)
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def _sweep_archives(archives_dir: Path, rows: NamedByRows) -> None:
+    with os.scandir(archives_dir) as entries:
+        leftovers = sorted(entry.name for entry in entries if entry.name not in rows.archives)
+    for name in leftovers:
+        entry = archives_dir / name
+        if entry.is_file() and not entry.is_symlink():
+            log.info("removing leftover %s", entry)
+            entry.unlink(missing_ok=True)
 
 
 def _open_lock(lock: Path) -> int:
@@ -83,10 +112,3 @@ def _try_exclusive(handle: int) -> bool:
     except BlockingIOError:
         return False
     return True
-
-
-def _older_than(entry: Path, cutoff: float) -> bool:
-    try:
-        return entry.stat().st_mtime < cutoff
-    except FileNotFoundError:
-        return False

@@ -3,10 +3,12 @@
 Layout under ``root`` (the user data directory by default)::
 
     library.sqlite3          adapters, aliases, base models pulled from the Hub, eval scores
-    library.lock             held (shared) by imports and removals, see ``library_sweep``
+    library.lock             held (shared) by every write that moves files, see ``library_sweep``
     adapters/<id>/           imported adapter folders (copies; Hub pulls stay in the HF cache)
-    adapters/.tmp-<id>/      an import in progress, renamed to <id> as its row commits
-    adapters/.trash-<id>/    a removal in progress, deleted once its row is gone
+    adapters/.tmp-<token>/   an import or a restore in progress, renamed to <id> as its row commits
+    adapters/.trash-<id>.<token>/  a folder moved aside by a removal or an archive as its row
+                             commits, deleted then
+    archives/<id>.<token>.tar.gz   an archived adapter's files (``registry_lifecycle``)
 
 Every operation opens its own connection (WAL journal, busy timeout), and every
 write is one ``BEGIN IMMEDIATE`` transaction, so GUI, server and engine threads and
@@ -51,7 +53,15 @@ from multilora_studio.adapters.library_errors import (
     storage_error,
     unwritable,
 )
-from multilora_studio.adapters.library_sweep import LOCK_FILE, STAGING_PREFIX, TRASH_PREFIX, sweep, writing
+from multilora_studio.adapters.library_moves import moving
+from multilora_studio.adapters.library_sweep import (
+    LOCK_FILE,
+    STAGING_PREFIX,
+    NamedByRows,
+    sweep,
+    trash_name,
+    writing,
+)
 from multilora_studio.adapters.private_files import (
     copy_regular_file,
     create_private_file,
@@ -62,6 +72,7 @@ from multilora_studio.adapters.private_files import (
 )
 from multilora_studio.adapters.registry_lifecycle import (
     ALIAS_WARM_QUERY,
+    ARCHIVED,
     RegistryLifecycle,
     alias_warm_lists,
     not_served_because,
@@ -295,27 +306,23 @@ class Registry(RegistryLifecycle):
         self.check_writable()
         try:
             with writing(self.lock_path):
-                make_private_dir(staging)
-                for file in COPIED_FILES:
-                    if os.path.lexists(source / file):
-                        copy_regular_file(source / file, staging / file)
                 try:
-                    row = self._validated_row(staging, base, name, max_rank)
-                except AdapterError as error:  # name the user's folder, not the staging copy
-                    raise AdapterError(str(error).replace(str(staging), str(source))) from None
-                row.update(
-                    id=adapter_id, source_kind="local", source=str(source), path=str(final), notes=notes
-                )
-                scores = model_card_scores(staging, row, final)
-                with self._write() as conn:
-                    self._insert(conn, row, names, scores)
-                    os.replace(staging, final)  # inside the transaction: a failed commit undoes it below
-        except BaseException as error:
-            for leftover in (staging, final):
-                shutil.rmtree(leftover, ignore_errors=True)
-            if isinstance(error, OSError):
-                raise storage_error(error, f"copying {source} into the library {self.root}") from error
-            raise
+                    self._copy_in(source, staging)
+                    try:
+                        row = self._validated_row(staging, base, name, max_rank)
+                    except AdapterError as error:  # name the user's folder, not the staging copy
+                        raise AdapterError(str(error).replace(str(staging), str(source))) from None
+                    row.update(
+                        id=adapter_id, source_kind="local", source=str(source), path=str(final), notes=notes
+                    )
+                    scores = model_card_scores(staging, row, final)
+                    with moving(self._write()) as (conn, moves):
+                        self._insert(conn, row, names, scores)
+                        moves.rename(staging, final)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)  # moved into place unless it failed
+        except OSError as error:
+            raise storage_error(error, f"copying {source} into the library {self.root}") from error
         log.info("imported %s as %r", source, name)
         return self.get(name)
 
@@ -403,35 +410,25 @@ class Registry(RegistryLifecycle):
     def remove(self, name: str) -> AdapterRecord:
         """Forget an adapter; an imported copy is deleted, a Hub snapshot stays in the shared HF cache."""
         record = self.get(name)
-        trash = self.adapters_dir / f"{TRASH_PREFIX}{record.id}"
-        owned = self.owns_folder(record)
         self.check_writable()
+        trash = trash_name(record.path, uuid.uuid4().hex)
         try:
             with writing(self.lock_path):
-                self._delete(record, trash if owned and record.path.exists() else None)
+                with moving(self._write()) as (conn, moves):
+                    now = self._current(conn, record.id)
+                    if now is None:
+                        raise LibraryError(f"{record.name!r} was removed meanwhile")
+                    conn.execute("DELETE FROM adapters WHERE id = ?", (record.id,))
+                    self.record_event(conn, record.id, record.name, "removed", "")
+                    if self.owns_folder(now) and now.path.exists():
+                        moves.rename(now.path, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+                if now.archive_path is not None:
+                    now.archive_path.unlink(missing_ok=True)
         except OSError as error:
             raise storage_error(error, f"removing {record.name!r} from the library {self.root}") from error
-        shutil.rmtree(trash, ignore_errors=True)
-        if record.archive_path is not None:
-            record.archive_path.unlink(missing_ok=True)
         log.info("removed %r", record.name)
         return record
-
-    def _delete(self, record: AdapterRecord, trash: Path | None) -> None:
-        """Delete the row and move the folder to ``trash`` (if given) in one transaction."""
-        moved = False
-        try:
-            with self._write() as conn:
-                if conn.execute("DELETE FROM adapters WHERE id = ?", (record.id,)).rowcount != 1:
-                    raise LibraryError(f"{record.name!r} was removed meanwhile")
-                self.record_event(conn, record.id, record.name, "removed", "")
-                if trash is not None:
-                    os.replace(record.path, trash)
-                    moved = True
-        except BaseException:
-            if moved and trash is not None:
-                os.replace(trash, record.path)
-            raise
 
     # ---------------------------------------------------------------- small updates
 
@@ -576,8 +573,7 @@ class Registry(RegistryLifecycle):
         for entry in self.root.iterdir():  # the database, its -wal and -shm, the lock, markers
             if not entry.is_dir():
                 tighten(entry)
-        sweep(self.adapters_dir, self.lock_path, self._known_ids)
-        self.sweep_archives()
+        sweep(self.adapters_dir, self.archives_dir, self.lock_path, self._named_by_rows)
 
     def _open_read_only(self, error: StorageError) -> None:
         """Open the existing library for reading only, or raise ``error`` if that fails too."""
@@ -594,6 +590,14 @@ class Registry(RegistryLifecycle):
             return
         raise error
 
+    @staticmethod
+    def _copy_in(source: Path, staging: Path) -> None:
+        """Copy the adapter's files of ``source`` into the new folder ``staging``."""
+        make_private_dir(staging)
+        for file in COPIED_FILES:
+            if os.path.lexists(source / file):
+                copy_regular_file(source / file, staging / file)
+
     def _refuse_special_files(self, source: Path) -> None:
         """LibraryError naming the first copied file that is a link, a pipe or a device."""
         for file in COPIED_FILES:
@@ -602,9 +606,13 @@ class Registry(RegistryLifecycle):
             if why is not None:
                 raise LibraryError(f"{why}; nothing was imported")
 
-    def _known_ids(self) -> set[str]:
+    def _named_by_rows(self) -> NamedByRows:
         with self._connect() as conn:
-            return {row[0] for row in conn.execute("SELECT id FROM adapters")}
+            rows = conn.execute("SELECT id, state, archive_path FROM adapters").fetchall()
+        return NamedByRows(
+            live=frozenset(row[0] for row in rows if row[1] != ARCHIVED),
+            archives=frozenset(Path(row[2]).name for row in rows if row[2]),
+        )
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:

@@ -3,11 +3,14 @@ archived (its files packed into one compressed archive with a manifest of SHA-25
 freed), restored (the files unpacked byte for byte and checked against the manifest), removed;
 every transition recorded with its time and reason in an audit log that outlives the adapter.
 
-Archiving never loses files: the archive is written beside its final name and synced, renamed
-into place, the row updated in one transaction, and only then the folder deleted, so a crash
-at any point leaves either the folder or the archive with the row pointing at it (a leftover
-partial archive is swept at the next open). Restoring unpacks into a staging folder, checks
-every file against the manifest, and renames the folder into place before the row changes.
+Archiving and restoring never lose files. Each holds the library's writers' lock
+(``library_sweep``) from its first file to its last and works under names of its own (an
+archive is packed and synced as a staging file, a restore unpacked into a staging folder);
+the row then changes and the files move into place (the folder aside) in one transaction,
+which first checks that the row is still as it was (a second archive of the same adapter, or
+a removal, finished meanwhile: nothing changes), and undoes the moves if it does not commit.
+Only then is what was moved aside deleted. So a crash at any point leaves the row pointing at
+a complete copy, the folder or the archive, and the leftovers are swept at the next open.
 """
 
 from __future__ import annotations
@@ -21,19 +24,21 @@ import shutil
 import sqlite3
 import tarfile
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from multilora_studio.adapters.library_errors import LibraryError
+from multilora_studio.adapters.library_moves import moving
+from multilora_studio.adapters.library_sweep import STAGING_PREFIX, trash_name, writing
 from multilora_studio.adapters.private_files import make_private_dir, tighten
-from multilora_studio.adapters.registry_schema import AdapterRecord, EvalScoreRecord
+from multilora_studio.adapters.registry_schema import ADAPTER_SELECT, AdapterRecord, EvalScoreRecord
 from multilora_studio.util import sha256_file
 
 ARCHIVES_DIR = "archives"
 MANIFEST = "manifest.json"
-PARTIAL_SUFFIX = ".partial"
 ACTIVE, RETIRED, ARCHIVED = "active", "retired", "archived"
 
 
@@ -105,8 +110,15 @@ class RegistryLifecycle:
 
     root: Path
     adapters_dir: Path
+    lock_path: Path
 
     def get(self, name: str) -> AdapterRecord:  # pragma: no cover - Registry's
+        raise NotImplementedError
+
+    def check_writable(self) -> None:  # pragma: no cover - Registry's
+        raise NotImplementedError
+
+    def _record(self, conn: sqlite3.Connection, row: sqlite3.Row) -> AdapterRecord:  # pragma: no cover
         raise NotImplementedError
 
     def _write(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:  # pragma: no cover
@@ -210,100 +222,132 @@ class RegistryLifecycle:
         return self.get(record.name)
 
     def archive(self, name: str, reason: str = "") -> AdapterRecord:
-        """Pack a retired (or active) adapter's files into ``archives/ID.tar.gz`` with their
+        """Pack a retired (or active) adapter's files into ``archives/ID.TOKEN.tar.gz`` with their
         manifest, then free the folder (an imported copy; a Hub snapshot stays in the HF cache)."""
         record = self.get(name)
         if record.state == ARCHIVED:
             raise LibraryError(f"{record.name!r} is archived already")
         if not record.path.is_dir():
             raise LibraryError(f"{record.name!r}: its folder {record.path} is missing; nothing to archive")
-        self.archives_dir.mkdir(parents=True, exist_ok=True)
-        final = self.archives_dir / f"{record.id}.tar.gz"
-        partial = final.with_name(final.name + PARTIAL_SUFFIX)
-        files = sorted(p for p in record.path.iterdir() if p.is_file())
-        manifest = {
-            "name": record.name,
-            "id": record.id,
-            "folder": str(record.path),
-            "files": {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files},
-        }
-        try:
-            with open(partial, "wb") as raw:
-                with tarfile.open(fileobj=raw, mode="w:gz", dereference=True) as tar:  # HF cache links
-                    data = json.dumps(manifest, indent=1).encode()
-                    info = tarfile.TarInfo(MANIFEST)
-                    info.size, info.mtime = len(data), int(time.time())
-                    tar.addfile(info, io.BytesIO(data))
-                    for path in files:
-                        tar.add(path, arcname=path.name, recursive=False)
-                raw.flush()
-                os.fsync(raw.fileno())
-            os.replace(partial, final)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        digest = sha256_file(final)
-        with self._write() as conn:
-            conn.execute(
-                "UPDATE adapters SET state = ?, archive_path = ?, archive_sha256 = ? WHERE id = ?",
-                (ARCHIVED, str(final), digest, record.id),
-            )
-            self.record_event(conn, record.id, record.name, "archived", reason)
-        if self.owns_folder(record):
-            shutil.rmtree(record.path, ignore_errors=True)
+        self.check_writable()
+        token = uuid.uuid4().hex  # each write's own names: two archives of one adapter never meet
+        final = self.archives_dir / f"{record.id}.{token}.tar.gz"
+        partial = self.archives_dir / f"{STAGING_PREFIX}{token}.tar.gz"
+        trash = trash_name(record.path, token)
+        with writing(self.lock_path):
+            make_private_dir(self.archives_dir)
+            try:
+                try:
+                    digest = _pack(record, partial)
+                except FileNotFoundError:
+                    raise LibraryError(
+                        f"{record.name!r}: its files went away while they were packed (archived or "
+                        "removed meanwhile); nothing changed"
+                    ) from None
+                with moving(self._write()) as (conn, moves):
+                    now = self._current(conn, record.id)
+                    if now is None or now.state == ARCHIVED:
+                        happened = "removed" if now is None else "archived"
+                        raise LibraryError(f"{record.name!r} was {happened} meanwhile; nothing changed")
+                    conn.execute(
+                        "UPDATE adapters SET state = ?, archive_path = ?, archive_sha256 = ? WHERE id = ?",
+                        (ARCHIVED, str(final), digest, record.id),
+                    )
+                    self.record_event(conn, record.id, record.name, "archived", reason)
+                    moves.rename(partial, final)
+                    if self.owns_folder(record):
+                        moves.rename(record.path, trash)
+            finally:
+                partial.unlink(missing_ok=True)
+            shutil.rmtree(trash, ignore_errors=True)
         return self.get(record.name)
 
     def restore(self, name: str, reason: str = "") -> AdapterRecord:
         """Unpack an archived adapter where its folder was, each file checked against the
         manifest; it comes back retired (reactivate it to serve it)."""
         record = self.get(name)
-        if record.state != ARCHIVED or record.archive_path is None:
+        archive = record.archive_path
+        if record.state != ARCHIVED or archive is None:
             raise LibraryError(f"{record.name!r} is {record.state}, not archived")
-        if sha256_file(record.archive_path) != record.archive_sha256:
-            raise LibraryError(
-                f"the archive {record.archive_path} of {record.name!r} does not match its digest"
-            )
-        staging = record.path.with_name(record.path.name + PARTIAL_SUFFIX)
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        make_private_dir(staging)
-        try:
-            with tarfile.open(record.archive_path, "r:gz") as tar:
-                manifest = json.loads(_member(tar, MANIFEST))
-                for file_name, expected in manifest["files"].items():
-                    data = _member(tar, file_name)
-                    if (
-                        len(data) != expected["bytes"]
-                        or hashlib.sha256(data).hexdigest() != expected["sha256"]
-                    ):
-                        raise LibraryError(f"{file_name} in the archive of {record.name!r} is damaged")
-                    (staging / file_name).write_bytes(data)
-                    tighten(staging / file_name)
-            if record.path.exists():
-                shutil.rmtree(record.path)  # a Hub snapshot left in place: the archive is the truth
-            os.replace(staging, record.path)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        with self._write() as conn:
-            conn.execute(
-                "UPDATE adapters SET state = ?, archive_path = NULL, archive_sha256 = NULL WHERE id = ?",
-                (RETIRED, record.id),
-            )
-            self.record_event(conn, record.id, record.name, "restored", reason)
-        Path(record.archive_path).unlink(missing_ok=True)
+        self.check_writable()
+        token = uuid.uuid4().hex
+        staging = record.path.with_name(f"{STAGING_PREFIX}{token}")
+        trash = trash_name(record.path, token)
+        with writing(self.lock_path):
+            staging.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dir(staging)
+            try:
+                try:
+                    if sha256_file(archive) != record.archive_sha256:
+                        raise LibraryError(
+                            f"the archive {archive} of {record.name!r} does not match its digest"
+                        )
+                    _unpack(archive, staging, record.name)
+                except FileNotFoundError:
+                    raise LibraryError(
+                        f"the archive {archive} of {record.name!r} is gone (restored or removed meanwhile, "
+                        "or deleted); nothing changed"
+                    ) from None
+                with moving(self._write()) as (conn, moves):
+                    now = self._current(conn, record.id)
+                    if now is None or now.archive_path != archive:
+                        raise LibraryError(
+                            f"{record.name!r} was restored or removed meanwhile; nothing changed"
+                        )
+                    conn.execute(
+                        "UPDATE adapters SET state = ?, archive_path = NULL, archive_sha256 = NULL "
+                        "WHERE id = ?",
+                        (RETIRED, record.id),
+                    )
+                    self.record_event(conn, record.id, record.name, "restored", reason)
+                    if os.path.lexists(record.path):  # a Hub snapshot left in place: the archive is the truth
+                        moves.rename(record.path, trash)
+                    moves.rename(staging, record.path)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(trash, ignore_errors=True)
+            archive.unlink(missing_ok=True)
         return self.get(record.name)
 
-    def sweep_archives(self) -> None:
-        """Delete partial archives (a crash mid-write) and archives no adapter points at (a
-        crash between the archive's rename and its row's update: the folder is still there)."""
-        if not self.archives_dir.is_dir():
-            return
-        with self._connect() as conn:
-            known = {row[0] for row in conn.execute("SELECT archive_path FROM adapters") if row[0]}
-        for entry in self.archives_dir.iterdir():
-            if str(entry) not in known:
-                entry.unlink(missing_ok=True)
+    def _current(self, conn: sqlite3.Connection, adapter_id: str) -> AdapterRecord | None:
+        """The adapter's record as the transaction of ``conn`` sees it (None: it was removed)."""
+        row = conn.execute(ADAPTER_SELECT + " WHERE id = ?", (adapter_id,)).fetchone()
+        return None if row is None else self._record(conn, row)
+
+
+def _pack(record: AdapterRecord, target: Path) -> str:
+    """Write ``record``'s files and their manifest to ``target`` (synced); its SHA-256."""
+    files = sorted(p for p in record.path.iterdir() if p.is_file())
+    manifest = {
+        "name": record.name,
+        "id": record.id,
+        "folder": str(record.path),
+        "files": {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files},
+    }
+    with open(target, "wb") as raw:
+        with tarfile.open(fileobj=raw, mode="w:gz", dereference=True) as tar:  # HF cache links
+            data = json.dumps(manifest, indent=1).encode()
+            info = tarfile.TarInfo(MANIFEST)
+            info.size, info.mtime = len(data), int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+            for path in files:
+                tar.add(path, arcname=path.name, recursive=False)
+        raw.flush()
+        os.fsync(raw.fileno())
+    tighten(target)
+    return sha256_file(target)
+
+
+def _unpack(archive: Path, staging: Path, name: str) -> None:
+    """Unpack ``archive`` into ``staging``, every file checked against the manifest."""
+    with tarfile.open(archive, "r:gz") as tar:
+        manifest = json.loads(_member(tar, MANIFEST))
+        for file_name, expected in manifest["files"].items():
+            data = _member(tar, file_name)
+            if len(data) != expected["bytes"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+                raise LibraryError(f"{file_name} in the archive of {name!r} is damaged")
+            (staging / file_name).write_bytes(data)
+            tighten(staging / file_name)
 
 
 def _member(tar: tarfile.TarFile, name: str) -> bytes:

@@ -10,7 +10,7 @@ import tarfile
 from pathlib import Path
 from unittest import mock
 
-from multilora_studio.adapters import registry_lifecycle
+from multilora_studio.adapters import library_moves, registry_lifecycle
 from multilora_studio.adapters.registry import Registry
 
 
@@ -29,16 +29,16 @@ def main() -> None:
         added.append(str(path))
         die()
 
-    real_digest = registry_lifecycle.sha256_file
+    real_rename = library_moves.Moves.rename
 
-    def digest_or_die(path):  # the archive is in place, its row not updated yet
-        if str(path).endswith(".tar.gz"):
+    def rename_then_die(self, source, target):  # the archive in place, its row not committed yet
+        real_rename(self, source, target)
+        if str(target).endswith(".tar.gz"):
             die()
-        return real_digest(path)
 
     patches = {
         "writing": mock.patch.object(tarfile.TarFile, "add", add_then_die),
-        "renamed": mock.patch.object(registry_lifecycle, "sha256_file", digest_or_die),
+        "renamed": mock.patch.object(library_moves.Moves, "rename", rename_then_die),
         "recorded": mock.patch.object(registry_lifecycle.shutil, "rmtree", die),  # before the folder goes
     }
     with patches[point]:

@@ -100,7 +100,8 @@ def test_a_killed_archive_loses_nothing(point, registry, tiny_adapters, tiny_bas
     kept = again.get("kept")
     archives = sorted(p.name for p in again.archives_dir.iterdir())
     if point == "recorded":  # the row said archived before the kill: the archive is the copy
-        assert kept.state == "archived" and archives == [f"{kept.id}.tar.gz"]
+        assert kept.state == "archived" and kept.archive_path is not None
+        assert archives == [kept.archive_path.name]
         kept = again.restore("kept")
     else:  # not recorded: the folder is the copy, no archive or partial file remains
         assert kept.state == "active" and archives == []

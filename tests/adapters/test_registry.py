@@ -119,22 +119,24 @@ def test_a_locked_library_fails_the_import_and_leaves_nothing(tmp_path, tiny_ada
 
 
 def test_leftovers_of_a_crash_are_swept_at_the_next_start(registry, tiny_adapters, tiny_base):
+    """Only while no write is under way: an old staging folder of a running write is not
+    provably abandoned (a restore may take an hour, a moved folder keeps its old mtime)."""
     kept = registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base)
     old = time.time() - 2 * 3600
-    leftovers = [registry.adapters_dir / n for n in (".tmp-old", ".trash-old", "0123orphan")]
+    leftovers = [registry.adapters_dir / n for n in (".tmp-old", ".trash-old.0123", "0123orphan")]
     for folder in leftovers:
         folder.mkdir()
         (folder / "adapter_model.safetensors").write_bytes(b"partial")
         os.utime(folder, (old, old))
-    os.utime(kept.path, (old, old))
-    recent = registry.adapters_dir / ".tmp-running-import"
-    recent.mkdir()
-    with writing(registry.lock_path):  # another writer is under way: only old leftovers go
+    registry.archives_dir.mkdir()
+    archive = registry.archives_dir / ".tmp-0123.tar.gz"
+    archive.write_bytes(b"partial")
+    with writing(registry.lock_path):  # another writer is under way: nothing is touched
         Registry(registry.root)
-    assert not any(folder.exists() for folder in leftovers)
-    assert recent.is_dir() and kept.path.is_dir()
-    Registry(registry.root)  # no writer holds the lock: the recent staging folder is a leftover too
-    assert not recent.exists() and kept.path.is_dir()
+    assert all(folder.is_dir() for folder in leftovers) and archive.is_file() and kept.path.is_dir()
+    Registry(registry.root)  # no writer holds the lock: every leftover goes
+    assert not any(folder.exists() for folder in leftovers) and not archive.exists()
+    assert kept.path.is_dir()
 
 
 def test_schema_version_and_wal_journal(registry, tmp_path):

@@ -9,15 +9,28 @@ import pytest
 
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli import main
+from multilora_studio.util import sha256_file
 
 
 def assert_consistent(root: Path) -> Registry:
-    """Open the library at ``root``: every local row has its complete folder, every folder its row."""
+    """Open the library at ``root``: every local row that is not archived has its complete
+    folder, every archived row its archive (its digest that of the row), every folder and
+    every archive its row."""
     registry = Registry(root)
     records = registry.list_adapters()
-    local = {r.id: r for r in records if r.source_kind == "local"}
+    archived = [r for r in records if r.state == "archived"]
+    local = {r.id for r in records if r.source_kind == "local" and r.state != "archived"}
     assert sorted(p.name for p in registry.adapters_dir.iterdir()) == sorted(local)
+    archives = (
+        sorted(p.name for p in registry.archives_dir.iterdir()) if registry.archives_dir.exists() else []
+    )
+    assert archives == sorted(r.archive_path.name for r in archived if r.archive_path is not None)
     for record in records:
+        if record.state == "archived":
+            assert (
+                record.archive_path is not None and sha256_file(record.archive_path) == record.archive_sha256
+            )
+            continue
         assert (record.path / "adapter_config.json").is_file(), record
         assert (record.path / "adapter_model.safetensors").stat().st_size == record.size_bytes
     names = [name for r in records for name in (r.name, *r.aliases)]

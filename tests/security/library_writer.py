@@ -2,9 +2,10 @@
 
 Usage: ``python -m tests.security.library_writer ROOT BASE_JSON SOURCE LABEL`` (BASE_JSON: the
 BaseModelRef's fields, so the writer starts without the engine's imports). Round i imports
-SOURCE as ``LABEL-w-i``, renames it, gives it an alias, pins it, registers SOURCE as the Hub
-snapshot ``org/LABEL-w-i``, removes the previous round's two adapters, and prints each step as
-it starts, so the test can kill it in the middle of any of them.
+SOURCE as ``LABEL-w-i``, renames it, gives it an alias, pins it, archives and restores it,
+registers SOURCE as the Hub snapshot ``org/LABEL-w-i``, removes the previous round's two
+adapters, and prints each step as it starts, so the test can kill it in the middle of any of
+them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def main(root: str, base_json: str, source: str, label: str) -> None:
         registry.add_alias(f"{label}-r-{i}", f"{label}-a-{i}")
         step("pin")
         registry.set_pinned(f"{label}-a-{i}")
+        step("archive")
+        registry.archive(f"{label}-a-{i}")
+        step("restore")
+        registry.restore(f"{label}-a-{i}")
         step("register")
         registry.register_hub(folder, base, repo_id=hub, revision=f"{i:040x}", requested_revision=None)
         if i:

@@ -24,7 +24,8 @@ from multilora_studio.cli.shared import describe_base
 from tests.security.library_checks import assert_consistent
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-WRITER_STEPS = ("import", "rename", "alias", "pin", "register", "remove")
+# the writer's steps a kill lands in (a killed archive: tests/adapters/test_lifecycle.py)
+WRITER_STEPS = ("import", "rename", "alias", "pin", "restore", "register", "remove")
 GUARD_S = 300.0  # a worker that never reaches a step fails the test instead of hanging it
 
 
