@@ -38,9 +38,11 @@ from multilora_studio.engine import (
     SamplingParams,
     TokenDelta,
 )
+from multilora_studio.engine.chat_tokens import Render, render_in_process
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.prompts import encode_prompt
 from multilora_studio.engine.request_methods import RequestMethods
+from multilora_studio.engine.template_sandbox import TemplateSandbox
 from multilora_studio.server.metrics import GAUGES
 
 METRICS_INTERVAL_S = 1.0
@@ -240,6 +242,7 @@ class RemoteEngine(RequestMethods):
         self._in_flight: Counter[str] = Counter()
         self._pumps: dict[str, concurrent.futures.Future[None]] = {}
         self._request_counter = itertools.count()
+        self._template_sandbox = TemplateSandbox(self.config.max_model_len)  # adapters' own templates
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="remote-engine", daemon=True)
         self._thread.start()
@@ -314,6 +317,12 @@ class RemoteEngine(RequestMethods):
         own = registration.facts.tokenizer if registration is not None else None
         return own if own is not None else self.tokenizer
 
+    def renderer_for(self, adapter: str | None) -> Render:
+        """An adapter's own template renders in the sandbox (``Engine.renderer_for``)."""
+        registration = self._registration(adapter)
+        own = registration.facts.tokenizer if registration is not None else None
+        return render_in_process if own is None else self._template_sandbox.render
+
     def vocab_size_of(self, adapter: str | None) -> int:
         registration = self._registration(adapter)
         return registration.facts.vocab_size if registration is not None else self.spec.vocab_size
@@ -327,6 +336,7 @@ class RemoteEngine(RequestMethods):
             self.vocab_size_of(adapter),
             special_tokens_in_content,
             self.model_name,
+            self.renderer_for(adapter),
         )
 
     # ---------------------------------------------------------------- requests
@@ -440,3 +450,4 @@ class RemoteEngine(RequestMethods):
             pump.cancel()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._template_sandbox.close()

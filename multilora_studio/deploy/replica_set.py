@@ -42,6 +42,7 @@ from multilora_studio.engine import (
     RequestStream,
     SamplingParams,
 )
+from multilora_studio.engine.chat_tokens import Render
 from multilora_studio.engine.request_methods import RequestMethods
 from multilora_studio.engine.serving_engine import ServingEngine
 from multilora_studio.util import ProgressCallback
@@ -357,6 +358,9 @@ class ReplicaSet(RequestMethods):
 
     def tokenizer_for(self, adapter: str | None) -> Any:
         return self.replicas[0].tokenizer_for(adapter)
+
+    def renderer_for(self, adapter: str | None) -> Render:
+        return self.replicas[0].renderer_for(adapter)
 
     def vocab_size_of(self, adapter: str | None) -> int:
         return self.replicas[0].vocab_size_of(adapter)

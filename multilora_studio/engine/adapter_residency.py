@@ -29,6 +29,7 @@ from multilora_studio.adapters.load_latency import TierCounters
 from multilora_studio.adapters.peft_adapter import HostAdapter, inspect_peft_adapter, load_peft_adapter
 from multilora_studio.adapters.short_lived_workers import call_on_short_lived_thread
 from multilora_studio.adapters.slot_table import SlotTable
+from multilora_studio.engine.chat_tokens import Render, render_in_process
 from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.host_threads import loader_threads
 from multilora_studio.engine.host_tier_size import available_host_memory, host_tier_capacity
@@ -42,6 +43,7 @@ from multilora_studio.engine.lora_weights import (
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.pinned_arena import PinnedArena, carve
 from multilora_studio.engine.scheduler import Admission
+from multilora_studio.engine.template_sandbox import TemplateSandbox
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,7 @@ class AdapterResidency:
         self._adapters: dict[str, AdapterInfo] = {}
         self._tokenizers: dict[str, AdapterTokenizer] = {}  # adapters with their own (any thread)
         self.base_tokenizer = base_tokenizer
+        self.template_sandbox = TemplateSandbox(config.max_model_len)  # their chat templates
         self._wanted: Counter[str | None] = Counter()  # adapter -> its queued and running requests
         self.slots = SlotTable(config.max_loras)
         # host bytes of one adapter of max_lora_rank on every projection: a pinned block, a staging buffer
@@ -234,6 +237,8 @@ class AdapterResidency:
             self._adapters[name] = info
             if tokenizer is not None:
                 self._tokenizers[name] = tokenizer
+        if tokenizer is not None:
+            self.template_sandbox.warm()  # its first chat need not wait for a renderer to start
         if packed is not None:
             self.host_cache.put(packed)
         return info
@@ -264,6 +269,13 @@ class AdapterResidency:
             return None
         with self._lock:
             return self._tokenizers.get(name)
+
+    def renderer_of(self, name: str | None) -> Render:
+        """How ``name``'s chat template renders: in the sandbox when the adapter brings its own
+        tokenizer or template, here for the base model's."""
+        if self.tokenizer_of(name) is None:
+            return render_in_process
+        return self.template_sandbox.render
 
     def vocab_size_of(self, name: str | None) -> int:
         """The vocabulary of ``name``'s rows (the base's for None or an adapter that adds none)."""
@@ -530,6 +542,7 @@ class AdapterResidency:
         self._stager.shutdown(wait=True, cancel_futures=True)
         """Stop the loader threads and children (after the worker has ended)."""
         self.host_cache.close()
+        self.template_sandbox.close()
         if self._loader_process is not None:
             self._loader_process.close()
 

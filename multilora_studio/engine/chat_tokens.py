@@ -12,7 +12,16 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
+
+# (tokenizer, messages, **template) -> the rendered text; a sandbox's for an adapter's template
+Render = Callable[..., str]
+
+
+def render_in_process(tokenizer: Any, messages: list[dict[str, Any]], **template: Any) -> str:
+    """``tokenizer``'s chat template rendered here: the base model's, trusted with the base."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, **template)
 
 
 def special_token_texts(tokenizer: Any) -> tuple[str, ...]:
@@ -55,10 +64,11 @@ def chat_token_ids(
     messages: list[dict[str, Any]],
     special_tokens_in_content: bool = False,
     add_special_tokens: bool = False,
+    render: Render = render_in_process,
     **template: Any,
 ) -> list[int]:
     """Token ids of ``messages`` through the chat template (``template``: its keyword arguments,
-    such as ``add_generation_prompt`` and ``tools``).
+    such as ``add_generation_prompt`` and ``tools``), rendered by ``render``.
 
     ``special_tokens_in_content=True`` (trusted local use) lets message text spell control tokens.
     ValueError when the template changed the text so that the placeholders cannot be found.
@@ -68,7 +78,7 @@ def chat_token_ids(
     if masker is not None:
         messages = masker.mask(messages)
         template = {name: masker.mask(value) for name, value in template.items()}
-    text = tokenizer.apply_chat_template(messages, tokenize=False, **template)
+    text = render(tokenizer, messages, **template)
     if masker is None or not masker.found:
         return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
     pieces = masker.placeholder.split(text)  # text, index, text, index, ..., text

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from multilora_studio.engine.adapter_residency import AdapterInfo, AdapterResidency
+from multilora_studio.engine.chat_tokens import Render
 from multilora_studio.engine.commands import (
     AbortRequest,
     AddRequests,
@@ -169,7 +170,8 @@ class Engine(RequestMethods):
         where = str(self.base.folder) if self.base.folder is not None else self.model_name
         vocab = self.residency.vocab_size_of(adapter)
         tokenizer = self.tokenizer_for(adapter)
-        return encode_prompt(prompt, tokenizer, vocab, special_tokens_in_content, where)
+        render = self.renderer_for(adapter)
+        return encode_prompt(prompt, tokenizer, vocab, special_tokens_in_content, where, render)
 
     def vocab_size_of(self, adapter: str | None) -> int:
         """The vocabulary of ``adapter``'s requests: the base's, larger where it adds tokens."""
@@ -179,6 +181,11 @@ class Engine(RequestMethods):
         """The tokenizer (and chat template) of ``adapter``'s requests: its own, else the base's."""
         own = self.residency.tokenizer_of(adapter)
         return own.tokenizer if own is not None else self.tokenizer
+
+    def renderer_for(self, adapter: str | None) -> Render:
+        """How ``adapter``'s chat template renders (``tokenizer_for``'s): an adapter's own in a
+        sandbox with a deadline and an output cap (``template_sandbox``), the base's here."""
+        return self.residency.renderer_of(adapter)
 
     def submit(
         self,

@@ -18,12 +18,9 @@ import logging
 import multiprocessing
 import queue
 import shutil
-import sys
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -35,6 +32,7 @@ from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapt
 from multilora_studio.engine.lora_weights import PackedAdapter, pack_adapter
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.pinned_arena import PinnedArena, carve
+from multilora_studio.spawned import main_module_hidden
 
 log = logging.getLogger(__name__)
 
@@ -120,37 +118,6 @@ class _SpawnContext(multiprocessing.context.SpawnContext):
         return child
 
 
-_main_lock = threading.Lock()
-
-
-@contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """Spawn children that do not import the parent's ``__main__``.
-
-    A spawned child normally re-runs the parent's main script (as ``__mp_main__``) before
-    its first task. The loader's children need nothing from it, and a user's script without
-    an ``if __name__ == "__main__"`` guard would build a second engine in every child (a
-    script read from stdin cannot be re-run at all). ``submit`` starts the children
-    synchronously, so hiding the main module's file and spec meanwhile is enough.
-    """
-    main = sys.modules.get("__main__")
-    if main is None:
-        yield
-        return
-    missing = object()
-    with _main_lock:
-        saved = {name: getattr(main, name, missing) for name in ("__file__", "__spec__")}
-        main.__spec__ = None
-        if saved["__file__"] is not missing:
-            del main.__file__
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is not missing:
-                    setattr(main, name, value)
-
-
 def staging_buffers_that_fit(nbytes: int, wanted: int) -> int:
     """How many of ``wanted`` staging buffers of ``nbytes`` fit in free shared memory (/dev/shm
     in containers is often small; a child writing past it would die of SIGBUS)."""
@@ -189,7 +156,7 @@ class LoaderProcess:
             initializer=_child_init,
             initargs=(tuple(m.name for m in self._memories), self.spec, self.max_rank, self.dtype),
         )
-        with _main_module_hidden():
+        with main_module_hidden():
             for _ in range(self.workers):  # start every child now (each imports torch, ~3 s),
                 pool.submit(_child_ready)  # not during the first burst of loads
         return pool

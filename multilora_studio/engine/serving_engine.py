@@ -11,6 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from multilora_studio.engine.adapter_residency import AdapterInfo
+from multilora_studio.engine.chat_tokens import Render
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta
@@ -52,6 +53,8 @@ class ServingEngine(Protocol):
     ) -> list[int]: ...
 
     def tokenizer_for(self, adapter: str | None) -> Any: ...
+
+    def renderer_for(self, adapter: str | None) -> Render: ...
 
     def vocab_size_of(self, adapter: str | None) -> int: ...
 

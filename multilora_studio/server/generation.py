@@ -29,9 +29,11 @@ from multilora_studio.engine import (
 )
 from multilora_studio.engine.grammar import GRAMMAR_FAILED
 from multilora_studio.engine.outputs import ADAPTER_TIERS
+from multilora_studio.engine.template_sandbox import TemplateBusy
 from multilora_studio.server.context_window import check_fits
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.logprob_shapes import ScoreOptions
+from multilora_studio.server.prompt_errors import prompt_error
 from multilora_studio.server.request_log import RequestRecord
 from multilora_studio.server.state import ModelTarget, ServerState
 from multilora_studio.server.structured import structure_field
@@ -184,12 +186,15 @@ class Job:
 
     @contextlib.contextmanager
     def _engine_errors(self) -> Iterator[None]:
-        """Engine errors as API errors: ValueError 400 (404 for an adapter removed meanwhile)."""
+        """Engine errors as API errors: ValueError 400 (404 for an adapter removed meanwhile), a busy
+        template renderer 503 (``prompt_error``)."""
         engine = self.engine
         try:
             yield
         except ApiError:
             raise
+        except TemplateBusy as error:
+            raise prompt_error(error, PROMPT_FIELDS.get(self.route, "prompt")) from None
         except ValueError as error:
             if self.adapter is not None and not engine.has_adapter(self.adapter):
                 raise ApiError(
@@ -201,7 +206,7 @@ class Job:
                 raise ApiError(503, f"the engine is not running: {error}", "engine_unavailable") from None
             raise ApiError(500, f"the prompt could not be prepared: {error}", "engine_error") from None
         except Exception as error:  # the chat template can refuse a conversation (jinja errors)
-            raise ApiError(400, f"the prompt could not be prepared: {error}", "invalid_value") from None
+            raise prompt_error(error, PROMPT_FIELDS.get(self.route, "prompt")) from None
 
     def _submit_all(self, loop: asyncio.AbstractEventLoop, prompt_ids: list[list[int]]) -> None:
         engine = self.engine

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -64,7 +65,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         max_tokens = chat_max_tokens(body, engine.config.max_model_len)
         params = [sampling_params(body, max_tokens, i, tokenizer) for i in range(body.n)]
         specials = state.config.allow_special_tokens_in_content
-        plan = tool_plan(body, tokenizer, engine.spec.model_type, specials)
+        plan = tool_plan(body, tokenizer, engine.renderer_for(adapter), engine.spec.model_type, specials)
         tool_format[0] = plan.format
         return [plan.token_ids], with_tool_structure(params, plan.structure)
 
@@ -95,7 +96,10 @@ async def generate(
     max_tokens_field: str | None,
     configure: Callable[[Job], None] | None = None,
 ) -> Response:
-    """Run one generation request; ``max_tokens_field`` names the field that set the output cap."""
+    """Run one generation request; ``max_tokens_field`` names the field that set the output cap.
+
+    ``prepare`` (templates, tokenizers, grammar checks: work that grows with the request) runs on
+    a worker thread, never on the event loop."""
     state, key = server_state(request), api_key_label(request)
     try:
         state.admission.check_room(key)  # a key at its limit is refused before any work
@@ -107,7 +111,7 @@ async def generate(
         await refuse(state, route, body, key, error)
         raise
     try:
-        prompts, params = prepare(engine, target.adapter)
+        prompts, params = await asyncio.to_thread(prepare, engine, target.adapter)
         job = Job(
             state,
             route,

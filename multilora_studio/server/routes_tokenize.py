@@ -15,8 +15,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from multilora_studio.engine import ServingEngine
-from multilora_studio.engine.chat_tokens import chat_token_ids
+from multilora_studio.engine.chat_tokens import Render, chat_token_ids
 from multilora_studio.server.errors import ApiError
+from multilora_studio.server.prompt_errors import prompt_error
 from multilora_studio.server.sampling import chat_prompt
 from multilora_studio.server.schemas import DetokenizeRequest, TokenizeRequest
 from multilora_studio.server.state import ModelTarget, ServerState, api_key_label, caller, server_state
@@ -51,13 +52,16 @@ async def _admitted(
         state.admission.release(key, 0, 0, 0)
 
 
-def _encode(tokenizer: Any, body: TokenizeRequest, special_tokens_in_content: bool) -> list[int]:
+def _encode(
+    tokenizer: Any, render: Render, body: TokenizeRequest, special_tokens_in_content: bool
+) -> list[int]:
     if body.messages is not None:
         return chat_token_ids(
             tokenizer,
             chat_prompt(body.messages),
             special_tokens_in_content,
             bool(body.add_special_tokens),
+            render,
             add_generation_prompt=body.add_generation_prompt,
         )
     special = True if body.add_special_tokens is None else body.add_special_tokens
@@ -75,11 +79,13 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
             raise ApiError(400, "this model has no chat template; send a prompt", "invalid_value", "messages")
         try:
             specials = state.config.allow_special_tokens_in_content
-            tokens = await asyncio.to_thread(_encode, tokenizer, body, specials)
+            render = engine.renderer_for(adapter)
+            tokens = await asyncio.to_thread(_encode, tokenizer, render, body, specials)
         except ApiError:
             raise
         except Exception as error:  # the chat template can refuse a conversation (jinja errors)
-            raise ApiError(400, f"the prompt could not be tokenized: {error}", "invalid_value") from None
+            field = "messages" if body.messages is not None else "prompt"
+            raise prompt_error(error, field) from None
         names = state.token_text_for(engine, adapter)
         max_model_len = engine.config.max_model_len
     answer: dict[str, Any] = {

@@ -9,6 +9,7 @@ import llguidance.hf
 import pytest
 from transformers import AutoTokenizer
 
+from multilora_studio.engine.chat_tokens import render_in_process
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import ChatMessage
 from multilora_studio.server.tools.formats import HERMES, LLAMA3, MISTRAL, parse
@@ -261,9 +262,9 @@ def history():
 
 
 def test_smollm_template_ignores_tools_so_the_fallback_renders_them(tokenizer):
-    assert not renders_tools(tokenizer)
-    assert call_format(tokenizer, "llama") == HERMES
-    prompt = tool_prompt(tokenizer, "llama", history(), tool_request(TOOLS, None, None))
+    assert not renders_tools(tokenizer, render_in_process)
+    assert call_format(tokenizer, render_in_process, "llama") == HERMES
+    prompt = tool_prompt(tokenizer, render_in_process, "llama", history(), tool_request(TOOLS, None, None))
     text = tokenizer.decode(prompt.token_ids)
     assert not prompt.native
     assert FALLBACK_SYSTEM.split("\n")[0] in text
@@ -275,7 +276,7 @@ def test_smollm_template_ignores_tools_so_the_fallback_renders_them(tokenizer):
 
 
 def test_tool_choice_none_leaves_the_tools_out_of_the_prompt(tokenizer):
-    prompt = tool_prompt(tokenizer, "llama", history(), tool_request(TOOLS, "none", None))
+    prompt = tool_prompt(tokenizer, render_in_process, "llama", history(), tool_request(TOOLS, "none", None))
     text = tokenizer.decode(prompt.token_ids)
     assert "<tools>" not in text and "18 degrees" in text
 
@@ -297,8 +298,9 @@ LLAMA_LIKE = (
 def test_a_template_that_renders_tools_is_used_and_picks_the_parser(tokenizer):
     qwen = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
     qwen.chat_template = QWEN_LIKE
-    assert renders_tools(qwen) and call_format(qwen, "llama") == HERMES  # the template's markers win
-    prompt = tool_prompt(qwen, "qwen2", history(), tool_request(TOOLS, None, None))
+    assert renders_tools(qwen, render_in_process)
+    assert call_format(qwen, render_in_process, "llama") == HERMES  # the template's markers win
+    prompt = tool_prompt(qwen, render_in_process, "qwen2", history(), tool_request(TOOLS, None, None))
     text = qwen.decode(prompt.token_ids)
     assert prompt.native and '"name": "add"' in text
     shown = text.split("<tool_call>")[-1].split("</tool_call>")[0]  # the history's call
@@ -306,8 +308,9 @@ def test_a_template_that_renders_tools_is_used_and_picks_the_parser(tokenizer):
     assert "<|im_start|>tool\n18 degrees and sunny" in text
     llama = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
     llama.chat_template = LLAMA_LIKE
-    assert call_format(llama, "llama") == LLAMA3 and call_format(llama, "mistral") == MISTRAL
-    assert call_format(llama, "qwen2") == HERMES
+    assert call_format(llama, render_in_process, "llama") == LLAMA3
+    assert call_format(llama, render_in_process, "mistral") == MISTRAL
+    assert call_format(llama, render_in_process, "qwen2") == HERMES
 
 
 def test_bad_history_arguments_are_a_400(tokenizer):
@@ -317,7 +320,7 @@ def test_bad_history_arguments_are_a_400(tokenizer):
         tool_calls=[{"id": "c", "type": "function", "function": {"name": "add", "arguments": "{nope"}}],
     )
     with pytest.raises(ApiError) as raised:
-        tool_prompt(tokenizer, "llama", given, tool_request(TOOLS, None, None))
+        tool_prompt(tokenizer, render_in_process, "llama", given, tool_request(TOOLS, None, None))
     assert raised.value.param == "messages.1.tool_calls.0.function.arguments"
 
 

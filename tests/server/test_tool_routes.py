@@ -9,6 +9,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 
+from multilora_studio.engine.chat_tokens import render_in_process
 from multilora_studio.server.schemas import ChatMessage
 from multilora_studio.server.tools.prompt import tool_prompt
 from multilora_studio.server.tools.spec import tool_request
@@ -37,7 +38,11 @@ def expected_prompt_tokens(engine, messages, tools, choice=None):
     given = [ChatMessage(**m) for m in messages]
     return len(
         tool_prompt(
-            engine.tokenizer, engine.spec.model_type, given, tool_request(tools, choice, None)
+            engine.tokenizer,
+            render_in_process,
+            engine.spec.model_type,
+            given,
+            tool_request(tools, choice, None),
         ).token_ids
     )
 

@@ -11,8 +11,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from multilora_studio.engine.chat_tokens import chat_token_ids
+from multilora_studio.engine.chat_tokens import Render, chat_token_ids
+from multilora_studio.engine.template_sandbox import TemplateBusy, TemplateLimitError
 from multilora_studio.server.errors import ApiError
+from multilora_studio.server.prompt_errors import prompt_error
 from multilora_studio.server.sampling import chat_prompt
 from multilora_studio.server.schemas import ChatMessage
 from multilora_studio.server.tools.formats import (
@@ -44,25 +46,25 @@ class ToolPrompt:
     native: bool  # False: the fallback prompt
 
 
-def renders_tools(tokenizer: Any) -> bool:
+def renders_tools(tokenizer: Any, render: Render) -> bool:
     """Whether the chat template shows ``tools``: a probe conversation rendered with and without one."""
     template = str(tokenizer.chat_template)
     if template not in _TEMPLATE_RENDERS_TOOLS:
         probe = [{"role": "user", "content": "hello"}]
         tool = Tool(PROBE_NAME, "probe", {"type": "object", "properties": {}}).openai()
         try:
-            shown = tokenizer.apply_chat_template(
-                probe, tools=[tool], tokenize=False, add_generation_prompt=True
-            )
+            shown = render(tokenizer, probe, tools=[tool], add_generation_prompt=True)
+        except (TemplateLimitError, TemplateBusy):  # past its limits: no answer to remember
+            raise
         except Exception:  # a template that cannot take tools at all
             shown = ""
         _TEMPLATE_RENDERS_TOOLS[template] = PROBE_NAME in shown
     return _TEMPLATE_RENDERS_TOOLS[template]
 
 
-def call_format(tokenizer: Any, model_type: str) -> str:
+def call_format(tokenizer: Any, render: Render, model_type: str) -> str:
     """The parser: hermes for the fallback; else the template's own markers; else the family's."""
-    if not renders_tools(tokenizer):
+    if not renders_tools(tokenizer, render):
         return HERMES
     template = str(tokenizer.chat_template)
     if HERMES_OPEN in template:
@@ -138,22 +140,25 @@ def _fallback_messages(given: list[ChatMessage], tools: tuple[Tool, ...]) -> lis
 
 def tool_prompt(
     tokenizer: Any,
+    render: Render,
     model_type: str,
     given: list[ChatMessage],
     request: ToolRequest,
     special_tokens_in_content: bool = False,
 ) -> ToolPrompt:
-    """The prompt's token ids and the answer's format; template errors are a 400 about ``messages``."""
+    """The prompt's token ids and the answer's format; template errors are a 400 about ``messages``
+    (``prompt_error``). ``render`` renders the template (``ServingEngine.renderer_for``)."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ApiError(400, "this model has no chat template; tools need one", "invalid_value", "messages")
-    native = renders_tools(tokenizer)
     tools = [tool.openai() for tool in request.offered]
     try:
+        native = renders_tools(tokenizer, render)
         if native:
             ids = chat_token_ids(
                 tokenizer,
                 _native_messages(given),
                 special_tokens_in_content,
+                render=render,
                 tools=tools or None,
                 add_generation_prompt=True,
             )
@@ -162,12 +167,11 @@ def tool_prompt(
                 tokenizer,
                 _fallback_messages(given, request.offered),
                 special_tokens_in_content,
+                render=render,
                 add_generation_prompt=True,
             )
     except ApiError:
         raise
     except Exception as error:  # the template can refuse a conversation (jinja errors)
-        raise ApiError(
-            400, f"the prompt could not be prepared: {error}", "invalid_value", "messages"
-        ) from None
-    return ToolPrompt(ids, call_format(tokenizer, model_type), native)
+        raise prompt_error(error, "messages") from None
+    return ToolPrompt(ids, call_format(tokenizer, render, model_type), native)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from multilora_studio.engine import SamplingParams, StructuredOutput
+from multilora_studio.engine.chat_tokens import Render
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import ChatCompletionRequest
 from multilora_studio.server.tools.grammar import tool_structure
@@ -30,11 +31,16 @@ def uses_tools(body: ChatCompletionRequest) -> bool:
 
 
 def tool_plan(
-    body: ChatCompletionRequest, tokenizer: Any, model_type: str, special_tokens_in_content: bool = False
+    body: ChatCompletionRequest,
+    tokenizer: Any,
+    render: Render,
+    model_type: str,
+    special_tokens_in_content: bool = False,
 ) -> ToolPlan:
-    """Checks the tool options (400s), renders the prompt, and picks the format and constraint."""
+    """Checks the tool options (400s), renders the prompt (with ``render``: ``tool_prompt``), and
+    picks the format and constraint."""
     request = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls)
-    prompt = tool_prompt(tokenizer, model_type, body.messages, request, special_tokens_in_content)
+    prompt = tool_prompt(tokenizer, render, model_type, body.messages, request, special_tokens_in_content)
     if request.mode == "none":
         return ToolPlan(prompt.token_ids, None, None)
     return ToolPlan(prompt.token_ids, prompt.format, tool_structure(request, prompt.format))
