@@ -15,8 +15,8 @@ INDEX_FILE = "model.safetensors.index.json"
 def checkpoint_files(folder: Path) -> list[Path]:
     """The checkpoint's safetensors files: the shards an index lists (sorted), or ``model.safetensors``.
 
-    ValueError / FileNotFoundError name the problem (pickle-only weights, a broken index, a
-    missing shard, no weights at all).
+    ValueError / FileNotFoundError name the problem (pickle-only weights, a broken index or one
+    naming a shard outside the folder, a missing shard, no weights at all).
     """
     folder = Path(folder)
     index = folder / INDEX_FILE
@@ -26,6 +26,12 @@ def checkpoint_files(folder: Path) -> list[Path]:
             names = sorted(set(weight_map.values()))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             raise ValueError(f"{index} is not a safetensors index (no weight_map)") from None
+        outside = [name for name in names if not _bare_file_name(name)]
+        if outside:
+            raise ValueError(
+                f"{index} names shard {outside[0]!r}, which is not a file of {folder}; an index may name "
+                "only files in its own folder"
+            )
         files = [folder / name for name in names]
         for path in files:
             if not path.is_file():
@@ -40,6 +46,11 @@ def checkpoint_files(folder: Path) -> list[Path]:
             "convert them to safetensors first"
         )
     raise FileNotFoundError(f"{folder} has no {SINGLE_FILE} (nor {INDEX_FILE} with its shards)")
+
+
+def _bare_file_name(name: object) -> bool:
+    """``name`` names a file directly in a folder: no separator, not "", "." or ".."."""
+    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name
 
 
 def checkpoint_digest(files: list[Path]) -> str:

@@ -4,7 +4,8 @@ generation config and a model card.
 
 The folder is written next to its destination as ``NAME.partial`` and renamed into place at
 the end, so a failure (a full disk, a cancel) leaves no half-written model under the name; the
-base and the adapters are only read. Host memory holds the adapters' factors and one base
+base and the adapters are only read, and a ``NAME.partial`` that exists already is refused,
+never deleted (another merge's, or the user's). Host memory holds the adapters' factors and one base
 tensor at a time, in float32, plus its merged copy: for a Llama-3-8B base about 4.2 GB at the
 embedding (128,256 x 4,096, twice in float32), 0.5 GB for its largest projection.
 """
@@ -100,8 +101,13 @@ def merge_and_export(
     spec = load_spec(request.base_folder)
     report = progress or (lambda fraction, message: None)
     partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    try:
+        partial.mkdir(parents=True)
+    except FileExistsError:
+        raise MergeError(
+            f"{partial} exists (another merge to {out.name} under way, or one that was interrupted); "
+            "delete it, or choose another folder for the merged model"
+        ) from None
     try:
         with tempfile.TemporaryDirectory(dir=partial.parent, prefix=f".{out.name}-combined-") as scratch:
             adapter_folder = _single_adapter(request, spec.num_layers, Path(scratch))
