@@ -114,10 +114,14 @@ class LibraryView(QWidget):
         self.rename_button.clicked.connect(self._ask_rename)
         self.alias_button.clicked.connect(self._ask_alias)
         self.remove_button.clicked.connect(self._confirm_remove)
-        buttons = QHBoxLayout()
+        adding = QHBoxLayout()  # the library's own actions and filters
+        for button in (self.import_button, self.pull_button, self.merge_button):
+            adding.addWidget(button)
+        adding.addStretch(1)
+        adding.addWidget(self.base_filter)
+        adding.addWidget(self.filter, 2)
+        selected = QHBoxLayout()  # the selected adapter's actions (one row: the window's width is small)
         for button in (
-            self.import_button,
-            self.pull_button,
             self.pin_button,
             self.rename_button,
             self.alias_button,
@@ -125,13 +129,10 @@ class LibraryView(QWidget):
             self.archive_button,
             self.warm_button,
             self.alias_warm_button,
-            self.merge_button,
+            self.remove_button,
         ):
-            buttons.addWidget(button)
-        buttons.addWidget(self.remove_button)
-        buttons.addStretch(1)
-        buttons.addWidget(self.base_filter)
-        buttons.addWidget(self.filter, 2)
+            selected.addWidget(button)
+        selected.addStretch(1)
 
         self.table = FrozenFirstColumnTable()
         self.table.setModel(self.model)
@@ -156,7 +157,8 @@ class LibraryView(QWidget):
 
         layout = QVBoxLayout(self)
         layout.addWidget(self.banner)
-        layout.addLayout(buttons)
+        layout.addLayout(adding)
+        layout.addLayout(selected)
         layout.addWidget(splitter, 1)
         host.adaptersChanged.connect(self.refresh)
         try:

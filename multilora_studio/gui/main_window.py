@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 METRICS_INTERVAL_MS = 200  # 5 Hz
 AUTOSAVE_MS = 1000  # window state, prompt and choices are saved this long after the last change
 PAGES = ("Library", "Compare", "Evaluate", "Monitor", "Server", "Settings")
+DEFAULT_SIZE = (1280, 820)  # the window's width and height until a person resizes it
 
 
 class MainWindow(QMainWindow):
@@ -159,7 +160,7 @@ class MainWindow(QMainWindow):
     def _restore(self) -> None:
         geometry = self.prefs.geometry("window/geometry")
         if geometry is None or not self.restoreGeometry(geometry):
-            self.resize(1280, 820)
+            self.resize(*DEFAULT_SIZE)
         page = self.prefs.get("window/page", "Compare")
         self.show_page(page if page in PAGES else "Compare")
         self.compare.restore_state(self.prefs)

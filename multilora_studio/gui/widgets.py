@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QLineEdit,
     QListWidget,
@@ -40,9 +41,12 @@ def scroll_as_one_page(view: QWidget, content: QWidget) -> None:
 
 
 def read_only_table(columns: tuple[str, ...] | list[str], min_height: int, max_height: int) -> QTableWidget:
-    """A table of ``columns`` that cannot be edited, without row numbers, between two heights."""
+    """A table of ``columns`` that cannot be edited, without row numbers, between two heights; each
+    column as wide as its header and its texts (the last one takes the room left)."""
     table = QTableWidget(0, len(columns))
     table.setHorizontalHeaderLabels(list(columns))
+    table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    table.horizontalHeader().setStretchLastSection(True)
     table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
     table.verticalHeader().setVisible(False)
     table.setMinimumHeight(min_height)
