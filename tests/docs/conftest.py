@@ -15,8 +15,11 @@ def reader(default_model, tmp_path: Path) -> Iterator[Reader]:
     home = tmp_path / "home"
     home.mkdir()
     (home / "models").symlink_to(default_model.path.parent, target_is_directory=True)
-    reader = Reader(home)
+    work = tmp_path / "work"
+    work.mkdir()
+    reader = Reader(home, work)
     try:
         yield reader
     finally:
         reader.close()
+        print("".join(f"\n{seconds:7.1f} s  {where}" for where, seconds in reader.seconds.items()))

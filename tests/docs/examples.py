@@ -18,6 +18,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -110,17 +111,50 @@ def executable() -> str:
     return str(script) if script.exists() else COMMAND
 
 
-class Reader:
-    """Runs one file's examples in order, in its own user data directory (a new user's)."""
+# Runs the scripts it is sent (a path a line) one after another, each in a namespace of its own
+# (a missing import still fails), and ends each one's output with a line saying how it ended.
+SCRIPT_HOST = r"""
+import runpy, sys, traceback
+for line in sys.stdin:
+    try:
+        runpy.run_path(line.strip(), run_name="__main__")
+        status = 0
+    except SystemExit as stop:
+        status = 0 if stop.code in (None, 0) else 1
+    except BaseException:
+        traceback.print_exc(file=sys.stdout)
+        status = 1
+    print(f"\0ended {status}", flush=True)
+"""
+ENDED = "\0ended "
 
-    def __init__(self, home: Path, cwd: Path = REPOSITORY) -> None:
+
+class Reader:
+    """Runs one file's examples in order, as a new user: its own user data directory, and a
+    working directory that holds the checkout's ``resources`` and ``docs`` (files the examples
+    name) and whatever the examples write.
+
+    Python blocks run in one interpreter, one after another (importing torch once, not once a
+    block), each in a namespace of its own."""
+
+    def __init__(self, home: Path, cwd: Path) -> None:
         self.env = os.environ | {"MULTILORA_STUDIO_HOME": str(home), "PYTHONUNBUFFERED": "1"}
         self.env.pop("MULTILORA_STUDIO_NO_DEMO_ADAPTERS", None)
+        self.home = home
         self.cwd = cwd
+        for shared in ("resources", "docs"):
+            (cwd / shared).symlink_to(REPOSITORY / shared, target_is_directory=True)
+        self.scripts: subprocess.Popen[str] | None = None
         self.server: subprocess.Popen[str] | None = None
         self.address = ""
+        self.seconds: dict[str, float] = {}  # each example's time, for a test to report
 
     def run(self, example: Example) -> None:
+        started = time.monotonic()
+        self.run_example(example)
+        self.seconds[example.where] = time.monotonic() - started
+
+    def run_example(self, example: Example) -> None:
         if example.tag == "python":
             self.run_script(example)
         else:
@@ -138,7 +172,32 @@ class Reader:
             if self.server is None:
                 self.start_server([COMMAND, "serve"], example)
             script = script.replace(DOCS_ADDRESS, self.address)
-        self.check(subprocess.run([sys.executable, "-c", script], **self.options()), example, "the script")
+        path = self.home / f"example-{len(self.seconds)}.py"
+        path.write_text(script)
+        if self.scripts is None:
+            self.scripts = subprocess.Popen(
+                [sys.executable, "-c", SCRIPT_HOST], cwd=self.cwd, env=self.env, text=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        assert self.scripts.stdin and self.scripts.stdout
+        watchdog = threading.Timer(COMMAND_TIMEOUT_S, self.scripts.kill)
+        watchdog.start()
+        try:
+            self.scripts.stdin.write(f"{path}\n")
+            self.scripts.stdin.flush()
+            output = []
+            for line in self.scripts.stdout:
+                if line.startswith(ENDED):
+                    break
+                output.append(line)
+            else:
+                line = f"{ENDED}the interpreter died or ran past {COMMAND_TIMEOUT_S:.0f} s"
+        finally:
+            watchdog.cancel()
+        text = "".join(output)
+        assert line.strip() == f"{ENDED}0", (
+            f"{example.where}: the script failed ({line.strip().lstrip(chr(0))})\n{text[-4000:]}"
+        )
 
     def run_command(self, words: list[str], example: Example) -> None:
         done = subprocess.run([executable(), *words[1:]], **self.options())
@@ -173,7 +232,7 @@ class Reader:
     def start_server(self, words: list[str], example: Example) -> None:
         """``serve`` as pasted on a free port; it serves the scripts that follow until the next."""
         self.stop_server()
-        logs = Path(self.env["MULTILORA_STUDIO_HOME"])
+        logs = self.home
         out, err = logs / "serve.out", logs / "serve.err"
         with out.open("w") as stdout, err.open("w") as stderr:
             self.server = subprocess.Popen(
@@ -214,3 +273,6 @@ class Reader:
 
     def close(self) -> None:
         self.stop_server()
+        if self.scripts is not None:
+            self.scripts.kill()
+            self.scripts.wait()
