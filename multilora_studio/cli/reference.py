@@ -29,6 +29,13 @@ An engine setting's default is `EngineConfig`'s ([python-api.md](python-api.md))
 Settings. Errors name the flags as typed here; a value the command line did not set is
 marked `(the default)`. The make targets and the installers' variables are in
 [installers.md](installers.md).
+
+A value set once for every command goes in `config.toml` in the data directory
+(`~/.local/share/multilora-studio/` on Linux, `$MULTILORA_STUDIO_HOME` when set), one
+`flag-name = value` line each, the flag's long name without its dashes
+(`max-lora-rank = 64`, `no-batch-invariant = true`). Every command that has the flag takes
+the value as its default; a flag typed on the command line still wins; a key no command has
+is an error naming the file.
 """
 
 
