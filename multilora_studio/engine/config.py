@@ -23,7 +23,11 @@ MAX_ADAPTER_SCALE = 16.0
 MAX_PENALTY = 2.0  # presence_penalty / frequency_penalty range is [-2, 2] (OpenAI's)
 MAX_REPETITION_PENALTY = 100.0  # past this a seen token's logit is as good as removed
 MAX_LOGIT_BIAS = 100.0  # logit_bias values range over [-100, 100] (OpenAI's)
-MAX_BAD_WORDS = 1024  # bad_words_token_ids sequences per request
+MAX_LOGIT_BIAS_TOKENS = 300  # logit_bias entries per request (OpenAI's limit)
+# bad_words_token_ids per request: sequences and their tokens in all (vLLM's limits are 128 words,
+# 1024 tokens; a word gives up to two sequences, with and without a leading space)
+MAX_BAD_WORDS = 256
+MAX_BAD_WORDS_TOKENS = 1024
 DEVICE_NAME = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -298,6 +302,10 @@ class SamplingParams:
             self.logit_bias = {}
         if not isinstance(self.logit_bias, Mapping):
             raise ValueError(f"logit_bias must be a mapping of token id to bias, got {self.logit_bias!r}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_TOKENS:
+            raise ValueError(
+                f"logit_bias may hold at most {MAX_LOGIT_BIAS_TOKENS} token ids, got {len(self.logit_bias)}"
+            )
         bias = {}
         for token, value in self.logit_bias.items():
             _check_int("logit_bias token id", token, 0)
@@ -318,6 +326,11 @@ class SamplingParams:
             for token in ids:
                 _check_int("bad_words_token_ids entry", token, 0)
             checked.append(ids)
+        tokens = sum(len(ids) for ids in checked)
+        if tokens > MAX_BAD_WORDS_TOKENS:
+            raise ValueError(
+                f"bad_words_token_ids may hold at most {MAX_BAD_WORDS_TOKENS} tokens in all, got {tokens}"
+            )
         self.bad_words_token_ids = tuple(checked)
 
     @property

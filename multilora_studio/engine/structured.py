@@ -36,3 +36,9 @@ class StructuredOutput:
     def kind(self) -> str:
         """Which constraint this is (one of ``STRUCTURE_KINDS``)."""
         return next(kind for kind in STRUCTURE_KINDS if getattr(self, kind) not in (None, False))
+
+    @property
+    def size(self) -> int:
+        """Characters of the constraint's text: its schema, pattern, grammar or choices."""
+        texts = [self.json_schema, self.regex, self.lark, *(self.choice or ())]
+        return sum(len(text) for text in texts if text is not None)

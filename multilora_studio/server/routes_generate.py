@@ -45,7 +45,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         prompts = completion_prompts(body)
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
         tokenizer = engine.tokenizer_for(adapter)
-        params = [sampling_params(body, max_tokens, i, tokenizer) for i in range(body.n)]
+        params = sampling_params(body, max_tokens, tokenizer)
         return prompts, params
 
     return await generate(
@@ -63,7 +63,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         if not uses_tools(body):
             return chat_request(body, engine.config.max_model_len, tokenizer)
         max_tokens = chat_max_tokens(body, engine.config.max_model_len)
-        params = [sampling_params(body, max_tokens, i, tokenizer) for i in range(body.n)]
+        params = sampling_params(body, max_tokens, tokenizer)
         specials = state.config.allow_special_tokens_in_content
         plan = tool_plan(body, tokenizer, engine.renderer_for(adapter), engine.spec.model_type, specials)
         tool_format[0] = plan.format
@@ -82,7 +82,7 @@ def chat_request(
 ) -> tuple[list[Prompt], list[SamplingParams]]:
     """The engine prompt and the parameters of each choice of a chat request."""
     max_tokens = chat_max_tokens(body, max_model_len)
-    params = [sampling_params(body, max_tokens, i, tokenizer) for i in range(body.n)]
+    params = sampling_params(body, max_tokens, tokenizer)
     return [chat_prompt(body.messages)], params
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, cast
 
 from multilora_studio.engine import Prompt, SamplingParams
+from multilora_studio.engine.config import MAX_BAD_WORDS_TOKENS
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.logprob_shapes import ScoreOptions
 from multilora_studio.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
@@ -85,13 +87,15 @@ def _logit_bias(given: dict[str, float] | None) -> dict[int, float]:
 
 def bad_words_token_ids(words: list[str] | None, tokenizer: Any | None) -> list[list[int]]:
     """vLLM's tokenization of ``bad_words``: each word as is and, where that gives other tokens of
-    the same count, with a leading space (the word inside a sentence)."""
+    the same count, with a leading space (the word inside a sentence); at most
+    ``MAX_BAD_WORDS_TOKENS`` tokens in all."""
     if not words:
         return []
     if tokenizer is None:
         raise ApiError(400, "bad_words needs a model with a tokenizer", "invalid_value", "bad_words")
     sequences: list[list[int]] = []
-    for word in words:
+    tokens = 0
+    for position, word in enumerate(words):
         plain = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))
         spaced = list(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
         if not plain:
@@ -99,24 +103,34 @@ def bad_words_token_ids(words: list[str] | None, tokenizer: Any | None) -> list[
         sequences.append(plain)
         if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
             sequences.append(spaced)
+        tokens += len(plain) + len(spaced)
+        if tokens > MAX_BAD_WORDS_TOKENS:  # stop tokenizing at once
+            raise ApiError(
+                400,
+                f"bad_words: the first {position + 1} words are over {MAX_BAD_WORDS_TOKENS} tokens "
+                "(each counted with and without a leading space); send fewer or shorter words",
+                "invalid_value",
+                "bad_words",
+            )
     return sequences
 
 
 def sampling_params(
-    body: CompletionRequest | ChatCompletionRequest, max_tokens: int, choice: int, tokenizer: Any = None
-) -> SamplingParams:
-    """Parameters of choice ``choice`` (0..n-1); a given seed becomes ``seed + choice``."""
+    body: CompletionRequest | ChatCompletionRequest, max_tokens: int, tokenizer: Any = None
+) -> list[SamplingParams]:
+    """Parameters of each of the request's ``n`` choices; choice i samples with ``seed + i`` when a
+    seed is given. What the choices share (bad words, the output constraint) is worked out once."""
     options = score_options(body)
     temperature = 1.0 if body.temperature is None else body.temperature
-    seed = None if body.seed is None else (body.seed + choice) % (1 << 63)
     structured = requested_structure(body)
+    bad_words = bad_words_token_ids(body.bad_words, tokenizer)
     try:
-        return SamplingParams(
+        first = SamplingParams(
             max_tokens=max_tokens,
             temperature=0.0 if temperature < GREEDY_BELOW else temperature,
             top_p=1.0 if body.top_p is None else max(body.top_p, MIN_TOP_P),
             top_k=max(0, body.top_k or 0),
-            seed=seed,
+            seed=None if body.seed is None else body.seed % (1 << 63),
             stop=body.stop or (),
             stop_token_ids=body.stop_token_ids or (),
             ignore_eos=body.ignore_eos,
@@ -130,11 +144,14 @@ def sampling_params(
             min_p=body.min_p or 0.0,
             logit_bias=_logit_bias(body.logit_bias),
             min_tokens=body.min_tokens or 0,
-            bad_words_token_ids=bad_words_token_ids(body.bad_words, tokenizer),
+            bad_words_token_ids=bad_words,
         )
     except ValueError as error:
-        first = str(error).split(" ", 1)[0]
-        raise ApiError(400, str(error), "invalid_value", first if first in PARAM_NAMES else None) from None
+        named = str(error).split(" ", 1)[0]
+        raise ApiError(400, str(error), "invalid_value", named if named in PARAM_NAMES else None) from None
+    if body.seed is None:
+        return [first] * body.n  # never changed in place: a choice that needs others gets a copy
+    return [first] + [dataclasses.replace(first, seed=(body.seed + i) % (1 << 63)) for i in range(1, body.n)]
 
 
 def completion_prompts(body: CompletionRequest) -> list[Prompt]:

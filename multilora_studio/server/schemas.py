@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -16,11 +16,14 @@ from pydantic import (
 )
 
 from multilora_studio.engine import MAX_LOGPROBS, MAX_SEED
+from multilora_studio.engine.config import MAX_LOGIT_BIAS_TOKENS
 from multilora_studio.server.unicode_check import refuse_invalid_unicode
 
 MAX_STOP = 16  # stop strings (and stop_token_ids) per request
 MAX_STOP_CHARS = 1024  # characters in one stop string
 MIN_SEED = -(1 << 63)  # OpenAI takes any signed 64-bit seed; sampling maps it into the engine's range
+MAX_BAD_WORDS = 128  # bad_words entries per request (vLLM's limit)
+MAX_BAD_WORD_CHARS = 1024  # characters in one bad word, as in one stop string
 
 
 class _Body(BaseModel):
@@ -53,7 +56,7 @@ class _Sampling(_Body):
     stream_options: StreamOptions | None = None
     presence_penalty: StrictFloat | None = None
     frequency_penalty: StrictFloat | None = None
-    logit_bias: dict[str, StrictFloat] | None = None
+    logit_bias: dict[str, StrictFloat] | None = Field(None, max_length=MAX_LOGIT_BIAS_TOKENS)
     user: str | None = None
     # vLLM's extra sampling fields
     top_k: StrictInt | None = Field(None, ge=-1, le=1 << 20)
@@ -70,7 +73,9 @@ class _Sampling(_Body):
     repetition_penalty: StrictFloat | None = None  # SamplingParams validates these four
     min_p: StrictFloat | None = None
     min_tokens: StrictInt | None = None
-    bad_words: list[str] | None = Field(None, max_length=256)
+    bad_words: list[Annotated[str, Field(max_length=MAX_BAD_WORD_CHARS)]] | None = Field(
+        None, max_length=MAX_BAD_WORDS
+    )
     # MultiLoRA Studio's own: the adapter's strength (SamplingParams.adapter_scale validates it)
     adapter_scale: StrictFloat = 1.0
 

@@ -52,5 +52,5 @@ class HealthWatch:
     def check(self) -> None:
         """AssertionError unless every poll answered 200 within ``HEALTHY_S``."""
         assert self.failure is None, self.failure
-        assert self.answers >= 3, f"only {self.answers} /health answers during the request"
+        assert self.answers >= 1, "/health never answered during the request"
         assert self.slowest < HEALTHY_S, f"/health took {self.slowest:.2f} s during the request"

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import json
+import threading
 from typing import TYPE_CHECKING
 
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
+from multilora_studio.engine.grammar.byte_cache import ByteBoundedCache
 from multilora_studio.engine.structured import StructuredOutput
 
 if TYPE_CHECKING:
@@ -74,10 +75,19 @@ def invalid(spec: StructuredOutput, detail: str) -> ValueError:
     return ValueError(f"invalid {_WHAT[spec.kind]} for structured output: {detail.strip()}")
 
 
-@functools.lru_cache(maxsize=256)
+# Specs found valid, kept (by their text) up to this many bytes: a request that repeats one is
+# not validated again.
+CHECKED_SPEC_BYTES = 16 << 20
+checked_specs: ByteBoundedCache[StructuredOutput, bool] = ByteBoundedCache(CHECKED_SPEC_BYTES)
+checked_lock = threading.Lock()
+
+
 def check_structured(spec: StructuredOutput) -> None:
     """Raise ValueError unless ``spec`` compiles (checked without a tokenizer, so special tokens
     a Lark grammar names are checked only when the engine compiles it for its tokenizer)."""
+    with checked_lock:
+        if checked_specs.get(spec):
+            return
     try:
         grammar = grammar_text(spec)
     except ValueError as error:
@@ -85,3 +95,5 @@ def check_structured(spec: StructuredOutput) -> None:
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
     if is_error:
         raise invalid(spec, messages[0])
+    with checked_lock:
+        checked_specs.put(spec, True, spec.size)

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import llguidance
 import llguidance.hf
 
+from multilora_studio.engine.grammar.byte_cache import ByteBoundedCache
 from multilora_studio.engine.grammar.compile import grammar_text, invalid
 from multilora_studio.engine.structured import StructuredOutput
 
-CACHED_GRAMMARS = 128
+# Compiled grammars are kept up to GRAMMAR_CACHE_BYTES by an estimate of their memory: llguidance's
+# matchers (lexer and parser tables) were measured at 25-100 bytes per byte of grammar text (a
+# 180 KB JSON schema: 15 MB), so each counts GRAMMAR_BYTES_PER_TEXT_BYTE per byte plus MATCHER_BYTES.
+GRAMMAR_CACHE_BYTES = 256 << 20
+GRAMMAR_BYTES_PER_TEXT_BYTE = 128
+MATCHER_BYTES = 64 << 10
 # How a request whose grammar refused its own next token ends (the server answers it with a 400)
 GRAMMAR_FAILED = "structured output failed"
 # Errors without the parser state dump: they reach API clients.
@@ -24,15 +29,18 @@ class GrammarCompiler:
 
     The llguidance tokenizer is built on first use (about a second for a 128k vocabulary), so
     an engine that never sees a structured request never pays for it. Compiled grammars stay
-    in an LRU cache keyed by the spec: each request's matcher is a copy of the cached,
-    never-advanced one (a copy costs microseconds; compiling a schema costs milliseconds).
+    in an LRU cache keyed by the spec, bounded by ``max_bytes`` (estimated: ``grammar_bytes``):
+    each request's matcher is a copy of the cached, never-advanced one (a copy costs
+    microseconds; compiling a schema costs milliseconds).
     """
 
-    def __init__(self, tokenizer: object | None, eos_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self, tokenizer: object | None, eos_token_ids: Sequence[int], max_bytes: int = GRAMMAR_CACHE_BYTES
+    ) -> None:
         self._hf_tokenizer = tokenizer
         self._eos = list(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
-        self._cache: OrderedDict[StructuredOutput, llguidance.LLMatcher] = OrderedDict()
+        self.cache: ByteBoundedCache[StructuredOutput, llguidance.LLMatcher] = ByteBoundedCache(max_bytes)
         self._lock = threading.Lock()
         self.compiles = 0  # grammars compiled (cache misses), for tests and diagnosis
 
@@ -71,9 +79,8 @@ class GrammarCompiler:
             return self._template(spec).deep_copy()
 
     def _template(self, spec: StructuredOutput) -> llguidance.LLMatcher:
-        cached = self._cache.get(spec)
+        cached = self.cache.get(spec)
         if cached is not None:
-            self._cache.move_to_end(spec)
             return cached
         tokenizer = self._llg_tokenizer()
         try:
@@ -93,10 +100,13 @@ class GrammarCompiler:
         if matcher.is_error():
             raise invalid(spec, matcher.get_error())
         self.compiles += 1
-        self._cache[spec] = matcher
-        if len(self._cache) > CACHED_GRAMMARS:
-            self._cache.popitem(last=False)
+        self.cache.put(spec, matcher, grammar_bytes(grammar))
         return matcher
+
+
+def grammar_bytes(grammar: str) -> int:
+    """The memory a compiled ``grammar`` is counted at in the cache (an estimate; see the top)."""
+    return GRAMMAR_BYTES_PER_TEXT_BYTE * len(grammar) + MATCHER_BYTES
 
 
 def advance(matcher: llguidance.LLMatcher, token: int) -> bool:
