@@ -70,9 +70,10 @@ class LoRAPlan:
     # With shrink_in_gemm, larger steps (prefill) also compute their shrink in the GEMM when
     # the A rows it appends per slice (the step's slot span times the largest rank) are at
     # most this many, and their expands read its output (slot-grouped): a prompt on an adapter
-    # in one of the first slots pays a few GEMM columns instead of a shrink launch reading x.
-    # 0: never.
-    grouped_shrink_in_gemm_rows: int = 0
+    # in one of the first slots pays a few GEMM columns instead of a shrink launch reading x
+    # (TTFT of 2,048 tokens on one adapter over base 1.180 -> 1.144, prefill of 16 x 1,024
+    # over four adapters 0.854 -> 0.868 of base, H100). 0: never.
+    grouped_shrink_in_gemm_rows: int = 64
     # The q/k/v expand (with the shrink in GEMM), RoPE and the K/V cache write as one launch.
     fused_qkv: bool = False
     # Token-major kernels launch with programmatic dependent launch (only where
