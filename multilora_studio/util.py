@@ -4,6 +4,7 @@ install an optional extra."""
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,3 +27,9 @@ def extra_install_hint(extra: str) -> str:
     package is installed from a checkout or from its wheel, not from the package index."""
     wheel = f"multilora_studio-{__version__}-py3-none-any.whl"
     return f'pip install -e ".[{extra}]" in a checkout, or pip install "{wheel}[{extra}]" with the wheel'
+
+
+def window_requirement() -> str:
+    """The PySide6 the window needs on this Python (pyproject's dependency, with its marker
+    applied: 6.12 aborts the window below Python 3.12)."""
+    return "PySide6-Essentials>=6.6,<6.12" if sys.version_info < (3, 12) else "PySide6-Essentials>=6.6"

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from multilora_studio.cli.shared import Subcommands, add_demo_adapters_flag, engine_default
+from multilora_studio.util import window_requirement
 
 
 def has_display() -> bool:
@@ -50,7 +51,7 @@ def run_gui(args: argparse.Namespace) -> int:
         import PySide6  # noqa: F401
     except ImportError as error:
         raise RuntimeError(
-            "the desktop window needs PySide6: pip install PySide6-Essentials pyqtgraph"
+            f"the desktop window needs PySide6: pip install '{window_requirement()}' pyqtgraph"
         ) from error
     if not has_display():
         if not args.smoke_test:

@@ -14,6 +14,8 @@ import sys
 
 from PySide6.QtCore import QObject
 
+from multilora_studio.util import window_requirement
+
 log = logging.getLogger(__name__)
 
 PROBE_CALLS = 500
@@ -40,6 +42,6 @@ def binding_problem() -> str | None:
     return (
         f"PySide6 {PySide6.__version__} on Python {sys.version_info.major}.{sys.version_info.minor} "
         f"loses a reference to None on every Qt call ({lost} of {PROBE_CALLS}) and would abort the "
-        "window within minutes; install a sound release: pip install 'PySide6-Essentials>=6.6,<6.12' "
+        f"window within minutes; install a sound release: pip install '{window_requirement()}' "
         "(or run on Python 3.12 or newer)"
     )

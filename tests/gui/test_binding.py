@@ -9,6 +9,7 @@ from packaging.requirements import Requirement
 from PySide6.QtWidgets import QLabel
 
 from multilora_studio.gui.binding_check import binding_problem, none_references_lost
+from multilora_studio.util import window_requirement
 
 CALLS = 5_000
 
@@ -33,3 +34,10 @@ def test_the_dependencies_exclude_the_leaking_binding_below_python_3_12():
         assert active, f"no PySide6 requirement for Python {python}"
         assert all(r.specifier.contains("6.11.3") for r in active)
         assert all(r.specifier.contains("6.12.0") for r in active) == leaking_allowed, python
+
+
+def test_the_install_hint_asks_for_what_the_dependencies_ask_on_this_python():
+    wanted = [Requirement(r) for r in requires("multilora-studio") or [] if r.startswith("PySide6")]
+    active = [r for r in wanted if r.marker is None or r.marker.evaluate({"extra": ""})]
+    hint = Requirement(window_requirement())
+    assert [str(r.specifier) for r in active] == [str(hint.specifier)]
