@@ -80,7 +80,10 @@ def engine_swaps(args: argparse.Namespace, workdir: Path) -> dict:
             folder = write_random_adapter(spec, workdir / f"adapter-{i}", 16, seed=i, dtype=torch.bfloat16)
             engine.add_adapter(f"adapter-{i}", folder)
             names.append(f"adapter-{i}")
-        before = [o.token_ids for o in engine.generate(PROMPTS, names, PARAMS)]  # every slot filled
+        # the first batch fills the slots (requests join as their uploads land), so the tokens to
+        # compare with come from the second, which runs whole in every step as later batches do
+        cold = [o.token_ids for o in engine.generate(PROMPTS, names, PARAMS)]
+        before = [o.token_ids for o in engine.generate(PROMPTS, names, PARAMS)]
         weights = DeviceParking.kept_bytes(tensors_of(engine.runner.weights))  # each storage once
         nbytes = engine.park_bytes()
         outs, ins, first, warm = [], [], [], []
@@ -106,6 +109,7 @@ def engine_swaps(args: argparse.Namespace, workdir: Path) -> dict:
         "first_batch_after_swap_in_s": [round(v, 3) for v in first],
         "warm_batch_s": [round(v, 3) for v in warm],
         "tokens_equal_after_swaps": equal,
+        "first_batch_tokens_equal_warm": cold == before,
     }
 
 
