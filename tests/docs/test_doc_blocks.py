@@ -3,7 +3,9 @@ every relative link resolves."""
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +54,31 @@ def test_relative_links_resolve(path):
         if "://" not in match["target"] and not (path.parent / match["target"]).exists()
     ]
     assert not missing, f"{path.relative_to(REPOSITORY)} links to missing files: {missing}"
+
+
+ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? #?\d+|\(#\d+\)|\bsession notes\b")
+TEXT_SUFFIXES = {".py", ".md", ".sh", ".toml", ".txt", ".ps1", ".cfg", ".yml", ".yaml"}
+
+
+def repository_text_files() -> list[Path]:
+    """The repository's own text files (not git's, the virtual environment's or build output)."""
+    skipped = {".git", ".venv", "build", "dist", "node_modules", "__pycache__", ".mypy_cache", ".ruff_cache"}
+    found = []
+    for folder, subfolders, names in os.walk(REPOSITORY):
+        subfolders[:] = [
+            name for name in subfolders if name not in skipped and not name.endswith(".egg-info")
+        ]
+        found += [Path(folder) / name for name in names if Path(name).suffix in TEXT_SUFFIXES]
+    return found
+
+
+def test_no_file_cites_issue_numbers_or_work_notes():
+    files = repository_text_files()
+    assert len(files) > 100
+    cited = [
+        f"{path.relative_to(REPOSITORY)}:{number}: {line.strip()}"
+        for path in files
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        if ISSUE_NUMBER.search(line)
+    ]
+    assert not cited, "\n".join(cited)
