@@ -61,6 +61,10 @@ class HubUnreachableError(HubError):
     """The Hub did not answer."""
 
 
+class PullTooLarge(HubError):
+    """The files a pull would download are over its byte limit."""
+
+
 @dataclass(frozen=True)
 class HubSettings:
     """Where the Hub is and where its files are cached, read from the environment."""

@@ -22,6 +22,7 @@ from multilora_studio.adapters.hub import (
     HubError,
     HubSettings,
     Progress,
+    PullTooLarge,
     Snapshot,
     cache_transaction,
     fetch,
@@ -70,10 +71,12 @@ def pull(
     cancel: threading.Event | None = None,
     settings: HubSettings | None = None,
     adapter_only: bool = False,
+    max_bytes: int | None = None,
 ) -> PullResult:
     """Pull ``ORG/NAME[@REV]``; ``base`` (or a function returning it) is what adapters are checked against.
 
-    ``adapter_only`` refuses a repository that is not a PEFT adapter (a base model, say).
+    ``adapter_only`` refuses a repository that is not a PEFT adapter (a base model, say);
+    ``max_bytes`` (adapters only) refuses one whose files are larger, before downloading them.
     """
     settings = settings or HubSettings.from_env()
     repo_id, revision = parse_repo_ref(ref)
@@ -81,7 +84,7 @@ def pull(
     snapshot = resolve(repo_id, revision, settings)
     if CONFIG_FILE in snapshot.files:
         return _pull_adapter(
-            snapshot, registry, base, name, aliases, notes, max_rank, progress, cancel, settings
+            snapshot, registry, base, name, aliases, notes, max_rank, progress, cancel, settings, max_bytes
         )
     if adapter_only:
         raise HubError(
@@ -106,6 +109,7 @@ def _pull_adapter(
     progress: Progress | None,
     cancel: threading.Event | None,
     settings: HubSettings,
+    max_bytes: int | None = None,
 ) -> PullResult:
     existing = registry.find_hub(snapshot.repo_id, snapshot.revision)
     if existing is not None and name in (None, existing.name):
@@ -123,6 +127,8 @@ def _pull_adapter(
     registry.check_names(name or snapshot.repo_id, aliases)
     extras = [f for f in ADAPTER_EXTRAS if f in snapshot.files]
     files = [CONFIG_FILE, *extras, WEIGHTS_FILE]
+    if max_bytes is not None:
+        _check_size(snapshot, files, max_bytes)
     with cache_transaction(snapshot.repo_id, settings):
         folder = fetch(snapshot, [CONFIG_FILE], settings, _part(progress, 0.0, 0.05), cancel)
         parse_adapter_config(read_adapter_config(folder), snapshot.repo_id, max_rank)
@@ -142,6 +148,17 @@ def _pull_adapter(
     if progress is not None:
         progress(1.0, f"registered {snapshot.repo_id} as {record.name!r}")
     return PullResult(snapshot.repo_id, snapshot.revision, folder, record)
+
+
+def _check_size(snapshot: Snapshot, files: Sequence[str], max_bytes: int) -> None:
+    """PullTooLarge unless the Hub gave every file's size and they add up to ``max_bytes`` at most."""
+    where = f"{snapshot.repo_id}@{snapshot.revision[:12]}"
+    unknown = [f for f in files if snapshot.files.get(f) is None]
+    if unknown:
+        raise PullTooLarge(f"{where}: the Hub did not give the size of {', '.join(unknown)}")
+    size = sum(snapshot.files[f] or 0 for f in files)
+    if size > max_bytes:
+        raise PullTooLarge(f"{where} is {size} bytes; this pull takes at most {max_bytes}")
 
 
 def _pull_model(

@@ -171,8 +171,29 @@ def add_serve_command(subparsers: Subcommands) -> None:
     parser.add_argument(
         "--allow-hub-adapters",
         action="store_true",
-        help="a request whose model is an unserved ORG/NAME[@REV] pulls that adapter from the Hub "
-        "(HF_ENDPOINT), validates it, adds it to the library and serves it",
+        help="an admin key's request whose model is an unserved ORG/NAME[@REV] pulls that adapter "
+        "from the Hub (HF_ENDPOINT), validates it, adds it to the library and serves it",
+    )
+    parser.add_argument(
+        "--hub-pulls-at-once",
+        type=int,
+        default=SERVER.hub_pulls_at_once,
+        metavar="N",
+        help="Hub pulls that may run at once; a request for another gets 429",
+    )
+    parser.add_argument(
+        "--hub-pull-limit",
+        type=int,
+        default=SERVER.hub_pull_limit,
+        metavar="N",
+        help="adapters requests may pull from the Hub while the server runs; past it a 403",
+    )
+    parser.add_argument(
+        "--hub-pull-max-bytes",
+        type=int,
+        default=SERVER.hub_pull_max_bytes,
+        metavar="BYTES",
+        help="largest adapter (all its files) a request may pull; a larger one is a 413",
     )
     parser.add_argument(
         "--hub-pull-timeout",
@@ -318,6 +339,9 @@ def run_serve(args: argparse.Namespace) -> int:
         cors_origins=tuple(args.allowed_origins),
         allow_hub_adapters=args.allow_hub_adapters,
         hub_pull_timeout_s=args.hub_pull_timeout,
+        hub_pulls_at_once=args.hub_pulls_at_once,
+        hub_pull_limit=args.hub_pull_limit,
+        hub_pull_max_bytes=args.hub_pull_max_bytes,
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
         max_connections_per_client=args.max_connections_per_client,

@@ -57,8 +57,11 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()
     request_log_size: int = 1000
     graceful_shutdown_s: int = 2
-    allow_hub_adapters: bool = False  # pull an unknown ``org/name[@rev]`` model from the Hub
+    allow_hub_adapters: bool = False  # an admin's request for an unknown ``org/name[@rev]`` pulls it
     hub_pull_timeout_s: int = 120  # how long a request waits for that pull
+    hub_pulls_at_once: int = 2  # Hub pulls running at once (on threads of their own)
+    hub_pull_limit: int = 16  # adapters requests may pull from the Hub while this server runs
+    hub_pull_max_bytes: int = 4 << 30  # the files of one pulled adapter
     header_timeout_s: float = 10.0  # from a connection's first byte (or its opening) to a whole request head
     body_timeout_s: float = 60.0  # from the request head to the end of its body, however steadily it arrives
     max_connections_per_client: int = 64  # open connections from one client address, loopback included
@@ -92,6 +95,9 @@ class ServerConfig:
         if not isinstance(self.allow_hub_adapters, bool):
             raise ValueError(f"allow_hub_adapters must be true or false, got {self.allow_hub_adapters!r}")
         _check_limit("hub_pull_timeout_s", self.hub_pull_timeout_s)
+        _check_limit("hub_pulls_at_once", self.hub_pulls_at_once)
+        _check_limit("hub_pull_limit", self.hub_pull_limit)
+        _check_limit("hub_pull_max_bytes", self.hub_pull_max_bytes)
         _check_seconds("header_timeout_s", self.header_timeout_s)
         _check_seconds("body_timeout_s", self.body_timeout_s)
         _check_limit("max_connections_per_client", self.max_connections_per_client)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -86,15 +85,16 @@ def _has_adapter_config(path: str) -> bool:
 
 @admin_router.post("/v1/load_lora_adapter")
 async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> PlainTextResponse:
-    pool = server_state(request).pool
+    state = server_state(request)
+    pool = state.pool
     base = body.base_model or pool.primary
     if base not in pool.names:
         raise ApiError(404, f"The base model `{base}` does not exist.", "model_not_found", "base_model")
     taken = pool.base_of(body.lora_name) is not None
-    if not taken and not await asyncio.to_thread(_has_adapter_config, body.lora_path):
+    if not taken and not await state.adapter_call(_has_adapter_config, body.lora_path):
         raise _no_adapter_at(body.lora_path)
     try:
-        await asyncio.to_thread(pool.add_adapter, base, body.lora_name, Path(body.lora_path))
+        await state.adapter_call(pool.add_adapter, base, body.lora_name, Path(body.lora_path))
     except OSError:
         raise _no_adapter_at(body.lora_path) from None
     except BaseUnavailable as error:
@@ -108,12 +108,13 @@ async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> PlainTex
 
 @admin_router.post("/v1/unload_lora_adapter")
 async def unload_lora_adapter(body: UnloadLoraRequest, request: Request) -> PlainTextResponse:
-    pool = server_state(request).pool
+    state = server_state(request)
+    pool = state.pool
     found = pool.base_of(body.lora_name)
     if found is None or found[1] is None:
         raise ApiError(404, f"The adapter `{body.lora_name}` does not exist.", "model_not_found", "lora_name")
     try:
-        await asyncio.to_thread(pool.remove_adapter, body.lora_name)
+        await state.adapter_call(pool.remove_adapter, body.lora_name)
     except BaseUnavailable as error:
         raise ApiError(503, str(error), "model_unavailable", "lora_name") from None
     except ValueError as error:  # still in use by queued or running requests

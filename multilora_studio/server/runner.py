@@ -90,7 +90,14 @@ def build_server_state(
         int(time.time()),
     )
     if config.allow_hub_adapters:
-        state.hub = HubResolver(pool, registry or Registry(), config.hub_pull_timeout_s)
+        state.hub = HubResolver(
+            pool,
+            registry or Registry(),
+            config.hub_pull_timeout_s,
+            config.hub_pulls_at_once,
+            config.hub_pull_limit,
+            config.hub_pull_max_bytes,
+        )
     return state
 
 
@@ -193,6 +200,8 @@ class ApiServer:
             if loop is not None and thread.is_alive():
                 with contextlib.suppress(RuntimeError):  # the loop already closed
                     loop.call_soon_threadsafe(self.state.abort_all)
+            if self.state.hub is not None:
+                self.state.hub.close()
             server.should_exit = True
             thread.join(timeout)
             if thread.is_alive():

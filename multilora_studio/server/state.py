@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 
@@ -25,6 +26,8 @@ from multilora_studio.server.token_text import TokenText
 from multilora_studio.server.usage import UsageLedger
 
 API_KEY_SCOPE = "multilora.api_key"  # set by the auth middleware: the caller's ApiKey
+T = TypeVar("T")
+ADAPTER_CALLS_AT_ONCE = 2  # runtime adapter loads and unloads running at once, on threads of their own
 
 
 class LiveJob(Protocol):
@@ -58,6 +61,15 @@ class ServerState:
     _token_texts: weakref.WeakKeyDictionary[Any, TokenText] = field(
         init=False, default_factory=weakref.WeakKeyDictionary
     )
+    _adapter_threads: ThreadPoolExecutor = field(
+        init=False,
+        default_factory=lambda: ThreadPoolExecutor(ADAPTER_CALLS_AT_ONCE, thread_name_prefix="adapter-call"),
+    )
+
+    async def adapter_call(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` (loading or removing an adapter at runtime) on the adapter threads, so
+        that slow loads never hold the shared pool every request's tokenizing runs on."""
+        return await asyncio.get_running_loop().run_in_executor(self._adapter_threads, work, *args)
 
     def record(self, record: RequestRecord) -> None:
         """A finished or refused request, into the request log and the usage ledger."""
@@ -79,7 +91,8 @@ class ServerState:
         """The base and adapter that ``model`` names; 404 for anything else.
 
         A model the caller's key may not use is a 404 too, as if it did not exist. With Hub
-        adapters on, an unknown ``org/name[@rev]`` is pulled and served (on the first base) first.
+        adapters on, an unknown ``org/name[@rev]`` named by an admin key (every caller when no key
+        is set) is pulled and served (on the first base) first.
         """
         if not caller.may_use(model):
             raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
@@ -87,7 +100,7 @@ class ServerState:
         if found is not None:
             base, adapter = found
             return ModelTarget(base, adapter, model if adapter not in (None, model) else None)
-        if self.hub is not None:
+        if self.hub is not None and caller.admin:
             return ModelTarget(self.pool.primary, await self.hub.resolve(model))
         raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
 
