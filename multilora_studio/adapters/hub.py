@@ -34,13 +34,13 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import ExpandModelProperty_T
 from tqdm.auto import tqdm
 
+from multilora_studio.adapters.hub_revisions import COMMIT, revision_problem
 from multilora_studio.paths import data_dir
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[float, str], None]
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
 ADAPTER_TAG = "base_model:adapter:{base}"
 REACH_TIMEOUT_S = 3.0  # how long a search waits to learn whether the Hub answers at all
 
@@ -108,10 +108,14 @@ class HubModel:
 
 
 def parse_repo_ref(text: str) -> tuple[str, str | None]:
-    """``org/name@rev`` into ``("org/name", "rev")``; the revision is optional."""
+    """``org/name@rev`` into ``("org/name", "rev")``; the revision is optional, and is a commit
+    hash or a git branch or tag name (``revision_problem``)."""
     repo_id, sep, revision = text.strip().partition("@")
     if not REPO_ID.match(repo_id) or ".." in repo_id or (sep and not revision):
         raise HubError(f"{text!r} is not a Hub repository id; use ORG/NAME or ORG/NAME@REVISION")
+    problem = revision_problem(revision) if revision else None
+    if problem is not None:
+        raise HubError(f"{text!r} does not name a Hub revision: {problem}")
     return repo_id, revision or None
 
 
@@ -187,7 +191,7 @@ def resolve(repo_id: str, revision: str | None, settings: HubSettings) -> Snapsh
     with _hub_errors(repo_id, revision, settings):
         info = api.model_info(repo_id, revision=revision or "main")
         sha = info.sha
-        if sha is None:
+        if sha is None or not COMMIT.match(sha):
             raise HubError(f"{settings.endpoint} did not say which commit {repo_id}@{revision} is")
         files = {
             entry.path: getattr(entry, "size", None)
@@ -273,7 +277,10 @@ def _record_ref(snapshot: Snapshot, settings: HubSettings) -> None:
     name = snapshot.requested or "main"
     if COMMIT.match(name):
         return
-    ref = repo_cache_dir(snapshot.repo_id, settings.cache_dir) / "refs" / name
+    refs = repo_cache_dir(snapshot.repo_id, settings.cache_dir) / "refs"
+    ref = refs / name
+    if revision_problem(name) is not None or not os.path.normpath(ref).startswith(f"{refs}{os.sep}"):
+        raise HubError(f"{name!r} is not a revision name the HF cache can record")
     ref.parent.mkdir(parents=True, exist_ok=True)
     staging = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
     staging.write_text(snapshot.revision)

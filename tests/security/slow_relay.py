@@ -20,6 +20,7 @@ class SlowRelay:
         self._stop = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
+        self.connections = 0  # accepted so far
         threading.Thread(target=self._accept, name="slow-relay", daemon=True).start()
 
     def _accept(self) -> None:
@@ -28,6 +29,7 @@ class SlowRelay:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            self.connections += 1
             threading.Thread(target=self._relay, args=(client,), daemon=True).start()
 
     def _relay(self, client: socket.socket) -> None:
