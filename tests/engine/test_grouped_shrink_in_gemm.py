@@ -4,6 +4,8 @@ start-up warm-up launching every Triton variant those steps launch."""
 
 from __future__ import annotations
 
+import collections.abc
+
 import pytest
 import torch
 
@@ -34,7 +36,7 @@ def row_adapters(tiny_model_dir, tiny_adapters, tmp_path):
     }
 
 
-def prefill_logits(runner, slot_of, names: list[str | None]) -> torch.Tensor:
+def prefill_logits(runner, slot_of, names: collections.abc.Sequence[str | None]) -> torch.Tensor:
     """Logits of one prefill step of 9..(8 + n)-token prompts on ``names`` (each above the plan's
     token-major limit on its own)."""
     blocks = BlockManager(runner.kv_cache.shape[2], RUNNER_BLOCK)
