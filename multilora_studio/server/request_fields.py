@@ -123,13 +123,19 @@ FIELDS: tuple[RequestField, ...] = (
         "prompt_cache_key",
         (CHAT, RESPONSES),
         "OpenAI",
-        "a cache-routing hint; one engine, prefix cache automatic",
+        "a cache-routing hint; the engine keeps no KV across requests",
     ),
     _ignored(
-        "prompt_cache_options", (CHAT, RESPONSES), "OpenAI", "cache hints; the prefix cache is automatic"
+        "prompt_cache_options",
+        (CHAT, RESPONSES),
+        "OpenAI",
+        "cache hints; the engine keeps no KV across requests",
     ),
     _ignored(
-        "prompt_cache_retention", (CHAT, RESPONSES), "OpenAI", "cache hints; the prefix cache is automatic"
+        "prompt_cache_retention",
+        (CHAT, RESPONSES),
+        "OpenAI",
+        "cache hints; the engine keeps no KV across requests",
     ),
     # ---- OpenAI, responses
     _honoured("input", (RESPONSES,), "OpenAI", "a string or message items with text content"),
@@ -220,7 +226,7 @@ FIELDS: tuple[RequestField, ...] = (
         "documents", (CHAT,), "vLLM", "no retrieval documents in the template", [{"text": "d"}], (None, [])
     ),
     _ignored("request_id", BOTH, "vLLM", "responses carry the server's own id"),
-    _ignored("cache_salt", BOTH, "vLLM", "one tenant's prefix cache; nothing to isolate"),
+    _ignored("cache_salt", BOTH, "vLLM", "the engine keeps no KV across requests: nothing to isolate"),
     # ---- ours
     _honoured("adapter_scale", (*BOTH, RESPONSES), "ours", "the adapter's strength, 0 to 16"),
 )
