@@ -38,6 +38,7 @@ from multilora_studio.server.request_log import RequestRecord
 from multilora_studio.server.state import ModelTarget, ServerState
 from multilora_studio.server.structured import structure_field
 from multilora_studio.server.token_text import TokenText
+from multilora_studio.server.usage import UNKNOWN_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class Job:
         self.state = state
         self.route = route
         self.model = model
+        self.label = state.served_label(model)  # its metrics series' label
         self.target = target
         self.engine = engine  # leased from the pool: released by close()
         self.adapter = target.adapter
@@ -253,11 +255,11 @@ class Job:
             if delta.token_ids:
                 if choice.first_token_at is None:
                     choice.first_token_at = now
-                    metrics.ttft.labels(self.model).observe(now - self.started)
+                    metrics.ttft.labels(self.label).observe(now - self.started)
                 elif choice.last_token_at is not None:
                     gap = (now - choice.last_token_at) / len(delta.token_ids)
                     for _ in delta.token_ids:
-                        metrics.inter_token.labels(self.model).observe(gap)
+                        metrics.inter_token.labels(self.label).observe(gap)
                 choice.last_token_at = now
                 choice.tokens += len(delta.token_ids)
             choice.logprobs.extend(delta.logprobs)
@@ -329,11 +331,11 @@ class Job:
         latency = time.perf_counter() - self.started
         metrics = state.metrics
         metrics.in_flight.dec(sequences)
-        metrics.requests.labels(self.model, str(status)).inc()
-        metrics.prompt_tokens.labels(self.model).inc(prompt_tokens)
-        metrics.generation_tokens.labels(self.model).inc(completion_tokens)
+        metrics.requests.labels(self.label, str(status)).inc()
+        metrics.prompt_tokens.labels(self.label).inc(prompt_tokens)
+        metrics.generation_tokens.labels(self.label).inc(completion_tokens)
         if status == 200:
-            metrics.latency.labels(self.model).observe(latency)
+            metrics.latency.labels(self.label).observe(latency)
             metrics.tenant_latency.labels(self.key).observe(latency)
             if self.ttft is not None:
                 metrics.tenant_ttft.labels(self.key).observe(self.ttft)
@@ -415,7 +417,8 @@ def record_rejection(
     state: ServerState, route: str, model: str, key: str, stream: bool, error: ApiError
 ) -> None:
     """Log a request refused before any engine work (unknown model, limits, bad options)."""
-    state.metrics.requests.labels(model if error.status != 404 else "unknown", str(error.status)).inc()
+    label = state.served_label(model) if error.status != 404 else UNKNOWN_MODEL  # 404: hidden or unknown
+    state.metrics.requests.labels(label, str(error.status)).inc()
     state.record(
         RequestRecord(
             time.time(),

@@ -23,7 +23,7 @@ from multilora_studio.server.limits import Admission
 from multilora_studio.server.metrics import ServerMetrics
 from multilora_studio.server.request_log import RequestLog, RequestRecord
 from multilora_studio.server.token_text import TokenText
-from multilora_studio.server.usage import UsageLedger
+from multilora_studio.server.usage import UNKNOWN_MODEL, UsageLedger
 
 API_KEY_SCOPE = "multilora.api_key"  # set by the auth middleware: the caller's ApiKey
 T = TypeVar("T")
@@ -76,6 +76,11 @@ class ServerState:
         self.request_log.add(record)
         served = record.status != 404 and self.pool.base_of(record.model) is not None
         self.usage.add(record, served)
+
+    def served_label(self, model: str) -> str:
+        """``model`` as a label of metrics series: a name the server serves (a base, an adapter,
+        an alias), else ``unknown``, so no caller can add series."""
+        return model if self.pool.base_of(model) is not None else UNKNOWN_MODEL
 
     def token_text_for(self, engine: ServingEngine, adapter: str | None) -> TokenText:
         """Token texts from ``adapter``'s own tokenizer where it has one, else its base's."""
