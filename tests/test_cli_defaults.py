@@ -96,6 +96,7 @@ def test_serve_flags_default_to_server_config():
         "header_timeout": server.header_timeout_s,
         "body_timeout": server.body_timeout_s,
         "max_connections_per_client": server.max_connections_per_client,
+        "max_connections": server.max_connections,
     }
     assert {name: getattr(args, name) for name in flags} == flags
     assert args.base_load_timeout == inspect.signature(BasePool).parameters["load_timeout_s"].default

@@ -122,14 +122,16 @@ def add_serve_command(subparsers: Subcommands) -> None:
         action="append",
         default=None,
         help=f"require this bearer key, an admin key: every route (repeatable; default: ${API_KEY_ENV}, "
-        "comma-separated)",
+        "comma-separated). Every local account can read it in the process list (ps): prefer "
+        f"--keys-file or ${API_KEY_ENV}",
     )
     parser.add_argument(
         "--user-key",
         action="append",
         default=[],
         metavar="KEY",
-        help="a bearer key that may only generate (no adapter loading, unloading or metrics); repeatable",
+        help="a bearer key that may only generate (no adapter loading, unloading or metrics); repeatable. "
+        "Visible in the process list, as --api-key: prefer --keys-file",
     )
     parser.add_argument(
         "--keys-file",
@@ -217,6 +219,13 @@ def add_serve_command(subparsers: Subcommands) -> None:
         help="answer 408 and close when a request body is not complete this long after its head",
     )
     parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=SERVER.max_connections,
+        metavar="N",
+        help="open connections from all addresses together; more are refused at once (503)",
+    )
+    parser.add_argument(
         "--max-connections-per-client",
         type=int,
         default=SERVER.max_connections_per_client,
@@ -246,6 +255,12 @@ def api_keys(args: argparse.Namespace) -> tuple[str | ApiKey, ...]:
     for keys, where in ((given, source), (args.user_key, "--user-key")):
         if any(not key.strip() for key in keys):
             raise ValueError(f"{where} holds an empty key: authentication would be off; give a key")
+    if args.api_key is not None or args.user_key:
+        log.warning(
+            "keys given with --api-key or --user-key can be read by every local account in the process "
+            "list (ps); use --keys-file (readable by you only) or $%s instead",
+            API_KEY_ENV,
+        )
     admin: list[str | ApiKey] = [key.strip() for key in given]
     users = [ApiKey(key.strip(), USER) for key in args.user_key]
     from_file = read_keys_file(args.keys_file) if args.keys_file else ()
@@ -345,6 +360,7 @@ def run_serve(args: argparse.Namespace) -> int:
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
         max_connections_per_client=args.max_connections_per_client,
+        max_connections=args.max_connections,
         allow_special_tokens_in_content=args.allow_special_tokens_in_content,
     )
     if args.ray:

@@ -65,6 +65,7 @@ class ServerConfig:
     header_timeout_s: float = 10.0  # from a connection's first byte (or its opening) to a whole request head
     body_timeout_s: float = 60.0  # from the request head to the end of its body, however steadily it arrives
     max_connections_per_client: int = 64  # open connections from one client address, loopback included
+    max_connections: int = 512  # open connections from all addresses together
     allow_special_tokens_in_content: bool = False  # trusted clients: message text may spell control tokens
 
     def __post_init__(self) -> None:
@@ -90,6 +91,11 @@ class ServerConfig:
         _check_limit("max_body_bytes", self.max_body_bytes, 256)
         self.allowed_hosts = _strings("allowed_hosts", self.allowed_hosts)
         self.cors_origins = _strings("cors_origins", self.cors_origins)
+        if "*" in self.cors_origins and not self.api_keys:
+            raise ValueError(
+                "allowed origins '*' let every web page the user opens call this server: set an API key, "
+                "or name the origins"
+            )
         _check_limit("request_log_size", self.request_log_size)
         _check_limit("graceful_shutdown_s", self.graceful_shutdown_s, 0)
         if not isinstance(self.allow_hub_adapters, bool):
@@ -101,6 +107,7 @@ class ServerConfig:
         _check_seconds("header_timeout_s", self.header_timeout_s)
         _check_seconds("body_timeout_s", self.body_timeout_s)
         _check_limit("max_connections_per_client", self.max_connections_per_client)
+        _check_limit("max_connections", self.max_connections)
         allow = self.allow_special_tokens_in_content
         if not isinstance(allow, bool):
             raise ValueError(f"allow_special_tokens_in_content must be true or false, got {allow!r}")

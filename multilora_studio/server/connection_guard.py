@@ -1,10 +1,11 @@
-"""Connection-level guards under the ASGI app: read timeouts and a limit of open connections per address.
+"""Connection-level guards under the ASGI app: read timeouts, open connections per address and in all.
 
 uvicorn's h11 protocol times out only idle keep-alive connections. This subclass also closes
 a connection whose request head is not complete ``header_timeout_s`` after its first byte (or
 after it opened), answers 408 to a body not complete ``body_timeout_s`` after its head, and
 refuses a client address's connection past ``max_connections_per_client`` as soon as it opens,
-before any request is read. A request that has been read is never timed out here, so a long
+before any request is read (and any connection past ``max_connections`` from all addresses
+together, with a 503). A request that has been read is never timed out here, so a long
 generation or a stream runs as long as it needs.
 """
 
@@ -26,30 +27,41 @@ from multilora_studio.server.errors import ApiError
 def raw_response(error: ApiError) -> bytes:
     """``error`` as a whole HTTP/1.1 response that closes the connection, written outside h11's cycle."""
     payload = json.dumps(error.body()).encode()
+    extra = "".join(f"{name.lower()}: {value}\r\n" for name, value in error.headers.items())
     head = (
         f"HTTP/1.1 {error.status} {http.HTTPStatus(error.status).phrase}\r\n"
         "content-type: application/json\r\n"
         f"content-length: {len(payload)}\r\n"
-        "connection: close\r\n\r\n"
+        f"{extra}connection: close\r\n\r\n"
     )
     return head.encode("latin-1") + payload
 
 
 class ClientCounts:
-    """Open connections per client address, shared by one server's protocols (all on its event loop)."""
+    """Open connections per client address and in all, shared by one server's protocols (all on
+    its event loop)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, total_limit: int) -> None:
         self.limit = limit
+        self.total_limit = total_limit
         self.open: Counter[str] = Counter()
+        self.total = 0
 
-    def admit(self, address: str) -> bool:
+    def refusal(self, address: str) -> ApiError | None:
+        """Count a new connection from ``address``; the answer that refuses it when over a limit."""
+        if self.total >= self.total_limit:
+            message = f"the server has too many open connections (the limit is {self.total_limit})"
+            return ApiError(503, message, "too_many_connections", headers={"Retry-After": "1"})
         if self.open[address] >= self.limit:
-            return False
+            message = f"too many open connections from {address} (the limit is {self.limit})"
+            return ApiError(429, message, "too_many_connections")
         self.open[address] += 1
-        return True
+        self.total += 1
+        return None
 
     def release(self, address: str) -> None:
         self.open[address] -= 1
+        self.total -= 1
         if self.open[address] <= 0:
             del self.open[address]
 
@@ -71,9 +83,9 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_made(transport)
         address = self.client[0] if self.client else None
         if address is not None:
-            if not self.counts.admit(address):
-                message = f"too many open connections from {address} (the limit is {self.counts.limit})"
-                self.transport.write(raw_response(ApiError(429, message, "too_many_connections")))
+            refusal = self.counts.refusal(address)
+            if refusal is not None:
+                self.transport.write(raw_response(refusal))
                 self.transport.close()
                 return
             self.counted = address
@@ -135,7 +147,7 @@ def guarded_protocol(config: ServerConfig) -> type[H11Protocol]:
     """A protocol class for one server (uvicorn.Config's ``http``), its per-address counts shared."""
 
     class ServerProtocol(GuardedH11Protocol):
-        counts = ClientCounts(config.max_connections_per_client)
+        counts = ClientCounts(config.max_connections_per_client, config.max_connections)
         header_timeout_s = config.header_timeout_s
         body_timeout_s = config.body_timeout_s
 

@@ -32,17 +32,26 @@ def _tokenizer(engine: ServingEngine, adapter: str | None) -> Any:
     return tokenizer
 
 
+async def _target(state: ServerState, request: Request, model: str | None) -> ModelTarget:
+    """What ``model`` names (without one: the first base), if the caller's key may use it; a 404
+    naming ``model`` otherwise, so a key limited to some models reaches no other tokenizer."""
+    key = caller(request)
+    if model is not None:
+        return await state.resolve_model(model, key)
+    if not key.may_use(state.pool.primary):
+        message = "this API key may not use the default model: name one of its models in `model`"
+        raise ApiError(404, message, "model_not_found", "model")
+    return ModelTarget(state.pool.primary, None)
+
+
 @contextlib.asynccontextmanager
 async def _admitted(
     state: ServerState, request: Request, model: str | None
 ) -> AsyncIterator[tuple[ServingEngine, str | None]]:
     """The caller's per-key limits apply as to generation (no engine request, no tokens charged);
-    yields the engine of the base ``model`` names (without one: the first base) and the adapter
-    (None: the base model)."""
-    if model is not None:
-        target = await state.resolve_model(model, caller(request))
-    else:
-        target = ModelTarget(state.pool.primary, None)
+    yields the engine of the base ``model`` names (``_target``) and the adapter (None: the base
+    model)."""
+    target = await _target(state, request, model)
     key = api_key_label(request)
     state.admission.acquire(key, 0)  # no tokens: nothing generated
     try:
@@ -115,12 +124,14 @@ def _token_name(token: Any) -> str | None:
 
 
 @router.get("/tokenizer_info")
-async def tokenizer_info(request: Request) -> JSONResponse:
-    """The tokenizer's special tokens and chat template (vLLM's route; lm-eval's remote tokenizer)."""
+async def tokenizer_info(request: Request, model: str | None = None) -> JSONResponse:
+    """The tokenizer's special tokens and chat template (vLLM's route; lm-eval's remote tokenizer):
+    the first base's, or ``?model=``'s (an adapter's own where it brings one)."""
     state = server_state(request)
-    async with state.leased(ModelTarget(state.pool.primary, None)) as engine:
-        tokenizer = _tokenizer(engine, None)
-        max_model_len, vocab_size = engine.config.max_model_len, engine.spec.vocab_size
+    target = await _target(state, request, model)
+    async with state.leased(target) as engine:
+        tokenizer = _tokenizer(engine, target.adapter)
+        max_model_len, vocab_size = engine.config.max_model_len, engine.vocab_size_of(target.adapter)
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # several named templates: the default one
         template = template.get("default")
