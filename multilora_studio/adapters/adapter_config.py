@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from multilora_studio.adapters.file_kinds import not_regular
+from multilora_studio.adapters.adapter_files import AdapterError, read_adapter_file
 from multilora_studio.adapters.module_patterns import (
     ADAPTER_BUDGET_S,
     MAX_KEY_CHARS,
@@ -34,6 +35,7 @@ FUSED_TARGETS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("g
 SUPPORTED_TARGETS = (*PROJECTION_TARGETS, *FUSED_TARGETS)
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 MAX_CONFIG_BYTES = 1 << 20
+MAX_ADAPTER_BYTES = 8 << 30  # adapter_model.safetensors
 # Config keys whose truthy value means the adapter holds something we cannot serve.
 UNSUPPORTED_FLAGS = {
     "layer_replication": "layer replication",
@@ -51,10 +53,6 @@ VOCAB_TARGETS = {
 SERVABLE_TASKS = (None, "CAUSAL_LM")
 # The vocabulary modules served whole (``modules_to_save``) or by rows (trainable tokens).
 TOKEN_MODULES = ("embed_tokens", "lm_head")
-
-
-class AdapterError(ValueError):
-    """An adapter that cannot be used, with the reason."""
 
 
 @dataclass(frozen=True)
@@ -112,14 +110,12 @@ def read_adapter_config(folder: Path) -> dict:
     if not folder.is_dir():
         raise AdapterError(f"{folder} is not a folder")
     path = folder / CONFIG_FILE
-    if not path.exists():
+    if not os.path.lexists(path):
         raise AdapterError(f"{folder} has no {CONFIG_FILE}; is it a PEFT adapter folder?")
-    refuse_unless_regular(path)
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise AdapterError(f"{path} is larger than {MAX_CONFIG_BYTES >> 20} MiB; not a PEFT adapter config")
+    data = read_adapter_file(path, MAX_CONFIG_BYTES)
     try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        config = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise AdapterError(f"{path} is not valid JSON: {error}") from None
     except RecursionError:
         raise AdapterError(f"{path}: JSON nested too deeply") from None
@@ -276,10 +272,3 @@ def _is_rank(value: object) -> bool:
 
 def _is_finite(value: object) -> bool:
     return _is_number(value) and math.isfinite(value)  # type: ignore[arg-type]
-
-
-def refuse_unless_regular(path: Path) -> None:
-    """AdapterError unless ``path`` (links followed) is a regular file: a pipe would block its reader."""
-    kind = not_regular(path.stat().st_mode)
-    if kind is not None:
-        raise AdapterError(f"{path} is {kind}, not a regular file")

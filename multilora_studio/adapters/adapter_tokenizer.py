@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multilora_studio.adapters.adapter_config import AdapterError, refuse_unless_regular
+from multilora_studio.adapters.adapter_config import ADDED_TOKENS_FILE, AdapterError
+from multilora_studio.adapters.adapter_files import read_adapter_file
 
 # Files of which at least one is in a folder that has a tokenizer (the fast, sentencepiece,
 # BPE-vocabulary and tiktoken forms).
@@ -28,6 +31,12 @@ TOKENIZER_FOLDER_FILES = (
     TEMPLATE_FILE,
 )
 MAX_TEMPLATE_BYTES = 1 << 20
+MAX_TOKENIZER_FILE_BYTES = 64 << 20  # the largest tokenizers (256k-token vocabularies) are ~35 MB
+# the most bytes read of each file an adapter's tokenizer is made of
+TOKENIZER_FILE_CAPS = {
+    **{name: MAX_TOKENIZER_FILE_BYTES for name in (*TOKENIZER_FOLDER_FILES, ADDED_TOKENS_FILE)},
+    TEMPLATE_FILE: MAX_TEMPLATE_BYTES,
+}
 
 
 def load_tokenizer(folder: Path) -> Any:
@@ -64,11 +73,10 @@ class AdapterTokenizer:
 def tokenizer_files_label(folder: Path) -> str:
     """What the folder brings by its files alone: "own tokenizer / template", "own tokenizer",
     "own template" or "" (the engine compares them with the base's when it serves them)."""
-    has_tokenizer = any((folder / name).is_file() for name in TOKENIZER_FILES)
+    has_tokenizer = any(os.path.lexists(folder / name) for name in TOKENIZER_FILES)
     config = folder / "tokenizer_config.json"
-    in_config = config.is_file() and config.stat().st_size < MAX_TEMPLATE_BYTES
-    has_template = (folder / TEMPLATE_FILE).is_file() or (
-        in_config and '"chat_template"' in config.read_text()
+    has_template = os.path.lexists(folder / TEMPLATE_FILE) or (
+        os.path.lexists(config) and b'"chat_template"' in read_adapter_file(config, MAX_TOKENIZER_FILE_BYTES)
     )
     if not has_tokenizer and not has_template:
         return ""
@@ -79,29 +87,27 @@ def adapter_tokenizer(folder: Path, base: Any, vocab_size: int) -> AdapterTokeni
     """The folder's tokenizer (or the base's with the folder's ``chat_template.jinja``) when it
     differs from ``base``; None when the folder has neither or they equal the base's.
 
+    Each file is read once, without following a link and within ``TOKENIZER_FILE_CAPS``
+    (``adapter_files``), and the tokenizer made from those bytes, never from the folder.
     AdapterError when the files cannot be read or the tokenizer has more tokens than the
     adapter's vocabulary (``vocab_size``: the base's, or its resized embeddings').
     """
-    template_path = folder / TEMPLATE_FILE
-    has_tokenizer = any((folder / name).is_file() for name in TOKENIZER_FILES)
-    if not has_tokenizer and not template_path.is_file():
+    files = {
+        name: read_adapter_file(folder / name, cap)
+        for name, cap in TOKENIZER_FILE_CAPS.items()
+        if os.path.lexists(folder / name)
+    }
+    has_tokenizer = any(name in files for name in TOKENIZER_FILES)
+    if not has_tokenizer and TEMPLATE_FILE not in files:
         return None
     try:
         if has_tokenizer:
-            for name in (*TOKENIZER_FILES, "tokenizer_config.json", "special_tokens_map.json"):
-                if (folder / name).exists():
-                    refuse_unless_regular(folder / name)
-            tokenizer = load_tokenizer(folder)
+            tokenizer = _tokenizer_of(files)
         else:
             if base is None:
                 return None  # a template without any tokenizer to render it with
             tokenizer = copy.deepcopy(base)
-            refuse_unless_regular(template_path)
-            if template_path.stat().st_size > MAX_TEMPLATE_BYTES:
-                raise AdapterError(f"{template_path} is larger than {MAX_TEMPLATE_BYTES >> 20} MiB")
-            tokenizer.chat_template = template_path.read_text()
-    except AdapterError:
-        raise
+            tokenizer.chat_template = files[TEMPLATE_FILE].decode()
     except (OSError, ValueError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise AdapterError(f"{folder}: its tokenizer files cannot be read: {error}") from None
     if len(tokenizer) > vocab_size:
@@ -117,3 +123,11 @@ def adapter_tokenizer(folder: Path, base: Any, vocab_size: int) -> AdapterTokeni
         return None
     extends = base is not None and all(vocabulary.get(t) == i for t, i in base_vocabulary.items())
     return AdapterTokenizer(tokenizer, own_vocabulary, own_template, extends)
+
+
+def _tokenizer_of(files: dict[str, bytes]) -> Any:
+    """The tokenizer made of ``files`` (name -> bytes), written to a private folder of its own."""
+    with tempfile.TemporaryDirectory(prefix="adapter-tokenizer-") as folder:
+        for name, data in files.items():
+            (Path(folder) / name).write_bytes(data)
+        return load_tokenizer(Path(folder))

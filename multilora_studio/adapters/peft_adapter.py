@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from multilora_studio.adapters.adapter_config import (
     ADDED_TOKENS_FILE,
     CONFIG_FILE,
     FUSED_TARGETS,
+    MAX_ADAPTER_BYTES,
     PROJECTION_TARGETS,
     SUPPORTED_TARGETS,
     UNSUPPORTED_FLAGS,
@@ -31,8 +33,9 @@ from multilora_studio.adapters.adapter_config import (
     AdapterError,
     parse_adapter_config,
     read_adapter_config,
-    refuse_unless_regular,
 )
+from multilora_studio.adapters.adapter_files import open_adapter_file, opened_adapter_file, read_adapter_file
+from multilora_studio.adapters.adapter_tokenizer import TOKENIZER_FILE_CAPS
 from multilora_studio.adapters.safetensors_header import FLOAT_DTYPES, TensorEntry, read_header
 from multilora_studio.adapters.token_tables import (
     TokenTables,
@@ -56,7 +59,6 @@ __all__ = [
 ]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-MAX_ADAPTER_BYTES = 8 << 30
 # decoder path (a causal LM's, or gemma3's image-text model's, either naming), layer, block,
 # module, A|B
 _KEY = re.compile(
@@ -158,20 +160,20 @@ def load_peft_adapter(
     """
     folder = Path(folder)
     config = parse_adapter_config(read_adapter_config(folder), folder, max_rank)
-    weights_path = weights_file(folder)
-    header = read_header(weights_path)
-    token_plan = plan_token_tables(folder, header, config, vocab)
-    if vocab is not None:
-        _check_added_tokens(folder, token_plan.vocab_size if token_plan else vocab.vocab_size)
-    elif token_plan is not None:
-        raise AdapterError(
-            f"{folder}: its embed_tokens / lm_head tensors need the base's vocabulary to check"
-        )
-    factors, decoder = _plan_factors(folder, header, config, num_layers, shape_of, max_rank)
-    tensors = _read_factors(weights_path, factors, dtype)
-    tokens = None
-    if token_plan is not None and vocab is not None:
-        tokens = read_token_tables(weights_path, token_plan, vocab, dtype)
+    with opened_adapter_file(weights_file(folder), MAX_ADAPTER_BYTES) as weights_path:
+        header = read_header(weights_path)
+        token_plan = plan_token_tables(folder, header, config, vocab)
+        if vocab is not None:
+            _check_added_tokens(folder, token_plan.vocab_size if token_plan else vocab.vocab_size)
+        elif token_plan is not None:
+            raise AdapterError(
+                f"{folder}: its embed_tokens / lm_head tensors need the base's vocabulary to check"
+            )
+        factors, decoder = _plan_factors(folder, header, config, num_layers, shape_of, max_rank)
+        tensors = _read_factors(weights_path, factors, dtype)
+        tokens = None
+        if token_plan is not None and vocab is not None:
+            tokens = read_token_tables(weights_path, token_plan, vocab, dtype)
     weights, biases, magnitudes = {}, {}, {}
     for (layer, module), found in sorted(tensors.items()):
         a, b = found["A"], found["B"]
@@ -234,8 +236,9 @@ def inspect_peft_adapter(
     """Every check of ``load_peft_adapter`` that needs no tensor data (NaN/Inf is checked at load)."""
     folder = Path(folder)
     config = parse_adapter_config(read_adapter_config(folder), folder, max_rank)
-    weights_path = weights_file(folder)
-    header = read_header(weights_path)
+    with opened_adapter_file(weights_file(folder), MAX_ADAPTER_BYTES) as weights_path:
+        header = read_header(weights_path)
+        size_bytes = weights_path.stat().st_size
     token_plan = plan_token_tables(folder, header, config, vocab)
     if vocab is not None:
         _check_added_tokens(folder, token_plan.vocab_size if token_plan else vocab.vocab_size)
@@ -246,7 +249,7 @@ def inspect_peft_adapter(
         rank=max(ranks),
         alpha=config.alpha,
         targets=tuple(sorted(modules, key=PROJECTION_TARGETS.index)),
-        size_bytes=weights_path.stat().st_size,
+        size_bytes=size_bytes,
         base_model=config.base_model,
         kind=config.kind,
         tokens=token_plan.label if token_plan is not None else "",
@@ -269,9 +272,10 @@ def _split_fused(module: str, rows: torch.Tensor, shape_of: ShapeOf) -> list[tup
 
 
 def weights_file(folder: Path) -> Path:
-    """The folder's safetensors weights; AdapterError if missing (naming pickles), or too large."""
+    """The folder's safetensors weights; AdapterError if missing (naming pickles), not a regular
+    file (``adapter_files``) or too large."""
     path = folder / WEIGHTS_FILE
-    if not path.exists():
+    if not os.path.lexists(path):
         pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
             raise AdapterError(
@@ -279,21 +283,19 @@ def weights_file(folder: Path) -> Path:
                 "code when loaded and are refused. Re-save the adapter with safe_serialization=True"
             )
         raise AdapterError(f"{folder} has no {WEIGHTS_FILE}")
-    refuse_unless_regular(path)
-    if path.stat().st_size > MAX_ADAPTER_BYTES:
-        raise AdapterError(f"{path} is larger than {MAX_ADAPTER_BYTES >> 30} GiB")
+    os.close(open_adapter_file(path, MAX_ADAPTER_BYTES))  # a link, a pipe or too large: refused
     return path
 
 
 def _check_added_tokens(folder: Path, vocab_size: int) -> None:
     """AdapterError when ``added_tokens.json`` has ids outside the adapter's vocabulary."""
     path = folder / ADDED_TOKENS_FILE
-    if not path.exists():
+    if not os.path.lexists(path):
         return
-    refuse_unless_regular(path)
+    data = read_adapter_file(path, TOKENIZER_FILE_CAPS[ADDED_TOKENS_FILE])
     try:
-        added = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        added = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise AdapterError(f"{path} is not valid JSON: {error}") from None
     except RecursionError:
         raise AdapterError(f"{path}: JSON nested too deeply") from None

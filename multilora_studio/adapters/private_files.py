@@ -2,9 +2,9 @@
 
 Library folders are 0700 and library files 0600, set explicitly (the umask is not
 trusted). A file copied in must be a regular file itself: a symbolic link (wherever it
-points), a named pipe, a device or a socket is refused, and the source is opened with
-``O_NOFOLLOW | O_NONBLOCK`` so a link swapped in meanwhile is refused too and a pipe
-never blocks the open.
+points), a named pipe, a device or a socket is refused (``refusal``), and the source is
+opened as every file an adapter brings is (``adapter_files``), so a link swapped in
+meanwhile is not followed, a pipe never blocks the open, and no more than its cap is copied.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-from multilora_studio.adapters.adapter_config import AdapterError
+from multilora_studio.adapters.adapter_files import AdapterError, open_adapter_file, too_large
 from multilora_studio.adapters.file_kinds import not_regular
 
 PRIVATE_DIR = 0o700
@@ -88,27 +88,24 @@ def create_private_file(path: Path) -> None:
     tighten(path)
 
 
-def copy_regular_file(source: Path, target: Path) -> None:
-    """Copy the regular file ``source`` to the new private file ``target`` and flush it to disk.
+def copy_regular_file(source: Path, target: Path, max_bytes: int) -> None:
+    """Copy ``source``, opened as every file an adapter brings is (``adapter_files``: a regular
+    file of at most ``max_bytes``, no link followed), to the new private file ``target`` and
+    flush it to disk.
 
-    AdapterError if ``source`` is not a regular file or cannot be read; OSError if ``target``
-    cannot be written (full disk, read-only file system).
+    AdapterError if ``source`` may not be read so, or grows past ``max_bytes`` while it is
+    copied; OSError if ``target`` cannot be written (full disk, read-only file system).
     """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    reading = open_adapter_file(source, max_bytes)
     try:
-        reading = os.open(source, flags)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise AdapterError(refusal(source) or f"{source} is a symbolic link") from None
-        raise AdapterError(f"cannot read {source}: {error.strerror}") from None
-    try:
-        kind = not_regular(os.fstat(reading).st_mode)
-        if kind is not None:
-            raise AdapterError(f"{source} is {kind}; the library copies only regular files")
         writing = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE)
         try:
             os.fchmod(writing, PRIVATE_FILE)
+            copied = 0
             while chunk := _read(reading, source):
+                copied += len(chunk)
+                if copied > max_bytes:
+                    raise too_large(source, max_bytes)
                 _write_all(writing, chunk)
             os.fsync(writing)
         finally:

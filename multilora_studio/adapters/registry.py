@@ -36,16 +36,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from multilora_studio.adapters.adapter_config import (
-    ADDED_TOKENS_FILE,
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    AdapterError,
-    read_adapter_config,
-)
-from multilora_studio.adapters.adapter_tokenizer import TOKENIZER_FOLDER_FILES, tokenizer_files_label
+from multilora_studio.adapters.adapter_config import WEIGHTS_FILE, AdapterError, read_adapter_config
+from multilora_studio.adapters.adapter_tokenizer import tokenizer_files_label
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.base_quantization import BaseQuantization, base_quantization_of, serving_note
+from multilora_studio.adapters.kept_files import KEPT_FILES, check_kept_files, kept_files_in
 from multilora_studio.adapters.library_errors import (
     LibraryError,
     StorageError,
@@ -85,15 +80,13 @@ from multilora_studio.adapters.registry_schema import (
     EvalScoreRecord,
     migrate,
 )
-from multilora_studio.adapters.score_import import read_model_card
+from multilora_studio.adapters.score_import import MODEL_CARD, read_model_card
 from multilora_studio.paths import data_dir_path
 
 log = logging.getLogger(__name__)
 
 DB_FILE = "library.sqlite3"
-MODEL_CARD = "README.md"  # a pulled or imported adapter's model card: its model-index becomes scores
 ADAPTERS_DIR = "adapters"
-COPIED_FILES = (CONFIG_FILE, WEIGHTS_FILE, MODEL_CARD, ADDED_TOKENS_FILE, *TOKENIZER_FOLDER_FILES)
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")  # the engine's adapter-name rule
 RESERVED_NAMES = ("base",)
 DEFAULT_MAX_RANK = 64
@@ -174,7 +167,7 @@ def model_card_scores(folder: Path, row: dict, shown_folder: Path) -> list[EvalS
     (none without a card or a ``model-index``); a card that cannot be read is logged and left
     out: it does not stop the registration. ``shown_folder``: where the card will be."""
     card = folder / MODEL_CARD
-    if not card.is_file():
+    if not os.path.lexists(card):
         return []
     try:
         return read_model_card(card, row["name"], row["base_digest"], shown_folder / MODEL_CARD)
@@ -342,6 +335,7 @@ class Registry(RegistryLifecycle):
         """Validate a downloaded snapshot (left where it is, in the HF cache) and register it."""
         name = name or repo_id
         names = self.check_names(name, aliases)
+        check_kept_files(Path(folder))
         row = self._validated_row(Path(folder), base, name, max_rank)
         row.update(
             id=uuid.uuid4().hex,
@@ -594,15 +588,13 @@ class Registry(RegistryLifecycle):
     def _copy_in(source: Path, staging: Path) -> None:
         """Copy the adapter's files of ``source`` into the new folder ``staging``."""
         make_private_dir(staging)
-        for file in COPIED_FILES:
-            if os.path.lexists(source / file):
-                copy_regular_file(source / file, staging / file)
+        for file in kept_files_in(source):
+            copy_regular_file(source / file, staging / file, KEPT_FILES[file])
 
     def _refuse_special_files(self, source: Path) -> None:
-        """LibraryError naming the first copied file that is a link, a pipe or a device."""
-        for file in COPIED_FILES:
-            path = source / file
-            why = refusal(path) if os.path.lexists(path) else None
+        """LibraryError naming the first kept file that is a link, a pipe or a device."""
+        for file in kept_files_in(source):
+            why = refusal(source / file)
             if why is not None:
                 raise LibraryError(f"{why}; nothing was imported")
 

@@ -16,13 +16,9 @@ a complete copy, the folder or the archive, and the leftovers are swept at the n
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
-import json
 import os
 import shutil
 import sqlite3
-import tarfile
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -30,15 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multilora_studio.adapters.adapter_archive import pack, unpack
 from multilora_studio.adapters.library_errors import LibraryError
 from multilora_studio.adapters.library_moves import moving
 from multilora_studio.adapters.library_sweep import STAGING_PREFIX, trash_name, writing
-from multilora_studio.adapters.private_files import make_private_dir, tighten
+from multilora_studio.adapters.private_files import make_private_dir
 from multilora_studio.adapters.registry_schema import ADAPTER_SELECT, AdapterRecord, EvalScoreRecord
 from multilora_studio.util import sha256_file
 
 ARCHIVES_DIR = "archives"
-MANIFEST = "manifest.json"
 ACTIVE, RETIRED, ARCHIVED = "active", "retired", "archived"
 
 
@@ -238,7 +234,8 @@ class RegistryLifecycle:
             make_private_dir(self.archives_dir)
             try:
                 try:
-                    digest = _pack(record, partial)
+                    header = {"name": record.name, "id": record.id, "folder": str(record.path)}
+                    digest = pack(record.path, header, partial)
                 except FileNotFoundError:
                     raise LibraryError(
                         f"{record.name!r}: its files went away while they were packed (archived or "
@@ -282,7 +279,7 @@ class RegistryLifecycle:
                         raise LibraryError(
                             f"the archive {archive} of {record.name!r} does not match its digest"
                         )
-                    _unpack(archive, staging, record.name)
+                    unpack(archive, staging, record.name)
                 except FileNotFoundError:
                     raise LibraryError(
                         f"the archive {archive} of {record.name!r} is gone (restored or removed meanwhile, "
@@ -313,50 +310,3 @@ class RegistryLifecycle:
         """The adapter's record as the transaction of ``conn`` sees it (None: it was removed)."""
         row = conn.execute(ADAPTER_SELECT + " WHERE id = ?", (adapter_id,)).fetchone()
         return None if row is None else self._record(conn, row)
-
-
-def _pack(record: AdapterRecord, target: Path) -> str:
-    """Write ``record``'s files and their manifest to ``target`` (synced); its SHA-256."""
-    files = sorted(p for p in record.path.iterdir() if p.is_file())
-    manifest = {
-        "name": record.name,
-        "id": record.id,
-        "folder": str(record.path),
-        "files": {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files},
-    }
-    with open(target, "wb") as raw:
-        with tarfile.open(fileobj=raw, mode="w:gz", dereference=True) as tar:  # HF cache links
-            data = json.dumps(manifest, indent=1).encode()
-            info = tarfile.TarInfo(MANIFEST)
-            info.size, info.mtime = len(data), int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-            for path in files:
-                tar.add(path, arcname=path.name, recursive=False)
-        raw.flush()
-        os.fsync(raw.fileno())
-    tighten(target)
-    return sha256_file(target)
-
-
-def _unpack(archive: Path, staging: Path, name: str) -> None:
-    """Unpack ``archive`` into ``staging``, every file checked against the manifest."""
-    with tarfile.open(archive, "r:gz") as tar:
-        manifest = json.loads(_member(tar, MANIFEST))
-        for file_name, expected in manifest["files"].items():
-            data = _member(tar, file_name)
-            if len(data) != expected["bytes"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
-                raise LibraryError(f"{file_name} in the archive of {name!r} is damaged")
-            (staging / file_name).write_bytes(data)
-            tighten(staging / file_name)
-
-
-def _member(tar: tarfile.TarFile, name: str) -> bytes:
-    """One regular file of the archive (links and folders refused)."""
-    try:
-        info = tar.getmember(name)
-    except KeyError:
-        raise LibraryError(f"the archive has no {name}") from None
-    handle = tar.extractfile(info) if info.isfile() else None
-    if handle is None:
-        raise LibraryError(f"{name} in the archive is not a regular file")
-    return handle.read()

@@ -8,18 +8,27 @@ The JSON file holds one object or a list of objects: ``{"prompt_set": NAME, "pro
 dataset and metrics with a type and a value (parsed by ``huggingface_hub``'s ``ModelCard``);
 each metric becomes a score with that metric and value and no counts (the card gives none).
 Either is recorded as an evaluation on the adapter's own base, its digest the file's SHA-256.
+A model card is read as every file an adapter brings is (``adapter_files``), at most
+``MAX_MODEL_CARD_BYTES`` of it; front matter with YAML aliases, and a model-index of more than
+``MAX_CARD_SCORES`` metrics, are refused whole.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
 from pathlib import Path
 
+from multilora_studio.adapters.adapter_files import AdapterError, read_adapter_file
 from multilora_studio.adapters.library_errors import LibraryError
 from multilora_studio.adapters.registry_schema import EvalScoreRecord
 from multilora_studio.util import sha256_file
+
+MODEL_CARD = "README.md"  # a pulled or imported adapter's model card: its model-index becomes scores
+MAX_MODEL_CARD_BYTES = 1 << 20  # the Hub's cards are a few KB to ~300 KB (a large benchmark table)
+MAX_CARD_SCORES = 1000  # the metrics recorded of one card: a leaderboard card has 6 to a few hundred
 
 
 def read_scores(path: Path, adapter: str, base_digest: str) -> list[EvalScoreRecord]:
@@ -62,19 +71,38 @@ def read_model_card(
     for a card without one); LibraryError naming what is wrong. ``shown_path``: the card's path
     to record (default ``path``)."""
     import yaml  # with the Hub client (0.15 s of imports): not to read the library
-    from huggingface_hub import ModelCard, ModelCardData
+    from huggingface_hub import ModelCardData
+    from huggingface_hub.repocard import REGEX_YAML_BLOCK
 
     try:
-        card = ModelCard(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as error:
+        data = read_adapter_file(path, MAX_MODEL_CARD_BYTES)
+        front = REGEX_YAML_BLOCK.search(data.decode("utf-8"))
+    except (AdapterError, UnicodeDecodeError) as error:
         raise LibraryError(f"{path}: not a readable model card ({error})") from None
-    except (ValueError, yaml.YAMLError) as error:  # the front matter or its model-index is malformed
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 20x faster than PyYAML's own
+    try:
+        if front is not None and any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(front[2], loader)):
+            raise LibraryError(
+                f"{path}: its front matter uses YAML aliases (*name), which can repeat one entry "
+                "millions of times; write each result out"
+            )
+        metadata = (yaml.load(front[2], loader) if front is not None else None) or {}
+        if not isinstance(metadata, dict):
+            raise ValueError("repo card metadata block should be a dict")
+        results = ModelCardData(**metadata).eval_results or []
+    except LibraryError:
+        raise
+    except (ValueError, TypeError, yaml.YAMLError) as error:  # malformed front matter or model-index
         first = str(error).splitlines()[0]
         raise LibraryError(f"{path}: its model-index cannot be read ({first})") from None
-    digest, now = sha256_file(path), time.time()
+    if len(results) > MAX_CARD_SCORES:
+        raise LibraryError(
+            f"{path}: its model-index holds {len(results)} metrics; the library records at most "
+            f"{MAX_CARD_SCORES} of a model card"
+        )
+    digest, now = hashlib.sha256(data).hexdigest(), time.time()
     scores = []
-    results = card.data.eval_results if isinstance(card.data, ModelCardData) else None
-    for result in results or ():
+    for result in results:
         number = as_number(result.metric_value)
         if number is None:
             raise LibraryError(

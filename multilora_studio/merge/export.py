@@ -13,6 +13,7 @@ embedding (128,256 x 4,096, twice in float32), 0.5 GB for its largest projection
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -24,7 +25,12 @@ from pathlib import Path
 import torch
 
 from multilora_studio import __version__
-from multilora_studio.adapters.adapter_tokenizer import TOKENIZER_FILES, TOKENIZER_FOLDER_FILES
+from multilora_studio.adapters.adapter_files import read_adapter_file
+from multilora_studio.adapters.adapter_tokenizer import (
+    TOKENIZER_FILE_CAPS,
+    TOKENIZER_FILES,
+    TOKENIZER_FOLDER_FILES,
+)
 from multilora_studio.adapters.peft_adapter import load_peft_adapter
 from multilora_studio.engine.model_spec import load_spec
 from multilora_studio.merge.merged_weights import MergedWeights, MergeError
@@ -206,8 +212,12 @@ def _tokenizer_source(request: MergeRequest) -> Path:
 
 
 def _carry_files(base_folder: Path, tokenizer_folder: Path, out: Path) -> None:
-    """The generation config from the base, every tokenizer file from ``tokenizer_folder``."""
+    """The generation config from the base, every tokenizer file from ``tokenizer_folder`` (an
+    adapter's, read as every file an adapter brings is: ``adapter_files``)."""
     for name in CARRIED_FILES:
         source = (tokenizer_folder if name in TOKENIZER_FOLDER_FILES else base_folder) / name
-        if source.is_file():
+        if tokenizer_folder != base_folder and name in TOKENIZER_FOLDER_FILES:
+            if os.path.lexists(source):
+                (out / name).write_bytes(read_adapter_file(source, TOKENIZER_FILE_CAPS[name]))
+        elif source.is_file():
             shutil.copyfile(source, out / name)

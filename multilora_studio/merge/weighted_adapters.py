@@ -30,10 +30,12 @@ from multilora_studio.adapters.adapter_config import (
     ATTENTION_TARGETS,
     CONFIG_FILE,
     FUSED_TARGETS,
+    MAX_ADAPTER_BYTES,
     AdapterConfig,
     parse_adapter_config,
     read_adapter_config,
 )
+from multilora_studio.adapters.adapter_files import opened_adapter_file
 from multilora_studio.adapters.peft_adapter import WEIGHTS_FILE, parse_factor_key, weights_file
 from multilora_studio.merge.merged_weights import MergeError
 
@@ -111,10 +113,12 @@ def _read_input(folder: Path) -> _Input:
         raise MergeError(
             f"{folder}: it is {config.kind}{vocabulary}; only plain LoRA adapters have a weighted combination"
         )
-    path = weights_file(folder)
     found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     decoders = set()
-    with safe_open(str(path), framework="pt") as handle:
+    with (
+        opened_adapter_file(weights_file(folder), MAX_ADAPTER_BYTES) as path,
+        safe_open(str(path), framework="pt") as handle,
+    ):
         for key in handle.keys():  # noqa: SIM118
             parsed = parse_factor_key(key)
             if parsed is None or parsed[3] not in ("A", "B"):

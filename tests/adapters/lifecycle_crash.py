@@ -21,13 +21,14 @@ def die(*_args, **_kwargs) -> None:
 def main() -> None:
     root, name, point = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     registry = Registry(root)
-    real_add = tarfile.TarFile.add
+    real_addfile = tarfile.TarFile.addfile
     added: list[str] = []
 
-    def add_then_die(self, path, *args, **kwargs):  # mid-write: one file is in the partial archive
-        real_add(self, path, *args, **kwargs)
-        added.append(str(path))
-        die()
+    def add_then_die(self, info, *args, **kwargs):  # mid-write: the manifest and one file are in
+        real_addfile(self, info, *args, **kwargs)
+        added.append(info.name)
+        if len(added) == 2:
+            die()
 
     real_rename = library_moves.Moves.rename
 
@@ -37,7 +38,7 @@ def main() -> None:
             die()
 
     patches = {
-        "writing": mock.patch.object(tarfile.TarFile, "add", add_then_die),
+        "writing": mock.patch.object(tarfile.TarFile, "addfile", add_then_die),
         "renamed": mock.patch.object(library_moves.Moves, "rename", rename_then_die),
         "recorded": mock.patch.object(registry_lifecycle.shutil, "rmtree", die),  # before the folder goes
     }

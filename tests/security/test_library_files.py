@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from multilora_studio.adapters.adapter_config import AdapterError
+from multilora_studio.adapters.adapter_tokenizer import MAX_TEMPLATE_BYTES, MAX_TOKENIZER_FILE_BYTES
 from multilora_studio.adapters.peft_adapter import inspect_peft_adapter
 from multilora_studio.adapters.registry import LibraryError, Registry
+from multilora_studio.adapters.score_import import MAX_MODEL_CARD_BYTES
 from multilora_studio.cli.shared import describe_base
 from tests.security.library_checks import assert_consistent, cli, one_line_error, private_modes
 from tests.threads import CheckedThread
@@ -131,6 +133,47 @@ def test_loading_a_folder_with_a_pipe_for_serving_is_refused_without_blocking(fo
         lambda: inspect_peft_adapter(folder, base.num_layers, base.shape_of, 64, base.vocab),
     )
     assert str(folder / file) in str(error) and "named pipe (FIFO)" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("file", "cap"),
+    [
+        ("README.md", MAX_MODEL_CARD_BYTES),
+        ("tokenizer.json", MAX_TOKENIZER_FILE_BYTES),
+        ("chat_template.jinja", MAX_TEMPLATE_BYTES),
+    ],
+)
+def test_a_file_past_its_cap_is_refused_and_nothing_is_imported(home, folder, tiny_model_dir, file, cap):
+    with open(folder / file, "ab") as sparse:
+        sparse.truncate(cap + 1)  # takes no disk blocks
+    with pytest.raises(AdapterError) as refused:
+        Registry(home).import_folder(folder, describe_base(str(tiny_model_dir)), name="huge")
+    assert str(refused.value) == f"{folder / file} is larger than {cap >> 20} MiB"
+    assert_nothing_imported(home)
+
+
+def test_a_large_sparse_readme_is_one_line_and_copies_nothing(capsys, home, folder, tiny_model_dir):
+    with open(folder / "README.md", "r+b") as sparse:
+        sparse.truncate(512 << 20)  # the reported case: 512 MiB that take no disk blocks
+    message = one_line_error(capsys, "adapters", "add", str(folder), "--model", str(tiny_model_dir))
+    assert message == f"{folder / 'README.md'} is larger than 1 MiB"
+    assert_nothing_imported(home)
+    assert sum(p.stat().st_size for p in home.rglob("*") if p.is_file()) < 1 << 20
+
+
+def test_a_hub_snapshot_with_a_file_past_its_cap_is_not_registered(home, folder, tiny_model_dir):
+    with open(folder / "README.md", "r+b") as sparse:
+        sparse.truncate(MAX_MODEL_CARD_BYTES + 1)
+    registry = Registry(home)
+    with pytest.raises(AdapterError, match=r"README\.md is larger than 1 MiB"):
+        registry.register_hub(
+            folder,
+            describe_base(str(tiny_model_dir)),
+            repo_id="org/huge-card",
+            revision="0" * 40,
+            requested_revision=None,
+        )
+    assert registry.list_adapters() == []
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o000])
