@@ -79,6 +79,11 @@ def read_examples(path: Path) -> list[Example]:
     return examples
 
 
+def guides_with_examples() -> list[Path]:
+    """The user guides (not the README) with an example to run."""
+    return [path for path in user_docs() if path.name != "README.md" and runnable(read_examples(path))]
+
+
 def runnable(examples: list[Example]) -> list[Example]:
     return [example for example in examples if example.tag in RUN_TAGS and example.not_run is None]
 
