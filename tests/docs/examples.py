@@ -79,6 +79,10 @@ def read_examples(path: Path) -> list[Example]:
     return examples
 
 
+# the guides whose examples run in ``test_api_guide_examples.py``; the others in ``test_guide_examples.py``
+API_GUIDES = ("python-api.md", "server.md", "lm-eval.md")
+
+
 def guides_with_examples() -> list[Path]:
     """The user guides (not the README) with an example to run."""
     return [path for path in user_docs() if path.name != "README.md" and runnable(read_examples(path))]

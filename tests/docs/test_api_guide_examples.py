@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.docs.examples import guides_with_examples, read_examples, runnable
-from tests.docs.test_guide_examples import API_GUIDES
+from tests.docs.examples import API_GUIDES, guides_with_examples, read_examples, runnable
 
 GUIDES = [path for path in guides_with_examples() if path.name in API_GUIDES]
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.docs.examples import guides_with_examples, read_examples, runnable
+from tests.docs.examples import API_GUIDES, guides_with_examples, read_examples, runnable
 
-API_GUIDES = ("python-api.md", "server.md", "lm-eval.md")
 GUIDES = [path for path in guides_with_examples() if path.name not in API_GUIDES]
 
 
