@@ -1,4 +1,4 @@
-"""Each package imports only the layers docs/dev/architecture.md allows (read from the source, nothing run)."""
+"""Each package imports only the layers docs/dev/architecture.md allows (read from the source, not run)."""
 
 from __future__ import annotations
 
