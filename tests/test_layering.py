@@ -54,7 +54,7 @@ ALLOWED = {
     "run_records": {"engine"},
     "divergence": {"engine"},
 }
-SHARED = {"util", "paths", "resources", "checkpoint_files"}
+SHARED = {"util", "paths", "resources", "checkpoint_files", "spawned", "chat_template_child"}
 THIRD_PARTY_FORBIDDEN = {
     "kernels": {"PySide6", "fastapi", "uvicorn", "transformers"},
     "adapters": {"PySide6", "fastapi", "uvicorn"},
