@@ -20,9 +20,9 @@ from tests.server.raw_http import post_json
 from tests.server_fixtures import GREEDY, client
 from tests.threads import CheckedThread
 
-# About 25 million loop turns: seconds in Jinja however fast the machine (it ends, so that a
-# server without a deadline is measured rather than hung).
-SLOW = "{% for a in range(5000) %}{% for b in range(5000) %}{% endfor %}{% endfor %}{{ messages[0].content }}"
+# 100 million loop turns: well over the deadline however fast the machine (at 50 ns a turn,
+# 5 s), yet it ends, so that a server without a deadline is measured rather than hung.
+SLOW = "{% for a in range(10000) %}{% for b in range(10000) %}{% endfor %}{% endfor %}{{ messages[0].role }}"
 ENDLESS = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
 FLOOD = "{% for a in range(50000) %}{{ 'flood' * 20 }}{% endfor %}"  # 5 MB of text
 HUGE = "{{ 'x' * 100000000000 }}"

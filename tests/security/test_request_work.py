@@ -96,6 +96,10 @@ def test_a_large_grammar_is_checked_off_the_event_loop(serve, engine):
     api = client(server)
     options = choices(50000, seed=7)
     pattern = "(" + "|".join(options) + ")"  # 650 KB: seconds of grammar work
+    # the engine's first constraint builds llguidance's view of the tokenizer (once per engine)
+    api.completions.create(
+        model=engine.model_name, prompt="Pick", max_tokens=1, extra_body={"guided_regex": "a"}
+    )
     with HealthWatch(server.url) as watch:
         made = api.completions.create(
             model=engine.model_name, prompt="Pick", max_tokens=3, extra_body={"guided_regex": pattern}
