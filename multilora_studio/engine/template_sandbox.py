@@ -37,7 +37,7 @@ class TemplateLimitError(ValueError):
 
 
 class TemplateBusy(RuntimeError):
-    """Every child was rendering for longer than the deadline: retry shortly."""
+    """No child could take the render (all busy past the deadline, or none started): retry."""
 
 
 class _Child:
@@ -54,7 +54,7 @@ class _Child:
         theirs.close()
         if not self.conn.poll(START_TIMEOUT_S) or self._receive() != READY:
             self.kill()
-            raise TemplateLimitError(f"the chat template renderer did not start within {START_TIMEOUT_S:g} s")
+            raise TemplateBusy(f"the chat template renderer did not start within {START_TIMEOUT_S:g} s")
 
     def _receive(self) -> Any:
         try:
@@ -132,7 +132,7 @@ class TemplateSandbox:
     def _start_idle(self) -> None:
         try:
             child: _Child | None = _Child()
-        except TemplateLimitError as error:
+        except TemplateBusy as error:
             log.warning("%s", error)
             child = None
         with self._lock:
