@@ -66,7 +66,7 @@ def flag_value(action: argparse.Action, key: str, value: Any, path: Path) -> Any
         if not isinstance(value, bool):
             raise DefaultsFileError(f"{path}: {key} takes true or false, not {value!r}")
         if isinstance(action, argparse.BooleanOptionalAction):
-            return value != flag.startswith("--no-")
+            return value if flag == action.option_strings[0] else not value  # [--x, --no-x]
         return action.const if value else action.default
     if isinstance(value, (list, dict)):
         raise DefaultsFileError(f"{path}: {key} takes one value, as {flag} does")
