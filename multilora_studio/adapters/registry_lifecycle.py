@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from multilora_studio.adapters.adapter_archive import pack, unpack
+from multilora_studio.adapters.adapter_files import AdapterError
 from multilora_studio.adapters.library_errors import LibraryError
 from multilora_studio.adapters.library_moves import moving
 from multilora_studio.adapters.library_sweep import STAGING_PREFIX, trash_name, writing
@@ -236,7 +237,9 @@ class RegistryLifecycle:
                 try:
                     header = {"name": record.name, "id": record.id, "folder": str(record.path)}
                     digest = pack(record.path, header, partial)
-                except FileNotFoundError:
+                except (FileNotFoundError, AdapterError) as error:
+                    if record.path.is_dir() and isinstance(error, AdapterError):
+                        raise  # the folder is there: one of its files cannot be read
                     raise LibraryError(
                         f"{record.name!r}: its files went away while they were packed (archived or "
                         "removed meanwhile); nothing changed"
