@@ -109,7 +109,7 @@ class HostAdapterCache(Generic[AdapterT]):
             return name in self._pending
 
     def eviction_candidate(self) -> str | None:
-        """The adapter a new load would evict once the loads in flight have landed (each of
+        """The adapter a new load would evict once the loads in flight have finished (each of
         those evicts the least recently used in turn), None while there is room. It may be an
         adapter still loading: with more loads in flight than the tier has room for, a new one
         would push out what an earlier load brought in."""
@@ -117,8 +117,8 @@ class HostAdapterCache(Generic[AdapterT]):
             taken = len(self._entries) + len(self._pending) - self.capacity  # evictions already due
             if taken < 0:
                 return None
-            landing = [*self._entries, *self._pending]  # least recently used first, loads last
-            return landing[taken]  # taken < len(landing): the capacity is at least 1
+            after_loads = [*self._entries, *self._pending]  # least recently used first, loads last
+            return after_loads[taken]  # taken < len(after_loads): the capacity is at least 1
 
     @property
     def loads_in_flight(self) -> int:

@@ -440,7 +440,7 @@ class AdapterResidency:
             self.lora.upload(acquired.slot, packed)
             done = torch.cuda.Event(enable_timing=True)
             done.record(self.upload_stream)
-        self._uploads[name] = (done, packed, start)  # keeps the slot until the copy has landed
+        self._uploads[name] = (done, packed, start)  # keeps the slot until the copy has finished
         return Admission.LOADING
 
     def _make_table_room(self, nbytes: int) -> bool:

@@ -329,7 +329,7 @@ def test_loads_in_flight_take_the_room_they_will_fill(loader, ready):
         assert cache.lookup("a", Path("/a")) is None
         assert cache.eviction_candidate() is None  # one in flight, room for two
         assert cache.lookup("b", Path("/b")) is None
-        assert cache.eviction_candidate() == "a"  # nothing resident: "b" landing after "a" fills it
+        assert cache.eviction_candidate() == "a"  # nothing resident: "b" loading after "a" fills it
         assert cache.lookup("c", Path("/c")) is None
         assert cache.eviction_candidate() == "b"  # "c" lands on "a"'s place
         loader.gate.set()

