@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from multilora_studio.adapters.adapter_files import open_adapter_file
+from multilora_studio.adapters.adapter_config import CONFIG_FILE, WEIGHTS_FILE
+from multilora_studio.adapters.adapter_files import AdapterError, open_adapter_file
 from multilora_studio.adapters.kept_files import KEPT_FILES, kept_files_in
 from multilora_studio.adapters.library_errors import LibraryError
 from multilora_studio.adapters.private_files import PRIVATE_FILE, tighten
@@ -37,6 +38,7 @@ MAX_MANIFEST_BYTES = 1 << 20
 CHUNK_BYTES = 1 << 20
 MAX_READ_BYTES = MAX_MANIFEST_BYTES  # the manifest is the largest single read unpacking makes
 SHA256_HEX = 64
+REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE)  # what every archive holds
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,11 @@ def pack(folder: Path, header: dict, target: Path) -> str:
     """Write ``folder``'s kept files and their manifest (``header`` plus ``files``) to the new
     file ``target``, synced and private; its SHA-256. AdapterError names a file that cannot be
     read."""
-    handles = {name: open_adapter_file(folder / name, KEPT_FILES[name]) for name in kept_files_in(folder)}
+    names = kept_files_in(folder)
+    missing = [name for name in REQUIRED_FILES if name not in names]
+    if missing:  # an archive that cannot be restored as an adapter is never written
+        raise AdapterError(f"{folder} has no {' or '.join(missing)}")
+    handles = {name: open_adapter_file(folder / name, KEPT_FILES[name]) for name in names}
     try:
         files = {name: _entry_of(handle) for name, handle in handles.items()}
         manifest = {**header, "files": {n: {"bytes": e.size, "sha256": e.sha256} for n, e in files.items()}}
@@ -106,6 +112,9 @@ def unpack(archive: Path, staging: Path, name: str) -> None:
         raise LibraryError(
             f"{where} lacks {', '.join(missing)}, which its manifest lists; nothing was restored"
         )
+    absent = [file_name for file_name in REQUIRED_FILES if file_name not in done]
+    if absent:
+        raise LibraryError(f"{where} holds no {' or '.join(absent)}: no adapter; nothing was restored")
 
 
 def _entry_of(handle: int) -> Entry:

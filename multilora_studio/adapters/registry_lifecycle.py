@@ -233,22 +233,25 @@ class RegistryLifecycle:
         trash = trash_name(record.path, token)
         with writing(self.lock_path):
             make_private_dir(self.archives_dir)
+            generation = self._files_generation(record)
+            if generation is None:
+                raise LibraryError(f"{record.name!r} was archived or removed meanwhile; nothing changed")
             try:
                 try:
                     header = {"name": record.name, "id": record.id, "folder": str(record.path)}
                     digest = pack(record.path, header, partial)
-                except (FileNotFoundError, AdapterError) as error:
-                    if record.path.is_dir() and isinstance(error, AdapterError):
-                        raise  # the folder is there: one of its files cannot be read
+                except (FileNotFoundError, AdapterError):
+                    if self._files_generation(record) == generation and record.path.is_dir():
+                        raise  # nothing happened to the folder: one of its files cannot be read
                     raise LibraryError(
                         f"{record.name!r}: its files went away while they were packed (archived or "
                         "removed meanwhile); nothing changed"
                     ) from None
                 with moving(self._write()) as (conn, moves):
-                    now = self._current(conn, record.id)
-                    if now is None or now.state == ARCHIVED:
-                        happened = "removed" if now is None else "archived"
-                        raise LibraryError(f"{record.name!r} was {happened} meanwhile; nothing changed")
+                    if self._files_generation(record, conn) != generation:
+                        raise LibraryError(
+                            f"{record.name!r} was archived, restored or removed meanwhile; nothing changed"
+                        )
                     conn.execute(
                         "UPDATE adapters SET state = ?, archive_path = ?, archive_sha256 = ? WHERE id = ?",
                         (ARCHIVED, str(final), digest, record.id),
@@ -308,6 +311,23 @@ class RegistryLifecycle:
             shutil.rmtree(trash, ignore_errors=True)
             archive.unlink(missing_ok=True)
         return self.get(record.name)
+
+    def _files_generation(self, record: AdapterRecord, conn: sqlite3.Connection | None = None) -> int | None:
+        """The audit log's newest archive or restore of ``record``'s adapter, which changes with
+        every move of its files (0: none yet); None when it is removed or archived, so that an
+        archive sees whether the folder it packs stayed the one it found (in ``conn``'s
+        transaction, else a read of its own)."""
+        if conn is None:
+            with self._connect() as own:
+                return self._files_generation(record, own)
+        now = self._current(conn, record.id)
+        if now is None or now.state == ARCHIVED:
+            return None
+        row = conn.execute(
+            "SELECT max(id) FROM adapter_events WHERE adapter_id = ? AND event IN ('archived', 'restored')",
+            (record.id,),
+        ).fetchone()
+        return row[0] or 0
 
     def _current(self, conn: sqlite3.Connection, adapter_id: str) -> AdapterRecord | None:
         """The adapter's record as the transaction of ``conn`` sees it (None: it was removed)."""

@@ -84,6 +84,16 @@ def test_a_damaged_archive_is_refused_and_the_adapter_stays_archived(registry, t
     assert registry.get("fragile").state == "archived" and archived.archive_path.exists()
 
 
+def test_a_folder_without_its_config_is_not_archived(registry, tiny_adapters, tiny_base):
+    record = registry.import_folder(tiny_adapters["tiny-r4-qv"], tiny_base, name="gutted", max_rank=32)
+    (record.path / "adapter_config.json").unlink()
+    with pytest.raises(ValueError, match=r"has no adapter_config\.json"):
+        registry.archive("gutted")
+    after = registry.get("gutted")
+    assert after.state == "active" and after.archive_path is None and record.path.is_dir()
+    assert not registry.archives_dir.exists() or not any(registry.archives_dir.iterdir())
+
+
 @pytest.mark.parametrize("point", ["writing", "renamed", "recorded"])
 def test_a_killed_archive_loses_nothing(point, registry, tiny_adapters, tiny_base):
     record = registry.import_folder(tiny_adapters["tiny-r16-mlp"], tiny_base, name="kept", max_rank=32)

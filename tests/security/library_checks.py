@@ -31,7 +31,9 @@ def assert_consistent(root: Path) -> Registry:
                 record.archive_path is not None and sha256_file(record.archive_path) == record.archive_sha256
             )
             continue
-        assert (record.path / "adapter_config.json").is_file(), record
+        found = sorted(p.name for p in record.path.iterdir()) if record.path.is_dir() else None
+        latest = registry.events(record.name)[-6:]
+        assert (record.path / "adapter_config.json").is_file(), (record, found, latest)
         assert (record.path / "adapter_model.safetensors").stat().st_size == record.size_bytes
     names = [name for r in records for name in (r.name, *r.aliases)]
     assert len(names) == len(set(names))

@@ -86,6 +86,12 @@ def test_a_member_the_manifest_does_not_list_is_refused(archived):
     refused(archived, r"holds 'README.md', which its manifest does not list")
 
 
+def test_an_archive_without_an_adapter_config_is_refused(archived):
+    weights = b"not much of an adapter"
+    craft(archived, {"adapter_model.safetensors": listed(weights)}, [("adapter_model.safetensors", weights)])
+    refused(archived, r"holds no adapter_config\.json: no adapter")
+
+
 def test_a_size_past_the_files_cap_is_refused_before_the_member_is_read(archived):
     craft(
         archived, {"README.md": {"bytes": (1 << 20) + 1, "sha256": "0" * 64}}, [("README.md", (1 << 20) + 1)]
