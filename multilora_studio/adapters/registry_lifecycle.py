@@ -7,8 +7,9 @@ Archiving and restoring never lose files. Each holds the library's writers' lock
 (``library_sweep``) from its first file to its last and works under names of its own (an
 archive is packed and synced as a staging file, a restore unpacked into a staging folder);
 the row then changes and the files move into place (the folder aside) in one transaction,
-which first checks that the row is still as it was (a second archive of the same adapter, or
-a removal, finished meanwhile: nothing changes), and undoes the moves if it does not commit.
+which first checks that no other archive, restore or removal of the adapter committed since
+it began (its files may have moved under it: nothing changes), and undoes the moves if it
+does not commit.
 Only then is what was moved aside deleted. So a crash at any point leaves the row pointing at
 a complete copy, the folder or the archive, and the leftovers are swept at the next open.
 """
