@@ -115,7 +115,7 @@ def test_the_default_mode_is_not_batch_invariant(tiny_engine, engine_device):
     assert batched[2] != expected[2]  # the prompt's log-probabilities
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=90)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_embedded_model_is_batch_invariant(default_model, tmp_path, dtype):
     """The same on SmolLM2-135M with two random adapters: alone, batched, chunked."""

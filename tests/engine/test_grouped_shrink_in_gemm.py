@@ -97,6 +97,7 @@ def test_large_steps_over_a_narrow_span_equal_the_shrink_kernels_path(
     torch.testing.assert_close(logits[NARROW["grouped_shrink_in_gemm_rows"]], logits[0], rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.slow(seconds=170)
 def test_warm_up_launches_every_variant_of_large_steps_over_a_narrow_span(row_adapters, tiny_model_dir):
     runner, slot_of = tiny_runner(
         tiny_model_dir, row_adapters, "cpu", lora_backend="triton", fused_qkv_epilogue=True,

@@ -85,6 +85,14 @@ OWN_SLOTS = 4  # the second base's own GPU slots at every other restart (the Eng
 STUCK_AFTER_S = 240.0
 
 
+def project_frames(frame) -> list[str]:
+    """A thread's stack as the lines of its frames in this project's files, innermost last (its
+    innermost frame too, wherever it is: what it waits in)."""
+    stack = traceback.extract_stack(frame)
+    own = [f for f in stack[:-1] if "/multilora_studio/" in f.filename or "/tests/" in f.filename]
+    return traceback.format_list([*own[-6:], stack[-1]])
+
+
 def base_in_turn(window: MainWindow, started: int) -> str | None:
     """The base an action works on: each base for two actions in turn (a run and a cancelled one)."""
     pool = window.host.pool
@@ -458,9 +466,28 @@ class Soak(QObject):
             "merge_task": self.merge_actions is not None and self.merge_actions.task is not None,
             "pull_task": self.pull_actions is not None and self.pull_actions.task is not None,
         }
+        pool = window.host.pool
+        if pool is not None:
+            waits["bases"] = {
+                name: {
+                    "engine": type(pool.base(name).engine).__name__,
+                    "parked": pool.base(name).parked is not None,
+                    "leases": pool.base(name).leases,
+                    "loading": pool.base(name).loading,
+                    "unloading": pool.base(name).unloading,
+                    "waiting": pool.waiting(name),
+                }
+                for name in pool.names
+            }
+        run = window.compare.run
+        if run is not None:
+            waits["columns"] = [
+                f"{c.name}@{c.base}: id={c.request_id} tokens={c.tokens} done={c.output is not None}"
+                for c in run.columns
+            ]
         names = {thread.ident: thread.name for thread in threading.enumerate()}
         stacks = [
-            f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame)[-8:])
+            f"--- {names.get(ident, ident)}\n" + "".join(project_frames(frame))
             for ident, frame in sys._current_frames().items()
         ]
         return f"stuck {self.seconds + STUCK_AFTER_S:.0f} s in: {json.dumps(waits)}\n" + "\n".join(stacks)

@@ -43,7 +43,7 @@ def start_hub(tmp_path: Path, second_base: Path, second_adapter: Path) -> HubSer
     return HubServer(repos.mirrors, tmp_path / "hub-server").start()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=400)
 def test_the_window_survives_minutes_of_use_with_restarts(default_model, tiny_family_models, tmp_path: Path):
     out = tmp_path / "soak.json"
     second_base = tiny_family_models["qwen2"]  # a second family beside the embedded Llama
@@ -64,7 +64,9 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tiny_fa
     assert run.returncode == 0, run.stderr[-12000:]
     result = json.loads(out.read_text())
     print(json.dumps(result))
-    assert result["problems"] == [] and result["compare_errors"] == [], result
+    problems = result["problems"] + result["compare_errors"]
+    if problems:  # as printed, so that a stuck run's stacks stay readable
+        pytest.fail("\n\n".join(problems), pytrace=False)
     assert result["restarts"] == RESTARTS and result["compares"] >= RESTARTS, result
     assert result["evaluations"] >= 1, result
     assert result["merges"] >= 1 and result["merges_cancelled"] >= 1, result

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 INSTALLER = ROOT / "installers" / "linux" / "install.sh"
 TORCH_SPEC = os.environ.get("MLS_TEST_TORCH_SPEC", "torch==2.13.0")
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=240)
 
 
 @pytest.fixture(scope="module")
