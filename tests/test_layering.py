@@ -15,7 +15,8 @@ ALLOWED = {
     "adapters": set(),
     "engine": {"kernels", "adapters", "default_model"},
     "server": {"engine", "adapters", "kernels", "deploy"},
-    "deploy": {"engine", "adapters", "server"},  # server: the Ray Serve ingress hosts its app
+    "deploy": {"engine", "adapters"},
+    "ray_app": {"engine", "adapters", "server", "deploy"},
     "evaluate": {"engine", "adapters", "run_records"},
     "gui": {
         "server",
@@ -49,6 +50,7 @@ ALLOWED = {
         "divergence",
         "merge",
         "deploy",
+        "ray_app",
     },
     "default_model": set(),
     "run_records": {"engine"},
@@ -62,7 +64,8 @@ THIRD_PARTY_FORBIDDEN = {
     "server": {"PySide6", "pyqtgraph"},
     "evaluate": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
     "merge": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
-    "deploy": {"PySide6", "pyqtgraph"},
+    "deploy": {"PySide6", "pyqtgraph", "fastapi", "uvicorn", "ray"},
+    "ray_app": {"PySide6", "pyqtgraph"},
 }
 
 

@@ -15,7 +15,7 @@ from multilora_studio.deploy.base_pool import identify_base
 from multilora_studio.util import extra_install_hint
 
 if TYPE_CHECKING:
-    from multilora_studio.deploy.ray_serve import RayServeOptions
+    from multilora_studio.ray_app.deployments import RayServeOptions
     from multilora_studio.server import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def ray_serve_options(args: argparse.Namespace, server: ServerConfig) -> RayServ
         )
     autoscaling = parse_autoscale(args.autoscale) if args.autoscale is not None else None
     require_ray_serve()
-    from multilora_studio.deploy.ray_serve import RayServeOptions  # Ray is an optional extra
+    from multilora_studio.ray_app.deployments import RayServeOptions  # Ray is an optional extra
 
     return RayServeOptions(
         engine=configs[0],
@@ -113,7 +113,7 @@ def start_on_ray(options: RayServeOptions, address: str | None) -> str:
     import ray
     from ray import serve
 
-    from multilora_studio.deploy.ray_serve import APP_NAME, build_app
+    from multilora_studio.ray_app.deployments import APP_NAME, build_app
 
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False)
@@ -127,7 +127,7 @@ def stop_on_ray() -> None:
     import ray
     from ray import serve
 
-    from multilora_studio.deploy.ray_serve import APP_NAME
+    from multilora_studio.ray_app.deployments import APP_NAME
 
     if not ray.is_initialized():
         return

@@ -24,8 +24,8 @@ from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli import build_parser
 from multilora_studio.cli.serve_ray import ray_serve_options, start_on_ray, stop_on_ray
 from multilora_studio.cli.shared import describe_base
-from multilora_studio.deploy.ray_serve import APP_NAME, ENGINE_DEPLOYMENT
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+from multilora_studio.ray_app.deployments import APP_NAME, ENGINE_DEPLOYMENT
 from multilora_studio.server import ServerConfig
 from tests.waiting import wait_until
 

@@ -2,12 +2,12 @@
 ingress that serves this project's OpenAI routes, API keys and per-key limits.
 
 An adapter's requests go out with its name as Ray's multiplexed model id, so Ray's router sends
-them to replicas that hold it (``ray_engine.py``). Adapters are folders every node can read (a
+them to replicas that hold it (``remote_engine.py``). Adapters are folders every node can read (a
 shared path; Hub adapters pulled into a shared library). Engine metrics are exported by each
 replica through Ray's metrics (Prometheus, tagged by deployment and replica); the ingress's
 own ``/metrics`` carries the request series.
 
-``multilora-studio serve --ray`` starts it; ``serve run multilora_studio.deploy.ray_serve:build
+``multilora-studio serve --ray`` starts it; ``serve run multilora_studio.ray_app.deployments:build
 model=PATH adapters=name=path,... replicas=2`` does too (``build``'s arguments).
 """
 
@@ -25,8 +25,8 @@ from ray.serve.handle import DeploymentHandle
 
 from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.deploy.base_pool import BasePool
-from multilora_studio.deploy.ray_engine import EngineFacts, RemoteEngine, engine_replica_class
 from multilora_studio.engine import EngineConfig, least_host_capacity
+from multilora_studio.ray_app.remote_engine import EngineFacts, RemoteEngine, engine_replica_class
 from multilora_studio.server.app import create_app
 from multilora_studio.server.config import ServerConfig
 from multilora_studio.server.runner import build_server_state
@@ -113,7 +113,7 @@ def build_app(options: RayServeOptions) -> Application:
 
 
 def build(args: Mapping[str, str]) -> Application:
-    """``serve run multilora_studio.deploy.ray_serve:build key=value ...``: ``model``,
+    """``serve run multilora_studio.ray_app.deployments:build key=value ...``: ``model``,
     ``adapters`` (``name=path`` pairs, comma-separated), ``replicas`` or ``min_replicas`` and
     ``max_replicas``, ``api_key``, and any ``EngineConfig`` field by name (``device``,
     ``dtype``, ``max_loras``, ``max_model_len``, ...)."""
