@@ -56,6 +56,9 @@ def test_wheel_ships_kernels_and_resources(wheel):
         "multilora_studio/engine/engine.py",
     ):
         assert required in names, required
+    packages = (ROOT / "multilora_studio").rglob("__init__.py")
+    for init in packages:  # every package of the source, whatever pyproject.toml lists
+        assert init.relative_to(ROOT).as_posix() in names, init
     assert not any(name.startswith(("tests/", "kernels/")) for name in names)
 
 
