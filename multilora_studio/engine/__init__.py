@@ -10,6 +10,7 @@ from multilora_studio.engine.config import (
 )
 from multilora_studio.engine.device_setup import resolve_device, resolve_dtype
 from multilora_studio.engine.engine import Engine
+from multilora_studio.engine.errors import GrammarFailure, InvalidRequest, UnknownAdapter
 from multilora_studio.engine.host_tier_size import least_host_capacity
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta, TokenLogprob
 from multilora_studio.engine.prompts import Prompt
@@ -25,6 +26,8 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineMetrics",
+    "GrammarFailure",
+    "InvalidRequest",
     "ParkableEngine",
     "Prompt",
     "RequestOutput",
@@ -34,6 +37,7 @@ __all__ = [
     "StructuredOutput",
     "TokenDelta",
     "TokenLogprob",
+    "UnknownAdapter",
     "least_host_capacity",
     "resolve_device",
     "resolve_dtype",

@@ -31,6 +31,7 @@ from multilora_studio.adapters.short_lived_workers import call_on_short_lived_th
 from multilora_studio.adapters.slot_table import SlotTable
 from multilora_studio.engine.chat_tokens import Render, render_in_process
 from multilora_studio.engine.config import EngineConfig
+from multilora_studio.engine.errors import UnknownAdapter
 from multilora_studio.engine.host_threads import loader_threads
 from multilora_studio.engine.host_tier_size import available_host_memory, host_tier_capacity
 from multilora_studio.engine.loader_process import LoaderProcess, staging_buffers_that_fit
@@ -291,13 +292,13 @@ class AdapterResidency:
             return self._adapters[name].kind
 
     def check_known(self, name: str) -> None:
-        """Raise ValueError, naming the adapters there are, unless ``name`` was added."""
+        """Raise UnknownAdapter, naming the adapters there are, unless ``name`` was added."""
         with self._lock:
             if name in self._adapters:
                 return
             names = sorted(self._adapters)
         known = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
-        raise ValueError(f"unknown adapter {name!r} (known: {known or 'none'})")
+        raise UnknownAdapter(f"unknown adapter {name!r} (known: {known or 'none'})")
 
     def prefetch(self, names: Sequence[str], timeout: float | None) -> dict[str, str | None]:
         """See ``Engine.prefetch_adapters``."""

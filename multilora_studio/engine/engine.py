@@ -37,6 +37,7 @@ from multilora_studio.engine.commands import (
 )
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.device_setup import load_on_device, resolve_device, resolve_dtype
+from multilora_studio.engine.errors import InvalidRequest
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput
 from multilora_studio.engine.prompts import Prompt, encode_prompt
 from multilora_studio.engine.request_methods import RequestMethods
@@ -228,10 +229,11 @@ class Engine(RequestMethods):
             self.residency.check_known(adapter)
         token_ids = self.encode(prompt, adapter=adapter)
         if not token_ids:
-            raise ValueError("the prompt is empty")
+            raise InvalidRequest("the prompt is empty", "prompt")
         if len(token_ids) >= self.config.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(token_ids)} tokens; max_model_len is {self.config.max_model_len}"
+            raise InvalidRequest(
+                f"the prompt has {len(token_ids)} tokens; max_model_len is {self.config.max_model_len}",
+                "prompt",
             )
         vocab = self.residency.vocab_size_of(adapter)
         for name, ids in (
@@ -241,24 +243,29 @@ class Engine(RequestMethods):
         ):
             bad = [t for t in ids if t >= vocab]
             if bad:
-                raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+                raise InvalidRequest(
+                    f"{name} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}", name
+                )
         if adapter is not None:
             if params.adapter_scale != 1.0 and self.residency.kind_of(adapter) == "DoRA":
-                raise ValueError(
+                raise InvalidRequest(
                     f"adapter_scale={params.adapter_scale:g}: {adapter!r} is a DoRA adapter, whose "
-                    "per-row magnitude normalisation is fixed for strength 1 (leave adapter_scale at 1)"
+                    "per-row magnitude normalisation is fixed for strength 1 (leave adapter_scale at 1)",
+                    "adapter_scale",
                 )
         elif params.adapter_scale != 1.0:
-            raise ValueError(
+            raise InvalidRequest(
                 f"adapter_scale={params.adapter_scale:g} needs an adapter: a base-model request "
-                "has no LoRA term to scale (pick an adapter, or leave adapter_scale at 1)"
+                "has no LoRA term to scale (pick an adapter, or leave adapter_scale at 1)",
+                "adapter_scale",
             )
         if params.structured is not None:
             own = self.residency.tokenizer_of(adapter)
             if own is not None and not own.extends_base:
-                raise ValueError(
+                raise InvalidRequest(
                     f"structured output for {adapter!r} is not supported: its own tokenizer gives "
-                    "the base's token ids other meanings (grammars follow the base's tokenizer)"
+                    "the base's token ids other meanings (grammars follow the base's tokenizer)",
+                    "structured",
                 )
             self.worker.grammars.compile(params.structured)  # ValueError now, not in the step loop
         request_id = request_id or f"req-{next(self._request_counter)}-{uuid.uuid4().hex[:8]}"

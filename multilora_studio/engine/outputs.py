@@ -42,6 +42,7 @@ class TokenDelta:
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs: Sequence[TokenLogprob | None] | None = None
+    error_type: type[Exception] | None = None  # what ended it with reason 'error' (engine.errors)
 
 
 @dataclass
@@ -55,6 +56,7 @@ class RequestOutput:
     text: str = ""
     finish_reason: str | None = None
     error: str | None = None
+    error_type: type[Exception] | None = None  # what ended it with reason 'error' (engine.errors)
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None  # when a step first ran part of it (its prefill began)
     first_token_time: float | None = None

@@ -31,6 +31,7 @@ from multilora_studio.engine.commands import (
 )
 from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.detokenizer import IncrementalDetokenizer
+from multilora_studio.engine.errors import GrammarFailure
 from multilora_studio.engine.grammar import DeviceMasks, GrammarCompiler, TokenMasks, advance
 from multilora_studio.engine.logprobs import PromptScores, ScoredRows
 from multilora_studio.engine.metrics_publisher import MetricsPublisher
@@ -264,9 +265,9 @@ class EngineWorker:
         new_logprobs = (logprob,) if logprob is not None else ()
         try:
             grammar_done = active.matcher is not None and advance(active.matcher, token)
-        except RuntimeError as error:  # the grammar refused a token it allowed: this request only
+        except GrammarFailure as error:  # the grammar refused a token it allowed: this request only
             log.error("request %s: %s", seq.request_id, error)
-            self._finish(seq.request_id, "error", str(error), pending=[token], pending_logprobs=new_logprobs)
+            self._finish(seq.request_id, "error", error, pending=[token], pending_logprobs=new_logprobs)
             return
         if (
             stopped_by_text
@@ -304,7 +305,7 @@ class EngineWorker:
         self,
         request_id: str,
         reason: str,
-        error: str | None,
+        error: str | Exception | None,
         pending: list[int] | None = None,
         pending_logprobs: tuple[TokenLogprob, ...] = (),
     ) -> None:
@@ -318,8 +319,9 @@ class EngineWorker:
         text = active.detok.delta(finished=True) if active.detok is not None else ""
         output.token_ids = list(seq.output_token_ids)
         output.text = active.detok.text if active.detok is not None else ""
-        output.finish_reason = reason
-        output.error = error
+        error_type = type(error) if isinstance(error, Exception) else None
+        message = str(error) if error is not None else None
+        output.finish_reason, output.error, output.error_type = reason, message, error_type
         output.finish_time = time.monotonic()
         params = seq.params
         if params.logprobs is not None:
@@ -328,7 +330,9 @@ class EngineWorker:
         if params.prompt_logprobs is not None:
             output.prompt_logprobs = active.prompt_logprobs_sent
         active.stream.push(
-            TokenDelta(request_id, pending or [], text, True, reason, error, pending_logprobs, prompt)
+            TokenDelta(
+                request_id, pending or [], text, True, reason, message, pending_logprobs, prompt, error_type
+            )
         )
 
     def _add(self, requests: list[tuple[Sequence, RequestStream]]) -> None:

@@ -430,6 +430,7 @@ class RemoteEngine(RequestMethods):
             output.prompt_logprobs = delta.prompt_logprobs
         if delta.finished:
             output.finish_reason, output.error = delta.finish_reason, delta.error
+            output.error_type = delta.error_type
             output.finish_time = time.monotonic()
 
     # ---------------------------------------------------------------- state

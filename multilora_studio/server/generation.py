@@ -20,14 +20,16 @@ from dataclasses import dataclass, field
 from starlette.types import Receive
 
 from multilora_studio.engine import (
+    GrammarFailure,
+    InvalidRequest,
     Prompt,
     RequestStream,
     SamplingParams,
     ServingEngine,
     TokenDelta,
     TokenLogprob,
+    UnknownAdapter,
 )
-from multilora_studio.engine.grammar import GRAMMAR_FAILED
 from multilora_studio.engine.outputs import ADAPTER_TIERS
 from multilora_studio.engine.template_sandbox import TemplateBusy
 from multilora_studio.server.context_window import check_fits
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 CLIENT_GONE = 499
 ID_PREFIXES = {"chat": "chatcmpl-", "responses": "resp_"}  # other routes: "cmpl-"
 PROMPT_FIELDS = {"chat": "messages", "responses": "input"}  # other routes: "prompt"
+ENGINE_FIELD_PARAMS = {"bad_words_token_ids": "bad_words"}  # the engine's fields the request names otherwise
 
 
 @dataclass
@@ -141,17 +144,16 @@ class Job:
             assert choice.stream is not None
             self._pumps.append(asyncio.create_task(self._pump(choice, choice.stream)))
 
-    def _submit_param(self, message: str) -> str:
-        """The request field an engine submit error is about: the prompt, the adapter strength
-        (refused on a base-model request), token ids outside the vocabulary, or the output
-        constraint (which the engine checks against its tokenizer)."""
-        for name in ("adapter_scale", "stop_token_ids", "logit_bias", "bad_words"):
-            if message.startswith(name):  # bad_words_token_ids too: the server's bad_words
-                return name
+    def _request_param(self, field: str) -> str:
+        """The request's parameter for the engine's ``InvalidRequest.field``: the output
+        constraint by the field it came in, the prompt by the route's name for it, the
+        server's ``bad_words`` for the token ids it becomes, any other by its own name."""
         structured = self.choices[0].params.structured if self.choices else None
-        if structured is not None and "for structured output" in message:
+        if field == "structured" and structured is not None:
             return structure_field(structured)
-        return PROMPT_FIELDS.get(self.route, "prompt")
+        if field == "prompt":
+            return PROMPT_FIELDS.get(self.route, "prompt")
+        return ENGINE_FIELD_PARAMS.get(field, field)
 
     def _encode_all(self) -> list[list[int]]:
         """Token ids of each choice's prompt (each prompt tokenized once)."""
@@ -198,11 +200,14 @@ class Job:
         except TemplateBusy as error:
             raise prompt_error(error, PROMPT_FIELDS.get(self.route, "prompt")) from None
         except ValueError as error:
-            if self.adapter is not None and not engine.has_adapter(self.adapter):
+            if isinstance(error, UnknownAdapter) or (
+                self.adapter is not None and not engine.has_adapter(self.adapter)
+            ):  # removed since the request was routed to it
                 raise ApiError(
                     404, f"The model `{self.model}` does not exist.", "model_not_found", "model"
                 ) from None
-            raise ApiError(400, str(error), "invalid_value", self._submit_param(str(error))) from None
+            field = error.field if isinstance(error, InvalidRequest) else "prompt"
+            raise ApiError(400, str(error), "invalid_value", self._request_param(field)) from None
         except RuntimeError as error:
             if not engine.running:
                 raise ApiError(503, f"the engine is not running: {error}", "engine_unavailable") from None
@@ -270,7 +275,8 @@ class Job:
                 remaining -= 1
                 choice.finish_reason = delta.finish_reason or "stop"
                 if self.error is None and choice.finish_reason in ("error", "abort"):
-                    self.error = _finish_error(choice.finish_reason, self._without_paths(delta.error))
+                    message = self._without_paths(delta.error)
+                    self.error = _finish_error(choice.finish_reason, message, delta.error_type)
             yield choice, delta
 
     def _without_paths(self, message: str | None) -> str | None:
@@ -383,12 +389,12 @@ def _check_sequences(state: ServerState, route: str, prompts: int, n: int) -> No
     )
 
 
-def _finish_error(reason: str, message: str | None) -> ApiError:
+def _finish_error(reason: str, message: str | None, error_type: type[Exception] | None) -> ApiError:
     if reason == "abort":
         return ApiError(503, f"the request was aborted: {message or 'the server is stopping'}", "aborted")
-    if message is not None and message.startswith(GRAMMAR_FAILED):
+    if error_type is not None and issubclass(error_type, GrammarFailure):
         # the request's grammar cannot be followed with this model's tokens: the request's problem
-        return ApiError(400, message, "invalid_value")
+        return ApiError(400, message or "the output constraint failed", "invalid_value")
     return ApiError(500, message or "the engine failed to run this request", "engine_error")
 
 

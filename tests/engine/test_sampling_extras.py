@@ -1,12 +1,20 @@
-"""Penalties, logit_bias, min_tokens and bad words through the engine, against HF's logits."""
+"""Penalties, logit_bias, min_tokens and bad words through the engine, against HF's logits; what
+it refuses, as types that name the field."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 import torch
 
-from multilora_studio.engine import SamplingParams
+from multilora_studio.engine import (
+    GrammarFailure,
+    InvalidRequest,
+    SamplingParams,
+    StructuredOutput,
+    UnknownAdapter,
+)
 from tests.engine.processor_reference import reference_row
 
 GREEDY = dict(temperature=0, ignore_eos=True)
@@ -131,12 +139,38 @@ def test_token_ids_outside_the_vocabulary_are_refused_at_submit(tiny_engine):
         (SamplingParams(bad_words_token_ids=[[1, vocab]]), "bad_words_token_ids"),
         (SamplingParams(stop_token_ids=[vocab + 5]), "stop_token_ids"),
     ):
-        try:
+        with pytest.raises(InvalidRequest, match=f"^{name} has token ids outside") as refused:
             engine.submit(PROMPT, None, params)
-        except ValueError as error:
-            assert str(error).startswith(name)
-        else:
-            raise AssertionError(f"{name} outside the vocabulary was accepted")
+        assert refused.value.field == name  # what a face maps to its own word, never the message
+
+
+def test_refusals_carry_their_type_and_field(tiny_engine):
+    engine = tiny_engine
+    with pytest.raises(UnknownAdapter, match="unknown adapter 'nowhere'") as unknown:
+        engine.submit(PROMPT, "nowhere", SamplingParams())
+    assert unknown.value.field == "adapter"
+    for params, field in (
+        (SamplingParams(adapter_scale=0.5), "adapter_scale"),  # a base-model request has no LoRA term
+        (SamplingParams(structured=StructuredOutput(regex="(")), "structured"),
+    ):
+        with pytest.raises(InvalidRequest) as refused:
+            engine.submit(PROMPT, None, params)
+        assert refused.value.field == field, refused.value
+    with pytest.raises(InvalidRequest, match="the prompt is empty") as empty:
+        engine.submit([], None, SamplingParams())
+    assert empty.value.field == "prompt"
+
+
+def test_a_grammar_that_refuses_every_token_ends_its_request_with_a_grammar_failure(tiny_engine):
+    """A regex whose only match needs a byte no token holds: the request ends with reason
+    'error' typed as the request's own failure, and the engine goes on."""
+    engine = tiny_engine
+    params = SamplingParams(max_tokens=4, structured=StructuredOutput(regex="\U00088433"), **GREEDY)
+    output = engine.generate([PROMPT], None, params)[0]
+    assert output.finish_reason == "error" and output.error_type is GrammarFailure, output
+    assert output.error is not None and output.error.startswith("structured output failed")
+    after = engine.generate([PROMPT], None, SamplingParams(max_tokens=2, **GREEDY))[0]
+    assert after.finish_reason == "length"
 
 
 def test_logprobs_stay_the_raw_models_next_to_processed_rows(tiny_engine, peft_reference):

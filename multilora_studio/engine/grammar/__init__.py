@@ -3,10 +3,9 @@ matcher advanced token by token, and the token masks it allows applied to the lo
 
 from multilora_studio.engine.grammar.compile import as_lark, check_structured, grammar_text, lark_json
 from multilora_studio.engine.grammar.masks import DeviceMasks, TokenMasks, apply_token_masks
-from multilora_studio.engine.grammar.matchers import GRAMMAR_FAILED, GrammarCompiler, advance
+from multilora_studio.engine.grammar.matchers import GrammarCompiler, advance
 
 __all__ = [
-    "GRAMMAR_FAILED",
     "DeviceMasks",
     "GrammarCompiler",
     "TokenMasks",

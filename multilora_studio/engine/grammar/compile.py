@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
+from multilora_studio.engine.errors import InvalidRequest
 from multilora_studio.engine.grammar.byte_cache import ByteBoundedCache
 from multilora_studio.engine.structured import StructuredOutput
 
@@ -70,9 +71,9 @@ def as_lark(grammar: str) -> str:
         raise ValueError(f"invalid grammar (neither Lark nor GBNF): {error}") from None
 
 
-def invalid(spec: StructuredOutput, detail: str) -> ValueError:
+def invalid(spec: StructuredOutput, detail: str) -> InvalidRequest:
     """The error for an invalid ``spec``: what kind of constraint it is and llguidance's reason."""
-    return ValueError(f"invalid {_WHAT[spec.kind]} for structured output: {detail.strip()}")
+    return InvalidRequest(f"invalid {_WHAT[spec.kind]} for structured output: {detail.strip()}", "structured")
 
 
 # Specs found valid, kept (by their text) up to this many bytes: a request that repeats one is

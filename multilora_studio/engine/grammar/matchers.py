@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import llguidance
 import llguidance.hf
 
+from multilora_studio.engine.errors import GrammarFailure
 from multilora_studio.engine.grammar.byte_cache import ByteBoundedCache
 from multilora_studio.engine.grammar.compile import grammar_text, invalid
 from multilora_studio.engine.structured import StructuredOutput
@@ -19,7 +20,7 @@ GRAMMAR_CACHE_BYTES = 256 << 20
 GRAMMAR_BYTES_PER_TEXT_BYTE = 128
 MATCHER_BYTES = 64 << 10
 # How a request whose grammar refused its own next token ends (the server answers it with a 400)
-GRAMMAR_FAILED = "structured output failed"
+GRAMMAR_FAILED = "structured output failed"  # how a GrammarFailure begins
 # Errors without the parser state dump: they reach API clients.
 LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 
@@ -111,7 +112,7 @@ def grammar_bytes(grammar: str) -> int:
 
 def advance(matcher: llguidance.LLMatcher, token: int) -> bool:
     """Feed the sampled ``token`` to ``matcher``: True once the grammar is complete (the request
-    stops), False while it goes on; RuntimeError if the matcher refused it."""
+    stops), False while it goes on; GrammarFailure if the matcher refused it."""
     if not matcher.consume_token(token):
-        raise RuntimeError(f"{GRAMMAR_FAILED}: {matcher.get_error() or 'the token was refused'}")
+        raise GrammarFailure(f"{GRAMMAR_FAILED}: {matcher.get_error() or 'the token was refused'}")
     return matcher.is_stopped()
