@@ -98,14 +98,16 @@ class CompareRun(QObject):
     def __init__(
         self, pool: BasePool, requests: list[ColumnRequest], side_work: Callable[[], Any] | None = None
     ) -> None:
-        """``side_work`` runs on the launch thread once the requests are queued; ``finished`` waits for it
-        and its result is ``side_result`` (slow bookkeeping the GUI thread must not do)."""
+        """``side_work`` runs on the launch thread once the requests are queued; ``finished`` comes
+        when it has ended too, and its result is ``side_result`` (slow bookkeeping the GUI thread
+        must not do)."""
         super().__init__()
         self.pool = pool
         self.requests = list(requests)
         self.side_result: Any = None
         self._side_work = side_work
-        self._side_done = threading.Event()
+        self._side_done = False
+        self._finish_sent = False
         self.columns = [_Column(r.name, r.base, r.adapter, r.prompt, r.engine_params) for r in requests]
         self._lock = threading.Lock()
         self._stopped = False
@@ -174,7 +176,6 @@ class CompareRun(QObject):
                 submitted = self._submit(base, indices) or submitted
             except Exception as error:  # nothing of the run queued yet: the run failed
                 if not submitted:
-                    self._side_done.set()
                     self.failed.emit(user_message(error))
                     return
                 for index in indices:  # other bases' columns already run: this base's fail
@@ -185,7 +186,9 @@ class CompareRun(QObject):
             log.exception("compare bookkeeping failed")
         finally:
             self._side_work = None
-            self._side_done.set()
+            with self._lock:
+                self._side_done = True
+            self._finish_when_done()
 
     def _submit(self, base: str, indices: list[int]) -> bool:
         """Queue the columns of ``base`` in one submission (every one reaches the same step, or
@@ -258,5 +261,13 @@ class CompareRun(QObject):
             self.pool.release(column.base)
         self.columnFinished.emit(index)
         if last:
-            self._side_done.wait()
+            self._finish_when_done()
+
+    def _finish_when_done(self) -> None:
+        """Emit ``finished`` once, when every column has ended and the side work too (whichever
+        comes last: a column can end on the launch thread itself, before its side work runs)."""
+        with self._lock:
+            due = self._remaining == 0 and self._side_done and not self._finish_sent
+            self._finish_sent = self._finish_sent or due
+        if due:
             self.finished.emit()
