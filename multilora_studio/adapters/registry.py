@@ -143,7 +143,7 @@ def serve_record(engine: Any, record: AdapterRecord, override: bool = False, *, 
             f"{'restore' if record.state == 'archived' else 'reactivate'} {record.name}` first"
         )
     engine.add_adapter(record.name, record.path, preload=preload)
-    if record.pinned:
+    if record.pinned and hasattr(engine, "pin_adapter"):  # an engine that pins (AdapterPinning)
         engine.pin_adapter(record.name)
     return note
 

@@ -35,6 +35,7 @@ from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
 from multilora_studio.engine import EngineConfig, ServingEngine
 from multilora_studio.engine.device_setup import resolve_device
 from multilora_studio.engine.model_source import RANDOM_PREFIX
+from multilora_studio.engine.serving_engine import metrics_of
 from multilora_studio.server.config import ServerConfig
 
 if TYPE_CHECKING:
@@ -319,7 +320,7 @@ def serve_library(
                 warm.setdefault(base, []).append(record.name)
             pool.aliases.add_record(record)
     for base, engine in pool.resident():
-        snapshot = engine.metrics(fresh=True)
+        snapshot = metrics_of(engine, fresh=True)
         # the host tier holds this many: the first ones (a Ray deployment's LRU takes them all)
         room = snapshot.cpu_capacity if snapshot is not None else len(warm.get(base, []))
         for name, failure in engine.prefetch_adapters(warm.get(base, [])[:room]).items():

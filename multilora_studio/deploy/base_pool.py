@@ -34,7 +34,7 @@ from multilora_studio.deploy.model_aliases import ModelAliases
 from multilora_studio.engine import Engine, EngineConfig, ParkableEngine
 from multilora_studio.engine.host_tier_size import available_host_memory
 from multilora_studio.engine.model_source import RANDOM_PREFIX, describe_model
-from multilora_studio.engine.serving_engine import ServingEngine
+from multilora_studio.engine.serving_engine import AdapterPinning, ServingEngine, metrics_of, pinned_of
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ class BasePool:
                 base.leases += 1  # not swapped out while its engine takes the adapter
         try:
             engine.add_adapter(name, path, preload=False)
-            if pinned:
+            if pinned and isinstance(engine, AdapterPinning):
                 try:
                     engine.pin_adapter(name)
                 except ValueError as error:  # every slot pinned already: served, not pinned
@@ -333,7 +333,7 @@ class BasePool:
             engine = resident.get(base)
             if engine is None:
                 continue  # not loaded: they are read on first use
-            snapshot = engine.metrics()
+            snapshot = metrics_of(engine)
             room = snapshot.cpu_capacity if snapshot is not None and snapshot.cpu_capacity else len(adapters)
             try:
                 failures = engine.prefetch_adapters(adapters[:room], timeout=ALIAS_WARM_TIMEOUT_S)
@@ -402,7 +402,7 @@ class BasePool:
         if not parked:
             try:
                 adapters = {info.name: info.path for info in engine.list_adapters()}
-                pinned = engine.pinned_adapters()
+                pinned = pinned_of(engine)
             except RuntimeError as error:  # its worker ended: what it served is lost
                 log.warning("base model %s: its adapters could not be read: %s", base.name, error)
             log.info("stopping base model %s %s", base.name, why)
@@ -489,7 +489,7 @@ class BasePool:
         pinned: list[str] = []
         try:
             adapters = {info.name: info.path for info in engine.list_adapters()}
-            pinned = engine.pinned_adapters()
+            pinned = pinned_of(engine)
         except RuntimeError as error:
             log.warning("base model %s: its adapters could not be read: %s", base.name, error)
         with self._lock:
@@ -512,12 +512,18 @@ class BasePool:
                 engine.add_adapter(name, path, preload=False)
             except (ValueError, OSError) as error:
                 log.warning("base model %s: adapter %s not served: %s", base.name, name, error)
+        if isinstance(engine, AdapterPinning):
+            self._pin_again(base, engine)
+        return engine
+
+    @staticmethod
+    def _pin_again(base: PoolBase, engine: AdapterPinning) -> None:
+        """Pin what ``base`` pinned when its engine was last stopped."""
         for name in base.pinned:
             try:
                 engine.pin_adapter(name)
             except ValueError as error:  # not served any more, or more pins than slots
                 log.warning("base model %s: adapter %s not pinned again: %s", base.name, name, error)
-        return engine
 
     def _reap_idle(self, keep: float) -> None:
         while True:

@@ -1,5 +1,13 @@
-"""What serving needs of an engine: one ``Engine``, or a ``ReplicaSet`` of engines behind one
-dispatcher; the server, the base pool and the window talk to either through this."""
+"""What serving needs of an engine, by role: one ``Engine``, a ``ReplicaSet`` of engines behind
+one dispatcher, or a Ray deployment's ``RemoteEngine``; the server, the base pool and the window
+talk to each through these.
+
+Every engine serves requests (``RequestServing``) and keeps a catalog of adapters
+(``AdapterCatalog``); ``ServingEngine`` is the two together. Pinning adapters in GPU slots
+(``AdapterPinning``), metrics snapshots (``MetricsSource``) and swapping the base out
+(``ParkableEngine``) are roles an engine offers only where it has them: a consumer asks for
+the role it needs (``isinstance``, or ``metrics_of`` / ``pinned_of``).
+"""
 
 from __future__ import annotations
 
@@ -19,7 +27,9 @@ from multilora_studio.engine.prompts import Prompt
 from multilora_studio.engine.requests import RequestStream
 
 
-class ServingEngine(Protocol):
+class RequestServing(Protocol):
+    """Requests in, tokens out, for the base and its adapters."""
+
     config: EngineConfig
     spec: ModelSpec
     tokenizer: Any
@@ -31,22 +41,6 @@ class ServingEngine(Protocol):
 
     @property
     def running(self) -> bool: ...
-
-    def add_adapter(self, name: str, path: str | Path, preload: bool = True) -> AdapterInfo: ...
-
-    def remove_adapter(self, name: str) -> None: ...
-
-    def prefetch_adapters(
-        self, names: Sequence[str], timeout: float | None = None
-    ) -> dict[str, str | None]: ...
-
-    def pin_adapter(self, name: str, pinned: bool = True) -> None: ...
-
-    def pinned_adapters(self) -> list[str]: ...
-
-    def list_adapters(self) -> list[AdapterInfo]: ...
-
-    def has_adapter(self, name: str) -> bool: ...
 
     def encode(
         self, prompt: Any, special_tokens_in_content: bool = False, adapter: str | None = None
@@ -96,9 +90,54 @@ class ServingEngine(Protocol):
         self, prompt: Prompt, adapter: str | None = None, params: SamplingParams | None = None
     ) -> AsyncIterator[TokenDelta]: ...
 
+    def shutdown(self) -> None: ...
+
+
+class AdapterCatalog(Protocol):
+    """The adapters an engine serves: added, removed, listed, read into host RAM ahead."""
+
+    def add_adapter(self, name: str, path: str | Path, preload: bool = True) -> AdapterInfo: ...
+
+    def remove_adapter(self, name: str) -> None: ...
+
+    def prefetch_adapters(
+        self, names: Sequence[str], timeout: float | None = None
+    ) -> dict[str, str | None]: ...
+
+    def list_adapters(self) -> list[AdapterInfo]: ...
+
+    def has_adapter(self, name: str) -> bool: ...
+
+
+class ServingEngine(RequestServing, AdapterCatalog, Protocol):
+    """What every engine is: it serves requests and keeps its adapters."""
+
+
+@runtime_checkable
+class AdapterPinning(Protocol):
+    """An engine that can hold adapters in GPU slots for good (a Ray deployment's replicas keep
+    theirs by Ray's multiplexed LRU instead)."""
+
+    def pin_adapter(self, name: str, pinned: bool = True) -> None: ...
+
+    def pinned_adapters(self) -> list[str]: ...
+
+
+@runtime_checkable
+class MetricsSource(Protocol):
+    """An engine that takes snapshots of its own state (slots, tiers, steps)."""
+
     def metrics(self, fresh: bool = False) -> EngineMetrics | None: ...
 
-    def shutdown(self) -> None: ...
+
+def metrics_of(engine: object, fresh: bool = False) -> EngineMetrics | None:
+    """``engine``'s metrics snapshot; None when it takes none (or has none yet)."""
+    return engine.metrics(fresh) if isinstance(engine, MetricsSource) else None
+
+
+def pinned_of(engine: object) -> list[str]:
+    """The adapters ``engine`` pins; none when it cannot pin."""
+    return engine.pinned_adapters() if isinstance(engine, AdapterPinning) else []
 
 
 @runtime_checkable

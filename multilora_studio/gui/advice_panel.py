@@ -7,6 +7,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from multilora_studio.bench.advisor import Advice, TraceRequest, advise, render
+from multilora_studio.engine.serving_engine import metrics_of
 from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.tasks import Task
 from multilora_studio.server.usage import UsageLedger
@@ -48,7 +49,7 @@ class AdvicePanel(QGroupBox):
             if r.status == 200
         ]
         engine = self.host.engine
-        snapshot = engine.metrics() if engine is not None else None
+        snapshot = metrics_of(engine)
         recorded = (engine.config.max_loras, snapshot.cpu_capacity) if engine and snapshot else None
         self.advice = None
         self.advise_button.setEnabled(False)

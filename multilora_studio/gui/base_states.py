@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from multilora_studio.deploy import BasePool, replicas_of
 from multilora_studio.engine import EngineMetrics
+from multilora_studio.engine.serving_engine import metrics_of
 
 LOADED, PARKED, SWAPPED_OUT, LOADING = "loaded", "parked in host memory", "swapped out", "loading"
 
@@ -36,10 +37,10 @@ def base_states(pool: BasePool, progress: dict[str, tuple[float, str]]) -> list[
     for name in pool.names:
         entry = pool.base(name)
         engine = held.get(name)
-        metrics = engine.metrics() if engine is not None else None
+        metrics = metrics_of(engine)
         replicas = replicas_of(engine) if engine is not None else []
         snaps = (
-            tuple((label, replica.metrics()) for label, replica in replicas)
+            tuple((label, metrics_of(replica)) for label, replica in replicas)
             if len(replicas) > 1
             else (("0", metrics),)
         )

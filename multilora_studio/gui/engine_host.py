@@ -30,6 +30,7 @@ from multilora_studio.engine import EngineConfig, ServingEngine
 from multilora_studio.engine.device_setup import resolve_device
 from multilora_studio.engine.host_memory import return_freed_memory
 from multilora_studio.engine.model_source import RANDOM_PREFIX, check_model_folder
+from multilora_studio.engine.serving_engine import metrics_of
 from multilora_studio.gui.library_ops import LoadResult, base_for, load_library
 from multilora_studio.gui.preferences import BaseEntry, EngineChoice
 from multilora_studio.gui.tasks import USER_ERRORS, Cancelled, Task, TaskRunner, user_message
@@ -271,7 +272,7 @@ class EngineHost(QObject):
                 own = [name for name in warm if pool.base_of(name) == (base, name)]
                 if own:
                     task.report(1.0, f"reading {len(own)} warm adapters of {base} into host RAM")
-                    snapshot = engine.metrics(fresh=True)
+                    snapshot = metrics_of(engine, fresh=True)
                     room = snapshot.cpu_capacity if snapshot is not None else len(own)  # the tier's size
                     engine.prefetch_adapters(own[:room])
             task.report(1.0, "ready")

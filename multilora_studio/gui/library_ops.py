@@ -13,6 +13,7 @@ from multilora_studio.adapters.registry_lifecycle import not_served_because
 from multilora_studio.adapters.registry_schema import AdapterRecord
 from multilora_studio.deploy import BasePool
 from multilora_studio.engine import ServingEngine
+from multilora_studio.engine.serving_engine import AdapterPinning
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ def remove_adapter(registry: Registry, engine: ServingEngine | None, name: str) 
 def set_pinned(registry: Registry, engine: ServingEngine | None, name: str, pinned: bool) -> AdapterRecord:
     """Pin or unpin in the engine first (it may refuse: every slot pinned), then in the library."""
     record = registry.get(name)
-    if engine is not None and engine.has_adapter(record.name):
+    if isinstance(engine, AdapterPinning) and engine.has_adapter(record.name):
         engine.pin_adapter(record.name, pinned)
     return registry.set_pinned(record.name, pinned)
 

@@ -31,7 +31,6 @@ from multilora_studio.engine import (
     AdapterInfo,
     Engine,
     EngineConfig,
-    EngineMetrics,
     Prompt,
     RequestOutput,
     RequestStream,
@@ -285,14 +284,6 @@ class RemoteEngine(RequestMethods):
             results[name] = output.error if output.finish_reason == "error" else None
         return results
 
-    def pin_adapter(self, name: str, pinned: bool = True) -> None:
-        raise ValueError(
-            "a Ray deployment's replicas keep adapters by Ray's multiplexed LRU; pinning is per engine"
-        )
-
-    def pinned_adapters(self) -> list[str]:
-        return []  # pinning is refused (pin_adapter)
-
     def list_adapters(self) -> list[AdapterInfo]:
         with self._lock:
             return [registration.facts.info for registration in self._adapters.values()]
@@ -434,9 +425,6 @@ class RemoteEngine(RequestMethods):
             output.finish_time = time.monotonic()
 
     # ---------------------------------------------------------------- state
-
-    def metrics(self, fresh: bool = False) -> EngineMetrics | None:
-        return None
 
     @property
     def running(self) -> bool:

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from multilora_studio.deploy import BasePool, replicas_of
 from multilora_studio.engine import EngineMetrics
 from multilora_studio.engine.outputs import AdapterLoadTimes
+from multilora_studio.engine.serving_engine import metrics_of
 from multilora_studio.server.usage import UsageCollector, UsageLedger
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -39,7 +40,7 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snaps = [
-            ((base, label), replica.metrics())
+            ((base, label), metrics_of(replica))
             for base, engine in self.pool.resident()
             for label, replica in replicas_of(engine)
         ]

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from multilora_studio.engine.serving_engine import metrics_of
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.state import require_admin, server_state
 from multilora_studio.server.usage import rows_csv, trace_lines
@@ -46,7 +47,7 @@ async def usage(
     bases: list[dict[str, Any]] = []
     adapters: list[dict[str, Any]] = []
     for name, engine in state.pool.resident():
-        snap = engine.metrics()
+        snap = metrics_of(engine)
         if snap is not None:
             adapters.extend({"base": name, **dataclasses.asdict(loads)} for loads in snap.adapter_loads)
             bases.append(
