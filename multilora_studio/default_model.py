@@ -19,7 +19,10 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from filelock import FileLock
@@ -110,6 +113,27 @@ def remove_stale_partials(target: Path) -> None:
         shutil.rmtree(target, ignore_errors=True)
 
 
+@contextmanager
+def gguf_read_once() -> Iterator[None]:
+    """Within the block, gguf's reader parses a file once and its tensor-name map is built once
+    per architecture and layer count.
+
+    transformers parses the whole GGUF file (the tokenizer's 49k tokens and merges included)
+    for the tokenizer, again for the config and again for the weights, and rebuilds the name map
+    for every module of the model: together most of a conversion's time. Both are pure functions
+    of their arguments; the file is not written meanwhile (the conversion holds its lock).
+    """
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = lru_cache(maxsize=None)(reader)  # type: ignore[assignment,misc]
+    gguf.get_tensor_name_map = lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map  # type: ignore[misc]
+
+
 def convert_gguf(source: Path, target: Path, report: ProgressCallback) -> str:
     """De-quantize ``source`` into a HF folder at ``target``; return the weights' digest."""
     import torch
@@ -119,12 +143,13 @@ def convert_gguf(source: Path, target: Path, report: ProgressCallback) -> str:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
     try:
         report(0.0, f"Converting the embedded model {DEFAULT_MODEL_NAME} (one time only)")
-        tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
-        tokenizer.save_pretrained(str(staging))
-        report(0.15, "De-quantizing GGUF weights")
-        model = AutoModelForCausalLM.from_pretrained(
-            str(source.parent), gguf_file=source.name, dtype=torch.float32
-        )
+        with gguf_read_once():
+            tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+            tokenizer.save_pretrained(str(staging))
+            report(0.15, "De-quantizing GGUF weights")
+            model = AutoModelForCausalLM.from_pretrained(
+                str(source.parent), gguf_file=source.name, dtype=torch.float32
+            )
         report(0.75, "Writing safetensors")
         config = model.config.to_dict()
         config.pop("quantization_config", None)

@@ -43,7 +43,7 @@ def wait_for_partial_weights(models: Path, process: subprocess.Popen, timeout: f
     pytest.fail("conversion never started writing weights")
 
 
-@pytest.mark.slow(seconds=100)
+@pytest.mark.slow(seconds=60)
 def test_killed_conversion_is_not_mistaken_for_finished_and_next_start_converts(tmp_path, monkeypatch):
     monkeypatch.setenv("MULTILORA_STUDIO_HOME", str(tmp_path))
     process = start_conversion(tmp_path)
