@@ -141,6 +141,9 @@ FAMILY_VARIANTS = {
     # text model, and inside the image-text model (a tiny vision tower beside it)
     "gemma3": TinyVariant("gemma3_text", GEMMA3_CONFIG),
     "gemma3-image-text": TinyVariant("gemma3", GEMMA3_CONFIG),
+    # one layer: tests that run whole forward passes in Triton's interpreter and check what
+    # each step kind launches (every layer launches the same kernels)
+    "llama-one-layer": TinyVariant("llama", (("num_hidden_layers", 1),)),
     "llama-longrope": TinyVariant(
         "llama", (("rope_parameters", LONGROPE_ROPE), ("max_position_embeddings", 256))
     ),

@@ -18,13 +18,14 @@ from multilora_studio.kernels import LoRAPlan, lora_sgmv
 from multilora_studio.kernels.triton_support import interpreting
 from tests.engine.conftest import RUNNER_BLOCK, tiny_runner
 from tests.engine.test_kernel_warmup import ROW_KINDS
-from tests.fixtures import build_adapter
+from tests.fixtures import TINY_ADAPTERS, build_adapter
 from tests.kernel_variants import VariantLog, describe
 
 pytestmark = pytest.mark.skipif(not interpreting(), reason="the CUDA kernels on the CPU: TRITON_INTERPRET=1")
 
-# max_lora_rank 32 (tiny_runner): slots 0-3 (a span of 4) append 128 A rows a slice
-NARROW = {"bgmv_max_tokens": 4, "grouped_shrink_in_gemm_rows": 128}
+# max_lora_rank 32 (tiny_runner): slots 0-3 (a span of 4) append 128 A rows a slice; steps of
+# 3 tokens and more are above the token-major kernels (short prompts: the interpreter runs them)
+NARROW = {"bgmv_max_tokens": 2, "grouped_shrink_in_gemm_rows": 128}
 
 
 @pytest.fixture
@@ -37,12 +38,12 @@ def row_adapters(tiny_model_dir, tiny_adapters, tmp_path):
 
 
 def prefill_logits(runner, slot_of, names: collections.abc.Sequence[str | None]) -> torch.Tensor:
-    """Logits of one prefill step of 9..(8 + n)-token prompts on ``names`` (each above the plan's
+    """Logits of one prefill step of 3..(2 + n)-token prompts on ``names`` (each above the plan's
     token-major limit on its own)."""
     blocks = BlockManager(runner.kv_cache.shape[2], RUNNER_BLOCK)
     seqs = []
     for i, name in enumerate(names):
-        prompt = [(7 * i + 3 * j) % 90 + 5 for j in range(9 + i)]
+        prompt = [(7 * i + 3 * j) % 90 + 5 for j in range(NARROW["bgmv_max_tokens"] + 1 + i)]
         seq = Sequence(f"p{i}", prompt, name, SamplingParams(), 0)
         blocks.grow(seq, seq.num_tokens)
         seqs.append(seq)
@@ -97,17 +98,20 @@ def test_large_steps_over_a_narrow_span_equal_the_shrink_kernels_path(
     torch.testing.assert_close(logits[NARROW["grouped_shrink_in_gemm_rows"]], logits[0], rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.slow(seconds=170)
-def test_warm_up_launches_every_variant_of_large_steps_over_a_narrow_span(row_adapters, tiny_model_dir):
+@pytest.mark.slow(seconds=40)
+def test_warm_up_launches_every_variant_of_large_steps_over_a_narrow_span(tiny_family_models, tmp_path):
+    base = tiny_family_models["llama-one-layer"]
+    adapters = {"plain": build_adapter(base, TINY_ADAPTERS[1], tmp_path / "plain")}  # as row_adapters
+    adapters |= {spec.name: build_adapter(base, spec, tmp_path / spec.name) for spec in ROW_KINDS}
     runner, slot_of = tiny_runner(
-        tiny_model_dir, row_adapters, "cpu", lora_backend="triton", fused_qkv_epilogue=True,
-        lora_shrink_in_gemm=True, max_num_batched_tokens=40, max_num_seqs=4, plan_changes=NARROW,
+        base, adapters, "cpu", lora_backend="triton", fused_qkv_epilogue=True,
+        lora_shrink_in_gemm=True, max_num_batched_tokens=12, max_num_seqs=3, plan_changes=NARROW,
     )  # fmt: skip
     config = runner.config
-    with VariantLog() as warm:
+    with VariantLog() as warm:  # the prompt steps (a GPU engine's warm-up: its decodes run in graphs)
         warm_up_kernels(
             runner.model, runner.kv_caches, runner.lora, config.max_num_batched_tokens,
-            warmup_steps(config, decode_graphs=False),
+            warmup_steps(config, decode_graphs=True),
         )  # fmt: skip
     with VariantLog() as served:
         for names in (["plain"], ["plain", "warm-dora", None], ["warm-bias", None, "plain"]):
