@@ -21,7 +21,7 @@ from multilora_studio.engine.sequence import Sequence
 from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
 from multilora_studio.kernels.triton_support import interpreting
 from tests.engine.conftest import RUNNER_BLOCK, tiny_runner
-from tests.fixtures import ATTENTION_TARGETS, MLP_TARGETS, AdapterSpec, build_adapter
+from tests.fixtures import ATTENTION_TARGETS, MLP_TARGETS, TINY_ADAPTERS, AdapterSpec, build_adapter
 from tests.kernel_variants import VariantLog, describe
 
 
@@ -157,19 +157,27 @@ ROW_KINDS = (
 )
 
 
+@pytest.fixture(scope="module")
+def one_layer_row_adapters(tiny_family_models, tmp_path_factory):
+    """The one-layer model (every layer launches the same variants) and a plain adapter
+    (tiny-r4-qv's), a DoRA one and a lora_bias one on it, in that order."""
+    base = tiny_family_models["llama-one-layer"]
+    folder = tmp_path_factory.mktemp("one-layer-row-adapters")
+    adapters = {"plain": build_adapter(base, TINY_ADAPTERS[0], folder / "plain")}
+    adapters |= {spec.name: build_adapter(base, spec, folder / spec.name) for spec in ROW_KINDS}
+    return base, adapters
+
+
 @pytest.mark.skipif(not interpreting(), reason="the CUDA kernels on the CPU: TRITON_INTERPRET=1")
 @pytest.mark.parametrize("shrink_in_gemm", [False, True], ids=["kernel-shrink", "shrink-in-gemm"])
-def test_serving_launches_no_triton_variant_that_the_warm_up_did_not(
-    shrink_in_gemm, tiny_model_dir, tiny_adapters, tmp_path
-):
+def test_serving_launches_no_triton_variant_that_the_warm_up_did_not(shrink_in_gemm, one_layer_row_adapters):
     """The Triton variants (Triton's own specialisation keys) of a served mix: plain, DoRA and
     lora_bias adapters alone and together, one adapter in the first slot (the narrowest span of
     slots), base rows, prompts, decodes and both in one step, are all launched by the start-up
     warm-up, so on a GPU none compiles while requests wait."""
-    adapters = {"plain": tiny_adapters["tiny-r4-qv"]}
-    adapters |= {spec.name: build_adapter(tiny_model_dir, spec, tmp_path / spec.name) for spec in ROW_KINDS}
+    base, adapters = one_layer_row_adapters
     runner, slot_of = tiny_runner(
-        tiny_model_dir, adapters, "cpu", lora_backend="triton", fused_qkv_epilogue=True,
+        base, adapters, "cpu", lora_backend="triton", fused_qkv_epilogue=True,
         lora_shrink_in_gemm=shrink_in_gemm, max_num_batched_tokens=8, max_num_seqs=4,
     )  # fmt: skip
     config = runner.config
