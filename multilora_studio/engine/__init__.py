@@ -10,7 +10,7 @@ from multilora_studio.engine.config import (
 )
 from multilora_studio.engine.device_setup import resolve_device, resolve_dtype
 from multilora_studio.engine.engine import Engine
-from multilora_studio.engine.errors import GrammarFailure, InvalidRequest, UnknownAdapter
+from multilora_studio.engine.errors import EngineStopped, GrammarFailure, InvalidRequest, UnknownAdapter
 from multilora_studio.engine.host_tier_size import least_host_capacity
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta, TokenLogprob
 from multilora_studio.engine.prompts import Prompt
@@ -26,6 +26,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineMetrics",
+    "EngineStopped",
     "GrammarFailure",
     "InvalidRequest",
     "ParkableEngine",

@@ -37,7 +37,7 @@ from multilora_studio.engine.commands import (
 )
 from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.device_setup import load_on_device, resolve_device, resolve_dtype
-from multilora_studio.engine.errors import InvalidRequest
+from multilora_studio.engine.errors import EngineStopped, InvalidRequest
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput
 from multilora_studio.engine.prompts import Prompt, encode_prompt
 from multilora_studio.engine.request_methods import RequestMethods
@@ -360,5 +360,5 @@ class Engine(RequestMethods):
 
     def _post(self, command: Command, future: Future | None = None) -> None:
         if self._stopping:
-            raise RuntimeError("the engine has been shut down")
+            raise EngineStopped("the engine has been shut down")
         self._commands.post(command, future)

@@ -26,3 +26,7 @@ class UnknownAdapter(InvalidRequest):
 class GrammarFailure(RuntimeError):
     """A request's output constraint refused a token it had allowed: that request ends with an
     error, the engine and the other requests go on. The request's own doing, not the engine's."""
+
+
+class EngineStopped(RuntimeError):
+    """A call to an engine that was shut down (its requests ended with reason 'abort')."""

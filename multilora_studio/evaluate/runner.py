@@ -18,6 +18,7 @@ from typing import Any
 
 from multilora_studio.engine import (
     MAX_SEED,
+    EngineStopped,
     Prompt,
     RequestOutput,
     RequestStream,
@@ -223,7 +224,7 @@ def wait_all(
         for stream in streams[len(outputs) :]:
             try:
                 engine.abort(stream.request_id)
-            except RuntimeError:  # the engine was shut down: its requests ended already
+            except EngineStopped:  # its requests ended already
                 break
         raise
     return outputs

@@ -23,6 +23,7 @@ from PySide6.QtCore import QObject, Signal
 
 from multilora_studio.deploy import BasePool, BaseUnavailable
 from multilora_studio.engine import (
+    EngineStopped,
     Prompt,
     RequestOutput,
     RequestStream,
@@ -143,7 +144,7 @@ class CompareRun(QObject):
                 continue
             try:
                 engine.abort(request_id)
-            except RuntimeError:  # the engine was shut down: its requests ended already
+            except EngineStopped:  # its requests ended already
                 continue
 
     def take(self, index: int) -> ColumnUpdate:

@@ -31,6 +31,7 @@ from multilora_studio.engine import (
     AdapterInfo,
     Engine,
     EngineConfig,
+    EngineStopped,
     Prompt,
     RequestOutput,
     RequestStream,
@@ -341,7 +342,7 @@ class RemoteEngine(RequestMethods):
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> RequestStream:
         if not self._running:
-            raise RuntimeError("the deployment's engine client has been shut down")
+            raise EngineStopped("the deployment's engine client has been shut down")
         params = params or SamplingParams()
         registration = self._registration(adapter)
         token_ids = self.encode(prompt, adapter=adapter)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from starlette.types import Receive
 
 from multilora_studio.engine import (
+    EngineStopped,
     GrammarFailure,
     InvalidRequest,
     Prompt,
@@ -209,7 +210,7 @@ class Job:
             field = error.field if isinstance(error, InvalidRequest) else "prompt"
             raise ApiError(400, str(error), "invalid_value", self._request_param(field)) from None
         except RuntimeError as error:
-            if not engine.running:
+            if isinstance(error, EngineStopped) or not engine.running:  # stopped, or its worker died
                 raise ApiError(503, f"the engine is not running: {error}", "engine_unavailable") from None
             raise ApiError(500, f"the prompt could not be prepared: {error}", "engine_error") from None
         except Exception as error:  # the chat template can refuse a conversation (jinja errors)

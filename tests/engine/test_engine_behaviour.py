@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from multilora_studio.adapters.peft_adapter import AdapterError
-from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+from multilora_studio.engine import Engine, EngineConfig, EngineStopped, SamplingParams
 from multilora_studio.engine.runner import kv_bytes_per_block
 from tests.waiting import wait_until
 
@@ -311,8 +311,10 @@ def test_running_is_false_after_shutdown(make_engine):
     assert engine.running
     engine.shutdown()
     assert not engine.running
-    with pytest.raises(RuntimeError, match="shut down"):
+    with pytest.raises(EngineStopped, match="shut down"):  # a RuntimeError, as before
         engine.submit("Hello")
+    with pytest.raises(EngineStopped):
+        engine.abort("any")
 
 
 def test_cpu_gemm_packing_is_on_by_default_and_can_be_turned_off(make_engine):
