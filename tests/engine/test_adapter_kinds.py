@@ -3,7 +3,7 @@
 PEFT builds each adapter in the test (every trained tensor perturbed: A, B, B's bias, DoRA's
 magnitude); greedy tokens of every row equal PEFT's for that adapter alone, float32, 32 new
 tokens, on each LoRA path (the shrink in the kernels, in the GEMMs, and the fused q/k/v
-epilogue: 8 tokens under the Triton interpreter on the CPU), on the tiny Llama and on phi3's
+epilogue: 4 tokens under the Triton interpreter on the CPU), on the tiny Llama and on phi3's
 fused projections.
 """
 

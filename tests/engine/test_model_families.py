@@ -30,7 +30,7 @@ PATHS = {
     "shrink-in-gemm": dict(lora_shrink_in_gemm=True),
     "fused-qkv": dict(lora_shrink_in_gemm=True, fused_qkv_epilogue=True),  # Triton (interpreter on CPU)
 }
-INTERPRETED_NEW_TOKENS = 8
+INTERPRETED_NEW_TOKENS = 4
 
 
 def new_tokens(path: str, engine_device: str, full: int = NEW_TOKENS) -> int:
@@ -51,8 +51,7 @@ CASES = [
     ("qwen2-yarn", "kernel-shrink"),
     ("qwen3-yarn", "fused-qkv"),
     ("llama3.2-tied", "shrink-in-gemm"),
-    ("mistral-window", "kernel-shrink"),
-    ("mistral-window", "fused-qkv"),
+    ("mistral-window", "kernel-shrink"),  # fused-qkv with windowed layers: gemma2's and gemma3's
     ("qwen2-window", "shrink-in-gemm"),
     ("gemma2", "kernel-shrink"),
     ("gemma2", "shrink-in-gemm"),

@@ -4,7 +4,7 @@ PEFT builds each adapter in the test, every trained tensor perturbed: a saved ``
 (modules_to_save), a saved ``embed_tokens``, retrained tokens (``trainable_token_indices``,
 tied into the tiny model's tied head as PEFT ties them), a resized vocabulary with 8 added
 tokens, its own tokenizer and chat template, a DoRA and a lora_bias adapter. Greedy tokens of
-every row equal PEFT's for that adapter alone (float32, 32 new tokens; 8 on the fused q/k/v
+every row equal PEFT's for that adapter alone (float32, 32 new tokens; 4 on the fused q/k/v
 path under Triton's interpreter) on each LoRA path;
 prompts hold the retrained and the added ids; log-probabilities of the added-token rows cover
 their own vocabulary.
