@@ -61,7 +61,9 @@ SHAPES = {
     "gate_up": (72, (96, 96)),
     "single": (40, (56,)),
 }
-PATTERNS = ["distinct", "uniform", "zipf", "identical", "all_none", "base_mixed"]
+# skewed (punica's): one token of one adapter beside a long run of another, so the kernels'
+# segments and tiles are as unequal as they get
+PATTERNS = ["distinct", "uniform", "zipf", "identical", "all_none", "base_mixed", "skewed"]
 
 
 @pytest.fixture(autouse=True)
@@ -134,6 +136,10 @@ def make_slots(pattern: str, num_tokens: int, gen: torch.Generator) -> torch.Ten
         slots = torch.tensor(active)[torch.randint(0, len(active), (num_tokens,), generator=gen)]
         slots[torch.rand(num_tokens, generator=gen) < 0.35] = -1
         slots[0] = -1
+    elif pattern == "skewed":
+        one, run = torch.tensor(active)[torch.randperm(len(active), generator=gen)[:2]]
+        slots = torch.full((num_tokens,), int(run))
+        slots[torch.randint(0, num_tokens, (1,), generator=gen)] = int(one)
     else:
         raise AssertionError(pattern)
     return slots.to(torch.int32)
