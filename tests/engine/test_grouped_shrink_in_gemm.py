@@ -28,12 +28,13 @@ pytestmark = pytest.mark.skipif(not interpreting(), reason="the CUDA kernels on 
 NARROW = {"bgmv_max_tokens": 2, "grouped_shrink_in_gemm_rows": 128}
 
 
-@pytest.fixture
-def row_adapters(tiny_model_dir, tiny_adapters, tmp_path):
+@pytest.fixture(scope="module")
+def row_adapters(tiny_model_dir, tiny_adapters, tmp_path_factory):
     """A plain adapter, a DoRA one and a lora_bias one, in slots 0, 1 and 2."""
+    folder = tmp_path_factory.mktemp("row-adapters")
     adapters = {"plain": tiny_adapters["tiny-r8-all"]}
     return adapters | {
-        spec.name: build_adapter(tiny_model_dir, spec, tmp_path / spec.name) for spec in ROW_KINDS
+        spec.name: build_adapter(tiny_model_dir, spec, folder / spec.name) for spec in ROW_KINDS
     }
 
 
