@@ -55,4 +55,6 @@ PYEOF
 # shellcheck disable=SC2086
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64 -d .device_pkg/whl $wanted
+# gemlite (pure Python over Triton, published as a source archive) for the low-bit GEMM comparison
+"$PY" -m pip wheel -q --no-deps gemlite==0.6.0.post2 -w .device_pkg/whl
 du -sh .device_pkg

@@ -2,7 +2,7 @@
 # One run on a GPU host: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft, with
 # .device_pkg/ carried (scripts/device_package.sh builds it: the tokenizer and the other wheels).
-# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS, GPU_DIST, GPU_SESSION_TIMEOUT)] [engine-tests|engine-fidelity] [engine-bench] [bench-latency] [prefill-profile] [prefill-lora-bench] [prefill-ab] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [swap-bench]
+# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS, GPU_DIST, GPU_SESSION_TIMEOUT)] [engine-tests|engine-fidelity] [engine-bench] [bench-latency] [prefill-profile] [prefill-lora-bench] [prefill-ab] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [int4-candidates] [swap-bench]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 # Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
 set -u
@@ -176,12 +176,17 @@ for step in $steps; do
     quant-bench)
       # FP8 / AWQ / GPTQ (quantized at load) against bf16 on the Llama-3-8B shape: single-stream and
       # batch-32 decode with 32 rank-16 adapters, the dequantize-GEMM's bandwidth, FP8's logit error
-      timeout ${QUANT_BENCH_TIMEOUT:-560} python3 -m benchmarks.quant_gpu --rounds 2 --json "$OUT/quant_gpu.json" 2>&1 \
+      timeout ${QUANT_BENCH_TIMEOUT:-560} python3 -m benchmarks.quant_gpu --rounds 2 ${QUANT_SECTIONS:+--sections $QUANT_SECTIONS} --json "$OUT/quant_gpu.json" 2>&1 \
         | tee "$OUT/quant-bench.log" | grep -v "^INFO" | tail -90 ;;
     quant-sweep)
       # the dequantize-GEMM's launches at decode rows on the 8B projections: the fastest per case
       timeout ${QUANT_SWEEP_TIMEOUT:-420} python3 -m benchmarks.kernels.dequant_sweep --budget ${QUANT_SWEEP_BUDGET:-300} \
         --json "$OUT/quant_sweep.json" 2>&1 | tee "$OUT/quant-sweep.log" | grep -v "^INFO" | tail -120 ;;
+    int4-candidates)
+      # weight-only 4-bit GEMMs side by side on the 8B projections (the engine's dequantize-GEMM,
+      # PyTorch's tinygemm, gemlite in bf16 and fp16) with bf16 and FP8 beside them
+      timeout ${INT4_CANDIDATES_TIMEOUT:-300} python3 -m benchmarks.kernels.int4_candidates --json "$OUT/int4_candidates.json" \
+        2>&1 | tee "$OUT/int4-candidates.log" | grep -v "^INFO" | tail -40 ;;
     swap-bench)
       # time-share swap of random:llama3-8b: its swap-in from page-locked host memory (Engine.unpark)
       # against a plain page-locked copy of the same bytes (target <= 2x), the first batch after a
