@@ -17,7 +17,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-GPU_SET = ("tests/kernels", "tests/engine", "tests/server")  # the tests that take the session's device
+GPU_SET = ("tests/kernels", "tests/engine", "tests/server")  # the tests that run on the GPU
 OWN = {"tests", "multilora_studio", "__future__"}
 
 

@@ -23,7 +23,8 @@ SHRINK_IN_GEMM_MAX_ROWS = 768
 # Rows per GEMM call in batch-invariant mode (kernels/row_tiles.py), per device type. CPU: a
 # single stream's decode then computes 8 rows for its one and ran at 0.8-0.9 of the default
 # speed (docs/BENCHMARKS.md, "Batch invariance (CPU)"). CUDA: 64, a tile of the size the GEMM
-# kernels block rows in; not measured (no GPU run of the mode yet).
+# kernels block rows in; decode then ran at 0.88-0.93 of the default speed on an H200
+# (docs/BENCHMARKS.md, "Batch-invariant mode").
 INVARIANT_ROW_TILE = {"cpu": 8, "cuda": 64}
 
 
