@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One run on a GPU host: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft, with
-# .device_pkg/ carried (scripts/device_package.sh builds it: the tokenizer and the other wheels).
+# .device_pkg/ beside it (scripts/device_package.sh builds it: the tokenizer and the other wheels).
 # Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS, GPU_DIST, GPU_SESSION_TIMEOUT)] [engine-tests|engine-fidelity] [engine-bench] [bench-latency] [prefill-profile] [prefill-lora-bench] [prefill-ab] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [int4-candidates] [swap-bench]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 # Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
@@ -51,7 +51,7 @@ for step in $steps; do
       timeout ${PREFILL_LORA_TIMEOUT:-200} python3 -m benchmarks.kernels.prefill_lora_bench \
         --budget ${PREFILL_LORA_BUDGET:-120} --json "$OUT/prefill_lora.json" 2>&1 | tee "$OUT/prefill-lora.log" | tail -12 ;;
     engine-bench-invariant)
-      # the engine benchmark in the default mode, then batch-invariant (one round each, same call)
+      # the engine benchmark in the default mode, then batch-invariant (one round each, one after the other)
       for flag in "" --batch-invariant; do
         timeout 280 python3 -m benchmarks.engine_gpu --rounds 1 $flag --json "$OUT/engine_gpu${flag:+_invariant}.json" \
           2>&1 | tee "$OUT/engine-bench${flag:+-invariant}.log" | grep -v "^INFO" | tail -40
@@ -66,8 +66,8 @@ for step in $steps; do
     gpu-tests)
       # the whole GPU test set natively: kernel, engine and server tests on CUDA, no interpreter.
       # scripts/gpu_tests.py lists its files (or GPU_TESTS': files or folders) less those whose
-      # imports are not carried (lm-evaluation-harness, LangChain, litellm: their tests run in CI);
-      # GPU_SHARD=I/N runs the I-th of N parts, so that N calls within the call limit run it all;
+      # imports the GPU host lacks (lm-evaluation-harness, LangChain, litellm: their tests run in CI);
+      # GPU_SHARD=I/N runs the I-th of N parts, so that N runs, each within a time limit, cover it all;
       # GPU_WORKERS pytest-xdist processes (8) share the one GPU, a test file each at a time
       # (GPU_DIST=load: a test each, for a few long files); past
       # GPU_SESSION_TIMEOUT (480 s) no test starts, so the summary and $OUT/gpu-tests.xml still come
