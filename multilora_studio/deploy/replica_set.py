@@ -15,12 +15,9 @@ the others. Requests it held end with reason 'abort' (shut down) or 'error' nami
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import re
 import threading
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,12 +35,10 @@ from multilora_studio.engine import (
     Engine,
     EngineConfig,
     EngineMetrics,
-    Prompt,
     RequestStream,
-    SamplingParams,
 )
 from multilora_studio.engine.chat_tokens import Render
-from multilora_studio.engine.request_methods import RequestMethods
+from multilora_studio.engine.request_methods import NewRequest
 from multilora_studio.engine.serving_engine import ServingEngine
 from multilora_studio.util import ProgressCallback
 
@@ -108,7 +103,7 @@ class Placement:
     stream: RequestStream
 
 
-class ReplicaSet(RequestMethods):
+class ReplicaSet(ServingEngine):
     """Engine replicas of one base model behind the adapter-affinity dispatcher (module docstring).
 
     Reads (the base, its tokenizer, the adapters registered) come from the first replica: every
@@ -138,7 +133,6 @@ class ReplicaSet(RequestMethods):
         self._placed: dict[str, Placement] = {}
         self._taken_out: set[int] = set()
         self.dispatched = [0] * len(replicas)  # requests each replica was given
-        self._request_counter = itertools.count()
         self._stopping = threading.Event()
         self._watch = threading.Thread(
             target=self._watch_replicas, args=(watch_interval_s,), name="replica-watch", daemon=True
@@ -227,47 +221,24 @@ class ReplicaSet(RequestMethods):
             self._placed[request_id] = Placement(replica, adapter, stream)
         stream.add_done_callback(lambda: self._unplace(replica, adapter, request_id))
 
-    def _new_request_id(self) -> str:
-        return f"req-{next(self._request_counter)}-{uuid.uuid4().hex[:8]}"
-
-    def submit(
-        self,
-        prompt: Prompt,
-        adapter: str | None = None,
-        params: SamplingParams | None = None,
-        request_id: str | None = None,
-        loop: asyncio.AbstractEventLoop | None = None,
-    ) -> RequestStream:
-        request_id = request_id or self._new_request_id()
-        replica = self._place(adapter)
-        try:
-            stream = self.replicas[replica].submit(prompt, adapter, params, request_id, loop)
-        except BaseException:
-            self._unplace(replica, adapter, None)
-            raise
-        self._track(replica, adapter, stream)
-        return stream
-
-    def submit_many(
-        self, requests: Sequence[tuple[Prompt, str | None, SamplingParams | None]]
-    ) -> list[RequestStream]:
+    def queue(self, requests: Sequence[NewRequest]) -> list[RequestStream]:
         """Each request dispatched on its own; each replica's share reaches it as one batch. One
         refused (ValueError): those queued already are aborted and the error raised."""
         groups: dict[int, list[int]] = defaultdict(list)
-        for index, (_, adapter, _) in enumerate(requests):
-            groups[self._place(adapter)].append(index)
+        for index, request in enumerate(requests):
+            groups[self._place(request.adapter)].append(index)
         streams: list[RequestStream | None] = [None] * len(requests)
         try:
             for replica, indices in list(groups.items()):
-                queued = self.replicas[replica].submit_many([requests[i] for i in indices])
+                queued = self.replicas[replica].queue([requests[i] for i in indices])
                 for index, stream in zip(indices, queued, strict=True):
                     streams[index] = stream
-                    self._track(replica, requests[index][1], stream)
+                    self._track(replica, requests[index].adapter, stream)
                 del groups[replica]
         except BaseException:
             for replica, indices in groups.items():  # not queued: their places are given back
                 for index in indices:
-                    self._unplace(replica, requests[index][1], None)
+                    self._unplace(replica, requests[index].adapter, None)
             for queued_stream in streams:
                 if queued_stream is not None:
                     self.abort(queued_stream.request_id)

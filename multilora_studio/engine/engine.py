@@ -8,7 +8,6 @@ touches the device.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import itertools
 import logging
@@ -39,10 +38,11 @@ from multilora_studio.engine.config import EngineConfig, SamplingParams
 from multilora_studio.engine.device_setup import load_on_device, resolve_device, resolve_dtype
 from multilora_studio.engine.errors import EngineStopped, InvalidRequest
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput
-from multilora_studio.engine.prompts import Prompt, encode_prompt
-from multilora_studio.engine.request_methods import RequestMethods
+from multilora_studio.engine.prompts import encode_prompt
+from multilora_studio.engine.request_methods import NewRequest
 from multilora_studio.engine.requests import RequestStream
 from multilora_studio.engine.sequence import Sequence as Seq
+from multilora_studio.engine.serving_engine import ServingEngine
 from multilora_studio.engine.worker import EngineWorker
 from multilora_studio.util import ProgressCallback
 
@@ -50,7 +50,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class Engine(RequestMethods):
+class Engine(ServingEngine):
     """Serve a base model and its LoRA adapters; see the module docstring."""
 
     def __init__(self, config: EngineConfig | None = None, progress: ProgressCallback | None = None) -> None:
@@ -188,41 +188,16 @@ class Engine(RequestMethods):
         sandbox with a deadline and an output cap (``template_sandbox``), the base's here."""
         return self.residency.renderer_of(adapter)
 
-    def submit(
-        self,
-        prompt: Prompt,
-        adapter: str | None = None,
-        params: SamplingParams | None = None,
-        request_id: str | None = None,
-        loop: asyncio.AbstractEventLoop | None = None,
-    ) -> RequestStream:
-        """Queue one request; returns its stream at once."""
-        seq, stream = self._prepare(prompt, adapter, params, request_id, loop)
-        self._post(AddRequests([(seq, stream)]))
-        return stream
-
-    def submit_many(
-        self, requests: Sequence[tuple[Prompt, str | None, SamplingParams | None]]
-    ) -> list[RequestStream]:
-        """Queue several requests at once: they reach the scheduler together (one batch).
-
-        All are validated first; if one is refused (ValueError), none is queued.
-        """
-        prepared = [
-            self._prepare(prompt, adapter, params, None, None) for prompt, adapter, params in requests
-        ]
+    def queue(self, requests: Sequence[NewRequest]) -> list[RequestStream]:
+        """Validate every request, then queue them together: they reach the scheduler as one batch.
+        One refused (ValueError), none is queued."""
+        prepared = [self._prepare(request) for request in requests]
         self._post(AddRequests(prepared))
         return [stream for _, stream in prepared]
 
-    def _prepare(
-        self,
-        prompt: Prompt,
-        adapter: str | None,
-        params: SamplingParams | None,
-        request_id: str | None,
-        loop: asyncio.AbstractEventLoop | None,
-    ) -> tuple[Seq, RequestStream]:
-        params = params or SamplingParams()
+    def _prepare(self, request: NewRequest) -> tuple[Seq, RequestStream]:
+        prompt, adapter, request_id = request.prompt, request.adapter, request.request_id
+        params = request.params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
         if adapter is not None:
@@ -270,7 +245,7 @@ class Engine(RequestMethods):
             self.worker.grammars.compile(params.structured)  # ValueError now, not in the step loop
         request_id = request_id or f"req-{next(self._request_counter)}-{uuid.uuid4().hex[:8]}"
         output = RequestOutput(request_id, adapter, token_ids, arrival_time=time.monotonic())
-        stream = RequestStream(output, loop)
+        stream = RequestStream(output, request.loop)
         own = self.residency.tokenizer_of(adapter)
         eos = tuple(sorted({*self.spec.eos_token_ids, *(own.eos_token_ids if own is not None else ())}))
         seq = Seq(request_id, token_ids, adapter, params, arrival_step=0, eos_token_ids=eos)

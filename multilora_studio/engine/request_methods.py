@@ -1,22 +1,87 @@
-"""Whole-request calls built on ``submit`` / ``submit_many`` / ``abort``: shared by an engine and
-by a set of engine replicas behind one dispatcher."""
+"""The request role of a serving engine: ``submit`` and ``submit_many`` written once over one
+``queue`` each engine implements, and the whole-request calls built on them (``generate``,
+``score``, ``stream``, ``astream``). An engine, a set of engine replicas behind one dispatcher
+and a Ray deployment's client all serve requests through it."""
 
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from multilora_studio.engine.config import SamplingParams
+import torch
+
+from multilora_studio.engine.chat_tokens import Render
+from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.outputs import RequestOutput, TokenDelta
 from multilora_studio.engine.prompts import Prompt
 from multilora_studio.engine.requests import RequestStream
 
 
-class RequestMethods(ABC):
-    """``generate``, ``score``, ``stream`` and ``astream`` over the three primitives."""
+@dataclass(frozen=True)
+class NewRequest:
+    """One request as a caller submits it (``params`` None: ``SamplingParams()``; ``request_id``
+    None: one is made; ``loop``: the asyncio loop its stream is read on, if any)."""
+
+    prompt: Prompt
+    adapter: str | None = None
+    params: SamplingParams | None = None
+    request_id: str | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+
+
+class RequestServing(ABC):
+    """Requests in, tokens out, for the base and its adapters."""
+
+    config: EngineConfig
+    spec: ModelSpec
+    tokenizer: Any
+    model_name: str
+    base_digest: str
+    model_folder: Path | None  # the base's weights (None: random weights)
+    device: torch.device  # a replica set's first replica's
+    dtype: torch.dtype
+
+    @property
+    @abstractmethod
+    def running(self) -> bool:
+        """Whether requests are taken (False once shut down)."""
 
     @abstractmethod
+    def encode(
+        self, prompt: Any, special_tokens_in_content: bool = False, adapter: str | None = None
+    ) -> list[int]:
+        """A prompt (text, token ids or chat messages) as ``adapter``'s token ids."""
+
+    @abstractmethod
+    def tokenizer_for(self, adapter: str | None) -> Any:
+        """The tokenizer (and chat template) of ``adapter``'s requests."""
+
+    @abstractmethod
+    def renderer_for(self, adapter: str | None) -> Render:
+        """How ``adapter``'s chat template renders."""
+
+    @abstractmethod
+    def vocab_size_of(self, adapter: str | None) -> int:
+        """The vocabulary ``adapter``'s requests sample from."""
+
+    @abstractmethod
+    def queue(self, requests: Sequence[NewRequest]) -> list[RequestStream]:
+        """Validate every request, then queue them together (one batch); one refused
+        (ValueError), none is queued. Returns their streams at once, in order."""
+
+    @abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Stop a request; it finishes with reason 'abort'."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop serving; requests in flight end with reason 'abort'."""
+
     def submit(
         self,
         prompt: Prompt,
@@ -26,16 +91,15 @@ class RequestMethods(ABC):
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> RequestStream:
         """Queue one request; returns its stream at once."""
+        (stream,) = self.queue([NewRequest(prompt, adapter, params, request_id, loop)])
+        return stream
 
-    @abstractmethod
     def submit_many(
         self, requests: Sequence[tuple[Prompt, str | None, SamplingParams | None]]
     ) -> list[RequestStream]:
-        """Queue several requests at once (validated first: one refused, none queued)."""
-
-    @abstractmethod
-    def abort(self, request_id: str) -> None:
-        """Stop a request; it finishes with reason 'abort'."""
+        """Queue several (prompt, adapter, params) at once: they reach the scheduler together
+        (one batch); validated first, so one refused (ValueError) means none is queued."""
+        return self.queue([NewRequest(prompt, adapter, params) for prompt, adapter, params in requests])
 
     def generate(
         self,

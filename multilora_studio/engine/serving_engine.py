@@ -2,7 +2,7 @@
 one dispatcher, or a Ray deployment's ``RemoteEngine``; the server, the base pool and the window
 talk to each through these.
 
-Every engine serves requests (``RequestServing``) and keeps a catalog of adapters
+Every engine serves requests (``RequestServing``, in ``request_methods``) and keeps a catalog of adapters
 (``AdapterCatalog``); ``ServingEngine`` is the two together. Pinning adapters in GPU slots
 (``AdapterPinning``), metrics snapshots (``MetricsSource``) and swapping the base out
 (``ParkableEngine``) are roles an engine offers only where it has them: a consumer asks for
@@ -11,105 +11,41 @@ the role it needs (``isinstance``, or ``metrics_of`` / ``pinned_of``).
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterator, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-
-import torch
+from typing import Protocol, runtime_checkable
 
 from multilora_studio.engine.adapter_residency import AdapterInfo
-from multilora_studio.engine.chat_tokens import Render
-from multilora_studio.engine.config import EngineConfig, SamplingParams
-from multilora_studio.engine.model_spec import ModelSpec
-from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta
-from multilora_studio.engine.prompts import Prompt
-from multilora_studio.engine.requests import RequestStream
+from multilora_studio.engine.outputs import EngineMetrics
+from multilora_studio.engine.request_methods import RequestServing
 
 
-class RequestServing(Protocol):
-    """Requests in, tokens out, for the base and its adapters."""
-
-    config: EngineConfig
-    spec: ModelSpec
-    tokenizer: Any
-    model_name: str
-    base_digest: str
-    model_folder: Path | None  # the base's weights (None: random weights)
-    device: torch.device  # a replica set's first replica's
-    dtype: torch.dtype
-
-    @property
-    def running(self) -> bool: ...
-
-    def encode(
-        self, prompt: Any, special_tokens_in_content: bool = False, adapter: str | None = None
-    ) -> list[int]: ...
-
-    def tokenizer_for(self, adapter: str | None) -> Any: ...
-
-    def renderer_for(self, adapter: str | None) -> Render: ...
-
-    def vocab_size_of(self, adapter: str | None) -> int: ...
-
-    def submit(
-        self,
-        prompt: Prompt,
-        adapter: str | None = None,
-        params: SamplingParams | None = None,
-        request_id: str | None = None,
-        loop: asyncio.AbstractEventLoop | None = None,
-    ) -> RequestStream: ...
-
-    def submit_many(
-        self, requests: Sequence[tuple[Prompt, str | None, SamplingParams | None]]
-    ) -> list[RequestStream]: ...
-
-    def abort(self, request_id: str) -> None: ...
-
-    def generate(
-        self,
-        prompts: Sequence[Prompt],
-        adapter_names: Sequence[str | None] | None = None,
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> list[RequestOutput]: ...
-
-    def score(
-        self,
-        prompts: Sequence[Prompt],
-        adapter_names: Sequence[str | None] | None = None,
-        top_k: int = 0,
-        adapter_scales: Sequence[float] | None = None,
-    ) -> list[RequestOutput]: ...
-
-    def stream(
-        self, prompt: Prompt, adapter: str | None = None, params: SamplingParams | None = None
-    ) -> Iterator[TokenDelta]: ...
-
-    def astream(
-        self, prompt: Prompt, adapter: str | None = None, params: SamplingParams | None = None
-    ) -> AsyncIterator[TokenDelta]: ...
-
-    def shutdown(self) -> None: ...
-
-
-class AdapterCatalog(Protocol):
+class AdapterCatalog(ABC):
     """The adapters an engine serves: added, removed, listed, read into host RAM ahead."""
 
-    def add_adapter(self, name: str, path: str | Path, preload: bool = True) -> AdapterInfo: ...
+    @abstractmethod
+    def add_adapter(self, name: str, path: str | Path, preload: bool = True) -> AdapterInfo:
+        """Serve the PEFT folder at ``path`` as ``name`` (read into host RAM now with ``preload``)."""
 
-    def remove_adapter(self, name: str) -> None: ...
+    @abstractmethod
+    def remove_adapter(self, name: str) -> None:
+        """Stop serving ``name``."""
 
-    def prefetch_adapters(
-        self, names: Sequence[str], timeout: float | None = None
-    ) -> dict[str, str | None]: ...
+    @abstractmethod
+    def prefetch_adapters(self, names: Sequence[str], timeout: float | None = None) -> dict[str, str | None]:
+        """Read ``names`` into host RAM ahead of their requests: name -> error, or None when read."""
 
-    def list_adapters(self) -> list[AdapterInfo]: ...
+    @abstractmethod
+    def list_adapters(self) -> list[AdapterInfo]:
+        """Every adapter served, with where it lives now."""
 
-    def has_adapter(self, name: str) -> bool: ...
+    @abstractmethod
+    def has_adapter(self, name: str) -> bool:
+        """Whether ``name`` is served."""
 
 
-class ServingEngine(RequestServing, AdapterCatalog, Protocol):
+class ServingEngine(RequestServing, AdapterCatalog):
     """What every engine is: it serves requests and keeps its adapters."""
 
 

@@ -32,7 +32,7 @@ from multilora_studio.engine import (
     Engine,
     EngineConfig,
     EngineStopped,
-    Prompt,
+    InvalidRequest,
     RequestOutput,
     RequestStream,
     SamplingParams,
@@ -41,7 +41,8 @@ from multilora_studio.engine import (
 from multilora_studio.engine.chat_tokens import Render, render_in_process
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.prompts import encode_prompt
-from multilora_studio.engine.request_methods import RequestMethods
+from multilora_studio.engine.request_methods import NewRequest
+from multilora_studio.engine.serving_engine import ServingEngine
 from multilora_studio.engine.template_sandbox import TemplateSandbox
 from multilora_studio.server.metrics import GAUGES
 
@@ -220,7 +221,7 @@ def engine_replica_class(adapters_per_replica: int) -> type:
     return EngineReplica
 
 
-class RemoteEngine(RequestMethods):
+class RemoteEngine(ServingEngine):
     """The ingress's engine: requests stream from the replica Ray routes them to; prompts are
     tokenized here (with the base's or the adapter's own tokenizer); adapters are validated by
     a replica when registered and loaded by a replica when its first request reaches it.
@@ -333,30 +334,37 @@ class RemoteEngine(RequestMethods):
 
     # ---------------------------------------------------------------- requests
 
-    def submit(
-        self,
-        prompt: Prompt,
-        adapter: str | None = None,
-        params: SamplingParams | None = None,
-        request_id: str | None = None,
-        loop: asyncio.AbstractEventLoop | None = None,
-    ) -> RequestStream:
+    def queue(self, requests: Sequence[NewRequest]) -> list[RequestStream]:
+        """Every request checked here first (adapter known, prompt within the model's length),
+        then each sent to the deployment as its own streaming call."""
         if not self._running:
             raise EngineStopped("the deployment's engine client has been shut down")
-        params = params or SamplingParams()
-        registration = self._registration(adapter)
-        token_ids = self.encode(prompt, adapter=adapter)
+        checked = [
+            (request, self._registration(request.adapter), self._prompt_ids(request)) for request in requests
+        ]
+        return [self._send(request, registration, token_ids) for request, registration, token_ids in checked]
+
+    def _prompt_ids(self, request: NewRequest) -> list[int]:
+        token_ids = self.encode(request.prompt, adapter=request.adapter)
         if not token_ids:
-            raise ValueError("the prompt is empty")
+            raise InvalidRequest("the prompt is empty", "prompt")
         if len(token_ids) >= self.config.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(token_ids)} tokens; max_model_len is {self.config.max_model_len}"
+            raise InvalidRequest(
+                f"the prompt has {len(token_ids)} tokens; max_model_len is {self.config.max_model_len}",
+                "prompt",
             )
-        request_id = request_id or f"req-{next(self._request_counter)}-{uuid.uuid4().hex[:8]}"
+        return token_ids
+
+    def _send(
+        self, request: NewRequest, registration: Registration | None, token_ids: list[int]
+    ) -> RequestStream:
+        adapter = request.adapter
+        request_id = request.request_id or f"req-{next(self._request_counter)}-{uuid.uuid4().hex[:8]}"
         stream = RequestStream(
-            RequestOutput(request_id, adapter, token_ids, arrival_time=time.monotonic()), loop
+            RequestOutput(request_id, adapter, token_ids, arrival_time=time.monotonic()), request.loop
         )
         ticket = (registration.path, registration.token) if registration is not None else None
+        params = request.params or SamplingParams()
         with self._lock:
             if adapter is not None:
                 self._in_flight[adapter] += 1
@@ -364,13 +372,6 @@ class RemoteEngine(RequestMethods):
                 self._pump(stream, token_ids, adapter, ticket, params), self._loop
             )
         return stream
-
-    def submit_many(
-        self, requests: Sequence[tuple[Prompt, str | None, SamplingParams | None]]
-    ) -> list[RequestStream]:
-        for _, adapter, _ in requests:
-            self._registration(adapter)  # every adapter known before any is sent
-        return [self.submit(prompt, adapter, params) for prompt, adapter, params in requests]
 
     def abort(self, request_id: str) -> None:
         with self._lock:
