@@ -128,3 +128,42 @@ def test_the_architecture_doc_states_the_same_allowed_imports():
         p: (documented[p], ALLOWED[p] - SHARED) for p in ALLOWED if documented[p] != ALLOWED[p] - SHARED
     }
     assert differ == {}, "doc vs ALLOWED: " + "; ".join(f"{p}: {d} vs {a}" for p, (d, a) in differ.items())
+
+
+QT = {"PySide6", "shiboken6", "pyqtgraph"}
+
+
+def project_imports(path: Path) -> set[Path]:
+    """The project's files ``path`` imports (each module a ``from X import name`` may mean)."""
+    dotted: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            dotted.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            dotted.add(node.module)
+            dotted.update(f"{node.module}.{alias.name}" for alias in node.names)
+    found = set()
+    for name in dotted:
+        if name.split(".")[0] != "multilora_studio":
+            continue
+        base = ROOT.joinpath(*name.split("."))
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.exists():
+                found.add(candidate)
+    return found
+
+
+def test_the_gui_workflow_models_reach_no_qt():
+    """gui/workflows/ holds the views' plain models, whose rules are tested without a window: no
+    module they import, directly or through others, imports Qt."""
+    seen: set[Path] = set()
+    todo = sorted((PACKAGE / "gui" / "workflows").rglob("*.py"))
+    problems = []
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        problems += [f"{path.relative_to(ROOT)} imports {name}" for name in sorted(imported(path) & QT)]
+        todo += sorted(project_imports(path) - seen)
+    assert problems == []

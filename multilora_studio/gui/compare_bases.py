@@ -25,6 +25,14 @@ def column_base(pool: BasePool, name: str) -> str | None:
     return found[0] if found is not None and found[1] is not None else None
 
 
+def column_base_of(pool: BasePool, name: str) -> str:
+    """The base column ``name`` runs on (ValueError when no base serves it)."""
+    base = column_base(pool, name)
+    if base is None:
+        raise ValueError(f"no base model serves {column_choice(name)[0]!r}; tick another adapter")
+    return base
+
+
 def base_column(pool: BasePool, base: str) -> str:
     """The column name of ``base`` without an adapter."""
     return BASE if base == pool.primary else base

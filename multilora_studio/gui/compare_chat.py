@@ -48,6 +48,10 @@ class Conversation:
         for answers in self.answers:
             del answers[turn:]
 
+    def history(self, column: int) -> list[tuple[str, str]]:
+        """Column ``column``'s earlier (user, answer) turns, before the last user turn."""
+        return list(zip(self.user_turns[:-1], self.answers[column], strict=False))
+
     def prompt(self, column: int) -> Prompt:
         """What column ``column`` sends for the last user turn: its own history, then that turn."""
         if self.raw:

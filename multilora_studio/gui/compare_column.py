@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable
+from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import (
@@ -32,22 +33,31 @@ from PySide6.QtWidgets import (
 )
 
 from multilora_studio.divergence import TokenDivergence
-from multilora_studio.engine import RequestOutput
-from multilora_studio.gui.compare_run import ColumnUpdate
 from multilora_studio.gui.diff import utf16_offset
-from multilora_studio.run_records import BASE, ColumnOverrides
+from multilora_studio.gui.workflows.compare_answers import (
+    COUNTED,
+    DEPARTED,
+    DIVERGED,
+    FAILED,
+    FINISHED,
+    GREW,
+    OWN_SETTINGS,
+    QUIET,
+    SCORED,
+    TURN,
+    AnswerState,
+    overrides_label,
+)
+from multilora_studio.gui.workflows.compare_inputs import MARKDOWN, PLAIN, TOKENS
+from multilora_studio.gui.workflows.compare_requests import ColumnUpdate
 
 HIGHLIGHT = QColor(255, 179, 0, 90)  # amber, readable on light and dark backgrounds
 MORE_LIKELY = (46, 160, 67)  # green: the adapter makes the token more likely than the base does
 LESS_LIKELY = (220, 50, 47)  # red: less likely
 DIVERGENCE_SCALE = 4.0  # nats of |delta| that get the strongest colour
 RENDER_MS = 40  # a streaming answer is drawn again at most this often
-MARKDOWN, PLAIN, TOKENS = "markdown", "plain", "tokens"
 USER_BACKGROUND = QColor(127, 127, 127, 40)  # the user's turns: grey on light and dark themes
-
-
-def format_seconds(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds:.2f} s"
+TONES = {QUIET: "color: palette(placeholder-text);", FAILED: "color: #c62828;", DEPARTED: "color: #e65100;"}
 
 
 def divergence_color(delta: float) -> QColor:
@@ -76,157 +86,116 @@ def divergence_tooltip(token: TokenDivergence, decode: Callable[[int], str]) -> 
     )
 
 
+class Shown:
+    """An attribute of the column's ``AnswerState``, read through the widget."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, column: CompareColumn, owner: type | None = None) -> Any:
+        return getattr(column.state, self.name)
+
+
 class CompareColumn(QFrame):
-    """One request's conversation; ``text`` is its last answer as it streams. ``base``: the base
-    model it runs on, named in its header (empty: not named, the window serves one base);
-    ``reference``: the model without an adapter (default: the column named 'base')."""
+    """Shows one column's ``AnswerState`` (``answer``; a name: a new one of that name) and follows its
+    changes: the conversation, ``text`` its last answer as it streams, the numbers, the difference
+    from the base. ``settingsRequested(name)``: its ⚙ asks for its own settings."""
 
     settingsRequested = Signal(str)
+    name, base, reference, text, history, user_text = Shown(), Shown(), Shown(), Shown(), Shown(), Shown()
+    tokens, ttft_s, queue_s, tokens_per_second = Shown(), Shown(), Shown(), Shown()
+    finish_reason, error, output, done = Shown(), Shown(), Shown(), Shown()
+    diverges_at, agreed, divergence, decode = Shown(), Shown(), Shown(), Shown()
 
-    def __init__(
-        self, name: str, parent: QWidget | None = None, base: str = "", reference: bool | None = None
-    ) -> None:
+    def __init__(self, answer: AnswerState | str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.name = name
-        self.base = base
-        self.reference = name == BASE if reference is None else reference
-        self.text = ""
-        self.history: list[tuple[str, str]] = []  # earlier (user, answer) turns of this column
-        self.user_text = ""  # the user turn the last answer replies to
+        self.state = answer if isinstance(answer, AnswerState) else AnswerState(answer)
         self.mode = MARKDOWN
-        self.tokens = 0
-        self.ttft_s: float | None = None
-        self.queue_s: float | None = None
-        self.tokens_per_second: float | None = None
-        self.finish_reason: str | None = None
-        self.error: str | None = None
-        self.output: RequestOutput | None = None
-        self.done = False
-        self.diverges_at: int | None = None
-        self.agreed = 0  # prefix length known to agree with the base
-        self.divergence: list[TokenDivergence] | None = None
-        self.decode: Callable[[int], str] = str
         self.answer_start = 0  # where the last answer begins in the document
+        self.tone = QUIET  # how the difference line reads now
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.setMinimumWidth(220)
         self.title = QLabel()
         self.title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.title.setToolTip(
-            name
+            self.name
             + (" (the model without an adapter)" if self.reference else "")
-            + (f" on base model {base}" if base else "")
+            + (f" on base model {self.base}" if self.base else "")
         )
         self.settings_button = QToolButton()
         self.settings_button.setText("⚙")
         self.settings_button.setAutoRaise(True)
-        self.settings_button.setToolTip(f"Settings of the {name} column (override the shared ones)")
+        self.settings_button.setToolTip(f"Settings of the {self.name} column (override the shared ones)")
         self.settings_button.clicked.connect(lambda: self.settingsRequested.emit(self.name))
-        self.overrides = QLabel()
-        self.stats = QLabel("waiting…")
-        self.stats.setWordWrap(True)
-        self.difference = QLabel("reference" if self.reference else "")
-        self.difference.setWordWrap(True)
-        self.divergence_note = QLabel()
-        self.divergence_note.setWordWrap(True)
+        self.overrides, self.stats, self.difference, self.divergence_note = (QLabel() for _ in range(4))
         self.divergence_note.setToolTip(
             "log p(token) under the adapter minus under the base: green more likely under the adapter, "
             "red less; hover a token for both models' top alternatives"
         )
-        self.divergence_note.hide()
-        for label in (self.stats, self.difference, self.overrides, self.divergence_note):
-            label.setStyleSheet("color: palette(placeholder-text);")
         self.view = QTextBrowser()
         self.view.setOpenLinks(False)
         self._render_timer = QTimer(self)
         self._render_timer.setSingleShot(True)
         self._render_timer.setInterval(RENDER_MS)
         self._render_timer.timeout.connect(self.redraw)
+        self._lay_out()
+        self.state.changed.connect(self._changed)
+        self._changed(OWN_SETTINGS)
+        self._changed(TURN)
+
+    def _lay_out(self) -> None:
         header = QHBoxLayout()
         header.addWidget(self.title, 1)
         header.addWidget(self.settings_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
         layout.addLayout(header)
-        layout.addWidget(self.overrides)
-        layout.addWidget(self.stats)
-        layout.addWidget(self.difference)
-        layout.addWidget(self.divergence_note)
+        for label in (self.overrides, self.stats, self.difference, self.divergence_note):
+            label.setWordWrap(label is not self.overrides)
+            label.setStyleSheet(TONES[QUIET])
+            layout.addWidget(label)
         layout.addWidget(self.view, 1)
         self._elide_title()
-        self.show_overrides(ColumnOverrides())
 
-    # ---------------------------------------------------------------- turns
+    def release(self) -> None:
+        """Stop following the state (the column leaves the view)."""
+        self.state.changed.disconnect(self._changed)
+
+    # ---------------------------------------------------------------- the state's changes
 
     def begin_turn(self, history: list[tuple[str, str]], user_text: str) -> None:
-        """Start a new answer to ``user_text`` after ``history`` (this column's earlier turns)."""
-        self.history = list(history)
-        self.user_text = user_text
-        self.text = ""
-        self.tokens = 0
-        self.ttft_s = self.queue_s = self.tokens_per_second = None
-        self.finish_reason = self.error = None
-        self.output = None
-        self.done = False
-        self.diverges_at = None
-        self.agreed = 0
-        self.divergence = None
-        self.divergence_note.hide()
-        self.stats.setText("waiting…")
-        self.difference.setText("reference" if self.reference else "")
-        self.difference.setStyleSheet("color: palette(placeholder-text);")
-        self.redraw()
+        self.state.begin_turn(history, user_text)
 
     def apply(self, update: ColumnUpdate) -> None:
-        """Append new text and refresh the numbers (GUI thread)."""
-        self.text += update.text
-        self.tokens = update.tokens
-        self.ttft_s = update.ttft_s
-        self.queue_s = update.queue_s
-        self.tokens_per_second = update.tokens_per_second
-        if update.done and update.output is not None:
-            self._finish(update.output)
+        self.state.apply(update)
+
+    def _changed(self, what: str) -> None:
+        state = self.state
+        if what == OWN_SETTINGS:
+            label = overrides_label(state.overrides)
+            self.overrides.setText("own: " + label)
+            self.overrides.setVisible(bool(label))
+            return
+        if what == TURN:
+            self.stats.setText("waiting…")
+        elif what in (GREW, COUNTED, FINISHED):
+            self.stats.setText(state.stats())
+        self._show_difference()
+        if what == SCORED:
+            self.divergence_note.setText(state.divergence_summary())
+        if what in (TURN, SCORED):
+            self.divergence_note.setVisible(self.mode == TOKENS and state.divergence is not None)
+        if what in (TURN, FINISHED) or (what, self.mode) in ((DIVERGED, PLAIN), (SCORED, TOKENS)):
             self.redraw()
-        elif update.text and not self._render_timer.isActive():
+        elif what == GREW and not self._render_timer.isActive():
             self._render_timer.start()
-        self._show_stats()
 
-    def _finish(self, output: RequestOutput) -> None:
-        self.done = True
-        self.output = output
-        self.finish_reason = output.finish_reason
-        self.error = output.error
-        if output.text and output.text != self.text:  # the final text is authoritative
-            self.text = output.text
-        if output.error:
-            self.difference.setText(output.error)
-            self.difference.setStyleSheet("color: #c62828;")
-
-    # ---------------------------------------------------------------- differences
-
-    def mark_divergence(self, index: int) -> None:
-        """The answer leaves the base's at character ``index`` (highlighted in the plain view)."""
-        self.diverges_at = index
-        words = len(self.text[:index].split())
-        self.difference.setText(f"differs from base at char {index} (after {words} words)")
-        self.difference.setStyleSheet("color: #e65100;")
-        if self.mode == PLAIN:
-            self.redraw()
-
-    def mark_same(self) -> None:
-        self.difference.setText("same as base")
-
-    def show_divergence(self, tokens: list[TokenDivergence], decode: Callable[[int], str]) -> None:
-        """Colour the last answer's tokens by divergence from the base (``decode`` names alternatives)."""
-        self.divergence = tokens
-        self.decode = decode
-        more = sum(token.delta > 0 for token in tokens)
-        mean = sum(token.delta for token in tokens) / max(1, len(tokens))
-        self.divergence_note.setText(
-            f"vs base: mean Δ log p {mean:+.2f} nats; {more} of {len(tokens)} tokens more likely (green)"
-        )
-        self.divergence_note.setVisible(self.mode == TOKENS)
-        if self.mode == TOKENS:
-            self.redraw()
+    def _show_difference(self) -> None:
+        if self.difference.text() != self.state.difference:
+            self.difference.setText(self.state.difference)
+        if self.tone != self.state.difference_tone:
+            self.tone = self.state.difference_tone
+            self.difference.setStyleSheet(TONES[self.tone])
 
     def set_mode(self, mode: str) -> None:
         if mode not in (MARKDOWN, PLAIN, TOKENS):
@@ -291,29 +260,6 @@ class CompareColumn(QFrame):
         cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
 
     # ---------------------------------------------------------------- header
-
-    def show_overrides(self, overrides: ColumnOverrides) -> None:
-        """Name this column's own settings in its header (hidden when it takes the shared ones)."""
-        parts = []
-        if overrides.temperature is not None:
-            parts.append(f"T {overrides.temperature:g}")
-        if overrides.max_tokens is not None:
-            parts.append(f"max {overrides.max_tokens}")
-        if overrides.stop is not None:
-            parts.append(f"{len(overrides.stop)} stop")
-        if overrides.seed is not None:
-            parts.append(f"seed {overrides.seed}")
-        self.overrides.setText("own: " + " · ".join(parts))
-        self.overrides.setVisible(bool(parts))
-
-    def _show_stats(self) -> None:
-        rate = "-" if self.tokens_per_second is None else f"{self.tokens_per_second:.1f} tok/s"
-        parts = [f"{self.tokens} tok", rate, f"TTFT {format_seconds(self.ttft_s)}"]
-        if self.queue_s is not None:
-            parts.append(f"queued {format_seconds(self.queue_s)}")
-        if self.done:
-            parts.append(self.finish_reason or "done")
-        self.stats.setText(" · ".join(parts))
 
     def _elide_title(self) -> None:
         suffix = " (no adapter)" if self.reference else ""

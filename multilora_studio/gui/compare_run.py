@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
@@ -31,44 +31,10 @@ from multilora_studio.engine import (
     ServingEngine,
 )
 from multilora_studio.gui.tasks import user_message
-from multilora_studio.run_records import EngineRecord, column_choice
+from multilora_studio.gui.workflows.compare_requests import ColumnRequest, ColumnUpdate
+from multilora_studio.run_records import EngineRecord
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ColumnUpdate:
-    """What a column gained since the last ``take``, and its running numbers."""
-
-    text: str
-    tokens: int
-    ttft_s: float | None
-    queue_s: float | None  # the wait before its first step (part of the TTFT)
-    tokens_per_second: float | None
-    done: bool
-    output: RequestOutput | None
-
-
-@dataclass(frozen=True)
-class ColumnRequest:
-    """What one column sends, to base model ``base``: 'base' or the base's own name (the model
-    without an adapter), an adapter or an adapter at a strength (``column_choice``), its prompt
-    and its settings."""
-
-    name: str
-    prompt: Prompt
-    params: SamplingParams
-    base: str
-
-    @property
-    def adapter(self) -> str | None:
-        return None if self.name == self.base else column_choice(self.name)[0]
-
-    @property
-    def engine_params(self) -> SamplingParams:
-        """``params`` with the column's adapter strength."""
-        scale = column_choice(self.name)[1]
-        return self.params if scale == 1.0 else replace(self.params, adapter_scale=scale)
 
 
 @dataclass

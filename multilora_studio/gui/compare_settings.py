@@ -16,8 +16,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from multilora_studio.gui.compare_inputs import SEED_LIMIT
 from multilora_studio.gui.stop_strings import format_stop_strings, parse_stop_strings
+from multilora_studio.gui.workflows.compare_inputs import SEED_LIMIT
 from multilora_studio.run_records import ColumnOverrides
 
 SHARED = "shared"

@@ -16,10 +16,10 @@ from PySide6.QtCore import QObject, QSettings, QTimer
 
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.gui.app import application, checked_application
-from multilora_studio.gui.compare_inputs import DEFAULT_PROMPT
 from multilora_studio.gui.latency import EventLoopProbe
 from multilora_studio.gui.main_window import MainWindow
 from multilora_studio.gui.preferences import EngineChoice, Preferences
+from multilora_studio.gui.workflows.compare_inputs import DEFAULT_PROMPT
 
 log = logging.getLogger(__name__)
 

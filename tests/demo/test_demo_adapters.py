@@ -22,7 +22,7 @@ from multilora_studio.demo.prompts import (
     training_prompts,
 )
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.gui.compare_inputs import DEFAULT_PROMPT
+from multilora_studio.gui.workflows.compare_inputs import DEFAULT_PROMPT
 from tests.engine.reference import PeftReference
 
 CHECKED_PROMPTS = held_out_prompts()[::4]  # 6 prompts on 6 held-out topics
