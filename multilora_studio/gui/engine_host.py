@@ -139,17 +139,6 @@ class EngineHost(QObject):
         for report in watchers:
             report(fraction, f"loading base model {base}: {message}")
 
-    def base_with_weights(self, digest: str, name: str) -> str | None:
-        """The base of the pool with weights ``digest`` (unknown digest: the base called
-        ``name``), or None."""
-        pool = self._pool
-        if pool is None:
-            return None
-        return next(
-            (base for base in pool.names if (pool.base(base).digest == digest if digest else base == name)),
-            None,
-        )
-
     def base_folder(self, base: str, progress: Report | None = None) -> Path:
         """The folder of base ``base``'s weights, without loading its engine (the embedded model
         is converted first if it never was)."""
