@@ -1,8 +1,10 @@
 """An adapter's chat template that loops, floods or eats memory: its renders end at their deadline,
-the server keeps answering, and ``serve`` still stops on SIGTERM."""
+the server keeps answering, renders past the renderers are refused as busy, and ``serve`` still
+stops on SIGTERM."""
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import signal
@@ -14,7 +16,13 @@ from pathlib import Path
 import openai
 import pytest
 
-from multilora_studio.engine.template_sandbox import RENDER_DEADLINE_S
+from multilora_studio.engine.template_sandbox import (
+    RENDER_DEADLINE_S,
+    TemplateBusy,
+    TemplateLimitError,
+    TemplateSandbox,
+)
+from multilora_studio.server.prompt_errors import prompt_error
 from tests.security.health_watch import HealthWatch
 from tests.server.raw_http import post_json
 from tests.server_fixtures import GREEDY, client
@@ -82,6 +90,44 @@ def test_templates_that_flood_or_eat_memory_are_refused_naming_the_cap(serve, te
     status, _, body = post_json(server.url, "/v1/chat/completions", {"model": huge, "messages": CHAT})
     assert status == 400 and body["error"]["param"] == "messages"
     assert "MiB of memory to render" in body["error"]["message"]
+
+
+def test_renders_past_the_renderers_are_busy_and_the_renderer_comes_back(engine):
+    """One renderer, three endless renders a moment apart: the first ends at its deadline, and
+    a render that cannot get the renderer within the deadline is refused as busy (a 503 to
+    retry) instead of queueing behind templates; afterwards a new renderer renders."""
+    endless, plain = copy.deepcopy(engine.tokenizer), copy.deepcopy(engine.tokenizer)
+    endless.chat_template, plain.chat_template = ENDLESS, "{{ messages[0]['content'] }}"
+    sandbox = TemplateSandbox(max_model_len=256, deadline_s=1.0, workers=1)
+    outcomes: dict[int, tuple[str, float]] = {}
+
+    def render(number: int) -> None:
+        started = time.monotonic()
+        try:
+            sandbox.render(endless, CHAT)
+            outcome = "rendered"
+        except TemplateLimitError:
+            outcome = "deadline"
+        except TemplateBusy as error:
+            outcome = "busy"
+            answer = prompt_error(error, "messages")
+            assert (answer.status, answer.headers) == (503, {"Retry-After": "1"})
+        outcomes[number] = (outcome, time.monotonic() - started)
+
+    try:
+        assert sandbox.render(plain, CHAT) == "Hello"  # the renderer is started and idle
+        threads = [CheckedThread(render, number) for number in range(3)]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.1)
+        for thread in threads:
+            thread.join()
+        kinds = [outcomes[number][0] for number in range(3)]
+        assert kinds[0] == "deadline" and "busy" in kinds and "rendered" not in kinds, outcomes
+        assert all(took < 5.0 for kind, took in outcomes.values() if kind == "busy"), outcomes
+        assert sandbox.render(plain, CHAT) == "Hello"  # the killed renderer was replaced
+    finally:
+        sandbox.close()
 
 
 @pytest.mark.timeout(180)

@@ -1,10 +1,12 @@
 """Hub pulls from requests (``--allow-hub-adapters``) against the test Hub (olah): admin keys only,
-bounded at once, in total and in bytes, on threads of their own while the Hub is slow."""
+bounded at once, in total and in bytes, on threads of their own while the Hub is slow; runtime
+adapter loads on threads of their own while the disk is slow."""
 
 from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from urllib.parse import urlsplit
 
@@ -12,9 +14,11 @@ import openai
 import pytest
 
 from multilora_studio.adapters.hub import repo_cache_dir
+from multilora_studio.server import routes_admin
 from multilora_studio.server.api_keys import USER, ApiKey
 from tests.adapter_fixtures import HUB_ORG
 from tests.security.slow_relay import SlowRelay
+from tests.server.raw_http import post_json
 from tests.server_fixtures import GREEDY, client
 from tests.threads import CheckedThread
 
@@ -105,3 +109,36 @@ def test_slow_pulls_neither_starve_other_requests_nor_run_past_their_cap(serve, 
     assert statuses.count(429) == len(pulls) - 2  # two pulls run, the others are refused at once
     assert {o["code"] for o in outcomes.values() if o["status"] == 429} == {"hub_pulls_busy"}
     assert server.state.hub is not None and server.state.hub.pulls_started == 2
+
+
+def test_slow_adapter_loads_do_not_starve_other_requests(serve, engine, monkeypatch):
+    """``/v1/load_lora_adapter`` calls whose folder check hangs (a stalled network file system),
+    more of them than the event loop's shared pool has threads: a base completion still runs
+    at once, because runtime loads run on threads of their own."""
+    released = threading.Event()
+    waiting: list[str] = []
+
+    def hung(path: str) -> bool:
+        waiting.append(path)
+        released.wait(HOLD_S)  # bounded: without threads of their own, the completion waits this long
+        return False
+
+    monkeypatch.setattr(routes_admin, "_has_adapter_config", hung)
+    server = serve()
+    asks = [{"lora_name": f"stalled-{n}", "lora_path": f"/stalled/{n}"} for n in range(SHARED_POOL + 2)]
+    loads = [CheckedThread(post_json, server.url, "/v1/load_lora_adapter", ask) for ask in asks]
+    try:
+        for thread in loads:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while len(waiting) < 2 and time.monotonic() < deadline:  # the loads' threads are held
+            time.sleep(0.05)
+        started = time.monotonic()
+        made = client(server).completions.create(model=engine.model_name, prompt="Hi", max_tokens=2, **GREEDY)
+        took = time.monotonic() - started
+    finally:
+        released.set()
+        for thread in loads:
+            thread.join(120)
+    assert len(waiting) >= 2 and made.usage.completion_tokens == 2
+    assert took < 2.0, f"a base completion took {took:.2f} s while adapter loads were stalled"

@@ -73,13 +73,15 @@ def test_bad_words_past_their_caps_are_refused_naming_the_field(serve, engine, w
 
 
 def test_logit_bias_takes_at_most_openais_300_entries(serve, engine):
-    api = client(serve())
+    server = serve()
+    api = client(server)
     ask = {"model": engine.model_name, "prompt": "Hi", "max_tokens": 2, **GREEDY}
     full = {str(token): -1.0 for token in range(MAX_LOGIT_BIAS_TOKENS)}
     assert api.completions.create(logit_bias=full, **ask).usage.completion_tokens == 2
     every = {str(token): -1.0 for token in range(engine.spec.vocab_size)}  # 49,152 entries
-    with pytest.raises(openai.BadRequestError) as refused:
+    with HealthWatch(server.url) as watch, pytest.raises(openai.BadRequestError) as refused:
         api.completions.create(logit_bias=every, n=128, **ask)
+    watch.check()
     assert refused.value.body["param"] == "logit_bias"
     assert f"at most {MAX_LOGIT_BIAS_TOKENS}" in refused.value.body["message"]
 
