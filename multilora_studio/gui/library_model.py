@@ -12,6 +12,7 @@ from multilora_studio.adapters.registry_schema import AdapterRecord
 from multilora_studio.engine import EngineMetrics
 from multilora_studio.gui.base_states import LOADED, PARKED, BaseState
 from multilora_studio.gui.widgets import format_bytes, format_time
+from multilora_studio.gui.workflows.library_selection import base_key
 
 # Name first (it stays in place when the table scrolls sideways), then what changes while serving
 COLUMNS = (
@@ -70,12 +71,6 @@ def tiers_of_bases(bases: Iterable[BaseState]) -> dict[str, str]:
         else:
             tiers.update(dict.fromkeys(base.adapters, f"disk (base {base.state})"))
     return tiers
-
-
-def base_key(record: AdapterRecord) -> str:
-    """What the Library's base filter groups by: the base weights' digest (the name when the
-    digest is unknown)."""
-    return record.base_digest or f"name:{record.base_name}"
 
 
 def cells_of(record: AdapterRecord) -> tuple[str, ...]:

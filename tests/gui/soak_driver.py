@@ -59,10 +59,10 @@ from multilora_studio.deploy import ReplicaSet, replicas_of
 from multilora_studio.engine.host_memory import return_freed_memory
 from multilora_studio.gui.app import checked_application
 from multilora_studio.gui.compare_column import MARKDOWN, TOKENS
-from multilora_studio.gui.library_model import base_key
 from multilora_studio.gui.main_window import PAGES, MainWindow
 from multilora_studio.gui.preferences import HUB_PREFIX, EngineChoice, Preferences
 from multilora_studio.gui.theme import set_theme
+from multilora_studio.gui.workflows.library_selection import base_key
 from multilora_studio.run_records import ColumnOverrides
 from tests.live_objects import live_engines
 
