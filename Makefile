@@ -52,9 +52,11 @@ lint: $(VENV)/.test
 	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m mypy
 
-# docs/cli.md from the command line's parsers (tests/test_cli_reference.py checks it is current).
+# docs/cli.md from the command line's parsers, docs/python-api.md's table of EngineConfig from its
+# declarations (tests/test_cli_reference.py and tests/test_settings_table.py check they are current).
 docs: $(VENV)/.app
 	$(PY) -m multilora_studio.cli.reference docs/cli.md
+	$(PY) -m multilora_studio.cli.settings_table docs/python-api.md
 
 # The mutation check (docs/dev/testing.md): mutmut over the modules and tests in pyproject.toml's
 # [tool.mutmut]; MUTANTS narrows it, e.g. MUTANTS='multilora_studio.engine.sampler*'.

@@ -11,9 +11,14 @@ import pytest
 
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli import build_parser, main
-from multilora_studio.cli.flag_words import in_flag_words
+from multilora_studio.cli.flag_words import flags, in_flag_words
 from multilora_studio.cli.reference import commands
 from multilora_studio.cli.shared import describe_base
+from multilora_studio.deploy.pool_settings import PoolSettings
+from multilora_studio.engine import EngineConfig
+from multilora_studio.engine.settings import declared
+from multilora_studio.invalid_setting import InvalidSetting
+from multilora_studio.server.config import ServerConfig
 
 PACKAGE = Path(__file__).resolve().parents[1] / "multilora_studio"
 OWN_PARSERS = {PACKAGE / "demo" / "train_demo_adapters.py"}  # a script with a parser of its own
@@ -52,16 +57,29 @@ def test_engine_errors_name_the_flags(capsys, flags, message):
 
 def test_only_the_commands_flags_are_named():
     add = build_parser().parse_args(["adapters", "add", "folder"])
-    assert (
-        in_flag_words("max_loras must be >= 1", add, set()) == "max_loras must be >= 1"
-    )  # add has no --max-loras
-    assert (
-        in_flag_words("model folder x is missing", add, set()) == "model folder x is missing"
-    )  # prose stays
-    assert in_flag_words("model must be a folder", add, {"--model"}) == "--model must be a folder"
-    assert in_flag_words("the max_lora_rank_x field", add, set()) == "the max_lora_rank_x field"
-    typed = in_flag_words("exceeds max_lora_rank=16", add, {"--max-lora"})  # argparse takes a unique prefix
+    slots = InvalidSetting("{max_loras} must be >= 1", {"max_loras": 0})
+    assert in_flag_words(slots, add, set()) == "max_loras must be >= 1"  # add has no --max-loras
+    prose = ValueError("model folder x is missing")
+    assert in_flag_words(prose, add, set()) == "model folder x is missing"  # a message that names no setting
+    model = InvalidSetting("{model} must be a folder", {"model": "x"})
+    assert in_flag_words(model, add, {"--model"}) == "--model must be a folder"
+    assert in_flag_words(ValueError("the max_lora_rank_x field"), add, set()) == "the max_lora_rank_x field"
+    rank = InvalidSetting("exceeds {max_lora_rank:=}", {"max_lora_rank": 16})
+    typed = in_flag_words(rank, add, {"--max-lora"})  # argparse takes a unique prefix
     assert typed == "exceeds --max-lora-rank=16"
+
+
+def test_the_flag_vocabulary_holds_every_declared_flag():
+    """The vocabulary is made from the declarations: a setting's flag is there once it is declared."""
+    every = {
+        item.name: item.setting.flag
+        for cls in (EngineConfig, PoolSettings, ServerConfig)
+        for item in declared(cls)
+        if item.setting.flag is not None
+    }
+    assert flags() == every
+    assert flags()["batch_invariant"] == "--batch-invariant" and flags()["quantization"] == "--quantization"
+    assert flags()["token_table_memory_gb"] == "--token-table-gb"
 
 
 @pytest.fixture

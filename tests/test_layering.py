@@ -8,8 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "multilora_studio"
-# package -> the project's packages it may import (top-level modules util, paths, resources,
-# checkpoint_files: anyone)
+# package -> the project's packages it may import (the top-level modules of SHARED: anyone)
 ALLOWED = {
     "kernels": set(),
     "adapters": set(),
@@ -56,7 +55,15 @@ ALLOWED = {
     "run_records": {"engine"},
     "divergence": {"engine"},
 }
-SHARED = {"util", "paths", "resources", "checkpoint_files", "spawned", "chat_template_child"}
+SHARED = {
+    "util",
+    "paths",
+    "resources",
+    "checkpoint_files",
+    "spawned",
+    "chat_template_child",
+    "invalid_setting",
+}
 THIRD_PARTY_FORBIDDEN = {
     "kernels": {"PySide6", "fastapi", "uvicorn", "transformers"},
     "adapters": {"PySide6", "fastapi", "uvicorn"},

@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from multilora_studio.adapters.adapter_files import AdapterError, read_adapter_file
+from multilora_studio.adapters.adapter_files import AdapterError, AdapterOverLimit, read_adapter_file
 from multilora_studio.adapters.module_patterns import (
     ADAPTER_BUDGET_S,
     MAX_KEY_CHARS,
@@ -148,9 +148,10 @@ def parse_adapter_config(config: dict, where: Path | str, max_rank: int) -> Adap
     alpha_pattern = _pattern(config, "alpha_pattern", where, _is_finite, "finite numbers")
     largest = max([rank, *rank_pattern.values()])
     if largest > max_rank:
-        raise AdapterError(
-            f"{where}: rank {largest} exceeds max_lora_rank={max_rank}; raise max_lora_rank "
-            "to use this adapter"
+        raise AdapterOverLimit(
+            "{where}: rank {rank} exceeds {max_lora_rank:=}; raise {max_lora_rank} to use this adapter",
+            {"max_lora_rank": max_rank},
+            {"where": where, "rank": largest},
         )
     use_rslora = _field(config, "use_rslora", (bool, type(None)), where, "true or false", False)
     use_dora = _field(config, "use_dora", (bool, type(None)), where, "true or false", False)

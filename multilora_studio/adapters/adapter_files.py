@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from multilora_studio.adapters.file_kinds import not_regular
+from multilora_studio.invalid_setting import InvalidSetting
 
 # (Windows has O_BINARY and none of the three before it: there the open follows links)
 READ_FLAGS = (
@@ -33,6 +34,18 @@ OPEN_FILE_FOLDERS = ("/proc/self/fd", "/dev/fd")  # a path per open descriptor (
 
 class AdapterError(ValueError):
     """An adapter that cannot be used, with the reason."""
+
+    def naming(self, path: str, name: str) -> AdapterError:
+        """The same refusal with ``path`` written as ``name`` (the user's folder for a copy's)."""
+        return AdapterError(str(self).replace(path, name))
+
+
+class AdapterOverLimit(InvalidSetting, AdapterError):
+    """An adapter a setting refuses: its rank above ``max_lora_rank``."""
+
+    def naming(self, path: str, name: str) -> AdapterOverLimit:
+        details = {key: str(value).replace(path, name) for key, value in self.details.items()}
+        return AdapterOverLimit(self.template, self.values, details)
 
 
 def size_words(size: int) -> str:
@@ -108,7 +121,7 @@ def opened_adapter_file(path: Path, max_bytes: int) -> Iterator[Path]:
     try:
         yield held
     except AdapterError as error:  # name the file, not the descriptor's path
-        raise AdapterError(str(error).replace(str(held), str(path))) from None
+        raise error.naming(str(held), str(path)) from None
     finally:
         os.close(handle)
 

@@ -31,6 +31,18 @@ class LibraryError(ValueError):
     """A library operation that cannot be done, with the reason."""
 
 
+class NameTaken(LibraryError):
+    """A name the library refuses for an adapter (not a valid name, or taken): ``reason`` says why,
+    the message asks for another name."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason}; choose another name")
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        return type(self), (self.reason,)
+
+
 class StorageError(LibraryError):
     """The library's disk refused a write or a read: full, read-only or not ours."""
 

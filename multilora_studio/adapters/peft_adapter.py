@@ -34,7 +34,12 @@ from multilora_studio.adapters.adapter_config import (
     parse_adapter_config,
     read_adapter_config,
 )
-from multilora_studio.adapters.adapter_files import open_adapter_file, opened_adapter_file, read_adapter_file
+from multilora_studio.adapters.adapter_files import (
+    AdapterOverLimit,
+    open_adapter_file,
+    opened_adapter_file,
+    read_adapter_file,
+)
 from multilora_studio.adapters.adapter_tokenizer import TOKENIZER_FILE_CAPS
 from multilora_studio.adapters.safetensors_header import FLOAT_DTYPES, TensorEntry, read_header
 from multilora_studio.adapters.token_tables import (
@@ -423,7 +428,11 @@ def _check_pair(
         )
     rank = a[0]
     if rank > max_rank:
-        raise AdapterError(f"{folder}: layer {layer} {module} has rank {rank} > max_lora_rank={max_rank}")
+        raise AdapterOverLimit(
+            "{folder}: layer {layer} {module} has rank {rank} > {max_lora_rank:=}",
+            {"max_lora_rank": max_rank},
+            {"folder": folder, "layer": layer, "module": module, "rank": rank},
+        )
     declared = config.rank_of(layer, module, decoder)
     if rank != declared:
         raise AdapterError(

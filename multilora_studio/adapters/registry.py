@@ -43,6 +43,7 @@ from multilora_studio.adapters.base_quantization import BaseQuantization, base_q
 from multilora_studio.adapters.kept_files import KEPT_FILES, check_kept_files, kept_files_in
 from multilora_studio.adapters.library_errors import (
     LibraryError,
+    NameTaken,
     StorageError,
     cause_of,
     storage_error,
@@ -260,9 +261,9 @@ class Registry(RegistryLifecycle):
         names = [name, *aliases]
         for item in names:
             if not isinstance(item, str) or not NAME.match(item) or item in RESERVED_NAMES:
-                raise LibraryError(
+                raise NameTaken(
                     f"invalid adapter name {item!r}: use 1-128 letters, digits or ._:/@+- "
-                    f"(not {', '.join(RESERVED_NAMES)}); choose another name"
+                    f"(not {', '.join(RESERVED_NAMES)})"
                 )
         if len(set(names)) != len(names):
             raise LibraryError(f"the names {', '.join(names)} repeat one another")
@@ -304,7 +305,7 @@ class Registry(RegistryLifecycle):
                     try:
                         row = self._validated_row(staging, base, name, max_rank)
                     except AdapterError as error:  # name the user's folder, not the staging copy
-                        raise AdapterError(str(error).replace(str(staging), str(source))) from None
+                        raise error.naming(str(staging), str(source)) from None
                     row.update(
                         id=adapter_id, source_kind="local", source=str(source), path=str(final), notes=notes
                     )
@@ -392,9 +393,7 @@ class Registry(RegistryLifecycle):
             "SELECT path FROM base_models WHERE repo_id = ? AND revision = ?", (name, MERGED_REVISION)
         ).fetchone()
         if taken is not None:
-            raise LibraryError(
-                f"a merged base model named {name!r} exists ({taken['path']}); choose another name"
-            )
+            raise NameTaken(f"a merged base model named {name!r} exists ({taken['path']})")
 
     def find_base_model(self, digest: str) -> BaseModelRecord | None:
         """The registered base whose weights have ``digest`` (the newest, if several), or None."""
@@ -676,9 +675,7 @@ class Registry(RegistryLifecycle):
                 (item, item),
             ).fetchone()
             if taken:
-                raise LibraryError(
-                    f"the library already has an adapter or alias named {item!r}; choose another name"
-                )
+                raise NameTaken(f"the library already has an adapter or alias named {item!r}")
 
     def _validated_row(self, folder: Path, base: BaseModelRef, name: str, max_rank: int) -> dict:
         from multilora_studio.adapters.peft_adapter import load_peft_adapter  # torch: not to read the library

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from multilora_studio.invalid_setting import InvalidSetting
+
 
 @dataclass(frozen=True)
 class SlotInfo:
@@ -87,11 +89,14 @@ class SlotTable:
         self._slot_of.move_to_end(name)  # used until now: the most recently used
 
     def pin(self, name: str) -> None:
-        """Keep ``name`` in its slot once loaded; ValueError when no slot would stay evictable."""
+        """Keep ``name`` in its slot once loaded; InvalidSetting (``max_loras``) when no slot would stay
+        evictable."""
         if name not in self._pinned and len(self._pinned) >= self.capacity - 1:
-            raise ValueError(
-                f"cannot pin {name!r}: {len(self._pinned)} of {self.capacity} GPU slots are pinned "
-                f"already and one must stay free for other adapters; unpin one or raise max_loras"
+            raise InvalidSetting(
+                "cannot pin {adapter!r}: {pinned} of {slots} GPU slots are pinned already and one must "
+                "stay free for other adapters; unpin one or raise {max_loras}",
+                {"max_loras": self.capacity},
+                {"adapter": name, "pinned": len(self._pinned), "slots": self.capacity},
             )
         self._pinned.add(name)
 

@@ -106,7 +106,7 @@ def run_command(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     except (ValueError, FileNotFoundError, RuntimeError) as error:
-        print_error(error, in_flag_words(str(error), args, typed_flags(argv)))
+        print_error(error, in_flag_words(error, args, typed_flags(argv)))
         return 1
 
 

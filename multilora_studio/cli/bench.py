@@ -13,8 +13,10 @@ from multilora_studio.bench.adapter_pool import parse_targets
 from multilora_studio.bench.cases import BenchOptions
 from multilora_studio.bench.stats import Slo
 from multilora_studio.bench.workloads import PATTERNS, parse_range
-from multilora_studio.cli.shared import Subcommands, add_device_arguments, engine_default
+from multilora_studio.cli.setting_flags import add_setting_flag
+from multilora_studio.cli.shared import Subcommands
 from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
+from multilora_studio.engine import EngineConfig
 from multilora_studio.util import extra_install_hint
 
 log = logging.getLogger(__name__)
@@ -52,28 +54,8 @@ def add_bench_command(subparsers: Subcommands) -> None:
     )
     setup = parser.add_argument_group("model and engine")
     setup.add_argument("--model", default=None, help="HF folder, random:llama3-8b, ... (default: embedded)")
-    add_device_arguments(setup)
-    setup.add_argument(
-        "--max-loras",
-        type=int,
-        default=engine_default("max_loras"),
-        help="GPU adapter slots (default: %(default)s)",
-    )
-    setup.add_argument(
-        "--max-cpu-loras",
-        type=int,
-        default=engine_default("max_cpu_loras"),
-        help="adapters in host RAM (default: sized from free host memory, --cpu-lora-memory-fraction)",
-    )
-    setup.add_argument(
-        "--load-workers", type=int, default=None, help="adapter loads from disk at once (default: automatic)"
-    )
-    setup.add_argument(
-        "--adapter-loader",
-        choices=("auto", "thread", "process"),
-        default="auto",
-        help="where adapters are read (auto: process on CUDA)",
-    )
+    for name in ("device", "dtype", "max_loras", "max_cpu_loras", "adapter_load_workers", "adapter_loader"):
+        add_setting_flag(setup, EngineConfig, name)
     setup.add_argument(
         "--prefetch-host",
         action="store_true",
@@ -84,8 +66,10 @@ def add_bench_command(subparsers: Subcommands) -> None:
         action="store_true",
         help="sample thread stacks every 2 ms and print what each case's slowest steps waited on",
     )
-    setup.add_argument("--max-num-seqs", type=int, default=None, help="running requests (default: --batch)")
-    setup.add_argument("--kv-cache-gb", type=float, default=None, help="KV cache size (default: automatic)")
+    add_setting_flag(
+        setup, EngineConfig, "max_num_seqs", default=None, help="running requests (default: --batch)"
+    )
+    add_setting_flag(setup, EngineConfig, "kv_cache_memory_gb")
     adapters = parser.add_argument_group("random adapters")
     adapters.add_argument("--rank", type=int, default=16, help="rank of every random adapter")
     adapters.add_argument("--targets", default="all", help="'all' or e.g. q_proj,v_proj")

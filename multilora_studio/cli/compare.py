@@ -18,6 +18,7 @@ from multilora_studio.cli.shared import (
     print_progress,
 )
 from multilora_studio.engine import Engine, RequestOutput, SamplingParams
+from multilora_studio.invalid_setting import InvalidSetting
 from multilora_studio.run_records import BASE, RunSettings
 
 
@@ -67,7 +68,7 @@ def run_compare(args: argparse.Namespace) -> int:
     adapter_names = [name for name in choices if name != BASE]
     registry = library_for(adapter_names, modules, offer)
     if args.max_tokens < 1:  # the engine takes 0 (the prompt only); a comparison needs an answer
-        raise ValueError(f"max_tokens must be >= 1, got {args.max_tokens}")
+        raise InvalidSetting.of("max_tokens", args.max_tokens, "must be >= 1, got {value}")
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
     )

@@ -1,41 +1,38 @@
-"""Error messages in the words the user typed: option fields (EngineConfig, SamplingParams, ...) as flags.
+"""Error messages in the words the user typed: a refused setting (``InvalidSetting``) named by its
+flag, and a value the user did not type marked as the default.
 
-The engine raises ValueErrors that name its fields (``max_loras must be ...``); the command
-line says the same with the flag (``--max-loras must be ...``) and marks a value the user
-did not type as the default, so that ``max_cpu_loras (1) must be >= max_loras (8)`` reads
-``--max-cpu-loras (1) must be >= --max-loras (8, the default)``.
+``max_cpu_loras (1) must be >= max_loras (8)`` reads ``--max-cpu-loras (1) must be >= --max-loras
+(8, the default)`` where the command has both flags; a setting the command has no flag for keeps
+its field name.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 
-# field name -> the flag that sets it (a field is translated only where the command has its flag)
-FLAGS = {
-    "max_loras": "--max-loras",
-    "max_lora_rank": "--max-lora-rank",
-    "max_cpu_loras": "--max-cpu-loras",
-    "cpu_lora_memory_fraction": "--cpu-lora-memory-fraction",
-    "max_model_len": "--max-model-len",
-    "max_token_tables": "--max-token-tables",
-    "token_table_memory_gb": "--token-table-gb",
-    "cpu_threads": "--cpu-threads",
-    "max_num_seqs": "--max-num-seqs",
-    "kv_cache_memory_gb": "--kv-cache-gb",
-    "adapter_loader": "--adapter-loader",
-    "adapter_load_workers": "--load-workers",
-    "device": "--device",
-    "dtype": "--dtype",
-    "model": "--model",
-    "max_tokens": "--max-tokens",
-    "temperature": "--temperature",
-    "top_p": "--top-p",
-    "seed": "--seed",
-    "replicas": "--replicas",  # RayServeOptions
-    "devices": "--devices",  # deploy.parse_devices
-}
+from multilora_studio.adapters.library_errors import NameTaken
+from multilora_studio.cli.setting_flags import dest_of
+from multilora_studio.invalid_setting import InvalidSetting, SettingWord
+
+
+def flag_vocabulary(*classes: type) -> dict[str, str]:
+    """Each declared setting of ``classes`` that has a flag: field name -> flag."""
+    from multilora_studio.engine.settings import declared
+
+    return {item.name: item.setting.flag for cls in classes for item in declared(cls) if item.setting.flag}
+
+
+@functools.cache
+def flags() -> dict[str, str]:
+    """The command line's vocabulary: the flags of the engine's, the bases' pool's and the server's
+    settings (read when a message needs them: the declarations import the engine)."""
+    from multilora_studio.deploy.pool_settings import PoolSettings
+    from multilora_studio.engine import EngineConfig
+    from multilora_studio.server.config import ServerConfig
+
+    return flag_vocabulary(EngineConfig, PoolSettings, ServerConfig)
 
 
 def typed_flags(argv: Sequence[str]) -> set[str]:
@@ -43,23 +40,40 @@ def typed_flags(argv: Sequence[str]) -> set[str]:
     return {item.partition("=")[0] for item in argv if item.startswith("--")}
 
 
-def in_flag_words(message: str, args: argparse.Namespace, typed: set[str]) -> str:
-    """``message`` with each field name the command has a flag for replaced by that flag.
+class FlagWord(SettingWord):
+    """A setting as the command names it: its flag where the command has one (``vocabulary``'s,
+    else its name with dashes, as vLLM names a request's ``max_tokens`` ``--max-tokens``), the value
+    marked as the default where the user did not type the flag (argparse takes unique prefixes)."""
 
-    Names with an underscore are replaced wherever they stand; plain words (``device``,
-    ``model``) only as the subject of ``... must be``, so prose keeps its words. A value
-    next to a flag the user did not type, ``--max-loras (8)`` or ``--max-lora-rank=16``, is
-    marked as the default. Where the command takes ``--name``, a name the library refuses
-    points at it.
-    """
-    if getattr(args, "name_flag", False):
-        message = message.replace("choose another name", "choose another with --name")
-    for field, flag in FLAGS.items():
-        if not hasattr(args, flag[2:].replace("-", "_")):
-            continue
-        word = rf"(?<![\w-]){field}(?![\w-])" if "_" in field else rf"(?<![\w-]){field}(?= must )"
-        message = re.sub(word, flag, message)
-        if not any(flag.startswith(item) for item in typed):  # argparse takes unique prefixes
-            message = re.sub(rf"{flag} \(([^(),]+)\)", rf"{flag} (\1, the default)", message)
-            message = re.sub(rf"{flag}=([\w.]+)", rf"{flag}=\1 (the default)", message)
-    return message
+    def __init__(
+        self,
+        name: str,
+        value: object,
+        args: argparse.Namespace,
+        typed: set[str],
+        vocabulary: Mapping[str, str],
+    ) -> None:
+        super().__init__(name, value)
+        flag = vocabulary.get(name) or "--" + name.replace("_", "-")
+        self.flag = flag if hasattr(args, dest_of(flag)) else None
+        self.default = self.flag is not None and not any(self.flag.startswith(item) for item in typed)
+
+    def word(self) -> str:
+        return self.flag or self.name
+
+    def with_value(self, form: str) -> str:
+        if not self.default:
+            return super().with_value(form)
+        if form == "=":
+            return f"{self.word()}={self.value} (the default)"
+        return f"{self.word()} ({self.value}, the default)"
+
+
+def in_flag_words(error: BaseException, args: argparse.Namespace, typed: set[str]) -> str:
+    """``error``'s message with each setting it refuses named by its flag (``FlagWord``); where the
+    command takes ``--name``, a name the library refuses points at it."""
+    if isinstance(error, InvalidSetting):
+        return error.render(lambda name, value: FlagWord(name, value, args, typed, flags()))
+    if isinstance(error, NameTaken) and getattr(args, "name_flag", False):
+        return f"{error.reason}; choose another with --name"
+    return str(error)

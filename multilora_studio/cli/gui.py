@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from multilora_studio.cli.shared import Subcommands, add_demo_adapters_flag, engine_default
+from multilora_studio.cli.setting_flags import add_setting_flag
+from multilora_studio.cli.shared import Subcommands, add_demo_adapters_flag
 from multilora_studio.util import window_requirement
 
 
@@ -21,6 +22,8 @@ def has_display() -> bool:
 
 
 def add_gui_command(subparsers: Subcommands) -> None:
+    from multilora_studio.engine import EngineConfig  # the engine, when the command's parser is built
+
     parser = subparsers.add_parser(
         "gui",
         help="open the desktop window (the default command)",
@@ -34,9 +37,10 @@ def add_gui_command(subparsers: Subcommands) -> None:
         "model (base + library adapters) and exit 0 if it worked",
     )
     parser.add_argument("--screenshot", type=Path, default=None, help="with --smoke-test: save a PNG here")
-    parser.add_argument(
-        "--device",
-        default=engine_default("device"),
+    add_setting_flag(
+        parser,
+        EngineConfig,
+        "device",
         help="with --smoke-test: auto, cpu, cuda or cuda:N (default: %(default)s)",
     )
     parser.add_argument(

@@ -14,6 +14,7 @@ from multilora_studio.adapters.base_quantization import BaseQuantization, base_q
 from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli.serve_ray import add_ray_arguments, run_serve_ray
+from multilora_studio.cli.setting_flags import add_setting_flag, add_setting_flags, setting_values
 from multilora_studio.cli.shared import (
     Subcommands,
     add_demo_adapters_flag,
@@ -25,13 +26,8 @@ from multilora_studio.cli.shared import (
 )
 from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.deploy import BasePool, parse_devices, start_engine
-from multilora_studio.deploy.base_pool import (
-    DEFAULT_KEEP_ALIVE_S,
-    DEFAULT_LOAD_TIMEOUT_S,
-    DEFAULT_MAX_RESIDENT,
-)
 from multilora_studio.deploy.base_settings import check_kv_sizes
-from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
+from multilora_studio.deploy.pool_settings import PoolSettings
 from multilora_studio.engine import EngineConfig, ServingEngine
 from multilora_studio.engine.device_setup import resolve_device
 from multilora_studio.engine.model_source import RANDOM_PREFIX
@@ -42,8 +38,6 @@ if TYPE_CHECKING:
     from multilora_studio.server.api_keys import ApiKey
 
 log = logging.getLogger(__name__)
-
-SERVER = ServerConfig()  # its defaults are the flags' defaults
 
 API_KEY_ENV = "MULTILORA_STUDIO_API_KEY"
 
@@ -57,50 +51,13 @@ def add_serve_command(subparsers: Subcommands) -> None:
         "Stop with Ctrl+C.",
     )
     add_engine_arguments(parser, several_models=True)
-    parser.add_argument(
-        "--max-resident-bases",
-        type=int,
-        default=DEFAULT_MAX_RESIDENT,
-        metavar="N",
-        help="with several --model: at most N base models loaded at once; a request for another "
-        "unloads the least recently used idle one first (default: all)",
-    )
-    parser.add_argument(
-        "--keep-alive",
-        type=float,
-        default=DEFAULT_KEEP_ALIVE_S,
-        metavar="SECONDS",
-        help="unload a base model idle this long (loaded again by its next request; default: never)",
-    )
-    parser.add_argument(
-        "--kv-cache-gb",
-        type=float,
-        default=None,
+    add_setting_flags(parser, PoolSettings)
+    add_setting_flag(
+        parser,
+        EngineConfig,
+        "kv_cache_memory_gb",
         help="KV cache of each base model's engine (needed on a GPU with several --model, so that "
         "they share its memory; default: the engine's sizing)",
-    )
-    parser.add_argument(
-        "--base-load-timeout",
-        type=float,
-        default=DEFAULT_LOAD_TIMEOUT_S,
-        metavar="SECONDS",
-        help="how long a request waits for its base model to load before a 503",
-    )
-    parser.add_argument(
-        "--devices",
-        default=None,
-        metavar="LIST",
-        help="one engine replica of each base per entry, behind this one endpoint: auto (every "
-        "visible GPU) or cpu / cuda:N, comma-separated (a device named twice holds two replicas, "
-        "each with its part of its memory); default: one engine on --device",
-    )
-    parser.add_argument(
-        "--dispatch-margin",
-        type=int,
-        default=DEFAULT_MARGIN,
-        metavar="REQUESTS",
-        help="with --devices: a request goes to a replica holding its adapter unless that replica "
-        "has more than this many requests over the least-loaded one (0: least-loaded only)",
     )
     parser.add_argument(
         "--no-library",
@@ -116,8 +73,8 @@ def add_serve_command(subparsers: Subcommands) -> None:
         "than this fraction of its prompts (0-1; adapters never evaluated are served)",
     )
     add_demo_adapters_flag(parser)
-    parser.add_argument("--host", default=SERVER.host, help="address to bind (default: loopback only)")
-    parser.add_argument("--port", type=int, default=SERVER.port, help="TCP port (0: any free port)")
+    add_setting_flag(parser, ServerConfig, "host")
+    add_setting_flag(parser, ServerConfig, "port")
     parser.add_argument(
         "--api-key",
         action="append",
@@ -141,104 +98,7 @@ def add_serve_command(subparsers: Subcommands) -> None:
         help='JSON list of keys: {"key" or "key_env", "role": "user"|"admin", "models": [patterns], '
         '"name"}; readable by you only',
     )
-    parser.add_argument(
-        "--allow-no-key",
-        action="store_true",
-        help="serve a non-loopback --host without any key (only on a network you trust)",
-    )
-    parser.add_argument("--max-concurrent-per-key", type=int, default=None, help="open requests per key")
-    parser.add_argument("--tokens-per-minute", type=int, default=None, help="token budget per key")
-    parser.add_argument(
-        "--max-in-flight", type=int, default=SERVER.max_in_flight, help="engine requests the server holds"
-    )
-    parser.add_argument(
-        "--max-sequences-per-request",
-        type=int,
-        default=SERVER.max_sequences_per_request,
-        help="prompts x n one request may ask for",
-    )
-    parser.add_argument(
-        "--max-body-bytes", type=int, default=SERVER.max_body_bytes, help="largest request body"
-    )
-    parser.add_argument(
-        "--allowed-hosts",
-        nargs="*",
-        default=[],
-        metavar="HOST",
-        help="Host header names to accept besides the bound address's own (its addresses, the "
-        "machine's name, loopback), e.g. a DNS name clients use",
-    )
-    parser.add_argument(
-        "--allowed-origins", nargs="*", default=[], metavar="ORIGIN", help="enable CORS for these origins"
-    )
-    parser.add_argument(
-        "--allow-hub-adapters",
-        action="store_true",
-        help="an admin key's request whose model is an unserved ORG/NAME[@REV] pulls that adapter "
-        "from the Hub (HF_ENDPOINT), validates it, adds it to the library and serves it",
-    )
-    parser.add_argument(
-        "--hub-pulls-at-once",
-        type=int,
-        default=SERVER.hub_pulls_at_once,
-        metavar="N",
-        help="Hub pulls that may run at once; a request for another gets 429",
-    )
-    parser.add_argument(
-        "--hub-pull-limit",
-        type=int,
-        default=SERVER.hub_pull_limit,
-        metavar="N",
-        help="adapters requests may pull from the Hub while the server runs; past it a 403",
-    )
-    parser.add_argument(
-        "--hub-pull-max-bytes",
-        type=int,
-        default=SERVER.hub_pull_max_bytes,
-        metavar="BYTES",
-        help="largest adapter (all its files) a request may pull; a larger one is a 413",
-    )
-    parser.add_argument(
-        "--hub-pull-timeout",
-        type=int,
-        default=SERVER.hub_pull_timeout_s,
-        metavar="SECONDS",
-        help="how long a request waits for its Hub adapter's pull before a 504",
-    )
-    parser.add_argument(
-        "--header-timeout",
-        type=float,
-        default=SERVER.header_timeout_s,
-        metavar="SECONDS",
-        help="close a connection whose request head is not complete this long after its first byte",
-    )
-    parser.add_argument(
-        "--body-timeout",
-        type=float,
-        default=SERVER.body_timeout_s,
-        metavar="SECONDS",
-        help="answer 408 and close when a request body is not complete this long after its head",
-    )
-    parser.add_argument(
-        "--max-connections",
-        type=int,
-        default=SERVER.max_connections,
-        metavar="N",
-        help="open connections from all addresses together; more are refused at once (503)",
-    )
-    parser.add_argument(
-        "--max-connections-per-client",
-        type=int,
-        default=SERVER.max_connections_per_client,
-        metavar="N",
-        help="open connections one client address may hold (loopback included); more are refused at once",
-    )
-    parser.add_argument(
-        "--allow-special-tokens-in-content",
-        action="store_true",
-        help="trusted clients only: a chat message's text that spells a special token (<|im_start|>) "
-        "becomes that control token (default: it is tokenized as plain text)",
-    )
+    add_setting_flags(parser, ServerConfig, skip=("host", "port"))
     add_ray_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -337,33 +197,12 @@ def pool_base_quantization(config: EngineConfig) -> BaseQuantization | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from multilora_studio.server import ApiServer, ServerConfig, bind_socket
+    from multilora_studio.server import ApiServer, bind_socket
 
     min_pass_rate = check_fraction(args.min_pass_rate)  # refused before anything starts
 
-    config = ServerConfig(
-        host=args.host,
-        port=args.port,
-        api_keys=api_keys(args),
-        allow_no_key=args.allow_no_key,
-        max_concurrent_per_key=args.max_concurrent_per_key,
-        tokens_per_minute_per_key=args.tokens_per_minute,
-        max_in_flight=args.max_in_flight,
-        max_sequences_per_request=args.max_sequences_per_request,
-        max_body_bytes=args.max_body_bytes,
-        allowed_hosts=tuple(args.allowed_hosts),
-        cors_origins=tuple(args.allowed_origins),
-        allow_hub_adapters=args.allow_hub_adapters,
-        hub_pull_timeout_s=args.hub_pull_timeout,
-        hub_pulls_at_once=args.hub_pulls_at_once,
-        hub_pull_limit=args.hub_pull_limit,
-        hub_pull_max_bytes=args.hub_pull_max_bytes,
-        header_timeout_s=args.header_timeout,
-        body_timeout_s=args.body_timeout,
-        max_connections_per_client=args.max_connections_per_client,
-        max_connections=args.max_connections,
-        allow_special_tokens_in_content=args.allow_special_tokens_in_content,
-    )
+    config = ServerConfig(**setting_values(ServerConfig, args), api_keys=api_keys(args))
+    pool_settings = PoolSettings(**setting_values(PoolSettings, args))
     if args.ray:
         return run_serve_ray(args, config)
     modules = parse_lora_modules(args.lora_modules)
@@ -371,13 +210,14 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"Host header checked against: {', '.join(config.host_names())}", flush=True)
         if not config.api_keys:
             log.warning("serving on %s without an API key: anyone who can reach it can use it", config.host)
-    configs = engine_configs(args, args.kv_cache_gb)
-    first_device = parse_devices(args.devices)[0] if args.devices is not None else configs[0].device
+    configs = engine_configs(args)
+    devices = parse_devices(pool_settings.devices) if pool_settings.devices is not None else None
+    first_device = devices[0] if devices is not None else configs[0].device
     on_gpu = resolve_device(first_device).type == "cuda"
     check_kv_sizes(configs, on_gpu)
     listener = bind_socket(config.host, config.port)  # a busy port fails now, not after the model loads
     try:
-        with start_pool(configs, args) as pool:
+        with start_pool(configs, pool_settings, devices) as pool:
             for name, path in modules.items():
                 pool.add_adapter(pool.primary, name, path)
             if not args.no_library:
@@ -393,16 +233,13 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_pool(configs: list[EngineConfig], args: argparse.Namespace) -> BasePool:
-    """The bases to serve (each on ``--devices``), the first ``--max-resident-bases`` of them
-    started now."""
-    resident = args.max_resident_bases or len(configs)
-    devices = parse_devices(args.devices) if args.devices is not None else None
-    if args.dispatch_margin < 0:
-        raise ValueError(f"--dispatch-margin must be >= 0 requests, got {args.dispatch_margin}")
+def start_pool(configs: list[EngineConfig], settings: PoolSettings, devices: list[str] | None) -> BasePool:
+    """The bases to serve (each on ``devices``, else its own device), the first
+    ``max_resident_bases`` of them started now."""
+    resident = settings.max_resident_bases or len(configs)
 
     def start(config: EngineConfig) -> ServingEngine:
-        return start_engine(config, devices, args.dispatch_margin, print_progress)
+        return start_engine(config, devices, settings.dispatch_margin, print_progress)
 
     started: list[ServingEngine] = []
     try:
@@ -410,9 +247,9 @@ def start_pool(configs: list[EngineConfig], args: argparse.Namespace) -> BasePoo
             started.append(start(config))
         return BasePool(
             configs,
-            max_resident=args.max_resident_bases,
-            keep_alive_s=args.keep_alive,
-            load_timeout_s=args.base_load_timeout,
+            max_resident=settings.max_resident_bases,
+            keep_alive_s=settings.keep_alive,
+            load_timeout_s=settings.base_load_timeout,
             engine_factory=start,
             started=started,
         )

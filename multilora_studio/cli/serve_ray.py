@@ -60,7 +60,7 @@ def ray_serve_options(args: argparse.Namespace, server: ServerConfig) -> RayServ
     refused = [flag for flag, present in given.items() if present]
     if refused:
         raise ValueError(f"--ray does not take {', '.join(refused)}: Ray places the replicas")
-    configs = engine_configs(args, args.kv_cache_gb)
+    configs = engine_configs(args)
     if len(configs) != 1:
         raise ValueError("--ray serves one --model; start one application per base model")
     adapters = {name: str(path) for name, path in parse_lora_modules(args.lora_modules).items()}

@@ -8,18 +8,18 @@ library's commands (``adapters list``) run without it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from multilora_studio.adapters.adapter_config import DEFAULT_MAX_LORA_RANK
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.cli.setting_flags import add_setting_flag, add_setting_flags, setting_values
 from multilora_studio.demo import SKIP_ENV, offer_demo_adapters
 
 if TYPE_CHECKING:
@@ -28,14 +28,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("multilora_studio")
 
 Subcommands = argparse._SubParsersAction  # what ``add_subparsers`` returns; argparse names no public type
-
-
-def engine_default(name: str) -> Any:
-    """EngineConfig's default of field ``name``: the one default the flags, the window and the API share."""
-    from multilora_studio.engine import EngineConfig
-
-    (item,) = (item for item in dataclasses.fields(EngineConfig) if item.name == name)
-    return item.default
 
 
 def print_progress(fraction: float, message: str) -> None:
@@ -48,16 +40,35 @@ def print_error(error: BaseException, message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
 
 
+# EngineConfig's flags that are not every engine command's: --model (serve takes several) and
+# --batch-invariant (its default is the command's) are added their own way; bench and serve add
+# the rest where they take them
+NOT_SHARED = (
+    "model",
+    "batch_invariant",
+    "max_num_seqs",
+    "kv_cache_memory_gb",
+    "adapter_loader",
+    "adapter_load_workers",
+)
+
+
 def add_engine_arguments(
     parser: argparse.ArgumentParser, comparing: bool = False, several_models: bool = False
 ) -> None:
-    """Engine flags shared by the commands that start an engine (vLLM names).
+    """Engine flags shared by the commands that start an engine (vLLM names), from EngineConfig's
+    declarations.
 
     ``comparing``: the command compares outputs across adapters (compare, eval), so its engine is
     batch-invariant unless ``--no-batch-invariant`` is given; a server's is not unless asked.
     ``several_models``: ``--model`` may be repeated (a list; ``engine_configs`` reads it).
     """
+    from multilora_studio.engine import EngineConfig
+
     if several_models:
+        from multilora_studio.deploy.base_settings import PER_BASE
+
+        *others, last = PER_BASE
         parser.add_argument(
             "--model",
             action="append",
@@ -65,93 +76,24 @@ def add_engine_arguments(
             metavar="FOLDER[,SETTING=VALUE...]",
             help="HF model folder (default: the embedded model); repeat to serve several base models, "
             "each with its own engine (the first takes --lora-modules); SETTING=VALUE after a folder "
-            "sets that base's own max-loras, max-lora-rank, max-cpu-loras or kv-cache-gb "
-            "(default: the flag's), e.g. --model /models/qwen,max-loras=4,kv-cache-gb=2",
+            f"sets that base's own {', '.join(others)} or {last} (default: the flag's), e.g. --model "
+            "/models/qwen,max-loras=4,kv-cache-gb=2",
         )
     else:
-        parser.add_argument("--model", default=None, help="HF model folder (default: the embedded model)")
-    add_device_arguments(parser)
-    parser.add_argument(
-        "--max-loras",
-        type=int,
-        default=engine_default("max_loras"),
-        help="adapters resident on the device at once (default: %(default)s)",
-    )
-    add_rank_argument(parser)
-    parser.add_argument(
-        "--max-cpu-loras",
-        type=int,
-        default=engine_default("max_cpu_loras"),
-        help="adapters kept in host RAM (default: as many as fit in --cpu-lora-memory-fraction of the "
-        "free host memory, at least 2 x --max-loras)",
-    )
-    parser.add_argument(
-        "--cpu-lora-memory-fraction",
-        type=float,
-        default=engine_default("cpu_lora_memory_fraction"),
-        help="share of the free host memory the adapter tier may fill without --max-cpu-loras "
-        "(default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-model-len",
-        type=int,
-        default=engine_default("max_model_len"),
-        help="prompt + output tokens per request (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-token-tables",
-        type=int,
-        default=engine_default("max_token_tables"),
-        help="adapters with embed_tokens / lm_head tables (modules_to_save, trainable or added tokens) "
-        "on the device at once (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--token-table-gb",
-        type=float,
-        default=engine_default("token_table_memory_gb"),
-        help="device memory for those tables, reserved out of the KV cache (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--cpu-threads",
-        type=int,
-        default=engine_default("cpu_threads"),
-        help="torch threads of the engine's steps on the CPU (default: one less than the usable cores)",
-    )
-    from multilora_studio.engine.quantization import QUANTIZATIONS
-
-    parser.add_argument(
-        "--quantization",
-        choices=QUANTIZATIONS,
-        default=engine_default("quantization"),
-        help="the base's quantization: fp8 serves an FP8 checkpoint or quantizes a float base to FP8 at "
-        "load; awq / gptq expect such a checkpoint (default: as the checkpoint is)",
-    )
+        add_setting_flag(parser, EngineConfig, "model")
+    add_setting_flags(parser, EngineConfig, skip=NOT_SHARED)
     parser.add_argument(
         "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="PEFT adapter folders to serve"
     )
-    parser.add_argument(
-        "--batch-invariant",
-        action=argparse.BooleanOptionalAction,
-        default=comparing or engine_default("batch_invariant"),
-        help="a request's tokens do not depend on the rest of the batch or on prompt chunking "
-        "(slower; default: %(default)s)",
-    )
-
-
-def add_device_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--device`` and ``--dtype`` with EngineConfig's defaults."""
-    parser.add_argument(
-        "--device", default=engine_default("device"), help="auto, cpu, cuda or cuda:N (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--dtype",
-        default=engine_default("dtype"),
-        help="auto, float32, bfloat16 or float16 (default: %(default)s)",
+    add_setting_flag(
+        parser, EngineConfig, "batch_invariant", default=comparing or EngineConfig.batch_invariant
     )
 
 
 def add_rank_argument(parser: argparse.ArgumentParser) -> None:
-    """``--max-lora-rank`` with EngineConfig's default."""
+    """``--max-lora-rank`` of the library's commands, which run without the engine (torch): the one
+    engine flag not made from its declaration (tests/test_cli_defaults.py checks that it reads the
+    same)."""
     parser.add_argument(
         "--max-lora-rank",
         type=int,
@@ -160,7 +102,7 @@ def add_rank_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def engine_configs(args: argparse.Namespace, kv_cache_memory_gb: float | None = None) -> list[EngineConfig]:
+def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     """One EngineConfig per ``--model`` (``several_models``): the other flags shared, with the
     settings a ``--model FOLDER,SETTING=VALUE`` sets for its base (``parse_model``)."""
     from multilora_studio.deploy.base_settings import BaseSettings, parse_model
@@ -168,30 +110,17 @@ def engine_configs(args: argparse.Namespace, kv_cache_memory_gb: float | None = 
     configs = []
     for entry in args.model or [None]:
         model, own = parse_model(entry) if entry is not None else (None, BaseSettings())
-        shared = dataclasses.replace(engine_config(args, model), kv_cache_memory_gb=kv_cache_memory_gb)
-        configs.append(own.apply(shared))
+        configs.append(own.apply(engine_config(args, model)))
     return configs
 
 
 def engine_config(args: argparse.Namespace, model: str | None = None) -> EngineConfig:
-    """The EngineConfig of ``add_engine_arguments``' flags (``model`` instead of ``--model``)."""
+    """The EngineConfig of the command's engine flags (``model`` instead of ``--model``)."""
     from multilora_studio.engine import EngineConfig
 
-    return EngineConfig(
-        model=model if model is not None else args.model,
-        device=args.device,
-        dtype=args.dtype,
-        max_loras=args.max_loras,
-        max_lora_rank=args.max_lora_rank,
-        max_cpu_loras=args.max_cpu_loras,
-        cpu_lora_memory_fraction=args.cpu_lora_memory_fraction,
-        max_model_len=args.max_model_len,
-        batch_invariant=args.batch_invariant,
-        max_token_tables=args.max_token_tables,
-        token_table_memory_gb=args.token_table_gb,
-        cpu_threads=args.cpu_threads,
-        quantization=args.quantization,
-    )
+    values = setting_values(EngineConfig, args)
+    values["model"] = model if model is not None else args.model
+    return EngineConfig(**values)
 
 
 def describe_base(model: str | None) -> BaseModelRef:
@@ -222,7 +151,7 @@ def add_naming_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="library name (default: folder name / repo id)")
     parser.add_argument("--alias", action="append", default=[], help="another name for it (repeatable)")
     parser.add_argument("--notes", default="", help="free text kept with the adapter")
-    parser.set_defaults(name_flag=True)  # flag_words: "choose another name" can point at --name
+    parser.set_defaults(name_flag=True)  # flag_words: a name the library refuses points at --name
 
 
 def add_base_arguments(parser: argparse.ArgumentParser) -> None:

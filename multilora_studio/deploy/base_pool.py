@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from multilora_studio.deploy.model_aliases import ModelAliases
+from multilora_studio.deploy.pool_settings import PoolSettings
 from multilora_studio.engine import Engine, EngineConfig, ParkableEngine
 from multilora_studio.engine.host_tier_size import available_host_memory
 from multilora_studio.engine.model_source import RANDOM_PREFIX, describe_model
@@ -45,9 +46,6 @@ class BaseUnavailable(RuntimeError):
     """A base could not be loaded in time, or failed to load; the message says which and why."""
 
 
-DEFAULT_LOAD_TIMEOUT_S = 600.0  # how long a request waits for its base model to load
-DEFAULT_MAX_RESIDENT: int | None = None  # every base loaded at once
-DEFAULT_KEEP_ALIVE_S: float | None = None  # an idle base stays loaded
 # a swapped-out base is parked in host memory while its bytes are at most this share of the host
 # memory available then (so as much again stays free); 0: swapped-out bases are stopped
 DEFAULT_PARK_MEMORY_FRACTION = 0.5
@@ -89,21 +87,21 @@ class BasePool:
     def __init__(
         self,
         configs: Sequence[EngineConfig],
-        max_resident: int | None = DEFAULT_MAX_RESIDENT,
-        keep_alive_s: float | None = DEFAULT_KEEP_ALIVE_S,
-        load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+        max_resident: int | None = PoolSettings.max_resident_bases,
+        keep_alive_s: float | None = PoolSettings.keep_alive,
+        load_timeout_s: float = PoolSettings.base_load_timeout,
         engine_factory: EngineFactory = Engine,
         started: Sequence[ServingEngine] = (),
         park_memory_fraction: float = DEFAULT_PARK_MEMORY_FRACTION,
     ) -> None:
         """``started``: engines already running for the first configs (in order), adopted as
-        they are (their adapters become the base's registrations)."""
+        they are (their adapters become the base's registrations). ``max_resident``,
+        ``keep_alive_s`` and ``load_timeout_s`` are ``PoolSettings``' bases settings."""
         if not configs:
             raise ValueError("a base pool needs at least one base model")
-        if max_resident is not None and max_resident < 1:
-            raise ValueError(f"max_resident_bases must be >= 1, got {max_resident}")
-        if keep_alive_s is not None and keep_alive_s <= 0:
-            raise ValueError(f"keep_alive must be > 0 seconds, got {keep_alive_s}")
+        PoolSettings(
+            max_resident_bases=max_resident, keep_alive=keep_alive_s, base_load_timeout=load_timeout_s
+        )
         if not 0 <= park_memory_fraction <= 1:
             raise ValueError(f"park_memory_fraction must be in [0, 1], got {park_memory_fraction}")
         self.park_memory_fraction = park_memory_fraction

@@ -12,23 +12,16 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from multilora_studio.engine import EngineConfig
-
-# the form's names (the serve flags without their dashes) -> EngineConfig's fields
-PER_BASE = {
-    "max-loras": "max_loras",
-    "max-lora-rank": "max_lora_rank",
-    "max-cpu-loras": "max_cpu_loras",
-    "kv-cache-gb": "kv_cache_memory_gb",
-}
+from multilora_studio.engine import EngineConfig
+from multilora_studio.engine.settings import declaration
+from multilora_studio.invalid_setting import InvalidSetting
 
 
 @dataclass(frozen=True)
 class BaseSettings:
-    """One base's own values of the ``PER_BASE`` settings (None: the shared value)."""
+    """One base's own values of the EngineConfig settings a base may set for itself, its fields (None:
+    the shared value)."""
 
     max_loras: int | None = None
     max_lora_rank: int | None = None
@@ -41,13 +34,20 @@ class BaseSettings:
         return dataclasses.replace(config, **own) if own else config
 
     def words(self) -> list[str]:
-        """``SETTING=VALUE`` of each value set, in ``PER_BASE`` order."""
+        """``SETTING=VALUE`` of each value set, in field order."""
         values = dataclasses.asdict(self)
         return [
             f"{word}={values[field]:g}" if isinstance(values[field], float) else f"{word}={values[field]}"
             for word, field in PER_BASE.items()
             if values[field] is not None
         ]
+
+
+# the form's names (the settings' flags without their dashes) -> BaseSettings' fields
+PER_BASE = {
+    str(declaration(EngineConfig, item.name).flag_word): item.name
+    for item in dataclasses.fields(BaseSettings)
+}
 
 
 def parse_model(text: str) -> tuple[str, BaseSettings]:
@@ -81,17 +81,18 @@ def format_model(model: str, own: BaseSettings) -> str:
 
 
 def check_kv_sizes(configs: Sequence[EngineConfig], on_gpu: bool) -> None:
-    """ValueError when several bases share a GPU and one has no KV cache size: each engine would
+    """InvalidSetting when several bases share a GPU and one has no KV cache size: each engine would
     size its cache from the whole GPU's free memory."""
     if len(configs) > 1 and on_gpu and any(config.kv_cache_memory_gb is None for config in configs):
-        raise ValueError(
-            "kv_cache_memory_gb: give each base model's KV cache size (for all, or a base its own "
-            "kv-cache-gb) when several share a GPU"
+        raise InvalidSetting(
+            "{kv_cache_memory_gb}: give each base model's KV cache size (for all, or a base its own "
+            "kv-cache-gb) when several share a GPU",
+            {"kv_cache_memory_gb": None},
         )
 
 
 def _number(text: str, word: str, value: str) -> int | float:
-    kind = float if PER_BASE[word] == "kv_cache_memory_gb" else int
+    kind = declaration(EngineConfig, PER_BASE[word]).kind
     try:
         return kind(value.strip())
     except ValueError:

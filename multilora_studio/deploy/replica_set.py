@@ -40,6 +40,7 @@ from multilora_studio.engine import (
 from multilora_studio.engine.chat_tokens import Render
 from multilora_studio.engine.request_methods import NewRequest
 from multilora_studio.engine.serving_engine import ServingEngine
+from multilora_studio.invalid_setting import InvalidSetting
 from multilora_studio.util import ProgressCallback
 
 log = logging.getLogger(__name__)
@@ -56,14 +57,24 @@ def parse_devices(text: str) -> list[str]:
         return [f"cuda:{i}" for i in range(count)] or ["cpu"]
     devices = [part.strip() for part in text.split(",") if part.strip()]
     if not devices:
-        raise ValueError("devices must name at least one device (auto, cpu, cuda:0,cuda:1, ...)")
+        raise InvalidSetting.of(
+            "devices", text, "must name at least one device (auto, cpu, cuda:0,cuda:1, ...)"
+        )
     for device in devices:
         if not DEVICE_ENTRY.match(device):
-            raise ValueError(f"devices must be cpu or cuda:N entries (or auto), got {device!r}")
+            raise InvalidSetting(
+                "{devices} must be cpu or cuda:N entries (or auto), got {entry!r}",
+                {"devices": text},
+                {"entry": device},
+            )
         if device.startswith("cuda:"):
             visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if int(device[5:]) >= visible:
-                raise ValueError(f"devices must exist: {device} does not ({visible} CUDA GPUs visible)")
+                raise InvalidSetting(
+                    "{devices} must exist: {entry} does not ({visible} CUDA GPUs visible)",
+                    {"devices": text},
+                    {"entry": device, "visible": visible},
+                )
     return devices
 
 

@@ -45,6 +45,7 @@ from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.pinned_arena import PinnedArena, carve
 from multilora_studio.engine.scheduler import Admission
 from multilora_studio.engine.template_sandbox import TemplateSandbox
+from multilora_studio.invalid_setting import InvalidSetting
 
 log = logging.getLogger(__name__)
 
@@ -256,12 +257,18 @@ class AdapterResidency:
         """ValueError when the adapter's token tables could never fit the device's pool."""
         config = self.config
         if has_tables and config.max_token_tables == 0:
-            raise ValueError(f"{path} replaces embedding / lm_head rows, and max_token_tables is 0")
+            raise InvalidSetting(
+                "{path} replaces embedding / lm_head rows, and {max_token_tables} is 0",
+                {"max_token_tables": 0},
+                {"path": path},
+            )
         limit = int(config.token_table_memory_gb * (1 << 30))
         if table_bytes > limit:
-            raise ValueError(
-                f"{path}: its embed_tokens / lm_head tables take {table_bytes / 2**30:.2f} GiB, more "
-                f"than token_table_memory_gb={config.token_table_memory_gb:g}; raise it to serve this adapter"
+            raise InvalidSetting(
+                "{path}: its embed_tokens / lm_head tables take {gib:.2f} GiB, more than "
+                "{token_table_memory_gb:=}; raise it to serve this adapter",
+                {"token_table_memory_gb": f"{config.token_table_memory_gb:g}"},
+                {"path": path, "gib": table_bytes / 2**30},
             )
 
     def tokenizer_of(self, name: str | None) -> AdapterTokenizer | None:
@@ -304,7 +311,11 @@ class AdapterResidency:
         """See ``Engine.prefetch_adapters``."""
         capacity = self.host_cache.capacity
         if len(names) > capacity:
-            raise ValueError(f"{len(names)} adapters do not fit the host tier of {capacity} (max_cpu_loras)")
+            raise InvalidSetting(
+                "{count} adapters do not fit the host tier of {capacity} ({max_cpu_loras})",
+                {"max_cpu_loras": capacity},
+                {"count": len(names), "capacity": capacity},
+            )
         with self._lock:
             unknown = [name for name in names if name not in self._adapters]
             paths = {name: self._adapters[name].path for name in names if name not in unknown}

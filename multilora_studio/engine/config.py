@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -10,7 +9,9 @@ from dataclasses import dataclass, field
 
 from multilora_studio.adapters.adapter_config import DEFAULT_MAX_LORA_RANK
 from multilora_studio.engine.quantization import QUANTIZATIONS
+from multilora_studio.engine.settings import check_declared, check_int, check_number, setting
 from multilora_studio.engine.structured import StructuredOutput
+from multilora_studio.invalid_setting import InvalidSetting
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "auto")
 MAX_SLOTS = 1024
@@ -31,71 +32,183 @@ MAX_BAD_WORDS_TOKENS = 1024
 DEVICE_NAME = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < low or (high is not None and value > high):
-        limit = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {limit}, got {value}")
-
-
-def _check_number(name: str, value: object, low: float, high: float, low_inclusive: bool) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if value < low or (value == low and not low_inclusive) or value > high:
-        opening = "[" if low_inclusive else "("
-        raise ValueError(f"{name} must be in {opening}{low:g}, {high:g}], got {value!r}")
-
-
 def _as_tuple(name: str, value: object, item: str) -> tuple:
-    """A user's list (or None for none) as a tuple; ValueError for anything that is not a list."""
+    """A user's list (or None for none) as a tuple; InvalidSetting for anything that is not a list."""
     if value is None:
         return ()
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ValueError(f"{name} must be a list of {item}, got {value!r}")
+        raise InvalidSetting.of(name, value, f"must be a list of {item}, got {{value!r}}")
     return tuple(value)
 
 
 ADAPTER_LOADERS = ("auto", "thread", "process")
+DEFAULT_CPU_LORA_MEMORY_FRACTION = 0.25
 
 
 @dataclass
 class EngineConfig:
     """How the engine is built. ``model=None`` means the embedded default model.
 
-    Names follow vLLM's flags where one exists.
+    Names follow vLLM's flags where one exists. Each field is declared with its flag, its label in
+    the window's Settings and its bounds (``engine/settings.py``).
     """
 
-    model: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    max_loras: int = 8
-    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    model: str | None = setting(
+        None,
+        doc="a Hugging Face model folder with safetensors weights; `None`: the embedded "
+        "SmolLM2-135M-Instruct; `random:llama3-8b`, `random:qwen3-8b`, `random:gemma2-9b`, "
+        "`random:llama3.2-1b`, `random:smollm2-135m`: random weights of that shape, without a "
+        "tokenizer (for benchmarks)",
+        flag="--model",
+        help="HF model folder (default: the embedded model)",
+        label="Base model",
+    )
+    device: str = setting(
+        "auto",
+        doc="`cpu`, `cuda` or `cuda:N`; `auto`: the GPU when there is one, else the CPU",
+        flag="--device",
+        help="auto, cpu, cuda or cuda:N (default: %(default)s)",
+        label="Device",
+        group="engine",
+    )
+    dtype: str = setting(
+        "auto",
+        doc="`float32`, `bfloat16` or `float16`; `auto`: bfloat16 on CUDA, float32 on the CPU",
+        flag="--dtype",
+        help="auto, float32, bfloat16 or float16 (default: %(default)s)",
+        flag_checks_choices=False,
+        label="Data type",
+        group="engine",
+        choices=SUPPORTED_DTYPES,
+    )
+    max_loras: int = setting(
+        8,
+        doc="GPU slots: adapters on the device at once (1 to 1,024). More adapters than slots are "
+        "served too; they take turns",
+        flag="--max-loras",
+        help="adapters resident on the device at once (default: %(default)s)",
+        label="GPU adapter slots",
+        group="engine",
+        low=1,
+        high=MAX_SLOTS,
+    )
+    max_lora_rank: int = setting(
+        DEFAULT_MAX_LORA_RANK,
+        doc="the largest adapter rank accepted (1 to 512); it sizes the slots, so raise it only as "
+        "far as your adapters need",
+        flag="--max-lora-rank",
+        help="largest adapter rank accepted (default: %(default)s)",
+        label="Largest adapter rank",
+        group="engine",
+        low=1,
+        high=512,
+    )
     # Adapters kept in host RAM (the tier between the GPU slots and the disk). None: as many
     # adapters of max_lora_rank as fit in cpu_lora_memory_fraction of the host memory available
     # when the engine starts, at least 2 x max_loras (engine/host_tier_size.py).
-    max_cpu_loras: int | None = None
-    cpu_lora_memory_fraction: float = 0.25
-    max_num_seqs: int = 64
-    max_model_len: int = 2048
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    kv_cache_memory_gb: float | None = None
+    max_cpu_loras: int | None = setting(
+        None,
+        doc="adapters kept ready in host RAM; `None`: as many adapters of `max_lora_rank` as fit in "
+        "`cpu_lora_memory_fraction` of the free host memory at start, at least 2 x `max_loras`; if "
+        "set, at least `max_loras`",
+        flag="--max-cpu-loras",
+        help="adapters kept in host RAM (default: as many as fit in --cpu-lora-memory-fraction of the "
+        "free host memory, at least 2 x --max-loras)",
+        label="Adapters kept in CPU RAM",
+        group="engine",
+        low=1,
+        none=f"automatic ({DEFAULT_CPU_LORA_MEMORY_FRACTION:.0%} of free host memory)",
+    )
+    cpu_lora_memory_fraction: float = setting(
+        DEFAULT_CPU_LORA_MEMORY_FRACTION,
+        doc="the share of free host memory that the automatic `max_cpu_loras` may fill (above 0, at "
+        "most 0.9)",
+        flag="--cpu-lora-memory-fraction",
+        help="share of the free host memory the adapter tier may fill without --max-cpu-loras "
+        "(default: %(default)s)",
+        low=0,
+        above=True,
+        high=0.9,
+    )
+    max_num_seqs: int = setting(
+        64,
+        doc="requests running at once; more wait in the queue",
+        flag="--max-num-seqs",
+        help="requests running at once (default: %(default)s)",
+        low=1,
+        high=4096,
+    )
+    max_model_len: int = setting(
+        2048,
+        doc="prompt plus output tokens of one request (a longer prompt is refused)",
+        flag="--max-model-len",
+        help="prompt + output tokens per request (default: %(default)s)",
+        low=16,
+        high=1 << 20,
+    )
+    max_num_batched_tokens: int = setting(
+        2048,
+        doc="tokens one step may run (prompt chunks and decodes); at least `max_num_seqs`",
+        low=1,
+        high=1 << 20,
+    )
+    block_size: int = setting(16, doc="tokens per KV-cache block (a power of two)", low=1, high=256)
+    kv_cache_memory_gb: float | None = setting(
+        None,
+        doc="the KV cache's size; `None`: 85 % of the free GPU memory less 2 GiB and the adapters' "
+        "buffers, or 512 MiB on the CPU, never more than `max_num_seqs` x `max_model_len` tokens need",
+        flag="--kv-cache-gb",
+        help="KV cache size (default: automatic)",
+        label="KV cache per base (GB)",
+        tip="Each base's KV cache; needed when several base models share a GPU",
+        group="bases",
+        low=0,
+        above=True,
+        high=4096,
+        none="the engine's sizing",
+        step=0.5,
+    )
     # The part of the GPU's memory this engine sizes its KV cache within when kv_cache_memory_gb
     # is not set (replicas sharing one GPU each get their part); 1 = all that is free.
-    device_memory_share: float = 1.0
-    enforce_eager: bool = False
+    device_memory_share: float = setting(
+        1.0,
+        doc="the part of the GPU this engine sizes its KV cache in when `kv_cache_memory_gb` is not "
+        "set (several engines on one GPU)",
+        low=0,
+        above=True,
+        high=1,
+    )
+    enforce_eager: bool = setting(False, doc="no CUDA graphs (slower; for debugging)")
     # Seeds the random streams of requests that set no seed of their own: an engine given the
     # same seed and the same requests in the same order samples the same tokens.
-    seed: int = 0
+    seed: int = setting(
+        0,
+        doc="seeds the requests that set no `SamplingParams.seed`: the same engine seed and the same "
+        "requests in the same order sample the same tokens",
+        low=0,
+    )
     # Where adapters are read, validated and packed: "thread" (loader threads), "process"
     # (spawned child processes, so loads never hold the worker's GIL) or "auto": process on
     # CUDA, where the worker must keep launching steps during loads, thread on the CPU.
-    adapter_loader: str = "auto"
+    adapter_loader: str = setting(
+        "auto",
+        doc="where adapters are read and checked: `thread`, `process` (child processes) or `auto` "
+        "(processes on CUDA, threads on the CPU)",
+        flag="--adapter-loader",
+        help="where adapters are read (auto: process on CUDA)",
+        choices=ADAPTER_LOADERS,
+    )
     # Adapter loads from disk at once (loader threads, and as many children with "process").
     # None: 1 on the CPU (loads compete with decoding for the cores), else min(8, cores // 2): with
     # 1,000s of adapters four loads at once (0.11 s each for an 8B rank-16 adapter) were the limit.
-    adapter_load_workers: int | None = None
+    adapter_load_workers: int | None = setting(
+        None,
+        doc="adapter loads from disk at once; `None`: 1 on the CPU, `min(8, cores // 2)` on CUDA",
+        flag="--load-workers",
+        help="adapter loads from disk at once (default: automatic)",
+        low=1,
+        high=64,
+    )
     # Whether steps of up to 256 tokens compute the LoRA shrink inside the base GEMMs: every
     # slot's A is stored as extra rows after the base weight's rows, so one GEMM gives the
     # base output and each token's shrink against every slot, and the expand reads its own
@@ -103,91 +216,124 @@ class EngineConfig:
     # whatever the batch uses. None: on CUDA when max_loras x max_lora_rank <= 768 (on the
     # H200 it was faster at any adapter mix with 512, slower with 1024), never on the CPU
     # (engine/lora_plan_builder.py decides).
-    lora_shrink_in_gemm: bool | None = None
+    lora_shrink_in_gemm: bool | None = setting(
+        None,
+        doc="a CUDA speed option (the adapters' A factors stored next to the base weights); `None` "
+        "decides from the slots and rank; never on the CPU or over a quantized base",
+    )
     # Whether the q/k/v LoRA expand, RoPE and the K/V cache write run as one Triton launch
     # (kernels/qkv_epilogue.py). None: on CUDA; True also on the CPU under TRITON_INTERPRET=1
     # (tests), the separate launches elsewhere.
-    fused_qkv_epilogue: bool | None = None
+    fused_qkv_epilogue: bool | None = setting(
+        None,
+        doc="a CUDA speed option (one kernel for q/k/v's LoRA term, RoPE and the KV write); `None`: on CUDA",
+    )
     # CPU: reorder the base GEMM weights once into oneDNN's blocked layout (about 1.7x faster
     # decode GEMMs, kernels/cpu_linear.py) where this torch build supports it.
-    cpu_weight_packing: bool = True
+    cpu_weight_packing: bool = setting(
+        True,
+        doc="CPU: lay the base weights out once for oneDNN's faster matrix products, where this "
+        "PyTorch build supports it",
+    )
     # Batch invariance: a request's logits, and so its tokens and log-probabilities, do not
     # depend on what else is in the batch or on how its prompt is split into steps. Every
     # choice that makes a row's arithmetic depend on the batch is pinned in the plan
     # (engine/lora_plan_builder.py; docs/dev/engine.md, "Batch-invariant mode"); it costs speed.
-    batch_invariant: bool = False
+    batch_invariant: bool = setting(
+        False,
+        doc="outputs that do not depend on what else runs in the batch "
+        "([below](#batch-invariant-mode)); slower",
+        flag="--batch-invariant",
+        negatable=True,
+        help="a request's tokens do not depend on the rest of the batch or on prompt chunking "
+        "(slower; default: %(default)s)",
+        label="Batch-invariant outputs",
+        tip="A request's output does not depend on what else runs with it (slower); keeps Compare "
+        "and Evaluate columns comparable",
+        group="engine",
+    )
     # Adapters that replace embedding or LM-head rows (modules_to_save, trainable or added
     # tokens) hold their tables on the device while in a slot: at most this many at once, in
     # at most this much memory (reserved out of the KV cache's share on CUDA; an 8B model's
     # lm_head is about 1 GB in bf16). engine/token_tables.py.
-    max_token_tables: int = 4
-    token_table_memory_gb: float = 2.0
+    max_token_tables: int = setting(
+        4,
+        doc="adapters that bring their own embedding or LM-head rows (`modules_to_save`, trainable "
+        "or added tokens) on the device at once; 0 refuses such adapters",
+        flag="--max-token-tables",
+        help="adapters with embed_tokens / lm_head tables (modules_to_save, trainable or added tokens) "
+        "on the device at once (default: %(default)s)",
+        low=0,
+        high=MAX_SLOTS,
+    )
+    token_table_memory_gb: float = setting(
+        2.0,
+        doc="device memory for those rows",
+        flag="--token-table-gb",
+        help="device memory for those tables, reserved out of the KV cache (default: %(default)s)",
+        low=0,
+        high=4096,
+    )
     # torch's CPU threads for the engine's steps when it runs on the CPU. None: one less than
     # the cores this process may use (at least 1), which leaves a core to the window, the
     # server and the adapter loader; on CUDA torch keeps its own count. On a shared 2-core
     # machine torch's default (every core) decoded 8x slower under load (docs/BENCHMARKS.md).
-    cpu_threads: int | None = None
+    cpu_threads: int | None = setting(
+        None,
+        doc="PyTorch threads of a CPU engine; `None`: one less than the cores this process may use "
+        "(at least 1), which leaves a core to the window, the server and the adapter loader",
+        flag="--cpu-threads",
+        help="torch threads of the engine's steps on the CPU (default: one less than the usable cores)",
+        label="CPU threads of the engine",
+        tip="torch threads of the engine's steps when it runs on the CPU",
+        group="engine",
+        low=1,
+        high=1024,
+        none="automatic (usable cores − 1)",
+    )
     # The base's quantization (vLLM's --quantization). None: as the checkpoint is (float, or
     # the FP8 / AWQ / GPTQ its config.json declares); "fp8": an FP8 checkpoint as it is, a float
     # one quantized to FP8 per channel at load; "awq" / "gptq": a checkpoint of that kind (random
     # shapes are quantized at load). engine/quantization.py; docs/dev/engine.md, "Quantized bases".
-    quantization: str | None = None
+    quantization: str | None = setting(
+        None,
+        doc="`fp8`, `awq` or `gptq`: the base's quantization ([below](#quantized-bases)); `None`: as "
+        "the checkpoint is",
+        flag="--quantization",
+        help="the base's quantization: fp8 serves an FP8 checkpoint or quantizes a float base to FP8 at "
+        "load; awq / gptq expect such a checkpoint (default: as the checkpoint is)",
+        label="Quantization",
+        tip="fp8: an FP8 checkpoint, or a float base quantized to FP8 when it loads; awq / gptq: such a "
+        "checkpoint (its adapters trained on the float base are served on it)",
+        group="model",
+        choices=QUANTIZATIONS,
+        none="as the checkpoint is",
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):
             self.model = os.fspath(self.model)
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
-            raise ValueError("model must be a folder path or None for the embedded default model")
+            raise InvalidSetting(
+                "{model} must be a folder path or None for the embedded default model", {"model": self.model}
+            )
         if not isinstance(self.device, str) or not DEVICE_NAME.match(self.device):
-            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        if not isinstance(self.dtype, str) or self.dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}")
-        _check_int("max_loras", self.max_loras, 1, MAX_SLOTS)
-        _check_int("max_lora_rank", self.max_lora_rank, 1, 512)
-        if self.max_cpu_loras is not None:
-            _check_int("max_cpu_loras", self.max_cpu_loras, 1)
-            if self.max_cpu_loras < self.max_loras:
-                raise ValueError(
-                    f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
-                )
-        _check_number("cpu_lora_memory_fraction", self.cpu_lora_memory_fraction, 0, 0.9, low_inclusive=False)
-        _check_int("max_num_seqs", self.max_num_seqs, 1, 4096)
-        _check_int("max_model_len", self.max_model_len, 16, 1 << 20)
-        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, 1 << 20)
+            raise InvalidSetting.of(
+                "device", self.device, "must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {value!r}"
+            )
+        check_declared(self)
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise InvalidSetting(
+                "{max_cpu_loras:()} must be >= {max_loras:()}",
+                {"max_cpu_loras": self.max_cpu_loras, "max_loras": self.max_loras},
+            )
         if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                "max_num_batched_tokens must be >= max_num_seqs so every running request can decode"
+            raise InvalidSetting(
+                "{max_num_batched_tokens} must be >= {max_num_seqs} so every running request can decode",
+                {"max_num_batched_tokens": self.max_num_batched_tokens, "max_num_seqs": self.max_num_seqs},
             )
-        _check_int("block_size", self.block_size, 1, 256)
         if self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
-        if self.kv_cache_memory_gb is not None:
-            _check_number("kv_cache_memory_gb", self.kv_cache_memory_gb, 0, 4096, low_inclusive=False)
-        _check_number("device_memory_share", self.device_memory_share, 0, 1, low_inclusive=False)
-        if not isinstance(self.enforce_eager, bool):
-            raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
-        _check_int("seed", self.seed, 0)
-        if self.adapter_loader not in ADAPTER_LOADERS:
-            raise ValueError(
-                f"adapter_loader must be one of {', '.join(ADAPTER_LOADERS)}, got {self.adapter_loader!r}"
-            )
-        if self.adapter_load_workers is not None:
-            _check_int("adapter_load_workers", self.adapter_load_workers, 1, 64)
-        if self.cpu_threads is not None:
-            _check_int("cpu_threads", self.cpu_threads, 1, 1024)
-        for name in ("lora_shrink_in_gemm", "fused_qkv_epilogue"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, bool):
-                raise ValueError(f"{name} must be True, False or None, got {value!r}")
-        _check_int("max_token_tables", self.max_token_tables, 0, MAX_SLOTS)
-        _check_number("token_table_memory_gb", self.token_table_memory_gb, 0, 4096, low_inclusive=True)
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise ValueError(
-                f"quantization must be one of {', '.join(QUANTIZATIONS)} or None, got {self.quantization!r}"
-            )
-        for name in ("cpu_weight_packing", "batch_invariant"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            raise InvalidSetting.of("block_size", self.block_size, "must be a power of two, got {value}")
 
     def loader_for(self, device_type: str) -> str:
         """The adapter loader used on ``device_type``, "thread" or "process" (see ``adapter_loader``)."""
@@ -265,71 +411,86 @@ class SamplingParams:
     bad_words_token_ids: Sequence[Sequence[int]] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        _check_int("max_tokens", self.max_tokens, 0)
+        check_int("max_tokens", self.max_tokens, 0)
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), 0, MAX_LOGPROBS)
-        _check_number("temperature", self.temperature, 0, 100, low_inclusive=True)
-        _check_number("top_p", self.top_p, 0, 1, low_inclusive=False)
-        _check_int("top_k", self.top_k, 0)
+                check_int(name, getattr(self, name), 0, MAX_LOGPROBS)
+        check_number("temperature", self.temperature, 0, 100, low_inclusive=True)
+        check_number("top_p", self.top_p, 0, 1, low_inclusive=False)
+        check_int("top_k", self.top_k, 0)
         if self.seed is not None:
-            _check_int("seed", self.seed, 0, MAX_SEED)
+            check_int("seed", self.seed, 0, MAX_SEED)
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
         self.stop = _as_tuple("stop", self.stop, "non-empty strings")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError(f"stop must be a list of non-empty strings, got {list(self.stop)!r}")
+            raise InvalidSetting.of(
+                "stop", list(self.stop), "must be a list of non-empty strings, got {value!r}"
+            )
         self.stop_token_ids = _as_tuple("stop_token_ids", self.stop_token_ids, "token ids")
         for token in self.stop_token_ids:
-            _check_int("stop_token_ids entry", token, 0)
+            check_int("stop_token_ids", token, 0, part="entry")
         if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
-        _check_number("adapter_scale", self.adapter_scale, 0, MAX_ADAPTER_SCALE, low_inclusive=True)
+            raise InvalidSetting.of("ignore_eos", self.ignore_eos, "must be True or False, got {value!r}")
+        check_number("adapter_scale", self.adapter_scale, 0, MAX_ADAPTER_SCALE, low_inclusive=True)
         self.adapter_scale = float(self.adapter_scale)
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
-            raise ValueError(f"structured must be a StructuredOutput, got {self.structured!r}")
+            raise InvalidSetting.of(
+                "structured", self.structured, "must be a StructuredOutput, got {value!r}"
+            )
         self._check_processors()
 
     def _check_processors(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
-            _check_number(name, getattr(self, name), -MAX_PENALTY, MAX_PENALTY, low_inclusive=True)
+            check_number(name, getattr(self, name), -MAX_PENALTY, MAX_PENALTY, low_inclusive=True)
             setattr(self, name, float(getattr(self, name)))
-        _check_number("repetition_penalty", self.repetition_penalty, 0, MAX_REPETITION_PENALTY, False)
+        check_number("repetition_penalty", self.repetition_penalty, 0, MAX_REPETITION_PENALTY, False)
         self.repetition_penalty = float(self.repetition_penalty)
-        _check_number("min_p", self.min_p, 0, 1, low_inclusive=True)
+        check_number("min_p", self.min_p, 0, 1, low_inclusive=True)
         self.min_p = float(self.min_p)
         if self.logit_bias is None:
             self.logit_bias = {}
         if not isinstance(self.logit_bias, Mapping):
-            raise ValueError(f"logit_bias must be a mapping of token id to bias, got {self.logit_bias!r}")
+            raise InvalidSetting.of(
+                "logit_bias", self.logit_bias, "must be a mapping of token id to bias, got {value!r}"
+            )
         if len(self.logit_bias) > MAX_LOGIT_BIAS_TOKENS:
-            raise ValueError(
-                f"logit_bias may hold at most {MAX_LOGIT_BIAS_TOKENS} token ids, got {len(self.logit_bias)}"
+            raise InvalidSetting.of(
+                "logit_bias",
+                len(self.logit_bias),
+                f"may hold at most {MAX_LOGIT_BIAS_TOKENS} token ids, got {{value}}",
             )
         bias = {}
         for token, value in self.logit_bias.items():
-            _check_int("logit_bias token id", token, 0)
-            _check_number("logit_bias value", value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS, low_inclusive=True)
+            check_int("logit_bias", token, 0, part="token id")
+            check_number("logit_bias", value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS, True, part="value")
             bias[token] = float(value)
         self.logit_bias = bias
-        _check_int("min_tokens", self.min_tokens, 0)
+        check_int("min_tokens", self.min_tokens, 0)
         if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+            raise InvalidSetting(
+                "{min_tokens:()} must be <= {max_tokens:()}",
+                {"min_tokens": self.min_tokens, "max_tokens": self.max_tokens},
+            )
         words = _as_tuple("bad_words_token_ids", self.bad_words_token_ids, "lists of token ids")
         if len(words) > MAX_BAD_WORDS:
-            raise ValueError(f"bad_words_token_ids may hold at most {MAX_BAD_WORDS} sequences")
+            raise InvalidSetting.of(
+                "bad_words_token_ids", len(words), f"may hold at most {MAX_BAD_WORDS} sequences"
+            )
         checked = []
         for word in words:
             ids = _as_tuple("bad_words_token_ids", word, "lists of token ids")
             if not ids:
-                raise ValueError("bad_words_token_ids must not hold an empty sequence")
+                raise InvalidSetting.of("bad_words_token_ids", ids, "must not hold an empty sequence")
             for token in ids:
-                _check_int("bad_words_token_ids entry", token, 0)
+                check_int("bad_words_token_ids", token, 0, part="entry")
             checked.append(ids)
         tokens = sum(len(ids) for ids in checked)
         if tokens > MAX_BAD_WORDS_TOKENS:
-            raise ValueError(
-                f"bad_words_token_ids may hold at most {MAX_BAD_WORDS_TOKENS} tokens in all, got {tokens}"
+            raise InvalidSetting.of(
+                "bad_words_token_ids",
+                tokens,
+                f"may hold at most {MAX_BAD_WORDS_TOKENS} tokens in all, got {{value}}",
             )
         self.bad_words_token_ids = tuple(checked)
 

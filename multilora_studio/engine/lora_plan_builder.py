@@ -12,6 +12,7 @@ from dataclasses import replace
 import torch
 
 from multilora_studio.engine.config import EngineConfig
+from multilora_studio.invalid_setting import InvalidSetting
 from multilora_studio.kernels import lora_cpu
 from multilora_studio.kernels.lora_plan import LoRAPlan
 from multilora_studio.kernels.triton_support import triton_runs_on
@@ -73,9 +74,15 @@ def batch_invariant_plan(config: EngineConfig, device: torch.device, plan: LoRAP
     - every dense GEMM in tiles of ``INVARIANT_ROW_TILE`` rows, attention in one order.
     """
     if device.type != "cuda" and not lora_cpu.AVAILABLE:
-        raise ValueError("batch_invariant needs Numba on the CPU (its attention kernel); install numba")
+        raise InvalidSetting(
+            "{batch_invariant} needs Numba on the CPU (its attention kernel); install numba",
+            {"batch_invariant": True},
+        )
     if config.lora_shrink_in_gemm:
-        raise ValueError("batch_invariant cannot be combined with lora_shrink_in_gemm=True")
+        raise InvalidSetting(
+            "{batch_invariant} cannot be combined with {lora_shrink_in_gemm:=}",
+            {"batch_invariant": True, "lora_shrink_in_gemm": True},
+        )
     return replace(
         plan,
         batch_invariant=True,

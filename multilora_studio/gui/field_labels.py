@@ -1,42 +1,47 @@
-"""Engine setting names in the window's words: the Settings view's labels for EngineConfig's fields.
-
-Messages from the library and the engine name settings by their field names (``max_lora_rank``),
-which the command line turns into its flags; the window shows them as the labels a person sees.
-"""
+"""Settings in the window's words: each declared setting's label (``engine/settings.py``), and a
+refused setting (``InvalidSetting``) named by its label: ``max_lora_rank=16`` reads ``'Largest
+adapter rank' in Settings (16)``."""
 
 from __future__ import annotations
 
-import re
+from collections.abc import Mapping
 
-# EngineConfig's field names -> the Settings view's field labels
-FIELD_LABELS = {
-    "max_loras": "GPU adapter slots",
-    "max_lora_rank": "Largest adapter rank",
-    "max_cpu_loras": "Adapters kept in CPU RAM",
-    "cpu_threads": "CPU threads of the engine",
-    "device": "Device",
-    "dtype": "Data type",
-    "batch_invariant": "Batch-invariant outputs",
-    "quantization": "Quantization",
-    "model": "Base model",
-    "devices": "Engine replicas on",
-    "dispatch_margin": "Dispatch margin",
-    "max_resident_bases": "Bases loaded at once",
-    "keep_alive": "Unload a base idle for",
-    "kv_cache_memory_gb": "KV cache per base (GB)",
-}
+from multilora_studio.deploy.pool_settings import PoolSettings
+from multilora_studio.engine import EngineConfig
+from multilora_studio.engine.settings import declared
+from multilora_studio.invalid_setting import InvalidSetting, SettingWord
 
 
-def in_field_labels(message: str, where: str = " in Settings") -> str:
-    """``message`` with each setting's field name replaced by its quoted label and ``where``.
+def label_vocabulary(*classes: type) -> dict[str, str]:
+    """Each declared setting of ``classes`` that the window shows: field name -> its label."""
+    return {item.name: item.setting.label for cls in classes for item in declared(cls) if item.setting.label}
 
-    Names with an underscore are replaced wherever they stand (``max_lora_rank=16`` becomes
-    ``'Largest adapter rank' in Settings (16)``); plain words only as the subject of ``... must``.
-    """
-    for field, label in FIELD_LABELS.items():
-        if "_" in field:
-            message = re.sub(rf"(?<![\w-]){field}=([\w.]+)", rf"'{label}'{where} (\1)", message)
-            message = re.sub(rf"(?<![\w'-]){field}(?![\w-])", f"'{label}'{where}", message)
-        else:
-            message = re.sub(rf"^{field}(?= must )", f"'{label}'", message)
-    return message
+
+# the window's vocabulary: the engine's and the bases' pool's settings
+FIELD_LABELS = label_vocabulary(EngineConfig, PoolSettings)
+
+
+class LabelWord(SettingWord):
+    """A setting as the window names it: its quoted label (``labels``') and ``where`` (`` in
+    Settings``), its value after it in brackets; a setting the window does not show keeps its field
+    name."""
+
+    def __init__(
+        self, name: str, value: object, where: str, labels: Mapping[str, str] = FIELD_LABELS
+    ) -> None:
+        super().__init__(name, value)
+        self.label = labels.get(name)
+        self.where = where
+
+    def word(self) -> str:
+        return f"'{self.label}'{self.where}" if self.label is not None else self.name
+
+    def with_value(self, form: str) -> str:
+        return f"{self.word()} ({self.value})" if self.label is not None else super().with_value(form)
+
+
+def in_field_labels(error: BaseException, where: str = " in Settings") -> str:
+    """``error``'s message with each setting it refuses named by its label (``LabelWord``)."""
+    if isinstance(error, InvalidSetting):
+        return error.render(lambda name, value: LabelWord(name, value, where))
+    return str(error)

@@ -3,23 +3,31 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings
 
 from multilora_studio.deploy import parse_devices
-from multilora_studio.deploy.base_pool import DEFAULT_KEEP_ALIVE_S, DEFAULT_MAX_RESIDENT
 from multilora_studio.deploy.base_settings import BaseSettings, format_model, parse_model
-from multilora_studio.deploy.dispatch_rule import DEFAULT_MARGIN
+from multilora_studio.deploy.pool_settings import PoolSettings
 from multilora_studio.engine import EngineConfig
+from multilora_studio.engine.settings import Declared, declared
 
 MODEL_SOURCES = ("embedded", "folder", "hub")
 EMBEDDED = "embedded"  # an entry of ``extra_models``: the embedded default model
 HUB_PREFIX = "hub:"  # an entry of ``extra_models``: hub:ORG/NAME[@REVISION]
 ENGINE_GROUP = "engine"
-# EngineConfig's defaults: the one source for the window, the CLI and the Python API
-ENGINE_DEFAULTS: dict[str, Any] = {item.name: item.default for item in fields(EngineConfig)}
+
+
+def shown(cls: type) -> tuple[Declared, ...]:
+    """The declared settings of ``cls`` that Settings shows in its forms (those with a group)."""
+    return tuple(item for item in declared(cls) if item.setting.group is not None)
+
+
+WINDOW_SETTINGS = (*shown(EngineConfig), *shown(PoolSettings))
+# EngineChoice's fields (the names the window stores) that hold a setting under another name
+STORED_AS = {"keep_alive": "keep_alive_s", "kv_cache_memory_gb": "kv_cache_gb"}
 
 
 @dataclass(frozen=True)
@@ -60,8 +68,9 @@ class EngineChoice:
     one less than the usable cores (EngineConfig's None). ``devices`` empty: one engine on
     ``device``; else ``serve --devices``' list (``auto``, ``cuda:0,cuda:1``): one engine replica
     per entry behind the adapter-affinity dispatcher with ``dispatch_margin``. The engine
-    settings default to EngineConfig's, except ``batch_invariant``: on in the window, whose
-    Compare and Evaluate views compare outputs that must not depend on the batch they ran in.
+    settings default to EngineConfig's (the pool's to ``PoolSettings``'), except
+    ``batch_invariant``: on in the window, whose Compare and Evaluate views compare outputs that
+    must not depend on the batch they ran in.
 
     ``extra_models``: more base models served beside the first (``BaseEntry.parse``: a folder,
     ``EMBEDDED`` or a Hub repository, with the engine settings it sets for itself), each an
@@ -74,20 +83,20 @@ class EngineChoice:
 
     model_source: str = "embedded"
     model: str = ""
-    device: str = ENGINE_DEFAULTS["device"]
-    dtype: str = ENGINE_DEFAULTS["dtype"]
-    max_loras: int = ENGINE_DEFAULTS["max_loras"]
-    max_lora_rank: int = ENGINE_DEFAULTS["max_lora_rank"]
-    max_cpu_loras: int = ENGINE_DEFAULTS["max_cpu_loras"] or 0
-    cpu_threads: int = ENGINE_DEFAULTS["cpu_threads"] or 0
+    device: str = EngineConfig.device
+    dtype: str = EngineConfig.dtype
+    max_loras: int = EngineConfig.max_loras
+    max_lora_rank: int = EngineConfig.max_lora_rank
+    max_cpu_loras: int = EngineConfig.max_cpu_loras or 0
+    cpu_threads: int = EngineConfig.cpu_threads or 0
     batch_invariant: bool = True
-    devices: str = ""
-    dispatch_margin: int = DEFAULT_MARGIN
+    devices: str = PoolSettings.devices or ""
+    dispatch_margin: int = PoolSettings.dispatch_margin
     extra_models: tuple[str, ...] = ()
-    max_resident_bases: int = DEFAULT_MAX_RESIDENT or 0
-    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S or 0.0
-    kv_cache_gb: float = ENGINE_DEFAULTS["kv_cache_memory_gb"] or 0.0
-    quantization: str = ""  # EngineConfig.quantization; "": as the checkpoint is
+    max_resident_bases: int = PoolSettings.max_resident_bases or 0
+    keep_alive_s: float = PoolSettings.keep_alive or 0.0
+    kv_cache_gb: float = EngineConfig.kv_cache_memory_gb or 0.0
+    quantization: str = EngineConfig.quantization or ""
 
     def check(self) -> None:
         """ValueError with a clear message for settings the engine would refuse."""
@@ -96,13 +105,8 @@ class EngineChoice:
         if self.model_source != "embedded" and not self.model.strip():
             what = "a model folder" if self.model_source == "folder" else "a Hub repository id"
             raise ValueError(f"choose {what} or the embedded default model")
+        self.pool_settings()
         self.device_list()
-        if self.dispatch_margin < 0:
-            raise ValueError(f"dispatch_margin must be >= 0 requests, got {self.dispatch_margin}")
-        if self.max_resident_bases < 0:
-            raise ValueError(f"max_resident_bases must be >= 0 (0: all), got {self.max_resident_bases}")
-        if self.keep_alive_s < 0:
-            raise ValueError(f"keep_alive must be >= 0 seconds (0: never), got {self.keep_alive_s:g}")
         if any(not entry.strip() for entry in self.extra_models):
             raise ValueError("an entry of the base models list is empty")
         bases = self.bases()
@@ -128,10 +132,24 @@ class EngineChoice:
             for base, folder in zip(self.bases(), folders, strict=True)
         ]
 
+    def setting_values(self) -> dict[str, Any]:
+        """The value of each setting of ``WINDOW_SETTINGS``, by setting name (0 or "": None)."""
+        return {item.name: getattr(self, STORED_AS.get(item.name, item.name)) for item in WINDOW_SETTINGS}
+
+    def with_settings(self, values: dict[str, Any]) -> EngineChoice:
+        """These settings with ``values`` (by setting name, as ``setting_values``)."""
+        return replace(self, **{STORED_AS.get(name, name): value for name, value in values.items()})
+
+    def pool_settings(self) -> PoolSettings:
+        """The pool's settings (``PoolSettings`` checks them)."""
+        values = self.setting_values()
+        return PoolSettings(**{item.name: _none(item, values[item.name]) for item in shown(PoolSettings)})
+
     @property
     def pool_options(self) -> tuple[int | None, float | None]:
         """BasePool's ``max_resident`` and ``keep_alive_s`` for these settings."""
-        return self.max_resident_bases or None, self.keep_alive_s or None
+        pool = self.pool_settings()
+        return pool.max_resident_bases, pool.keep_alive
 
     def device_list(self) -> list[str] | None:
         """The replicas' devices, or None for one engine on ``device``."""
@@ -139,22 +157,18 @@ class EngineChoice:
 
     def engine_config(self, model: str | None) -> EngineConfig:
         """The EngineConfig for these settings with ``model`` resolved to a folder (None: embedded)."""
-        return EngineConfig(
-            model=model,
-            device=self.device,
-            dtype=self.dtype,
-            max_loras=self.max_loras,
-            max_lora_rank=self.max_lora_rank,
-            max_cpu_loras=self.max_cpu_loras or None,
-            cpu_threads=self.cpu_threads or None,
-            batch_invariant=self.batch_invariant,
-            kv_cache_memory_gb=self.kv_cache_gb or None,
-            quantization=self.quantization or None,
-        )
+        values = self.setting_values()
+        items = shown(EngineConfig)
+        return EngineConfig(model=model, **{item.name: _none(item, values[item.name]) for item in items})
 
     @property
     def label(self) -> str:
         return "embedded default model" if self.model_source == "embedded" else self.model
+
+
+def _none(item: Declared, value: Any) -> Any:
+    """A window's value of ``item`` as its setting takes it: 0 or "" is None where None is allowed."""
+    return None if item.optional and not value else value
 
 
 class Preferences:

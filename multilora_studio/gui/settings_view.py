@@ -2,52 +2,39 @@
 
 The Engine settings serve every base model; a base of *More base models* may set its own GPU
 slots, largest rank, CPU RAM tier and KV cache (``deploy.base_settings``), kept in its entry of
-the models list (``/models/qwen,max-loras=4``, the form of ``serve --model``).
+the models list (``/models/qwen,max-loras=4``, the form of ``serve --model``). Each setting's field
+is made from its declaration (``setting_form.py``), in the part of Settings its group names.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QApplication,
-    QButtonGroup,
-    QCheckBox,
     QComboBox,
-    QDoubleSpinBox,
-    QFileDialog,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
-    QLineEdit,
-    QListWidget,
     QProgressBar,
     QPushButton,
-    QRadioButton,
-    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
-from multilora_studio.deploy.base_settings import BaseSettings
-from multilora_studio.engine.config import MAX_SLOTS, SUPPORTED_DTYPES
-from multilora_studio.engine.quantization import QUANTIZATIONS, quantization_summary
+from multilora_studio.deploy.pool_settings import PoolSettings
+from multilora_studio.engine import EngineConfig
+from multilora_studio.gui.base_model_box import BaseModelBox
+from multilora_studio.gui.bases_box import BasesBox
 from multilora_studio.gui.engine_host import LOADING, EngineHost
-from multilora_studio.gui.field_labels import FIELD_LABELS, in_field_labels
-from multilora_studio.gui.preferences import (
-    EMBEDDED,
-    ENGINE_DEFAULTS,
-    HUB_PREFIX,
-    BaseEntry,
-    EngineChoice,
-    Preferences,
-)
+from multilora_studio.gui.field_labels import in_field_labels
+from multilora_studio.gui.preferences import EngineChoice, Preferences, shown
+from multilora_studio.gui.setting_form import SettingForm
 from multilora_studio.gui.theme import THEMES, set_theme
-from multilora_studio.gui.widgets import MessageBanner, format_bytes, scroll_as_one_page
+from multilora_studio.gui.widgets import MessageBanner, scroll_as_one_page
 
 
 def device_names() -> list[str]:
@@ -61,7 +48,10 @@ def device_names() -> list[str]:
 
 
 class SettingsView(QWidget):
-    """Edits an EngineChoice; ``applied(choice)`` asks the window to restart the engine with it."""
+    """Edits an EngineChoice; ``applied(choice)`` asks the window to restart the engine with it.
+
+    A setting's field is ``view.<setting>`` (``view.max_loras``), a base's own one
+    ``view.own_<setting>``."""
 
     applied = Signal(object)
 
@@ -70,112 +60,16 @@ class SettingsView(QWidget):
         self.host = host
         self.prefs = prefs
         self.banner = MessageBanner()
-        self.embedded = QRadioButton("Embedded default model (SmolLM2-135M-Instruct, works offline)")
-        self.folder = QRadioButton("Local Hugging Face folder")
-        self.hub = QRadioButton("Hugging Face Hub repository (pulled into the HF cache)")
-        self.sources = QButtonGroup(self)
-        for index, button in enumerate((self.embedded, self.folder, self.hub)):
-            self.sources.addButton(button, index)
-        self.model = QLineEdit(placeholderText="folder path, or ORG/NAME[@REVISION] for the Hub")
-        browse = QPushButton("Browse…")
-        browse.clicked.connect(self._browse)
-        model_row = QHBoxLayout()
-        model_row.addWidget(self.model, 1)
-        model_row.addWidget(browse)
-        self.sources.idToggled.connect(lambda *_: self.model.setEnabled(not self.embedded.isChecked()))
-        self.quantization = QComboBox()
-        self.quantization.addItem("as the checkpoint is", "")
-        for method in QUANTIZATIONS:
-            self.quantization.addItem(method, method)
-        self.quantization.setToolTip(
-            "fp8: an FP8 checkpoint, or a float base quantized to FP8 when it loads; awq / gptq: such a "
-            "checkpoint (its adapters trained on the float base are served on it)"
-        )
-        self.quantization_info = QLabel()  # the base's quantization and the memory it saves
-        self.quantization_info.setWordWrap(True)
-        self.model.textChanged.connect(self._show_quantization)
-        self.sources.idToggled.connect(self._show_quantization)
-        self.quantization.currentIndexChanged.connect(self._show_quantization)
-
-        self.device = QComboBox()
-        self.device.setEditable(True)
-        self.device.addItems(device_names())
-        self.dtype = QComboBox()
-        self.dtype.addItems(list(SUPPORTED_DTYPES))
-        self.max_loras = QSpinBox(minimum=1, maximum=MAX_SLOTS)
-        self.max_lora_rank = QSpinBox(minimum=1, maximum=512)
-        self.max_cpu_loras = QSpinBox(minimum=0, maximum=1 << 16)
-        self.max_cpu_loras.setSpecialValueText(
-            f"automatic ({ENGINE_DEFAULTS['cpu_lora_memory_fraction']:.0%} of free host memory)"
-        )
-        self.cpu_threads = QSpinBox(minimum=0, maximum=1024)
-        self.cpu_threads.setSpecialValueText("automatic (usable cores − 1)")
-        self.cpu_threads.setToolTip("torch threads of the engine's steps when it runs on the CPU")
-        self.devices = QLineEdit(placeholderText="one engine on Device; or auto, or cuda:0,cuda:1")
-        self.devices.setToolTip(
-            "One engine replica per device listed (auto: every visible GPU), behind the same "
-            "endpoint; a request goes to a replica that holds its adapter"
-        )
-        self.dispatch_margin = QSpinBox(minimum=0, maximum=1 << 16)
-        self.dispatch_margin.setSuffix(" requests")
-        self.dispatch_margin.setToolTip(
-            "With several replicas: a request goes to a replica holding its adapter unless that one "
-            "has more than this many requests over the least-loaded replica (0: least-loaded only)"
-        )
-        self.batch_invariant = QCheckBox()
-        self.batch_invariant.setToolTip(
-            "A request's output does not depend on what else runs with it (slower); "
-            "keeps Compare and Evaluate columns comparable"
-        )
-
-        model_box = QGroupBox("Base model")
-        model_layout = QVBoxLayout(model_box)
-        for button in (self.embedded, self.folder, self.hub):
-            model_layout.addWidget(button)
-        model_layout.addLayout(model_row)
-        quantization_row = QHBoxLayout()
-        quantization_row.addWidget(QLabel(f"{FIELD_LABELS['quantization']} (quantization)"))
-        quantization_row.addWidget(self.quantization)
-        quantization_row.addStretch(1)
-        model_layout.addLayout(quantization_row)
-        model_layout.addWidget(self.quantization_info)
-        bases_box = self._bases_box()
-        engine_box = QGroupBox("Engine (every base model, unless it sets its own)")
-        form = QFormLayout(engine_box)
-        form.addRow(FIELD_LABELS["device"], self.device)
-        form.addRow(FIELD_LABELS["devices"], self.devices)
-        form.addRow(FIELD_LABELS["dispatch_margin"], self.dispatch_margin)
-        form.addRow(FIELD_LABELS["dtype"], self.dtype)
-        form.addRow(f"{FIELD_LABELS['max_loras']} (max_loras)", self.max_loras)
-        form.addRow(f"{FIELD_LABELS['max_lora_rank']} (max_lora_rank)", self.max_lora_rank)
-        form.addRow(f"{FIELD_LABELS['max_cpu_loras']} (max_cpu_loras)", self.max_cpu_loras)
-        form.addRow(f"{FIELD_LABELS['cpu_threads']} (cpu_threads)", self.cpu_threads)
-        form.addRow(f"{FIELD_LABELS['batch_invariant']} (batch_invariant)", self.batch_invariant)
-
-        self.theme = QComboBox()
-        self.theme.addItems(["Follow the system", "Light", "Dark"])
-        theme = prefs.get("window/theme", "system")
-        self.theme.setCurrentIndex(THEMES.index(theme) if theme in THEMES else 0)
-        self.theme.currentIndexChanged.connect(self._theme_changed)
-        appearance = QGroupBox("Appearance (applies at once)")
-        QFormLayout(appearance).addRow("Theme", self.theme)
-
-        self.apply_button = QPushButton("Apply and restart the engine")
-        self.apply_button.clicked.connect(self.apply)
-        self.revert_button = QPushButton("Revert")
-        self.revert_button.clicked.connect(lambda: self.show_choice(self.prefs.engine_choice()))
-        self.cancel_button = QPushButton("Cancel loading")
-        self.cancel_button.clicked.connect(host.cancel_start)
+        self.model_box = BaseModelBox()
+        self.bases_box = BasesBox()
+        self.engine_form = SettingForm(self)
+        self.forms = (self.model_box.form, self.engine_form, self.bases_box.form)
+        engine_box = self._engine_box()
+        self.by_name = self._name_parts()
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.status = QLabel()
         self.status.setWordWrap(True)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.apply_button)
-        buttons.addWidget(self.revert_button)
-        buttons.addStretch(1)
-        buttons.addWidget(self.cancel_button)
-
         content = QWidget()
         content.setMaximumWidth(820)
         row = QWidget()
@@ -185,183 +79,104 @@ class SettingsView(QWidget):
         scroll_as_one_page(self, row)
         layout = QVBoxLayout(content)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.banner)
-        layout.addWidget(model_box)
-        layout.addWidget(bases_box)
-        layout.addWidget(engine_box)
-        layout.addLayout(buttons)
+        for part in (self.banner, self.model_box, self.bases_box, engine_box):
+            layout.addWidget(part)
+        layout.addLayout(self._buttons())
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
-        layout.addWidget(appearance)
+        layout.addWidget(self._appearance_box())
         layout.addStretch(1)
-        host.progress.connect(self._progress)
-        host.stateChanged.connect(self._state_changed)
-        host.failed.connect(self._start_failed)
-        host.rejected.connect(
-            lambda message: self.banner.show_message(
-                f"Not applied: {in_field_labels(message, where='')}. "
-                "The engine keeps running with its current settings."
-            )
-        )
+        self._watch_host()
         self.show_choice(prefs.engine_choice())
         self._state_changed(host.state)
 
-    def _bases_box(self) -> QGroupBox:
-        """More base models served beside the first, and how many stay loaded."""
-        self.extra_models = QListWidget()
-        self.extra_models.setMaximumHeight(72)
-        self.extra_models.setToolTip(
-            "Each base model is an engine of its own; a request (or a Compare column) for one of its "
-            "adapters runs on it"
-        )
-        add_folder = QPushButton("Add folder…")
-        add_folder.clicked.connect(self._browse_extra)
-        add_hub = QPushButton("Add Hub repository…")
-        add_hub.setToolTip("A base model on the Hugging Face Hub, pulled into the HF cache when applied")
-        add_hub.clicked.connect(self._ask_hub_model)
-        add_embedded = QPushButton("Add the embedded model")
-        add_embedded.clicked.connect(lambda: self.add_extra_model(EMBEDDED))
-        remove = QPushButton("Remove")
-        remove.clicked.connect(lambda: self.extra_models.takeItem(self.extra_models.currentRow()))
-        buttons = QHBoxLayout()
-        for button in (add_folder, add_hub, add_embedded, remove):
-            buttons.addWidget(button)
-        buttons.addStretch(1)
-        self.max_resident_bases = QSpinBox(minimum=0, maximum=64)
-        self.max_resident_bases.setSpecialValueText("all")
-        self.max_resident_bases.setToolTip(
-            "At most this many base models loaded at once; a request for another unloads the least "
-            "recently used idle one first (serve --max-resident-bases)"
-        )
-        self.keep_alive = QDoubleSpinBox(minimum=0.0, maximum=7 * 86400.0, decimals=0, suffix=" s")
-        self.keep_alive.setSpecialValueText("never")
-        self.keep_alive.setToolTip(
-            "Unload a base model idle this long; its next request loads it (serve --keep-alive)"
-        )
-        self.kv_cache_gb = QDoubleSpinBox(minimum=0.0, maximum=4096.0, decimals=1, singleStep=0.5)
-        self.kv_cache_gb.setSpecialValueText("the engine's sizing")
-        self.kv_cache_gb.setToolTip("Each base's KV cache; needed when several base models share a GPU")
-        box = QGroupBox("More base models (each with its adapters, as serve --model A --model B)")
-        layout = QVBoxLayout(box)
-        layout.addWidget(self.extra_models)
-        layout.addLayout(buttons)
-        form = QFormLayout()
-        form.addRow(FIELD_LABELS["max_resident_bases"], self.max_resident_bases)
-        form.addRow(FIELD_LABELS["keep_alive"], self.keep_alive)
-        form.addRow(FIELD_LABELS["kv_cache_memory_gb"], self.kv_cache_gb)
-        layout.addLayout(form)
-        layout.addWidget(self._own_box())
-        return box
+    def __getattr__(self, name: str) -> Any:
+        """A setting's field (``max_loras``; ``own_max_loras``: the selected base's own), or a
+        widget of the *Base model* and *More base models* groups (``embedded``, ``extra_models``)."""
+        named = self.__dict__.get("by_name", {})
+        if name not in named:
+            raise AttributeError(f"{type(self).__name__} has no {name!r}")
+        return named[name]
 
-    def _own_box(self) -> QGroupBox:
-        """The selected base's own engine settings (0: the shared value)."""
-        self.own_max_loras = QSpinBox(minimum=0, maximum=MAX_SLOTS)
-        self.own_max_lora_rank = QSpinBox(minimum=0, maximum=512)
-        self.own_max_cpu_loras = QSpinBox(minimum=0, maximum=1 << 16)
-        self.own_kv_cache_gb = QDoubleSpinBox(minimum=0.0, maximum=4096.0, decimals=1, singleStep=0.5)
-        self.own_box = QGroupBox("The selected base's own settings")
-        form = QFormLayout(self.own_box)
-        for name, spin in self._own_spins().items():
-            spin.setSpecialValueText("as above" if name == "kv_cache_memory_gb" else "as Engine")
-            spin.valueChanged.connect(self._own_changed)
-            form.addRow(f"{FIELD_LABELS[name]} ({name})", spin)
-        self.own_box.setEnabled(False)
-        self.extra_models.currentRowChanged.connect(self._show_own)
-        return self.own_box
-
-    def _own_spins(self) -> dict[str, QSpinBox | QDoubleSpinBox]:
-        """The own-settings fields by BaseSettings field."""
+    def _name_parts(self) -> dict[str, QWidget]:
+        """What ``__getattr__`` finds."""
+        own = self.bases_box.own
         return {
-            "max_loras": self.own_max_loras,
-            "max_lora_rank": self.own_max_lora_rank,
-            "max_cpu_loras": self.own_max_cpu_loras,
-            "kv_cache_memory_gb": self.own_kv_cache_gb,
+            **{f"own_{setting}": widget for setting, widget in own.form.fields.items()},
+            **{setting: widget for form in self.forms for setting, widget in form.fields.items()},
+            "own_box": own,
+            "extra_models": self.bases_box.extra_models,
+            **{name: getattr(self.model_box, name) for name in ("embedded", "folder", "hub", "model")},
+            "quantization_info": self.model_box.quantization_info,
         }
 
-    def _show_own(self, row: int) -> None:
-        """Show the own settings of the base in ``row`` (nothing selected, or an entry that does
-        not read: disabled)."""
-        item = self.extra_models.item(row)
-        try:
-            own = BaseEntry.parse(item.text()).own if item is not None else None
-        except ValueError:
-            own = None
-        self.own_box.setEnabled(own is not None)
-        values = asdict(own) if own is not None else {}
-        for name, spin in self._own_spins().items():
-            spin.blockSignals(True)
-            spin.setValue(values.get(name) or 0)
-            spin.blockSignals(False)
-
-    def _own_changed(self, *_: object) -> None:
-        """Write the own settings into the selected entry of the models list."""
-        item = self.extra_models.currentItem()
-        if item is None:
-            return
-        values = {name: spin.value() or None for name, spin in self._own_spins().items()}
-        own = BaseSettings(**values)  # type: ignore[arg-type]
-        item.setText(replace(BaseEntry.parse(item.text()), own=own).text)
-
     def add_extra_model(self, entry: str) -> None:
-        """Add a base model to the list (applied with the other settings): a folder, EMBEDDED or
-        ``hub:ORG/NAME[@REVISION]`` (``BaseEntry.parse``)."""
-        self.extra_models.addItem(entry)
-
-    def _ask_hub_model(self) -> None:
-        repo, ok = QInputDialog.getText(
-            self, "Add a base model from the Hub", "Repository (ORG/NAME, or ORG/NAME@REVISION):"
-        )
-        if ok and repo.strip():
-            self.add_extra_model(HUB_PREFIX + repo.strip())
+        self.bases_box.add_extra_model(entry)
 
     def extra_model_entries(self) -> list[str]:
-        return [self.extra_models.item(i).text() for i in range(self.extra_models.count())]
+        return self.bases_box.extra_model_entries()
 
-    def _browse_extra(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Choose another base model (a Hugging Face folder)")
-        if folder:
-            self.add_extra_model(folder)
+    def _engine_box(self) -> QGroupBox:
+        """The settings of the group "engine": EngineConfig's (with their field names) and the
+        replicas'; the device is typed or picked from those this machine has."""
+        device = QComboBox()
+        device.setEditable(True)
+        device.addItems(device_names())
+        box = QGroupBox("Engine (every base model, unless it sets its own)")
+        engine = [item for item in shown(EngineConfig) if item.setting.group == "engine"]
+        self.engine_form.add(engine, named=True, widgets={"device": device})
+        self.engine_form.add(item for item in shown(PoolSettings) if item.setting.group == "engine")
+        box.setLayout(self.engine_form.layout)
+        return box
+
+    def _buttons(self) -> QHBoxLayout:
+        self.apply_button = QPushButton("Apply and restart the engine")
+        self.apply_button.clicked.connect(self.apply)
+        self.revert_button = QPushButton("Revert")
+        self.revert_button.clicked.connect(lambda: self.show_choice(self.prefs.engine_choice()))
+        self.cancel_button = QPushButton("Cancel loading")
+        self.cancel_button.clicked.connect(self.host.cancel_start)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.apply_button)
+        buttons.addWidget(self.revert_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.cancel_button)
+        return buttons
+
+    def _appearance_box(self) -> QGroupBox:
+        self.theme = QComboBox()
+        self.theme.addItems(["Follow the system", "Light", "Dark"])
+        theme = self.prefs.get("window/theme", "system")
+        self.theme.setCurrentIndex(THEMES.index(theme) if theme in THEMES else 0)
+        self.theme.currentIndexChanged.connect(self._theme_changed)
+        appearance = QGroupBox("Appearance (applies at once)")
+        QFormLayout(appearance).addRow("Theme", self.theme)
+        return appearance
+
+    def _watch_host(self) -> None:
+        self.host.progress.connect(self._progress)
+        self.host.stateChanged.connect(self._state_changed)
+        self.host.failed.connect(self._start_failed)
+        self.host.rejected.connect(
+            lambda message: self.banner.show_message(
+                f"Not applied: {message}. The engine keeps running with its current settings."
+            )
+        )
 
     def show_choice(self, choice: EngineChoice) -> None:
-        button = {"embedded": self.embedded, "folder": self.folder, "hub": self.hub}[choice.model_source]
-        button.setChecked(True)
-        self.model.setText(choice.model)
-        self.model.setEnabled(choice.model_source != "embedded")
-        self.device.setCurrentText(choice.device)
-        self.devices.setText(choice.devices)
-        self.dispatch_margin.setValue(choice.dispatch_margin)
-        self.dtype.setCurrentText(choice.dtype)
-        self.max_loras.setValue(choice.max_loras)
-        self.max_lora_rank.setValue(choice.max_lora_rank)
-        self.max_cpu_loras.setValue(choice.max_cpu_loras)
-        self.cpu_threads.setValue(choice.cpu_threads)
-        self.batch_invariant.setChecked(choice.batch_invariant)
-        self.quantization.setCurrentIndex(max(0, self.quantization.findData(choice.quantization)))
-        self.extra_models.clear()
-        self.extra_models.addItems(list(choice.extra_models))
-        self.max_resident_bases.setValue(choice.max_resident_bases)
-        self.keep_alive.setValue(choice.keep_alive_s)
-        self.kv_cache_gb.setValue(choice.kv_cache_gb)
+        values = choice.setting_values()
+        self.model_box.show_model(choice.model_source, choice.model, values)
+        self.engine_form.show(values)
+        self.bases_box.show_bases(choice.extra_models, values)
 
     def choice(self) -> EngineChoice:
-        source = ("embedded", "folder", "hub")[max(0, self.sources.checkedId())]
-        return EngineChoice(
-            model_source=source,
-            model="" if source == "embedded" else self.model.text().strip(),
-            device=self.device.currentText().strip(),
-            devices=self.devices.text().strip(),
-            dispatch_margin=self.dispatch_margin.value(),
-            dtype=self.dtype.currentText(),
-            max_loras=self.max_loras.value(),
-            max_lora_rank=self.max_lora_rank.value(),
-            max_cpu_loras=self.max_cpu_loras.value(),
-            cpu_threads=self.cpu_threads.value(),
-            batch_invariant=self.batch_invariant.isChecked(),
-            quantization=self.quantization.currentData() or "",
-            extra_models=tuple(self.extra_model_entries()),
-            max_resident_bases=self.max_resident_bases.value(),
-            keep_alive_s=self.keep_alive.value(),
-            kv_cache_gb=self.kv_cache_gb.value(),
+        source = self.model_box.source()
+        model = "" if source == "embedded" else self.model_box.model.text().strip()
+        chosen = EngineChoice(
+            model_source=source, model=model, extra_models=tuple(self.extra_model_entries())
+        )
+        return chosen.with_settings(
+            {name: value for form in self.forms for name, value in form.values().items()}
         )
 
     def apply(self) -> bool:
@@ -376,7 +191,7 @@ class SettingsView(QWidget):
                 if base.source == "folder" and not Path(base.model).expanduser().is_dir():
                     raise ValueError(f"model folder {base.model} does not exist")
         except ValueError as error:
-            self.banner.show_message(in_field_labels(str(error), where=""))
+            self.banner.show_message(in_field_labels(error, where=""))
             return False
         self.banner.clear()
         self.applied.emit(choice)
@@ -384,27 +199,7 @@ class SettingsView(QWidget):
 
     def _start_failed(self, message: str) -> None:
         again = " Starting again with the last settings that worked." if self.host.state == LOADING else ""
-        self.banner.show_message(
-            f"The engine did not start: {in_field_labels(message, where='').rstrip('.')}.{again}"
-        )
-
-    def _show_quantization(self, *_: object) -> None:
-        """The chosen base's quantization and the memory it saves (a folder's config.json read)."""
-        requested = self.quantization.currentData() or None
-        folder = self.model.text().strip()
-        if self.embedded.isChecked() or (self.folder.isChecked() and folder):
-            label, sizes = quantization_summary(
-                None if self.embedded.isChecked() else Path(folder), requested
-            )
-        else:
-            label, sizes = "", None
-        if sizes is not None and sizes[1] < sizes[0]:
-            dense, stored = sizes
-            label += (
-                f": projections {format_bytes(stored)} instead of {format_bytes(dense)} in bf16 "
-                f"(saves {format_bytes(dense - stored)})"
-            )
-        self.quantization_info.setText(label)
+        self.banner.show_message(f"The engine did not start: {message.rstrip('.')}.{again}")
 
     def _theme_changed(self, index: int) -> None:
         mode = THEMES[index]
@@ -412,12 +207,6 @@ class SettingsView(QWidget):
         app = QApplication.instance()
         if isinstance(app, QApplication):
             set_theme(app, mode)
-
-    def _browse(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Choose a Hugging Face model folder")
-        if folder:
-            self.folder.setChecked(True)
-            self.model.setText(folder)
 
     def _progress(self, fraction: float, message: str) -> None:
         self.progress.setValue(int(fraction * 1000))

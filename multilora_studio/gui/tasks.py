@@ -27,7 +27,7 @@ def user_message(error: BaseException) -> str:
     if isinstance(error, FileNotFoundError) and error.filename:
         return f"{error.filename} does not exist"
     if isinstance(error, USER_ERRORS) and str(error):
-        return in_field_labels(str(error))
+        return in_field_labels(error)
     return f"unexpected error ({type(error).__name__}): {error}"
 
 

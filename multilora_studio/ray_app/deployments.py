@@ -26,6 +26,7 @@ from ray.serve.handle import DeploymentHandle
 from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.deploy.base_pool import BasePool
 from multilora_studio.engine import EngineConfig, least_host_capacity
+from multilora_studio.invalid_setting import InvalidSetting
 from multilora_studio.ray_app.remote_engine import EngineFacts, RemoteEngine, engine_replica_class
 from multilora_studio.server.app import create_app
 from multilora_studio.server.config import ServerConfig
@@ -52,7 +53,7 @@ class RayServeOptions:
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+            raise InvalidSetting.of("replicas", self.replicas, "must be >= 1, got {value}")
         if self.autoscaling is not None and not 0 < self.autoscaling[0] <= self.autoscaling[1]:
             raise ValueError(f"autoscaling needs 0 < min <= max replicas, got {self.autoscaling}")
 

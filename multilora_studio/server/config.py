@@ -5,33 +5,37 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from multilora_studio.engine.settings import Declared, declared, setting
 from multilora_studio.server.api_keys import ApiKey, named_keys
 from multilora_studio.server.exposure import bound_host_names, is_loopback
 
 
-def _check_limit(name: str, value: object, low: int = 1, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}{' or None' if optional else ''}, got {value!r}")
-
-
-def _check_seconds(name: str, value: object) -> None:
-    if (
+def _checked(item: Declared, value: object) -> object:
+    """``value`` of the declared field ``item`` checked in the server's words (ValueError naming
+    the field), lists as tuples of stripped strings."""
+    name, low, high = item.name, item.setting.low, item.setting.high
+    if item.kind is bool and not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    if item.kind is int and not (item.optional and value is None):
+        if not isinstance(value, int) or isinstance(value, bool) or (low is not None and value < low):
+            alone = " or None" if item.optional else ""
+            raise ValueError(f"{name} must be an integer >= {low}{alone}, got {value!r}")
+        if high is not None and value > high:
+            raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+    if item.kind is float and (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
         or not math.isfinite(value)
         or value <= 0
     ):
         raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-
-
-def _strings(name: str, value: object) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ValueError(f"{name} must be a list of strings, got {value!r}")
-    if any(not isinstance(item, str) or not item.strip() for item in value):
-        raise ValueError(f"{name} must hold non-empty strings, got {list(value)!r}")
-    return tuple(item.strip() for item in value)
+    if item.kind is tuple:
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise ValueError(f"{name} must be a list of strings, got {value!r}")
+        if any(not isinstance(entry, str) or not entry.strip() for entry in value):
+            raise ValueError(f"{name} must hold non-empty strings, got {list(value)!r}")
+        return tuple(entry.strip() for entry in value)
+    return value
 
 
 @dataclass
@@ -44,73 +48,133 @@ class ServerConfig:
     machines can reach needs a key unless ``allow_no_key`` says the network is trusted.
     """
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_keys: tuple[str | ApiKey, ...] = ()
-    allow_no_key: bool = False  # serve a non-loopback address without keys (a trusted network)
-    max_concurrent_per_key: int | None = None
-    tokens_per_minute_per_key: int | None = None
-    max_in_flight: int = 256
-    max_sequences_per_request: int = 256  # prompts x n; lm-evaluation-harness batches fit
-    max_body_bytes: int = 1 << 20
-    allowed_hosts: tuple[str, ...] = ()
-    cors_origins: tuple[str, ...] = ()
-    request_log_size: int = 1000
-    graceful_shutdown_s: int = 2
-    allow_hub_adapters: bool = False  # an admin's request for an unknown ``org/name[@rev]`` pulls it
-    hub_pull_timeout_s: int = 120  # how long a request waits for that pull
-    hub_pulls_at_once: int = 2  # Hub pulls running at once (on threads of their own)
-    hub_pull_limit: int = 16  # adapters requests may pull from the Hub while this server runs
-    hub_pull_max_bytes: int = 4 << 30  # the files of one pulled adapter
-    header_timeout_s: float = 10.0  # from a connection's first byte (or its opening) to a whole request head
-    body_timeout_s: float = 60.0  # from the request head to the end of its body, however steadily it arrives
-    max_connections_per_client: int = 64  # open connections from one client address, loopback included
-    max_connections: int = 512  # open connections from all addresses together
-    allow_special_tokens_in_content: bool = False  # trusted clients: message text may spell control tokens
+    host: str = setting("127.0.0.1", flag="--host", help="address to bind (default: loopback only)")
+    port: int = setting(8000, flag="--port", help="TCP port (0: any free port)", low=0, high=65535)
+    api_keys: tuple[str | ApiKey, ...] = ()  # flags of their own: --api-key, --user-key, --keys-file
+    # serve a non-loopback address without keys (a trusted network)
+    allow_no_key: bool = setting(
+        False,
+        flag="--allow-no-key",
+        help="serve a non-loopback --host without any key (only on a network you trust)",
+    )
+    max_concurrent_per_key: int | None = setting(
+        None, flag="--max-concurrent-per-key", help="open requests per key", low=1
+    )
+    tokens_per_minute_per_key: int | None = setting(
+        None, flag="--tokens-per-minute", help="token budget per key", low=1
+    )
+    max_in_flight: int = setting(256, flag="--max-in-flight", help="engine requests the server holds", low=1)
+    # prompts x n; lm-evaluation-harness batches fit
+    max_sequences_per_request: int = setting(
+        256, flag="--max-sequences-per-request", help="prompts x n one request may ask for", low=1
+    )
+    max_body_bytes: int = setting(1 << 20, flag="--max-body-bytes", help="largest request body", low=256)
+    allowed_hosts: tuple[str, ...] = setting(
+        (),
+        flag="--allowed-hosts",
+        metavar="HOST",
+        help="Host header names to accept besides the bound address's own (its addresses, the "
+        "machine's name, loopback), e.g. a DNS name clients use",
+    )
+    cors_origins: tuple[str, ...] = setting(
+        (), flag="--allowed-origins", metavar="ORIGIN", help="enable CORS for these origins"
+    )
+    request_log_size: int = setting(1000, low=1)
+    graceful_shutdown_s: int = setting(2, low=0)
+    # an admin's request for an unknown ``org/name[@rev]`` pulls it
+    allow_hub_adapters: bool = setting(
+        False,
+        flag="--allow-hub-adapters",
+        help="an admin key's request whose model is an unserved ORG/NAME[@REV] pulls that adapter "
+        "from the Hub (HF_ENDPOINT), validates it, adds it to the library and serves it",
+    )
+    hub_pull_timeout_s: int = setting(  # how long a request waits for that pull
+        120,
+        flag="--hub-pull-timeout",
+        metavar="SECONDS",
+        help="how long a request waits for its Hub adapter's pull before a 504",
+        low=1,
+    )
+    hub_pulls_at_once: int = setting(  # Hub pulls running at once (on threads of their own)
+        2,
+        flag="--hub-pulls-at-once",
+        metavar="N",
+        help="Hub pulls that may run at once; a request for another gets 429",
+        low=1,
+    )
+    hub_pull_limit: int = setting(  # adapters requests may pull from the Hub while this server runs
+        16,
+        flag="--hub-pull-limit",
+        metavar="N",
+        help="adapters requests may pull from the Hub while the server runs; past it a 403",
+        low=1,
+    )
+    hub_pull_max_bytes: int = setting(  # the files of one pulled adapter
+        4 << 30,
+        flag="--hub-pull-max-bytes",
+        metavar="BYTES",
+        help="largest adapter (all its files) a request may pull; a larger one is a 413",
+        low=1,
+    )
+    # from a connection's first byte (or its opening) to a whole request head
+    header_timeout_s: float = setting(
+        10.0,
+        flag="--header-timeout",
+        metavar="SECONDS",
+        help="close a connection whose request head is not complete this long after its first byte",
+        low=0,
+        above=True,
+    )
+    # from the request head to the end of its body, however steadily it arrives
+    body_timeout_s: float = setting(
+        60.0,
+        flag="--body-timeout",
+        metavar="SECONDS",
+        help="answer 408 and close when a request body is not complete this long after its head",
+        low=0,
+        above=True,
+    )
+    # open connections from one client address, loopback included
+    max_connections_per_client: int = setting(
+        64,
+        flag="--max-connections-per-client",
+        metavar="N",
+        help="open connections one client address may hold (loopback included); more are refused at once",
+        low=1,
+    )
+    max_connections: int = setting(  # open connections from all addresses together
+        512,
+        flag="--max-connections",
+        metavar="N",
+        help="open connections from all addresses together; more are refused at once (503)",
+        low=1,
+    )
+    # trusted clients: message text may spell control tokens
+    allow_special_tokens_in_content: bool = setting(
+        False,
+        flag="--allow-special-tokens-in-content",
+        help="trusted clients only: a chat message's text that spells a special token (<|im_start|>) "
+        "becomes that control token (default: it is tokenized as plain text)",
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host.strip():
             raise ValueError(f"host must be an address or host name, got {self.host!r}")
-        _check_limit("port", self.port, 0)
-        if self.port > 65535:
-            raise ValueError(f"port must be between 0 and 65535, got {self.port}")
+        for item in declared(ServerConfig):
+            setattr(self, item.name, _checked(item, getattr(self, item.name)))
         if isinstance(self.api_keys, str) or not isinstance(self.api_keys, (list, tuple)):
             raise ValueError(f"api_keys must be a list of keys, got {self.api_keys!r}")
         self.api_keys = named_keys(self.api_keys)
-        if not isinstance(self.allow_no_key, bool):
-            raise ValueError(f"allow_no_key must be true or false, got {self.allow_no_key!r}")
         if not self.loopback and not self.api_keys and not self.allow_no_key:
             raise ValueError(
                 f"{self.host} can be reached from other machines: set an API key "
                 "(or allow serving without one on a trusted network)"
             )
-        _check_limit("max_concurrent_per_key", self.max_concurrent_per_key, optional=True)
-        _check_limit("tokens_per_minute_per_key", self.tokens_per_minute_per_key, optional=True)
-        _check_limit("max_in_flight", self.max_in_flight)
-        _check_limit("max_sequences_per_request", self.max_sequences_per_request)
-        _check_limit("max_body_bytes", self.max_body_bytes, 256)
-        self.allowed_hosts = _strings("allowed_hosts", self.allowed_hosts)
-        self.cors_origins = _strings("cors_origins", self.cors_origins)
         if "*" in self.cors_origins and not self.api_keys:
             raise ValueError(
                 "allowed origins '*' let every web page the user opens call this server: set an API key, "
                 "or name the origins"
             )
-        _check_limit("request_log_size", self.request_log_size)
-        _check_limit("graceful_shutdown_s", self.graceful_shutdown_s, 0)
-        if not isinstance(self.allow_hub_adapters, bool):
-            raise ValueError(f"allow_hub_adapters must be true or false, got {self.allow_hub_adapters!r}")
-        _check_limit("hub_pull_timeout_s", self.hub_pull_timeout_s)
-        _check_limit("hub_pulls_at_once", self.hub_pulls_at_once)
-        _check_limit("hub_pull_limit", self.hub_pull_limit)
-        _check_limit("hub_pull_max_bytes", self.hub_pull_max_bytes)
-        _check_seconds("header_timeout_s", self.header_timeout_s)
-        _check_seconds("body_timeout_s", self.body_timeout_s)
-        _check_limit("max_connections_per_client", self.max_connections_per_client)
-        _check_limit("max_connections", self.max_connections)
-        allow = self.allow_special_tokens_in_content
-        if not isinstance(allow, bool):
-            raise ValueError(f"allow_special_tokens_in_content must be true or false, got {allow!r}")
 
     @property
     def loopback(self) -> bool:

@@ -89,7 +89,7 @@ def test_serve_takes_each_models_own_settings_over_the_flags():
             "/m/b,max-loras=2,kv-cache-gb=0.5",
         ]
     )
-    first, second = engine_configs(args, args.kv_cache_gb)
+    first, second = engine_configs(args)
     assert (first.model, first.max_loras, first.kv_cache_memory_gb) == ("/m/a", 6, 1.0)
     assert (second.model, second.max_loras, second.kv_cache_memory_gb) == ("/m/b", 2, 0.5)
     assert second.max_lora_rank == first.max_lora_rank == EngineConfig().max_lora_rank  # one default

@@ -17,7 +17,7 @@ def test_each_base_starts_with_its_own_engine_settings(qtbot, open_window, two_b
     assert settings.own_box.isEnabled() and settings.own_max_loras.text() == "as Engine"
     settings.own_max_loras.setValue(2)
     settings.own_max_lora_rank.setValue(16)
-    settings.own_kv_cache_gb.setValue(0.5)
+    settings.own_kv_cache_memory_gb.setValue(0.5)
     entry = f"{folder},max-loras=2,max-lora-rank=16,kv-cache-gb=0.5"
     assert settings.extra_model_entries() == [entry]
     settings.max_loras.setValue(3)  # the Engine's: the first base's, and the default of the others
@@ -40,7 +40,7 @@ def test_each_base_starts_with_its_own_engine_settings(qtbot, open_window, two_b
     assert not settings.own_box.isEnabled()
     settings.extra_models.setCurrentRow(0)  # the entry's values shown again
     assert (settings.own_max_loras.value(), settings.own_max_lora_rank.value()) == (2, 16)
-    assert settings.own_max_cpu_loras.value() == 0 and settings.own_kv_cache_gb.value() == 0.5
+    assert settings.own_max_cpu_loras.value() == 0 and settings.own_kv_cache_memory_gb.value() == 0.5
     save_screenshot(window, "settings-own-base-settings")
 
     settings.own_max_cpu_loras.setValue(1)  # fewer than its 2 slots: the engine would refuse it

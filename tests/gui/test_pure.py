@@ -14,10 +14,10 @@ from multilora_studio.adapters.peft_adapter import AdapterError
 from multilora_studio.gui.compare_chat import Conversation
 from multilora_studio.gui.compare_export import Comparison, to_json, to_markdown
 from multilora_studio.gui.diff import first_difference, utf16_offset
-from multilora_studio.gui.field_labels import in_field_labels
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 from multilora_studio.gui.stop_strings import format_stop_strings, parse_stop_strings
 from multilora_studio.gui.tasks import Cancelled, user_message
+from multilora_studio.invalid_setting import InvalidSetting
 from multilora_studio.run_records import (
     ColumnOutput,
     ColumnOverrides,
@@ -197,6 +197,6 @@ def test_user_messages_name_settings_as_the_window_labels_them(tiny_adapters):
     assert "max_lora_rank" not in message and "--" not in message
     label = "'Largest adapter rank' in Settings"
     assert f"exceeds {label} (4); raise {label}" in message
-    slots = user_message(ValueError("max_loras must be >= 1, got 0"))
+    slots = user_message(InvalidSetting.of("max_loras", 0, "must be >= 1, got {value}"))
     assert slots == "'GPU adapter slots' in Settings must be >= 1, got 0"
-    assert in_field_labels(message) == message  # labelled once, whatever passes it on
+    assert user_message(ValueError(message)) == message  # labelled once, whatever passes it on
