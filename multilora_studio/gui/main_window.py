@@ -55,7 +55,28 @@ class MainWindow(QMainWindow):
         self.settings = SettingsView(self.host, prefs)
         self.pull_dialog: PullDialog | None = None
         self._serve_after_restart = False
+        self._lay_out()
+        self.status = StudioStatusBar(self.host, self.control)
+        self.setStatusBar(self.status)
+        self.library.pullRequested.connect(self.open_pull_dialog)
+        self.settings.applied.connect(self.restart_engine)
+        self.monitor.advice.applyRequested.connect(self.apply_advice)
+        self.host.ready.connect(self._engine_ready)
+        self.metrics_timer = QTimer(self)
+        self.metrics_timer.setInterval(METRICS_INTERVAL_MS)
+        self.metrics_timer.timeout.connect(self.poll_metrics)
+        self.metrics_timer.start()
+        self._shortcuts()
+        self._restore()
+        self.autosave.timeout.connect(self.save_state)
+        saved = self.compare.saved_widgets() + self.evaluate.saved_widgets() + self.server.saved_widgets()
+        on_any_edit(self.autosave.start, saved)
+        self.sidebar.currentRowChanged.connect(lambda *_: self.autosave.start())
+        if start_engine:
+            self.host.start(prefs.engine_choice())
 
+    def _lay_out(self) -> None:
+        """The sidebar of views beside the view shown."""
         self.sidebar = QListWidget()
         self.sidebar.addItems(list(PAGES))
         self.sidebar.setFixedWidth(140)
@@ -75,25 +96,6 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.sidebar)
         layout.addWidget(self.stack, 1)
         self.setCentralWidget(central)
-        self.status = StudioStatusBar(self.host, self.control)
-        self.setStatusBar(self.status)
-
-        self.library.pullRequested.connect(self.open_pull_dialog)
-        self.settings.applied.connect(self.restart_engine)
-        self.monitor.advice.applyRequested.connect(self.apply_advice)
-        self.host.ready.connect(self._engine_ready)
-        self.metrics_timer = QTimer(self)
-        self.metrics_timer.setInterval(METRICS_INTERVAL_MS)
-        self.metrics_timer.timeout.connect(self.poll_metrics)
-        self.metrics_timer.start()
-        self._shortcuts()
-        self._restore()
-        self.autosave.timeout.connect(self.save_state)
-        saved = self.compare.saved_widgets() + self.evaluate.saved_widgets() + self.server.saved_widgets()
-        on_any_edit(self.autosave.start, saved)
-        self.sidebar.currentRowChanged.connect(lambda *_: self.autosave.start())
-        if start_engine:
-            self.host.start(prefs.engine_choice())
 
     def show_page(self, name: str) -> None:
         self.sidebar.setCurrentRow(PAGES.index(name))

@@ -85,6 +85,29 @@ class MonitorView(QWidget):
         self.last: EngineMetrics | None = None
         self.bases: list[BasePanel] = []  # one per base model
         self.base_states: list[BaseState] = []
+        self.counts = QLabel()
+        self.counts.setWordWrap(True)
+        self.stats = QLabel("waiting for the engine…")
+        self.stats.setWordWrap(True)
+        self.stats.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.stats_box = QGroupBox("Engine")
+        QVBoxLayout(self.stats_box).addWidget(self.stats)
+        row = QHBoxLayout()
+        row.addWidget(self.counts, 1)
+        row.addWidget(self.stats_box, 1)
+        content = QWidget()
+        layout = QVBoxLayout(content)
+        layout.addWidget(self._panels_area())
+        layout.addLayout(row)
+        layout.addWidget(self.usage)
+        layout.addWidget(self.loads)
+        layout.addWidget(self.advice)
+        layout.addLayout(self._plots(), 1)
+        self._style_plots()
+        scroll_as_one_page(self, content)
+
+    def _panels_area(self) -> QScrollArea:
+        """The base panels, one per base model, in a scroll area of bounded height."""
         panels = QWidget()
         self.panels_layout = QVBoxLayout(panels)
         self.panels_layout.setContentsMargins(0, 0, 0, 0)
@@ -93,18 +116,10 @@ class MonitorView(QWidget):
         scroll.setWidget(panels)
         scroll.setMinimumHeight(PANELS_MIN_HEIGHT)
         scroll.setMaximumHeight(PANELS_MAX_HEIGHT)
-        self.counts = QLabel()
-        self.counts.setWordWrap(True)
-        self.stats = QLabel("waiting for the engine…")
-        self.stats.setWordWrap(True)
-        self.stats.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        return scroll
 
-        self.stats_box = stats_box = QGroupBox("Engine")
-        QVBoxLayout(stats_box).addWidget(self.stats)
-        row = QHBoxLayout()
-        row.addWidget(self.counts, 1)
-        row.addWidget(stats_box, 1)
-
+    def _plots(self) -> QGridLayout:
+        """The live plots (``PLOTS``), two a row; ``curves`` holds each series' curve."""
         self.curves: dict[str, pg.PlotDataItem] = {}
         self.plots: list[pg.PlotWidget] = []
         plots = QGridLayout()
@@ -125,17 +140,7 @@ class MonitorView(QWidget):
                 )
             self.plots.append(plot)
             plots.addWidget(plot, index // 2, index % 2)
-
-        self._style_plots()
-        content = QWidget()
-        layout = QVBoxLayout(content)
-        layout.addWidget(scroll)
-        layout.addLayout(row)
-        layout.addWidget(self.usage)
-        layout.addWidget(self.loads)
-        layout.addWidget(self.advice)
-        layout.addLayout(plots, 1)
-        scroll_as_one_page(self, content)
+        return plots
 
     def changeEvent(self, event: QEvent) -> None:
         if event.type() == QEvent.Type.PaletteChange:  # the OS switched light/dark

@@ -81,72 +81,14 @@ class ServerView(QWidget):
         self.host = host
         self.control = control
         self.banner = MessageBanner()
-        self.host_edit = QLineEdit("127.0.0.1")
-        self.port = QSpinBox(minimum=0, maximum=65535, value=DEFAULT_PORT)
-        self.port.setSpecialValueText("any free port")
-        self.api_key = QLineEdit(placeholderText="optional; at least 8 characters")
-        self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
-        self.key_note = QLabel()  # says when no OS keyring can keep the key
-        self.key_note.setWordWrap(True)
         self._stored_key = ""
-        generate = QPushButton("Generate")
-        generate.clicked.connect(lambda: self.api_key.setText("sk-studio-" + secrets.token_urlsafe(18)))
-        key_row = QHBoxLayout()
-        key_row.addWidget(self.api_key, 1)
-        key_row.addWidget(generate)
-        self.toggle = QPushButton("Start server")
-        self.toggle.setCheckable(True)
-        self.toggle.clicked.connect(self._toggled)
-        self.state_label = QLabel("stopped")
-        self.url = QLineEdit(readOnly=True)
-        copy_url = QPushButton("Copy")
-        copy_url.clicked.connect(lambda: QApplication.clipboard().setText(self.url.text()))
-        url_row = QHBoxLayout()
-        url_row.addWidget(self.url, 1)
-        url_row.addWidget(copy_url)
-        form = QFormLayout()
-        form.addRow("Host", self.host_edit)
-        form.addRow("Port", self.port)
-        form.addRow("API key", key_row)
-        form.addRow("", self.key_note)
-        form.addRow(self.toggle, self.state_label)
-        form.addRow("Base URL", url_row)
-
-        self.curl = QPlainTextEdit(readOnly=True)
-        self.python = QPlainTextEdit(readOnly=True)
-        mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
-        for editor in (self.curl, self.python):
-            editor.setFont(mono)
-            editor.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
-        examples = QHBoxLayout()
-        for title, editor in (("curl", self.curl), ("Python (openai)", self.python)):
-            box = QGroupBox(title)
-            box_layout = QVBoxLayout(box)
-            box_layout.addWidget(editor)
-            copy = QPushButton("Copy")
-            copy.clicked.connect(
-                lambda checked=False, e=editor: QApplication.clipboard().setText(e.toPlainText())
-            )
-            box_layout.addWidget(copy, 0, Qt.AlignmentFlag.AlignRight)
-            examples.addWidget(box)
-
-        self.log = QTableWidget(0, len(LOG_COLUMNS))
-        self.log.setHorizontalHeaderLabels(LOG_COLUMNS)
-        self.log.verticalHeader().hide()
-        self.log.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.log.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.log.horizontalHeader().setStretchLastSection(True)
-        log_box = QGroupBox("Requests (newest first)")
-        QVBoxLayout(log_box).addWidget(self.log)
-
         top = QHBoxLayout()
-        top.addLayout(form, 1)
-        top.addLayout(examples, 2)
+        top.addLayout(self._address_form(), 1)
+        top.addLayout(self._examples(), 2)
         layout = QVBoxLayout(self)
         layout.addWidget(self.banner)
         layout.addLayout(top)
-        layout.addWidget(log_box, 1)
-
+        layout.addWidget(self._log_box(), 1)
         control.stateChanged.connect(self._state_changed)
         control.failed.connect(self.banner.show_message)
         control.requestLogged.connect(self.add_record)
@@ -156,6 +98,65 @@ class ServerView(QWidget):
             edit.textChanged.connect(self._show_examples)
         self.port.valueChanged.connect(self._show_examples)
         self._state_changed(control.state)
+
+    def _address_form(self) -> QFormLayout:
+        """Host, port, API key, the toggle and the base URL."""
+        self.host_edit = QLineEdit("127.0.0.1")
+        self.port = QSpinBox(minimum=0, maximum=65535, value=DEFAULT_PORT)
+        self.port.setSpecialValueText("any free port")
+        self.api_key = QLineEdit(placeholderText="optional; at least 8 characters")
+        self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
+        self.key_note = QLabel()  # says when no OS keyring can keep the key
+        self.key_note.setWordWrap(True)
+        generate = QPushButton("Generate")
+        generate.clicked.connect(lambda: self.api_key.setText("sk-studio-" + secrets.token_urlsafe(18)))
+        self.toggle = QPushButton("Start server")
+        self.toggle.setCheckable(True)
+        self.toggle.clicked.connect(self._toggled)
+        self.state_label = QLabel("stopped")
+        self.url = QLineEdit(readOnly=True)
+        copy_url = QPushButton("Copy")
+        copy_url.clicked.connect(lambda: QApplication.clipboard().setText(self.url.text()))
+        form = QFormLayout()
+        form.addRow("Host", self.host_edit)
+        form.addRow("Port", self.port)
+        form.addRow("API key", row_of(self.api_key, generate))
+        form.addRow("", self.key_note)
+        form.addRow(self.toggle, self.state_label)
+        form.addRow("Base URL", row_of(self.url, copy_url))
+        return form
+
+    def _examples(self) -> QHBoxLayout:
+        """The curl and Python examples, each with its Copy button."""
+        self.curl = QPlainTextEdit(readOnly=True)
+        self.python = QPlainTextEdit(readOnly=True)
+        mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+        examples = QHBoxLayout()
+        for title, editor in (("curl", self.curl), ("Python (openai)", self.python)):
+            editor.setFont(mono)
+            editor.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+            box = QGroupBox(title)
+            box_layout = QVBoxLayout(box)
+            box_layout.addWidget(editor)
+            copy = QPushButton("Copy")
+            copy.clicked.connect(
+                lambda checked=False, e=editor: QApplication.clipboard().setText(e.toPlainText())
+            )
+            box_layout.addWidget(copy, 0, Qt.AlignmentFlag.AlignRight)
+            examples.addWidget(box)
+        return examples
+
+    def _log_box(self) -> QGroupBox:
+        """The request log, newest first."""
+        self.log = QTableWidget(0, len(LOG_COLUMNS))
+        self.log.setHorizontalHeaderLabels(LOG_COLUMNS)
+        self.log.verticalHeader().hide()
+        self.log.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.log.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.log.horizontalHeader().setStretchLastSection(True)
+        log_box = QGroupBox("Requests (newest first)")
+        QVBoxLayout(log_box).addWidget(self.log)
+        return log_box
 
     def server_config(self) -> ServerConfig:
         keys = (self.api_key.text().strip(),) if self.api_key.text().strip() else ()
@@ -265,3 +266,11 @@ class ServerView(QWidget):
             self.key_note.setText(f"Note: {problem}." if problem else "")
         self._stored_key = legacy or load_api_key()
         self.api_key.setText(self._stored_key)
+
+
+def row_of(field: QWidget, button: QPushButton) -> QHBoxLayout:
+    """A field that takes the room, and its button."""
+    row = QHBoxLayout()
+    row.addWidget(field, 1)
+    row.addWidget(button)
+    return row
