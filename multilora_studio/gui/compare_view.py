@@ -186,9 +186,6 @@ class CompareView(QWidget):
 
     # ---------------------------------------------------------------- choices
 
-    def refresh_adapters(self) -> None:
-        self.session.choices.relist()
-
     def pick_base(self, base: str | None) -> None:
         """List the adapters of ``base`` only (None: of every base)."""
         self.session.choices.pick_base(base)

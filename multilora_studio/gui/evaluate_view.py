@@ -161,9 +161,6 @@ class EvaluateView(QWidget):
 
     # ---------------------------------------------------------------- choices
 
-    def refresh_adapters(self) -> None:
-        self.session.inputs.relist()
-
     def picked_base(self) -> str | None:
         """The base model the view evaluates on (None while no engine runs)."""
         return self.session.inputs.shown
