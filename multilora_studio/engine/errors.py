@@ -1,6 +1,8 @@
 """The engine's errors as types, so that each face (HTTP, command line, window) decides from the
 class and its fields, never from the wording. Each subclasses the built-in its callers caught
 before (ValueError for what the caller sent, RuntimeError for what happened while running).
+A refused setting is ``InvalidSetting`` (``multilora_studio/invalid_setting.py``, below the
+engine: the adapters refuse a rank above ``max_lora_rank`` too).
 """
 
 from __future__ import annotations
