@@ -19,17 +19,18 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
-    QSpinBox,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
+from multilora_studio.engine.settings import declaration
 from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.key_store import load_api_key, save_api_key
 from multilora_studio.gui.preferences import Preferences
 from multilora_studio.gui.server_control import OFF, ON, ServerControl
+from multilora_studio.gui.setting_form import spin_box
 from multilora_studio.gui.widgets import MessageBanner, format_ms
 from multilora_studio.server import RequestRecord, ServerConfig
 
@@ -101,9 +102,9 @@ class ServerView(QWidget):
 
     def _address_form(self) -> QFormLayout:
         """Host, port, API key, the toggle and the base URL."""
-        self.host_edit = QLineEdit("127.0.0.1")
-        self.port = QSpinBox(minimum=0, maximum=65535, value=DEFAULT_PORT)
-        self.port.setSpecialValueText("any free port")
+        self.host_edit = QLineEdit(ServerConfig.host)
+        self.port = spin_box(declaration(ServerConfig, "port"), "any free port")
+        self.port.setValue(DEFAULT_PORT)
         self.api_key = QLineEdit(placeholderText="optional; at least 8 characters")
         self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
         self.key_note = QLabel()  # says when no OS keyring can keep the key

@@ -30,28 +30,43 @@ def field_widget(item: Declared, none: str | None = None) -> QWidget:
             widget.addItem(empty, "")
         for choice in rules.choices:
             widget.addItem(choice, choice)
-    elif item.kind in (int, float):
-        widget = _spin(item, empty)
+    elif item.kind is int:
+        widget = spin_box(item, empty)
+    elif item.kind is float:
+        widget = _double_spin_box(item, empty)
     else:
         widget = QLineEdit(placeholderText=empty or "")
     widget.setToolTip(rules.tip)
     return widget
 
 
-def _spin(item: Declared, empty: str | None) -> QSpinBox | QDoubleSpinBox:
-    rules = item.setting
-    low = 0 if empty is not None else rules.low or 0
-    high = rules.high if rules.high is not None else FORM_MAX
-    spin: QSpinBox | QDoubleSpinBox
-    if item.kind is int:
-        spin = QSpinBox(minimum=int(low), maximum=int(high))
-    else:
-        decimals = max(0, math.ceil(-math.log10(rules.step))) if rules.step < 1 else 0
-        spin = QDoubleSpinBox(minimum=low, maximum=high, decimals=decimals, singleStep=rules.step)
-    spin.setSuffix(rules.unit)
+def spin_box(item: Declared, empty: str | None = None) -> QSpinBox:
+    """The field of an integer setting: its bounds, its unit, ``empty`` the words for 0 (then its
+    lowest value)."""
+    spin = QSpinBox(minimum=int(_lowest(item, empty)), maximum=int(_highest(item)), suffix=item.setting.unit)
     if empty is not None:
         spin.setSpecialValueText(empty)
     return spin
+
+
+def _double_spin_box(item: Declared, empty: str | None) -> QDoubleSpinBox:
+    step = item.setting.step
+    decimals = max(0, math.ceil(-math.log10(step))) if step < 1 else 0
+    spin = QDoubleSpinBox(
+        minimum=_lowest(item, empty), maximum=_highest(item), decimals=decimals, singleStep=step
+    )
+    spin.setSuffix(item.setting.unit)
+    if empty is not None:
+        spin.setSpecialValueText(empty)
+    return spin
+
+
+def _lowest(item: Declared, empty: str | None) -> float:
+    return 0 if empty is not None else item.setting.low or 0
+
+
+def _highest(item: Declared) -> float:
+    return item.setting.high if item.setting.high is not None else FORM_MAX
 
 
 def read(widget: QWidget) -> Any:
