@@ -3,13 +3,15 @@ serve's flags ServerConfig, compare's the Compare view's RunSettings)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 
 import pytest
 
 from multilora_studio.cli import build_parser
-from multilora_studio.cli.shared import engine_config
+from multilora_studio.cli.setting_flags import add_setting_flag
+from multilora_studio.cli.shared import add_rank_argument, engine_config
 from multilora_studio.deploy import BasePool
 from multilora_studio.engine import EngineConfig
 from multilora_studio.gui.preferences import EngineChoice
@@ -110,3 +112,17 @@ def test_compare_flags_default_to_the_compare_views_run_settings():
         shared.temperature,
         shared.top_p,
     )
+
+
+def test_the_library_commands_rank_flag_reads_as_its_declaration():
+    """``adapters add`` and ``pull`` build ``--max-lora-rank`` without the engine (torch): the same
+    flag as the one made from EngineConfig's declaration."""
+    library, engine = argparse.ArgumentParser(), argparse.ArgumentParser()
+    add_rank_argument(library)
+    add_setting_flag(engine, EngineConfig, "max_lora_rank")
+
+    def described(parser: argparse.ArgumentParser) -> tuple:
+        (action,) = (action for action in parser._actions if action.dest == "max_lora_rank")
+        return action.option_strings, action.type, action.default, action.help, action.metavar
+
+    assert described(library) == described(engine)
