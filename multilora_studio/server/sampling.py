@@ -7,6 +7,7 @@ from typing import Any, cast
 
 from multilora_studio.engine import Prompt, SamplingParams
 from multilora_studio.engine.config import MAX_BAD_WORDS_TOKENS
+from multilora_studio.invalid_setting import InvalidSetting
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.logprob_shapes import ScoreOptions
 from multilora_studio.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
@@ -146,9 +147,9 @@ def sampling_params(
             min_tokens=body.min_tokens or 0,
             bad_words_token_ids=bad_words,
         )
-    except ValueError as error:
-        named = str(error).split(" ", 1)[0]
-        raise ApiError(400, str(error), "invalid_value", named if named in PARAM_NAMES else None) from None
+    except InvalidSetting as error:  # SamplingParams refuses a field: the parameter it came from
+        named = next((field for field in error.fields if field in PARAM_NAMES), None)
+        raise ApiError(400, str(error), "invalid_value", named) from None
     if body.seed is None:
         return [first] * body.n  # never changed in place: a choice that needs others gets a copy
     return [first] + [dataclasses.replace(first, seed=(body.seed + i) % (1 << 63)) for i in range(1, body.n)]
