@@ -50,7 +50,7 @@ def main() -> None:
         run_batch(engine, [prompt] * args.slots, names, 4)  # every slot filled
         slot_of: dict[str, int] = {}
         for name in names:
-            slot = engine.residency.slots.slot_of(name)
+            slot = engine.worker.tiers.slots.slot_of(name)
             assert slot is not None, f"{name} is not in a slot after the warm-up"
             slot_of[name] = slot
         first = min(names, key=lambda n: slot_of[n])

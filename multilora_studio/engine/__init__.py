@@ -1,6 +1,6 @@
 """The batched multi-LoRA engine (no Qt, no HTTP)."""
 
-from multilora_studio.engine.adapter_residency import AdapterInfo
+from multilora_studio.engine.adapter_catalog import AdapterInfo
 from multilora_studio.engine.config import (
     MAX_ADAPTER_SCALE,
     MAX_LOGPROBS,

@@ -49,12 +49,12 @@ def time_slot_upload(engine: Engine, name: str) -> dict[str, float]:
     Returns the upload's device milliseconds, those of one plain pinned host-to-device
     copy of the same number of bytes, and the bytes.
     """
-    residency = engine.residency
+    tiers = engine.worker.tiers
 
     def uploads() -> dict[str, float]:
-        slot, packed = residency.slots.slot_of(name), residency.host_cache.get(name)
-        stream = residency.upload_stream
-        if stream is None or slot is None or packed is None or residency.slots.in_use(name):
+        slot, packed = tiers.slots.slot_of(name), tiers.host_tier.cache.get(name)
+        stream = tiers.upload_stream
+        if stream is None or slot is None or packed is None or tiers.slots.in_use(name):
             raise ValueError(f"{name!r} must be resident in a GPU slot and host RAM, idle, on CUDA")
 
         def timed(work: Callable[[], object]) -> float:
@@ -69,9 +69,9 @@ def time_slot_upload(engine: Engine, name: str) -> dict[str, float]:
         source = torch.empty(packed.nbytes, dtype=torch.uint8).pin_memory()
         target = torch.empty(packed.nbytes, dtype=torch.uint8, device=engine.device)
         timed(lambda: target.copy_(source, non_blocking=True))  # warm-up
-        timed(lambda: residency.lora.upload(slot, packed))
+        timed(lambda: tiers.lora.upload(slot, packed))
         return {
-            "upload_ms": timed(lambda: residency.lora.upload(slot, packed)),
+            "upload_ms": timed(lambda: tiers.lora.upload(slot, packed)),
             "pinned_copy_ms": timed(lambda: target.copy_(source, non_blocking=True)),
             "bytes": float(packed.nbytes),
         }

@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from multilora_studio.engine.adapter_residency import AdapterInfo, AdapterResidency
+from multilora_studio.engine.adapter_catalog import AdapterInfo, ThreadSafeAdapterCatalog
 from multilora_studio.engine.chat_tokens import Render
 from multilora_studio.engine.commands import (
     AbortRequest,
@@ -43,6 +43,7 @@ from multilora_studio.engine.request_methods import NewRequest
 from multilora_studio.engine.requests import RequestStream
 from multilora_studio.engine.sequence import Sequence as Seq
 from multilora_studio.engine.serving_engine import ServingEngine
+from multilora_studio.engine.tier_manager import WorkerTierManager
 from multilora_studio.engine.worker import EngineWorker
 from multilora_studio.util import ProgressCallback
 
@@ -74,35 +75,32 @@ class Engine(ServingEngine):
         self.base_digest = base.digest
         self.model_folder = base.folder
         self.runner = self.worker.runner  # the device side: touched by the worker thread only
-        self.residency: AdapterResidency = self.worker.residency
-        self.adapter_loader = self.residency.loader
+        self.catalog: ThreadSafeAdapterCatalog = self.worker.catalog  # the adapters, for any thread
+        self.adapter_loader = self.catalog.host_tier.loader
         self.step_trace = self.worker.step_trace  # the recent steps, for benchmarks and diagnosis
         self.cpu_threads = self.worker.cpu_threads
 
     def _worker_main(self, progress: ProgressCallback | None, ready: Future[EngineWorker]) -> None:
-        residency = None
+        catalog = tiers = None
         try:
             base, runner, blocks = load_on_device(self.config, self.device, self.dtype, progress)
             started = time.perf_counter()
-            residency = AdapterResidency(
-                self.config,
-                base.spec,
-                base.name,
-                runner.lora,
-                self.device,
-                self.dtype,
-                self._commands.wake.set,
-                base.tokenizer,
+            wake = self._commands.wake.set
+            catalog = ThreadSafeAdapterCatalog(
+                self.config, base.spec, base.name, self.device, self.dtype, wake, base.tokenizer
             )
+            tiers = WorkerTierManager(self.config, catalog, runner.lora, self.device, self.dtype, wake)
             phases = runner.startup_seconds
             phases["adapter tiers"] = time.perf_counter() - started
             started = time.perf_counter()
-            worker = EngineWorker(self.config, base, runner, blocks, residency, self._commands)
+            worker = EngineWorker(self.config, base, runner, blocks, catalog, tiers, self._commands)
             phases["step loop"] = time.perf_counter() - started
             log.info("engine ready: %s", ", ".join(f"{name} {s:.2f} s" for name, s in phases.items()))
         except BaseException as error:
-            if residency is not None:
-                residency.close()
+            if tiers is not None:
+                tiers.close()
+            if catalog is not None:
+                catalog.close()
             ready.set_exception(error)
             return
         # The start-up heap (torch, transformers, the model's objects: ~250k) leaves the
@@ -122,7 +120,7 @@ class Engine(ServingEngine):
         weights on first use (for libraries of many adapters); a problem only the weights can
         show (NaN/Inf) then fails that adapter's requests with the validation message.
         """
-        return self.residency.add(name, path, preload)
+        return self.catalog.add(name, path, preload)
 
     def remove_adapter(self, name: str) -> None:
         """Forget ``name``; refused while requests for it are queued or running."""
@@ -136,7 +134,7 @@ class Engine(ServingEngine):
         added or more names than ``max_cpu_loras``, and TimeoutError when ``timeout``
         seconds pass first. Host-tier hits are not counted for the prefetch itself.
         """
-        return self.residency.prefetch(names, timeout)
+        return self.catalog.prefetch(names, timeout)
 
     def pin_adapter(self, name: str, pinned: bool = True) -> None:
         """Keep ``name`` in a GPU slot, loading it into one now (or let it be evicted again).
@@ -148,14 +146,14 @@ class Engine(ServingEngine):
 
     def pinned_adapters(self) -> list[str]:
         """The adapters pinned (``pin_adapter``), whether in their slot yet or not."""
-        return self._call(CallOnWorker(self.residency.pinned))
+        return self._call(CallOnWorker(self.worker.tiers.pinned))
 
     def list_adapters(self) -> list[AdapterInfo]:
-        return self.residency.infos()
+        return self.catalog.infos()
 
     def has_adapter(self, name: str) -> bool:
         """Whether ``name`` was added (and not removed); one lookup, however many there are."""
-        return self.residency.has(name)
+        return self.catalog.has(name)
 
     # ---------------------------------------------------------------- requests
 
@@ -169,24 +167,24 @@ class Engine(ServingEngine):
         text unless ``special_tokens_in_content`` (trusted input only).
         """
         where = str(self.base.folder) if self.base.folder is not None else self.model_name
-        vocab = self.residency.vocab_size_of(adapter)
+        vocab = self.catalog.vocab_size_of(adapter)
         tokenizer = self.tokenizer_for(adapter)
         render = self.renderer_for(adapter)
         return encode_prompt(prompt, tokenizer, vocab, special_tokens_in_content, where, render)
 
     def vocab_size_of(self, adapter: str | None) -> int:
         """The vocabulary of ``adapter``'s requests: the base's, larger where it adds tokens."""
-        return self.residency.vocab_size_of(adapter)
+        return self.catalog.vocab_size_of(adapter)
 
     def tokenizer_for(self, adapter: str | None) -> Any:
         """The tokenizer (and chat template) of ``adapter``'s requests: its own, else the base's."""
-        own = self.residency.tokenizer_of(adapter)
+        own = self.catalog.tokenizer_of(adapter)
         return own.tokenizer if own is not None else self.tokenizer
 
     def renderer_for(self, adapter: str | None) -> Render:
         """How ``adapter``'s chat template renders (``tokenizer_for``'s): an adapter's own in a
         sandbox with a deadline and an output cap (``template_sandbox``), the base's here."""
-        return self.residency.renderer_of(adapter)
+        return self.catalog.renderer_of(adapter)
 
     def queue(self, requests: Sequence[NewRequest]) -> list[RequestStream]:
         """Validate every request, then queue them together: they reach the scheduler as one batch.
@@ -201,7 +199,7 @@ class Engine(ServingEngine):
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
         if adapter is not None:
-            self.residency.check_known(adapter)
+            self.catalog.check_known(adapter)
         token_ids = self.encode(prompt, adapter=adapter)
         if not token_ids:
             raise InvalidRequest("the prompt is empty", "prompt")
@@ -210,7 +208,7 @@ class Engine(ServingEngine):
                 f"the prompt has {len(token_ids)} tokens; max_model_len is {self.config.max_model_len}",
                 "prompt",
             )
-        vocab = self.residency.vocab_size_of(adapter)
+        vocab = self.catalog.vocab_size_of(adapter)
         for name, ids in (
             ("stop_token_ids", params.stop_token_ids),
             ("logit_bias", params.logit_bias),
@@ -222,7 +220,7 @@ class Engine(ServingEngine):
                     f"{name} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}", name
                 )
         if adapter is not None:
-            if params.adapter_scale != 1.0 and self.residency.kind_of(adapter) == "DoRA":
+            if params.adapter_scale != 1.0 and self.catalog.kind_of(adapter) == "DoRA":
                 raise InvalidRequest(
                     f"adapter_scale={params.adapter_scale:g}: {adapter!r} is a DoRA adapter, whose "
                     "per-row magnitude normalisation is fixed for strength 1 (leave adapter_scale at 1)",
@@ -235,7 +233,7 @@ class Engine(ServingEngine):
                 "adapter_scale",
             )
         if params.structured is not None:
-            own = self.residency.tokenizer_of(adapter)
+            own = self.catalog.tokenizer_of(adapter)
             if own is not None and not own.extends_base:
                 raise InvalidRequest(
                     f"structured output for {adapter!r} is not supported: its own tokenizer gives "
@@ -246,7 +244,7 @@ class Engine(ServingEngine):
         request_id = request_id or f"req-{next(self._request_counter)}-{uuid.uuid4().hex[:8]}"
         output = RequestOutput(request_id, adapter, token_ids, arrival_time=time.monotonic())
         stream = RequestStream(output, request.loop)
-        own = self.residency.tokenizer_of(adapter)
+        own = self.catalog.tokenizer_of(adapter)
         eos = tuple(sorted({*self.spec.eos_token_ids, *(own.eos_token_ids if own is not None else ())}))
         seq = Seq(request_id, token_ids, adapter, params, arrival_step=0, eos_token_ids=eos)
         return seq, stream
@@ -316,7 +314,8 @@ class Engine(ServingEngine):
         self._commands.post(Shutdown())
         self._stopping = True
         self._thread.join()
-        self.residency.close()
+        self.worker.tiers.close()
+        self.catalog.close()
         self.runner.parking.close()
         gc.unfreeze()  # what was frozen at start-up can be collected again
 

@@ -12,10 +12,10 @@ import time
 
 import torch
 
-from multilora_studio.engine.adapter_residency import AdapterResidency
 from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.outputs import AdapterLoadTimes, EngineMetrics, SlotState
 from multilora_studio.engine.scheduler import Scheduler, StepPlan
+from multilora_studio.engine.tier_manager import WorkerTierManager
 from multilora_studio.kernels.jit_watch import compile_count
 
 METRICS_INTERVAL_S = 0.1
@@ -30,12 +30,12 @@ class MetricsPublisher:
         device: torch.device,
         scheduler: Scheduler,
         blocks: BlockManager,
-        residency: AdapterResidency,
+        tiers: WorkerTierManager,
     ) -> None:
         self.device = device
         self.scheduler = scheduler
         self.blocks = blocks
-        self.residency = residency
+        self.tiers = tiers
         self.latest: EngineMetrics | None = None
         self.parked = False  # the base is swapped out (state "parked")
         self.preemptions = 0
@@ -65,12 +65,12 @@ class MetricsPublisher:
         rate = sum(n for _, n in self._rate_window[1:]) / span if span > 0 else 0.0
         if not self.scheduler.has_work:
             rate = 0.0  # idle: nothing is being generated now
-        residency = self.residency
-        counters = residency.host_cache.counters
+        tiers, host = self.tiers, self.tiers.host_tier
+        counters = host.cache.counters
         memory = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         tokens, size, distinct = self._last_batch
         compiled = compile_count()
-        pool = residency.lora.token_tables
+        pool = tiers.lora.token_tables
         self.latest = EngineMetrics(
             state="parked" if self.parked else "running" if self.scheduler.has_work else "idle",
             device=str(self.device),
@@ -85,20 +85,20 @@ class MetricsPublisher:
             kv_blocks_total=self.blocks.num_blocks,
             kv_blocks_free=self.blocks.num_free,
             preemptions=self.preemptions,
-            slots=tuple(SlotState(s.slot, s.adapter, s.pinned, s.in_use) for s in residency.slots.snapshot()),
-            cpu_adapters=tuple(residency.host_cache.names()),
-            cpu_capacity=residency.host_capacity,
-            cpu_bytes=residency.host_cache.nbytes,
-            gpu_hits=residency.gpu_hits,
-            gpu_misses=residency.gpu_misses,
+            slots=tuple(SlotState(s.slot, s.adapter, s.pinned, s.in_use) for s in tiers.slots.snapshot()),
+            cpu_adapters=tuple(host.cache.names()),
+            cpu_capacity=host.capacity,
+            cpu_bytes=host.cache.nbytes,
+            gpu_hits=tiers.gpu_hits,
+            gpu_misses=tiers.gpu_misses,
             cpu_hits=counters.hits,
             cpu_misses=counters.misses,
             cold_load_p50_s=counters.percentile(0.5),
             cold_load_p95_s=counters.percentile(0.95),
             device_memory_bytes=memory,
-            adapter_loader=residency.loader,
-            adapter_load_workers=residency.load_workers,
-            pinned_blocks_exhausted=0 if residency.arena is None else residency.arena.exhausted,
+            adapter_loader=host.loader,
+            adapter_load_workers=host.load_workers,
+            pinned_blocks_exhausted=0 if host.arena is None else host.arena.exhausted,
             kernel_compiles=compiled.compiles - self._compiles_at_start.compiles,
             kernel_compile_s=compiled.seconds - self._compiles_at_start.seconds,
             token_tables=len(pool.tables),
@@ -106,15 +106,15 @@ class MetricsPublisher:
             token_table_bytes=pool.used_bytes,
             token_table_budget_bytes=pool.max_bytes,
             busy_seconds=self.busy_seconds,
-            upload_p50_s=residency.upload_counters.percentile(0.5),
-            upload_p95_s=residency.upload_counters.percentile(0.95),
+            upload_p50_s=tiers.upload_counters.percentile(0.5),
+            upload_p95_s=tiers.upload_counters.percentile(0.95),
             adapter_loads=self._adapter_loads(),
         )
 
     def _adapter_loads(self) -> tuple[AdapterLoadTimes, ...]:
         """Each adapter's disk and upload figures: only the adapters loaded or removed since the
         last snapshot are redone (a library of thousands costs a copy of the tuple, not a sort)."""
-        disk, upload = self.residency.host_cache.counters.adapters, self.residency.upload_counters.adapters
+        disk, upload = self.tiers.host_tier.cache.counters.adapters, self.tiers.upload_counters.adapters
         changed = disk.take_changed() | upload.take_changed()
         for name in changed:
             reads, uploads = disk.summary(name), upload.summary(name)

@@ -5,7 +5,7 @@ adapter and holds the CUDA driver's lock meanwhile, so pinning memory while the 
 launches steps stalls them (measured: 0.35-0.45 s a 0.5 GB chunk on the H200 host). The arena
 pins a fixed number of blocks up front that loads borrow and give back: the host tier's most
 recent adapters live in them, and ``keep`` blocks stay free for staging the upload of an
-adapter that the tier holds in pageable memory (engine/adapter_residency.py).
+adapter that the tier holds in pageable memory (engine/upload_staging.py).
 
 A block goes back to the arena when the owner it was taken for (a :class:`PackedAdapter`) is
 garbage collected; the engine keeps a reference to a packed adapter until its upload's copies

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from multilora_studio.engine.adapter_residency import AdapterInfo
+from multilora_studio.engine.adapter_catalog import AdapterInfo
 from multilora_studio.engine.outputs import EngineMetrics
 from multilora_studio.engine.request_methods import RequestServing
 

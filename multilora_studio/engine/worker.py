@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import llguidance
 import torch
 
-from multilora_studio.engine.adapter_residency import AdapterResidency
+from multilora_studio.engine.adapter_catalog import ThreadSafeAdapterCatalog
 from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.commands import (
     AbortRequest,
@@ -44,6 +44,7 @@ from multilora_studio.engine.scheduler import Scheduler, StepPlan
 from multilora_studio.engine.sequence import Sequence
 from multilora_studio.engine.step_graphs import GraphStep
 from multilora_studio.engine.step_trace import StepRecord, StepTrace
+from multilora_studio.engine.tier_manager import WorkerTierManager
 
 log = logging.getLogger(__name__)
 
@@ -74,19 +75,21 @@ class EngineWorker:
         base: BaseModel,
         runner: ModelRunner,
         blocks: BlockManager,
-        residency: AdapterResidency,
+        catalog: ThreadSafeAdapterCatalog,
+        tiers: WorkerTierManager,
         commands: CommandQueue,
     ) -> None:
         self.config = config
         self.base = base
         self.runner = runner
         self.blocks = blocks
-        self.residency = residency
+        self.catalog = catalog
+        self.tiers = tiers
         self.commands = commands
         self.scheduler = Scheduler(
-            blocks, config.max_num_seqs, config.max_num_batched_tokens, residency.acquire, residency.release
+            blocks, config.max_num_seqs, config.max_num_batched_tokens, tiers.acquire, tiers.release
         )
-        self.metrics = MetricsPublisher(runner.device, self.scheduler, blocks, residency)
+        self.metrics = MetricsPublisher(runner.device, self.scheduler, blocks, tiers)
         self.step_trace = StepTrace()  # the recent steps, for benchmarks and diagnosis
         # Cumulative seconds per phase of the steps, and the step count ("steps"). ``launch`` is
         # host time to enqueue the forward pass; on CUDA the device time shows up in ``sample``,
@@ -115,8 +118,8 @@ class EngineWorker:
                 wake.wait()
                 continue
             self._fail_unloadable_adapters()
-            self.residency.look_ahead()
-            pinned_loading = self.residency.load_pinned()
+            self.tiers.look_ahead()
+            pinned_loading = self.tiers.load_pinned()
             if not self.scheduler.has_work:
                 self.metrics.publish(force=True)
                 # a pinned adapter on its way into a slot is checked again soon (the loader wakes us)
@@ -128,7 +131,7 @@ class EngineWorker:
             self.metrics.preemptions += len(plan.preempted)
             if not plan.chunks:
                 # waiting for an adapter to arrive from disk (the loader wakes us) or to upload
-                wake.wait(0.002 if self.residency.uploads_in_flight else 0.05)
+                wake.wait(0.002 if self.tiers.uploads_in_flight else 0.05)
                 continue
             self._step(plan, started, scheduled)
 
@@ -178,7 +181,7 @@ class EngineWorker:
                 prompt_tokens=sum(c.num_tokens for c in plan.chunks if c.num_tokens > 1),
                 lora_sequences=sum(c.seq.adapter is not None for c in plan.chunks),
                 graph=isinstance(inputs, GraphStep),
-                uploads_in_flight=self.residency.uploads_in_flight,
+                uploads_in_flight=self.tiers.uploads_in_flight,
             )
         )
         self._last_step_end = end
@@ -220,7 +223,7 @@ class EngineWorker:
         for chunk in plan.chunks:
             name = chunk.seq.adapter
             if name is not None and name not in slot_of:
-                slot = self.residency.slots.slot_of(name)
+                slot = self.tiers.slots.slot_of(name)
                 if slot is None:
                     raise RuntimeError(f"adapter {name} lost its slot while running")
                 slot_of[name] = slot
@@ -312,7 +315,7 @@ class EngineWorker:
         active = self._active.pop(request_id, None)
         if active is None:
             return
-        self.residency.unwant(active.seq.adapter)
+        self.tiers.unwant(active.seq.adapter)
         seq, output = active.seq, active.stream.output
         if not seq.is_finished:
             self.scheduler.finish(seq, reason)
@@ -339,7 +342,7 @@ class EngineWorker:
         device = self.runner.device
         for seq, stream in requests:
             seq.arrival_step = self.scheduler.step_count
-            own = self.residency.tokenizer_of(seq.adapter)
+            own = self.catalog.tokenizer_of(seq.adapter)
             tokenizer = own.tokenizer if own is not None else self.base.tokenizer
             detok = (
                 IncrementalDetokenizer(tokenizer, tuple(seq.params.stop), seq.params.min_tokens)
@@ -349,8 +352,8 @@ class EngineWorker:
             generator = make_generator(seq.params, device, self._seeds.getrandbits(63))
             active = ActiveRequest(seq, stream, detok, generator)
             self._active[seq.request_id] = active
-            stream.output.adapter_tier = self.residency.tier_of(seq.adapter)
-            self.residency.want(seq.adapter)
+            stream.output.adapter_tier = self.tiers.tier_of(seq.adapter)
+            self.tiers.want(seq.adapter)
             self.scheduler.add(seq)
             if seq.adapter is not None:
                 self._fail_if_unloadable(seq.request_id, seq.adapter)
@@ -364,7 +367,7 @@ class EngineWorker:
         """Fail the waiting requests of each adapter whose load failed since the last step: the
         requests are looked at only when a load failed, so a deep queue costs no step anything
         (a request that arrives while the failure holds is failed in ``_add``)."""
-        failed = set(self.residency.take_failed_loads())
+        failed = set(self.tiers.take_failed_loads())
         if not failed:
             return
         for request_id, active in list(self._active.items()):
@@ -373,7 +376,7 @@ class EngineWorker:
                 self._fail_if_unloadable(request_id, name)
 
     def _fail_if_unloadable(self, request_id: str, name: str) -> None:
-        error = self.residency.load_error(name)
+        error = self.tiers.load_error(name)
         if error is not None:
             self._finish(request_id, "error", f"adapter {name!r} could not be loaded: {error}")
 
@@ -406,9 +409,9 @@ class EngineWorker:
             self._finish(command.request_id, "abort", None)
         elif isinstance(command, RemoveAdapter):
             self._refuse_while_parked(f"remove adapter {command.name!r}")
-            self.residency.remove(command.name)
+            self.tiers.remove(command.name)
         elif isinstance(command, PinAdapter):
-            self.residency.pin(command.name, command.pinned)
+            self.tiers.pin(command.name, command.pinned)
         elif isinstance(command, SnapshotMetrics):
             self.metrics.publish(force=True)
             return self.metrics.latest
@@ -431,7 +434,7 @@ class EngineWorker:
             raise RuntimeError(f"cannot swap the base out: {running} requests are queued or running")
         if self.parked:
             return
-        self.residency.finish_uploads()
+        self.tiers.finish_uploads()
         nbytes = self.runner.park_bytes()
         self.runner.park()
         self.parked = self.metrics.parked = True

@@ -441,15 +441,15 @@ def test_a_deep_queue_adds_no_per_step_work_for_each_waiting_request(make_engine
     """300 requests at once through 4 rows: the load-failure check looks at each request once,
     when it is added, not at every waiting request on every step (about 75 steps here)."""
     engine = make_engine(adapters=["tiny-r4-qv"], max_num_seqs=4)
-    residency = engine.worker.residency
+    tiers = engine.worker.tiers
     looked_up: list[str] = []
-    load_error = residency.load_error
+    load_error = tiers.load_error
 
     def counting(name: str):
         looked_up.append(name)
         return load_error(name)
 
-    residency.load_error = counting
+    tiers.load_error = counting
     outputs = engine.generate(["Hi"] * 300, ["tiny-r4-qv"] * 300, SamplingParams(max_tokens=2, **GREEDY))
     assert all(o.finish_reason == "length" for o in outputs)
     assert engine.metrics(fresh=True).steps >= 300 // 4

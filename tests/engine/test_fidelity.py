@@ -141,7 +141,7 @@ def test_a_batch_in_the_first_slots_multiplies_only_their_a_rows_and_matches_pef
     runner.prepare = recording  # the worker calls it once a step; it records what each step used
     two = [(engine.encode(PROMPTS[i]), name) for i, name in enumerate([names[0], None, names[1]])]
     generate_matches_peft(engine, peft_reference, expected_cache, two)
-    assert {engine.residency.slots.slot_of(name) for name in names[:2]} == {0, 1}
+    assert {engine.worker.tiers.slots.slot_of(name) for name in names[:2]} == {0, 1}
     assert max(spans) == 2 and set(spans) <= {0, 1, 2}, spans  # 0, 1: steps before both arrived
     spans.clear()
     four = [(engine.encode(PROMPTS[i]), name) for i, name in enumerate(names[:4])]

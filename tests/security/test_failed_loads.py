@@ -50,7 +50,7 @@ def test_a_repaired_adapter_loads_on_the_next_request(serve, engine, server_adap
     original = (folder / WEIGHTS).read_bytes()
     _corrupt(folder / WEIGHTS)
     engine.add_adapter(NAME, folder, preload=False)  # header only, as `serve` adds library adapters
-    counters = engine.residency.host_cache.counters
+    counters = engine.catalog.host_tier.cache.counters
     try:
         server = serve()
         with pytest.raises(openai.InternalServerError) as caught:
