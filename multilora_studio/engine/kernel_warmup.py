@@ -22,6 +22,7 @@ from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRASte
 from multilora_studio.engine.logprobs import score_rows
 from multilora_studio.engine.lora_weights import LORA_GROUPS, LoRASlotWeights
 from multilora_studio.engine.sampler import make_generator, sample
+from multilora_studio.engine.sampling_batch import SamplingBatch, SamplingRow
 from multilora_studio.kernels.lora import LoRABatch, LoRAPlan
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ def warm_up_sampling(logits: torch.Tensor, head_dtype: torch.dtype) -> None:
     (sampled rows) and on ``head_dtype`` logits (scored prompt rows, the LM head's output)."""
     rows = logits[:1].expand(2, -1).contiguous()  # [2, V]: one row per set of parameters
     params = [SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=0), SamplingParams(seed=1)]
-    generators = [make_generator(p, logits.device, 0) for p in params]
-    tokens = sample(rows, params, generators)
+    batch = SamplingBatch([SamplingRow(p, make_generator(p, logits.device, 0), (), (), ()) for p in params])
+    tokens = sample(rows, batch)
     score_rows(rows, tokens, MAX_LOGPROBS)
     score_rows(rows.to(head_dtype), tokens, MAX_LOGPROBS)

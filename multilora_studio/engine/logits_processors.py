@@ -18,8 +18,7 @@ import numpy as np
 import torch
 
 from multilora_studio.engine.config import SamplingParams
-
-History = tuple[Sequence[int], Sequence[int]]  # (prompt token ids, output token ids) of one row
+from multilora_studio.engine.sampling_batch import SamplingBatch
 
 
 def _penalised(p: SamplingParams) -> bool:
@@ -30,9 +29,9 @@ def _additive(p: SamplingParams, generated: int) -> bool:
     return bool(p.logit_bias) or bool(p.bad_words_token_ids) or generated < p.min_tokens
 
 
-def needs_processing(params: Sequence[SamplingParams], histories: Sequence[History]) -> bool:
+def needs_processing(batch: SamplingBatch) -> bool:
     """Whether any row of the step uses a processor (else ``apply_processors`` is the identity)."""
-    return any(_penalised(p) or _additive(p, len(out)) for p, (_, out) in zip(params, histories, strict=True))
+    return any(_penalised(r.params) or _additive(r.params, len(r.output_token_ids)) for r in batch.rows)
 
 
 def banned_tokens(p: SamplingParams, output: Sequence[int], eos_token_ids: Sequence[int]) -> list[int]:
@@ -74,21 +73,20 @@ class _PromptTokens:
 _prompt_tokens = _PromptTokens()
 
 
-def _penalty_pairs(
-    params: Sequence[SamplingParams], histories: Sequence[History], vocab: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _penalty_pairs(batch: SamplingBatch, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The penalised rows' (row, token) pairs [M] (unique), their repetition penalties [M] and the
     values subtracted from them [M]: ``frequency * count + presence * (count > 0)``, counts over
     the output. A row's prompt tokens are touched (count 0) only when its repetition penalty is on."""
+    params = [r.params for r in batch.rows]
     rows = [row for row, p in enumerate(params) if _penalised(p)]
-    outputs = [histories[row][1] for row in rows]
+    outputs = [batch.rows[row].output_token_ids for row in rows]
     lengths = np.fromiter((len(out) for out in outputs), dtype=np.int64, count=len(rows))  # [R]
     out_tokens = np.fromiter(chain.from_iterable(outputs), dtype=np.int64, count=int(lengths.sum()))
     out_keys = (
         np.repeat(np.asarray(rows, dtype=np.int64) * vocab, lengths) + out_tokens
     )  # [Lo]: row * V + token
     repeating = [row for row in rows if params[row].repetition_penalty != 1.0]
-    prompts = [_prompt_tokens.unique(histories[row][0]) for row in repeating]
+    prompts = [_prompt_tokens.unique(batch.rows[row].prompt_token_ids) for row in repeating]
     prompt_rows = np.repeat(np.asarray(repeating, dtype=np.int64) * vocab, [len(t) for t in prompts])
     prompt_keys = prompt_rows + np.concatenate(prompts) if prompts else prompt_rows  # [Lp]
     keys, inverse = np.unique(np.concatenate([out_keys, prompt_keys]), return_inverse=True)  # [M], [Lo + Lp]
@@ -102,33 +100,27 @@ def _penalty_pairs(
     return pairs, repetition, frequency * counts + presence * (counts > 0)
 
 
-def apply_processors(
-    logits: torch.Tensor,
-    params: Sequence[SamplingParams],
-    histories: Sequence[History],
-    eos_token_ids: Sequence[Sequence[int]],
-    *,
-    in_place: bool = False,
-) -> torch.Tensor:
-    """``logits`` [N, V] float32 with every row's processors applied (``eos_token_ids``: each
-    row's EOS tokens, banned before its ``min_tokens``).
+def apply_processors(logits: torch.Tensor, batch: SamplingBatch, *, in_place: bool = False) -> torch.Tensor:
+    """``logits`` [N, V] float32 with the processors of each of ``batch``'s rows applied (its EOS
+    tokens are banned before its ``min_tokens``).
 
     By default the result is a new tensor and ``logits`` stays as it was (the caller scores
     log-probabilities from it). With ``in_place`` the caller gives up ``logits``: it is updated
     and returned, with no [N, V] copy. Returns ``logits`` itself, untouched, when no row uses
     any processor.
     """
-    if not needs_processing(params, histories):
+    if not needs_processing(batch):
         return logits
     device = logits.device
     # additive entries (row, token, value): bans (-inf) and logit_bias
     add_rows: list[int] = []
     add_tokens: list[int] = []
     add_values: list[float] = []
-    for row, (p, (_, output), eos) in enumerate(zip(params, histories, eos_token_ids, strict=True)):
+    for row, r in enumerate(batch.rows):
+        p, output = r.params, r.output_token_ids
         if not _additive(p, len(output)):
             continue
-        for token in banned_tokens(p, output, eos):
+        for token in banned_tokens(p, output, r.eos_token_ids):
             add_rows.append(row)
             add_tokens.append(token)
             add_values.append(float("-inf"))
@@ -137,7 +129,7 @@ def apply_processors(
             add_tokens.append(token)
             add_values.append(bias)
     # penalty pairs (row, token): unique, so one index_put without accumulate
-    pairs, repetition, subtract = _penalty_pairs(params, histories, logits.shape[-1])  # [2, M], [M], [M]
+    pairs, repetition, subtract = _penalty_pairs(batch, logits.shape[-1])  # [2, M], [M], [M]
     entries, count = len(add_rows), pairs.shape[1]
     # one host buffer per dtype, one non-blocking copy each
     ints = np.concatenate([np.asarray(add_rows + add_tokens, dtype=np.int64), pairs.reshape(-1)])

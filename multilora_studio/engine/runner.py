@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import torch
 
 from multilora_studio.engine.block_manager import BlockManager
-from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.device_parking import DeviceParking, tensors_of
 from multilora_studio.engine.dora import BaseProjection, base_row_norms
-from multilora_studio.engine.grammar import DeviceMasks, apply_token_masks
+from multilora_studio.engine.grammar import apply_token_masks
 from multilora_studio.engine.kernel_warmup import warm_up_kernels, warmup_steps
 from multilora_studio.engine.llama import AttentionMetadata, LlamaModel, LoRAStep
-from multilora_studio.engine.logits_processors import History, apply_processors
+from multilora_studio.engine.logits_processors import apply_processors
 from multilora_studio.engine.logprobs import (
     ScoredRows,
     score_chunk_rows,
@@ -31,6 +31,7 @@ from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.outputs import TokenLogprob
 from multilora_studio.engine.sampler import sample
+from multilora_studio.engine.sampling_batch import SamplingBatch
 from multilora_studio.engine.scheduler import StepPlan
 from multilora_studio.engine.sequence import Sequence
 from multilora_studio.engine.step_graphs import (
@@ -426,25 +427,21 @@ class ModelRunner:
         logits: torch.Tensor,
         prompt_scores: ScoredRows | None,
         scoring: PromptScoring | None,
-        params: list[SamplingParams],
-        generators: list[torch.Generator | None],
-        histories: list[History],
-        eos_token_ids: list[tuple[int, ...]],
-        masks: DeviceMasks | None = None,
+        batch: SamplingBatch,
     ) -> StepOutput:
-        """Sample every row (after the logits processors, within its grammar's ``masks``), score
-        the rows that asked, and bring it all to the host with one wait.
+        """Sample each of ``batch``'s rows (after the logits processors, within its grammar's
+        mask), score the rows that asked, and bring it all to the host with one wait.
 
-        ``histories`` holds each row's (prompt, output) token ids and ``eos_token_ids`` its EOS
-        tokens, for the logits processors;
-        log-probabilities are scored from the raw ``logits``. When no row asks for them, the
+        Log-probabilities are scored from the raw ``logits``. When no row asks for them, the
         processors update ``logits`` in place (nothing reads it after this step; under CUDA graphs
         it is the graph's output buffer, which the next replay overwrites).
         """
+        params = [row.params for row in batch.rows]
         wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
-        processed = apply_processors(logits, params, histories, eos_token_ids, in_place=not wanted)  # [N, V]
+        processed = apply_processors(logits, batch, in_place=not wanted)  # [N, V]
+        masks = batch.masks
         allowed = apply_token_masks(processed, masks) if masks is not None else processed  # [N, V]
-        tokens = sample(allowed, params, generators)  # [N] on the device
+        tokens = sample(allowed, batch)  # [N] on the device
         scores = None
         if wanted:
             k = max(params[row].logprobs or 0 for row in wanted)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from multilora_studio.engine.config import SamplingParams
+from multilora_studio.engine.sampling_batch import SamplingBatch
 
 
 def make_generator(
@@ -35,20 +36,20 @@ def _filter(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> torch.Tensor:
-    """One token per row of ``logits`` [N, V] float32: [N] int64 on the logits' device (no host sync)."""
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """One token per row of ``logits`` [N, V] float32, by ``batch``'s rows: [N] int64 on the
+    logits' device (no host sync)."""
     greedy = logits.argmax(dim=-1)  # [N]
-    sampled_rows = [row for row, p in enumerate(params) if not p.greedy]
+    sampled_rows = [row for row, r in enumerate(batch.rows) if not r.params.greedy]
     if not sampled_rows:
         return greedy
     chosen = greedy.clone()
     for row in sampled_rows:
-        probs = _filter(logits[row], params[row]).softmax(-1)  # [V]
+        params, generator = batch.rows[row].params, batch.rows[row].generator
+        probs = _filter(logits[row], params).softmax(-1)  # [V]
         # A numerically degenerate row (non-finite logits) samples its greedy token instead of
         # failing; decided on the device, without a host sync.
         fallback = torch.nn.functional.one_hot(greedy[row], probs.shape[-1]).to(probs.dtype)
         probs = torch.where(torch.isfinite(probs).all(), probs, fallback)
-        chosen[row] = torch.multinomial(probs, 1, generator=generators[row])[0]
+        chosen[row] = torch.multinomial(probs, 1, generator=generator)[0]
     return chosen

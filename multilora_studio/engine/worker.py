@@ -40,6 +40,7 @@ from multilora_studio.engine.outputs import TokenDelta, TokenLogprob
 from multilora_studio.engine.requests import RequestStream
 from multilora_studio.engine.runner import ModelRunner, StepInputs, StepOutput
 from multilora_studio.engine.sampler import make_generator
+from multilora_studio.engine.sampling_batch import SamplingBatch, SamplingRow
 from multilora_studio.engine.scheduler import Scheduler, StepPlan
 from multilora_studio.engine.sequence import Sequence
 from multilora_studio.engine.step_graphs import GraphStep
@@ -58,7 +59,7 @@ class ActiveRequest:
     seq: Sequence
     stream: RequestStream
     detok: IncrementalDetokenizer | None
-    generator: torch.Generator | None
+    sampling: SamplingRow  # its parameters, random stream and tokens, for the steps that sample it
     # the request's grammar state (``SamplingParams.structured``): it has consumed every output token
     matcher: llguidance.LLMatcher | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, if asked
@@ -146,17 +147,9 @@ class EngineWorker:
             t_sample = self._tick("launch", t_launch)
             sampling = [self._active[c.seq.request_id] for c in plan.chunks if c.completes]
             masks = self._fill_masks(sampling)  # on the host while the device runs the step
+            batch = SamplingBatch([a.sampling for a in sampling], masks)
             scoring = inputs.scoring if isinstance(inputs, StepInputs) else None
-            output = self.runner.sample(
-                logits,
-                prompt_scores,
-                scoring,
-                [a.seq.params for a in sampling],
-                [a.generator for a in sampling],
-                [(a.seq.prompt_token_ids, a.seq.output_token_ids) for a in sampling],
-                [a.seq.eos_token_ids for a in sampling],
-                masks,
-            )
+            output = self.runner.sample(logits, prompt_scores, scoring, batch)
             t_post = self._tick("sample", t_sample)
             self._bill(plan, t_post - scheduling_started)
         except Exception as error:
@@ -350,7 +343,10 @@ class EngineWorker:
                 else None
             )
             generator = make_generator(seq.params, device, self._seeds.getrandbits(63))
-            active = ActiveRequest(seq, stream, detok, generator)
+            sampling = SamplingRow(
+                seq.params, generator, seq.prompt_token_ids, seq.output_token_ids, seq.eos_token_ids
+            )
+            active = ActiveRequest(seq, stream, detok, sampling)
             self._active[seq.request_id] = active
             stream.output.adapter_tier = self.tiers.tier_of(seq.adapter)
             self.tiers.want(seq.adapter)

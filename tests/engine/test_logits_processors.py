@@ -9,6 +9,7 @@ from multilora_studio.engine.config import SamplingParams
 from multilora_studio.engine.logits_processors import apply_processors
 from multilora_studio.engine.sampler import sample
 from tests.engine.processor_reference import reference_row
+from tests.engine.sampling_rows import batch_of
 
 V = 50
 EOS = (2,)
@@ -47,7 +48,7 @@ def test_every_processor_equals_the_reference_formula(seed):
     # a history that ends with a bad word's prefix, so the sequence's last token must be banned
     histories[8] = (histories[8][0], [*histories[8][1], 1, 2])
     before = logits.clone()
-    got = apply_processors(logits, ROW_PARAMS, histories, [EOS] * len(ROW_PARAMS))
+    got = apply_processors(logits, batch_of(ROW_PARAMS, histories, eos=EOS))
     assert torch.equal(logits, before)  # the raw logits (for log-probabilities) stay as they were
     for row, p in enumerate(ROW_PARAMS):
         want = reference_row(logits[row], p, *histories[row], EOS)
@@ -59,7 +60,7 @@ def test_no_processor_returns_the_same_tensor():
     logits, histories = random_case(4, 3)
     params = [SamplingParams(), SamplingParams(temperature=0), SamplingParams(min_tokens=2), SamplingParams()]
     histories[2] = (histories[2][0], [1, 2, 3])  # min_tokens already reached: nothing to do
-    assert apply_processors(logits, params, histories, [EOS] * len(params)) is logits
+    assert apply_processors(logits, batch_of(params, histories, eos=EOS)) is logits
 
 
 def test_min_p_keeps_tokens_above_min_p_times_the_top_probability():
@@ -72,7 +73,7 @@ def test_min_p_keeps_tokens_above_min_p_times_the_top_probability():
     for seed in range(300):
         p = SamplingParams(temperature=temperature, min_p=min_p, seed=seed)
         generator = torch.Generator().manual_seed(seed)
-        drawn.add(int(sample(logits, [p], [generator])[0]))
+        drawn.add(int(sample(logits, batch_of([p], generators=[generator]))[0]))
     assert drawn == kept
 
 
@@ -111,7 +112,7 @@ def test_sparse_penalties_cover_duplicates_overlap_empty_output_and_plain_rows()
         ([2, 8], [8, 8, 11]),
         ([9], [9]),
     ]
-    got = apply_processors(logits, params, histories, [EOS] * len(params))
+    got = apply_processors(logits, batch_of(params, histories, eos=EOS))
     for row, p in enumerate(params):
         want = reference_row(logits[row], p, *histories[row], EOS)
         torch.testing.assert_close(got[row], want, rtol=1e-5, atol=1e-5, msg=f"row {row}: {p}")
@@ -120,7 +121,7 @@ def test_sparse_penalties_cover_duplicates_overlap_empty_output_and_plain_rows()
 
 def test_in_place_updates_and_returns_the_given_logits():
     logits, histories = random_case(len(ROW_PARAMS), 4)
-    kept = apply_processors(logits, ROW_PARAMS, histories, [EOS] * len(ROW_PARAMS))
-    updated = apply_processors(logits, ROW_PARAMS, histories, [EOS] * len(ROW_PARAMS), in_place=True)
+    kept = apply_processors(logits, batch_of(ROW_PARAMS, histories, eos=EOS))
+    updated = apply_processors(logits, batch_of(ROW_PARAMS, histories, eos=EOS), in_place=True)
     assert updated is logits
     assert torch.equal(updated, kept)

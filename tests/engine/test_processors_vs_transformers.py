@@ -22,6 +22,7 @@ from transformers.generation.logits_process import (
 
 from multilora_studio.engine.config import SamplingParams
 from multilora_studio.engine.logits_processors import apply_processors
+from tests.engine.sampling_rows import batch_of
 
 V = 40
 EOS = (2, 7)
@@ -37,7 +38,7 @@ def case(seed: int) -> tuple[torch.Tensor, list[int], list[int]]:
 
 
 def ours(logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
-    return apply_processors(logits[None], [params], [(prompt, output)], [EOS])[0]
+    return apply_processors(logits[None], batch_of([params], [(prompt, output)], eos=EOS))[0]
 
 
 def theirs(processor, logits: torch.Tensor, input_ids: list[int]) -> torch.Tensor:

@@ -39,6 +39,7 @@ from transformers.generation.logits_process import (
 
 from multilora_studio.engine.config import SamplingParams
 from multilora_studio.engine.sampler import make_generator, sample
+from tests.engine.sampling_rows import batch_of
 
 N = 4000  # draws per case
 ALPHA = 1e-6  # chi-square significance: the false-failure rate of each frequency test
@@ -96,7 +97,8 @@ def reference_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 def draw(logits: torch.Tensor, params: SamplingParams, n: int = N) -> torch.Tensor:
     """[V] counts of ``n`` tokens the engine samples from ``logits`` [V], one seeded stream."""
     generator = make_generator(params, logits.device, 0)
-    tokens = sample(logits.expand(n, -1).contiguous(), [params] * n, [generator] * n).tolist()
+    batch = batch_of([params] * n, generators=[generator] * n)
+    tokens = sample(logits.expand(n, -1).contiguous(), batch).tolist()
     return torch.bincount(torch.tensor(tokens), minlength=logits.shape[-1])
 
 
@@ -188,7 +190,7 @@ def test_each_row_of_a_batch_samples_with_its_own_parameters():
         params.append(row_params)
         generators.append(make_generator(row_params, padded.device, 0))
         kept.append({int(torch.argmax(padded))} if greedy else set(case_kept))
-    tokens = sample(torch.stack(rows), params, generators).tolist()
+    tokens = sample(torch.stack(rows), batch_of(params, generators=generators)).tolist()
     assert all(token in row_kept for token, row_kept in zip(tokens, kept, strict=True))
     for case in cases:
         seen = {t for t, c, g in zip(tokens, cases * 200, params, strict=True) if c == case and not g.greedy}
