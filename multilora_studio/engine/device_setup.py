@@ -18,7 +18,7 @@ from multilora_studio.engine.lora_weights import row_buffer_bytes
 from multilora_studio.engine.model_source import BaseModel, resolve_model
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.quant_plan_builder import base_quantization, build_quant_plan
-from multilora_studio.engine.runner import ModelRunner, kv_bytes_per_block
+from multilora_studio.engine.runner import ModelRunner
 from multilora_studio.kernels.jit_watch import install as install_compile_watch
 from multilora_studio.util import ProgressCallback
 
@@ -46,6 +46,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def token_table_bytes(config: EngineConfig) -> int:
     """The device memory of the adapters' token tables (``EngineConfig.token_table_memory_gb``)."""
     return int(config.token_table_memory_gb * (1 << 30)) if config.max_token_tables else 0
+
+
+def kv_bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
+    """Device bytes of one KV block: keys and values of ``block_size`` tokens in every layer."""
+    return 2 * spec.num_layers * block_size * spec.kv_size * torch.empty((), dtype=dtype).element_size()
 
 
 def kv_cache_blocks(

@@ -23,6 +23,7 @@ from multilora_studio.engine.logprobs import score_rows
 from multilora_studio.engine.lora_weights import LORA_GROUPS, LoRASlotWeights
 from multilora_studio.engine.sampler import make_generator, sample
 from multilora_studio.engine.sampling_batch import SamplingBatch, SamplingRow
+from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
 from multilora_studio.kernels.lora import LoRABatch, LoRAPlan
 
 log = logging.getLogger(__name__)
@@ -173,3 +174,14 @@ def warm_up_sampling(logits: torch.Tensor, head_dtype: torch.dtype) -> None:
     tokens = sample(rows, batch)
     score_rows(rows, tokens, MAX_LOGPROBS)
     score_rows(rows.to(head_dtype), tokens, MAX_LOGPROBS)
+
+
+def compile_cpu_kernels(dtype: torch.dtype, batch_invariant: bool) -> None:
+    """The CPU kernels compiled now (or Numba's cached build loaded), not in the first step: all
+    of them for float32, the batch-invariant attention (float32 whatever the dtype) for others."""
+    if dtype == torch.float32:
+        lora_cpu.compile_now()
+        fused_ops_cpu.compile_now()
+        paged_attention_cpu.compile_now()
+    elif batch_invariant:
+        paged_attention_cpu.compile_now()

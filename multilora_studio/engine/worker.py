@@ -15,6 +15,7 @@ import llguidance
 import torch
 
 from multilora_studio.engine.adapter_catalog import ThreadSafeAdapterCatalog
+from multilora_studio.engine.batch_sampling import SampledBatch, sample_batch
 from multilora_studio.engine.block_manager import BlockManager
 from multilora_studio.engine.commands import (
     AbortRequest,
@@ -38,12 +39,13 @@ from multilora_studio.engine.metrics_publisher import MetricsPublisher
 from multilora_studio.engine.model_source import BaseModel
 from multilora_studio.engine.outputs import TokenDelta, TokenLogprob
 from multilora_studio.engine.requests import RequestStream
-from multilora_studio.engine.runner import ModelRunner, StepInputs, StepOutput
+from multilora_studio.engine.runner import ModelRunner
 from multilora_studio.engine.sampler import make_generator
 from multilora_studio.engine.sampling_batch import SamplingBatch, SamplingRow
 from multilora_studio.engine.scheduler import Scheduler, StepPlan
 from multilora_studio.engine.sequence import Sequence
 from multilora_studio.engine.step_graphs import GraphStep
+from multilora_studio.engine.step_inputs import PromptScoring, StepInputs
 from multilora_studio.engine.step_trace import StepRecord, StepTrace
 from multilora_studio.engine.tier_manager import WorkerTierManager
 
@@ -148,8 +150,7 @@ class EngineWorker:
             sampling = [self._active[c.seq.request_id] for c in plan.chunks if c.completes]
             masks = self._fill_masks(sampling)  # on the host while the device runs the step
             batch = SamplingBatch([a.sampling for a in sampling], masks)
-            scoring = inputs.scoring if isinstance(inputs, StepInputs) else None
-            output = self.runner.sample(logits, prompt_scores, scoring, batch)
+            output = sample_batch(logits, batch, prompt_scores)  # on the host: the step's one wait
             t_post = self._tick("sample", t_sample)
             self._bill(plan, t_post - scheduling_started)
         except Exception as error:
@@ -157,7 +158,8 @@ class EngineWorker:
             for chunk in plan.chunks:
                 self._finish(chunk.seq.request_id, "error", f"engine step failed: {error}")
             return
-        self._postprocess(plan, sampling, output)
+        scoring = inputs.scoring if isinstance(inputs, StepInputs) else None
+        self._postprocess(plan, sampling, output, scoring)
         end = self._tick("postprocess", t_post)
         self.phase_seconds["steps"] += 1
         self.step_trace.record(
@@ -222,10 +224,18 @@ class EngineWorker:
                 slot_of[name] = slot
         return slot_of
 
-    def _postprocess(self, plan: StepPlan, sampling: list[ActiveRequest], output: StepOutput) -> None:
+    def _postprocess(
+        self,
+        plan: StepPlan,
+        sampling: list[ActiveRequest],
+        output: SampledBatch,
+        scoring: PromptScoring | None,
+    ) -> None:
         for chunk in plan.chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
-        for seq, first, rows in output.prompt_logprobs:
+        scores = output.prompt_scores
+        scored = scoring.split(scores) if scoring is not None and scores is not None else []
+        for seq, first, rows in scored:
             active = self._active.get(seq.request_id)
             if active is not None and first == seq.scored_prompt_positions:
                 active.prompt_scores.append(rows)
