@@ -17,11 +17,12 @@ import torch
 
 from multilora_studio.adapters.host_cache import HostAdapterCache
 from multilora_studio.adapters.peft_adapter import HostAdapter, load_peft_adapter
+from multilora_studio.engine.adapter_packing import max_packed_bytes, pack_adapter
 from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.host_threads import loader_threads
 from multilora_studio.engine.host_tier_size import available_host_memory, host_tier_capacity
 from multilora_studio.engine.loader_process import LoaderProcess, staging_buffers_that_fit
-from multilora_studio.engine.lora_weights import PackedAdapter, max_packed_bytes, pack_adapter
+from multilora_studio.engine.lora_weights import PackedAdapter
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.pinned_arena import PinnedArena
 

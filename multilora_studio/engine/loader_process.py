@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter
-from multilora_studio.engine.lora_weights import PackedAdapter, pack_adapter
+from multilora_studio.engine.adapter_packing import pack_adapter
+from multilora_studio.engine.lora_weights import PackedAdapter
 from multilora_studio.engine.model_spec import ModelSpec
 from multilora_studio.engine.pinned_arena import PinnedArena, carve
 from multilora_studio.spawned import main_module_hidden

@@ -10,8 +10,8 @@ import torch
 
 from multilora_studio.adapters.peft_adapter import load_peft_adapter
 from multilora_studio.engine import Engine, EngineConfig, step_graphs
+from multilora_studio.engine.adapter_packing import pack_adapter
 from multilora_studio.engine.lora_plan_builder import build_lora_plan, shrink_in_gemm_rows
-from multilora_studio.engine.lora_weights import pack_adapter
 from multilora_studio.engine.model_source import resolve_model
 from multilora_studio.engine.runner import ModelRunner
 from tests.engine.reference import PeftReference

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from multilora_studio.adapters.peft_adapter import load_peft_adapter
+from multilora_studio.engine.adapter_packing import pack_adapter
 from multilora_studio.engine.device_parking import DeviceParking, tensors_of
-from multilora_studio.engine.lora_weights import LoRASlotWeights, pack_adapter
+from multilora_studio.engine.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model_source import resolve_model
 from multilora_studio.engine.weights import GEMM_SLICES
 

@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 
 from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter
 from multilora_studio.engine import SamplingParams
+from multilora_studio.engine.adapter_packing import max_packed_bytes, pack_adapter
 from multilora_studio.engine.loader_process import LoaderProcess
-from multilora_studio.engine.lora_weights import max_packed_bytes, pack_adapter
 from multilora_studio.engine.model_spec import load_spec
 from tests.engine.test_engine_behaviour import broken_copy
 
@@ -136,7 +136,7 @@ import sys
 from pathlib import Path
 import torch
 from multilora_studio.engine.loader_process import LoaderProcess
-from multilora_studio.engine.lora_weights import max_packed_bytes
+from multilora_studio.engine.adapter_packing import max_packed_bytes
 from multilora_studio.engine.model_spec import load_spec
 
 with open(sys.argv[1], "a") as runs:  # one line each time this script's body runs

@@ -9,7 +9,8 @@ import torch
 
 from multilora_studio.adapters.peft_adapter import load_peft_adapter
 from multilora_studio.bench.random_adapters import write_random_adapter
-from multilora_studio.engine.lora_weights import LORA_GROUPS, PackedAdapter, pack_adapter, packed_shapes
+from multilora_studio.engine.adapter_packing import pack_adapter, packed_shapes
+from multilora_studio.engine.lora_weights import LORA_GROUPS, PackedAdapter
 from multilora_studio.engine.model_source import RANDOM_SHAPES
 from multilora_studio.engine.pinned_arena import PinnedArena, carve, carved_bytes
 from multilora_studio.engine.upload_staging import stage_copy

@@ -182,7 +182,7 @@ def quant_runner(
     folder, plan: QuantPlan, adapters: dict, device_name: str
 ) -> tuple[ModelRunner, dict[str | None, int]]:
     from multilora_studio.adapters.peft_adapter import load_peft_adapter
-    from multilora_studio.engine.lora_weights import pack_adapter
+    from multilora_studio.engine.adapter_packing import pack_adapter
 
     config = engine_config(folder, device_name, cpu_weight_packing=False)
     device = torch.device(device_name)
