@@ -7,13 +7,28 @@ Whatever touches the device runs on the engine's worker thread between two steps
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import torch
 
-from multilora_studio.engine.engine import Engine
+from multilora_studio.engine.runner import ModelRunner
+from multilora_studio.engine.worker import EngineWorker
+
+T = TypeVar("T")
 
 
-def step_profile(engine: Engine) -> dict[str, float]:
+class RunningEngine(Protocol):
+    """What the hooks read of an ``Engine``: its device, its worker and runner (read-only), and
+    the way onto its worker thread."""
+
+    device: torch.device
+    worker: EngineWorker
+    runner: ModelRunner
+
+    def call_on_worker(self, work: Callable[[], T]) -> T: ...
+
+
+def step_profile(engine: RunningEngine) -> dict[str, float]:
     """Cumulative seconds the worker spent per phase of its steps, and the step count.
 
     ``launch`` is host time to enqueue the forward pass; on CUDA the device time shows up
@@ -22,7 +37,7 @@ def step_profile(engine: Engine) -> dict[str, float]:
     return dict(engine.worker.phase_seconds)
 
 
-def time_decode_graph(engine: Engine, batch: int, uses_lora: bool, iters: int = 50) -> float:
+def time_decode_graph(engine: RunningEngine, batch: int, uses_lora: bool, iters: int = 50) -> float:
     """Median device milliseconds of one replay of the decode graph for ``batch`` (CUDA only)."""
     graphs = engine.runner.decode_graphs
     if graphs is None:
@@ -43,7 +58,7 @@ def time_decode_graph(engine: Engine, batch: int, uses_lora: bool, iters: int = 
     return engine.call_on_worker(replays)
 
 
-def time_slot_upload(engine: Engine, name: str) -> dict[str, float]:
+def time_slot_upload(engine: RunningEngine, name: str) -> dict[str, float]:
     """Re-upload a resident, idle adapter into its own slot and time it (CUDA only).
 
     Returns the upload's device milliseconds, those of one plain pinned host-to-device
