@@ -59,7 +59,7 @@ docs: $(VENV)/.app
 	$(PY) -m multilora_studio.cli.settings_table docs/python-api.md
 
 # The mutation check (docs/dev/testing.md): mutmut over the modules and tests in pyproject.toml's
-# [tool.mutmut]; MUTANTS narrows it, e.g. MUTANTS='multilora_studio.engine.sampler*'.
+# [tool.mutmut]; MUTANTS narrows it, e.g. MUTANTS='multilora_studio.engine.sampling.sampler*'.
 # CPU heavy (the selected tests once, then each mutant's tests); not part of `make test`.
 # The tests' tokenizer is read from the embedded model's GGUF once (12 s) instead of in every
 # mutant's test session.

@@ -24,7 +24,7 @@ from benchmarks.engine_gpu import run_batch
 from benchmarks.rounds import report_lines
 from multilora_studio.bench.random_adapters import KINDS, write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig
-from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
 
 HEADS = 4  # adapters with their own lm_head in the "4 lm_head" case (the pool's default count)
 

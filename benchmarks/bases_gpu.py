@@ -32,7 +32,7 @@ from benchmarks.rounds import parser, report_json
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.deploy import BasePool
 from multilora_studio.engine import EngineConfig
-from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
 
 SHAPES = ("llama3-8b", "qwen3-8b")
 BATCH = 32

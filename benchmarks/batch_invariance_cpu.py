@@ -22,7 +22,7 @@ import torch
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.default_model import ensure_default_model
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.engine.model_spec import load_spec
+from multilora_studio.engine.model.model_spec import load_spec
 
 PROMPTS = [
     "Explain what a LoRA adapter is in two sentences.",

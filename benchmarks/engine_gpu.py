@@ -24,8 +24,8 @@ import torch
 from benchmarks.rounds import report_lines
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams, ServingEngine
-from multilora_studio.engine.diagnostics import step_profile, time_decode_graph
-from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.engine.loop.diagnostics import step_profile, time_decode_graph
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
 
 log = logging.getLogger(__name__)
 

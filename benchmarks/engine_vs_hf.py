@@ -22,7 +22,7 @@ from multilora_studio.bench.peft_baseline import PeftBaseline
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.default_model import ensure_default_model
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.engine.model_spec import load_spec
+from multilora_studio.engine.model.model_spec import load_spec
 
 log = logging.getLogger(__name__)
 PROMPTS = [

@@ -22,7 +22,7 @@ from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.peft_adapter import WEIGHTS_FILE
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.bench.random_adapters import write_random_adapter
-from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.model.model_spec import ModelSpec
 
 TEMPLATES = (  # (rank, targets)
     (1, ("q_proj",)),

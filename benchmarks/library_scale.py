@@ -143,8 +143,8 @@ def main() -> None:
     from benchmarks.library_farm import build_library
     from multilora_studio.adapters.registry import Registry
     from multilora_studio.cli.shared import describe_base
-    from multilora_studio.engine.model_source import describe_model
-    from multilora_studio.engine.model_spec import load_spec
+    from multilora_studio.engine.model.model_source import describe_model
+    from multilora_studio.engine.model.model_spec import load_spec
 
     began = time.perf_counter()
     spec = load_spec(describe_model(None).folder)

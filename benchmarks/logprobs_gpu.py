@@ -25,7 +25,7 @@ from benchmarks.engine_gpu import run_batch
 from benchmarks.rounds import alternate, decode_tok_s, parser, random_prompts, summary, write_results
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
 from multilora_studio.kernels.row_scores import row_scores, top_k_torch
 
 

@@ -27,8 +27,8 @@ from benchmarks.engine_gpu import run_batch
 from benchmarks.rounds import device_name, parser, report_json
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig
-from multilora_studio.engine.model_source import RANDOM_SHAPES
-from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
+from multilora_studio.engine.model.model_spec import ModelSpec
 from multilora_studio.merge.shard_writer import PlannedTensor, plan_shards, write_checkpoint
 
 MERGE_CHILD = """

@@ -33,7 +33,7 @@ from multilora_studio.bench.latency import prefill_rate, time_to_first_token
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.bench.workloads import prompt_token_ids
 from multilora_studio.engine import Engine, EngineConfig, RequestOutput, SamplingParams
-from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
 from multilora_studio.kernels import LoRAPlan, lora_sgmv
 
 

@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
 
 ONE = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from benchmarks.rounds import decode_tok_s, device_name, graph_time_ms, parser, random_prompts, write_results
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.engine.model_source import RANDOM_SHAPES
-from multilora_studio.engine.quant_pack import quantize_awq, quantize_fp8, quantize_gptq
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
+from multilora_studio.engine.model.quant_pack import quantize_awq, quantize_fp8, quantize_gptq
 from multilora_studio.kernels.dequant_gemm import dequant_gemm
 from multilora_studio.kernels.quant_linear import fp8_scaled_mm, scaled_mm_supported
 

@@ -42,9 +42,10 @@ import torch
 from benchmarks.rounds import parser, report_json
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.deploy import ReplicaSet, parse_devices
-from multilora_studio.engine import Engine, EngineConfig, SamplingParams, ServingEngine, device_setup
-from multilora_studio.engine.device_setup import install_compile_watch
-from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.engine import Engine, EngineConfig, SamplingParams, ServingEngine
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
+from multilora_studio.engine.step import device_setup
+from multilora_studio.engine.step.device_setup import install_compile_watch
 
 SHAPE = "llama3-8b"
 BATCH = 32

@@ -5,7 +5,7 @@
 
 Random bf16 weights of the Llama-3-8B shape, the base model, 128-token prompts, 64 new greedy
 tokens. "with": every request sets presence, frequency and repetition penalties, a logit_bias
-entry and a two-token bad word (engine/logits_processors.py). Decode tok/s after every
+entry and a two-token bad word (engine/sampling/logits_processors.py). Decode tok/s after every
 request had its first token; runs alternate ``--rounds`` times; medians and their ratio are
 printed (the target on an H200 is a ratio >= 0.95).
 """

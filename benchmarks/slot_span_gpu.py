@@ -23,7 +23,7 @@ from benchmarks.engine_gpu import run_batch
 from benchmarks.rounds import parser, write_results
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig
-from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
 
 
 def main() -> None:

@@ -31,8 +31,8 @@ from benchmarks.rounds import (
     write_results,
 )
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams, StructuredOutput
-from multilora_studio.engine.grammar import GrammarCompiler
-from multilora_studio.engine.model_source import RANDOM_SHAPES, load_tokenizer
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES, load_tokenizer
+from multilora_studio.engine.sampling.grammar import GrammarCompiler
 
 SCHEMA = {
     "type": "array",

@@ -31,8 +31,8 @@ from benchmarks.rounds import parser, report_json
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.deploy import BasePool
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.engine.device_parking import DeviceParking, HostBuffer, tensors_of
-from multilora_studio.engine.model_source import RANDOM_SHAPES
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
+from multilora_studio.engine.residency.device_parking import DeviceParking, HostBuffer, tensors_of
 
 SLOTS = 8
 PROMPTS = [[1, *range(100, 228)] for _ in range(SLOTS)]  # 129 tokens each

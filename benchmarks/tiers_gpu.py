@@ -29,9 +29,9 @@ import torch
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.bench.stack_sampler import StackSampler, explain_slow_steps
 from multilora_studio.engine import Engine, EngineConfig, EngineMetrics, SamplingParams
-from multilora_studio.engine.diagnostics import time_slot_upload
-from multilora_studio.engine.model_source import RANDOM_SHAPES
-from multilora_studio.engine.step_trace import records_as_dicts, summarize
+from multilora_studio.engine.loop.diagnostics import time_slot_upload
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
+from multilora_studio.engine.step.step_trace import records_as_dicts, summarize
 
 
 def adapter_farm(root: Path, count: int, distinct: int, rank: int, shape: str) -> list[Path]:

@@ -3,7 +3,7 @@ dequantized float twins (what PEFT and the float64 references run on).
 
 FP8: quantized and written by ``compressed-tensors`` itself (``float-quantized``, per-channel
 scales, as llm-compressor writes FP8 checkpoints), or as vLLM's ``fp8`` format (one scale per
-tensor). AWQ / GPTQ: packed by ``engine/quant_pack.py`` (checked against the formats'
+tensor). AWQ / GPTQ: packed by ``engine/model/quant_pack.py`` (checked against the formats'
 documented words in tests/engine/test_quant_formats.py); act-order GPTQ stores its rows in
 input-feature order with ``g_idx``, as AutoGPTQ does. The dequantized twins are computed here
 by ``reference_dequantize``, written from the documented layouts, not by the engine's code.
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from multilora_studio.engine.quant_pack import int4_groups, pack_awq, pack_gptq_rows, pack_sequential
+from multilora_studio.engine.model.quant_pack import int4_groups, pack_awq, pack_gptq_rows, pack_sequential
 from tests.fixtures import TinyVariant, build_tiny_model
 
 # K = 128 (hidden) and 256 (intermediate): whole groups of 128; head_dim 32

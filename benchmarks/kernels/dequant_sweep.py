@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from benchmarks.quant_gpu import copy_bandwidth_gb_s, projection_shapes
 from benchmarks.rounds import graph_time_ms, parser, write_results
-from multilora_studio.engine.quant_pack import quantize_awq, quantize_fp8, quantize_gptq
+from multilora_studio.engine.model.quant_pack import quantize_awq, quantize_fp8, quantize_gptq
 from multilora_studio.kernels.dequant_gemm import TileConfig, dequant_gemm, tile_config
 from multilora_studio.kernels.quant_weight import QuantizedWeight
 

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from benchmarks.quant_gpu import copy_bandwidth_gb_s, projection_shapes
 from benchmarks.rounds import parser, write_results
-from multilora_studio.engine.quant_pack import int4_groups, pack_awq, quantize_fp8
+from multilora_studio.engine.model.quant_pack import int4_groups, pack_awq, quantize_fp8
 from multilora_studio.kernels.dequant_gemm import dequant_gemm
 from multilora_studio.kernels.quant_linear import fp8_scaled_mm
 from multilora_studio.kernels.quant_weight import GROUP_SIZE, QuantizedWeight

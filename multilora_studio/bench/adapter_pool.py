@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from multilora_studio.bench.random_adapters import write_random_adapter
-from multilora_studio.engine.model_spec import PROJECTIONS, ModelSpec
+from multilora_studio.engine.model.model_spec import PROJECTIONS, ModelSpec
 
 log = logging.getLogger(__name__)
 

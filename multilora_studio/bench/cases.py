@@ -19,7 +19,7 @@ from multilora_studio.bench.workloads import (
     pattern_workload,
     prompt_token_ids,
 )
-from multilora_studio.engine.model_spec import PROJECTIONS
+from multilora_studio.engine.model.model_spec import PROJECTIONS
 
 
 @dataclass

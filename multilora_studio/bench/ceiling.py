@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.model.model_spec import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from multilora_studio.engine.model_source import RANDOM_PREFIX, RANDOM_SHAPES, describe_model
-from multilora_studio.engine.model_spec import ModelSpec
+from multilora_studio.engine.model.model_source import RANDOM_PREFIX, RANDOM_SHAPES, describe_model
+from multilora_studio.engine.model.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
 PEFT_BASE = "__base__"

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from multilora_studio.engine.model_spec import PROJECTIONS, ModelSpec
+from multilora_studio.engine.model.model_spec import PROJECTIONS, ModelSpec
 
 KINDS = ("LoRA", "DoRA", "LoRA with bias")  # AdapterConfig.kind
 TABLES = ("", "lm_head", "tokens")  # the vocabulary rows it replaces: none, a whole head, 16 tokens

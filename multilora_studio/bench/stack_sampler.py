@@ -12,7 +12,7 @@ import threading
 import time
 from collections import Counter
 
-from multilora_studio.engine.step_trace import StepRecord, records_as_dicts
+from multilora_studio.engine.step.step_trace import StepRecord, records_as_dicts
 
 
 def _stack(frame, depth: int) -> str:

@@ -30,7 +30,7 @@ from multilora_studio.bench.tiers import tier_stats
 from multilora_studio.bench.workloads import BenchRequest, prompt_token_ids
 from multilora_studio.engine import Engine, EngineConfig, resolve_device, resolve_dtype
 from multilora_studio.engine.config import usable_cores
-from multilora_studio.engine.step_trace import summarize as summarize_steps
+from multilora_studio.engine.step.step_trace import summarize as summarize_steps
 from multilora_studio.util import extra_install_hint
 
 log = logging.getLogger(__name__)

@@ -29,9 +29,9 @@ from multilora_studio.deploy import BasePool, parse_devices, start_engine
 from multilora_studio.deploy.base_settings import check_kv_sizes
 from multilora_studio.deploy.pool_settings import PoolSettings
 from multilora_studio.engine import EngineConfig, ServingEngine
-from multilora_studio.engine.device_setup import resolve_device
-from multilora_studio.engine.model_source import RANDOM_PREFIX
+from multilora_studio.engine.model.model_source import RANDOM_PREFIX
 from multilora_studio.engine.serving_engine import metrics_of
+from multilora_studio.engine.step.device_setup import resolve_device
 from multilora_studio.server.config import ServerConfig
 
 if TYPE_CHECKING:

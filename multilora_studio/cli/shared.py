@@ -129,8 +129,8 @@ def describe_base(model: str | None) -> BaseModelRef:
     Name and digest follow the engine's rule: the folder's name and the SHA-256 of its
     ``model.safetensors`` ("" for sharded weights).
     """
-    from multilora_studio.engine.model_source import describe_model
-    from multilora_studio.engine.model_spec import load_spec
+    from multilora_studio.engine.model.model_source import describe_model
+    from multilora_studio.engine.model.model_spec import load_spec
 
     identity = describe_model(model, progress=print_progress)
     return BaseModelRef.of_spec(identity.name, identity.digest, load_spec(identity.folder))

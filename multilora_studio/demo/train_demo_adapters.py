@@ -27,7 +27,7 @@ from multilora_studio.demo.prompts import held_out_prompts, training_prompts
 from multilora_studio.demo.styles import STYLES, STYLES_BY_NAME
 from multilora_studio.demo.training import WEIGHTS_FILE, TrainSettings, train_adapter
 from multilora_studio.engine import Engine, EngineConfig
-from multilora_studio.engine.model_source import describe_model
+from multilora_studio.engine.model.model_source import describe_model
 from multilora_studio.paths import data_dir
 
 log = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ from pathlib import Path
 from multilora_studio.deploy.model_aliases import ModelAliases
 from multilora_studio.deploy.pool_settings import PoolSettings
 from multilora_studio.engine import Engine, EngineConfig, ParkableEngine
-from multilora_studio.engine.host_tier_size import available_host_memory
-from multilora_studio.engine.model_source import RANDOM_PREFIX, describe_model
+from multilora_studio.engine.model.model_source import RANDOM_PREFIX, describe_model
+from multilora_studio.engine.residency.host_tier_size import available_host_memory
 from multilora_studio.engine.serving_engine import AdapterPinning, ServingEngine, metrics_of, pinned_of
 
 log = logging.getLogger(__name__)

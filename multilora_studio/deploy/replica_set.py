@@ -37,9 +37,9 @@ from multilora_studio.engine import (
     EngineMetrics,
     RequestStream,
 )
-from multilora_studio.engine.chat_tokens import Render
-from multilora_studio.engine.request_methods import NewRequest
+from multilora_studio.engine.loop.request_methods import NewRequest
 from multilora_studio.engine.serving_engine import ServingEngine
+from multilora_studio.engine.text.chat_tokens import Render
 from multilora_studio.invalid_setting import InvalidSetting
 from multilora_studio.util import ProgressCallback
 

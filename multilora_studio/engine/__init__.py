@@ -1,6 +1,5 @@
 """The batched multi-LoRA engine (no Qt, no HTTP)."""
 
-from multilora_studio.engine.adapter_catalog import AdapterInfo
 from multilora_studio.engine.config import (
     MAX_ADAPTER_SCALE,
     MAX_LOGPROBS,
@@ -8,15 +7,16 @@ from multilora_studio.engine.config import (
     EngineConfig,
     SamplingParams,
 )
-from multilora_studio.engine.device_setup import resolve_device, resolve_dtype
 from multilora_studio.engine.engine import Engine
 from multilora_studio.engine.errors import EngineStopped, GrammarFailure, InvalidRequest, UnknownAdapter
-from multilora_studio.engine.host_tier_size import least_host_capacity
+from multilora_studio.engine.loop.requests import RequestStream
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput, TokenDelta, TokenLogprob
-from multilora_studio.engine.prompts import Prompt
-from multilora_studio.engine.requests import RequestStream
+from multilora_studio.engine.residency.adapter_catalog import AdapterInfo
+from multilora_studio.engine.residency.host_tier_size import least_host_capacity
+from multilora_studio.engine.sampling.structured import StructuredOutput
 from multilora_studio.engine.serving_engine import ParkableEngine, ServingEngine
-from multilora_studio.engine.structured import StructuredOutput
+from multilora_studio.engine.step.device_setup import resolve_device, resolve_dtype
+from multilora_studio.engine.text.prompts import Prompt
 
 __all__ = [
     "MAX_ADAPTER_SCALE",

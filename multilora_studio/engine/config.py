@@ -8,9 +8,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from multilora_studio.adapters.adapter_config import DEFAULT_MAX_LORA_RANK
-from multilora_studio.engine.quantization import QUANTIZATIONS
+from multilora_studio.engine.model.quantization import QUANTIZATIONS
+from multilora_studio.engine.sampling.structured import StructuredOutput
 from multilora_studio.engine.settings import check_declared, check_int, check_number, setting
-from multilora_studio.engine.structured import StructuredOutput
 from multilora_studio.invalid_setting import InvalidSetting
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -105,7 +105,7 @@ class EngineConfig:
     )
     # Adapters kept in host RAM (the tier between the GPU slots and the disk). None: as many
     # adapters of max_lora_rank as fit in cpu_lora_memory_fraction of the host memory available
-    # when the engine starts, at least 2 x max_loras (engine/host_tier_size.py).
+    # when the engine starts, at least 2 x max_loras (engine/residency/host_tier_size.py).
     max_cpu_loras: int | None = setting(
         None,
         doc="adapters kept ready in host RAM; `None`: as many adapters of `max_lora_rank` as fit in "
@@ -215,7 +215,7 @@ class EngineConfig:
     # slot's (docs/dev/engine.md). One launch fewer per projection, but it reads every slot's A
     # whatever the batch uses. None: on CUDA when max_loras x max_lora_rank <= 768 (on the
     # H200 it was faster at any adapter mix with 512, slower with 1024), never on the CPU
-    # (engine/lora_plan_builder.py decides).
+    # (engine/step/lora_plan_builder.py decides).
     lora_shrink_in_gemm: bool | None = setting(
         None,
         doc="a CUDA speed option (the adapters' A factors stored next to the base weights); `None` "
@@ -238,7 +238,7 @@ class EngineConfig:
     # Batch invariance: a request's logits, and so its tokens and log-probabilities, do not
     # depend on what else is in the batch or on how its prompt is split into steps. Every
     # choice that makes a row's arithmetic depend on the batch is pinned in the plan
-    # (engine/lora_plan_builder.py; docs/dev/engine.md, "Batch-invariant mode"); it costs speed.
+    # (engine/step/lora_plan_builder.py; docs/dev/engine.md, "Batch-invariant mode"); it costs speed.
     batch_invariant: bool = setting(
         False,
         doc="outputs that do not depend on what else runs in the batch "
@@ -255,7 +255,7 @@ class EngineConfig:
     # Adapters that replace embedding or LM-head rows (modules_to_save, trainable or added
     # tokens) hold their tables on the device while in a slot: at most this many at once, in
     # at most this much memory (reserved out of the KV cache's share on CUDA; an 8B model's
-    # lm_head is about 1 GB in bf16). engine/token_tables.py.
+    # lm_head is about 1 GB in bf16). engine/model/token_tables.py.
     max_token_tables: int = setting(
         4,
         doc="adapters that bring their own embedding or LM-head rows (`modules_to_save`, trainable "
@@ -294,7 +294,7 @@ class EngineConfig:
     # The base's quantization (vLLM's --quantization). None: as the checkpoint is (float, or
     # the FP8 / AWQ / GPTQ its config.json declares); "fp8": an FP8 checkpoint as it is, a float
     # one quantized to FP8 per channel at load; "awq" / "gptq": a checkpoint of that kind (random
-    # shapes are quantized at load). engine/quantization.py; docs/dev/engine.md, "Quantized bases".
+    # shapes are quantized at load). engine/model/quantization.py; docs/dev/engine.md, "Quantized bases".
     quantization: str | None = setting(
         None,
         doc="`fp8`, `awq` or `gptq`: the base's quantization ([below](#quantized-bases)); `None`: as "
@@ -391,7 +391,7 @@ class SamplingParams:
     adapter_scale: float = 1.0
     # What the output must match (a JSON schema, a regex, a grammar ...); None: free text.
     structured: StructuredOutput | None = None
-    # Logits processors (engine/logits_processors.py; docs/dev/engine.md, "Sampling order"), all
+    # Logits processors (engine/sampling/logits_processors.py; docs/dev/engine.md, "Sampling order"), all
     # off by default. OpenAI's penalties over the tokens generated so far: logit -= presence *
     # (count > 0) + frequency * count.
     presence_penalty: float = 0.0

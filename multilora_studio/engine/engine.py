@@ -2,7 +2,7 @@
 
 ``Engine`` is the client side: any thread may submit, abort, add or remove adapters. Its
 calls either act on thread-safe state (the adapters added, the host tier) or post a
-command (``commands.py``) to the worker thread (``worker.py``), the only thread that
+command (``loop/commands.py``) to the worker thread (``loop/worker.py``), the only thread that
 touches the device.
 """
 
@@ -19,9 +19,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from multilora_studio.engine.adapter_catalog import AdapterInfo, ThreadSafeAdapterCatalog
-from multilora_studio.engine.chat_tokens import Render
-from multilora_studio.engine.commands import (
+from multilora_studio.engine.batch.sequence import Sequence as Seq
+from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.errors import EngineStopped, InvalidRequest
+from multilora_studio.engine.loop.commands import (
     AbortRequest,
     AddRequests,
     CallOnWorker,
@@ -34,17 +35,16 @@ from multilora_studio.engine.commands import (
     SnapshotMetrics,
     Unpark,
 )
-from multilora_studio.engine.config import EngineConfig, SamplingParams
-from multilora_studio.engine.device_setup import load_on_device, resolve_device, resolve_dtype
-from multilora_studio.engine.errors import EngineStopped, InvalidRequest
+from multilora_studio.engine.loop.request_methods import NewRequest
+from multilora_studio.engine.loop.requests import RequestStream
+from multilora_studio.engine.loop.worker import EngineWorker
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput
-from multilora_studio.engine.prompts import encode_prompt
-from multilora_studio.engine.request_methods import NewRequest
-from multilora_studio.engine.requests import RequestStream
-from multilora_studio.engine.sequence import Sequence as Seq
+from multilora_studio.engine.residency.adapter_catalog import AdapterInfo, ThreadSafeAdapterCatalog
+from multilora_studio.engine.residency.tier_manager import WorkerTierManager
 from multilora_studio.engine.serving_engine import ServingEngine
-from multilora_studio.engine.tier_manager import WorkerTierManager
-from multilora_studio.engine.worker import EngineWorker
+from multilora_studio.engine.step.device_setup import load_on_device, resolve_device, resolve_dtype
+from multilora_studio.engine.text.chat_tokens import Render
+from multilora_studio.engine.text.prompts import encode_prompt
 from multilora_studio.util import ProgressCallback
 
 T = TypeVar("T")
@@ -262,7 +262,7 @@ class Engine(ServingEngine):
     def park(self) -> None:
         """Swap the base out, keeping this engine: its weights and LoRA slots are copied to
         page-locked host memory and freed on the device with its KV cache and CUDA graphs
-        (``engine/device_parking.py``; on the CPU the weights stay where they are). Adapters,
+        (``engine/residency/device_parking.py``; on the CPU the weights stay where they are). Adapters,
         pins, the host tier and the tokenizer stay. RuntimeError while requests are queued or
         running; requests submitted while parked wait for ``unpark``."""
         self._call(Park())
@@ -291,7 +291,7 @@ class Engine(ServingEngine):
     def call_on_worker(self, work: Callable[[], T]) -> T:
         """Run ``work`` on the worker thread between two steps and return its result.
 
-        For diagnostics that must touch the device (``engine/diagnostics.py``); it holds up
+        For diagnostics that must touch the device (``engine/loop/diagnostics.py``); it holds up
         every request while it runs.
         """
         return self._call(CallOnWorker(work))

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from multilora_studio.engine.adapter_catalog import AdapterInfo
+from multilora_studio.engine.loop.request_methods import RequestServing
 from multilora_studio.engine.outputs import EngineMetrics
-from multilora_studio.engine.request_methods import RequestServing
+from multilora_studio.engine.residency.adapter_catalog import AdapterInfo
 
 
 class AdapterCatalog(ABC):

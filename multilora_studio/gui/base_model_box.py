@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from multilora_studio.engine import EngineConfig
-from multilora_studio.engine.quantization import quantization_summary
+from multilora_studio.engine.model.quantization import quantization_summary
 from multilora_studio.gui.preferences import MODEL_SOURCES, shown
 from multilora_studio.gui.setting_form import SettingForm, read
 from multilora_studio.gui.widgets import format_bytes

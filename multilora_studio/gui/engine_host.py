@@ -27,10 +27,10 @@ from multilora_studio.demo import offer_demo_adapters
 from multilora_studio.deploy import BasePool, BaseUnavailable, start_engine
 from multilora_studio.deploy.base_settings import check_kv_sizes
 from multilora_studio.engine import EngineConfig, ServingEngine
-from multilora_studio.engine.device_setup import resolve_device
-from multilora_studio.engine.host_memory import return_freed_memory
-from multilora_studio.engine.model_source import RANDOM_PREFIX, check_model_folder
+from multilora_studio.engine.model.model_source import RANDOM_PREFIX, check_model_folder
+from multilora_studio.engine.residency.host_memory import return_freed_memory
 from multilora_studio.engine.serving_engine import metrics_of
+from multilora_studio.engine.step.device_setup import resolve_device
 from multilora_studio.gui.library_ops import LoadResult, base_for, load_library
 from multilora_studio.gui.preferences import BaseEntry, EngineChoice
 from multilora_studio.gui.tasks import USER_ERRORS, Cancelled, Task, TaskRunner, user_message

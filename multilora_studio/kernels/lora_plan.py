@@ -3,7 +3,7 @@
 A :class:`LoRAPlan` says which kernels run at which token counts, whether the shrink runs
 inside the base GEMM, which expands are folded into the kernels that read their output,
 and how the token-major kernels launch. The engine builds one from its ``EngineConfig``
-and device at start-up (``multilora_studio.engine.lora_plan_builder``) and passes it to the
+and device at start-up (``multilora_studio.engine.step.lora_plan_builder``) and passes it to the
 model, which passes it to every wrapper in :mod:`multilora_studio.kernels.lora`; a wrapper
 called without one uses :meth:`LoRAPlan.for_device`. Tests and benchmarks choose a path by
 building a plan (``LoRAPlan(backend="triton", bgmv_max_tokens=0)``: the slot-grouped

@@ -1,6 +1,6 @@
 """The base GEMM of a projection whose weight may be quantized, run as a :class:`QuantPlan` says.
 
-The plan is decided once per engine (``engine/quant_plan_builder.py``, from the checkpoint's
+The plan is decided once per engine (``engine/step/quant_plan_builder.py``, from the checkpoint's
 format, ``EngineConfig`` and the device) and read by the model through ``quant_linear``:
 
 * ``dequantize_at_load``: the loader turns every quantized weight into a dense one of the

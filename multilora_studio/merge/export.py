@@ -32,7 +32,7 @@ from multilora_studio.adapters.adapter_tokenizer import (
     TOKENIZER_FOLDER_FILES,
 )
 from multilora_studio.adapters.peft_adapter import load_peft_adapter
-from multilora_studio.engine.model_spec import load_spec
+from multilora_studio.engine.model.model_spec import load_spec
 from multilora_studio.merge.merged_weights import MergedWeights, MergeError
 from multilora_studio.merge.model_card import AdapterSource, BaseSource, model_card
 from multilora_studio.merge.shard_writer import PlannedTensor, plan_shards, write_checkpoint

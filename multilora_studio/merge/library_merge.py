@@ -17,8 +17,8 @@ from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.peft_adapter import inspect_peft_adapter, weights_file
 from multilora_studio.adapters.registry import MERGED_REVISION, Registry
 from multilora_studio.adapters.registry_schema import AdapterRecord, BaseModelRecord
-from multilora_studio.engine.model_source import describe_model
-from multilora_studio.engine.model_spec import load_spec
+from multilora_studio.engine.model.model_source import describe_model
+from multilora_studio.engine.model.model_spec import load_spec
 from multilora_studio.merge.export import DTYPE_NAMES, MergedModel, MergeRequest, merge_and_export
 from multilora_studio.merge.merged_weights import MergeError
 from multilora_studio.merge.model_card import AdapterSource, BaseSource

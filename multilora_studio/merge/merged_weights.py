@@ -23,8 +23,8 @@ from multilora_studio.adapters.peft_adapter import HostAdapter
 from multilora_studio.adapters.safetensors_header import TensorEntry, data_offset, read_header
 from multilora_studio.adapters.token_tables import TokenTables
 from multilora_studio.checkpoint_files import checkpoint_files
-from multilora_studio.engine.model_spec import ModelSpec
-from multilora_studio.engine.weights import decoder_prefix
+from multilora_studio.engine.model.model_spec import ModelSpec
+from multilora_studio.engine.model.weights import decoder_prefix
 from multilora_studio.merge.shard_writer import SAFETENSORS_DTYPES, PlannedTensor
 
 _DTYPE_OF = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}

@@ -38,12 +38,12 @@ from multilora_studio.engine import (
     SamplingParams,
     TokenDelta,
 )
-from multilora_studio.engine.chat_tokens import Render, render_in_process
-from multilora_studio.engine.model_spec import ModelSpec
-from multilora_studio.engine.prompts import encode_prompt
-from multilora_studio.engine.request_methods import NewRequest
+from multilora_studio.engine.loop.request_methods import NewRequest
+from multilora_studio.engine.model.model_spec import ModelSpec
 from multilora_studio.engine.serving_engine import ServingEngine
-from multilora_studio.engine.template_sandbox import TemplateSandbox
+from multilora_studio.engine.text.chat_tokens import Render, render_in_process
+from multilora_studio.engine.text.prompts import encode_prompt
+from multilora_studio.engine.text.template_sandbox import TemplateSandbox
 from multilora_studio.server.metrics import GAUGES
 
 METRICS_INTERVAL_S = 1.0

@@ -32,7 +32,7 @@ from multilora_studio.engine import (
     UnknownAdapter,
 )
 from multilora_studio.engine.outputs import ADAPTER_TIERS
-from multilora_studio.engine.template_sandbox import TemplateBusy
+from multilora_studio.engine.text.template_sandbox import TemplateBusy
 from multilora_studio.server.context_window import check_fits
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.logprob_shapes import ScoreOptions

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from multilora_studio.engine.template_sandbox import TemplateBusy
+from multilora_studio.engine.text.template_sandbox import TemplateBusy
 from multilora_studio.server.errors import ApiError
 
 

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from multilora_studio.engine import ServingEngine
-from multilora_studio.engine.chat_tokens import Render, chat_token_ids
+from multilora_studio.engine.text.chat_tokens import Render, chat_token_ids
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.prompt_errors import prompt_error
 from multilora_studio.server.sampling import chat_prompt

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from multilora_studio.engine import StructuredOutput
-from multilora_studio.engine.grammar import as_lark, check_structured
+from multilora_studio.engine.sampling.grammar import as_lark, check_structured
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import ChatCompletionRequest, CompletionRequest
 

@@ -29,7 +29,7 @@ from multilora_studio.adapters.peft_adapter import (
     peak,
     weights_file,
 )
-from multilora_studio.engine.model_spec import spec_from_config
+from multilora_studio.engine.model.model_spec import spec_from_config
 from tests.adapter_fixtures import edit_config, edit_tensors
 from tests.fixtures import FUSED_ADAPTERS, AdapterSpec, build_adapter
 

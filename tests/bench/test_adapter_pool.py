@@ -6,7 +6,7 @@ import pytest
 
 from multilora_studio.bench.adapter_pool import make_adapter_pool, parse_targets
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.engine.model_spec import PROJECTIONS, load_spec
+from multilora_studio.engine.model.model_spec import PROJECTIONS, load_spec
 
 
 def test_linked_adapters_share_bytes_but_load_separately(tiny_model_dir, tmp_path):

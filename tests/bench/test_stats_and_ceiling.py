@@ -9,8 +9,8 @@ from multilora_studio.bench.ceiling import Ceiling, adapter_bytes, copy_bandwidt
 from multilora_studio.bench.stats import RequestResult, Slo, attainment, percentiles, summarize
 from multilora_studio.bench.tiers import tier_stats
 from multilora_studio.engine import EngineMetrics
-from multilora_studio.engine.model_source import RANDOM_SHAPES
-from multilora_studio.engine.model_spec import PROJECTIONS
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
+from multilora_studio.engine.model.model_spec import PROJECTIONS
 
 
 def result(start: float, first: float, end: float, tokens: int, error: str | None = None) -> RequestResult:
@@ -84,7 +84,7 @@ def test_phase_ms_per_step_splits_a_run_of_the_real_engine(tiny_model_dir):
 
     from benchmarks.engine_gpu import phase_ms_per_step
     from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-    from multilora_studio.engine.diagnostics import step_profile
+    from multilora_studio.engine.loop.diagnostics import step_profile
 
     config = EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="float32", max_model_len=64)
     with Engine(config) as engine:

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from multilora_studio.adapters.peft_adapter import load_peft_adapter
-from multilora_studio.engine import Engine, EngineConfig, step_graphs
-from multilora_studio.engine.adapter_packing import pack_adapter
-from multilora_studio.engine.lora_plan_builder import build_lora_plan, shrink_in_gemm_rows
-from multilora_studio.engine.model_source import resolve_model
-from multilora_studio.engine.runner import ModelRunner
+from multilora_studio.engine import Engine, EngineConfig
+from multilora_studio.engine.model.model_source import resolve_model
+from multilora_studio.engine.residency.adapter_packing import pack_adapter
+from multilora_studio.engine.step import step_graphs
+from multilora_studio.engine.step.lora_plan_builder import build_lora_plan, shrink_in_gemm_rows
+from multilora_studio.engine.step.runner import ModelRunner
 from tests.engine.reference import PeftReference
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from multilora_studio.engine.config import SamplingParams
-from multilora_studio.engine.sampling_batch import SamplingBatch, SamplingRow
+from multilora_studio.engine.sampling.sampling_batch import SamplingBatch, SamplingRow
 
 
 def batch_of(

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.engine.block_manager import BlockManager
-from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
-from multilora_studio.engine.step_graphs import StepGraphs, batch_buckets
-from multilora_studio.engine.step_staging import StepStaging
+from multilora_studio.engine.batch.block_manager import BlockManager
+from multilora_studio.engine.batch.scheduler import ScheduledChunk, StepPlan
+from multilora_studio.engine.step.step_graphs import StepGraphs, batch_buckets
+from multilora_studio.engine.step.step_staging import StepStaging
 from tests.engine.conftest import RUNNER_BLOCK, capture_graphs_on, tiny_runner
 from tests.engine.reference import PeftReference
 from tests.engine.test_decode_staging import make_sequences

@@ -9,7 +9,7 @@ import pytest
 
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.engine.model_spec import load_spec
+from multilora_studio.engine.model.model_spec import load_spec
 from tests.engine.test_fidelity import generate_matches_peft, mixed_requests
 
 TARGET_PROMPT = (

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from multilora_studio.engine.config import EngineConfig, SamplingParams
-from multilora_studio.engine.host_tier_size import (
+from multilora_studio.engine.residency.host_tier_size import (
     MAX_AUTO_HOST_ADAPTERS,
     host_tier_capacity,
     least_host_capacity,

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from multilora_studio.engine.detokenizer import IncrementalDetokenizer
+from multilora_studio.engine.text.detokenizer import IncrementalDetokenizer
 
 SPLIT_TEXTS = [
     "héllo 日本語 😀 emoji",

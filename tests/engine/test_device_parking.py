@@ -1,4 +1,4 @@
-"""The storage moves under an engine's park (``engine/device_parking.py``), run on the CPU with
+"""The storage moves under an engine's park (``engine/residency/device_parking.py``), run on the CPU with
 the copies forced (as on CUDA): every tensor comes back bit for bit, views stay views of their
 storage (a shrink-in-GEMM weight's layer rows and slot A rows, a tied LM head), and the memory
 is freed while parked."""
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from multilora_studio.adapters.peft_adapter import load_peft_adapter
-from multilora_studio.engine.adapter_packing import pack_adapter
-from multilora_studio.engine.device_parking import DeviceParking, tensors_of
-from multilora_studio.engine.lora_weights import LoRASlotWeights
-from multilora_studio.engine.model_source import resolve_model
-from multilora_studio.engine.weights import GEMM_SLICES
+from multilora_studio.engine.model.lora_weights import LoRASlotWeights
+from multilora_studio.engine.model.model_source import resolve_model
+from multilora_studio.engine.model.weights import GEMM_SLICES
+from multilora_studio.engine.residency.adapter_packing import pack_adapter
+from multilora_studio.engine.residency.device_parking import DeviceParking, tensors_of
 
 CPU = torch.device("cpu")
 SLOTS, MAX_RANK = 2, 8

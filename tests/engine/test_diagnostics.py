@@ -1,4 +1,4 @@
-"""The timing hooks of engine/diagnostics.py and the worker call they run through."""
+"""The timing hooks of engine/loop/diagnostics.py and the worker call they run through."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from multilora_studio.engine import SamplingParams
-from multilora_studio.engine.diagnostics import step_profile, time_decode_graph, time_slot_upload
+from multilora_studio.engine.loop.diagnostics import step_profile, time_decode_graph, time_slot_upload
 
 ON_CUDA = os.environ.get("MULTILORA_TEST_DEVICE", "cpu") == "cuda"
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from multilora_studio.adapters.peft_adapter import AdapterError
 from multilora_studio.engine import Engine, EngineConfig, EngineStopped, SamplingParams
-from multilora_studio.engine.device_setup import kv_bytes_per_block
+from multilora_studio.engine.step.device_setup import kv_bytes_per_block
 from tests.waiting import wait_until
 
 GREEDY = dict(temperature=0, ignore_eos=True)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from multilora_studio.engine.model_source import RANDOM_SHAPES
-from multilora_studio.engine.model_spec import spec_from_config
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
+from multilora_studio.engine.model.model_spec import spec_from_config
 
 # the published configs' shape fields of the random shapes' models
 HUB_CONFIGS = {

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from multilora_studio.engine import SamplingParams
-from multilora_studio.engine.block_manager import BlockManager
-from multilora_studio.engine.kernel_warmup import narrow_slot_spans, warm_up_kernels, warmup_steps
-from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
-from multilora_studio.engine.sequence import Sequence
+from multilora_studio.engine.batch.block_manager import BlockManager
+from multilora_studio.engine.batch.scheduler import ScheduledChunk, StepPlan
+from multilora_studio.engine.batch.sequence import Sequence
+from multilora_studio.engine.step.kernel_warmup import narrow_slot_spans, warm_up_kernels, warmup_steps
 from multilora_studio.kernels import LoRAPlan, lora_sgmv
 from multilora_studio.kernels.triton_support import interpreting
 from tests.engine.conftest import RUNNER_BLOCK, tiny_runner

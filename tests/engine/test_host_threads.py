@@ -10,7 +10,7 @@ import torch
 from multilora_studio.adapters.short_lived_workers import call_on_short_lived_thread
 from multilora_studio.engine import EngineConfig, SamplingParams
 from multilora_studio.engine.config import usable_cores
-from multilora_studio.engine.host_threads import LOADER_TORCH_THREADS, loader_threads
+from multilora_studio.engine.residency.host_threads import LOADER_TORCH_THREADS, loader_threads
 from tests.threads import CheckedThread, run_threads
 
 WAIT_S = 10

@@ -7,17 +7,17 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from multilora_studio.engine import SamplingParams
-from multilora_studio.engine.block_manager import BlockManager
-from multilora_studio.engine.kernel_warmup import (
+from multilora_studio.engine.batch.block_manager import BlockManager
+from multilora_studio.engine.batch.scheduler import ScheduledChunk, StepPlan
+from multilora_studio.engine.batch.sequence import Sequence
+from multilora_studio.engine.model.lora_weights import LORA_GROUPS, row_buffer_bytes
+from multilora_studio.engine.step.kernel_warmup import (
     prefill_lengths,
     warm_up_kernels,
     warm_up_sampling,
     warmup_steps,
     warmup_token_counts,
 )
-from multilora_studio.engine.lora_weights import LORA_GROUPS, row_buffer_bytes
-from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
-from multilora_studio.engine.sequence import Sequence
 from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
 from multilora_studio.kernels.triton_support import interpreting
 from tests.engine.conftest import RUNNER_BLOCK, tiny_runner

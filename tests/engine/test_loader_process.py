@@ -12,9 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from multilora_studio.adapters.peft_adapter import AdapterError, load_peft_adapter
 from multilora_studio.engine import SamplingParams
-from multilora_studio.engine.adapter_packing import max_packed_bytes, pack_adapter
-from multilora_studio.engine.loader_process import LoaderProcess
-from multilora_studio.engine.model_spec import load_spec
+from multilora_studio.engine.model.model_spec import load_spec
+from multilora_studio.engine.residency.adapter_packing import max_packed_bytes, pack_adapter
+from multilora_studio.engine.residency.loader_process import LoaderProcess
 from tests.engine.test_engine_behaviour import broken_copy
 
 GREEDY = dict(temperature=0, ignore_eos=True)
@@ -135,9 +135,9 @@ SCRIPT = """
 import sys
 from pathlib import Path
 import torch
-from multilora_studio.engine.loader_process import LoaderProcess
-from multilora_studio.engine.adapter_packing import max_packed_bytes
-from multilora_studio.engine.model_spec import load_spec
+from multilora_studio.engine.residency.loader_process import LoaderProcess
+from multilora_studio.engine.residency.adapter_packing import max_packed_bytes
+from multilora_studio.engine.model.model_spec import load_spec
 
 with open(sys.argv[1], "a") as runs:  # one line each time this script's body runs
     runs.write("ran\\n")
@@ -190,7 +190,7 @@ def test_staging_buffers_are_limited_by_free_shared_memory(
     import shutil
     from collections import namedtuple
 
-    from multilora_studio.engine import loader_process
+    from multilora_studio.engine.residency import loader_process
 
     usage = namedtuple("usage", "total used free")
     asked: list[str] = []
@@ -206,7 +206,7 @@ def test_staging_buffers_are_limited_by_free_shared_memory(
 
 
 def test_without_dev_shm_every_staging_buffer_is_made(monkeypatch):
-    from multilora_studio.engine import loader_process
+    from multilora_studio.engine.residency import loader_process
 
     monkeypatch.setattr(loader_process.Path, "is_dir", lambda self: False)
     assert loader_process.staging_buffers_that_fit(1 << 40, 3) == 3  # nothing to measure: as many as wanted

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from multilora_studio.engine.config import SamplingParams
-from multilora_studio.engine.logits_processors import apply_processors
-from multilora_studio.engine.sampler import sample
+from multilora_studio.engine.sampling.logits_processors import apply_processors
+from multilora_studio.engine.sampling.sampler import sample
 from tests.engine.processor_reference import reference_row
 from tests.engine.sampling_rows import batch_of
 

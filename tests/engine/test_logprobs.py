@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from multilora_studio.engine import SamplingParams, TokenLogprob
-from multilora_studio.engine.logprobs import PromptScores, score_chunk_rows, score_hidden_rows, score_rows
+from multilora_studio.engine.sampling.logprobs import (
+    PromptScores,
+    score_chunk_rows,
+    score_hidden_rows,
+    score_rows,
+)
 from tests.fixtures import TINY_ADAPTERS
 
 TOLERANCE = 1e-4  # float32 engine vs float32 PEFT

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from multilora_studio.engine.config import EngineConfig
-from multilora_studio.engine.lora_plan_builder import build_lora_plan, shrink_in_gemm_rows
+from multilora_studio.engine.step.lora_plan_builder import build_lora_plan, shrink_in_gemm_rows
 from multilora_studio.kernels.lora_plan import LoRAPlan
 from multilora_studio.kernels.triton_support import interpreting
 

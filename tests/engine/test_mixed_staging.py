@@ -12,10 +12,10 @@ import random
 
 import torch
 
-from multilora_studio.engine.block_manager import BlockManager
-from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
-from multilora_studio.engine.step_graphs import forward_staged, token_buckets
-from multilora_studio.engine.step_staging import StepStaging
+from multilora_studio.engine.batch.block_manager import BlockManager
+from multilora_studio.engine.batch.scheduler import ScheduledChunk, StepPlan
+from multilora_studio.engine.step.step_graphs import forward_staged, token_buckets
+from multilora_studio.engine.step.step_staging import StepStaging
 from tests.engine.conftest import RUNNER_BLOCK as BLOCK
 from tests.engine.test_decode_staging import assert_lora_words, make_sequences
 

@@ -13,14 +13,14 @@ from safetensors.torch import load_file, save_file
 from multilora_studio.adapters.adapter_tokenizer import load_tokenizer
 from multilora_studio.adapters.safetensors_header import read_header
 from multilora_studio.checkpoint_files import checkpoint_files
-from multilora_studio.engine.model_source import (
+from multilora_studio.engine.model.model_source import (
     check_model_folder,
     describe_model,
     display_name,
 )
-from multilora_studio.engine.model_spec import load_spec
-from multilora_studio.engine.prompts import encode_prompt
-from multilora_studio.engine.weights import load_weights
+from multilora_studio.engine.model.model_spec import load_spec
+from multilora_studio.engine.model.weights import load_weights
+from multilora_studio.engine.text.prompts import encode_prompt
 from multilora_studio.util import sha256_file
 
 

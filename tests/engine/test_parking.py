@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from multilora_studio.engine import Engine, EngineMetrics, SamplingParams
-from multilora_studio.engine.device_parking import tensors_of
+from multilora_studio.engine.residency.device_parking import tensors_of
 from tests.engine.conftest import tiny_engine_config
 from tests.waiting import wait_until
 

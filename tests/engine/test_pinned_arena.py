@@ -9,11 +9,11 @@ import torch
 
 from multilora_studio.adapters.peft_adapter import load_peft_adapter
 from multilora_studio.bench.random_adapters import write_random_adapter
-from multilora_studio.engine.adapter_packing import pack_adapter, packed_shapes
-from multilora_studio.engine.lora_weights import LORA_GROUPS, PackedAdapter
-from multilora_studio.engine.model_source import RANDOM_SHAPES
-from multilora_studio.engine.pinned_arena import PinnedArena, carve, carved_bytes
-from multilora_studio.engine.upload_staging import stage_copy
+from multilora_studio.engine.model.lora_weights import LORA_GROUPS, PackedAdapter
+from multilora_studio.engine.model.model_source import RANDOM_SHAPES
+from multilora_studio.engine.residency.adapter_packing import pack_adapter, packed_shapes
+from multilora_studio.engine.residency.pinned_arena import PinnedArena, carve, carved_bytes
+from multilora_studio.engine.residency.upload_staging import stage_copy
 
 SPEC = RANDOM_SHAPES["smollm2-135m"]
 
@@ -93,7 +93,7 @@ def test_an_adapter_larger_than_a_block_is_packed_outside(host_adapters):
 
 
 def test_for_tier_caps_by_memory_and_falls_back_when_pinning_fails(monkeypatch):
-    from multilora_studio.engine import pinned_arena
+    from multilora_studio.engine.residency import pinned_arena
 
     monkeypatch.setattr(pinned_arena, "_physical_memory_bytes", lambda: 10 * 1024)
     assert PinnedArena.for_tier(4096, 8) is None, "a quarter of 10 KiB holds no 4 KiB block"
@@ -144,7 +144,7 @@ def test_a_take_leaves_the_blocks_it_must_keep_and_a_stage_copy_equals_its_sourc
 
 
 def test_for_tier_takes_what_a_quarter_of_memory_holds(monkeypatch, caplog):
-    from multilora_studio.engine import pinned_arena
+    from multilora_studio.engine.residency import pinned_arena
 
     # 4000-byte blocks take 4096 bytes each (256-byte alignment); a quarter of 50 KiB holds 3
     monkeypatch.setattr(pinned_arena, "_physical_memory_bytes", lambda: 50 * 1024)

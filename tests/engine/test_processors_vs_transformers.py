@@ -21,7 +21,7 @@ from transformers.generation.logits_process import (
 )
 
 from multilora_studio.engine.config import SamplingParams
-from multilora_studio.engine.logits_processors import apply_processors
+from multilora_studio.engine.sampling.logits_processors import apply_processors
 from tests.engine.sampling_rows import batch_of
 
 V = 40

@@ -10,10 +10,14 @@ import pytest
 import torch
 
 from multilora_studio.engine import Engine, EngineConfig
-from multilora_studio.engine.lora_plan_builder import build_lora_plan
-from multilora_studio.engine.model_source import check_model_folder
-from multilora_studio.engine.quant_pack import pack_awq, pack_gptq_rows, pack_sequential, quantize_gptq
-from multilora_studio.engine.quantization import Quantization, checkpoint_quantization, served_quantization
+from multilora_studio.engine.model.model_source import check_model_folder
+from multilora_studio.engine.model.quant_pack import pack_awq, pack_gptq_rows, pack_sequential, quantize_gptq
+from multilora_studio.engine.model.quantization import (
+    Quantization,
+    checkpoint_quantization,
+    served_quantization,
+)
+from multilora_studio.engine.step.lora_plan_builder import build_lora_plan
 from multilora_studio.kernels.quant_weight import dequantize, unpack_awq, unpack_gptq_rows, unpack_sequential
 from tests.quant_fixtures import QUANT_CONFIGS, build_quant_base, build_quantized
 

@@ -25,14 +25,14 @@ import pytest
 import torch
 
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
-from multilora_studio.engine.block_manager import BlockManager
-from multilora_studio.engine.lora_plan_builder import build_lora_plan
-from multilora_studio.engine.model_source import resolve_model
-from multilora_studio.engine.quant_pack import quantize_fp8
-from multilora_studio.engine.quant_plan_builder import base_quantization
-from multilora_studio.engine.runner import ModelRunner
-from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
-from multilora_studio.engine.sequence import Sequence
+from multilora_studio.engine.batch.block_manager import BlockManager
+from multilora_studio.engine.batch.scheduler import ScheduledChunk, StepPlan
+from multilora_studio.engine.batch.sequence import Sequence
+from multilora_studio.engine.model.model_source import resolve_model
+from multilora_studio.engine.model.quant_pack import quantize_fp8
+from multilora_studio.engine.step.lora_plan_builder import build_lora_plan
+from multilora_studio.engine.step.quant_plan_builder import base_quantization
+from multilora_studio.engine.step.runner import ModelRunner
 from multilora_studio.kernels.quant_linear import QuantPlan
 from multilora_studio.kernels.quant_weight import QuantizedWeight, dequantize
 from tests.engine.reference import PeftReference
@@ -182,7 +182,7 @@ def quant_runner(
     folder, plan: QuantPlan, adapters: dict, device_name: str
 ) -> tuple[ModelRunner, dict[str | None, int]]:
     from multilora_studio.adapters.peft_adapter import load_peft_adapter
-    from multilora_studio.engine.adapter_packing import pack_adapter
+    from multilora_studio.engine.residency.adapter_packing import pack_adapter
 
     config = engine_config(folder, device_name, cpu_weight_packing=False)
     device = torch.device(device_name)

@@ -8,8 +8,8 @@ import torch
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from multilora_studio.engine.model_spec import spec_from_config
-from multilora_studio.engine.rope import attention_factor, cos_sin_cache, inverse_frequencies, rope_rows
+from multilora_studio.engine.model.model_spec import spec_from_config
+from multilora_studio.engine.model.rope import attention_factor, cos_sin_cache, inverse_frequencies, rope_rows
 
 SHORT = [1.0 + 0.1 * i for i in range(64)]
 LONG = [1.0 + 0.5 * i for i in range(64)]

@@ -38,7 +38,7 @@ from transformers.generation.logits_process import (
 )
 
 from multilora_studio.engine.config import SamplingParams
-from multilora_studio.engine.sampler import make_generator, sample
+from multilora_studio.engine.sampling.sampler import make_generator, sample
 from tests.engine.sampling_rows import batch_of
 
 N = 4000  # draws per case

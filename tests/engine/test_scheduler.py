@@ -13,10 +13,10 @@ from collections import Counter, deque
 import pytest
 
 from multilora_studio.adapters.slot_table import SlotTable
-from multilora_studio.engine.block_manager import BlockManager
+from multilora_studio.engine.batch.block_manager import BlockManager
+from multilora_studio.engine.batch.scheduler import Admission, ScheduledChunk, Scheduler, StepPlan
+from multilora_studio.engine.batch.sequence import Sequence, SequenceStatus
 from multilora_studio.engine.config import SamplingParams
-from multilora_studio.engine.scheduler import Admission, ScheduledChunk, Scheduler, StepPlan
-from multilora_studio.engine.sequence import Sequence, SequenceStatus
 
 FAKE_TOKEN = 7
 

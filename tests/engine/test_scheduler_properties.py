@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from multilora_studio.engine.block_manager import BlockManager
+from multilora_studio.engine.batch.block_manager import BlockManager
+from multilora_studio.engine.batch.scheduler import Admission, Scheduler
+from multilora_studio.engine.batch.sequence import Sequence, SequenceStatus
 from multilora_studio.engine.config import SamplingParams
-from multilora_studio.engine.scheduler import Admission, Scheduler
-from multilora_studio.engine.sequence import Sequence, SequenceStatus
 
 FAKE_TOKEN = 7
 DRAIN_STEPS = 5_000

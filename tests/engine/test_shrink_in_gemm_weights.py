@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from multilora_studio.adapters.peft_adapter import load_peft_adapter
-from multilora_studio.engine.adapter_packing import pack_adapter
-from multilora_studio.engine.lora_weights import LORA_GROUPS, LoRASlotWeights
-from multilora_studio.engine.model_source import resolve_model
-from multilora_studio.engine.weights import GEMM_SLICES, gemm_shape
+from multilora_studio.engine.model.lora_weights import LORA_GROUPS, LoRASlotWeights
+from multilora_studio.engine.model.model_source import resolve_model
+from multilora_studio.engine.model.weights import GEMM_SLICES, gemm_shape
+from multilora_studio.engine.residency.adapter_packing import pack_adapter
 
 SLOTS, MAX_RANK = 3, 32
 CPU = torch.device("cpu")

@@ -12,10 +12,10 @@ import random
 
 import torch
 
-from multilora_studio.engine.block_manager import BlockManager
-from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
-from multilora_studio.engine.step_graphs import GraphStep, StepGraphs, batch_buckets, token_buckets
-from multilora_studio.engine.step_staging import StepStaging
+from multilora_studio.engine.batch.block_manager import BlockManager
+from multilora_studio.engine.batch.scheduler import ScheduledChunk, StepPlan
+from multilora_studio.engine.step.step_graphs import GraphStep, StepGraphs, batch_buckets, token_buckets
+from multilora_studio.engine.step.step_staging import StepStaging
 from tests.engine.conftest import RUNNER_BLOCK as BLOCK
 from tests.engine.conftest import capture_graphs_on
 from tests.engine.test_decode_staging import make_sequences

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from multilora_studio.engine import SamplingParams
-from multilora_studio.engine.step_trace import StepRecord, StepTrace, records_as_dicts, summarize
+from multilora_studio.engine.step.step_trace import StepRecord, StepTrace, records_as_dicts, summarize
 
 
 def test_trace_records_every_step_of_a_mixed_batch(tiny_engine, tiny_adapters, engine_device):

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from multilora_studio.engine import SamplingParams, StructuredOutput
-from multilora_studio.engine.device_setup import kv_bytes_per_block
-from multilora_studio.engine.grammar import lark_json
+from multilora_studio.engine.sampling.grammar import lark_json
+from multilora_studio.engine.step.device_setup import kv_bytes_per_block
 
 SCHEMA = {
     "type": "object",

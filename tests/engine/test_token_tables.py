@@ -196,10 +196,10 @@ def test_step_graphs_between_the_token_tables_equal_the_eager_step(
     stood in by eager replay on the CPU)."""
     import random
 
-    from multilora_studio.engine.block_manager import BlockManager
-    from multilora_studio.engine.scheduler import ScheduledChunk, StepPlan
-    from multilora_studio.engine.step_graphs import GraphStep, StepGraphs, batch_buckets
-    from multilora_studio.engine.step_staging import StepStaging
+    from multilora_studio.engine.batch.block_manager import BlockManager
+    from multilora_studio.engine.batch.scheduler import ScheduledChunk, StepPlan
+    from multilora_studio.engine.step.step_graphs import GraphStep, StepGraphs, batch_buckets
+    from multilora_studio.engine.step.step_staging import StepStaging
     from tests.engine.conftest import RUNNER_BLOCK, capture_graphs_on, tiny_runner
     from tests.engine.test_decode_staging import make_sequences
 

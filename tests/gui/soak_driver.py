@@ -56,7 +56,7 @@ from PySide6.QtCore import QObject, QSettings, QTimer
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli.shared import describe_base
 from multilora_studio.deploy import ReplicaSet, replicas_of
-from multilora_studio.engine.host_memory import return_freed_memory
+from multilora_studio.engine.residency.host_memory import return_freed_memory
 from multilora_studio.gui.app import checked_application
 from multilora_studio.gui.compare_column import MARKDOWN, TOKENS
 from multilora_studio.gui.main_window import PAGES, MainWindow

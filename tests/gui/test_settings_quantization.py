@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from multilora_studio.engine.model_spec import load_spec
-from multilora_studio.engine.quantization import Quantization, projection_bytes, quantization_summary
+from multilora_studio.engine.model.model_spec import load_spec
+from multilora_studio.engine.model.quantization import Quantization, projection_bytes, quantization_summary
 from tests.gui.conftest import save_screenshot, wait_ready
 from tests.quant_fixtures import build_quant_base, build_quantized
 

@@ -12,7 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from multilora_studio.engine.quant_pack import group_contiguous, quantize_awq, quantize_fp8, quantize_gptq
+from multilora_studio.engine.model.quant_pack import (
+    group_contiguous,
+    quantize_awq,
+    quantize_fp8,
+    quantize_gptq,
+)
 from multilora_studio.kernels.dequant_gemm import (
     DECODE_PROGRAMS,
     TileConfig,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from multilora_studio.engine.model_spec import RopeSpec
-from multilora_studio.engine.rope import cos_sin_cache
+from multilora_studio.engine.model.model_spec import RopeSpec
+from multilora_studio.engine.model.rope import cos_sin_cache
 from multilora_studio.kernels import fused_ops_cpu
 from multilora_studio.kernels.fused_ops import (
     add_rms_norm,

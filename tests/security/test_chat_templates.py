@@ -16,7 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from multilora_studio.engine.template_sandbox import (
+from multilora_studio.engine.text.template_sandbox import (
     RENDER_DEADLINE_S,
     TemplateBusy,
     TemplateLimitError,

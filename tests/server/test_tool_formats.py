@@ -9,7 +9,7 @@ import llguidance.hf
 import pytest
 from transformers import AutoTokenizer
 
-from multilora_studio.engine.chat_tokens import render_in_process
+from multilora_studio.engine.text.chat_tokens import render_in_process
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import ChatMessage
 from multilora_studio.server.tools.formats import HERMES, LLAMA3, MISTRAL, parse

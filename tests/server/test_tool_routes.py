@@ -9,7 +9,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 
-from multilora_studio.engine.chat_tokens import render_in_process
+from multilora_studio.engine.text.chat_tokens import render_in_process
 from multilora_studio.server.schemas import ChatMessage
 from multilora_studio.server.tools.prompt import tool_prompt
 from multilora_studio.server.tools.spec import tool_request

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from multilora_studio.engine import StructuredOutput
-from multilora_studio.engine.grammar import lark_json
+from multilora_studio.engine.sampling.grammar import lark_json
 from multilora_studio.server.tools.formats import HERMES, HERMES_CLOSE, HERMES_OPEN, LLAMA3, MISTRAL
 from multilora_studio.server.tools.spec import ToolRequest
 

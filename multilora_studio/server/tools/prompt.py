@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from multilora_studio.engine.chat_tokens import Render, chat_token_ids
-from multilora_studio.engine.template_sandbox import TemplateBusy, TemplateLimitError
+from multilora_studio.engine.text.chat_tokens import Render, chat_token_ids
+from multilora_studio.engine.text.template_sandbox import TemplateBusy, TemplateLimitError
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.prompt_errors import prompt_error
 from multilora_studio.server.sampling import chat_prompt

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from multilora_studio.engine import SamplingParams, StructuredOutput
-from multilora_studio.engine.chat_tokens import Render
+from multilora_studio.engine.text.chat_tokens import Render
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.schemas import ChatCompletionRequest
 from multilora_studio.server.tools.grammar import tool_structure

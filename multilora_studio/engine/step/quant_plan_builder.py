@@ -1,0 +1,55 @@
+"""The engine's base quantization and how its quantized GEMMs run: decided once at start-up.
+
+``base_quantization`` reads what the checkpoint declares (config.json's
+``quantization_config``) and what ``EngineConfig.quantization`` asks; ``build_quant_plan`` picks
+the GEMM path from the device (``kernels/quant_linear.py``, ``QuantPlan``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from multilora_studio.engine.config import EngineConfig
+from multilora_studio.engine.model.model_source import RANDOM_PREFIX
+from multilora_studio.engine.model.quantization import (
+    Quantization,
+    checkpoint_quantization,
+    served_quantization,
+)
+from multilora_studio.kernels.quant_linear import QuantPlan, scaled_mm_supported
+
+
+def folder_quantization(folder: Path) -> Quantization | None:
+    """The quantization a model folder's config.json declares (None: float or no config.json)."""
+    path = Path(folder).expanduser() / "config.json"
+    if not path.is_file():
+        return None
+    return checkpoint_quantization(json.loads(path.read_text()))
+
+
+def base_quantization(config: EngineConfig) -> Quantization | None:
+    """What the engine's base is served as: the checkpoint's quantization, or the one
+    ``config.quantization`` applies at load (ValueError naming a mismatch or an unsupported one).
+    The embedded default model is a float checkpoint."""
+    model = config.model
+    random_model = model is not None and model.startswith(RANDOM_PREFIX)
+    checkpoint = None if model is None or random_model else folder_quantization(Path(model))
+    return served_quantization(config.quantization, checkpoint, random_model)
+
+
+def build_quant_plan(device: torch.device, dtype: torch.dtype) -> QuantPlan:
+    """How quantized weights are multiplied on ``device`` in ``dtype``.
+
+    CPU: dequantized once at load (the dense oneDNN GEMMs are the fastest path there; a
+    per-call dequantize measured 8-30x slower a GEMM, docs/dev/engine.md). CUDA: the weights stay
+    quantized; FP8 through ``torch._scaled_mm`` where the GPU has FP8 tensor cores (compute
+    capability >= 8.9) and the activations are bf16, else the Triton dequantize-GEMM;
+    4-bit through the Triton dequantize-GEMM.
+    """
+    if device.type != "cuda":
+        return QuantPlan(dequantize_at_load=True)
+    fp8 = "scaled_mm" if scaled_mm_supported(device, dtype) else "triton"
+    return QuantPlan(dequantize_at_load=False, fp8=fp8, int4="triton")
