@@ -1,4 +1,5 @@
-"""Each package imports only the layers docs/dev/architecture.md allows (read from the source, not run)."""
+"""Each package imports only the layers docs/dev/architecture.md allows, and each of the engine's wings
+only the wings below it (read from the source, not run)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,23 @@ THIRD_PARTY_FORBIDDEN = {
 }
 
 
+ENGINE = PACKAGE / "engine"
+# the engine's wing -> the wings it may import (docs/dev/architecture.md, "The engine's wings")
+ENGINE_WINGS = {
+    "model": set(),
+    "text": set(),
+    "batch": set(),
+    "sampling": set(),
+    "residency": {"model", "batch", "text"},
+    "step": {"model", "batch", "sampling", "residency"},
+    "loop": {"model", "text", "batch", "sampling", "residency", "step"},
+}
+# the engine's public face: only these modules, besides the wings, stand at its top; the wings
+# import config, errors and outputs, never the facade (engine.py, serving_engine.py)
+ENGINE_FACE = {"engine", "serving_engine"}
+ENGINE_TOP = {"__init__", "config", "settings", "errors", "outputs", *ENGINE_FACE}
+
+
 def modules() -> dict[str, list[Path]]:
     found: dict[str, list[Path]] = {}
     for item in sorted(PACKAGE.iterdir()):
@@ -86,18 +104,23 @@ def modules() -> dict[str, list[Path]]:
     return found
 
 
+def imported_modules(path: Path) -> list[str]:
+    """The dotted modules this file imports (``import X``, ``from X import ...``)."""
+    targets: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets.append(node.module)
+    return targets
+
+
 def imported(path: Path) -> set[str]:
     """Top-level names this file imports: 'multilora_studio.X' as 'X', others by their first part."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        targets = []
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            targets = [node.module]
-        for target in targets:
-            parts = target.split(".")
-            names.add(parts[1] if parts[0] == "multilora_studio" and len(parts) > 1 else parts[0])
+    for target in imported_modules(path):
+        parts = target.split(".")
+        names.add(parts[1] if parts[0] == "multilora_studio" and len(parts) > 1 else parts[0])
     return names
 
 
@@ -174,3 +197,43 @@ def test_the_gui_workflow_models_reach_no_qt():
         problems += [f"{path.relative_to(ROOT)} imports {name}" for name in sorted(imported(path) & QT)]
         todo += sorted(project_imports(path) - seen)
     assert problems == []
+
+
+def engine_parts(path: Path) -> set[str]:
+    """The engine's wings and top modules this file imports ('multilora_studio.engine.X...' as 'X')."""
+    parts: set[str] = set()
+    for target in imported_modules(path):
+        names = target.split(".")
+        if names[:2] == ["multilora_studio", "engine"] and len(names) > 2:
+            parts.add(names[2])
+    return parts
+
+
+def test_the_engine_top_holds_its_public_face_and_its_wings_only():
+    found = {
+        item.stem for item in ENGINE.iterdir() if item.suffix == ".py" or (item / "__init__.py").is_file()
+    }
+    assert found == ENGINE_TOP | set(ENGINE_WINGS)
+
+
+def test_each_engine_wing_imports_only_the_wings_below_it():
+    problems = []
+    for wing, allowed in ENGINE_WINGS.items():
+        for path in sorted((ENGINE / wing).rglob("*.py")):
+            for name in sorted(engine_parts(path) - {wing}):
+                if name in ENGINE_FACE or (name in ENGINE_WINGS and name not in allowed):
+                    problems.append(f"{path.relative_to(ROOT)} imports engine/{name}")
+    assert problems == []
+
+
+def test_the_architecture_doc_states_the_same_wings():
+    """docs/dev/architecture.md's table of the engine's wings names, for each, the wings it may
+    import: the same sets as ENGINE_WINGS."""
+    text = (ROOT / "docs" / "dev" / "architecture.md").read_text()
+    documented: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        wing = re.fullmatch(r"`engine/(\w+)/`", cells[0]) if len(cells) == 3 else None
+        if wing is not None:
+            documented[wing[1]] = set(re.findall(r"`(\w+)/`", cells[1])) & set(ENGINE_WINGS)
+    assert documented == ENGINE_WINGS
