@@ -89,9 +89,10 @@ ENGINE_WINGS = {
     "loop": {"model", "text", "batch", "sampling", "residency", "step"},
 }
 # the engine's public face: only these modules, besides the wings, stand at its top; the wings
-# import config, errors and outputs, never the facade (engine.py, serving_engine.py)
+# import config, sampling_params, settings, errors and outputs, never the facade
+# (engine.py, serving_engine.py)
 ENGINE_FACE = {"engine", "serving_engine"}
-ENGINE_TOP = {"__init__", "config", "settings", "errors", "outputs", *ENGINE_FACE}
+ENGINE_TOP = {"__init__", "config", "sampling_params", "settings", "errors", "outputs", *ENGINE_FACE}
 
 
 def modules() -> dict[str, list[Path]]:

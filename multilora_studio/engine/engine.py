@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from multilora_studio.engine.batch.sequence import Sequence as Seq
-from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.errors import EngineStopped, InvalidRequest
 from multilora_studio.engine.loop.commands import (
     AbortRequest,
@@ -41,6 +41,7 @@ from multilora_studio.engine.loop.worker import EngineWorker
 from multilora_studio.engine.outputs import EngineMetrics, RequestOutput
 from multilora_studio.engine.residency.adapter_catalog import AdapterInfo, ThreadSafeAdapterCatalog
 from multilora_studio.engine.residency.tier_manager import WorkerTierManager
+from multilora_studio.engine.sampling_params import SamplingParams
 from multilora_studio.engine.serving_engine import ServingEngine
 from multilora_studio.engine.step.device_setup import load_on_device, resolve_device, resolve_dtype
 from multilora_studio.engine.text.chat_tokens import Render

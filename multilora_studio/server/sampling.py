@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, cast
 
 from multilora_studio.engine import Prompt, SamplingParams
-from multilora_studio.engine.config import MAX_BAD_WORDS_TOKENS
+from multilora_studio.engine.sampling_params import MAX_BAD_WORDS_TOKENS
 from multilora_studio.invalid_setting import InvalidSetting
 from multilora_studio.server.errors import ApiError
 from multilora_studio.server.logprob_shapes import ScoreOptions

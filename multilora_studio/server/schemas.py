@@ -16,7 +16,7 @@ from pydantic import (
 )
 
 from multilora_studio.engine import MAX_LOGPROBS, MAX_SEED
-from multilora_studio.engine.config import MAX_LOGIT_BIAS_TOKENS
+from multilora_studio.engine.sampling_params import MAX_LOGIT_BIAS_TOKENS
 from multilora_studio.server.unicode_check import refuse_invalid_unicode
 
 MAX_STOP = 16  # stop strings (and stop_token_ids) per request

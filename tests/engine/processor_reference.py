@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from multilora_studio.engine.config import SamplingParams
+from multilora_studio.engine.sampling_params import SamplingParams
 
 
 def reference_row(

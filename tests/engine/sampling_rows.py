@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-from multilora_studio.engine.config import SamplingParams
 from multilora_studio.engine.sampling.sampling_batch import SamplingBatch, SamplingRow
+from multilora_studio.engine.sampling_params import SamplingParams
 
 
 def batch_of(

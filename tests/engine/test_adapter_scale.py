@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from multilora_studio.engine import SamplingParams
-from multilora_studio.engine.config import MAX_ADAPTER_SCALE
+from multilora_studio.engine.sampling_params import MAX_ADAPTER_SCALE
 from tests.engine.test_logprobs import check_entry
 
 NEW_TOKENS = 12

@@ -8,7 +8,7 @@ import pytest
 
 from multilora_studio.engine.batch.block_manager import BlockManager, blocks_needed
 from multilora_studio.engine.batch.sequence import Sequence
-from multilora_studio.engine.config import SamplingParams
+from multilora_studio.engine.sampling_params import SamplingParams
 
 
 def make_seq(name: str = "r", prompt_len: int = 1) -> Sequence:

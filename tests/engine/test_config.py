@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.residency.host_tier_size import (
     MAX_AUTO_HOST_ADAPTERS,
     host_tier_capacity,
     least_host_capacity,
 )
+from multilora_studio.engine.sampling_params import SamplingParams
 
 
 def test_engine_defaults_are_valid_and_follow_vllm_names():

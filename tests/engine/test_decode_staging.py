@@ -14,7 +14,7 @@ import torch
 from multilora_studio.engine.batch.block_manager import BlockManager
 from multilora_studio.engine.batch.scheduler import ScheduledChunk, StepPlan
 from multilora_studio.engine.batch.sequence import Sequence
-from multilora_studio.engine.config import SamplingParams
+from multilora_studio.engine.sampling_params import SamplingParams
 from multilora_studio.engine.step.step_graphs import batch_buckets, forward_staged
 from multilora_studio.engine.step.step_staging import StepStaging
 from multilora_studio.kernels.lora import LoRABatch

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from multilora_studio.engine.config import SamplingParams
 from multilora_studio.engine.sampling.logits_processors import apply_processors
 from multilora_studio.engine.sampling.sampler import sample
+from multilora_studio.engine.sampling_params import SamplingParams
 from tests.engine.processor_reference import reference_row
 from tests.engine.sampling_rows import batch_of
 

@@ -20,8 +20,8 @@ from transformers.generation.logits_process import (
     SequenceBiasLogitsProcessor,
 )
 
-from multilora_studio.engine.config import SamplingParams
 from multilora_studio.engine.sampling.logits_processors import apply_processors
+from multilora_studio.engine.sampling_params import SamplingParams
 from tests.engine.sampling_rows import batch_of
 
 V = 40

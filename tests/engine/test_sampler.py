@@ -37,8 +37,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from multilora_studio.engine.config import SamplingParams
 from multilora_studio.engine.sampling.sampler import make_generator, sample
+from multilora_studio.engine.sampling_params import SamplingParams
 from tests.engine.sampling_rows import batch_of
 
 N = 4000  # draws per case

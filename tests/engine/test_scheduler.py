@@ -16,7 +16,7 @@ from multilora_studio.adapters.slot_table import SlotTable
 from multilora_studio.engine.batch.block_manager import BlockManager
 from multilora_studio.engine.batch.scheduler import Admission, ScheduledChunk, Scheduler, StepPlan
 from multilora_studio.engine.batch.sequence import Sequence, SequenceStatus
-from multilora_studio.engine.config import SamplingParams
+from multilora_studio.engine.sampling_params import SamplingParams
 
 FAKE_TOKEN = 7
 

@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from multilora_studio.engine.batch.block_manager import BlockManager
 from multilora_studio.engine.batch.scheduler import Admission, Scheduler
 from multilora_studio.engine.batch.sequence import Sequence, SequenceStatus
-from multilora_studio.engine.config import SamplingParams
+from multilora_studio.engine.sampling_params import SamplingParams
 
 FAKE_TOKEN = 7
 DRAIN_STEPS = 5_000

@@ -13,11 +13,11 @@ import psutil
 import pytest
 
 from multilora_studio.engine import SamplingParams
-from multilora_studio.engine.config import MAX_BAD_WORDS_TOKENS, MAX_LOGIT_BIAS_TOKENS
 from multilora_studio.engine.sampling.grammar import GrammarCompiler, check_structured
 from multilora_studio.engine.sampling.grammar.compile import CHECKED_SPEC_BYTES, checked_specs
 from multilora_studio.engine.sampling.grammar.matchers import grammar_bytes
 from multilora_studio.engine.sampling.structured import StructuredOutput
+from multilora_studio.engine.sampling_params import MAX_BAD_WORDS_TOKENS, MAX_LOGIT_BIAS_TOKENS
 from multilora_studio.server.schemas import MAX_BAD_WORD_CHARS, MAX_BAD_WORDS
 from tests.security.health_watch import HealthWatch
 from tests.server_fixtures import GREEDY, client

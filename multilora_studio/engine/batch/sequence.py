@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from multilora_studio.engine.config import SamplingParams
+from multilora_studio.engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
-from multilora_studio.engine.config import EngineConfig, SamplingParams
+from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.loop.requests import RequestStream
 from multilora_studio.engine.model.model_spec import ModelSpec
 from multilora_studio.engine.outputs import RequestOutput, TokenDelta
+from multilora_studio.engine.sampling_params import SamplingParams
 from multilora_studio.engine.text.chat_tokens import Render
 from multilora_studio.engine.text.prompts import Prompt
 

@@ -17,8 +17,8 @@ from itertools import chain
 import numpy as np
 import torch
 
-from multilora_studio.engine.config import SamplingParams
 from multilora_studio.engine.sampling.sampling_batch import SamplingBatch
+from multilora_studio.engine.sampling_params import SamplingParams
 
 
 def _penalised(p: SamplingParams) -> bool:

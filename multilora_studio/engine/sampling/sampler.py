@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from multilora_studio.engine.config import SamplingParams
 from multilora_studio.engine.sampling.sampling_batch import SamplingBatch
+from multilora_studio.engine.sampling_params import SamplingParams
 
 
 def make_generator(

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from multilora_studio.engine.config import SamplingParams
 from multilora_studio.engine.sampling.grammar import DeviceMasks
+from multilora_studio.engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

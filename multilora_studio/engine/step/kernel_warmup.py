@@ -17,12 +17,13 @@ import time
 
 import torch
 
-from multilora_studio.engine.config import MAX_LOGPROBS, EngineConfig, SamplingParams
+from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.model.llama import AttentionMetadata, LlamaModel, LoRAStep
 from multilora_studio.engine.model.lora_weights import LORA_GROUPS, LoRASlotWeights
 from multilora_studio.engine.sampling.logprobs import score_rows
 from multilora_studio.engine.sampling.sampler import make_generator, sample
 from multilora_studio.engine.sampling.sampling_batch import SamplingBatch, SamplingRow
+from multilora_studio.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from multilora_studio.kernels import fused_ops_cpu, lora_cpu, paged_attention_cpu
 from multilora_studio.kernels.lora import LoRABatch, LoRAPlan
 
