@@ -225,6 +225,20 @@ class EngineConfig:
         "and Evaluate columns comparable",
         group="engine",
     )
+    # Full KV blocks stay keyed by their tokens, base, adapter version and strength after their
+    # request ends, and a later request with the same prefix reuses them (engine/batch/prefix_cache.py).
+    enable_prefix_caching: bool = setting(
+        True,
+        doc="reuse the KV of a prompt prefix an earlier request with the same adapter computed "
+        "([below](#prefix-caching))",
+        flag="--enable-prefix-caching",
+        negatable=True,
+        help="reuse the KV cache of prompt prefixes seen before, per adapter (default: %(default)s)",
+        label="Prefix caching",
+        tip="A prompt that starts like an earlier one with the same adapter skips computing that "
+        "start again (chats, long system prompts, multiple-choice scoring)",
+        group="engine",
+    )
     # Adapters that replace embedding or LM-head rows (modules_to_save, trainable or added
     # tokens) hold their tables on the device while in a slot: at most this many at once, in
     # at most this much memory (reserved out of the KV cache's share on CUDA; an 8B model's

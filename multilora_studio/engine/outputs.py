@@ -67,6 +67,8 @@ class RequestOutput:
     engine_seconds: float = 0.0
     # where its adapter was when it arrived: "gpu" (a slot), "host" (RAM), "loading", "disk"; None: base
     adapter_tier: str | None = None
+    # prompt tokens whose KV the prefix cache held when it was first admitted (not computed again)
+    num_cached_tokens: int = 0
 
     @property
     def queue_time(self) -> float | None:
@@ -147,3 +149,15 @@ class EngineMetrics:
     cpu_capacity: int = 0  # adapters the host tier holds (max_cpu_loras, or sized from host memory)
     cpu_bytes: int = 0  # host memory its adapters take now
     adapter_loads: tuple[AdapterLoadTimes, ...] = ()  # every adapter loaded at least once (first loads first)
+    # the prefix cache: prompt tokens looked up and found there since start-up, and the KV blocks
+    # it indexes now (in use or kept for reuse; None: caching is off)
+    prefix_cache_queried_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+    prefix_cache_blocks: int | None = None
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """The share of looked-up prompt tokens the prefix cache held (None before a lookup)."""
+        if not self.prefix_cache_queried_tokens:
+            return None
+        return self.prefix_cache_hit_tokens / self.prefix_cache_queried_tokens

@@ -55,6 +55,10 @@ class SamplingParams:
     logprobs: int | None = None
     # The same for every prompt token given the ones before it (vLLM's ``prompt_logprobs``).
     prompt_logprobs: int | None = None
+    # The first prompt token ``prompt_logprobs`` scores (the entries before it are None): a
+    # continuation's score needs only its own tokens', and the prefix cache may then serve the
+    # tokens before it. 0: every token is scored, and the prompt is computed whole.
+    prompt_logprobs_start: int = 0
     # Adapter strength: the request's LoRA term is multiplied by it (on top of the adapter's own
     # alpha / r); 0 gives the base model's output through the adapter's slot, 1 the adapter as
     # trained. Needs an adapter (a base request with another value is refused at submit).
@@ -85,6 +89,7 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), 0, MAX_LOGPROBS)
+        check_int("prompt_logprobs_start", self.prompt_logprobs_start, 0)
         check_number("temperature", self.temperature, 0, 100, low_inclusive=True)
         check_number("top_p", self.top_p, 0, 1, low_inclusive=False)
         check_int("top_k", self.top_k, 0)

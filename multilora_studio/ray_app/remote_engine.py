@@ -75,21 +75,24 @@ class AdapterFacts:
 @dataclass(frozen=True)
 class RequestTotals:
     """What a replica's engine measured of a request and its deltas do not carry: its share of
-    the engine's busy time, its adapter's tier when it arrived and its time in the queue. The
-    replica sends it just before the finishing delta, so the ingress's output is whole when
-    that delta ends the request (usage behind Ray bills the replicas' engine time)."""
+    the engine's busy time, its adapter's tier when it arrived, its time in the queue and its
+    cached prompt tokens. The replica sends it just before the finishing delta, so the ingress's
+    output is whole when that delta ends the request (usage behind Ray bills the replicas'
+    engine time)."""
 
     engine_seconds: float
     adapter_tier: str | None
     queue_s: float | None
+    num_cached_tokens: int = 0
 
     @classmethod
     def of(cls, output: RequestOutput) -> RequestTotals:
-        return cls(output.engine_seconds, output.adapter_tier, output.queue_time)
+        return cls(output.engine_seconds, output.adapter_tier, output.queue_time, output.num_cached_tokens)
 
     def apply(self, output: RequestOutput) -> None:
         """Onto the ingress's output (its queue time counted from the ingress's arrival)."""
         output.engine_seconds, output.adapter_tier = self.engine_seconds, self.adapter_tier
+        output.num_cached_tokens = self.num_cached_tokens
         if self.queue_s is not None:
             output.first_scheduled_time = output.arrival_time + self.queue_s
 

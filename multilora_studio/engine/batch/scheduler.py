@@ -156,9 +156,10 @@ class Scheduler:
             examined += 1
             if budget == 0 or len(self.running) >= self.max_num_seqs or skipped_now >= self.max_skipped:
                 break
-            count = min(seq.num_uncomputed_tokens, budget)
-            end = seq.num_computed_tokens + count
-            if not self.blocks.can_grow(seq, end):
+            prefix = self.blocks.cached_prefix(seq)  # its computed tokens start after them
+            start = len(prefix) * self.blocks.block_size
+            count = min(seq.num_tokens - start, budget)
+            if not self.blocks.can_take(prefix, start + count):
                 break
             admission = self.acquire_adapter(seq.adapter)
             if admission is not Admission.READY:
@@ -170,7 +171,7 @@ class Scheduler:
                         break  # this one waited long enough: let slots drain for it
                 continue
             self.skipped_steps.pop(seq.request_id, None)
-            self.blocks.grow(seq, end)
+            self.blocks.take(seq, prefix, start + count)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)

@@ -34,6 +34,49 @@ class Sequence:
     scored_prompt_positions: int = 0
     # the tokens that end it (unless ignore_eos): the base's EOS and its adapter tokenizer's
     eos_token_ids: tuple[int, ...] = ()
+    # What besides its tokens makes its KV what it is (``prefix_cache.kv_salt``): the base's alone
+    # for positions before ``adapter_start``, the base's with its adapter's weights version and
+    # strength from there on (``adapter_start`` is 0 unless an activated LoRA starts later).
+    base_salt: bytes = b""
+    kv_salt: bytes = b""
+    adapter_start: int = 0
+    adapter_version: int | None = None  # which loading of its adapter's weights it runs with
+    block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its full blocks
+    num_indexed_blocks: int = 0  # its first blocks the prefix cache indexes
+    # prompt tokens its first admission found in the prefix cache (None until it is admitted)
+    num_cached_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.params.prompt_logprobs is not None:
+            self.scored_prompt_positions = self.first_scored_position
+
+    @property
+    def first_scored_position(self) -> int:
+        """The first prompt position whose next token is scored (``prompt_logprobs_start`` - 1)."""
+        return max(0, min(self.params.prompt_logprobs_start, len(self.prompt_token_ids)) - 1)
+
+    def block_salt(self, index: int, block_size: int) -> bytes:
+        """The salt of block ``index``: the base's when the whole block precedes ``adapter_start``,
+        the adapter's with the offset where it starts when that lies inside the block."""
+        first = index * block_size
+        if first + block_size <= self.adapter_start:
+            return self.base_salt
+        if first >= self.adapter_start:
+            return self.kv_salt
+        return self.kv_salt + (self.adapter_start - first).to_bytes(4, "little")
+
+    def block_owner(self, index: int, block_size: int) -> int | None:
+        """The adapter version whose weights made block ``index``'s KV; None: the base's alone."""
+        return None if (index + 1) * block_size <= self.adapter_start else self.adapter_version
+
+    @property
+    def max_cached_tokens(self) -> int:
+        """Tokens a prefix-cache hit may cover: never the last known one (its logits are needed),
+        nor a prompt position still to be scored."""
+        limit = self.num_tokens - 1
+        if self.params.prompt_logprobs is not None:
+            limit = min(limit, self.scored_prompt_positions)
+        return max(0, limit)
 
     def prompt_positions_to_score(self, start: int, stop: int) -> range:
         """The positions of chunk [start, stop) whose next prompt token still needs a log-probability."""

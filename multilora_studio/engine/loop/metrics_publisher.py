@@ -109,7 +109,19 @@ class MetricsPublisher:
             upload_p50_s=tiers.upload_counters.percentile(0.5),
             upload_p95_s=tiers.upload_counters.percentile(0.95),
             adapter_loads=self._adapter_loads(),
+            **self._prefix_cache(),
         )
+
+    def _prefix_cache(self) -> dict[str, int]:
+        """The prefix cache's counters and size, as ``EngineMetrics`` fields (none when it is off)."""
+        cache = self.blocks.cache
+        if cache is None:
+            return {}
+        return {
+            "prefix_cache_queried_tokens": cache.counters.queried_tokens,
+            "prefix_cache_hit_tokens": cache.counters.hit_tokens,
+            "prefix_cache_blocks": cache.num_blocks,
+        }
 
     def _adapter_loads(self) -> tuple[AdapterLoadTimes, ...]:
         """Each adapter's disk and upload figures: only the adapters loaded or removed since the

@@ -7,6 +7,7 @@ one step. Requests live here from their ``AddRequests`` to their last ``TokenDel
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ import llguidance
 import torch
 
 from multilora_studio.engine.batch.block_manager import BlockManager
+from multilora_studio.engine.batch.prefix_cache import KEY_BYTES, kv_salt
 from multilora_studio.engine.batch.scheduler import Scheduler, StepPlan
 from multilora_studio.engine.batch.sequence import Sequence
 from multilora_studio.engine.config import EngineConfig
@@ -107,6 +109,8 @@ class EngineWorker:
         self.cpu_threads = torch.get_num_threads()  # torch's threads for the steps (built on this thread)
         # swapped out (``park``): no step, upload or pinned load runs until ``unpark``
         self.parked = False
+        # what makes this engine's base KV what it is, for the prefix cache's keys
+        self._base_salt = kv_salt(base.digest, str(runner.dtype), config.quantization, config.batch_invariant)
 
     # ---------------------------------------------------------------- the loop
 
@@ -211,6 +215,7 @@ class EngineWorker:
             output = self._active[chunk.seq.request_id].stream.output
             if output.first_scheduled_time is None:
                 output.first_scheduled_time = now
+                output.num_cached_tokens = chunk.seq.num_cached_tokens or 0
 
     def _slots_of(self, plan: StepPlan) -> dict[str | None, int]:
         """The GPU slot of each adapter in ``plan`` (None: -1, the base model)."""
@@ -233,6 +238,7 @@ class EngineWorker:
     ) -> None:
         for chunk in plan.chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
+            self.blocks.index_computed(chunk.seq)
         scores = output.prompt_scores
         scored = scoring.split(scores) if scoring is not None and scores is not None else []
         for seq, first, rows in scored:
@@ -297,8 +303,9 @@ class EngineWorker:
     def _prompt_scores(active: ActiveRequest) -> PromptScores:
         """The prompt's log-probabilities as scored so far (None for position 0)."""
         seq = active.seq
-        targets = seq.prompt_token_ids[1 : 1 + seq.scored_prompt_positions]
-        return PromptScores(active.prompt_scores, targets, seq.params.prompt_logprobs or 0)
+        unscored = seq.first_scored_position
+        targets = seq.prompt_token_ids[1 + unscored : 1 + seq.scored_prompt_positions]
+        return PromptScores(active.prompt_scores, targets, seq.params.prompt_logprobs or 0, unscored)
 
     def _prompt_logprobs_once(self, active: ActiveRequest) -> PromptScores | None:
         """The prompt's log-probabilities on the first delta that carries a token (or the last)."""
@@ -357,6 +364,7 @@ class EngineWorker:
                 seq.params, generator, seq.prompt_token_ids, seq.output_token_ids, seq.eos_token_ids
             )
             active = ActiveRequest(seq, stream, detok, sampling)
+            self._salt(seq)
             self._active[seq.request_id] = active
             stream.output.adapter_tier = self.tiers.tier_of(seq.adapter)
             self.tiers.want(seq.adapter)
@@ -368,6 +376,17 @@ class EngineWorker:
                     active.matcher = self.grammars.matcher(seq.params.structured)
                 except ValueError as error:  # compiled at submit; only a failed recompile lands here
                     self._finish(seq.request_id, "error", str(error))
+
+    def _salt(self, seq: Sequence) -> None:
+        """Key ``seq``'s KV blocks by the base, and by its adapter's version and strength."""
+        seq.base_salt = seq.kv_salt = self._base_salt
+        if seq.adapter is not None:
+            info = self.catalog.info_of(seq.adapter)
+            if info is None:  # removed meanwhile (the request fails): its KV matches nothing
+                seq.kv_salt = os.urandom(KEY_BYTES)
+                return
+            seq.adapter_version = info.version
+            seq.kv_salt = kv_salt(self._base_salt, info.version, seq.params.adapter_scale)
 
     def _fail_unloadable_adapters(self) -> None:
         """Fail the waiting requests of each adapter whose load failed since the last step: the
@@ -415,7 +434,9 @@ class EngineWorker:
             self._finish(command.request_id, "abort", None)
         elif isinstance(command, RemoveAdapter):
             self._refuse_while_parked(f"remove adapter {command.name!r}")
+            version = self.catalog.require(command.name).version
             self.tiers.remove(command.name)
+            self.blocks.drop_cached(version)
         elif isinstance(command, PinAdapter):
             self.tiers.pin(command.name, command.pinned)
         elif isinstance(command, SnapshotMetrics):

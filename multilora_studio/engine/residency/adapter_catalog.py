@@ -10,6 +10,7 @@ queued requests belong to the worker thread alone (``WorkerTierManager``, ``tier
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -31,6 +32,9 @@ from multilora_studio.engine.text.template_sandbox import TemplateSandbox
 from multilora_studio.invalid_setting import InvalidSetting
 
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+# Each added adapter's version, new at every add (a removed adapter added again under its name
+# gets another): KV its requests made is cached under it, never under the name.
+_versions = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class AdapterInfo:
     tokenizer: str = ""  # AdapterTokenizer.label ("own tokenizer / template", ...), or ""
     vocab_size: int = 0  # its vocabulary (the base's unless it adds tokens)
     table_bytes: int = 0  # its whole embed_tokens / lm_head matrices on the device
+    version: int = 0  # this loading of its weights (new at every add)
 
 
 class ThreadSafeAdapterCatalog:
@@ -93,7 +98,7 @@ class ThreadSafeAdapterCatalog:
         info = AdapterInfo(
             name, path, summary.rank, summary.alpha, summary.targets, summary.size_bytes, summary.kind,
             summary.tokens, tokenizer.label if tokenizer is not None else "", vocab_size,
-            summary.table_values * self.dtype.itemsize,
+            summary.table_values * self.dtype.itemsize, next(_versions),
         )  # fmt: skip
         packed = None
         if preload:

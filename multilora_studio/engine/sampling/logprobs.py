@@ -65,21 +65,23 @@ class ScoredRows:
 
 
 class PromptScores(Sequence[TokenLogprob | None]):
-    """A prompt's scores: None for position 0, then one ``TokenLogprob`` per later token.
+    """A prompt's scores: None for position 0 (and the tokens before ``prompt_logprobs_start``), then
+    one ``TokenLogprob`` per later token.
 
     Kept as the packed host rows the steps returned; the entries are built on first access, by
     whichever thread reads them, so the engine's worker does no per-token work for them.
     """
 
-    def __init__(self, parts: list[ScoredRows], targets: list[int], k: int) -> None:
-        self._parts = parts  # host rows of the scored positions 0..n-2, in order
-        self._targets = targets  # the prompt's tokens 1..n-1
+    def __init__(self, parts: list[ScoredRows], targets: list[int], k: int, unscored: int = 0) -> None:
+        self._parts = parts  # host rows of the scored positions unscored..n-2, in order
+        self._targets = targets  # the prompt's tokens unscored + 1..n-1
         self._k = k
+        self._unscored = unscored  # tokens 1..unscored are not scored (``prompt_logprobs_start``)
         self._entries: list[TokenLogprob | None] | None = None
 
     def _built(self) -> list[TokenLogprob | None]:
         if self._entries is None:
-            entries: list[TokenLogprob | None] = [None]
+            entries: list[TokenLogprob | None] = [None] * (1 + self._unscored)
             begin = 0
             for part in self._parts:
                 count = len(part.packed)
@@ -89,7 +91,7 @@ class PromptScores(Sequence[TokenLogprob | None]):
         return self._entries
 
     def __len__(self) -> int:
-        return 1 + len(self._targets)
+        return 1 + self._unscored + len(self._targets)
 
     @overload
     def __getitem__(self, index: int) -> TokenLogprob | None: ...

@@ -117,4 +117,4 @@ def load_on_device(
     num_blocks = kv_cache_blocks(config, base.spec, device, dtype, own)
     runner = ModelRunner(config, base.spec, base.weights, num_blocks, device, dtype, plan, quant_plan)
     runner.startup_seconds = {"device and model load": loaded, **runner.startup_seconds}
-    return base, runner, BlockManager(num_blocks, config.block_size)
+    return base, runner, BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
