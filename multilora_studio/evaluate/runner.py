@@ -27,7 +27,7 @@ from multilora_studio.engine import (
 )
 from multilora_studio.evaluate.prompt_set import PromptCase, PromptSet
 from multilora_studio.evaluate.results import Cell, EvalResults, PromptRow, adapter_scores
-from multilora_studio.evaluate.scoring import SCORE_PARAMS, Continuation, continuation, summed_logprob
+from multilora_studio.evaluate.scoring import Continuation, continuation, summed_logprob
 from multilora_studio.run_records import BASE, AdapterDigests, EngineRecord
 from multilora_studio.util import ProgressCallback
 
@@ -129,7 +129,7 @@ def run_eval(
             for name in names:
                 adapter = None if name == BASE else name
                 requests.append((item.prompt, adapter, settings.sampling_params()))
-                requests += [(c.token_ids, adapter, SCORE_PARAMS) for c in item.continuations[name]]
+                requests += [(c.token_ids, adapter, c.params) for c in item.continuations[name]]
         outputs = wait_all(engine, engine.submit_many(requests), cancel, progress, done, total)
         done += len(requests)
         position = 0

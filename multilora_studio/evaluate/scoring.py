@@ -1,9 +1,10 @@
 """Log-likelihood of a continuation after a prompt, from the engine's prompt log-probabilities.
 
 The prompt is encoded as the engine encodes it (a chat template for messages), the continuation
-on its own without special tokens, and the two token lists are scored as one prompt
-(``SamplingParams(max_tokens=0, prompt_logprobs=0)``, what ``Engine.score`` runs): the
-continuation's log-likelihood is the sum of its tokens' entries.
+on its own without special tokens, and the two token lists are scored as one prompt whose
+scores start at the continuation (``Continuation.params``): the continuation's log-likelihood is
+the sum of its tokens' entries, and the prompt's KV comes from the prefix cache once one request
+of the same adapter has computed it (each choice of a question shares it).
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from multilora_studio.engine import RequestOutput, SamplingParams, ServingEngine
-
-SCORE_PARAMS = SamplingParams(max_tokens=0, prompt_logprobs=0)
 
 
 @dataclass(frozen=True)
@@ -22,6 +21,11 @@ class Continuation:
     text: str
     token_ids: list[int]
     start: int
+
+    @property
+    def params(self) -> SamplingParams:
+        """Score the continuation's tokens only: nothing generated, the prompt's KV reusable."""
+        return SamplingParams(max_tokens=0, prompt_logprobs=0, prompt_logprobs_start=self.start)
 
 
 def continuation(

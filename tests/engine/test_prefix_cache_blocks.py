@@ -210,3 +210,22 @@ def test_random_shared_prefix_workload_reads_only_its_own_kv(seed):
                     scheduler.finish(chunk.seq, "length")
     assert manager.cache.counters.hit_tokens > 0
     assert manager.num_free == manager.num_blocks
+    assert not any(manager.cache.computing(key) for seq in seqs for key in seq.block_keys)
+
+
+def test_requests_sent_together_with_one_context_compute_it_once():
+    manager = BlockManager(64, 4, prefix_caching=True)
+    scheduler = Scheduler(manager, 8, 64, lambda name: Admission.READY, lambda name: None)
+    context = list(range(100, 121))  # five full blocks and one token
+    choices = [make_seq([*context, 1, 2]), make_seq([*context, 3]), make_seq([*context, 4, 5, 6])]
+    for seq in choices:
+        scheduler.add(seq)
+    first = scheduler.schedule()
+    assert [chunk.seq for chunk in first.chunks] == choices[:1]  # the others wait for its blocks
+    for chunk in first.chunks:
+        chunk.seq.num_computed_tokens += chunk.num_tokens
+        manager.index_computed(chunk.seq)
+        chunk.seq.output_token_ids.append(7)
+    second = [(chunk.seq, chunk.start) for chunk in scheduler.schedule().chunks]
+    assert second == [(choices[0], 23), (choices[1], 20), (choices[2], 20)]
+    assert [seq.num_cached_tokens for seq in choices] == [0, 20, 20]

@@ -132,3 +132,27 @@ def test_adapters_and_the_base_share_the_steps_of_a_batch(engine, prompt_set):
     mixed = [s for s in steps if 0 < s.lora_sequences < s.sequences]  # adapter rows next to base rows
     assert mixed, [(s.sequences, s.lora_sequences) for s in steps]
     assert max(s.sequences for s in steps) >= len(NAMES) * 2  # several prompts x every adapter at once
+
+
+def test_choices_of_a_long_question_reuse_its_context_and_score_as_computed_whole(engine, tmp_path):
+    question = (
+        "Read the log and answer. The keeper lit the lamp at dusk, logged a storm from the west, "
+        "saw two fishing boats come home before midnight and one cargo ship pass at dawn. "
+        "How many boats came home before midnight? Answer:"
+    )
+    choices = [" two", " one", " three", " none"]
+    rows = [{"prompt": question, "reference": " two", "check": {"type": "choice", "choices": choices}}]
+    prompt_set = load_prompt_set(write_jsonl(tmp_path / "long.jsonl", rows))
+    before = engine.metrics(fresh=True).prefix_cache_hit_tokens
+    results = run_eval(engine, prompt_set, NAMES, EvalSettings(max_tokens=4))
+    context_blocks = len(engine.encode(question)) // engine.config.block_size
+    hits = engine.metrics(fresh=True).prefix_cache_hit_tokens - before
+    assert context_blocks >= 2
+    # every choice of every adapter takes the context's full blocks from the cache
+    assert hits >= len(NAMES) * len(choices) * context_blocks * engine.config.block_size
+    for name in NAMES:
+        adapter = None if name == BASE else name
+        sums = {choice: summed(engine, question, choice, adapter)[0] for choice in choices}
+        cell = results.cell(0, name)
+        assert cell.chosen == max(sums, key=sums.__getitem__)
+        assert cell.reference_logprob == pytest.approx(sums[" two"], abs=2e-4)

@@ -69,6 +69,9 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s blocks; its last blocks are the first to be evicted."""
+        if self.cache is not None and seq.num_planned_blocks > seq.num_indexed_blocks:
+            self.cache.unplan(seq.block_keys[seq.num_indexed_blocks : seq.num_planned_blocks])
+        seq.num_planned_blocks = 0
         for block in reversed(seq.block_table):
             self._users[block] -= 1
             if self._users[block] == 0:
@@ -94,6 +97,15 @@ class BlockManager:
         usable = seq.max_cached_tokens // self.block_size
         return self.cache.lookup(extend_block_keys(seq, self.block_size, usable)[:usable])
 
+    def waits_for_prefix(self, seq: Sequence, prefix: list[int]) -> bool:
+        """Whether a running sequence is computing the block of ``seq``'s prompt after its cached
+        ``prefix``: admitted a step later, ``seq`` finds that block cached instead of computing it
+        too (requests sent together with one context, such as the choices of a question)."""
+        if self.cache is None or seq.block_table:
+            return False
+        usable = seq.max_cached_tokens // self.block_size
+        return len(prefix) < usable and self.cache.computing(seq.block_keys[len(prefix)])
+
     def can_take(self, prefix: list[int], num_tokens: int) -> bool:
         """Whether a sequence can hold ``prefix`` and blocks for its first ``num_tokens`` tokens."""
         reclaimed = sum(1 for block in prefix if self._users[block] == 0)  # leave the free pool
@@ -114,6 +126,9 @@ class BlockManager:
         if self.cache is not None:
             self.cache.counters.queried_tokens += len(seq.prompt_token_ids)
             self.cache.counters.hit_tokens += seq.num_computed_tokens
+            usable = seq.max_cached_tokens // self.block_size  # the blocks others could reuse
+            self.cache.plan(extend_block_keys(seq, self.block_size, usable)[len(prefix) : usable])
+            seq.num_planned_blocks = max(usable, len(prefix))
         if seq.num_cached_tokens is None:
             seq.num_cached_tokens = seq.num_computed_tokens
         self.grow(seq, num_tokens)
@@ -126,6 +141,7 @@ class BlockManager:
         keys = extend_block_keys(seq, self.block_size, full)
         for index in range(seq.num_indexed_blocks, full):
             self.cache.index(keys[index], seq.block_owner(index, self.block_size), seq.block_table[index])
+        self.cache.unplan(keys[seq.num_indexed_blocks : min(full, seq.num_planned_blocks)])
         seq.num_indexed_blocks = full
 
     def drop_cached(self, adapter_version: int) -> int:

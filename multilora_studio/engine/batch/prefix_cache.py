@@ -54,6 +54,7 @@ class PrefixCache:
         self._key_of: dict[int, bytes] = {}
         self._owner_of: dict[int, int] = {}  # the adapter version whose weights made a block's KV
         self.unused: OrderedDict[int, None] = OrderedDict()  # indexed, no sequence holds them
+        self._computing: dict[bytes, int] = {}  # keys running sequences will index, and how many
         self.counters = PrefixCacheCounters()
 
     @property
@@ -73,6 +74,24 @@ class PrefixCache:
                 break
             found.append(block)
         return found
+
+    def computing(self, key: bytes) -> bool:
+        """Whether a running sequence is computing ``key``'s block now."""
+        return key in self._computing
+
+    def plan(self, keys: list[bytes]) -> None:
+        """A sequence was admitted to compute these blocks."""
+        for key in keys:
+            self._computing[key] = self._computing.get(key, 0) + 1
+
+    def unplan(self, keys: list[bytes]) -> None:
+        """A sequence computed these blocks, or will not (it ended or was preempted)."""
+        for key in keys:
+            left = self._computing[key] - 1
+            if left:
+                self._computing[key] = left
+            else:
+                del self._computing[key]
 
     def index(self, key: bytes, owner: int | None, block: int) -> None:
         """``block`` now holds ``key``'s KV, made with adapter version ``owner`` (None: the base alone);

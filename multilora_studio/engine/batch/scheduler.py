@@ -157,6 +157,9 @@ class Scheduler:
             if budget == 0 or len(self.running) >= self.max_num_seqs or skipped_now >= self.max_skipped:
                 break
             prefix = self.blocks.cached_prefix(seq)  # its computed tokens start after them
+            if self.blocks.waits_for_prefix(seq, prefix):  # never counts as starving
+                skipped_now += 1
+                continue
             start = len(prefix) * self.blocks.block_size
             count = min(seq.num_tokens - start, budget)
             if not self.blocks.can_take(prefix, start + count):

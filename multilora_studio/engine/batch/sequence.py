@@ -43,6 +43,7 @@ class Sequence:
     adapter_version: int | None = None  # which loading of its adapter's weights it runs with
     block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its full blocks
     num_indexed_blocks: int = 0  # its first blocks the prefix cache indexes
+    num_planned_blocks: int = 0  # its first blocks it will have indexed once its prompt is computed
     # prompt tokens its first admission found in the prefix cache (None until it is admitted)
     num_cached_tokens: int | None = None
 
