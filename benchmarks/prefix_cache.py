@@ -40,6 +40,7 @@ from benchmarks.rounds import (
 )
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
+from multilora_studio.engine.step.step_trace import records_as_dicts
 
 SUFFIX = 32
 CHOICES = 4
@@ -50,16 +51,24 @@ ADAPTERS = 4
 def ttft_rounds(engine: Engine, args, vocab: int, generator: torch.Generator) -> dict:
     """Per round: the cold request's and the warm one's time to first token."""
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    cold, warm, cached = [], [], []
+    cold, warm, cached, steps = [], [], [], []
     for _ in range(args.rounds):
         prefix, first, second = random_prompts(3, args.prefix_len, vocab, generator)
         (a,) = engine.generate([prefix + first[:SUFFIX]], ["a0"], params)
+        since = time.perf_counter()
         (b,) = engine.generate([prefix + second[:SUFFIX]], ["a0"], params)
         cold.append(a.ttft)
         warm.append(b.ttft)
         cached.append(b.num_cached_tokens)
+        steps.append(records_as_dicts(engine.step_trace.snapshot(since=since)))  # the warm one's step
     ratios = [w / c for c, w in zip(cold, warm, strict=True)]
-    return {"cold_s": cold, "warm_s": warm, "cached_tokens": cached, "ratio": statistics.median(ratios)}
+    return {
+        "cold_s": cold,
+        "warm_s": warm,
+        "cached_tokens": cached,
+        "ratio": statistics.median(ratios),
+        "warm_steps": steps,
+    }
 
 
 def scoring_run(engine: Engine, args, vocab: int, seed: int) -> float:
@@ -159,6 +168,8 @@ def main() -> None:
     for cold, warm, hit in zip(ttft["cold_s"], ttft["warm_s"], ttft["cached_tokens"], strict=True):
         print(f"ttft             cold {cold:8.3f} s  warm {warm:8.3f} s  ({hit} tokens cached)")
     print(f"ttft             warm / cold, median of rounds: {ttft['ratio']:.3f}")
+    for step in ttft["warm_steps"][-1]:
+        print(f"warm step        {step}")
     print(summary("scoring", results["scoring"], "choices/s"))
     print(summary("decode", results["decode"]))
     write_results(args.json, results)
