@@ -80,6 +80,11 @@ class Choice:
     def prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
+    @property
+    def cached_tokens(self) -> int:
+        """Its prompt tokens whose KV came from the engine's prefix cache."""
+        return self.stream.output.num_cached_tokens if self.stream is not None else 0
+
 
 class Job:
     """The engine requests behind one HTTP request; see the module docstring."""
@@ -310,6 +315,11 @@ class Job:
         return sum(choice.prompt_tokens for choice in self.choices if choice.counts_prompt)
 
     @property
+    def cached_tokens(self) -> int:
+        """Of ``prompt_tokens``, those whose KV came from the prefix cache."""
+        return sum(choice.cached_tokens for choice in self.choices if choice.counts_prompt)
+
+    @property
     def completion_tokens(self) -> int:
         return sum(choice.tokens for choice in self.choices)
 
@@ -368,6 +378,7 @@ class Job:
                 engine_seconds=sum(output.engine_seconds for output in outputs),
                 adapter_tier=min(tiers, key=ADAPTER_TIERS.index) if tiers else None,
                 queue_s=max(queues) if queues else None,
+                cached_tokens=self.cached_tokens,
             )
         )
 

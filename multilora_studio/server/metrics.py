@@ -130,6 +130,11 @@ GAUGES: tuple[tuple[str, str, Reading], ...] = (
     ("multilora_kv_blocks_free", "Free KV cache blocks", lambda s: s.kv_blocks_free),
     ("multilora_kv_blocks_total", "KV cache blocks", lambda s: s.kv_blocks_total),
     (
+        "multilora_prefix_cache_blocks",
+        "KV cache blocks the prefix cache holds, in use or kept for reuse (0 when it is off)",
+        lambda s: s.prefix_cache_blocks or 0,
+    ),
+    (
         "multilora_gpu_slots_used",
         "Adapter slots holding an adapter",
         lambda s: sum(slot.adapter is not None for slot in s.slots),
@@ -157,6 +162,16 @@ GAUGES: tuple[tuple[str, str, Reading], ...] = (
 COUNTERS: tuple[tuple[str, str, Reading], ...] = (
     ("multilora_engine_steps", "Engine steps run", lambda s: s.steps),
     ("multilora_preemptions", "Requests preempted for KV space", lambda s: s.preemptions),
+    (
+        "multilora_prefix_cache_queried_tokens",
+        "Prompt tokens of requests admitted, looked up in the prefix cache",
+        lambda s: s.prefix_cache_queried_tokens,
+    ),
+    (
+        "multilora_prefix_cache_hit_tokens",
+        "Prompt tokens found in the prefix cache (their KV not computed again)",
+        lambda s: s.prefix_cache_hit_tokens,
+    ),
     (
         "multilora_kernel_compiles",
         "Triton kernel compiles after start-up (each stalls the running batch)",

@@ -123,19 +123,19 @@ FIELDS: tuple[RequestField, ...] = (
         "prompt_cache_key",
         (CHAT, RESPONSES),
         "OpenAI",
-        "a cache-routing hint; the engine keeps no KV across requests",
+        "a cache-routing hint; prompt prefixes are cached automatically, per adapter",
     ),
     _ignored(
         "prompt_cache_options",
         (CHAT, RESPONSES),
         "OpenAI",
-        "cache hints; the engine keeps no KV across requests",
+        "cache hints; cached prefixes stay until the KV cache needs their room",
     ),
     _ignored(
         "prompt_cache_retention",
         (CHAT, RESPONSES),
         "OpenAI",
-        "cache hints; the engine keeps no KV across requests",
+        "cache hints; cached prefixes stay until the KV cache needs their room",
     ),
     # ---- OpenAI, responses
     _honoured("input", (RESPONSES,), "OpenAI", "a string or message items with text content"),
@@ -226,7 +226,13 @@ FIELDS: tuple[RequestField, ...] = (
         "documents", (CHAT,), "vLLM", "no retrieval documents in the template", [{"text": "d"}], (None, [])
     ),
     _ignored("request_id", BOTH, "vLLM", "responses carry the server's own id"),
-    _ignored("cache_salt", BOTH, "vLLM", "the engine keeps no KV across requests: nothing to isolate"),
+    _ignored(
+        "cache_salt",
+        BOTH,
+        "vLLM",
+        "no isolation by salt: every key's requests to an adapter share its cached prefixes "
+        "(--no-enable-prefix-caching turns the cache off)",
+    ),
     # ---- ours
     _honoured("adapter_scale", (*BOTH, RESPONSES), "ours", "the adapter's strength, 0 to 16"),
 )

@@ -31,6 +31,7 @@ class RequestRecord:
     engine_seconds: float = 0.0  # its share of the engine's busy time (RequestOutput.engine_seconds)
     adapter_tier: str | None = None  # where its adapter was when it arrived (the coldest of its choices)
     queue_s: float | None = None  # arrival at the engine to its first step (the longest of its choices)
+    cached_tokens: int = 0  # of prompt_tokens, those whose KV came from the prefix cache
 
 
 Subscriber = Callable[[RequestRecord], None]

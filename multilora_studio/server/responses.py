@@ -25,9 +25,15 @@ from multilora_studio.server.tools.stream import ToolStream
 DONE = b"data: [DONE]\n\n"
 
 
-def usage(job: Job) -> dict[str, int]:
+def usage(job: Job) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached_tokens``: the prompt tokens the prefix cache held."""
     prompt, completion = job.prompt_tokens, job.completion_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": job.cached_tokens},
+    }
 
 
 def _echo_text(job: Job, choice: Choice) -> str:

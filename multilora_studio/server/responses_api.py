@@ -25,7 +25,7 @@ def _usage(job: Job) -> dict[str, Any]:
     prompt, output = job.prompt_tokens, job.completion_tokens
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": job.cached_tokens},
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + output,
