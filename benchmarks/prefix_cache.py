@@ -51,12 +51,15 @@ ADAPTERS = 4
 def ttft_rounds(engine: Engine, args, vocab: int, generator: torch.Generator) -> dict:
     """Per round: the cold request's and the warm one's time to first token."""
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    cold, warm, cached, steps = [], [], [], []
+    cold: list[float] = []
+    warm: list[float] = []
+    cached, steps = [], []
     for _ in range(args.rounds):
         prefix, first, second = random_prompts(3, args.prefix_len, vocab, generator)
         (a,) = engine.generate([prefix + first[:SUFFIX]], ["a0"], params)
         since = time.perf_counter()
         (b,) = engine.generate([prefix + second[:SUFFIX]], ["a0"], params)
+        assert a.ttft is not None and b.ttft is not None
         cold.append(a.ttft)
         warm.append(b.ttft)
         cached.append(b.num_cached_tokens)
@@ -156,9 +159,11 @@ def main() -> None:
             lambda: decode_run(uncached, fresh(), names),
             lambda: decode_run(cached, fresh(), names),
         )
+        metrics = cached.metrics(fresh=True)
+        assert metrics is not None
         results["cache_metrics"] = {
-            "hit_rate": cached.metrics(fresh=True).prefix_cache_hit_rate,
-            "blocks": cached.metrics(fresh=True).prefix_cache_blocks,
+            "hit_rate": metrics.prefix_cache_hit_rate,
+            "blocks": metrics.prefix_cache_blocks,
         }
     finally:
         cached.shutdown()
