@@ -24,6 +24,7 @@ MAX_LOGIT_BIAS_TOKENS = 300  # logit_bias entries per request (OpenAI's limit)
 # 1024 tokens; a word gives up to two sequences, with and without a leading space)
 MAX_BAD_WORDS = 256
 MAX_BAD_WORDS_TOKENS = 1024
+MAX_CACHE_SALT = 256  # characters of a cache_salt (a tenant's or user's id)
 
 
 def _as_tuple(name: str, value: object, item: str) -> tuple:
@@ -59,6 +60,9 @@ class SamplingParams:
     # continuation's score needs only its own tokens', and the prefix cache may then serve the
     # tokens before it. 0: every token is scored, and the prompt is computed whole.
     prompt_logprobs_start: int = 0
+    # Requests with different salts never share prefix-cache blocks (vLLM's ``cache_salt``): a
+    # client that must not learn from timing what prompts others sent sets its own.
+    cache_salt: str | None = None
     # Adapter strength: the request's LoRA term is multiplied by it (on top of the adapter's own
     # alpha / r); 0 gives the base model's output through the adapter's slot, 1 the adapter as
     # trained. Needs an adapter (a base request with another value is refused at submit).
@@ -90,6 +94,10 @@ class SamplingParams:
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), 0, MAX_LOGPROBS)
         check_int("prompt_logprobs_start", self.prompt_logprobs_start, 0)
+        salt = self.cache_salt
+        if salt is not None and (not isinstance(salt, str) or len(salt) > MAX_CACHE_SALT):
+            limit = f"must be a string of at most {MAX_CACHE_SALT} characters"
+            raise InvalidSetting.of("cache_salt", salt, limit)
         check_number("temperature", self.temperature, 0, 100, low_inclusive=True)
         check_number("top_p", self.top_p, 0, 1, low_inclusive=False)
         check_int("top_k", self.top_k, 0)

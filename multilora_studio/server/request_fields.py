@@ -226,12 +226,12 @@ FIELDS: tuple[RequestField, ...] = (
         "documents", (CHAT,), "vLLM", "no retrieval documents in the template", [{"text": "d"}], (None, [])
     ),
     _ignored("request_id", BOTH, "vLLM", "responses carry the server's own id"),
-    _ignored(
+    _honoured(
         "cache_salt",
         BOTH,
         "vLLM",
-        "no isolation by salt: every key's requests to an adapter share its cached prefixes "
-        "(--no-enable-prefix-caching turns the cache off)",
+        "requests with different salts share no cached prefix (without one, every key's requests "
+        "to an adapter share its cached prefixes)",
     ),
     # ---- ours
     _honoured("adapter_scale", (*BOTH, RESPONSES), "ours", "the adapter's strength, 0 to 16"),

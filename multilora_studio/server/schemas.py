@@ -76,6 +76,8 @@ class _Sampling(_Body):
     bad_words: list[Annotated[str, Field(max_length=MAX_BAD_WORD_CHARS)]] | None = Field(
         None, max_length=MAX_BAD_WORDS
     )
+    # vLLM's: requests with different salts share no cached prefix
+    cache_salt: Annotated[str, Field(max_length=256)] | None = None
     # MultiLoRA Studio's own: the adapter's strength (SamplingParams.adapter_scale validates it)
     adapter_scale: StrictFloat = 1.0
 

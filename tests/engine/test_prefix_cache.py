@@ -3,6 +3,8 @@ per adapter, in mixed batches; KV is reused only under the same base, adapter we
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import torch
 
@@ -143,3 +145,18 @@ def test_prompt_logprobs_bypass_the_cache_unless_they_start_after_the_prefix(mak
         assert [t for t, _ in got.top] == [t for t, _ in want.top]
     for got, want in zip(list(scored.prompt_logprobs)[1:], list(reference.prompt_logprobs)[1:], strict=True):
         assert got.logprob == pytest.approx(want.logprob, abs=2e-4)
+
+
+def test_requests_with_different_cache_salts_share_no_blocks(tiny_engine):
+    prompt = f"{uuid.uuid4().hex} {SYSTEM}"  # no earlier test sent it to the suite's engine
+
+    def cached(salt: str | None) -> int:
+        params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, cache_salt=salt)
+        (out,) = tiny_engine.generate([prompt], ["tiny-r8-all"], params)
+        return out.num_cached_tokens
+
+    assert cached("a") == 0
+    assert cached("b") == 0 and cached(None) == 0  # another salt, or none, shares nothing
+    assert cached("a") > 0 and cached(None) > 0
+    with pytest.raises(ValueError, match="cache_salt"):
+        SamplingParams(cache_salt="x" * 257)

@@ -149,3 +149,20 @@ def test_nothing_is_cached_with_prefix_caching_off(uncached_server):
     assert response.usage.input_tokens_details.cached_tokens == 0
     assert counter(uncached_server, "multilora_prefix_cache_hit_tokens_total") == 0
     assert counter(uncached_server, "multilora_prefix_cache_blocks") == 0
+
+
+def test_a_cache_salt_shares_cached_prefixes_only_with_the_same_salt(serve):
+    api = client(serve())
+    system = long_prompt()
+
+    def cached(question: str, salt: str | None) -> int:
+        extra = {} if salt is None else {"extra_body": {"cache_salt": salt}}
+        reply = api.chat.completions.create(
+            model=ADAPTER, messages=chat(system, question), max_tokens=2, **(GREEDY | extra)
+        )
+        return reply.usage.prompt_tokens_details.cached_tokens
+
+    assert cached("Is the sea cold?", "tenant-a") == 0
+    assert cached("Where do gulls sleep?", "tenant-b") == 0  # another salt: nothing shared
+    assert cached("Where do gulls sleep?", None) == 0  # no salt is a salt of its own
+    assert cached("What is a tide?", "tenant-a") > 0

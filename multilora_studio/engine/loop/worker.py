@@ -378,15 +378,17 @@ class EngineWorker:
                     self._finish(seq.request_id, "error", str(error))
 
     def _salt(self, seq: Sequence) -> None:
-        """Key ``seq``'s KV blocks by the base, and by its adapter's version and strength."""
-        seq.base_salt = seq.kv_salt = self._base_salt
+        """Key ``seq``'s KV blocks by the base and its cache salt, and by its adapter's version and
+        strength."""
+        salt = seq.params.cache_salt
+        seq.base_salt = seq.kv_salt = self._base_salt if salt is None else kv_salt(self._base_salt, salt)
         if seq.adapter is not None:
             info = self.catalog.info_of(seq.adapter)
             if info is None:  # removed meanwhile (the request fails): its KV matches nothing
                 seq.kv_salt = os.urandom(KEY_BYTES)
                 return
             seq.adapter_version = info.version
-            seq.kv_salt = kv_salt(self._base_salt, info.version, seq.params.adapter_scale)
+            seq.kv_salt = kv_salt(seq.base_salt, info.version, seq.params.adapter_scale)
 
     def _fail_unloadable_adapters(self) -> None:
         """Fail the waiting requests of each adapter whose load failed since the last step: the
