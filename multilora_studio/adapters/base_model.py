@@ -17,7 +17,8 @@ class BaseModelRef:
     ``digest`` identifies the weights (``checkpoint_files.checkpoint_digest``: the SHA-256
     of ``model.safetensors``, or of every shard's name and SHA-256; "" when unknown);
     ``shapes[module] = (out_features, in_features)`` for every LoRA-targetable projection;
-    ``hidden_size`` and ``tied_embeddings`` check an adapter's embedding / LM-head tensors.
+    ``hidden_size`` and ``tied_embeddings`` check an adapter's embedding / LM-head tensors;
+    ``model_type`` and the head counts place its factors in a GGUF file ("" and 0 when unknown).
     """
 
     name: str
@@ -27,6 +28,9 @@ class BaseModelRef:
     shapes: Mapping[str, tuple[int, int]]
     hidden_size: int
     tied_embeddings: bool
+    model_type: str = ""
+    num_heads: int = 0
+    num_kv_heads: int = 0
 
     def shape_of(self, module: str) -> tuple[int, int]:
         return self.shapes[module]
@@ -51,4 +55,7 @@ class BaseModelRef:
             shapes={module: spec.projection_shape(module) for module in SUPPORTED_TARGETS},
             hidden_size=spec.hidden_size,
             tied_embeddings=spec.tie_word_embeddings,
+            model_type=spec.model_type,
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
         )

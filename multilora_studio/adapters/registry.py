@@ -282,8 +282,10 @@ class Registry(RegistryLifecycle):
         aliases: Sequence[str] = (),
         notes: str = "",
         max_rank: int = DEFAULT_MAX_RANK,
+        source_file: Path | None = None,
     ) -> AdapterRecord:
-        """Validate a PEFT folder against ``base`` and copy it into the library as ``name``."""
+        """Validate a PEFT folder against ``base`` and copy it into the library as ``name``;
+        ``source_file``: the file the folder was converted from, recorded as its source."""
         source = Path(folder).expanduser().resolve()
         if not source.is_dir():
             raise LibraryError(f"{source} is not a folder")
@@ -305,9 +307,13 @@ class Registry(RegistryLifecycle):
                     try:
                         row = self._validated_row(staging, base, name, max_rank)
                     except AdapterError as error:  # name the user's folder, not the staging copy
-                        raise error.naming(str(staging), str(source)) from None
+                        raise error.naming(str(staging), str(source_file or source)) from None
                     row.update(
-                        id=adapter_id, source_kind="local", source=str(source), path=str(final), notes=notes
+                        id=adapter_id,
+                        source_kind="local",
+                        source=str(source_file or source),
+                        path=str(final),
+                        notes=notes,
                     )
                     scores = model_card_scores(staging, row, final)
                     with moving(self._write()) as (conn, moves):
