@@ -40,7 +40,6 @@ from multilora_studio.adapters.gguf_names import (
 )
 from multilora_studio.adapters.peft_adapter import HostAdapter
 
-GGUF_SUFFIX = ".gguf"
 FACTOR_SUFFIXES = {".lora_a": "A", ".lora_b": "B"}  # llama.cpp's tensor name suffixes
 READ_DTYPES = (  # what llama.cpp's converter writes (--outtype f32, f16, bf16, q8_0)
     gguf.GGMLQuantizationType.F32,

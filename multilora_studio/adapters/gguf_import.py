@@ -8,14 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from multilora_studio.adapters.base_model import BaseModelRef
-from multilora_studio.adapters.gguf_adapter import GGUF_SUFFIX, read_gguf_adapter
+from multilora_studio.adapters.gguf_adapter import read_gguf_adapter
 from multilora_studio.adapters.registry import DEFAULT_MAX_RANK, Registry
 from multilora_studio.adapters.registry_schema import AdapterRecord
-
-
-def is_gguf_file(path: Path) -> bool:
-    """Whether ``path`` names a GGUF file (by its suffix) rather than a PEFT folder."""
-    return Path(path).suffix.lower() == GGUF_SUFFIX and not Path(path).is_dir()
 
 
 def import_gguf_adapter(

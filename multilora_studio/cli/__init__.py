@@ -33,6 +33,7 @@ COMMANDS = {
     "pull": "pull an adapter (or a base model) from the Hugging Face Hub",
     "adapters": "list, add, remove, pin and inspect the adapters of the library",
     "merge": "merge adapters into their base model and export it (or combine adapters)",
+    "export": "export an adapter, or the model merged with it, as GGUF for llama.cpp and Ollama",
     "serve": "serve the base model and adapters over an OpenAI-compatible HTTP API",
     "bench": "benchmark the engine (or an endpoint) on the Punica and S-LoRA workloads",
     "advise": "recommend max_loras, max_cpu_loras, pins and merges from a server's recorded traffic",

@@ -45,10 +45,16 @@ def add_adapters_command(subparsers: Subcommands) -> None:
 
     add = actions.add_parser(
         "add",
-        help="validate a PEFT folder and copy it into the library",
-        description="Validate a PEFT adapter folder against the base model and copy it into the library.",
+        help="validate a PEFT folder (or a GGUF LoRA file) and copy it into the library",
+        description="Validate a PEFT adapter folder against the base model and copy it into the library. "
+        "A llama.cpp GGUF LoRA adapter (FILE.gguf, as convert_lora_to_gguf.py writes it) is converted "
+        "into a PEFT folder first and validated the same way.",
     )
-    add.add_argument("path", type=Path, help="PEFT folder (adapter_config.json + adapter_model.safetensors)")
+    add.add_argument(
+        "path",
+        type=Path,
+        help="PEFT folder (adapter_config.json + adapter_model.safetensors) or GGUF LoRA file (.gguf)",
+    )
     add_naming_arguments(add)
     add_base_arguments(add)
     add.set_defaults(handler=run_add)
@@ -89,15 +95,29 @@ def add_adapters_command(subparsers: Subcommands) -> None:
 
 def run_add(args: argparse.Namespace) -> int:
     registry = Registry()
-    registry.check_names(args.name or args.path.expanduser().resolve().name, args.alias)
-    record = registry.import_folder(
-        args.path,
-        describe_base(args.model),
-        name=args.name,
-        aliases=args.alias,
-        notes=args.notes,
-        max_rank=args.max_lora_rank,
-    )
+    if args.path.suffix.lower() == ".gguf" and not args.path.is_dir():
+        from multilora_studio.adapters.gguf_import import import_gguf_adapter  # torch: only for GGUF
+
+        registry.check_names(args.name or args.path.stem, args.alias)
+        record = import_gguf_adapter(
+            registry,
+            args.path,
+            describe_base(args.model),
+            name=args.name,
+            aliases=args.alias,
+            notes=args.notes,
+            max_rank=args.max_lora_rank,
+        )
+    else:
+        registry.check_names(args.name or args.path.expanduser().resolve().name, args.alias)
+        record = registry.import_folder(
+            args.path,
+            describe_base(args.model),
+            name=args.name,
+            aliases=args.alias,
+            notes=args.notes,
+            max_rank=args.max_lora_rank,
+        )
     print(
         f"added {record.name!r}: rank {record.rank_label}, {', '.join(record.targets)}, "
         f"{_size(record.size_bytes)}"
