@@ -1,6 +1,7 @@
 """Merge and export: one adapter (or several, with weights) merged into a base of the window and
-written as a Hugging Face model folder, with progress and cancel; the result is registered as
-a base model of its own.
+written as a Hugging Face model folder, registered as a base model of its own; or one adapter
+exported as GGUF for llama.cpp and Ollama, as a LoRA file or merged into the model
+(``workflows/merge_outputs.py``). Each runs as a task, with progress and cancel.
 
 The dialog merges into the base it picks (the selected adapter's own base, by the library's
 digest, unless the person picks another) and lists that base's adapters only; the merge reads
@@ -35,7 +36,19 @@ from multilora_studio.gui.engine_host import EngineHost
 from multilora_studio.gui.library_ops import base_for
 from multilora_studio.gui.tasks import Task
 from multilora_studio.gui.widgets import MessageBanner
+from multilora_studio.gui.workflows.merge_outputs import (
+    FOLDER,
+    GGUF_KINDS,
+    MERGED_GGUF,
+    OUTPUTS,
+    export_gguf,
+    finished_message,
+    gguf_refusal,
+    is_gguf,
+    suggested_path,
+)
 from multilora_studio.merge import COMBINATIONS, OUTPUT_DTYPES, MergedModel, parse_shard_size
+from multilora_studio.merge.gguf_export import GGUFExport
 from multilora_studio.merge.library_merge import merge_into_library, resolve_merge_inputs
 from multilora_studio.paths import models_dir
 
@@ -79,11 +92,16 @@ class MergeDialog(QDialog):
         self.merge_button.clicked.connect(self.start_merge)
         self.cancel_button.clicked.connect(self.cancel)
         close.clicked.connect(self.close)
-        self.adapters.itemChanged.connect(lambda *_: self._suggest_folder())
+        self.adapters.itemChanged.connect(lambda *_: self._suggest_path())
         self._fill(selected)
+        self._show_output()
 
     def _options(self) -> QFormLayout:
-        """The base to merge into, how several adapters combine, the output folder, dtype, shards, name."""
+        """What to write, the base to merge into, how several adapters combine, the output folder
+        or file, dtype or GGUF type, shards, name."""
+        self.output = QComboBox()
+        self.output.addItems(list(OUTPUTS))
+        self.output.currentIndexChanged.connect(lambda *_: self._show_output())
         self.target = QComboBox()
         self.target.setToolTip("The base model to merge into; its adapters are listed")
         self.target.currentIndexChanged.connect(lambda *_: self._fill(None))
@@ -94,16 +112,23 @@ class MergeDialog(QDialog):
         browse.clicked.connect(self._browse)
         self.dtype = QComboBox()
         self.dtype.addItems([BASE_DTYPE, *sorted(OUTPUT_DTYPES)])
+        self.gguf_type = QComboBox()
+        self.gguf_type.addItems(list(GGUF_KINDS))
+        self.gguf_type.setToolTip("Other quantizations: llama.cpp's llama-quantize on the written file")
+        self.gguf_type.currentIndexChanged.connect(lambda *_: self._suggest_path())
+        self.out_label = QLabel("Output folder")
         self.shard_size = QLineEdit("5GB")
         self.name = QLineEdit(placeholderText="base model name (default: the folder's)")
         out_row = QHBoxLayout()
         out_row.addWidget(self.out, 1)
         out_row.addWidget(browse)
         self.form = form = QFormLayout()
+        form.addRow("Write", self.output)
         form.addRow("Merge into base model", self.target)
         form.addRow("Several adapters combine", self.combination)
-        form.addRow("Output folder", out_row)
+        form.addRow(self.out_label, out_row)
         form.addRow("Weights dtype", self.dtype)
+        form.addRow("GGUF type", self.gguf_type)
         form.addRow("Shard size", self.shard_size)
         form.addRow("Name", self.name)
         return form
@@ -141,6 +166,7 @@ class MergeDialog(QDialog):
         return rows
 
     def start_merge(self) -> Task | None:
+        """Start what the dialog is set to write (a merged folder, or a GGUF export)."""
         base = self.target.currentData()
         if self.host.pool is None or base is None:
             self.banner.show_message("The engine is not ready yet; merge once it has loaded.", "warning")
@@ -151,8 +177,10 @@ class MergeDialog(QDialog):
             return None
         out = self.out.text().strip()
         if not out:
-            self.banner.show_message("Choose the output folder.", "warning")
+            self.banner.show_message(f"Choose the {self.out_label.text().lower()}.", "warning")
             return None
+        if is_gguf(self.output.currentText()):
+            return self._start_gguf(base, chosen, Path(out))
         registry = self.host.registry
         dtype = None if self.dtype.currentText() == BASE_DTYPE else OUTPUT_DTYPES[self.dtype.currentText()]
         combination, shard_text, name = (
@@ -181,6 +209,30 @@ class MergeDialog(QDialog):
         self.banner.clear()
         self._busy(True)
         self.task = self.host.tasks.run("merge", work, self._merged, self._failed, self._progress)
+        return self.task
+
+    def _start_gguf(self, base: str, chosen: list[tuple[str, float]], out: Path) -> Task | None:
+        refusal = gguf_refusal(chosen)
+        if refusal is not None:
+            self.banner.show_message(refusal, "warning")
+            return None
+        registry = self.host.registry
+        output, kind = self.output.currentText(), self.gguf_type.currentText()
+
+        def work(task: Task) -> GGUFExport:
+            folder = self.host.base_folder(base, task.notify)
+            inputs = resolve_merge_inputs(registry, [chosen[0][0]], [1.0], str(folder), False, task.notify)
+            return export_gguf(output, inputs, out, kind, task.notify, task.cancel_event)
+
+        self.banner.clear()
+        self._busy(True)
+        self.task = self.host.tasks.run(
+            "export-gguf",
+            work,
+            lambda result: self._exported(finished_message(output, result, kind)),
+            self._failed,
+            self._progress,
+        )
         return self.task
 
     def cancel(self) -> None:
@@ -220,19 +272,41 @@ class MergeDialog(QDialog):
             weight.setValue(1.0)
             self.adapters.setCellWidget(row, 1, weight)
         self.adapters.blockSignals(False)
-        self._suggest_folder()
+        self._suggest_path()
 
-    def _suggest_folder(self) -> None:
+    def _show_output(self) -> None:
+        """The rows, labels and suggested path of what the dialog is set to write."""
+        output = self.output.currentText()
+        gguf = is_gguf(output)
+        for field in (self.combination, self.dtype, self.shard_size, self.name):
+            self.form.setRowVisible(field, not gguf)
+        self.form.setRowVisible(self.gguf_type, output == MERGED_GGUF)
+        self.out_label.setText("Output file" if gguf else "Output folder")
+        self.out.setPlaceholderText("a new NAME.gguf file" if gguf else "a new folder for the merged model")
+        self.merge_button.setText("Export" if gguf else "Merge")
+        self.out.setModified(False)
+        self._suggest_path()
+
+    def _suggest_path(self) -> None:
         chosen = self.checked()
         if chosen and not self.out.isModified():
-            stem = "+".join(name for name, _ in chosen).replace("/", "_")
-            self.out.setText(str(models_dir() / f"{stem}-merged"))
+            names = [name for name, _ in chosen]
+            path = suggested_path(
+                self.output.currentText(), names, self.gguf_type.currentText(), models_dir()
+            )
+            self.out.setText(str(path))
 
     def _browse(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Folder to write the merged model in")
-        if folder:
-            stem = "+".join(name for name, _ in self.checked()).replace("/", "_") or "merged"
-            self.out.setText(str(Path(folder) / f"{stem}-merged"))
+        output, names = self.output.currentText(), [name for name, _ in self.checked()]
+        if is_gguf(output):
+            path, _ = QFileDialog.getSaveFileName(
+                self, "GGUF file to write", self.out.text(), "GGUF files (*.gguf)"
+            )
+        else:
+            folder = QFileDialog.getExistingDirectory(self, "Folder to write the merged model in")
+            path = str(suggested_path(FOLDER, names, "", Path(folder))) if folder else ""
+        if path:
+            self.out.setText(path)
             self.out.setModified(True)
 
     def _progress(self, fraction: float, message: str) -> None:
@@ -250,15 +324,22 @@ class MergeDialog(QDialog):
         )
         self.merged.emit(str(result.path))
 
+    def _exported(self, message: str) -> None:
+        self._busy(False)
+        self.progress.setValue(1000)
+        self.banner.show_message(message, "success")
+
     def _failed(self, message: str) -> None:
         cancelled = self.task is not None and self.task.cancelled
         self._busy(False)
         self.progress.setValue(0)
         self.status.clear()
-        self.banner.show_message("Merge cancelled; nothing was written." if cancelled else message)
+        what = "Export" if is_gguf(self.output.currentText()) else "Merge"
+        self.banner.show_message(f"{what} cancelled; nothing was written." if cancelled else message)
 
     def _busy(self, busy: bool) -> None:
         self.merge_button.setEnabled(not busy)
+        self.output.setEnabled(not busy)
         self.cancel_button.setEnabled(busy)
         if not busy:
             self.task = None
