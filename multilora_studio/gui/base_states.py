@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from multilora_studio.deploy import BasePool, replicas_of
-from multilora_studio.engine import EngineMetrics
+from multilora_studio.engine import EngineConfig, EngineMetrics
 from multilora_studio.engine.serving_engine import metrics_of
 
 LOADED, PARKED, SWAPPED_OUT, LOADING = "loaded", "parked in host memory", "swapped out", "loading"
@@ -16,7 +16,8 @@ LOADED, PARKED, SWAPPED_OUT, LOADING = "loaded", "parked in host memory", "swapp
 @dataclass(frozen=True)
 class BaseState:
     """One base: its state, its snapshot while loaded or parked (one per replica when it has several),
-    the adapters it serves, and its load progress (fraction, message) while it loads."""
+    the adapters it serves, its load progress (fraction, message) while it loads, and the tokens
+    per KV-cache block of its engine."""
 
     name: str
     digest: str
@@ -27,6 +28,7 @@ class BaseState:
     progress: tuple[float, str] | None
     loads: int
     error: str | None
+    block_size: int = EngineConfig.block_size
 
 
 def base_states(pool: BasePool, progress: dict[str, tuple[float, str]]) -> list[BaseState]:
@@ -61,6 +63,7 @@ def base_states(pool: BasePool, progress: dict[str, tuple[float, str]]) -> list[
                 progress=progress.get(name) if state == LOADING else None,
                 loads=entry.loads,
                 error=entry.error,
+                block_size=entry.config.block_size,
             )
         )
     return states

@@ -104,6 +104,7 @@ class CompareColumn(QFrame):
     settingsRequested = Signal(str)
     name, base, reference, text, history, user_text = Shown(), Shown(), Shown(), Shown(), Shown(), Shown()
     tokens, ttft_s, queue_s, tokens_per_second = Shown(), Shown(), Shown(), Shown()
+    prompt_tokens, cached_tokens = Shown(), Shown()
     finish_reason, error, output, done = Shown(), Shown(), Shown(), Shown()
     diverges_at, agreed, divergence, decode = Shown(), Shown(), Shown(), Shown()
 
@@ -128,6 +129,10 @@ class CompareColumn(QFrame):
         self.settings_button.setToolTip(f"Settings of the {self.name} column (override the shared ones)")
         self.settings_button.clicked.connect(lambda: self.settingsRequested.emit(self.name))
         self.overrides, self.stats, self.difference, self.divergence_note = (QLabel() for _ in range(4))
+        self.stats.setToolTip(
+            "Generated tokens, tokens/s, time to first token, and the prompt's tokens: those cached "
+            "came from the prefix cache (an earlier request with the same start and adapter), not computed"
+        )
         self.divergence_note.setToolTip(
             "log p(token) under the adapter minus under the base: green more likely under the adapter, "
             "red less; hover a token for both models' top alternatives"

@@ -31,7 +31,7 @@ from multilora_studio.engine import (
     ServingEngine,
 )
 from multilora_studio.gui.tasks import user_message
-from multilora_studio.gui.workflows.compare_requests import ColumnRequest, ColumnUpdate
+from multilora_studio.gui.workflows.compare_requests import ColumnRequest, ColumnUpdate, prompt_counts
 from multilora_studio.run_records import EngineRecord
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class _Column:
     last_token: float | None = None
     notified: bool = False
     output: RequestOutput | None = None
+    live: RequestOutput | None = None  # its stream's output while it runs (the engine fills it in)
     request_id: str | None = None
     engine: ServingEngine | None = None  # its base's, once submitted
 
@@ -131,7 +132,10 @@ class CompareRun(QObject):
                 ttft = output.ttft if output.ttft is not None else ttft
                 rate = output.tokens_per_second if output.tokens_per_second is not None else rate
                 queue = output.queue_time
-            return ColumnUpdate(text, column.tokens, ttft, queue, rate, output is not None, output)
+            counted = output or column.live
+            prompt, cached = prompt_counts(counted) if counted is not None else (None, None)
+            done = output is not None
+            return ColumnUpdate(text, column.tokens, ttft, queue, rate, done, output, prompt, cached)
 
     # ---------------------------------------------------------------- worker threads
 
@@ -184,7 +188,7 @@ class CompareRun(QObject):
         with self._lock:
             self._leased[base] = len(indices)
             for column, stream in zip(columns, streams, strict=True):
-                column.request_id, column.engine = stream.request_id, engine
+                column.request_id, column.engine, column.live = stream.request_id, engine, stream.output
             stopped = self._stopped
         if stopped:
             self._abort([(engine, stream.request_id) for stream in streams])

@@ -41,6 +41,7 @@ SERIES = (
     "distinct_adapters",
     "gpu_hit_rate",
     "cpu_hit_rate",
+    "prefix_cache_hit_rate",
     "p50",
     "p95",
 )
@@ -51,7 +52,11 @@ PLOTS = (  # title, unit, series and pen colors
         "",
         (("batch_size", "#43a047"), ("distinct_adapters", "#fb8c00")),
     ),
-    ("Hit rate (GPU slots, CPU tier)", "%", (("gpu_hit_rate", "#8e24aa"), ("cpu_hit_rate", "#00897b"))),
+    (
+        "Hit rate (GPU slots, CPU tier, prefix cache)",
+        "%",
+        (("gpu_hit_rate", "#8e24aa"), ("cpu_hit_rate", "#00897b"), ("prefix_cache_hit_rate", "#3949ab")),
+    ),
     ("Cold-load latency p50 / p95", "ms", (("p50", "#6d4c41"), ("p95", "#e53935"))),
 )
 PANELS_MIN_HEIGHT, PANELS_MAX_HEIGHT = 240, 560  # a slot panel; all of them: about two, more scroll
@@ -63,6 +68,20 @@ def hit_rate(hits: int, misses: int) -> float:
     """Percent of lookups that hit (NaN before the first lookup)."""
     total = hits + misses
     return math.nan if total == 0 else 100.0 * hits / total
+
+
+def prefix_cache_line(metrics: EngineMetrics, block_size: int) -> str:
+    """The prefix cache's hit rate over the prompt tokens looked up, and its blocks (as tokens, and
+    against the KV cache's blocks); "off" when the engine runs without it."""
+    blocks = metrics.prefix_cache_blocks
+    if blocks is None:
+        return "prefix cache: off"
+    rate = metrics.prefix_cache_hit_rate
+    return (
+        f"prefix cache: hit rate <b>{'-' if rate is None else f'{rate:.0%}'}</b> "
+        f"({metrics.prefix_cache_hit_tokens} of {metrics.prefix_cache_queried_tokens} prompt tokens) · "
+        f"{blocks} / {metrics.kv_blocks_total} KV blocks cached ({blocks * block_size} tokens)"
+    )
 
 
 class MonitorView(QWidget):
@@ -85,6 +104,7 @@ class MonitorView(QWidget):
         self.last: EngineMetrics | None = None
         self.bases: list[BasePanel] = []  # one per base model
         self.base_states: list[BaseState] = []
+        self.block_size = NO_ENGINE.block_size  # tokens per KV block of the bases (alike: no window setting)
         self.counts = QLabel()
         self.counts.setWordWrap(True)
         self.stats = QLabel("waiting for the engine…")
@@ -177,12 +197,14 @@ class MonitorView(QWidget):
             return
         self.last = metrics
         now = time.monotonic()
+        prefix_rate = metrics.prefix_cache_hit_rate
         values = {
             "tokens_per_second": metrics.tokens_per_second if metrics.state == "running" else 0.0,
             "batch_size": float(metrics.batch_size if metrics.running else 0),
             "distinct_adapters": float(metrics.distinct_adapters if metrics.running else 0),
             "gpu_hit_rate": hit_rate(metrics.gpu_hits, metrics.gpu_misses),
             "cpu_hit_rate": hit_rate(metrics.cpu_hits, metrics.cpu_misses),
+            "prefix_cache_hit_rate": math.nan if prefix_rate is None else 100.0 * prefix_rate,
             "p50": math.nan if metrics.cold_load_p50_s is None else metrics.cold_load_p50_s * 1000,
             "p95": math.nan if metrics.cold_load_p95_s is None else metrics.cold_load_p95_s * 1000,
         }
@@ -212,6 +234,7 @@ class MonitorView(QWidget):
     def _show_bases(self, bases: list[BaseState]) -> None:
         """One panel per base, made or dropped as the count changes."""
         self.base_states = [base for base in bases if base.name]
+        self.block_size = bases[0].block_size
         while len(self.bases) < len(bases):
             panel = BasePanel()
             self.panels_layout.addWidget(panel)
@@ -271,6 +294,7 @@ class MonitorView(QWidget):
             f"KV cache: {used} / {metrics.kv_blocks_total} blocks used · token tables "
             f"{metrics.token_tables} / {metrics.token_tables_max} adapters, "
             f"{format_bytes(metrics.token_table_bytes)} / {format_bytes(metrics.token_table_budget_bytes)}",
+            prefix_cache_line(metrics, self.block_size),
             f"device memory {format_bytes(metrics.device_memory_bytes)} · host RSS {format_bytes(rss)}",
         ]
         self.stats.setText("<br>".join(lines))

@@ -90,6 +90,7 @@ class EngineChoice:
     max_cpu_loras: int = EngineConfig.max_cpu_loras or 0
     cpu_threads: int = EngineConfig.cpu_threads or 0
     batch_invariant: bool = True
+    enable_prefix_caching: bool = EngineConfig.enable_prefix_caching
     devices: str = PoolSettings.devices or ""
     dispatch_margin: int = PoolSettings.dispatch_margin
     extra_models: tuple[str, ...] = ()

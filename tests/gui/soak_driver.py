@@ -14,7 +14,8 @@ Settings ``--restarts`` times (alternating the number of GPU slots; every second
 starts two engine replicas behind the dispatcher, the next one engine again; with a second base,
 the third restart leaves room for one base only, so compares of both bases swap them (the next
 restart waits for a swap); every other
-restart gives the second base its own GPU slots in the models list, checked after the start). A
+restart gives the second base its own GPU slots in the models list, checked after the start; the
+second restart turns prefix caching off and the next one on again, checked after each start). A
 compare ticks every listed column, the base picker cycling through all bases and each one; every
 other compare is a chat action (``start_chat_compare``: follow-ups, a column with its own settings, token
 divergence), every fourth an adapter's strength sweep; on the Evaluate page it keeps an
@@ -24,7 +25,9 @@ each base in turn, cancelling every other merge (``MergeActions``), and cycles t
 (``BaseFilterActions``). The endpoint
 runs throughout (restarted with each engine), a client thread sending it a short completion
 every second, for an adapter of each base in turn (``EndpointTraffic``), and the Monitor's usage
-table must show what it was sent; the Monitor's base panels are watched (``watch_bases``).
+table must show what it was sent; the Monitor's base panels and its prefix cache line (off, on,
+with hits) are watched (``watch_bases``), and each follow-up's columns must show their prompt's
+cached tokens.
 It writes what it measured as JSON: references to None over the run, resident memory after
 each restart, live Engine objects and engine threads at the end, and every problem seen. The
 test that runs it checks those numbers and that the process exited 0 with no fatal error; a
@@ -79,6 +82,7 @@ CHAT_TOKENS = 6
 SECOND_ADAPTER = "soak-second-base"  # the second base's adapter in the library
 SWAP_RESTART = 2  # restarts done before the one that leaves room for one base (one engine each)
 OWN_SLOTS = 4  # the second base's own GPU slots at every other restart (the Engine's: 2 or 3)
+PREFIX_CACHE_OFF_RESTART = 1  # restarts done before the one that turns prefix caching off
 # past --seconds by this much the run is stuck: it ends with what it waits for and every thread's
 # stack as a problem (normal runs end within 60 s of --seconds); a window thread that stops
 # ticking is dumped by faulthandler a minute later
@@ -356,6 +360,9 @@ class Soak(QObject):
         self.base_states_seen: set[str] = set()  # loaded / swapped out / loading, as the Monitor showed
         self.two_base_compares = 0  # compares with columns of two bases
         self.own_slots_checked = 0  # restarts after which the second base's own slots were checked
+        self.prefix_caching_checked = 0  # restarts after which every base's prefix caching was checked
+        self.prefix_cache_lines: set[str] = set()  # "off", "on", "hits": what the Monitor's line showed
+        self.cached_follow_up_columns = 0  # follow-up columns that showed cached prompt tokens
         self.swap_loads: dict[int, int] = {}  # restarts before a pool -> its base loads after its start
         self.started_loads = 0  # base loads of the running pool when it started
         self.base_filters: BaseFilterActions | None = None  # set by main()
@@ -389,6 +396,7 @@ class Soak(QObject):
         self.restart_pending = False
         self.restarts_done += 1
         self.check_own_slots()
+        self.check_prefix_caching()
         return_freed_memory()  # what stays resident, not the allocator's free pages
         self.rss_after_restart.append(psutil.Process().memory_info().rss)
 
@@ -399,6 +407,7 @@ class Soak(QObject):
             self.replica_compares += 1
         if len(set(compare.column_bases)) > 1:
             self.two_base_compares += 1
+        self.check_cached_tokens()
         self.compare_errors += [f"{c.name}: {c.error}" for c in compare.columns if c.error]
 
     def tick(self) -> None:
@@ -507,6 +516,14 @@ class Soak(QObject):
         self.base_states_seen |= {panel.state for panel in monitor.bases}
         replicas = max((len(panel.replicas) for panel in monitor.bases), default=0)
         self.replica_panels_seen = max(self.replica_panels_seen, replicas)
+        text = monitor.stats.text()
+        if "prefix cache: off" in text:
+            self.prefix_cache_lines.add("off")
+        elif "prefix cache: hit rate" in text:
+            hits = monitor.last is not None and monitor.last.prefix_cache_hit_tokens > 0
+            self.prefix_cache_lines.add("hits" if hits else "on")
+        else:
+            self.problems.append(f"the Monitor shows no prefix cache line: {text}")
 
     def page_tours(self) -> int:
         return int((time.monotonic() - self.started) / (PAGE_S * len(PAGES)))
@@ -535,6 +552,7 @@ class Soak(QObject):
         settings = self.window.settings
         self.window.show_page("Settings")
         settings.max_loras.setValue(3 if settings.max_loras.value() == 2 else 2)
+        settings.enable_prefix_caching.setChecked(self.restarts_done != PREFIX_CACHE_OFF_RESTART)
         settings.devices.setText("cpu,cpu" if self.restarts_done % 2 else "")
         if settings.extra_model_entries():  # room for one base after the third restart, else for all
             settings.max_resident_bases.setValue(1 if self.restarts_done == SWAP_RESTART else 0)
@@ -555,6 +573,29 @@ class Soak(QObject):
         if got != wanted:
             self.problems.append(f"the second base started with {got} slots, not {wanted}")
         self.own_slots_checked += 1
+
+    def check_prefix_caching(self) -> None:
+        """After a restart, every base runs with prefix caching as Settings set it."""
+        pool = self.window.host.pool
+        wanted = self.restarts_done - 1 != PREFIX_CACHE_OFF_RESTART
+        got = {name: pool.base(name).config.enable_prefix_caching for name in pool.names} if pool else {}
+        if set(got.values()) != {wanted}:
+            self.problems.append(f"prefix caching {got} after restart {self.restarts_done}, not {wanted}")
+        self.prefix_caching_checked += 1
+
+    def check_cached_tokens(self) -> None:
+        """A follow-up's finished columns show their prompt's tokens and those the cache held."""
+        compare = self.window.compare
+        if compare.conversation is None or compare.conversation.turns < 2:
+            return
+        for column in compare.columns:
+            if not column.done or column.error or column.finish_reason == "abort":
+                continue
+            shown = f"prompt {column.prompt_tokens} tok ({column.cached_tokens} cached)"
+            if column.cached_tokens is None or shown not in column.stats.text():
+                self.problems.append(f"follow-up column {column.name} shows {column.stats.text()!r}")
+            elif column.cached_tokens > 0:
+                self.cached_follow_up_columns += 1
 
     def base_loads(self) -> dict[str, int]:
         """Each base's engine starts in the pool running now (a swap is one more)."""
@@ -604,6 +645,9 @@ class Soak(QObject):
             "merged_bases": sorted(self.merge_actions.bases) if self.merge_actions else [],
             "pulled_bases": sorted(self.pull_actions.bases) if self.pull_actions else [],
             "own_slots_checked": self.own_slots_checked,
+            "prefix_caching_checked": self.prefix_caching_checked,
+            "prefix_cache_lines": sorted(self.prefix_cache_lines),
+            "cached_follow_up_columns": self.cached_follow_up_columns,
             "base_names": self.window.host.pool.names if self.window.host.pool is not None else [],
             "warm_toggles": self.merge_actions.warm_toggles if self.merge_actions else 0,
             "none_refs": self.none_refs,

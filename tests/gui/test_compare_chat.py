@@ -1,5 +1,6 @@
 """Compare as a chat over a real engine: follow-ups and edits equal ``generate`` with each column's own
-history; per-column settings; token divergence equals the engine's own scores; records and Rerun."""
+history, a follow-up's chat start comes from the prefix cache; per-column settings; token divergence
+equals the engine's own scores; records and Rerun."""
 
 from __future__ import annotations
 
@@ -67,15 +68,29 @@ def test_follow_ups_and_edits_equal_generate_with_each_columns_own_history(qtbot
     turn1 = expected_outputs(engine, [first] * 3, params)
     assert [c.text for c in compare.columns] == [o.text for o in turn1]
     assert len({o.text for o in turn1}) == 3  # each adapter answers differently: histories differ
+    for column, output in zip(compare.columns, turn1, strict=True):  # a new engine: nothing cached
+        assert f"prompt {len(output.prompt_token_ids)} tok (0 cached)" in column.stats.text()
 
     send(qtbot, compare, SECOND, compare.follow_up)
     histories = [
         [*first, {"role": "assistant", "content": o.text}, {"role": "user", "content": SECOND}] for o in turn1
     ]
     turn2 = expected_outputs(engine, histories, params)
+    block = engine.config.block_size
+    whole_blocks = len(turn1[0].prompt_token_ids) // block * block  # of the first turn's prompt
     for column, output in zip(compare.columns, turn2, strict=True):
         assert column.output is not None and column.output.token_ids == output.token_ids, column.name
         assert column.history == [(FIRST, turn1[compare.columns.index(column)].text)]
+        # the system prompt and first message (at least) come from the cache of the column's adapter
+        cached = column.output.num_cached_tokens
+        assert cached >= whole_blocks > 0 and column.cached_tokens == cached
+        assert f"({cached} cached)" in column.stats.text()
+    monitor = compare_window.monitor
+    qtbot.waitUntil(
+        lambda: monitor.last is not None and monitor.last.prefix_cache_hit_tokens > 0, timeout=5000
+    )
+    hits, looked_up = monitor.last.prefix_cache_hit_tokens, monitor.last.prefix_cache_queried_tokens
+    assert f"<b>{hits / looked_up:.0%}</b> ({hits} of {looked_up} prompt tokens)" in monitor.stats.text()
     assert compare.turns.count() == 2 and compare.follow_button.isEnabled()
     save_screenshot(compare_window, "compare-chat")
 

@@ -1,5 +1,5 @@
-"""Monitor view fed by the real engine's metrics: slots, CPU tier, counters, cold start by adapter
-and plots around a run."""
+"""Monitor view fed by the real engine's metrics: slots, CPU tier, counters, the prefix cache, cold
+start by adapter and plots around a run."""
 
 from __future__ import annotations
 
@@ -58,6 +58,15 @@ def test_monitor_shows_slots_tiers_and_live_plots(
     assert metrics.kernel_compiles == 0 and "kernel compiles" not in monitor.stats.text()
     monitor.update_metrics(replace(metrics, kernel_compiles=2, kernel_compile_s=1.25))
     assert "2 kernel compiles while serving (1.2 s of stalls)" in monitor.stats.text()
+    # the prefix cache: every column's prompt looked up, its whole blocks kept (another adapter each:
+    # none found), as tokens and against the KV cache
+    blocks, block = metrics.prefix_cache_blocks, window.host.engine.config.block_size
+    assert blocks is not None and blocks > 0 and metrics.prefix_cache_queried_tokens > 0
+    cached = f"{blocks} / {metrics.kv_blocks_total} KV blocks cached ({blocks * block} tokens)"
+    assert f"prefix cache: hit rate <b>{metrics.prefix_cache_hit_rate:.0%}</b>" in monitor.stats.text()
+    assert cached in monitor.stats.text() and len(monitor.series("prefix_cache_hit_rate")) > 3
+    monitor.update_metrics(replace(metrics, prefix_cache_blocks=None, prefix_cache_queried_tokens=0))
+    assert "prefix cache: off" in monitor.stats.text() and "KV blocks cached" not in monitor.stats.text()
     monitor.update_metrics(metrics)
     assert window.library.row_of("tiny-r4-qv")["Tier"].startswith("GPU slot")
     # each adapter's own loads: together, the engine's disk reads and slot uploads

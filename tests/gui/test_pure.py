@@ -14,7 +14,7 @@ from multilora_studio.adapters.peft_adapter import AdapterError
 from multilora_studio.gui.compare_chat import Conversation
 from multilora_studio.gui.compare_export import Comparison, to_json, to_markdown
 from multilora_studio.gui.diff import first_difference, utf16_offset
-from multilora_studio.gui.preferences import EngineChoice, Preferences
+from multilora_studio.gui.preferences import STORED_AS, WINDOW_SETTINGS, EngineChoice, Preferences
 from multilora_studio.gui.stop_strings import format_stop_strings, parse_stop_strings
 from multilora_studio.gui.tasks import Cancelled, user_message
 from multilora_studio.invalid_setting import InvalidSetting
@@ -180,6 +180,15 @@ def test_preferences_round_trip_and_fall_back_on_bad_values(tmp_path):
     assert again.get("compare/adapters", ["base"]) == ["base"]
     again.store.setValue("engine/max_loras", 0)  # the engine would refuse it: back to defaults
     assert again.engine_choice() == EngineChoice()
+
+
+def test_every_setting_settings_shows_is_stored_with_its_declared_default():
+    choice = EngineChoice()
+    window_defaults = {"batch_invariant": True}  # the window's own choice (EngineChoice's docstring)
+    for item in WINDOW_SETTINGS:
+        stored = getattr(choice, STORED_AS.get(item.name, item.name))
+        default = window_defaults.get(item.name, item.default)
+        assert stored == (default if default is not None else type(stored)()), item.name
 
 
 def test_user_messages_never_carry_a_traceback():

@@ -29,6 +29,8 @@ def test_apply_restarts_the_engine_and_everything_persists(qtbot, open_window, m
     assert settings.cpu_threads.value() == 0 and first_engine.cpu_threads == max(1, usable_cores() - 1)
     settings.cpu_threads.setValue(1)
     settings.batch_invariant.setChecked(False)
+    assert settings.enable_prefix_caching.isChecked() and first_engine.config.enable_prefix_caching
+    settings.enable_prefix_caching.setChecked(False)
     messages: list[str] = []
     window.host.progress.connect(lambda fraction, message: messages.append(message))
     assert settings.apply()
@@ -40,6 +42,8 @@ def test_apply_restarts_the_engine_and_everything_persists(qtbot, open_window, m
     assert engine.config.cpu_threads == 1 and engine.cpu_threads == 1
     assert not engine.config.batch_invariant and not engine.runner.model.plan.batch_invariant
     assert len(engine.metrics(fresh=True).slots) == 3
+    assert not engine.config.enable_prefix_caching and engine.metrics(fresh=True).prefix_cache_blocks is None
+    qtbot.waitUntil(lambda: "prefix cache: off" in window.monitor.stats.text(), timeout=5000)
     assert any("stopping" in m for m in messages) and any("loading" in m for m in messages)
     assert settings.progress.value() == 1000 and "ready" in settings.status.text().lower()
     save_screenshot(window, "settings")
@@ -61,6 +65,8 @@ def test_apply_restarts_the_engine_and_everything_persists(qtbot, open_window, m
     assert again.settings.cpu_threads.value() == 1 and again.host.engine.cpu_threads == 1
     assert again.host.engine.config.max_loras == 3
     assert not again.settings.batch_invariant.isChecked() and not again.host.engine.config.batch_invariant
+    assert not again.settings.enable_prefix_caching.isChecked()
+    assert not again.host.engine.config.enable_prefix_caching
     assert again.compare.prompt.toPlainText() == "Remember this prompt"
     assert again.compare.checked_names() == ["base"] and again.compare.max_tokens.value() == 77
     assert again.server.port.value() == 8123

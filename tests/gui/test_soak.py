@@ -74,6 +74,9 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tiny_fa
     assert result["base_names"][1] == SECOND_BASE_REPO, result  # the second base came from the Hub
     assert len(result["pulled_bases"]) == 2, result  # an adapter pulled onto each base
     assert result["own_slots_checked"] == RESTARTS, result  # the second base's own slots, or not
+    assert result["prefix_caching_checked"] == RESTARTS, result  # off after one restart, else on
+    assert {"hits", "off"} <= set(result["prefix_cache_lines"]), result  # as the Monitor showed it
+    assert result["cached_follow_up_columns"] >= 1, result  # a follow-up's chat start came from the cache
     assert result["warm_toggles"] >= 1, result
     assert result["chat_runs"] >= 2 and result["divergences"] >= 1, result
     assert result["strength_sweeps"] >= 1, result

@@ -1,5 +1,5 @@
 """A Compare column's answer as plain state: streaming, finishing, where it leaves the base's answer,
-its numbers line, and what it announces."""
+its numbers line (with its prompt's cached tokens), and what it announces."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from multilora_studio.gui.workflows.compare_answers import (
     check_differences,
     overrides_label,
 )
-from multilora_studio.gui.workflows.compare_requests import ColumnUpdate
+from multilora_studio.gui.workflows.compare_requests import ColumnUpdate, prompt_counts
 from multilora_studio.run_records import ColumnOverrides
 
 
@@ -85,3 +85,23 @@ def test_own_settings_read_in_a_few_words():
     assert overrides_label(ColumnOverrides(temperature=0.8, max_tokens=3, stop=("\n",), seed=11)) == (
         "T 0.8 · max 3 · 1 stop · seed 11"
     )
+
+
+def test_the_numbers_line_says_how_many_prompt_tokens_came_from_the_prefix_cache():
+    output = RequestOutput("request", "a", list(range(40)), [1, 2], "Hi", finish_reason="length")
+    assert prompt_counts(output) == (40, None)  # queued: the cache is not looked up yet
+    output.first_scheduled_time, output.num_cached_tokens = 1.0, 32
+    assert prompt_counts(output) == (40, 32)
+    assert prompt_counts(RequestOutput("failed", "a", [], finish_reason="error")) == (None, None)
+
+    answer = AnswerState("a")
+    answer.apply(ColumnUpdate("", 0, None, None, None, False, None, 40, None))
+    assert answer.stats() == "0 tok · - · TTFT - · prompt 40 tok"
+    answer.apply(ColumnUpdate("Hi", 2, 0.25, 0.01, 40.0, True, output, *prompt_counts(output)))
+    assert (
+        answer.stats()
+        == "2 tok · 40.0 tok/s · TTFT 0.25 s · prompt 40 tok (32 cached) · queued 0.01 s · length"
+    )
+    assert (answer.prompt_tokens, answer.cached_tokens) == (40, 32)
+    answer.begin_turn([], "again")
+    assert answer.cached_tokens is None and "prompt" not in answer.stats()

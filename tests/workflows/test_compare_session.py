@@ -12,7 +12,7 @@ import pytest
 from multilora_studio.engine import RequestOutput
 from multilora_studio.gui.workflows.compare_inputs import TOKENS
 from multilora_studio.gui.workflows.compare_record import Sending
-from multilora_studio.gui.workflows.compare_requests import ColumnUpdate
+from multilora_studio.gui.workflows.compare_requests import ColumnUpdate, prompt_counts
 from multilora_studio.gui.workflows.compare_session import COLUMNS, NOT_READY, CompareSession
 from multilora_studio.run_records import ColumnOverrides, EngineRecord, RunHistory, RunRecord
 
@@ -56,7 +56,9 @@ def run(session: CompareSession, sending: Sending | None) -> list[RequestOutput]
             outputs.update((i, output) for (i, _), output in zip(group, done, strict=True))
     ordered = [outputs[i] for i in range(len(sending.requests))]
     updates = [
-        ColumnUpdate(o.text, len(o.token_ids), o.ttft, o.queue_time, o.tokens_per_second, True, o)
+        ColumnUpdate(
+            o.text, len(o.token_ids), o.ttft, o.queue_time, o.tokens_per_second, True, o, *prompt_counts(o)
+        )
         for o in ordered
     ]
     session.finish(updates, engines, session.side_work(sending)())
@@ -131,6 +133,26 @@ def test_a_follow_up_asks_each_column_with_its_own_history_and_an_edit_resends_f
     run(session, sending)
     assert session.turn_labels() == [f"1. {EDITED}"] and all(a.history == [] for a in session.answers)
     assert len(session.history.records()) == 3
+
+
+def test_a_follow_up_takes_the_chats_start_from_the_prefix_cache(session, pool):
+    session.inputs.system_prompt = "You answer in riddles about the sea and never in plain words."  # new here
+    session.inputs.message = FIRST
+    first = run(session, session.start())
+    assert [a.cached_tokens for a in session.answers] == [0, 0, 0]
+    session.inputs.message = SECOND
+    second = run(session, session.follow_up())
+    block = pool.base(pool.primary).config.block_size
+    for answer, before, after in zip(session.answers, first, second, strict=True):
+        assert answer.prompt_tokens == len(after.prompt_token_ids) > len(before.prompt_token_ids)
+        # at least the first turn's whole blocks of prompt: its system prompt and user message
+        assert (
+            answer.cached_tokens
+            == after.num_cached_tokens
+            >= len(before.prompt_token_ids) // block * block
+            > 0
+        )
+        assert f"prompt {answer.prompt_tokens} tok ({answer.cached_tokens} cached)" in answer.stats()
 
 
 def test_refusals_are_told_and_send_nothing(session, pool, registry):

@@ -76,6 +76,8 @@ class AnswerState:
         self.ttft_s: float | None = None
         self.queue_s: float | None = None
         self.tokens_per_second: float | None = None
+        self.prompt_tokens: int | None = None
+        self.cached_tokens: int | None = None  # prompt tokens whose KV came from the prefix cache
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.output: RequestOutput | None = None
@@ -93,6 +95,8 @@ class AnswerState:
         self.ttft_s = update.ttft_s
         self.queue_s = update.queue_s
         self.tokens_per_second = update.tokens_per_second
+        self.prompt_tokens = update.prompt_tokens
+        self.cached_tokens = update.cached_tokens
         if update.done and update.output is not None:
             self._finish(update.output)
             self.changed.emit(FINISHED)
@@ -132,9 +136,13 @@ class AnswerState:
         self.changed.emit(OWN_SETTINGS)
 
     def stats(self) -> str:
-        """The numbers line: tokens, tokens/s, TTFT, queue time, and how it finished."""
+        """The numbers line: tokens, tokens/s, TTFT, the prompt's tokens and those the prefix cache
+        held, queue time, and how it finished."""
         rate = "-" if self.tokens_per_second is None else f"{self.tokens_per_second:.1f} tok/s"
         parts = [f"{self.tokens} tok", rate, f"TTFT {format_seconds(self.ttft_s)}"]
+        if self.prompt_tokens is not None:
+            cached = "" if self.cached_tokens is None else f" ({self.cached_tokens} cached)"
+            parts.append(f"prompt {self.prompt_tokens} tok{cached}")
         if self.queue_s is not None:
             parts.append(f"queued {format_seconds(self.queue_s)}")
         if self.done:

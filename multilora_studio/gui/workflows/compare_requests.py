@@ -32,7 +32,8 @@ class ColumnRequest:
 
 @dataclass
 class ColumnUpdate:
-    """What a column gained since the last look, and its running numbers."""
+    """What a column gained since the last look, and its running numbers (``prompt_tokens``: its
+    prompt's; ``cached_tokens``: those the prefix cache held, known once its first step ran)."""
 
     text: str
     tokens: int
@@ -41,3 +42,12 @@ class ColumnUpdate:
     tokens_per_second: float | None
     done: bool
     output: RequestOutput | None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+def prompt_counts(output: RequestOutput) -> tuple[int | None, int | None]:
+    """``output``'s prompt tokens and those the prefix cache held (None: no prompt, or not run yet)."""
+    prompt = len(output.prompt_token_ids) or None
+    cached = output.num_cached_tokens if output.first_scheduled_time is not None else None
+    return prompt, cached
