@@ -105,9 +105,7 @@ def run_import_scores(args: argparse.Namespace) -> int:
     if args.model_card is not None:
         scores = read_model_card(args.model_card, record.name, record.base_digest)
         if not scores:
-            raise ValueError(
-                f"{args.model_card}: no model-index results in its front matter; none recorded"
-            )
+            raise ValueError(f"{args.model_card}: no model-index results in its front matter; none recorded")
     else:
         scores = read_scores(args.file, record.name, record.base_digest)
     registry.record_eval_scores(scores)

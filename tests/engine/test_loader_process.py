@@ -97,9 +97,7 @@ def test_several_children_load_at_once_each_into_its_own_staging_buffer(tiny_mod
     loader = LoaderProcess(spec, 32, torch.float32, max_packed_bytes(spec, 32, torch.float32), workers=3)
     try:
         with ThreadPoolExecutor(3) as threads:  # as the host tier's three loader threads would
-            got = list(
-                threads.map(lambda n: loader.load(n, tiny_adapters[n], arena=None, keep=0), names * 2)
-            )
+            got = list(threads.map(lambda n: loader.load(n, tiny_adapters[n], arena=None, keep=0), names * 2))
         layers, shape_of = spec.num_layers, spec.projection_shape
         for name, packed in zip(names * 2, got, strict=True):
             host = load_peft_adapter(name, tiny_adapters[name], layers, shape_of, 32, spec.vocab)

@@ -386,4 +386,3 @@ class CompareSession(Observable):
     def restore_state(self, store: Store) -> None:
         self.inputs.restore(store)
         self.choices.restore(store)
-
