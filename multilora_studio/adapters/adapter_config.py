@@ -41,7 +41,6 @@ UNSUPPORTED_FLAGS = {
     "layer_replication": "layer replication",
     "use_qalora": "QA-LoRA",
     "fan_in_fan_out": "fan_in_fan_out (transposed Conv1D weights)",
-    "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)",
     "target_parameters": "LoRA on raw parameters (target_parameters)",
     "arrow_config": "Arrow routing (arrow_config)",
 }
@@ -71,13 +70,18 @@ class AdapterConfig:
     modules_to_save: tuple[str, ...] = ()  # of TOKEN_MODULES: saved whole
     # TOKEN_MODULES -> the token ids whose rows were retrained (PEFT's trainable_token_indices)
     trainable_tokens: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # activated LoRA (PEFT's alora_invocation_tokens): the token ids from whose last occurrence
+    # in a prompt on the adapter applies; () for every other adapter
+    invocation_tokens: tuple[int, ...] = ()
     budget: list[float] = field(default_factory=lambda: [ADAPTER_BUDGET_S], compare=False, repr=False)
 
     @property
     def kind(self) -> str:
-        """What the library shows of the factors: "DoRA", "LoRA with bias" or "LoRA" (the
-        vocabulary side is ``TokenTables.label``)."""
-        return "DoRA" if self.use_dora else "LoRA with bias" if self.lora_bias else "LoRA"
+        """What the library shows of the factors: "DoRA", "LoRA" or "aLoRA" (activated LoRA),
+        either "with bias" (the vocabulary side is ``TokenTables.label``)."""
+        if self.use_dora:
+            return "DoRA"
+        return ("aLoRA" if self.invocation_tokens else "LoRA") + (" with bias" if self.lora_bias else "")
 
     @cached_property
     def _matchers(self) -> dict[str, PatternMatcher]:
@@ -158,13 +162,28 @@ def parse_adapter_config(config: dict, where: Path | str, max_rank: int) -> Adap
     lora_bias = _field(config, "lora_bias", (bool, type(None)), where, "true or false", False)
     if use_dora and lora_bias:
         raise AdapterError(f"{where}: lora_bias with DoRA (use_dora) is not a PEFT adapter: PEFT refuses it")
+    invocation_tokens = _invocation_tokens(config.get("alora_invocation_tokens"), where)
+    modules_to_save = _modules_to_save(config.get("modules_to_save"), where)
+    trainable_tokens = _trainable_tokens(config.get("trainable_token_indices"), where)
+    if invocation_tokens and use_dora:
+        raise AdapterError(
+            f"{where}: activated LoRA (alora_invocation_tokens) with DoRA (use_dora) is not a PEFT "
+            "adapter: PEFT refuses it"
+        )
+    if invocation_tokens and (modules_to_save or trainable_tokens):
+        raise AdapterError(
+            f"{where}: activated LoRA (alora_invocation_tokens) with embedding / LM-head rows "
+            "(modules_to_save, trainable_token_indices) is not served: they would change the "
+            "tokens before the invocation, which an aLoRA request runs as the base model"
+        )
     base_model = _field(config, "base_model_name_or_path", (str, type(None)), where, "a string or null", None)
     layers = config.get("layers_to_transform")
     if not (layers is None or _is_int(layers) or (isinstance(layers, list) and all(map(_is_int, layers)))):
         raise AdapterError(f"{where}: 'layers_to_transform' must be an integer or a list of integers")
     return AdapterConfig(
-        modules_to_save=_modules_to_save(config.get("modules_to_save"), where),
-        trainable_tokens=_trainable_tokens(config.get("trainable_token_indices"), where),
+        modules_to_save=modules_to_save,
+        trainable_tokens=trainable_tokens,
+        invocation_tokens=invocation_tokens,
         rank=rank,
         alpha=float(alpha),
         targets=_targets(config.get("target_modules"), where),
@@ -196,6 +215,18 @@ def _targets(targets: object, where: Path | str) -> tuple[str, ...] | None:
             f"(supported: {', '.join(SUPPORTED_TARGETS)})"
         )
     return tuple(sorted(names, key=SUPPORTED_TARGETS.index))
+
+
+def _invocation_tokens(value: object, where: Path | str) -> tuple[int, ...]:
+    """PEFT's ``alora_invocation_tokens``: null (not an aLoRA) or a non-empty list of token ids."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value or not all(_is_int(i) and i >= 0 for i in value):
+        raise AdapterError(
+            f"{where}: 'alora_invocation_tokens' must be a non-empty list of token ids (>= 0) or "
+            f"null, got {str(value)[:80]}"
+        )
+    return tuple(value)
 
 
 def _token_module(name: object, key: str, where: Path | str) -> str:

@@ -107,7 +107,8 @@ class HostAdapter:
     ``magnitudes[(layer, module)]`` [out] (the output is scaled per row by magnitude / the row
     norm of W + B_scaled A, computed once against the base weights when a slot is filled);
     ``tokens``: the embedding and LM-head rows it replaces (modules_to_save, trainable or added
-    tokens), None when it has none.
+    tokens), None when it has none; ``invocation_tokens``: an activated LoRA's (aLoRA) invocation
+    (``AdapterConfig.invocation_tokens``), () for any other adapter.
     """
 
     name: str
@@ -121,6 +122,7 @@ class HostAdapter:
     biases: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)
     magnitudes: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)
     tokens: TokenTables | None = field(default=None, repr=False)
+    invocation_tokens: tuple[int, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -168,6 +170,7 @@ def load_peft_adapter(
     with opened_adapter_file(weights_file(folder), MAX_ADAPTER_BYTES) as weights_path:
         header = read_header(weights_path)
         token_plan = plan_token_tables(folder, header, config, vocab)
+        _check_invocation(folder, config, token_plan is not None, vocab)
         if vocab is not None:
             _check_added_tokens(folder, token_plan.vocab_size if token_plan else vocab.vocab_size)
         elif token_plan is not None:
@@ -213,6 +216,7 @@ def load_peft_adapter(
         biases=biases,
         magnitudes=magnitudes,
         tokens=tokens,
+        invocation_tokens=config.invocation_tokens,
     )
 
 
@@ -229,6 +233,7 @@ class AdapterSummary:
     tokens: str = ""  # TokenTablePlan.label ("" when the adapter replaces no token rows)
     vocab_size: int | None = None  # the adapter's vocabulary (None: the base's)
     table_values: int = 0  # the values of its whole embed_tokens / lm_head matrices
+    invocation_tokens: tuple[int, ...] = ()  # AdapterConfig.invocation_tokens (aLoRA)
 
 
 def inspect_peft_adapter(
@@ -245,6 +250,7 @@ def inspect_peft_adapter(
         header = read_header(weights_path)
         size_bytes = weights_path.stat().st_size
     token_plan = plan_token_tables(folder, header, config, vocab)
+    _check_invocation(folder, config, token_plan is not None, vocab)
     if vocab is not None:
         _check_added_tokens(folder, token_plan.vocab_size if token_plan else vocab.vocab_size)
     factors, _ = _plan_factors(folder, header, config, num_layers, shape_of, max_rank)
@@ -262,6 +268,7 @@ def inspect_peft_adapter(
         table_values=sum(math.prod(header[key].shape) for key in token_plan.whole.values())
         if token_plan
         else 0,
+        invocation_tokens=config.invocation_tokens,
     )
 
 
@@ -290,6 +297,31 @@ def weights_file(folder: Path) -> Path:
         raise AdapterError(f"{folder} has no {WEIGHTS_FILE}")
     os.close(open_adapter_file(path, MAX_ADAPTER_BYTES))  # a link, a pipe or too large: refused
     return path
+
+
+def _check_invocation(
+    folder: Path, config: AdapterConfig, has_tables: bool, vocab: VocabShape | None
+) -> None:
+    """AdapterError when an activated LoRA's invocation lies outside the base's vocabulary (when
+    ``vocab`` is known) or it replaces embedding / LM-head rows (its tokens before the
+    invocation would not be the base model's)."""
+    invocation = config.invocation_tokens
+    if not invocation:
+        return
+    if has_tables:
+        raise AdapterError(
+            f"{folder}: activated LoRA (alora_invocation_tokens) with embed_tokens / lm_head tensors "
+            "is not served: they would change the tokens before the invocation, which an aLoRA "
+            "request runs as the base model"
+        )
+    if vocab is None:
+        return
+    outside = [i for i in invocation if i >= vocab.vocab_size]
+    if outside:
+        raise AdapterError(
+            f"{folder}: alora_invocation_tokens has token ids outside the base's vocabulary "
+            f"[0, {vocab.vocab_size}): {outside[:5]}; was the adapter trained on another base model?"
+        )
 
 
 def _check_added_tokens(folder: Path, vocab_size: int) -> None:

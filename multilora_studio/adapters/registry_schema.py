@@ -67,7 +67,7 @@ MIGRATIONS = {
     );
     CREATE INDEX eval_scores_adapter ON eval_scores (adapter_id, created);
     """,
-    # kind: AdapterConfig.kind ("DoRA", "LoRA with bias" or "LoRA")
+    # kind: AdapterConfig.kind ("DoRA", "LoRA", "aLoRA", either "with bias")
     3: """
     ALTER TABLE adapters ADD COLUMN kind TEXT NOT NULL DEFAULT 'LoRA'
     """,
@@ -188,7 +188,7 @@ class AdapterRecord:
     last_used: float | None
     pinned: bool
     notes: str
-    kind: str = "LoRA"  # "DoRA", "LoRA with bias" or "LoRA" (AdapterConfig.kind)
+    kind: str = "LoRA"  # AdapterConfig.kind: "DoRA", "LoRA", "aLoRA", either "with bias"
     tokens: str = ""  # the vocabulary rows it replaces ("lm_head", "embed_tokens, lm_head, +8 tokens")
     tokenizer: str = ""  # "own tokenizer / template", "own tokenizer", "own template" or ""
     state: str = "active"  # "active" (served), "retired" (listed, not served), "archived" (packed)

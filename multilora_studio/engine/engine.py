@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
+from multilora_studio.engine.batch.activation import NEVER, adapter_start
 from multilora_studio.engine.batch.sequence import Sequence as Seq
 from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.errors import EngineStopped, InvalidRequest
@@ -248,6 +249,12 @@ class Engine(ServingEngine):
         own = self.catalog.tokenizer_of(adapter)
         eos = tuple(sorted({*self.spec.eos_token_ids, *(own.eos_token_ids if own is not None else ())}))
         seq = Seq(request_id, token_ids, adapter, params, arrival_step=0, eos_token_ids=eos)
+        seq.adapter_start = adapter_start(token_ids, self.catalog.invocation_of(adapter))
+        if seq.adapter_start == NEVER:
+            log.warning(
+                "request %s: the prompt lacks the invocation tokens of aLoRA adapter %r; it runs "
+                "as the base model (as PEFT runs it)", request_id, adapter,
+            )  # fmt: skip
         return seq, stream
 
     def abort(self, request_id: str) -> None:

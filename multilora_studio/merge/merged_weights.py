@@ -125,6 +125,12 @@ class MergedWeights:
     def _check_adapter_fits(self) -> None:
         if self._adapter is None:
             return
+        if self._adapter.invocation_tokens:
+            raise MergeError(
+                f"{self._adapter.name}: it is an activated LoRA (alora_invocation_tokens), which "
+                "applies only from its invocation on; merged into the weights it would apply "
+                "everywhere (PEFT refuses to merge it too); serve it as an adapter instead"
+            )
         weights = {(t.layer, part) for t in self._targets.values() if t.param == "weight" for part in t.parts}
         biases = {(t.layer, part) for t in self._targets.values() if t.param == "bias" for part in t.parts}
         missing = sorted(set(self._adapter.weights) - weights)

@@ -27,7 +27,7 @@ class AdapterSource:
     digest: str  # SHA-256 of its adapter_model.safetensors
     rank: int
     targets: tuple[str, ...]
-    kind: str  # "LoRA", "DoRA", "LoRA with bias"; the vocabulary side after a comma
+    kind: str  # AdapterConfig.kind; the vocabulary side after a comma
     weight: float = 1.0
 
 

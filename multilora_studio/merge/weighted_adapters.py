@@ -11,7 +11,8 @@ i's LoRA scale of that layer and module, ``w_i`` its weight):
 The new adapter's ``lora_alpha`` equals its rank (scale 1 without rsLoRA), as PEFT sets it.
 Every (layer, module) that any input trains gets factors (zeros where an input has none), so
 the folder loads in PEFT whatever its ``init_lora_weights``. Inputs are plain LoRA: DoRA,
-``lora_bias`` and vocabulary changes have no weighted combination and are refused.
+``lora_bias``, activated LoRA (aLoRA) and vocabulary changes have no weighted combination and
+are refused.
 """
 
 from __future__ import annotations
@@ -106,7 +107,13 @@ def combine_adapters(
 def _read_input(folder: Path) -> _Input:
     raw = read_adapter_config(folder)
     config = parse_adapter_config(raw, folder, MAX_RANK)
-    if config.use_dora or config.lora_bias or config.modules_to_save or config.trainable_tokens:
+    if (
+        config.use_dora
+        or config.lora_bias
+        or config.invocation_tokens
+        or config.modules_to_save
+        or config.trainable_tokens
+    ):
         vocabulary = (
             " with embedding / LM-head changes" if config.modules_to_save or config.trainable_tokens else ""
         )

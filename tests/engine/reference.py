@@ -87,3 +87,29 @@ class PeftReference:
                 with self.strength(adapter, adapter_scale):
                     logits = self.model(input_ids=batch).logits[0]
         return torch.log_softmax(logits.float(), dim=-1).cpu()
+
+    def generated(
+        self, adapter: str | None, prompt_ids: list[int], new_tokens: int
+    ) -> tuple[list[int], torch.Tensor]:
+        """PEFT's own ``generate`` (greedy, with its KV cache, no stop at EOS): the new tokens and
+        each step's log_softmax [new_tokens, V] float32. An activated LoRA (aLoRA) applies where
+        PEFT's generate places it."""
+        ids = torch.tensor([prompt_ids], device=self.model.device)
+        settings = dict(
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        with torch.no_grad():
+            if adapter is None:
+                with self.model.disable_adapter():
+                    out = self.model.generate(input_ids=ids, **settings)
+            else:
+                self.model.set_adapter(adapter)
+                out = self.model.generate(input_ids=ids, **settings)
+        logits = torch.stack(out.logits)[:, 0].float()  # [new_tokens, V]
+        return out.sequences[0, len(prompt_ids) :].tolist(), torch.log_softmax(logits, dim=-1).cpu()

@@ -24,6 +24,7 @@ from multilora_studio.merge import (
     MergeCancelled,
     MergeError,
     MergeRequest,
+    combine_adapters,
     merge_and_export,
     parse_shard_size,
 )
@@ -194,6 +195,18 @@ def test_refusals_name_the_problem_and_write_nothing(tiny_model_dir, tmp_path):
     out.mkdir()
     with pytest.raises(MergeError, match="already exists"):
         merge_and_export(request_for(tiny_model_dir, bias_on_llama, out))
+
+
+def test_an_activated_lora_is_neither_merged_nor_combined(tiny_model_dir, tiny_adapters, tmp_path):
+    """It applies only from its invocation on: merged weights would apply it everywhere."""
+    spec = AdapterSpec("alora", 4, 8, ("q_proj", "v_proj"), 35, (("alora_invocation_tokens", [510, 2300]),))
+    alora = build_adapter(tiny_model_dir, spec, tmp_path / "alora")
+    out = tmp_path / "out"
+    with pytest.raises(MergeError, match=r"alora: it is an activated LoRA \(alora_invocation_tokens\)"):
+        merge_and_export(request_for(tiny_model_dir, alora, out))
+    assert not out.exists() and not out.with_name("out.partial").exists()
+    with pytest.raises(MergeError, match="it is aLoRA; only plain LoRA adapters have a weighted combination"):
+        combine_adapters([alora, tiny_adapters["tiny-r4-qv"]], (1, 1), "cat", tmp_path / "combined", 3)
 
 
 def test_a_cancelled_merge_leaves_nothing(tiny_model_dir, tiny_adapters, tmp_path):

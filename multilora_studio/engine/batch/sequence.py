@@ -34,12 +34,14 @@ class Sequence:
     scored_prompt_positions: int = 0
     # the tokens that end it (unless ignore_eos): the base's EOS and its adapter tokenizer's
     eos_token_ids: tuple[int, ...] = ()
+    # the first position its adapter applies to (``activation.adapter_start``): 0 for LoRA and
+    # base rows; an activated LoRA's positions before it run, and cache KV, as the base model's
+    adapter_start: int = 0
     # What besides its tokens makes its KV what it is (``prefix_cache.kv_salt``): the base's alone
     # for positions before ``adapter_start``, the base's with its adapter's weights version and
-    # strength from there on (``adapter_start`` is 0 unless an activated LoRA starts later).
+    # strength from there on.
     base_salt: bytes = b""
     kv_salt: bytes = b""
-    adapter_start: int = 0
     adapter_version: int | None = None  # which loading of its adapter's weights it runs with
     block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its full blocks
     num_indexed_blocks: int = 0  # its first blocks the prefix cache indexes
@@ -84,6 +86,10 @@ class Sequence:
         if self.params.prompt_logprobs is None:
             return range(0)
         return range(max(start, self.scored_prompt_positions), min(stop, len(self.prompt_token_ids) - 1))
+
+    def base_prefix(self, start: int, stop: int) -> int:
+        """How many leading positions of chunk [start, stop) run without its adapter."""
+        return max(0, min(stop, self.adapter_start) - start)
 
     @property
     def num_tokens(self) -> int:

@@ -45,12 +45,14 @@ class AdapterInfo:
     alpha: float
     targets: tuple[str, ...]
     size_bytes: int
-    kind: str = "LoRA"  # AdapterConfig.kind: "DoRA", "LoRA with bias" or "LoRA"
+    kind: str = "LoRA"  # AdapterConfig.kind: "DoRA", "LoRA", "aLoRA", either "with bias"
     tokens: str = ""  # the embedding / LM-head rows it replaces (TokenTablePlan.label), or ""
     tokenizer: str = ""  # AdapterTokenizer.label ("own tokenizer / template", ...), or ""
     vocab_size: int = 0  # its vocabulary (the base's unless it adds tokens)
     table_bytes: int = 0  # its whole embed_tokens / lm_head matrices on the device
     version: int = 0  # this loading of its weights (new at every add)
+    # an activated LoRA's invocation (alora_invocation_tokens); () for any other adapter
+    invocation_tokens: tuple[int, ...] = ()
 
 
 class ThreadSafeAdapterCatalog:
@@ -98,7 +100,7 @@ class ThreadSafeAdapterCatalog:
         info = AdapterInfo(
             name, path, summary.rank, summary.alpha, summary.targets, summary.size_bytes, summary.kind,
             summary.tokens, tokenizer.label if tokenizer is not None else "", vocab_size,
-            summary.table_values * self.dtype.itemsize, next(_versions),
+            summary.table_values * self.dtype.itemsize, next(_versions), summary.invocation_tokens,
         )  # fmt: skip
         packed = None
         if preload:
@@ -186,6 +188,12 @@ class ThreadSafeAdapterCatalog:
             return self.spec.vocab_size
         info = self.info_of(name)
         return info.vocab_size if info is not None and info.vocab_size else self.spec.vocab_size
+
+    def invocation_of(self, name: str | None) -> tuple[int, ...]:
+        """The added adapter's aLoRA invocation (``AdapterInfo.invocation_tokens``); () for the
+        base, a plain adapter or one removed."""
+        info = self.info_of(name) if name is not None else None
+        return info.invocation_tokens if info is not None else ()
 
     def kind_of(self, name: str) -> str:
         """The added adapter's kind (``AdapterInfo.kind``)."""

@@ -92,11 +92,13 @@ def eager_inputs(
         positions.extend(span)
         slot_mapping.extend(blocks.slot_of(seq, p) for p in span)
         slot = slot_of.get(seq.adapter, -1)
-        slot_ids.extend([slot] * chunk.num_tokens)
-        strength = seq.params.adapter_scale if slot >= 0 else 1.0
-        token_scales.extend([strength] * chunk.num_tokens)
+        base = seq.base_prefix(chunk.start, end) if slot >= 0 else chunk.num_tokens  # before aLoRA's start
+        adapted = chunk.num_tokens - base
+        slot_ids.extend([-1] * base + [slot] * adapted)
+        strength = seq.params.adapter_scale if adapted else 1.0
+        token_scales.extend([1.0] * base + [strength] * adapted)
         scaled = scaled or strength != 1.0
-        if slot >= 0:
+        if adapted:
             groups |= lora.slot_groups[slot]
             row_groups |= lora.slot_row_groups[slot]
         seq_lens.append(end)

@@ -149,21 +149,22 @@ class StepStaging:
             if len(table) > width:
                 raise ValueError(f"request {seq.request_id} has {len(table)} KV blocks, more than {width}")
             slot = slot_of.get(seq.adapter, -1)
+            base = seq.base_prefix(start, start + n) if slot >= 0 else n  # before aLoRA's start
             strength = seq.params.adapter_scale
-            if strength != 1.0 and slot >= 0:
-                token_scales[t : t + n] = strength
+            if strength != 1.0 and base < n:
+                token_scales[t + base : t + n] = strength
                 scaled = True
             if n == 1:  # a decode token: scalar writes cost less than numpy's calls
                 self._h_input_ids[t] = seq.token_at(start)
                 self._h_positions[t] = start
                 self._h_slot_mapping[t] = table[start // bs] * bs + start % bs
-                token_slots[t] = slot
+                token_slots[t] = -1 if base else slot
             else:
                 span = np.arange(start, start + n)  # [n] positions
                 self._h_input_ids[t : t + n] = seq.token_slice(start, start + n)
                 self._h_positions[t : t + n] = span
                 self._h_slot_mapping[t : t + n] = np.asarray(table)[span // bs] * bs + span % bs
-                token_slots[t : t + n] = slot
+                token_slots[t + base : t + n] = slot  # its first `base` stay -1 (cleared above)
             self._h_seq_lens[i] = start + n
             self._h_tables[i, : len(table)] = table
             t += n
