@@ -251,3 +251,27 @@ def test_alora_with_dora_or_token_rows_is_refused(tiny_model_dir, tmp_path):
     spec = spec_from_config(json.loads((tiny_model_dir / "config.json").read_text()))
     with pytest.raises(AdapterError, match="with embed_tokens / lm_head tensors is not served"):
         inspect_peft_adapter(folder, spec.num_layers, spec.projection_shape, 16, spec.vocab)
+
+
+def test_an_alora_request_reuses_the_bases_cached_prefix(alora, tiny_model_dir, engine_device):
+    """KV before the invocation is the base's: a base request's cached blocks serve the aLoRA
+    request that follows, never a plain LoRA's, and the output stays PEFT's."""
+    adapters, expected = alora
+    rng = random.Random(11)
+    context = [1, *(rng.randrange(100, 40000) for _ in range(39))]  # two full blocks and 8 tokens
+    prompt = [*context, *INVOKE, 17, 23]  # the adapter starts at position 40
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+    with Engine(engine_config(tiny_model_dir, engine_device, block_size=16)) as engine:
+        for name in (ALORA.name, LORA.name):
+            engine.add_adapter(name, adapters[name])
+        engine.generate([[*context, 5, 6]], [None], params)  # the base computes the context
+        (activated,) = engine.generate([prompt], [ALORA.name], params)
+        (plain,) = engine.generate([prompt], [LORA.name], params)
+        follow_up = [*prompt, *activated.token_ids[:8]]  # a chat's next turn: 52 tokens
+        (again,) = engine.generate([follow_up], [ALORA.name], params)
+    assert activated.num_cached_tokens == 32  # the base's two blocks before the invocation
+    assert plain.num_cached_tokens == 0  # a plain LoRA's KV differs from the first token
+    assert again.num_cached_tokens == 48  # and the adapter's block 32..47, the invocation at 40 in it
+    assert again.token_ids == expected(ALORA.name, follow_up, NEW_TOKENS)[0]
+    assert activated.token_ids == expected(ALORA.name, prompt, NEW_TOKENS)[0]
+    assert plain.token_ids == expected(LORA.name, prompt, NEW_TOKENS)[0]
