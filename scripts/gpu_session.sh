@@ -2,7 +2,7 @@
 # One run on a GPU host: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft, with
 # .device_pkg/ beside it (scripts/device_package.sh builds it: the tokenizer and the other wheels).
-# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS, GPU_DIST, GPU_SESSION_TIMEOUT)] [engine-tests|engine-fidelity] [engine-bench] [bench-latency] [prefill-profile] [prefill-lora-bench] [prefill-ab] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [int4-candidates] [swap-bench] [prefix-cache]
+# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS, GPU_DIST, GPU_SESSION_TIMEOUT)] [engine-tests|engine-fidelity] [engine-bench] [bench-latency] [prefill-profile] [prefill-lora-bench] [prefill-ab] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [int4-candidates] [swap-bench] [prefix-cache] [prefix-step]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 # Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
 set -u
@@ -106,6 +106,10 @@ for step in $steps; do
       timeout ${PREFIX_BENCH_TIMEOUT:-300} python3 -m benchmarks.prefix_cache --model random:llama3-8b --device cuda \
         --dtype bfloat16 --prefix-len 4000 --questions 16 --context-len 1000 --decode-batch 32 --kv-cache-gb 12 \
         --rounds ${PREFIX_ROUNDS:-3} --json "$OUT/prefix_cache.json" 2>&1 | tee "$OUT/prefix-cache.log" | grep -v INFO | tail -12 ;;
+    prefix-step)
+      # the attention of a short chunk after a long cached prefix (the warm request's step), one layer
+      timeout 150 python3 -m benchmarks.kernels.paged_attention_bench --cached-prefix 2>&1 \
+        | tee "$OUT/attention-cached.log" | tail -8 ;;
     tier-bench)
       timeout 200 python3 -m benchmarks.tiers_gpu --json "$OUT/tiers_gpu.json" 2>&1 \
         | tee "$OUT/tier-bench.log" | grep -v "^INFO" | tail -30 ;;

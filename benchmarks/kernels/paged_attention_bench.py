@@ -331,6 +331,23 @@ def bench_mixed(results: dict[str, Any]) -> None:
     log.info("mixed step (512 chunk @1536 + 32 decodes @1024): %.3f ms", ms)
 
 
+def bench_cached_prefix(results: dict[str, Any]) -> None:
+    """A short chunk after a long cached prefix (a prefix-cache hit: a chat's next turn), one
+    layer, against a decode step over the same context: the chunk reads the same KV."""
+    gen = torch.Generator().manual_seed(5)
+    rows = []
+    for q_len in (8, 32, 128):
+        for cached in (1024, 4000):
+            step = make_step([(q_len, cached + q_len)], HQ, HKV, D, torch.bfloat16, "cuda", gen)
+            out = torch.empty_like(step["q"])
+            ms = bench_ms(graph_of(lambda step=step, out=out: call(step, out=out)).replay)
+            kv_bytes = (cached + q_len) * HKV * D * 2 * 2
+            rows.append({"query": q_len, "cached": cached, "us": ms * 1e3, "GBps": kv_bytes / ms / 1e6})
+            log.info("chunk %-4d after %-5d cached %8.1f us %6.0f GB/s of KV", q_len, cached, ms * 1e3,
+                     kv_bytes / ms / 1e6)  # fmt: skip
+    results["cached_prefix"] = rows
+
+
 def sweep(results: dict[str, Any], deadline: float) -> None:
     """Time tile/warp/stage variants (and split-K factors) against the defaults; keep the best."""
     gen = torch.Generator().manual_seed(5)
@@ -433,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time kernel variants")
     parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--cached-prefix", action="store_true", help="time only chunks after a cached prefix")
     parser.add_argument("--budget-s", type=float, default=270.0, help="stop sweeping past this time")
     args = parser.parse_args(argv)
     out_dir = os.environ.get("OUT")
@@ -457,12 +475,15 @@ def main(argv: list[str] | None = None) -> int:
     sections: list[tuple[str, Callable[[], object]]] = [("correctness", lambda: check_correctness(results)),
                 ("cuda_graph", lambda: check_cuda_graph(results))]  # fmt: skip
     ceiling = [float("nan")]
-    if not args.skip_timing:
+    if args.cached_prefix:
+        sections = [("cached_prefix", lambda: bench_cached_prefix(results))]
+    elif not args.skip_timing:
         sections += [
             ("copy_ceiling", lambda: ceiling.__setitem__(0, copy_ceiling(results))),
             ("decode", lambda: bench_decode(results, ceiling[0])),
             ("prefill", lambda: bench_prefill(results)),
             ("mixed", lambda: bench_mixed(results)),
+            ("cached_prefix", lambda: bench_cached_prefix(results)),
         ]
     if args.sweep and not args.skip_timing:
         sections.append(("sweep", lambda: sweep(results, t0 + args.budget_s - 70)))
