@@ -147,7 +147,22 @@ FAMILY_VARIANTS = {
     "llama-longrope": TinyVariant(
         "llama", (("rope_parameters", LONGROPE_ROPE), ("max_position_embeddings", 256))
     ),
+    "phi3-longrope": TinyVariant(
+        "phi3",
+        (
+            ("rope_parameters", LONGROPE_ROPE),
+            ("max_position_embeddings", 256),
+            ("original_max_position_embeddings", 64),
+            ("tie_word_embeddings", False),
+        ),
+    ),
 }
+# the text a SentencePiece-style test tokenizer learns its pieces from
+SENTENCEPIECE_TEXT = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world: the model reads the text and writes the answer.",
+    "A merged model is written as one file that llama.cpp reads.",
+)
 
 
 def build_tiny_model(
@@ -214,6 +229,28 @@ def build_tiny_model(
     if variant.tokenizer and tokenizer_dir is not None:
         for item in tokenizer_dir.iterdir():
             shutil.copy(item, target / item.name)
+    return target
+
+
+def build_sentencepiece_tokenizer(target: Path) -> Path:
+    """A Llama-2-style tokenizer (BPE with byte fallback, ``▁`` for spaces) of a few hundred
+    tokens: ``<unk> <s> </s>``, the 256 byte tokens, pieces learned from ``SENTENCEPIECE_TEXT``
+    and the merges of every split of each piece ranked by the piece's id, as a converted
+    SentencePiece vocabulary has them; ``<|im_end|>`` an added special token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaTokenizer
+    from transformers.tokenization_utils_base import generate_merges
+
+    learner = Tokenizer(models.BPE())
+    learner.pre_tokenizer = pre_tokenizers.Metaspace()
+    learner.train_from_iterator(SENTENCEPIECE_TEXT, trainers.BpeTrainer(vocab_size=160, show_progress=False))
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{byte:02X}>": 3 + byte for byte in range(256)}}
+    for piece, _ in sorted(learner.get_vocab().items(), key=lambda item: item[1]):
+        vocab.setdefault(piece, len(vocab))
+    merges = generate_merges(vocab, {piece: -index for piece, index in vocab.items()})
+    tokenizer = LlamaTokenizer(vocab=vocab, merges=merges, add_bos_token=True)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
+    tokenizer.save_pretrained(str(target))
     return target
 
 

@@ -1,7 +1,7 @@
 """A Hugging Face model folder (a merged model) written as one GGUF file that llama.cpp, Ollama
 and transformers' GGUF loader read: llama.cpp's tensor names (``gguf_names``), its row order for
 Llama / Mistral q and k, Gemma's norms stored as 1 + w, the hyperparameters under
-``{architecture}.*`` and a byte-level BPE tokenizer (``tokenizer.ggml.*``).
+``{architecture}.*``, the RoPE scaling (``gguf_rope``) and the tokenizer (``gguf_vocab``).
 
 Weights are F32, F16, BF16 or Q8_0 (vectors stay F32, and a matrix whose rows do not split into
 Q8_0's 32-value blocks is F16, as llama.cpp's converter does); other quantizations are
@@ -27,6 +27,8 @@ from multilora_studio.adapters.gguf_names import (
 )
 from multilora_studio.checkpoint_files import checkpoint_files
 from multilora_studio.engine.model.model_spec import ModelSpec, load_spec
+from multilora_studio.merge.gguf_rope import add_rope_scaling
+from multilora_studio.merge.gguf_vocab import add_tokenizer
 from multilora_studio.merge.merged_weights import MergeError
 
 Q = gguf.GGMLQuantizationType
@@ -37,14 +39,6 @@ FILE_TYPES = {
     Q.BF16: gguf.LlamaFileType.MOSTLY_BF16,
     Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
 }
-# llama.cpp's name of a byte-level BPE pre-tokenizer, by what tokenizer.json's pre_tokenizer
-# holds (a regex, or SmolLM's single digits); "default" for others
-PRE_TOKENIZERS = (
-    ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}", "llama-bpe"),
-    ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|", "qwen2"),
-    ('"individual_digits": true', "smollm"),
-)
-TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER, TOKEN_UNUSED = 1, 3, 4, 5  # llama.cpp's token types
 _DECODER_PREFIXES = ("model.language_model.", "language_model.model.")  # gemma3 image-text -> text
 
 
@@ -53,22 +47,16 @@ def write_gguf_model(folder: Path, out: Path, kind: str, text: GGUFText) -> int:
     (``GGUF_TYPES``); return the file's size. MergeError names what GGUF cannot carry here."""
     spec = load_spec(folder)
     architecture = gguf_architecture(spec.model_type)
-    if spec.rope.kind not in ("default", "linear"):
-        raise MergeError(
-            f"RoPE scaling {spec.rope.kind!r} is not written to GGUF here; convert the merged folder with "
-            "llama.cpp's convert_hf_to_gguf.py"
-        )
     writer = gguf.GGUFWriter(str(out), architecture)
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_file_type(FILE_TYPES[GGUF_TYPES[kind]])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     add_text(writer, text)
-    _add_hyperparameters(writer, spec, folder)
-    _add_tokenizer(writer, folder, spec)
+    _add_hyperparameters(writer, spec)
+    rope_tensors = add_rope_scaling(writer, spec)
+    add_tokenizer(writer, folder, spec.vocab_size)
     name_map = gguf.get_tensor_name_map(GGUF_ARCHITECTURES[spec.model_type], spec.num_layers)
-    for name, tensor in _tensors(folder):
-        if name == "lm_head.weight" and spec.tie_word_embeddings:
-            continue
+    for name, tensor in _tensors(folder, spec.tie_word_embeddings):
         stem, _, suffix = name.rpartition(".")
         target = name_map.get_name(stem)
         if target is None:
@@ -77,6 +65,8 @@ def write_gguf_model(folder: Path, out: Path, kind: str, text: GGUFText) -> int:
         kind_of = _tensor_type(values, GGUF_TYPES[kind])
         data = values if kind_of == Q.F32 else gguf.quants.quantize(values, kind_of)
         writer.add_tensor(f"{target}.{suffix}", data, raw_dtype=kind_of)
+    for name, values in rope_tensors.items():
+        writer.add_tensor(name, values, raw_dtype=Q.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -84,20 +74,29 @@ def write_gguf_model(folder: Path, out: Path, kind: str, text: GGUFText) -> int:
     return out.stat().st_size
 
 
-def _tensors(folder: Path):
-    """(Hugging Face name of the decoder's tensor, tensor) for every tensor of the text model."""
+def _tensors(folder: Path, tied: bool):
+    """(Hugging Face name of the decoder's tensor, tensor) for every tensor of the text model; a
+    tied matrix once, as the embeddings (some checkpoints store it only as lm_head.weight)."""
+    names = {}
     for path in checkpoint_files(folder):
         with safe_open(str(path), framework="pt") as handle:
             for name in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                for prefix in _DECODER_PREFIXES:
-                    if name.startswith(prefix):
-                        name_in_text = "model." + name[len(prefix) :]
-                        break
-                else:
-                    name_in_text = name
-                if name_in_text.startswith(("model.vision_tower", "model.multi_modal_projector")):
-                    continue
+                names[_text_name(name)] = (path, name)
+    if tied:
+        head = names.pop("lm_head.weight", None)
+        if head is not None:
+            names.setdefault("model.embed_tokens.weight", head)
+    for name_in_text, (path, name) in names.items():
+        if not name_in_text.startswith(("model.vision_tower", "model.multi_modal_projector")):
+            with safe_open(str(path), framework="pt") as handle:
                 yield name_in_text, handle.get_tensor(name)
+
+
+def _text_name(name: str) -> str:
+    for prefix in _DECODER_PREFIXES:
+        if name.startswith(prefix):
+            return "model." + name[len(prefix) :]
+    return name
 
 
 def _llama_cpp_layout(spec: ModelSpec, name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -119,7 +118,7 @@ def _tensor_type(values: np.ndarray, wanted: gguf.GGMLQuantizationType) -> gguf.
     return wanted
 
 
-def _add_hyperparameters(writer: gguf.GGUFWriter, spec: ModelSpec, folder: Path) -> None:
+def _add_hyperparameters(writer: gguf.GGUFWriter, spec: ModelSpec) -> None:
     writer.add_context_length(spec.max_position_embeddings)
     writer.add_embedding_length(spec.hidden_size)
     writer.add_feed_forward_length(spec.intermediate_size)
@@ -130,9 +129,6 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, spec: ModelSpec, folder: Path)
     writer.add_value_length(spec.head_dim)
     writer.add_rope_dimension_count(spec.head_dim)
     writer.add_rope_freq_base(spec.rope.theta)
-    if spec.rope.kind == "linear":
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(spec.rope.factor)
     writer.add_layer_norm_rms_eps(spec.rms_norm_eps)
     writer.add_vocab_size(spec.vocab_size)
     windows = [window for window in spec.layer_windows if window is not None]
@@ -142,51 +138,6 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, spec: ModelSpec, folder: Path)
         writer.add_attn_logit_softcapping(spec.attn_softcap)
     if spec.final_softcap is not None:
         writer.add_final_logit_softcapping(spec.final_softcap)
-
-
-def _add_tokenizer(writer: gguf.GGUFWriter, folder: Path, spec: ModelSpec) -> None:
-    """The byte-level BPE tokenizer of ``tokenizer.json``, its special tokens and chat template."""
-    path = folder / "tokenizer.json"
-    if not path.is_file():
-        raise MergeError(f"{folder} has no tokenizer.json; a GGUF model carries its tokenizer")
-    data = json.loads(path.read_text())
-    model = data.get("model", {})
-    if (
-        model.get("type") != "BPE"
-        or model.get("byte_fallback")
-        or "ByteLevel" not in json.dumps(data.get("pre_tokenizer"))
-    ):
-        raise MergeError(
-            "the merged GGUF is written for byte-level BPE tokenizers (Llama 3, Qwen, SmolLM); for this "
-            "tokenizer, convert the merged folder with llama.cpp's convert_hf_to_gguf.py"
-        )
-    tokens = [f"[PAD{index}]" for index in range(spec.vocab_size)]
-    types = [TOKEN_UNUSED] * spec.vocab_size
-    for token, index in model["vocab"].items():
-        if index < spec.vocab_size:
-            tokens[index], types[index] = token, TOKEN_NORMAL
-    for added in data.get("added_tokens", []):
-        if added["id"] < spec.vocab_size:
-            tokens[added["id"]] = added["content"]
-            types[added["id"]] = TOKEN_CONTROL if added.get("special") else TOKEN_USER
-    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in model.get("merges", [])]
-    pre_tokenizer = json.dumps(data.get("pre_tokenizer"))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(next((name for key, name in PRE_TOKENIZERS if key in pre_tokenizer), "default"))
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    config = json.loads((folder / "config.json").read_text())
-    settings = _tokenizer_config(folder)
-    for key, add in (("bos_token_id", writer.add_bos_token_id), ("pad_token_id", writer.add_pad_token_id)):
-        if isinstance(config.get(key), int):
-            add(config[key])
-    if spec.eos_token_ids:
-        writer.add_eos_token_id(spec.eos_token_ids[0])
-    writer.add_add_bos_token(bool(settings.get("add_bos_token", False)))
-    template = chat_template(folder)
-    if template:
-        writer.add_chat_template(template)
 
 
 def _tokenizer_config(folder: Path) -> dict:
