@@ -39,7 +39,7 @@ def assert_lora_words(staged: LoRABatch, slots: list[int], ranks: list[int]) -> 
         torch.tensor(slots, dtype=torch.int32), torch.tensor(ranks, dtype=torch.int32)
     )
     for field in ("token_slots", "token_ranks", "sorted_tokens", "slot_starts", "slot_counts"):
-        assert torch.equal(getattr(staged, field), getattr(expected, field)), field
+        assert torch.equal(getattr(staged, field).cpu(), getattr(expected, field)), field
     assert staged.num_tokens.item() == len(slots)
 
 
