@@ -8,6 +8,7 @@ import functools
 import json
 import operator
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from multilora_studio.adapters.registry import Registry
@@ -99,25 +100,18 @@ def run_add(args: argparse.Namespace) -> int:
         from multilora_studio.adapters.gguf_import import import_gguf_adapter  # torch: only for GGUF
 
         registry.check_names(args.name or args.path.stem, args.alias)
-        record = import_gguf_adapter(
-            registry,
-            args.path,
-            describe_base(args.model),
-            name=args.name,
-            aliases=args.alias,
-            notes=args.notes,
-            max_rank=args.max_lora_rank,
-        )
+        importer: Callable[..., AdapterRecord] = functools.partial(import_gguf_adapter, registry)
     else:
         registry.check_names(args.name or args.path.expanduser().resolve().name, args.alias)
-        record = registry.import_folder(
-            args.path,
-            describe_base(args.model),
-            name=args.name,
-            aliases=args.alias,
-            notes=args.notes,
-            max_rank=args.max_lora_rank,
-        )
+        importer = registry.import_folder
+    record = importer(
+        args.path,
+        describe_base(args.model),
+        name=args.name,
+        aliases=args.alias,
+        notes=args.notes,
+        max_rank=args.max_lora_rank,
+    )
     print(
         f"added {record.name!r}: rank {record.rank_label}, {', '.join(record.targets)}, "
         f"{_size(record.size_bytes)}"
