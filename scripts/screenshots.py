@@ -7,9 +7,9 @@ The window starts on a new user's data directory (a temporary one; the embedded 
 from your data directory when it was converted there, else converted once), where the first start
 adds the demo adapters. The script then works the window as a person would: it types a prompt,
 ticks the base and the demo adapters and runs Compare (a follow-up turn, the token divergence, a
-strength sweep), runs Evaluate on the demo prompt set, starts the Server and sends it requests,
-lets the Monitor show that traffic live, starts two engine replicas; each view at the window's
-default size. Every view the window lists gets ``<view>.png``; ``EXTRA`` names the others.
+strength sweep), runs Evaluate on the demo prompt set, votes in the Arena, starts the Server and
+sends it requests, lets the Monitor show that traffic live, starts two engine replicas; each view
+at the window's default size. Every view the window lists gets ``<view>.png``; ``EXTRA`` names the others.
 Takes about six minutes on a CPU.
 """
 
@@ -41,6 +41,8 @@ PROMPT = "Why is the sky blue?"
 FOLLOW_UP = "Say it in one sentence."
 SWEEP_PROMPT = "What is a river?"
 SWEPT = "demo-pirate"
+BASE_NAME = "base"  # the arena's contender without an adapter
+ARENA_PROMPTS = ("Why is the sky blue?", "What is a river?", "Describe a cat.")
 MAX_TOKENS = 96  # long enough for each demo style to show (the sign-off comes at the end)
 ENGINE_S = 600.0  # bounds a hang only
 RUN_S = 900.0
@@ -201,6 +203,25 @@ def evaluate_demo_set(driver: Driver, runs: Path) -> None:
     driver.save("evaluate.png")
 
 
+def arena_votes(driver: Driver, demo: list[str]) -> None:
+    """A few blind votes between the base and the demo adapters; the last one's names shown."""
+    view = driver.window.arena
+    driver.window.show_page("Arena")
+    view.setup.tick([BASE_NAME, *demo])
+    view.setup.prompts.setPlainText("\n".join(ARENA_PROMPTS))
+    view.setup.max_tokens.setValue(MAX_TOKENS // 2)
+    if not view.start():
+        raise RuntimeError(f"the arena did not start: {view.banner.text}")
+    session = view.session
+    for index, verdict in enumerate(("a", "b", "tie", "a", "b")):
+        if index:
+            view.next_round()  # shown at once, or as soon as it is ready
+        driver.wait(lambda: session is not None and session.current is not None, RUN_S, "a round")
+        view.vote(verdict)
+    driver.settle()
+    driver.save("arena.png")
+
+
 def serve_requests(driver: Driver, demo: list[str]) -> None:
     window, view = driver.window, driver.window.server
     window.show_page("Server")
@@ -285,6 +306,7 @@ def main() -> int:
         library_view(driver, demo)
         compare_runs(driver, demo)
         evaluate_demo_set(driver, scratch / "evaluations")
+        arena_votes(driver, demo)
         serve_requests(driver, demo)
         monitor_live(driver)
         settings_and_replicas(driver, demo)

@@ -1,4 +1,4 @@
-"""The main window: a sidebar of views (Library, Compare, Evaluate, Monitor, Server, Settings)."""
+"""The main window: a sidebar of views (Library, Compare, Evaluate, Arena, Monitor, Server, Settings)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QApplication, QHBoxLayout, QListWidget, QMainWindo
 
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.deploy.combined_metrics import combine_metrics
+from multilora_studio.gui.arena_view import ArenaView
 from multilora_studio.gui.base_states import base_states
 from multilora_studio.gui.compare_view import CompareView
 from multilora_studio.gui.engine_host import READY, EngineHost
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 METRICS_INTERVAL_MS = 200  # 5 Hz
 AUTOSAVE_MS = 1000  # window state, prompt and choices are saved this long after the last change
-PAGES = ("Library", "Compare", "Evaluate", "Monitor", "Server", "Settings")
+PAGES = ("Library", "Compare", "Evaluate", "Arena", "Monitor", "Server", "Settings")
 DEFAULT_SIZE = (1280, 820)  # the window's width and height until a person resizes it
 
 
@@ -50,6 +51,7 @@ class MainWindow(QMainWindow):
         self.library = LibraryView(self.host)
         self.compare = CompareView(self.host)
         self.evaluate = EvaluateView(self.host)
+        self.arena = ArenaView(self.host)
         self.monitor = MonitorView(self.host, self.control.usage, self.prefs)
         self.server = ServerView(self.host, self.control)
         self.settings = SettingsView(self.host, prefs)
@@ -87,7 +89,15 @@ class MainWindow(QMainWindow):
             "#sidebar::item:selected { background: palette(highlight); color: palette(highlighted-text); }"
         )
         self.stack = QStackedWidget()
-        for view in (self.library, self.compare, self.evaluate, self.monitor, self.server, self.settings):
+        for view in (
+            self.library,
+            self.compare,
+            self.evaluate,
+            self.arena,
+            self.monitor,
+            self.server,
+            self.settings,
+        ):
             self.stack.addWidget(view)
         self.sidebar.currentRowChanged.connect(self.stack.setCurrentIndex)
         central = QWidget()
@@ -126,6 +136,7 @@ class MainWindow(QMainWindow):
         server restarts on the new engine."""
         self.compare.stop()
         self.evaluate.stop()
+        self.arena.stop()
         if self.pull_dialog is not None:
             self.pull_dialog.cancel()
         self._serve_after_restart = self.control.state == ON
@@ -196,6 +207,7 @@ class MainWindow(QMainWindow):
             self.pull_dialog.cancel()
         self.compare.stop()
         self.evaluate.stop()
+        self.arena.stop()
         self.control.shutdown()
         self.host.shutdown()
         super().closeEvent(event)

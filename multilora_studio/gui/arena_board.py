@@ -1,0 +1,60 @@
+"""The Arena's leaderboard: ratings with 95 % intervals, win rates and votes per contender, the
+pairwise win matrix, and which contenders are not yet separable."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+
+from multilora_studio.arena import Leaderboard
+
+COLUMNS = ("Contender", "Rating", "95 % interval", "Win rate", "Votes", "W / T / L", "Not yet separable from")
+
+
+class ArenaBoard(QWidget):
+    """See the module docstring; ``show_board`` fills it."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.summary = QLabel("No votes yet.")
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.matrix = QTableWidget(0, 0)
+        self.matrix.setToolTip("Row's score against the column: wins plus half the ties, over games")
+        for table in (self.table, self.matrix):
+            table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+            table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.table, 3)
+        layout.addWidget(QLabel("<b>Pairwise wins</b>"))
+        layout.addWidget(self.matrix, 2)
+
+    def show_board(self, board: Leaderboard) -> None:
+        self.summary.setText(
+            f"{board.votes} votes; Bradley-Terry ratings (Elo scale, mean 1000) with bootstrap 95 % intervals"
+            if board.votes
+            else "No votes yet."
+        )
+        self.table.setRowCount(len(board.standings))
+        for row, s in enumerate(board.standings):
+            cells = (
+                s.name,
+                f"{s.rating:.0f}",
+                f"{s.low:.0f} – {s.high:.0f}",
+                f"{s.win_rate:.0%}",
+                str(s.votes),
+                f"{s.wins} / {s.ties} / {s.losses}",
+                ", ".join(board.close_to(s.name)) or "-",
+            )
+            for column, text in enumerate(cells):
+                self.table.setItem(row, column, QTableWidgetItem(text))
+        names = board.names
+        self.matrix.setRowCount(len(names))
+        self.matrix.setColumnCount(len(names))
+        self.matrix.setHorizontalHeaderLabels(names)
+        self.matrix.setVerticalHeaderLabels(names)
+        for i, scores in enumerate(board.matrix):
+            for j, score in enumerate(scores):
+                text = "" if score is None else f"{score:.0%} of {board.games[i][j]}"
+                self.matrix.setItem(i, j, QTableWidgetItem(text))
