@@ -18,7 +18,9 @@ ALLOWED = {
     "deploy": {"engine", "adapters"},
     "ray_app": {"engine", "adapters", "server", "deploy"},
     "evaluate": {"engine", "adapters", "run_records"},
+    "arena": {"engine", "evaluate", "run_records"},
     "gui": {
+        "arena",
         "server",
         "engine",
         "adapters",
@@ -37,6 +39,7 @@ ALLOWED = {
     "merge": {"engine", "adapters"},
     "bench": {"engine", "adapters", "server", "deploy", "kernels", "default_model"},
     "cli": {
+        "arena",
         "gui",
         "server",
         "engine",
@@ -71,6 +74,7 @@ THIRD_PARTY_FORBIDDEN = {
     "engine": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
     "server": {"PySide6", "pyqtgraph"},
     "evaluate": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
+    "arena": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
     "merge": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
     "deploy": {"PySide6", "pyqtgraph", "fastapi", "uvicorn", "ray"},
     "ray_app": {"PySide6", "pyqtgraph"},

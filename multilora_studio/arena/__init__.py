@@ -14,13 +14,15 @@ from multilora_studio.arena.rounds import (
     typed_prompts,
 )
 from multilora_studio.arena.store import VoteStore
-from multilora_studio.arena.votes import BOTH_BAD, PERSON, TIE, VERDICTS, A, B, Vote
+from multilora_studio.arena.table import agreement_lines, board_lines
+from multilora_studio.arena.votes import BOTH_BAD, PERSON, TIE, VERDICT_WORDS, VERDICTS, A, B, Vote
 
 __all__ = [
     "BOTH_BAD",
     "PERSON",
     "TIE",
     "VERDICTS",
+    "VERDICT_WORDS",
     "A",
     "ArenaSettings",
     "B",
@@ -31,6 +33,8 @@ __all__ = [
     "Vote",
     "VoteStore",
     "agreement",
+    "agreement_lines",
+    "board_lines",
     "check_contenders",
     "judge_round",
     "leaderboard",

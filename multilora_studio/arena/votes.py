@@ -9,6 +9,7 @@ from typing import Any
 
 A, B, TIE, BOTH_BAD = "a", "b", "tie", "both_bad"
 VERDICTS = (A, B, TIE, BOTH_BAD)  # keys 1, 2, 3, 4
+VERDICT_WORDS = {A: "A is better", B: "B is better", TIE: "Tie", BOTH_BAD: "Both bad"}
 PERSON = "person"  # a judge's votes are recorded as "judge:<model>"
 JUDGE_PREFIX = "judge:"
 WEIGHTS_MARK = " @"  # "demo-pirate @1a2b3c4d": the adapter's votes from before its weights changed

@@ -12,6 +12,7 @@ from typing import Any
 from multilora_studio.adapters.lora_modules import parse_lora_modules
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli.shared import (
+    DEMO_PROMPTS,
     Subcommands,
     add_adapters,
     add_demo_adapters_flag,
@@ -19,6 +20,7 @@ from multilora_studio.cli.shared import (
     engine_config,
     library_for,
     print_progress,
+    prompt_set_file,
 )
 from multilora_studio.demo import demo_adapter_dirs, demo_prompt_set
 from multilora_studio.engine import Engine, EngineConfig
@@ -48,7 +50,6 @@ SETTING_FLAGS = {
     "chat": "--chat",
     "batch_prompts": "--batch-prompts",
 }  # EvalSettings' fields and their flags: None when not given (EvalSettings' default; a rerun's own)
-DEMO_PROMPTS = "demo"  # --prompts demo: the demo adapters' example prompt set
 
 
 def add_eval_command(subparsers: Subcommands) -> None:
@@ -134,11 +135,6 @@ def add_eval_command(subparsers: Subcommands) -> None:
     add_engine_arguments(parser, comparing=True)
     add_demo_adapters_flag(parser)
     parser.set_defaults(handler=run_eval_command)
-
-
-def prompt_set_file(text: str) -> Path:
-    """``--prompts``: a file, or ``demo`` for the demo adapters' example prompt set."""
-    return demo_prompt_set() if text == DEMO_PROMPTS else Path(text)
 
 
 def default_check(text: str | None) -> Any:

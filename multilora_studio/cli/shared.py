@@ -20,7 +20,7 @@ from multilora_studio.adapters.adapter_config import DEFAULT_MAX_LORA_RANK
 from multilora_studio.adapters.base_model import BaseModelRef
 from multilora_studio.adapters.registry import Registry
 from multilora_studio.cli.setting_flags import add_setting_flag, add_setting_flags, setting_values
-from multilora_studio.demo import SKIP_ENV, offer_demo_adapters
+from multilora_studio.demo import SKIP_ENV, demo_prompt_set, offer_demo_adapters
 
 if TYPE_CHECKING:
     from multilora_studio.engine import Engine, EngineConfig
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("multilora_studio")
 
 Subcommands = argparse._SubParsersAction  # what ``add_subparsers`` returns; argparse names no public type
+DEMO_PROMPTS = "demo"  # --prompts demo: the demo adapters' example prompt set
 
 
 def print_progress(fraction: float, message: str) -> None:
@@ -192,6 +193,11 @@ def add_adapters(
             engine.add_adapter(name, modules[name])
         elif registry is not None:
             registry.load_into(engine, name, override=allow_other_base)
+
+
+def prompt_set_file(text: str) -> Path:
+    """``--prompts``: a file, or ``demo`` for the demo adapters' example prompt set."""
+    return demo_prompt_set() if text == DEMO_PROMPTS else Path(text)
 
 
 def check_fraction(value: float | None) -> float | None:
