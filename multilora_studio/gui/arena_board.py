@@ -1,13 +1,13 @@
 """The Arena's leaderboard: ratings with 95 % intervals, win rates and votes per contender, the
-pairwise win matrix, and which contenders are not yet separable."""
+pairwise win matrix, which contenders are not yet separable, and how often each judge agreed with
+people."""
 
 from __future__ import annotations
 
 from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from multilora_studio.arena import Leaderboard
-
-COLUMNS = ("Contender", "Rating", "95 % interval", "Win rate", "Votes", "W / T / L", "Not yet separable from")
+from multilora_studio.arena.table import COLUMNS, standing_cells, summary
 
 
 class ArenaBoard(QWidget):
@@ -16,6 +16,8 @@ class ArenaBoard(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.summary = QLabel("No votes yet.")
+        self.judges = QLabel()
+        self.judges.setWordWrap(True)
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.matrix = QTableWidget(0, 0)
@@ -27,27 +29,17 @@ class ArenaBoard(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.summary)
         layout.addWidget(self.table, 3)
+        layout.addWidget(self.judges)
         layout.addWidget(QLabel("<b>Pairwise wins</b>"))
         layout.addWidget(self.matrix, 2)
 
-    def show_board(self, board: Leaderboard) -> None:
-        self.summary.setText(
-            f"{board.votes} votes; Bradley-Terry ratings (Elo scale, mean 1000) with bootstrap 95 % intervals"
-            if board.votes
-            else "No votes yet."
-        )
+    def show_board(self, board: Leaderboard, agreements: list[str]) -> None:
+        """Fill the tables from ``board`` (people's votes); ``agreements``: a line per judge."""
+        self.summary.setText(summary(board))
+        self.judges.setText("\n".join(agreements) or "No judge has voted on these rounds.")
         self.table.setRowCount(len(board.standings))
         for row, s in enumerate(board.standings):
-            cells = (
-                s.name,
-                f"{s.rating:.0f}",
-                f"{s.low:.0f} – {s.high:.0f}",
-                f"{s.win_rate:.0%}",
-                str(s.votes),
-                f"{s.wins} / {s.ties} / {s.losses}",
-                ", ".join(board.close_to(s.name)) or "-",
-            )
-            for column, text in enumerate(cells):
+            for column, text in enumerate(standing_cells(board, s)):
                 self.table.setItem(row, column, QTableWidgetItem(text))
         names = board.names
         self.matrix.setRowCount(len(names))

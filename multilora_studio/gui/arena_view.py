@@ -4,8 +4,10 @@ The contenders are the base and the adapters the first base serves (checkpoints 
 adapters of the library); the prompts are typed (one a line) or read from a prompt set. Each round
 is one batched run of both answers (``arena.run_round``) on a background task, the next one
 produced while the person reads. Names stay hidden ("Model A", "Model B") until the vote;
-keyboard first: 1 A, 2 B, 3 tie, 4 both bad, Enter for the next round. What happens is
-``workflows.arena_session``'s; votes go to ``arena.sqlite3`` in the library folder.
+keyboard first: 1 A, 2 B, 3 tie, 4 both bad, Enter for the next round. *Ask the judge* lets a
+served model (the base or an adapter) vote on the round shown (``arena.judge_round``), recorded
+apart from people's votes. What happens is ``workflows.arena_session``'s; votes go to
+``arena.sqlite3`` in the library folder.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
+    QComboBox,
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
@@ -34,10 +37,13 @@ from PySide6.QtWidgets import (
 )
 
 from multilora_studio.arena import (
+    VERDICT_WORDS,
     VERDICTS,
     ArenaSettings,
     Round,
+    Vote,
     VoteStore,
+    judge_round,
     prompt_set_prompts,
     run_round,
     typed_prompts,
@@ -51,7 +57,7 @@ from multilora_studio.gui.widgets import MessageBanner
 from multilora_studio.gui.workflows.arena_session import ROUND, VOTES, ArenaSession, Ask
 from multilora_studio.run_records import BASE, AdapterDigests
 
-VOTE_LABELS = ("1  A is better", "2  B is better", "3  Tie", "4  Both bad")
+VOTE_LABELS = tuple(f"{key}  {VERDICT_WORDS[verdict]}" for key, verdict in enumerate(VERDICTS, 1))
 
 
 class ArenaSetup(QGroupBox):
@@ -146,6 +152,7 @@ class ArenaView(QWidget):
         self.session: ArenaSession | None = None
         self.digests = AdapterDigests()
         self.task: Task | None = None
+        self.judge_task: Task | None = None
         self.settings = ArenaSettings()
         self.banner = MessageBanner()
         self.setup = ArenaSetup()
@@ -156,6 +163,11 @@ class ArenaView(QWidget):
         self.vote_buttons = [QPushButton(label) for label in VOTE_LABELS]
         self.next_button = QPushButton("Next round (Enter)")
         self.export_button = QPushButton("Export…")
+        self.judge_pick = QComboBox()
+        self.judge_pick.setToolTip("The served model that votes when asked: the base or an adapter")
+        self.judge_button = QPushButton("Ask the judge")
+        self.judge_status = QLabel()
+        self.judge_status.setWordWrap(True)
         self.board = ArenaBoard()
         self._lay_out()
         self._connect()
@@ -169,6 +181,9 @@ class ArenaView(QWidget):
         for button in [*self.vote_buttons, self.next_button]:
             buttons.addWidget(button)
         buttons.addStretch(1)
+        buttons.addWidget(QLabel("Judge"))
+        buttons.addWidget(self.judge_pick)
+        buttons.addWidget(self.judge_button)
         buttons.addWidget(self.export_button)
         play = QWidget()
         play_layout = QVBoxLayout(play)
@@ -177,6 +192,7 @@ class ArenaView(QWidget):
         play_layout.addLayout(answers, 1)
         play_layout.addLayout(buttons)
         play_layout.addWidget(self.status)
+        play_layout.addWidget(self.judge_status)
         right = QSplitter(Qt.Orientation.Vertical)
         right.addWidget(play)
         right.addWidget(self.board)
@@ -196,6 +212,7 @@ class ArenaView(QWidget):
             button.clicked.connect(lambda checked=False, v=verdict: self.vote(v))
         self.next_button.clicked.connect(self.next_round)
         self.export_button.clicked.connect(self._choose_export)
+        self.judge_button.clicked.connect(self.ask_judge)
         context = Qt.ShortcutContext.WidgetWithChildrenShortcut
         for index, verdict in enumerate(VERDICTS):
             QShortcut(QKeySequence(str(index + 1)), self, lambda v=verdict: self.vote(v), context=context)
@@ -208,7 +225,13 @@ class ArenaView(QWidget):
         """List the base and the first base's adapters as contenders."""
         engine = self.host.engine
         adapters = sorted(info.name for info in engine.list_adapters()) if engine is not None else []
-        self.setup.list_contenders([BASE, *adapters] if engine is not None else [])
+        served = [BASE, *adapters] if engine is not None else []
+        self.setup.list_contenders(served)
+        judge = self.judge_pick.currentText()
+        self.judge_pick.clear()
+        self.judge_pick.addItems(served)
+        if judge in served:
+            self.judge_pick.setCurrentText(judge)
 
     # ---------------------------------------------------------------- the arena
 
@@ -248,7 +271,7 @@ class ArenaView(QWidget):
             self.session.delivered(produced)
 
     def _failed(self, message: str) -> None:
-        if self.session is not None:
+        if self.session is not None and self.session.running:  # not a round stopped with the arena
             self.session.failed(message)
             self.banner.show_message(f"The round failed: {message}")
 
@@ -269,11 +292,44 @@ class ArenaView(QWidget):
         """Show the next round (Enter); it shows as soon as it is ready when it is not yet."""
         return self.session is not None and self.session.next_round()
 
+    def ask_judge(self) -> bool:
+        """Let the model picked as judge vote on the round shown, off the GUI thread."""
+        session, judge = self.session, self.judge_pick.currentText()
+        shown = session.current if session is not None else None
+        if shown is None or session is None or session.judge_vote is not None:
+            return False
+        if not judge or self.judge_task is not None:
+            return False
+
+        def work(task: Task) -> Vote:
+            with self.host.lease() as engine:
+                return judge_round(engine, judge, shown, task.cancel_event)
+
+        self.judge_status.setText(f"judge:{judge} is reading both answers…")
+        self.judge_task = self.host.tasks.run(
+            "arena-judge", work, self._judged, self._judge_failed, None, self._judge_ended
+        )
+        self._refresh_round()
+        return True
+
+    def _judged(self, vote: Vote) -> None:
+        if self.session is not None:
+            self.session.judged(vote)
+
+    def _judge_failed(self, message: str) -> None:
+        if self.session is not None and self.session.running:
+            self.banner.show_message(f"The judge could not vote: {message}")
+
+    def _judge_ended(self) -> None:
+        self.judge_task = None
+        self._refresh_round()
+
     def stop(self) -> None:
         if self.session is not None:
             self.session.stop()
-        if self.task is not None:
-            self.task.cancel()
+        for task in (self.task, self.judge_task):
+            if task is not None:
+                task.cancel()
 
     def _session_changed(self, what: str) -> None:
         if what in (ROUND, "message"):
@@ -294,12 +350,16 @@ class ArenaView(QWidget):
         for button in self.vote_buttons:
             button.setEnabled(current is not None and not revealed)
         self.next_button.setEnabled(revealed)
+        judged = session is not None and session.judge_vote is not None
+        self.judge_button.setEnabled(current is not None and not judged and self.judge_task is None)
         if session is not None:
             self.status.setText(session.message)
+        if self.judge_task is None:
+            self.judge_status.setText(session.judge_text() if session is not None else "")
 
     def _show_board(self) -> None:
         if self.session is not None:
-            self.board.show_board(self.session.board())
+            self.board.show_board(self.session.board(), self.session.agreements())
 
     def export(self, path: Path) -> None:
         """Write the votes and the leaderboard (JSON) or the votes (CSV) to ``path``."""

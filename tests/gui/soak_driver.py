@@ -22,7 +22,8 @@ divergence), every fourth an adapter's strength sweep; on the Evaluate page it k
 evaluation of base and every adapter going, on each base in turn, cancelling every other one
 (``EvaluateActions``); on the Library page it merges an adapter into its base and exports it,
 each base in turn, cancelling every other merge (``MergeActions``), and cycles the base filter
-(``BaseFilterActions``). The endpoint
+(``BaseFilterActions``); on the Arena page it keeps an arena of the first base going, voting on
+each round and letting the base judge every third (``ArenaActions``). The endpoint
 runs throughout (restarted with each engine), a client thread sending it a short completion
 every second, for an adapter of each base in turn (``EndpointTraffic``), and the Monitor's usage
 table must show what it was sent; the Monitor's base panels and its prefix cache line (off, on,
@@ -57,6 +58,7 @@ import psutil
 from PySide6.QtCore import QObject, QSettings, QTimer
 
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.arena import VERDICTS
 from multilora_studio.cli.shared import describe_base
 from multilora_studio.deploy import ReplicaSet, replicas_of
 from multilora_studio.engine.residency.host_memory import return_freed_memory
@@ -66,7 +68,7 @@ from multilora_studio.gui.main_window import PAGES, MainWindow
 from multilora_studio.gui.preferences import HUB_PREFIX, EngineChoice, Preferences
 from multilora_studio.gui.theme import set_theme
 from multilora_studio.gui.workflows.library_selection import base_key
-from multilora_studio.run_records import ColumnOverrides
+from multilora_studio.run_records import BASE, ColumnOverrides
 from tests.live_objects import live_engines
 
 TICK_MS = 250
@@ -79,6 +81,7 @@ EVALUATE_ROWS = [
     {"prompt": "Reply in JSON:", "check": {"type": "json_schema", "schema": {"type": "object"}}},
 ]
 CHAT_TOKENS = 6
+ARENA_TOKENS = 6
 SECOND_ADAPTER = "soak-second-base"  # the second base's adapter in the library
 SWAP_RESTART = 2  # restarts done before the one that leaves room for one base (one engine each)
 OWN_SLOTS = 4  # the second base's own GPU slots at every other restart (the Engine's: 2 or 3)
@@ -304,6 +307,53 @@ class BaseFilterActions:
         self.filtered += 1
 
 
+class ArenaActions:
+    """The soak's Arena: an arena of the base and every adapter of the first base is started while
+    the Arena page shows (again after each restart stops it); each round shown gets the next vote
+    of 1-4 and Enter, every third round judged by the base first. A banner error is a problem;
+    votes, judged rounds and rounds whose names stayed hidden until the vote are counted."""
+
+    def __init__(self, window: MainWindow) -> None:
+        self.window = window
+        self.votes = self.judged = self.hidden = 0
+        self.problems: list[str] = []
+
+    def tick(self) -> None:
+        view = self.window.arena
+        session = view.session
+        if view.banner.kind == "error" and view.banner.text:
+            self.problems.append(f"arena: {view.banner.text}")
+            view.banner.clear()
+        if session is None or not session.running:
+            if self.window.page == "Arena" and self.window.host.state == "ready":
+                self.start()
+            return
+        if session.current is None or view.judge_task is not None:
+            return
+        if session.revealed:
+            view.next_round()
+        elif self.votes % 3 == 2 and session.judge_vote is None:
+            view.judge_pick.setCurrentText(BASE)
+            if not view.ask_judge():
+                self.problems.append("the arena's judge did not start")
+        else:
+            self.hidden += view.left.name.text() == "Model A" and view.right.name.text() == "Model B"
+            self.judged += session.judge_vote is not None
+            view.vote(VERDICTS[self.votes % len(VERDICTS)])
+            self.votes += 1
+
+    def start(self) -> None:
+        view = self.window.arena
+        view.relist()
+        view.setup.tick(
+            [view.setup.contenders.item(row).text() for row in range(view.setup.contenders.count())]
+        )
+        view.setup.prompts.setPlainText("Say hi.\nName a colour.")
+        view.setup.max_tokens.setValue(ARENA_TOKENS)
+        if not view.start():
+            self.problems.append(f"the arena did not start: {view.banner.text}")
+
+
 class EndpointTraffic:
     """A client of the window's endpoint on its own thread: one short completion a second, for
     each of ``models`` in turn (an adapter of each base)."""
@@ -383,6 +433,7 @@ class Soak(QObject):
         self.evaluate_actions: EvaluateActions | None = None  # set by main()
         self.merge_actions: MergeActions | None = None  # set by main()
         self.pull_actions: PullActions | None = None  # set by main()
+        self.arena_actions: ArenaActions | None = None  # set by main()
         window.compare.divergenceFinished.connect(lambda: divergence_finished(self))
 
     def engine_ready(self) -> None:
@@ -437,6 +488,8 @@ class Soak(QObject):
             self.pull_actions.tick()
         if self.base_filters is not None:
             self.base_filters.tick()
+        if self.arena_actions is not None:
+            self.arena_actions.tick()
         if self.window.host.state != "ready":
             return
         self.swap_loads[self.restarts_done] = sum(self.base_loads().values()) - self.started_loads
@@ -614,6 +667,7 @@ class Soak(QObject):
             self.traffic.thread.join(90)
         self.none_refs.append(sys.getrefcount(None))
         self.window.compare.stop()
+        self.window.arena.stop()
         self.result = {
             "seconds": time.monotonic() - self.started,
             "restarts": self.restarts_done,
@@ -637,7 +691,8 @@ class Soak(QObject):
             + (self.evaluate_actions.problems if self.evaluate_actions else [])
             + (self.merge_actions.problems if self.merge_actions else [])
             + (self.pull_actions.problems if self.pull_actions else [])
-            + (self.base_filters.problems if self.base_filters else []),
+            + (self.base_filters.problems if self.base_filters else [])
+            + (self.arena_actions.problems if self.arena_actions else []),
             "evaluations": self.evaluate_actions.finished if self.evaluate_actions else 0,
             "merges": self.merge_actions.finished if self.merge_actions else 0,
             "merges_cancelled": self.merge_actions.cancelled if self.merge_actions else 0,
@@ -650,6 +705,9 @@ class Soak(QObject):
             "cached_follow_up_columns": self.cached_follow_up_columns,
             "base_names": self.window.host.pool.names if self.window.host.pool is not None else [],
             "warm_toggles": self.merge_actions.warm_toggles if self.merge_actions else 0,
+            "arena_votes": self.arena_actions.votes if self.arena_actions else 0,
+            "arena_hidden_until_vote": self.arena_actions.hidden if self.arena_actions else 0,
+            "arena_judged": self.arena_actions.judged if self.arena_actions else 0,
             "none_refs": self.none_refs,
             "rss_after_restart": self.rss_after_restart,
             "live_engines": len(live_engines()),
@@ -718,6 +776,7 @@ def main() -> int:
         soak.evaluate_actions = EvaluateActions(window, Path(folder))
         soak.merge_actions = MergeActions(window, Path(folder))
         soak.base_filters = BaseFilterActions(window)
+        soak.arena_actions = ArenaActions(window)
         if args.pull:
             soak.pull_actions = PullActions(window, args.pull)
         window.server.port.setValue(0)  # any free port

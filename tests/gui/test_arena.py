@@ -79,3 +79,32 @@ def test_names_stay_hidden_until_the_vote_and_the_keys_vote(
     save_screenshot(view, "arena")
     view.stop()
     host.engine.shutdown()
+
+
+def test_the_judge_votes_on_the_round_shown_apart_from_people(
+    qtbot, tiny_model_dir, engine_device, registry, tiny_adapters
+):
+    host = ServedHost(registry, tiny_model_dir, tiny_adapters, engine_device)
+    view = ArenaView(host)  # type: ignore[arg-type]
+    qtbot.addWidget(view)
+    view.show()
+    view.relist()
+    view.setup.tick(list(ADAPTERS))
+    view.setup.prompts.setPlainText("Hello")
+    view.setup.max_tokens.setValue(4)
+    assert view.start(), view.banner.text
+    session = view.session
+    assert session is not None
+    qtbot.waitUntil(lambda: session.current is not None, timeout=TIMEOUT_MS)
+    view.judge_pick.setCurrentText(BASE)
+    qtbot.mouseClick(view.judge_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: session.judge_vote is not None and view.judge_task is None, timeout=TIMEOUT_MS)
+    assert "shows after yours" in view.judge_status.text() and not view.judge_button.isEnabled()
+    assert all(name not in shown_text(view) for name in ADAPTERS)
+    qtbot.keyClick(view, Qt.Key.Key_1)
+    assert view.judge_status.text().startswith("judge:base: ")
+    assert view.board.judges.text().startswith("judge:base agreed with people on")
+    stored = VoteStore(registry.root).votes()
+    assert sorted(vote.voter for vote in stored) == ["judge:base", "person"]
+    view.stop()
+    host.engine.shutdown()

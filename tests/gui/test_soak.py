@@ -78,6 +78,8 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tiny_fa
     assert {"hits", "off"} <= set(result["prefix_cache_lines"]), result  # as the Monitor showed it
     assert result["cached_follow_up_columns"] >= 1, result  # a follow-up's chat start came from the cache
     assert result["warm_toggles"] >= 1, result
+    assert result["arena_votes"] >= 3 and result["arena_judged"] >= 1, result  # people's and a judge's
+    assert result["arena_hidden_until_vote"] == result["arena_votes"], result
     assert result["chat_runs"] >= 2 and result["divergences"] >= 1, result
     assert result["strength_sweeps"] >= 1, result
     assert result["replica_compares"] >= 1 and result["replica_panels_seen"] == 2, result

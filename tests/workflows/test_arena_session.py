@@ -4,10 +4,11 @@ vote, the next round prepared while the person reads, votes stored and ranked.""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
-from multilora_studio.arena import A, ArenaSettings, B, VoteStore, run_round
+from multilora_studio.arena import A, ArenaSettings, B, VoteStore, judge_round, run_round
 from multilora_studio.gui.workflows.arena_session import HIDDEN, ArenaSession
 from multilora_studio.run_records import BASE, AdapterDigests
 from tests.workflows.conftest import ADAPTERS
@@ -73,3 +74,20 @@ def test_an_arena_needs_prompts_and_two_contenders(tmp_path):
         session.start(CONTENDERS, [])
     with pytest.raises(ValueError, match="two contenders"):
         session.start([BASE], ["Hi"])
+
+
+def test_a_judges_vote_is_kept_apart_and_shows_only_after_the_persons(pool, tmp_path):
+    session = ArenaSession(VoteStore(tmp_path), random.Random(2))
+    session.delivered(produce(pool, session.start(CONTENDERS[1:], ["Hi", "Name a color"])))
+    shown = session.current
+    assert shown is not None and session.judge_text() == ""
+    with pool.lease(pool.primary) as engine:
+        judged = judge_round(engine, BASE, shown)
+    stale = replace(judged, round_id="another round")
+    assert session.judged(stale) is False and session.judged(judged) and not session.judged(judged)
+    assert "shows after yours" in session.judge_text()
+    assert shown.left not in session.judge_text() and shown.right not in session.judge_text()
+    session.vote(judged.verdict)
+    assert session.judge_text().startswith("judge:base: ") and "agrees with you" in session.judge_text()
+    assert session.board().votes == 1  # people's votes only
+    assert session.agreements() == ["judge:base agreed with people on 1 of 1 rounds (100%)"]

@@ -1,8 +1,11 @@
 """The Arena as a plain model: which contenders meet on which prompt, the round shown (names hidden
-until the vote), the round prepared while the person reads, the votes and the leaderboard.
+until the vote), the round prepared while the person reads, a judge's vote on the round shown, the
+votes and the leaderboard.
 
-Rounds are produced elsewhere (the view runs ``ArenaSession.wanted()`` through the engine off the
-GUI thread and hands the ``Round`` back with ``delivered``); the session only decides and records.
+Rounds and judges' votes are produced elsewhere (the view runs ``ArenaSession.wanted()`` and
+``judge_round`` through the engine off the GUI thread and hands the result back with
+``delivered`` and ``judged``); the session only decides and records. A judge's verdict shows only
+after the person's, so that it does not sway it.
 """
 
 from __future__ import annotations
@@ -10,7 +13,17 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from multilora_studio.arena import PERSON, Leaderboard, Matchmaker, Round, Vote, VoteStore, leaderboard
+from multilora_studio.arena import (
+    PERSON,
+    VERDICT_WORDS,
+    Leaderboard,
+    Matchmaker,
+    Round,
+    Vote,
+    VoteStore,
+    agreement_lines,
+    leaderboard,
+)
 from multilora_studio.engine import Prompt
 from multilora_studio.gui.workflows.events import Field, Observable
 
@@ -45,7 +58,8 @@ class ArenaSession(Observable):
         self.asked: Ask | None = None  # being produced now
         self.revealed = False
         self.verdict: str | None = None
-        self.votes: list[Vote] = []  # this arena's
+        self.judge_vote: Vote | None = None  # on the round shown
+        self.votes: list[Vote] = []  # this arena's people's votes
 
     def start(self, contenders: list[str], prompts: list[Prompt]) -> Ask:
         """Begin an arena; its first round to produce (ValueError: under two contenders, no prompt)."""
@@ -54,7 +68,7 @@ class ArenaSession(Observable):
         self.matchmaker = Matchmaker(contenders, self.rng)
         self.prompts, self.prompt_order = list(prompts), []
         self.current = self.prepared = self.asked = None
-        self.revealed, self.verdict, self.votes = False, None, []
+        self.revealed, self.verdict, self.votes, self.judge_vote = False, None, [], None
         self.message = "Preparing the first round…"
         self.changed.emit(ROUND)
         return self._ask()
@@ -114,18 +128,45 @@ class ArenaSession(Observable):
         self._show(produced)
         return True
 
+    def judged(self, vote: Vote) -> bool:
+        """Record a judge's vote on the round shown (False: that round is gone, or judged already)."""
+        if self.current is None or vote.round_id != self.current.id or self.judge_vote is not None:
+            return False
+        self.store.add([vote])
+        self.judge_vote = vote
+        self.changed.emit(ROUND)
+        self.changed.emit(VOTES)
+        return True
+
+    def judge_text(self) -> str:
+        """The judge's vote on the round shown: hidden until the person's, then with the names."""
+        vote = self.judge_vote
+        if vote is None:
+            return ""
+        if not self.revealed:
+            return f"{vote.voter} has voted; its verdict shows after yours."
+        winner = f" ({vote.winner})" if vote.winner is not None else ""
+        agrees = "agrees" if vote.verdict == self.verdict else "disagrees"
+        return f"{vote.voter}: {VERDICT_WORDS[vote.verdict]}{winner}; it {agrees} with you."
+
     def board(self) -> Leaderboard:
         """People's votes on the base of this arena's rounds (every vote when none ran yet)."""
+        return leaderboard(self.store.votes(base_digest=self._base(), voter=PERSON))
+
+    def agreements(self) -> list[str]:
+        """Each judge's agreement with people on the base of this arena's rounds."""
+        return agreement_lines(self.store.votes(base_digest=self._base()))
+
+    def _base(self) -> str | None:
         shown = self.current or (self.votes[-1] if self.votes else None)
-        base = shown.base_digest if shown is not None else None
-        return leaderboard(self.store.votes(base_digest=base, voter=PERSON))
+        return shown.base_digest if shown is not None else None
 
     def stop(self) -> None:
         self.matchmaker = None
         self.asked = self.prepared = None
 
     def _show(self, produced: Round) -> None:
-        self.current, self.revealed, self.verdict = produced, False, None
+        self.current, self.revealed, self.verdict, self.judge_vote = produced, False, None, None
         self.message = "Which answer is better? 1: A, 2: B, 3: tie, 4: both bad."
         self.changed.emit(ROUND)
 
