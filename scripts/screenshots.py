@@ -3,13 +3,14 @@
     apt-get install -y xvfb   # or any X display
     xvfb-run -a -s "-screen 0 1600x1000x24" .venv/bin/python scripts/screenshots.py
 
-The window starts on a new user's data directory (a temporary one; the embedded model is linked
-from your data directory when it was converted there, else converted once), where the first start
-adds the demo adapters. The script then works the window as a person would: it types a prompt,
-ticks the base and the demo adapters and runs Compare (a follow-up turn, the token divergence, a
-strength sweep), runs Evaluate on the demo prompt set, votes in the Arena, starts the Server and
-sends it requests, lets the Monitor show that traffic live, starts two engine replicas; each view
-at the window's default size. Every view the window lists gets ``<view>.png``; ``EXTRA`` names the others.
+The window starts on a new user's data directory (a temporary one; the embedded model is linked from
+your data directory when it was converted there, else converted once), where the first start adds
+the demo adapters. The script then works the window as a person would: it types a prompt, ticks the
+base and the demo adapters and runs Compare (a follow-up turn, the token divergence, a strength
+sweep), runs Evaluate on the demo prompt set, votes in the Arena (the base judging the last round),
+starts the Server and sends it requests, lets the Monitor show that traffic live, starts two engine
+replicas; each view at the window's default size. Every view the window lists gets ``<view>.png``;
+``EXTRA`` names the others.
 Takes about six minutes on a CPU.
 """
 
@@ -213,10 +214,15 @@ def arena_votes(driver: Driver, demo: list[str]) -> None:
     if not view.start():
         raise RuntimeError(f"the arena did not start: {view.banner.text}")
     session = view.session
-    for index, verdict in enumerate(("a", "b", "tie", "a", "b")):
+    verdicts = ("a", "b", "tie", "a", "b")
+    for index, verdict in enumerate(verdicts):
         if index:
             view.next_round()  # shown at once, or as soon as it is ready
         driver.wait(lambda: session is not None and session.current is not None, RUN_S, "a round")
+        if index == len(verdicts) - 1:  # the base judges the last round; its verdict shows after the vote
+            view.judge_pick.setCurrentText(BASE_NAME)
+            view.ask_judge()
+            driver.wait(lambda: session is not None and session.judge_vote is not None, RUN_S, "the judge")
         view.vote(verdict)
     driver.settle()
     driver.save("arena.png")
