@@ -570,6 +570,8 @@ class Soak(QObject):
         replicas = max((len(panel.replicas) for panel in monitor.bases), default=0)
         self.replica_panels_seen = max(self.replica_panels_seen, replicas)
         text = monitor.stats.text()
+        if text.startswith("waiting for the engine") or text == "no engine":  # a restart: no metrics yet
+            return
         if "prefix cache: off" in text:
             self.prefix_cache_lines.add("off")
         elif "prefix cache: hit rate" in text:
