@@ -67,6 +67,7 @@ SHARED = {
     "spawned",
     "chat_template_child",
     "invalid_setting",
+    "sqlite_schema",
 }
 THIRD_PARTY_FORBIDDEN = {
     "kernels": {"PySide6", "fastapi", "uvicorn", "transformers"},

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from multilora_studio.adapters.base_quantization import BaseQuantization
+from multilora_studio.sqlite_schema import migrate as migrate_steps
 
 SCHEMA_VERSION = 9
 # Migration n brings a database from user_version n-1 to n.
@@ -146,16 +147,11 @@ MIGRATIONS = {
 
 def migrate(conn: sqlite3.Connection) -> None:
     """Bring the schema to ``SCHEMA_VERSION`` (the caller holds a write transaction)."""
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise RuntimeError(
-            f"the adapter library was written by a newer MultiLoRA Studio (schema {version}); upgrade"
-        )
-    for step in range(version + 1, SCHEMA_VERSION + 1):
-        for statement in MIGRATIONS[step].split(";"):
-            if statement.strip():
-                conn.execute(statement)
-        conn.execute(f"PRAGMA user_version = {step}")
+    migrate_steps(
+        conn,
+        MIGRATIONS,
+        "the adapter library was written by a newer MultiLoRA Studio (schema {version}); upgrade",
+    )
 
 
 @functools.lru_cache(maxsize=256)

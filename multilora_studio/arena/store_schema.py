@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 
+from multilora_studio.sqlite_schema import migrate as migrate_steps
+
 SCHEMA_VERSION = 1
 MIGRATIONS = {
     1: """
@@ -35,13 +37,8 @@ COLUMNS = (
 
 def migrate(conn: sqlite3.Connection) -> None:
     """Bring the open database up to ``SCHEMA_VERSION`` (in the caller's transaction)."""
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise RuntimeError(
-            f"the arena's votes were written by a newer version (schema {version}); update MultiLoRA Studio"
-        )
-    for step in range(version + 1, SCHEMA_VERSION + 1):
-        for statement in MIGRATIONS[step].split(";"):
-            if statement.strip():
-                conn.execute(statement)
-        conn.execute(f"PRAGMA user_version = {step}")
+    migrate_steps(
+        conn,
+        MIGRATIONS,
+        "the arena's votes were written by a newer version (schema {version}); update MultiLoRA Studio",
+    )
