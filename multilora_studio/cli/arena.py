@@ -39,6 +39,7 @@ from multilora_studio.cli.shared import (
     add_adapters,
     add_demo_adapters_flag,
     add_engine_arguments,
+    add_other_base_flag,
     engine_config,
     library_for,
     print_progress,
@@ -98,11 +99,7 @@ def add_arena_command(subparsers: Subcommands) -> None:
     parser.add_argument("--temperature", type=float, default=defaults.temperature, help="of both sides")
     parser.add_argument("--top-p", type=float, default=defaults.top_p, help="of both sides")
     parser.add_argument("--raw", action="store_true", help="send text prompts as plain text, not as chat")
-    parser.add_argument(
-        "--allow-other-base",
-        action="store_true",
-        help="use library adapters recorded against other base weights",
-    )
+    add_other_base_flag(parser)
     add_engine_arguments(parser, comparing=True)
     add_demo_adapters_flag(parser)
     parser.set_defaults(handler=run_arena)

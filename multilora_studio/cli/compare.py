@@ -13,6 +13,7 @@ from multilora_studio.cli.shared import (
     add_adapters,
     add_demo_adapters_flag,
     add_engine_arguments,
+    add_other_base_flag,
     engine_config,
     library_for,
     print_progress,
@@ -49,11 +50,7 @@ def add_compare_command(subparsers: Subcommands) -> None:
         "--layout", choices=["columns", "rows"], default=None, help="default: fit the terminal"
     )
     parser.add_argument("--json", action="store_true", help="print the outputs as JSON")
-    parser.add_argument(
-        "--allow-other-base",
-        action="store_true",
-        help="use library adapters recorded against other base weights",
-    )
+    add_other_base_flag(parser)
     add_engine_arguments(parser, comparing=True)
     add_demo_adapters_flag(parser)
     parser.set_defaults(handler=run_compare)

@@ -17,6 +17,7 @@ from multilora_studio.cli.shared import (
     add_adapters,
     add_demo_adapters_flag,
     add_engine_arguments,
+    add_other_base_flag,
     engine_config,
     library_for,
     print_progress,
@@ -127,11 +128,7 @@ def add_eval_command(subparsers: Subcommands) -> None:
         help=f"prompts per batch, each with every adapter ({defaults.batch_prompts})",
     )
     parser.add_argument("--no-record", action="store_true", help="do not record the scores in the library")
-    parser.add_argument(
-        "--allow-other-base",
-        action="store_true",
-        help="use library adapters recorded against other base weights",
-    )
+    add_other_base_flag(parser)
     add_engine_arguments(parser, comparing=True)
     add_demo_adapters_flag(parser)
     parser.set_defaults(handler=run_eval_command)

@@ -147,6 +147,15 @@ def add_demo_adapters_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_other_base_flag(parser: argparse.ArgumentParser) -> None:
+    """``--allow-other-base`` for the commands that run library adapters on a base."""
+    parser.add_argument(
+        "--allow-other-base",
+        action="store_true",
+        help="use library adapters recorded against other base weights",
+    )
+
+
 def add_naming_arguments(parser: argparse.ArgumentParser) -> None:
     """``--name``, ``--alias`` and ``--notes`` of an adapter entering the library."""
     parser.add_argument("--name", default=None, help="library name (default: folder name / repo id)")
