@@ -1,43 +1,40 @@
-"""Quantized bases on the GPU: decode speed against bf16, the dequantize-GEMM's bandwidth, FP8's error.
+"""Quantized bases on the GPU against bf16: decode, prefill and the logits' error, in one run.
 
-    python -m benchmarks.quant_gpu [--rounds 2] [--json OUT.json] [--sections decode,gemm,error]
+    python -m benchmarks.quant_gpu [--rounds 2] [--json OUT.json] [--sections decode,prefill,error]
     python -m benchmarks.quant_gpu --cpu   # a small smoke run on the CPU (SmolLM2-135M shape, FP8 only)
 
 Random bf16 weights of the Llama-3-8B shape, quantized at load (``EngineConfig.quantization``:
-FP8 per channel; AWQ and GPTQ 4-bit, group 128, round to nearest). What they are held to:
+FP8 per channel; AWQ and GPTQ 4-bit, group 128, round to nearest), one engine after the other.
+What they are held to (ratios against bf16 in the same run):
 
-* decode: single-stream decode tok/s (base, 128-token prompt, 128 new tokens) and batch 32 with
-  32 distinct rank-16 adapters on every projection, each quantization against bf16 (targets:
-  FP8 >= 1.6x single / 1.4x batch; int4 >= 2.5x single / 1.5x batch);
-* gemm: the dequantize-GEMM (``kernels/dequant_gemm.py``) and FP8 ``torch._scaled_mm`` at decode
-  row counts on the 8B projections: time, GB/s over the bytes the weights need, and the
-  fraction of the device's measured copy bandwidth (target for int4: >= 60%), with bf16
-  ``F.linear`` beside it;
-* error: FP8 against bf16 on the same random weights: prompt-token log-probabilities (max and
-  mean absolute difference) and how often the argmax agrees.
+* decode: single-stream tok/s (base, 128-token prompt, 128 new tokens; FP8 >= 1.6x, 4-bit
+  >= 2.5x), batch 32 with 32 distinct rank-16 adapters on every projection (FP8 >= 1.4x, 4-bit
+  >= 1.8x), and batch 32 of the base alone (32 adapters >= 0.85 of it);
+* prefill: 16 prompts x 1,024 tokens, one new token each: prompt tokens/s (>= 0.8 of bf16);
+* error: each format's next-token distributions against bf16's on the same random weights
+  (64 prompts of 64 tokens, the last position of each): mean KL(bf16 || format) in nats and
+  top-1 agreement.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import gc
 import logging
 import shutil
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from benchmarks.rounds import decode_tok_s, device_name, graph_time_ms, parser, random_prompts, write_results
 from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from multilora_studio.engine.model.model_source import RANDOM_SHAPES
-from multilora_studio.engine.model.quant_pack import quantize_awq, quantize_fp8, quantize_gptq
-from multilora_studio.kernels.dequant_gemm import dequant_gemm
-from multilora_studio.kernels.quant_linear import fp8_scaled_mm, scaled_mm_supported
+from multilora_studio.engine.step.next_token_logits import next_token_logits
 
 QUANTIZATIONS = (None, "fp8", "awq", "gptq")
 
@@ -80,15 +77,22 @@ def decode_section(
                 engine.generate(prompts[:1], [None], params)  # warm-up
                 single = [decode_tok_s(engine.generate(prompts[:1], [None], params)) for _ in range(rounds)]
                 many = [decode_tok_s(engine.generate(prompts, names, params)) for _ in range(rounds)]
+                alone = [
+                    decode_tok_s(engine.generate(prompts, [None] * batch, params)) for _ in range(rounds)
+                ]
                 weights = engine.runner.weights
                 results[label] = {
                     "single_tok_s": statistics.median(single),
                     "batch_tok_s": statistics.median(many),
+                    "batch_base_tok_s": statistics.median(alone),
                     "quantization": None if weights.quantization is None else weights.quantization.label,
                 }
+            row = results[label]
+            row["adapters_vs_base"] = row["batch_tok_s"] / row["batch_base_tok_s"]
             print(
-                f"{label:5s} single {results[label]['single_tok_s']:8.1f} tok/s   batch {batch} x {batch} "
-                f"adapters {results[label]['batch_tok_s']:8.1f} tok/s",
+                f"{label:5s} single {row['single_tok_s']:8.1f} tok/s   batch {batch} x {batch} adapters "
+                f"{row['batch_tok_s']:8.1f} tok/s   base alone {row['batch_base_tok_s']:8.1f} tok/s "
+                f"(adapters {row['adapters_vs_base']:.2f} of it)",
                 flush=True,
             )
             gc.collect()
@@ -128,78 +132,74 @@ def projection_shapes(shape: str) -> dict[str, tuple[int, int]]:
     }
 
 
-def gemm_section(shape: str) -> dict[str, Any]:
-    """Each 8B projection at decode row counts: ms, GB/s and the fraction of the copy bandwidth."""
-    shapes = projection_shapes(shape)
-    peak = copy_bandwidth_gb_s()
-    print(f"copy bandwidth {peak:.0f} GB/s", flush=True)
-    rows_out: list[dict[str, Any]] = []
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    for group, (n, k) in shapes.items():
-        dense = (torch.randn(n, k, device="cuda", generator=generator) * k**-0.5).to(torch.bfloat16)
-        weights = {"awq": quantize_awq(dense), "gptq": quantize_gptq(dense), "fp8": quantize_fp8(dense)}
-        for rows in (1, 8, 16, 32):
-            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-            io_bytes = 2 * rows * (k + n)
-            cases = {"bf16": (functools.partial(F.linear, x, dense), dense.numel() * 2)}
-            for kind, weight in weights.items():
-                cases[f"{kind} triton"] = (functools.partial(dequant_gemm, x, weight), weight.nbytes)
-            if scaled_mm_supported(torch.device("cuda"), torch.bfloat16):
-                fp8 = weights["fp8"]
-                cases["fp8 scaled_mm"] = (functools.partial(fp8_scaled_mm, x, fp8), fp8.nbytes)
-            for label, (fn, weight_bytes) in cases.items():
-                ms = graph_time_ms(fn)
-                gb_s = (weight_bytes + io_bytes) / ms / 1e6
-                row = {
-                    "group": group,
-                    "rows": rows,
-                    "path": label,
-                    "ms": ms,
-                    "gb_s": gb_s,
-                    "of_copy": gb_s / peak,
-                }
-                rows_out.append(row)
-                print(f"{group:8s} [{n:5d},{k:5d}] rows {rows:2d} {label:14s} {ms * 1e3:8.1f} us "
-                      f"{gb_s:7.0f} GB/s  {gb_s / peak:5.0%} of copy", flush=True)  # fmt: skip
-        torch.cuda.empty_cache()
-    return {"copy_gb_s": peak, "rows": rows_out}
-
-
-def error_section(shape: str, device: str) -> dict[str, Any]:
-    """FP8 (quantized at load) against bf16 on the same random weights: prompt log-probabilities."""
-    generator = torch.Generator().manual_seed(1)
-    prompts = random_prompts(8, 64, RANDOM_SHAPES[shape].vocab_size, generator)
-    scored = {}
-    for quantization in (None, "fp8"):
-        with Engine(engine_config(shape, device, quantization, 8)) as engine:
-            scored[quantization] = engine.score(prompts, None, top_k=1)
+def prefill_section(
+    shape: str, device: str, rounds: int, prompts_n: int, length: int, kinds
+) -> dict[str, Any]:
+    """Prompt tokens/s of ``prompts_n`` prompts x ``length`` tokens sent at once (one new token each)."""
+    spec = RANDOM_SHAPES[shape]
+    generator = torch.Generator().manual_seed(2)
+    results: dict[str, Any] = {}
+    for quantization in kinds:
+        label = quantization or "bf16"
+        config = dataclasses.replace(
+            engine_config(shape, device, quantization, prompts_n),
+            max_model_len=length + 8, max_num_batched_tokens=prompts_n * length,
+        )  # fmt: skip
+        with Engine(config) as engine:
+            params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+            engine.generate(random_prompts(prompts_n, length, spec.vocab_size, generator), None, params)
+            times = []
+            for _ in range(rounds):
+                prompts = random_prompts(prompts_n, length, spec.vocab_size, generator)
+                started = time.perf_counter()
+                engine.generate(prompts, None, params)
+                times.append(time.perf_counter() - started)
+        results[label] = {"prompt_tok_s": prompts_n * length / statistics.median(times)}
+        print(
+            f"{label:5s} prefill {prompts_n} x {length}: {results[label]['prompt_tok_s']:9.0f} prompt tok/s",
+            flush=True,
+        )
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
-    diffs, agree, total = [], 0, 0
-    for plain, fp8 in zip(scored[None], scored["fp8"], strict=True):
-        for a, b in zip(plain.prompt_logprobs or (), fp8.prompt_logprobs or (), strict=True):
-            if a is None or b is None:  # the first prompt token is not scored
-                continue
-            diffs.append(abs(a.logprob - b.logprob))
-            agree += int(a.top[0][0] == b.top[0][0])  # (token id, log-probability) pairs
-            total += 1
-    result = {
-        "max_abs_logprob": max(diffs),
-        "mean_abs_logprob": statistics.fmean(diffs),
-        "argmax_agreement": agree / total,
-    }
-    print(
-        f"fp8 vs bf16 log-probabilities: max |diff| {result['max_abs_logprob']:.4f}, mean "
-        f"{result['mean_abs_logprob']:.4f}, argmax agrees {result['argmax_agreement']:.1%} of {total}"
-    )
-    return result
+    if "bf16" in results:
+        for label, row in results.items():
+            row["vs_bf16"] = row["prompt_tok_s"] / results["bf16"]["prompt_tok_s"]
+            print(f"{label:5s} prefill vs bf16: {row['vs_bf16']:.2f}x")
+    return results
+
+
+def error_section(shape: str, device: str, kinds) -> dict[str, Any]:
+    """Each format's next-token distributions against bf16's on the same random weights."""
+    generator = torch.Generator().manual_seed(1)
+    prompts = random_prompts(64, 64, RANDOM_SHAPES[shape].vocab_size, generator)
+    logits = {}
+    for quantization in kinds:
+        logits[quantization] = next_token_logits(engine_config(shape, device, quantization, 16), prompts)
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    reference = torch.log_softmax(logits[None].double(), dim=-1)  # [P, V]
+    results: dict[str, Any] = {}
+    for quantization in kinds:
+        if quantization is None:
+            continue
+        other = torch.log_softmax(logits[quantization].double(), dim=-1)
+        kl = (reference.exp() * (reference - other)).sum(-1)  # [P]
+        agree = (reference.argmax(-1) == other.argmax(-1)).double().mean()
+        results[quantization] = {"mean_kl": float(kl.mean()), "top1_agreement": float(agree)}
+        print(
+            f"{quantization:5s} vs bf16: mean KL {float(kl.mean()):.2e} nats, "
+            f"top-1 agrees {float(agree):.1%} of {len(prompts)} prompts",
+            flush=True,
+        )
+    return results
 
 
 def main() -> None:
     arguments = parser(__doc__)
     arguments.add_argument("--cpu", action="store_true", help="small smoke run on the CPU")
-    arguments.add_argument("--sections", default="decode,gemm,error", help="which sections to run")
+    arguments.add_argument("--sections", default="decode,prefill,error", help="which sections to run")
     args = arguments.parse_args()
     logging.basicConfig(level=logging.WARNING)
     sections = set(args.sections.split(","))
@@ -209,10 +209,14 @@ def main() -> None:
         kinds = (None, "fp8") if args.cpu else QUANTIZATIONS  # 135M's hidden size is no multiple of 128
         batch, new_tokens = (4, 8) if args.cpu else (32, 128)
         results["decode"] = decode_section(shape, device, args.rounds, batch, new_tokens, kinds)
-    if "gemm" in sections and device == "cuda":
-        results["gemm"] = gemm_section(shape)
+        write_results(args.json, results)
+    kinds = (None, "fp8") if args.cpu else QUANTIZATIONS
+    if "prefill" in sections:
+        prompts_n, length = (2, 128) if args.cpu else (16, 1024)
+        results["prefill"] = prefill_section(shape, device, args.rounds, prompts_n, length, kinds)
+        write_results(args.json, results)
     if "error" in sections:
-        results["error"] = error_section(shape, device)
+        results["error"] = error_section(shape, device, kinds)
     write_results(args.json, results)
 
 

@@ -2,7 +2,7 @@
 # One run on a GPU host: GPU correctness of the engine against PEFT and the engine benchmark.
 # Run from the repository root on a CUDA machine with torch, triton, transformers and peft, with
 # .device_pkg/ beside it (scripts/device_package.sh builds it: the tokenizer and the other wheels).
-# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS, GPU_DIST, GPU_SESSION_TIMEOUT)] [engine-tests|engine-fidelity] [engine-bench] [bench-latency] [prefill-profile] [prefill-lora-bench] [prefill-ab] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-sweep] [int4-candidates] [swap-bench] [prefix-cache] [prefix-step]
+# Usage: scripts/gpu_session.sh [gpu-tests (GPU_SHARD=I/N, GPU_TESTS, GPU_WORKERS, GPU_DIST, GPU_SESSION_TIMEOUT)] [engine-tests|engine-fidelity] [engine-bench] [bench-latency] [prefill-profile] [prefill-lora-bench] [prefill-ab] [engine-bench-invariant] [api-bench] [logprobs-bench] [engine-bench-ab] [engine-bench-qkv] [lora-step] [tier-bench] [tier-ab] [tier-trace] [tier-workers] [bench-sweep-steps] [bench-suite] [bench-ranks] [bench-sweep-prefetch] [bench-peft] [bench-many-adapters] [bench-queue-depth] [quant-tests] [quant-bench] [quant-candidates] [swap-bench] [prefix-cache] [prefix-step]
 #        [kernel-tests] [kernel-bench] [attention-bench]   (KERNEL_SECTIONS, KERNEL_BUDGET, KERNEL_TESTS)
 # Kernel benchmarks run from benchmarks/kernels/ (python -m benchmarks.kernels.NAME, from the repository root).
 set -u
@@ -181,25 +181,21 @@ for step in $steps; do
         --no-progress --json "$OUT/bench_many${LOAD_WORKERS:+_w$LOAD_WORKERS}.json" 2>&1 \
         | tee "$OUT/bench-many${LOAD_WORKERS:+-w$LOAD_WORKERS}.log" | grep -v " INFO " | tail -9 ;;
     quant-tests)
-      # quantized bases on the device: the dequantize-GEMM and FP8 scaled_mm natively, the engine's
-      # logits and PEFT agreement over FP8 / AWQ / GPTQ checkpoints (Triton path on CUDA)
+      # quantized bases on the device: gemlite's and cuBLAS's paths and FP8 scaled_mm natively, the
+      # engine's logits and PEFT agreement over FP8 / AWQ / GPTQ checkpoints
       TRITON_INTERPRET=0 MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
-        timeout ${QUANT_TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_dequant_gemm.py \
+        timeout ${QUANT_TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_gemms.py \
         tests/engine/test_quantized_base.py 2>&1 | tee "$OUT/quant-tests.log" | tail -25 ;;
     quant-bench)
       # FP8 / AWQ / GPTQ (quantized at load) against bf16 on the Llama-3-8B shape: single-stream and
       # batch-32 decode with 32 rank-16 adapters, the dequantize-GEMM's bandwidth, FP8's logit error
       timeout ${QUANT_BENCH_TIMEOUT:-560} python3 -m benchmarks.quant_gpu --rounds 2 ${QUANT_SECTIONS:+--sections $QUANT_SECTIONS} --json "$OUT/quant_gpu.json" 2>&1 \
         | tee "$OUT/quant-bench.log" | grep -v "^INFO" | tail -90 ;;
-    quant-sweep)
-      # the dequantize-GEMM's launches at decode rows on the 8B projections: the fastest per case
-      timeout ${QUANT_SWEEP_TIMEOUT:-420} python3 -m benchmarks.kernels.dequant_sweep --budget ${QUANT_SWEEP_BUDGET:-300} \
-        --json "$OUT/quant_sweep.json" 2>&1 | tee "$OUT/quant-sweep.log" | grep -v "^INFO" | tail -120 ;;
-    int4-candidates)
-      # weight-only 4-bit GEMMs side by side on the 8B projections (the engine's dequantize-GEMM,
-      # PyTorch's tinygemm, gemlite in bf16 and fp16) with bf16 and FP8 beside them
-      timeout ${INT4_CANDIDATES_TIMEOUT:-300} python3 -m benchmarks.kernels.int4_candidates --json "$OUT/int4_candidates.json" \
-        2>&1 | tee "$OUT/int4-candidates.log" | grep -v "^INFO" | tail -40 ;;
+    quant-candidates)
+      # weight-only 4-bit and FP8 GEMMs side by side on the 8B projections at every row count a step
+      # sees (gemlite, dequantize + cuBLAS, tinygemm, FP8 scaled_mm) with bf16 beside them
+      timeout ${QUANT_CANDIDATES_TIMEOUT:-420} python3 -m benchmarks.kernels.quant_candidates ${QUANT_ROWS:+--rows $QUANT_ROWS} \
+        --json "$OUT/quant_candidates.json" 2>&1 | tee "$OUT/quant-candidates.log" | grep -v "^INFO" | tail -60 ;;
     swap-bench)
       # time-share swap of random:llama3-8b: its swap-in from page-locked host memory (Engine.unpark)
       # against a plain page-locked copy of the same bytes (target <= 2x), the first batch after a

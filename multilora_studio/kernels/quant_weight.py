@@ -26,7 +26,8 @@ Semantics of every quantized GEMM: ``x @ dequantize(weight, float64).T`` (+ bias
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -65,6 +66,11 @@ class QuantizedWeight:
     perm: torch.Tensor | None = None  # gptq act-order: [K] int64, stored row -> input feature
     zero_offset: int = 0  # gptq: 1 (zeros stored minus one), else 0
     group_size: int = GROUP_SIZE
+    # the device kernels that multiply it, attached at load (``quant_linear.prepare_quantized``):
+    # (x [T, K], bias) -> [T, N]; None: a dense copy per call
+    gemm: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if self.kind not in FORMATS:

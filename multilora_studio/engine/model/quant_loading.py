@@ -17,13 +17,14 @@ from typing import Protocol
 import torch
 
 from multilora_studio.engine.model.quant_pack import (
+    awq_as_gptq,
     group_contiguous,
     quantize_awq,
     quantize_fp8,
     quantize_gptq,
 )
 from multilora_studio.engine.model.quantization import Quantization
-from multilora_studio.kernels.quant_linear import QuantPlan
+from multilora_studio.kernels.quant_linear import QuantPlan, prepare_quantized
 from multilora_studio.kernels.quant_weight import QuantizedWeight, Weight, concat_outputs, dequantize
 
 QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int32, torch.int8, torch.uint8)
@@ -102,11 +103,15 @@ def place_projection(
     weight: Weight, quant: Quantization | None, plan: QuantPlan, dtype: torch.dtype, device: torch.device
 ) -> Weight:
     """A projection as the model will hold it: quantized at load where asked, on ``device``,
-    and dense in ``dtype`` where the plan dequantizes at load."""
+    dense in ``dtype`` where the plan dequantizes at load, else with its kernels attached (an AWQ
+    weight repacked into the K-packed layout the 4-bit kernels read, exactly)."""
     if isinstance(weight, torch.Tensor):
         if quant is None or not quant.at_load:
             return weight
         weight = quantize_at_load(weight, quant)
+    placed = weight.to(device)
     if plan.dequantize_at_load:
-        return dequantize(weight.to(device), dtype)
-    return weight.to(device)
+        return dequantize(placed, dtype)
+    if placed.kind == "awq" and plan.int4 != "dequantize":
+        placed = awq_as_gptq(placed)
+    return prepare_quantized(placed, plan, dtype)

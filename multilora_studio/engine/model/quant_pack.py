@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from multilora_studio.kernels.quant_weight import GROUP_SIZE, QuantizedWeight, unpack_gptq_rows
+from multilora_studio.kernels.quant_weight import GROUP_SIZE, QuantizedWeight, unpack_awq, unpack_gptq_rows
 
 FP8_MAX = 448.0  # the largest float8_e4m3fn value
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ: nibble i holds column order[i] of its eight
@@ -109,4 +109,17 @@ def group_contiguous(weight: QuantizedWeight, g_idx: torch.Tensor) -> QuantizedW
     return QuantizedWeight(
         "gptq", weight.shape, pack_gptq_rows(rows), weight.scales, weight.qzeros, perm,
         weight.zero_offset, weight.group_size,
+    )  # fmt: skip
+
+
+def awq_as_gptq(weight: QuantizedWeight) -> QuantizedWeight:
+    """An AWQ weight repacked into GPTQ's K-packed layout (``zero_offset`` 0): the same 4-bit
+    values, zero points and scales, so it dequantizes to the same matrix bit for bit."""
+    if weight.kind != "awq" or weight.qzeros is None:
+        raise ValueError(f"awq_as_gptq takes an awq weight, got {weight.kind}")
+    q = unpack_awq(weight.qweight)  # [K, N]
+    zeros = unpack_awq(weight.qzeros)  # [K / G, N]
+    return QuantizedWeight(
+        "gptq", weight.shape, pack_gptq_rows(q), weight.scales, pack_sequential(zeros),
+        None, 0, weight.group_size,
     )  # fmt: skip

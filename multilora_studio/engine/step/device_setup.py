@@ -102,7 +102,7 @@ def load_on_device(
         install_compile_watch()
         held_before = torch.cuda.memory_allocated(device)  # other engines' of this process
     quantization = base_quantization(config)  # the checkpoint's, or one applied at load
-    quant_plan = build_quant_plan(device, dtype)  # how quantized GEMMs run
+    quant_plan = build_quant_plan(device, dtype, config.batch_invariant)  # how quantized GEMMs run
     plan = build_lora_plan(config, device, dtype, quantization is not None)  # how the LoRA term runs
     lora_rows = shrink_in_gemm_rows(config, plan)  # A rows reserved after every GEMM weight
     base = resolve_model(config.model, dtype, device, progress, lora_rows, quantization, quant_plan)

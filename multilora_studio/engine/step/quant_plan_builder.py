@@ -8,6 +8,7 @@ the GEMM path from the device (``kernels/quant_linear.py``, ``QuantPlan``).
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -19,7 +20,10 @@ from multilora_studio.engine.model.quantization import (
     checkpoint_quantization,
     served_quantization,
 )
-from multilora_studio.kernels.quant_linear import QuantPlan, scaled_mm_supported
+from multilora_studio.kernels.gemlite_support import GEMLITE_MISSING, gemlite_available
+from multilora_studio.kernels.quant_linear import QuantPlan
+
+log = logging.getLogger(__name__)
 
 
 def folder_quantization(folder: Path) -> Quantization | None:
@@ -40,16 +44,21 @@ def base_quantization(config: EngineConfig) -> Quantization | None:
     return served_quantization(config.quantization, checkpoint, random_model)
 
 
-def build_quant_plan(device: torch.device, dtype: torch.dtype) -> QuantPlan:
+def build_quant_plan(device: torch.device, dtype: torch.dtype, batch_invariant: bool = False) -> QuantPlan:
     """How quantized weights are multiplied on ``device`` in ``dtype``.
 
     CPU: dequantized once at load (the dense oneDNN GEMMs are the fastest path there; a
     per-call dequantize measured 8-30x slower a GEMM, docs/dev/engine.md). CUDA: the weights stay
-    quantized; FP8 through ``torch._scaled_mm`` where the GPU has FP8 tensor cores (compute
-    capability >= 8.9) and the activations are bf16, else the Triton dequantize-GEMM;
-    4-bit through the Triton dequantize-GEMM.
+    quantized; gemlite's kernels for decode-sized GEMMs and cuBLAS for prefill (FP8 tensor cores,
+    or a 4-bit weight dequantized first), as measured side by side (docs/BENCHMARKS.md). Without
+    gemlite installed, or in batch-invariant mode (gemlite's split-K partials are added by
+    atomics, in an order that varies), every size goes to cuBLAS.
     """
     if device.type != "cuda":
         return QuantPlan(dequantize_at_load=True)
-    fp8 = "scaled_mm" if scaled_mm_supported(device, dtype) else "triton"
-    return QuantPlan(dequantize_at_load=False, fp8=fp8, int4="triton")
+    if batch_invariant:
+        return QuantPlan(dequantize_at_load=False, fp8="cublas", int4="cublas")
+    if not gemlite_available():
+        log.warning("%s; until then quantized bases decode through cuBLAS, slower", GEMLITE_MISSING)
+        return QuantPlan(dequantize_at_load=False, fp8="cublas", int4="cublas")
+    return QuantPlan(dequantize_at_load=False, fp8="gemlite", int4="gemlite")

@@ -1,0 +1,54 @@
+"""gemlite (Triton low-bit GEMV / GEMM kernels, an optional dependency: ``pip install
+'multilora-studio[cuda]'``), imported only on a CUDA device and set up once: its launch table
+for the GPU loaded (no autotuning at start-up where the table has the shape) and float32
+accumulation of split-K partials (bfloat16 atomics lose 3-6 % of a GEMV's precision).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+__all__ = ["GEMLITE_MISSING", "gemlite", "gemlite_available", "launch_table"]
+
+GEMLITE_MISSING = "the 4-bit and FP8 GEMV kernels need gemlite: pip install 'multilora-studio[cuda]'"
+# gemlite's launch tables (its configs/ folder) by a word of the device's name; H200 and H800
+# share the H100's SMs and take its table
+TABLES = {
+    "h100": "h100", "h200": "h100", "h800": "h100", "a100": "a100", "l40s": "l40s", "l40": "l40",
+    "l4": "l4", "a6000": "a6000", "a40": "a40", "4090": "4090", "5090": "5090", "6000 ada": "6000_ada",
+}  # fmt: skip
+
+
+def gemlite_available() -> bool:
+    """Whether gemlite is installed (it is not imported here: its import needs a CUDA device)."""
+    from importlib.util import find_spec
+
+    return find_spec("gemlite") is not None
+
+
+def launch_table(device_name: str) -> str | None:
+    """The name of gemlite's launch table for a device (None: gemlite autotunes each shape)."""
+    name = device_name.lower()
+    for word, table in TABLES.items():
+        if word in name:
+            return table
+    return None
+
+
+@cache
+def gemlite(device_index: int) -> ModuleType:
+    """gemlite, set up for CUDA device ``device_index`` (ImportError naming the extra when missing)."""
+    try:
+        import gemlite as module
+        from gemlite.core import set_native_atomic_bfp16
+    except ImportError as missing:
+        raise ImportError(GEMLITE_MISSING) from missing
+    set_native_atomic_bfp16(False)
+    table = launch_table(torch.cuda.get_device_name(device_index))
+    if table is not None:
+        module.load_config(str(Path(module.__file__).parent / "configs" / f"{table}.json"))
+    return module
