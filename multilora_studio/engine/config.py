@@ -280,17 +280,20 @@ class EngineConfig:
     )
     # The base's quantization (vLLM's --quantization). None: as the checkpoint is (float, or
     # the FP8 / AWQ / GPTQ its config.json declares); "fp8": an FP8 checkpoint as it is, a float
-    # one quantized to FP8 per channel at load; "awq" / "gptq": a checkpoint of that kind (random
-    # shapes are quantized at load). engine/model/quantization.py; docs/dev/engine.md, "Quantized bases".
+    # one quantized to FP8 per channel at load; "int4": a float one quantized to 4 bits at load;
+    # "awq" / "gptq": a checkpoint of that kind (random shapes are quantized at load).
+    # engine/model/quantization.py; docs/dev/engine.md, "Quantized bases".
     quantization: str | None = setting(
         None,
-        doc="`fp8`, `awq` or `gptq`: the base's quantization ([below](#quantized-bases)); `None`: as "
-        "the checkpoint is",
+        doc="`fp8`, `int4`, `awq` or `gptq`: the base's quantization ([below](#quantized-bases)); "
+        "`None`: as the checkpoint is",
         flag="--quantization",
         help="the base's quantization: fp8 serves an FP8 checkpoint or quantizes a float base to FP8 at "
-        "load; awq / gptq expect such a checkpoint (default: as the checkpoint is)",
+        "load; int4 quantizes a float base to 4 bits at load; awq / gptq expect such a checkpoint "
+        "(default: as the checkpoint is)",
         label="Quantization",
-        tip="fp8: an FP8 checkpoint, or a float base quantized to FP8 when it loads; awq / gptq: such a "
+        tip="fp8: an FP8 checkpoint, or a float base quantized to FP8 when it loads; int4: a float base "
+        "quantized to 4 bits (groups of 128, round to nearest) when it loads; awq / gptq: such a "
         "checkpoint (its adapters trained on the float base are served on it)",
         group="model",
         choices=QUANTIZATIONS,

@@ -119,12 +119,15 @@ def test_what_engine_config_quantization_makes_of_a_checkpoint():
     assert served_quantization(None, awq, False) is awq
     assert served_quantization("awq", awq, False) is awq
     assert served_quantization("fp8", None, False) == Quantization("fp8", "", at_load=True)
+    assert served_quantization("int4", None, False) == Quantization("int4", "", at_load=True)
     assert served_quantization("gptq", None, True) == Quantization("gptq", "", at_load=True, zero_offset=1)
     with pytest.raises(ValueError, match="'fp8' was asked for, but the checkpoint is AWQ 4-bit"):
         served_quantization("fp8", awq, False)
+    with pytest.raises(ValueError, match="'int4' was asked for, but the checkpoint is AWQ 4-bit"):
+        served_quantization("int4", awq, False)
     with pytest.raises(ValueError, match=r"'gptq' needs a checkpoint quantized so \(GPTQ 4-bit"):
         served_quantization("gptq", None, False)
-    with pytest.raises(ValueError, match="quantization must be one of fp8, awq, gptq or None, got 'int8'"):
+    with pytest.raises(ValueError, match="quantization must be one of fp8, int4, awq, gptq or None, got 'int8'"):
         EngineConfig(quantization="int8")
 
 

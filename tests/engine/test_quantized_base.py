@@ -31,7 +31,7 @@ from multilora_studio.engine.batch.block_manager import BlockManager
 from multilora_studio.engine.batch.scheduler import ScheduledChunk, StepPlan
 from multilora_studio.engine.batch.sequence import Sequence
 from multilora_studio.engine.model.model_source import resolve_model
-from multilora_studio.engine.model.quant_pack import quantize_fp8
+from multilora_studio.engine.model.quant_pack import quantize_fp8, quantize_gptq
 from multilora_studio.engine.step.lora_plan_builder import build_lora_plan
 from multilora_studio.engine.step.quant_plan_builder import base_quantization
 from multilora_studio.engine.step.runner import ModelRunner
@@ -144,15 +144,21 @@ def test_mixed_adapter_batch_equals_peft_on_the_dequantized_base(
     assert reference.greedy(names[0], prompts[0], NEW_TOKENS) != base, "the adapter must matter"
 
 
-def test_fp8_at_load_quantizes_a_float_base_per_channel(quant_base, tmp_path, engine_device):
+AT_LOAD = {"fp8": quantize_fp8, "int4": lambda w: quantize_gptq(w, zero_offset=0)}
+
+
+@pytest.mark.parametrize("method", sorted(AT_LOAD))
+def test_quantizing_at_load_serves_the_quantized_float_base(quant_base, tmp_path, engine_device, method):
+    """fp8 (per channel) and int4 (4-bit, groups of 128, round to nearest) of a float checkpoint
+    equal the float64 forward pass of its projections quantized and dequantized."""
     from safetensors.torch import load_file, save_file
 
-    with Engine(engine_config(quant_base, engine_device, quantization="fp8")) as engine:
+    with Engine(engine_config(quant_base, engine_device, quantization=method)) as engine:
         quantization = engine.runner.weights.quantization
-        assert quantization is not None and quantization.at_load and quantization.method == "fp8"
+        assert quantization is not None and quantization.at_load and quantization.method == method
         prompts = [engine.encode(text) for text in PROMPTS]
         got = engine_logprobs(engine, prompts)
-    # the reference: every projection through quantize_fp8 and back, in float64
+    # the reference: every projection quantized and back, in float64
     twin = tmp_path / "twin"
     import shutil
 
@@ -160,7 +166,7 @@ def test_fp8_at_load_quantizes_a_float_base_per_channel(quant_base, tmp_path, en
     tensors = load_file(str(quant_base / "model.safetensors"))
     for name, tensor in tensors.items():
         if name.endswith("_proj.weight"):
-            tensors[name] = dequantize(quantize_fp8(tensor), torch.float64).float()
+            tensors[name] = dequantize(AT_LOAD[method](tensor), torch.float64).float()
     save_file(tensors, str(twin / "model.safetensors"), metadata={"format": "pt"})
     expected = reference_logprobs(twin, prompts)
     for g, e in zip(got, expected, strict=True):

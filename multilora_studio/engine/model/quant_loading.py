@@ -91,12 +91,13 @@ def stored_projection(source: TensorReader, modules: list[str], quant: Quantizat
 
 
 def quantize_at_load(weight: torch.Tensor, quant: Quantization) -> QuantizedWeight:
-    """A float [N, K] projection quantized as ``quant`` asks (round to nearest)."""
+    """A float [N, K] projection quantized as ``quant`` asks (round to nearest; int4 straight into
+    the K-packed layout the GPU's 4-bit kernels read, zero points 0..15)."""
     if quant.method == "fp8":
         return quantize_fp8(weight)
     if quant.method == "awq":
         return quantize_awq(weight)
-    return quantize_gptq(weight, zero_offset=quant.zero_offset)
+    return quantize_gptq(weight, zero_offset=quant.zero_offset)  # gptq, and int4 (offset 0)
 
 
 def place_projection(

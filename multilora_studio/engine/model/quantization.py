@@ -22,13 +22,14 @@ from pathlib import Path
 from multilora_studio.engine.model.model_spec import PROJECTIONS, ModelSpec, spec_from_config
 from multilora_studio.kernels.quant_weight import GROUP_SIZE
 
-QUANTIZATIONS = ("fp8", "awq", "gptq")  # EngineConfig.quantization (vLLM's --quantization names)
+QUANTIZATIONS = ("fp8", "int4", "awq", "gptq")  # EngineConfig.quantization (vLLM's names, and int4)
+AT_LOAD = ("fp8", "int4")  # what a float checkpoint can be quantized to when it loads
 SUPPORTED_METHODS = ("fp8", "compressed-tensors", "awq", "gptq")
 FP8_CT_FORMATS = ("float-quantized", "naive-quantized")
 FP8_STRATEGIES = ("channel", "tensor")
 GPTQ_FORMATS = {"gptq": 1, "gptq_v2": 0}  # checkpoint_format -> zero offset (v1 stores zero - 1)
-LABELS = {"fp8": "FP8 (e4m3)", "awq": "AWQ 4-bit", "gptq": "GPTQ 4-bit"}
-BITS = {"fp8": 8, "awq": 4, "gptq": 4}
+LABELS = {"fp8": "FP8 (e4m3)", "int4": "4-bit (groups of 128)", "awq": "AWQ 4-bit", "gptq": "GPTQ 4-bit"}
+BITS = {"fp8": 8, "int4": 4, "awq": 4, "gptq": 4}
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Quantization:
     not a quantized checkpoint. ``source``: the checkpoint's ``quant_method``.
     """
 
-    method: str  # "fp8", "awq" or "gptq"
+    method: str  # "fp8", "int4" (at load only), "awq" or "gptq"
     source: str = ""
     at_load: bool = False
     act_order: bool = False  # gptq desc_act
@@ -154,8 +155,9 @@ def served_quantization(
     of ``checkpoint``'s quantization (``random_model``: random weights of a named shape).
 
     None: the checkpoint as it is. "fp8": an FP8 checkpoint as it is, a float one quantized at
-    load (per channel). "awq" / "gptq": a checkpoint of that method (random shapes are quantized
-    at load, for benchmarks). Anything else is a ValueError naming both.
+    load (per channel). "int4": a float checkpoint quantized to 4 bits at load (asymmetric,
+    groups of 128, round to nearest). "awq" / "gptq": a checkpoint of that method (random shapes
+    are quantized at load, for benchmarks). Anything else is a ValueError naming both.
     """
     if requested is None or (checkpoint is not None and checkpoint.method == requested):
         return checkpoint
@@ -164,11 +166,11 @@ def served_quantization(
             f"quantization {requested!r} was asked for, but the checkpoint is {checkpoint.label} "
             f"(quant_method {checkpoint.source!r}); leave quantization unset to serve it as it is"
         )
-    if requested == "fp8" or random_model:
+    if requested in AT_LOAD or random_model:
         return Quantization(requested, "", at_load=True, zero_offset=1 if requested == "gptq" else 0)
     raise ValueError(
         f"quantization {requested!r} needs a checkpoint quantized so ({LABELS[requested]}, in config.json's "
-        "quantization_config); only 'fp8' quantizes a float base when it is loaded"
+        "quantization_config); 'fp8' and 'int4' quantize a float base when it is loaded"
     )
 
 
