@@ -1,5 +1,5 @@
 """Settings' *Base model* group: where the first base's weights come from (the embedded model, a
-folder, a Hub repository), its quantization and what that saves."""
+folder, a Hub repository), its quantization and what each format costs and buys."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QButtonGroup,
     QFileDialog,
@@ -21,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from multilora_studio.engine import EngineConfig
+from multilora_studio.engine.model.format_costs import FormatCost, base_format_costs, first_gpu_memory
 from multilora_studio.engine.model.quantization import quantization_summary
 from multilora_studio.gui.preferences import MODEL_SOURCES, shown
 from multilora_studio.gui.setting_form import SettingForm, read
@@ -44,6 +46,9 @@ class BaseModelBox(QGroupBox):
         self.form.add(item for item in shown(EngineConfig) if item.setting.group == "model")
         self.quantization_info = QLabel()  # the base's quantization and the memory it saves
         self.quantization_info.setWordWrap(True)
+        self.format_costs = QLabel()  # each format's memory and bytes a token, a folder's config read
+        self.format_costs.setTextFormat(Qt.TextFormat.RichText)
+        self.device_memory = first_gpu_memory()
         layout = QVBoxLayout(self)
         for index, button in enumerate((self.embedded, self.folder, self.hub)):
             self.sources.addButton(button, index)
@@ -54,6 +59,7 @@ class BaseModelBox(QGroupBox):
         layout.addLayout(row)
         layout.addLayout(self.form.layout)
         layout.addWidget(self.quantization_info)
+        layout.addWidget(self.format_costs)
         self.sources.idToggled.connect(lambda *_: self.model.setEnabled(not self.embedded.isChecked()))
         for signal in (self.model.textChanged, self.sources.idToggled, self.form.edited):
             signal.connect(self._show_quantization)
@@ -86,9 +92,41 @@ class BaseModelBox(QGroupBox):
                 f"(saves {format_bytes(dense - stored)})"
             )
         self.quantization_info.setText(label)
+        folder_chosen = self.folder.isChecked() and folder
+        costs = base_format_costs(Path(folder), self.device_memory) if folder_chosen else []
+        self.format_costs.setText(format_table(costs, requested, self.device_memory))
 
     def _browse(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Choose a Hugging Face model folder")
         if folder:
             self.folder.setChecked(True)
             self.model.setText(folder)
+
+
+NOTABLE_RATIO = 1.05  # fewer bytes a token worth a mention (a tiny model is mostly its embeddings)
+
+
+def format_table(costs: list[FormatCost], requested: str | None, memory: int | None) -> str:
+    """Rich text: a row per format (the one ``requested`` picks in bold) with its weights, the
+    bytes each decoded token reads (against bf16's) and the KV-cache tokens beside the weights."""
+    if not costs:
+        return ""
+    room = f"KV cache room in {format_bytes(memory)}" if memory is not None else "KV cache room (no GPU)"
+    rows = [f"<tr><th align=left>Format</th><th>Weights</th><th>Read a token</th><th>{room}</th></tr>"]
+    reference = costs[0].read_per_token
+    for cost in costs:
+        method = None if cost.quantization is None else cost.quantization.method
+        chosen = method == requested or (cost.quantization is not None and not cost.quantization.at_load)
+        fewer = reference / cost.read_per_token
+        ratio = f" ({fewer:.1f}x fewer)" if fewer >= NOTABLE_RATIO else ""
+        tokens = "-" if cost.kv_tokens is None else f"{cost.kv_tokens:,} tokens"
+        cells = [
+            cost.label,
+            format_bytes(cost.weight_bytes),
+            format_bytes(cost.read_per_token) + ratio,
+            tokens,
+        ]
+        text = "".join(f"<td>{'<b>' + c + '</b>' if chosen else c}</td>" for c in cells)
+        rows.append(f"<tr>{text}</tr>")
+    note = "Decode reads every weight once a token: fewer bytes, faster tokens; the rest is the KV cache's."
+    return f"<table cellspacing=6>{''.join(rows)}</table><small>{note}</small>"

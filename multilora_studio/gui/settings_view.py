@@ -107,7 +107,7 @@ class SettingsView(QWidget):
             "own_box": own,
             "extra_models": self.bases_box.extra_models,
             **{name: getattr(self.model_box, name) for name in ("embedded", "folder", "hub", "model")},
-            "quantization_info": self.model_box.quantization_info,
+            **{name: getattr(self.model_box, name) for name in ("quantization_info", "format_costs")},
         }
 
     def add_extra_model(self, entry: str) -> None:
