@@ -418,6 +418,8 @@ class Soak(QObject):
         self.base_filters: BaseFilterActions | None = None  # set by main()
         self.traffic: EndpointTraffic | None = None  # set by main()
         self.chat_runs = 0
+        self.format_folder: Path | None = None  # a float base folder whose format table is read; main()
+        self.format_tables_checked = 0  # restarts before which Settings' format table was read
         self.strength_sweeps = 0
         self.divergences = 0
         self.compare_errors: list[str] = []
@@ -606,6 +608,7 @@ class Soak(QObject):
     def restart(self) -> None:
         settings = self.window.settings
         self.window.show_page("Settings")
+        self.read_format_table()
         settings.max_loras.setValue(3 if settings.max_loras.value() == 2 else 2)
         settings.enable_prefix_caching.setChecked(self.restarts_done != PREFIX_CACHE_OFF_RESTART)
         settings.devices.setText("cpu,cpu" if self.restarts_done % 2 else "")
@@ -617,6 +620,29 @@ class Soak(QObject):
         if not settings.apply():
             self.problems.append(f"settings refused: {settings.banner.text}")
             self.restart_pending = False
+
+    def read_format_table(self) -> None:
+        """Settings' table of formats for a float folder base under every quantization choice (the
+        chosen row in bold, none for a checkpoint kind it is not), then the base as it was."""
+        settings, folder = self.window.settings, self.format_folder
+        if folder is None:
+            return
+        source = next(b for b in (settings.embedded, settings.folder, settings.hub) if b.isChecked())
+        model, index = settings.model.text(), settings.quantization.currentIndex()
+        settings.folder.setChecked(True)
+        settings.model.setText(str(folder))
+        for choice in range(settings.quantization.count()):
+            settings.quantization.setCurrentIndex(choice)
+            table, wanted = settings.format_costs.text(), settings.quantization.itemData(choice)
+            bold = table.count("<b>")
+            if "<td>bf16</td>" not in table.replace("<b>", "").replace("</b>", ""):
+                self.problems.append(f"the format table of {folder} lists no bf16 row: {table[:200]}")
+            elif bold != (4 if wanted in ("", "fp8", "int4") else 0):  # a row of 4 cells, or none
+                self.problems.append(f"quantization {wanted!r}: {bold} bold cells in the format table")
+        source.setChecked(True)
+        settings.model.setText(model)
+        settings.quantization.setCurrentIndex(index)
+        self.format_tables_checked += 1
 
     def check_own_slots(self) -> None:
         """After a restart, the second base's engine has the slots its entry sets, else the Engine's."""
@@ -703,6 +729,7 @@ class Soak(QObject):
             "pulled_bases": sorted(self.pull_actions.bases) if self.pull_actions else [],
             "own_slots_checked": self.own_slots_checked,
             "prefix_caching_checked": self.prefix_caching_checked,
+            "format_tables_checked": self.format_tables_checked,
             "prefix_cache_lines": sorted(self.prefix_cache_lines),
             "cached_follow_up_columns": self.cached_follow_up_columns,
             "base_names": self.window.host.pool.names if self.window.host.pool is not None else [],
@@ -775,6 +802,7 @@ def main() -> int:
         prefs.set_engine_choice(choice)
         window = MainWindow(prefs, registry)
         soak = Soak(window, args.seconds, args.restarts)
+        soak.format_folder = args.second_base
         soak.evaluate_actions = EvaluateActions(window, Path(folder))
         soak.merge_actions = MergeActions(window, Path(folder))
         soak.base_filters = BaseFilterActions(window)

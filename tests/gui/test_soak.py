@@ -75,6 +75,7 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tiny_fa
     assert len(result["pulled_bases"]) == 2, result  # an adapter pulled onto each base
     assert result["own_slots_checked"] == RESTARTS, result  # the second base's own slots, or not
     assert result["prefix_caching_checked"] == RESTARTS, result  # off after one restart, else on
+    assert result["format_tables_checked"] == RESTARTS, result  # Settings' formats of a float base
     assert {"hits", "off"} <= set(result["prefix_cache_lines"]), result  # as the Monitor showed it
     assert result["cached_follow_up_columns"] >= 1, result  # a follow-up's chat start came from the cache
     assert result["warm_toggles"] >= 1, result
