@@ -35,6 +35,7 @@ from multilora_studio.bench.random_adapters import write_random_adapter
 from multilora_studio.engine import Engine, EngineConfig, SamplingParams
 from multilora_studio.engine.model.model_source import RANDOM_SHAPES
 from multilora_studio.engine.step.next_token_logits import next_token_logits
+from multilora_studio.evaluate.quant_drift import compare
 
 QUANTIZATIONS = (None, "fp8", "awq", "gptq")
 
@@ -179,20 +180,13 @@ def error_section(shape: str, device: str, kinds) -> dict[str, Any]:
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
-    reference = torch.log_softmax(logits[None].double(), dim=-1)  # [P, V]
     results: dict[str, Any] = {}
     for quantization in kinds:
         if quantization is None:
             continue
-        other = torch.log_softmax(logits[quantization].double(), dim=-1)
-        kl = (reference.exp() * (reference - other)).sum(-1)  # [P]
-        agree = (reference.argmax(-1) == other.argmax(-1)).double().mean()
-        results[quantization] = {"mean_kl": float(kl.mean()), "top1_agreement": float(agree)}
-        print(
-            f"{quantization:5s} vs bf16: mean KL {float(kl.mean()):.2e} nats, "
-            f"top-1 agrees {float(agree):.1%} of {len(prompts)} prompts",
-            flush=True,
-        )
+        drift = compare(logits[None], logits[quantization])
+        results[quantization] = {"mean_kl": drift.mean_kl, "top1_agreement": drift.top1_agreement}
+        print(f"{quantization:5s} vs bf16: {drift.describe()}", flush=True)
     return results
 
 

@@ -97,6 +97,7 @@ READ_ONLY_OPENS = ("mode=ro", "mode=ro&immutable=1")  # immutable: a read-only d
 
 
 SERVED_QUANTIZED = "served-on-quantized-base"  # audit-log event: a quantized base serves it
+QUANT_DRIFT = "quantized-base-drift"  # audit-log event: its outputs measured on a quantized base
 
 
 class BaseMismatchError(LibraryError):
@@ -553,6 +554,13 @@ class Registry(RegistryLifecycle):
         if not any(e.event == SERVED_QUANTIZED and e.reason == note for e in self.events(record.name)):
             with self._write() as conn:
                 self.record_event(conn, record.id, record.name, SERVED_QUANTIZED, note)
+
+    def record_quant_drift(self, name: str, measured: str) -> None:
+        """Record in the audit log how far the adapter's outputs move on a quantized base
+        (``evaluate/quant_drift.py``: which base, the mean KL and top-1 agreement)."""
+        record = self.get(name)
+        with self._write() as conn:
+            self.record_event(conn, record.id, record.name, QUANT_DRIFT, measured)
 
     # ---------------------------------------------------------------- internals
 

@@ -33,6 +33,7 @@ COMMANDS = {
     "arena": "vote blind between two adapters' answers, and rank adapters by the votes",
     "pull": "pull an adapter (or a base model) from the Hugging Face Hub",
     "adapters": "list, add, remove, pin and inspect the adapters of the library",
+    "drift": "measure how far an adapter's outputs move when its base is served quantized",
     "merge": "merge adapters into their base model and export it (or combine adapters)",
     "export": "export an adapter, or the model merged with it, as GGUF for llama.cpp and Ollama",
     "serve": "serve the base model and adapters over an OpenAI-compatible HTTP API",

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import html
 
+from multilora_studio.adapters.registry import QUANT_DRIFT
 from multilora_studio.adapters.registry_lifecycle import AdapterEvent
 from multilora_studio.adapters.registry_schema import AdapterRecord
 from multilora_studio.gui.widgets import format_bytes, format_time
 from multilora_studio.gui.workflows.library_selection import aliases_label
 
 HISTORY_ROWS = 20  # the newest events of an adapter shown in its details
+DRIFT_ROWS = 3  # the newest measures of its outputs on quantized bases shown apart
 
 
 def details_html(record: AdapterRecord, tier: str, not_served: str | None, events: list[AdapterEvent]) -> str:
@@ -33,6 +35,9 @@ def details_html(record: AdapterRecord, tier: str, not_served: str | None, event
     ]
     if not_served is not None:
         rows.insert(2, ("Not served", not_served))
+    drifts = [e for e in events if e.event == QUANT_DRIFT][-DRIFT_ROWS:]
+    for event in reversed(drifts):  # measured with ``multilora-studio drift``, newest first
+        rows.append(("Quantized base", f"{event.reason} ({format_time(event.time)})"))
     rows.insert(1, ("State", record.state + (", warm at start" if record.warm else "")))
     if record.archive_path is not None:
         rows.insert(2, ("Archive", str(record.archive_path)))
