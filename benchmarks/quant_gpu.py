@@ -37,8 +37,6 @@ from multilora_studio.engine.model.model_source import RANDOM_SHAPES
 from multilora_studio.engine.step.next_token_logits import next_token_logits
 from multilora_studio.evaluate.quant_drift import compare
 
-QUANTIZATIONS = (None, "fp8", "awq", "gptq")
-
 
 def engine_config(shape: str, device: str, quantization: str | None, batch: int) -> EngineConfig:
     return EngineConfig(
@@ -194,17 +192,17 @@ def main() -> None:
     arguments = parser(__doc__)
     arguments.add_argument("--cpu", action="store_true", help="small smoke run on the CPU")
     arguments.add_argument("--sections", default="decode,prefill,error", help="which sections to run")
+    arguments.add_argument("--formats", default="fp8,awq,gptq", help="the quantizations beside bf16")
     args = arguments.parse_args()
     logging.basicConfig(level=logging.WARNING)
     sections = set(args.sections.split(","))
     shape, device = ("smollm2-135m", "cpu") if args.cpu else ("llama3-8b", "cuda")
     results: dict[str, Any] = {"device": device_name(device), "shape": shape}
+    kinds = (None, "fp8") if args.cpu else (None, *args.formats.split(","))  # 135M: hidden size 576
     if "decode" in sections:
-        kinds = (None, "fp8") if args.cpu else QUANTIZATIONS  # 135M's hidden size is no multiple of 128
         batch, new_tokens = (4, 8) if args.cpu else (32, 128)
         results["decode"] = decode_section(shape, device, args.rounds, batch, new_tokens, kinds)
         write_results(args.json, results)
-    kinds = (None, "fp8") if args.cpu else QUANTIZATIONS
     if "prefill" in sections:
         prompts_n, length = (2, 128) if args.cpu else (16, 1024)
         results["prefill"] = prefill_section(shape, device, args.rounds, prompts_n, length, kinds)

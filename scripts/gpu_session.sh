@@ -184,12 +184,13 @@ for step in $steps; do
       # quantized bases on the device: gemlite's and cuBLAS's paths and FP8 scaled_mm natively, the
       # engine's logits and PEFT agreement over FP8 / AWQ / GPTQ checkpoints
       TRITON_INTERPRET=0 MULTILORA_TEST_DEVICE=cuda MULTILORA_TEST_TOKENIZER_DIR=$PWD/.device_pkg/tokenizer \
-        timeout ${QUANT_TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_gemms.py \
-        tests/engine/test_quantized_base.py 2>&1 | tee "$OUT/quant-tests.log" | tail -25 ;;
+        timeout ${QUANT_TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider ${QUANT_TESTS_K:+-k "$QUANT_TESTS_K"} \
+        tests/kernels/test_quant_gemms.py tests/engine/test_quantized_base.py 2>&1 | tee "$OUT/quant-tests.log" | tail -25 ;;
     quant-bench)
       # FP8 / AWQ / GPTQ (quantized at load) against bf16 on the Llama-3-8B shape: single-stream and
-      # batch-32 decode with 32 rank-16 adapters, the dequantize-GEMM's bandwidth, FP8's logit error
-      timeout ${QUANT_BENCH_TIMEOUT:-560} python3 -m benchmarks.quant_gpu --rounds 2 ${QUANT_SECTIONS:+--sections $QUANT_SECTIONS} --json "$OUT/quant_gpu.json" 2>&1 \
+      # batch-32 decode with 32 rank-16 adapters and the base alone, prefill, KL and top-1 against bf16
+      timeout ${QUANT_BENCH_TIMEOUT:-560} python3 -m benchmarks.quant_gpu --rounds ${QUANT_ROUNDS:-2} ${QUANT_SECTIONS:+--sections $QUANT_SECTIONS} \
+        ${QUANT_FORMATS:+--formats $QUANT_FORMATS} --json "$OUT/quant_gpu.json" 2>&1 \
         | tee "$OUT/quant-bench.log" | grep -v "^INFO" | tail -90 ;;
     quant-candidates)
       # weight-only 4-bit and FP8 GEMMs side by side on the 8B projections at every row count a step

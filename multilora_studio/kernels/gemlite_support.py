@@ -1,5 +1,5 @@
-"""gemlite (Triton low-bit GEMV / GEMM kernels, an optional dependency: ``pip install
-'multilora-studio[cuda]'``), imported only on a CUDA device and set up once: its launch table
+"""gemlite (Triton low-bit GEMV / GEMM kernels, the optional extra ``cuda``), imported only on a
+CUDA device and set up once: its launch table
 for the GPU loaded (no autotuning at start-up where the table has the shape) and float32
 accumulation of split-K partials (bfloat16 atomics lose 3-6 % of a GEMV's precision).
 """
@@ -12,9 +12,11 @@ from types import ModuleType
 
 import torch
 
+from multilora_studio.util import extra_install_hint
+
 __all__ = ["GEMLITE_MISSING", "gemlite", "gemlite_available", "launch_table"]
 
-GEMLITE_MISSING = "the 4-bit and FP8 GEMV kernels need gemlite: pip install 'multilora-studio[cuda]'"
+GEMLITE_MISSING = f"the 4-bit and FP8 GEMV kernels need gemlite, the extra cuda: {extra_install_hint('cuda')}"
 # gemlite's launch tables (its configs/ folder) by a word of the device's name; H200 and H800
 # share the H100's SMs and take its table
 TABLES = {
