@@ -127,7 +127,8 @@ def test_what_engine_config_quantization_makes_of_a_checkpoint():
         served_quantization("int4", awq, False)
     with pytest.raises(ValueError, match=r"'gptq' needs a checkpoint quantized so \(GPTQ 4-bit"):
         served_quantization("gptq", None, False)
-    with pytest.raises(ValueError, match="quantization must be one of fp8, int4, awq, gptq or None, got 'int8'"):
+    refused = "quantization must be one of fp8, int4, awq, gptq or None, got 'int8'"
+    with pytest.raises(ValueError, match=refused):
         EngineConfig(quantization="int8")
 
 

@@ -43,7 +43,8 @@ def next_token_logits(
     block_size = config.block_size
     num_blocks = PROMPTS_PER_STEP * -(-longest // block_size) + 1
     runner = ModelRunner(config, base.spec, base.weights, num_blocks, device, dtype, lora_plan, quant_plan)
-    name, slots = None, {None: -1}
+    name: str | None = None
+    slots: dict[str | None, int] = {None: -1}
     if adapter is not None:
         spec = base.spec
         host = load_peft_adapter(
