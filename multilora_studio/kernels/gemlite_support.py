@@ -12,11 +12,9 @@ from types import ModuleType
 
 import torch
 
-from multilora_studio.util import extra_install_hint
-
 __all__ = ["GEMLITE_MISSING", "gemlite", "gemlite_available", "launch_table"]
 
-GEMLITE_MISSING = f"the 4-bit and FP8 GEMV kernels need gemlite, the extra cuda: {extra_install_hint('cuda')}"
+GEMLITE_MISSING = "the 4-bit and FP8 GEMV kernels need gemlite (the package's extra cuda)"
 # gemlite's launch tables (its configs/ folder) by a word of the device's name; H200 and H800
 # share the H100's SMs and take its table
 TABLES = {

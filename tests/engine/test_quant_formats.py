@@ -182,3 +182,23 @@ def test_a_quantized_tensor_is_never_read_as_float(awq_checkpoint, tmp_path):
     save_file(tensors, str(head / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"embed_tokens\.weight is stored quantized"):
         Engine(EngineConfig(model=str(head), device="cpu", dtype="float32", max_model_len=64))
+
+
+def test_the_quant_plan_follows_the_device_gemlite_and_batch_invariance(caplog):
+    """CPU: dequantized at load; CUDA: gemlite's kernels where installed, cuBLAS without it (a
+    warning naming the extra) and always in batch-invariant mode (gemlite's atomics)."""
+    import importlib.util
+
+    from multilora_studio.engine.step.quant_plan_builder import build_quant_plan
+    from multilora_studio.kernels.quant_linear import QuantPlan
+
+    assert build_quant_plan(torch.device("cpu"), torch.float32) == QuantPlan(dequantize_at_load=True)
+    cublas = QuantPlan(dequantize_at_load=False, fp8="cublas", int4="cublas")
+    assert build_quant_plan(torch.device("cuda"), torch.bfloat16, batch_invariant=True) == cublas
+    with caplog.at_level("WARNING"):
+        plan = build_quant_plan(torch.device("cuda"), torch.bfloat16)
+    if importlib.util.find_spec("gemlite") is None:
+        assert plan == cublas
+        assert 'need gemlite (the package\'s extra cuda): pip install -e ".[cuda]"' in caplog.text
+    else:
+        assert plan == QuantPlan(dequantize_at_load=False, fp8="gemlite", int4="gemlite")

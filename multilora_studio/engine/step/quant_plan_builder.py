@@ -22,6 +22,7 @@ from multilora_studio.engine.model.quantization import (
 )
 from multilora_studio.kernels.gemlite_support import GEMLITE_MISSING, gemlite_available
 from multilora_studio.kernels.quant_linear import QuantPlan
+from multilora_studio.util import extra_install_hint
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,9 @@ def build_quant_plan(device: torch.device, dtype: torch.dtype, batch_invariant: 
     if batch_invariant:
         return QuantPlan(dequantize_at_load=False, fp8="cublas", int4="cublas")
     if not gemlite_available():
-        log.warning("%s; until then quantized bases decode through cuBLAS, slower", GEMLITE_MISSING)
+        log.warning(
+            "%s: %s; until then quantized bases decode through cuBLAS, slower",
+            GEMLITE_MISSING, extra_install_hint("cuda"),
+        )  # fmt: skip
         return QuantPlan(dequantize_at_load=False, fp8="cublas", int4="cublas")
     return QuantPlan(dequantize_at_load=False, fp8="gemlite", int4="gemlite")
