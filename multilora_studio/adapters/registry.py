@@ -74,11 +74,13 @@ from multilora_studio.adapters.registry_lifecycle import (
     not_served_because,
     unjudged_because,
 )
+from multilora_studio.adapters.registry_runs import RegistryRuns
 from multilora_studio.adapters.registry_schema import (
     ADAPTER_SELECT,
     AdapterRecord,
     BaseModelRecord,
     EvalScoreRecord,
+    insert_score,
     migrate,
 )
 from multilora_studio.adapters.score_import import MODEL_CARD, read_model_card
@@ -150,20 +152,6 @@ def serve_record(engine: Any, record: AdapterRecord, override: bool = False, *, 
     return note
 
 
-def insert_score(conn: sqlite3.Connection, adapter_id: str, score: EvalScoreRecord) -> None:
-    """One score row, inside the caller's transaction."""
-    conn.execute(
-        "INSERT INTO eval_scores (adapter_id, prompt_set, prompt_set_digest, base_digest, prompts, checked, "
-        "passed, reference_logprob, results_path, created, metric, value) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            adapter_id, score.prompt_set, score.prompt_set_digest, score.base_digest, score.prompts,
-            score.checked, score.passed, score.reference_logprob, score.results_path, score.created,
-            score.metric, score.value,
-        ),
-    )  # fmt: skip
-
-
 def model_card_scores(folder: Path, row: dict, shown_folder: Path) -> list[EvalScoreRecord]:
     """The scores of the model card (README.md) in ``folder`` of the adapter ``row`` is about
     (none without a card or a ``model-index``); a card that cannot be read is logged and left
@@ -178,7 +166,7 @@ def model_card_scores(folder: Path, row: dict, shown_folder: Path) -> list[EvalS
         return []
 
 
-class Registry(RegistryLifecycle):
+class Registry(RegistryLifecycle, RegistryRuns):
     """The adapter library (see the module docstring); safe to share between threads."""
 
     def __init__(self, root: Path | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:

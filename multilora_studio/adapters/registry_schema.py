@@ -12,7 +12,7 @@ from typing import Any
 from multilora_studio.adapters.base_quantization import BaseQuantization
 from multilora_studio.sqlite_schema import migrate as migrate_steps
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # Migration n brings a database from user_version n-1 to n.
 MIGRATIONS = {
     1: """
@@ -142,6 +142,38 @@ MIGRATIONS = {
     ALTER TABLE eval_scores_9 RENAME TO eval_scores;
     CREATE INDEX eval_scores_adapter ON eval_scores (adapter_id, created)
     """,
+    # training runs followed as they write checkpoints (registry_runs.py): each checkpoint found,
+    # the adapter it was imported as, its losses and its per-prompt scores on the run's prompt set
+    10: """
+    CREATE TABLE runs (
+        name TEXT PRIMARY KEY,
+        folder TEXT NOT NULL UNIQUE,        -- the training output folder, resolved
+        prompt_set TEXT NOT NULL DEFAULT '',  -- the prompt set file each checkpoint is scored on
+        created REAL NOT NULL,
+        watching INTEGER NOT NULL DEFAULT 1,
+        losses TEXT NOT NULL DEFAULT '[]',  -- JSON [[step, loss, eval_loss], ...] of log_history
+        best TEXT                           -- the adapter RUN@best names
+    );
+    CREATE TABLE run_checkpoints (
+        id INTEGER PRIMARY KEY,
+        run TEXT NOT NULL REFERENCES runs (name) ON DELETE CASCADE,
+        step INTEGER NOT NULL,
+        version INTEGER NOT NULL,           -- 1, then 2... for another file set of the same step
+        adapter TEXT NOT NULL,              -- the name it was imported as
+        adapter_id TEXT REFERENCES adapters (id) ON DELETE SET NULL,
+        folder TEXT NOT NULL,               -- where it was found
+        files TEXT NOT NULL,                -- JSON of its files' names, sizes and times then
+        weights_sha256 TEXT NOT NULL,
+        train_loss REAL,
+        eval_loss REAL,
+        metric TEXT,                        -- what its scores measure (NULL until scored)
+        scores TEXT,                        -- JSON per-prompt scores (null: a prompt not scored)
+        gone INTEGER NOT NULL DEFAULT 0,    -- its folder was deleted (a trainer's rotation)
+        created REAL NOT NULL,
+        UNIQUE (run, step, version)
+    );
+    CREATE INDEX run_checkpoints_run ON run_checkpoints (run, step, version)
+    """,
 }
 
 
@@ -152,6 +184,20 @@ def migrate(conn: sqlite3.Connection) -> None:
         MIGRATIONS,
         "the adapter library was written by a newer MultiLoRA Studio (schema {version}); upgrade",
     )
+
+
+def insert_score(conn: sqlite3.Connection, adapter_id: str, score: EvalScoreRecord) -> None:
+    """One score row, inside the caller's transaction."""
+    conn.execute(
+        "INSERT INTO eval_scores (adapter_id, prompt_set, prompt_set_digest, base_digest, prompts, checked, "
+        "passed, reference_logprob, results_path, created, metric, value) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            adapter_id, score.prompt_set, score.prompt_set_digest, score.base_digest, score.prompts,
+            score.checked, score.passed, score.reference_logprob, score.results_path, score.created,
+            score.metric, score.value,
+        ),
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=256)
