@@ -19,8 +19,10 @@ ALLOWED = {
     "ray_app": {"engine", "adapters", "server", "deploy"},
     "evaluate": {"engine", "adapters", "run_records"},
     "arena": {"engine", "evaluate", "run_records"},
+    "runs": {"engine", "adapters", "evaluate"},
     "gui": {
         "arena",
+        "runs",
         "server",
         "engine",
         "adapters",
@@ -40,6 +42,7 @@ ALLOWED = {
     "bench": {"engine", "adapters", "server", "deploy", "kernels", "default_model"},
     "cli": {
         "arena",
+        "runs",
         "gui",
         "server",
         "engine",
@@ -76,6 +79,7 @@ THIRD_PARTY_FORBIDDEN = {
     "server": {"PySide6", "pyqtgraph"},
     "evaluate": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
     "arena": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
+    "runs": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
     "merge": {"PySide6", "fastapi", "uvicorn", "pyqtgraph"},
     "deploy": {"PySide6", "pyqtgraph", "fastapi", "uvicorn", "ray"},
     "ray_app": {"PySide6", "pyqtgraph"},
