@@ -126,18 +126,11 @@ class RegistryRuns:
         LibraryError when the name or the folder belongs to another run."""
         folder = Path(folder).expanduser().resolve()
         with self._write() as conn:
-            row = conn.execute(
-                "SELECT * FROM runs WHERE name = ? OR folder = ?", (name, str(folder))
-            ).fetchone()
+            row = self._run_row(conn, name, folder)
             if row is None:
                 conn.execute(
                     "INSERT INTO runs (name, folder, prompt_set, created) VALUES (?, ?, ?, ?)",
                     (name, str(folder), prompt_set, time.time()),
-                )
-            elif row["name"] != name or row["folder"] != str(folder):
-                raise NameTaken(
-                    f"the run {row['name']!r} already follows {row['folder']}; "
-                    f"name the run {row['name']!r} to resume it, or pick another name and folder"
                 )
             else:
                 conn.execute(
@@ -145,6 +138,22 @@ class RegistryRuns:
                     (prompt_set or row["prompt_set"], name),
                 )
         return self.run(name)
+
+    def check_run(self, name: str, folder: Path) -> None:
+        """NameTaken when ``name`` or ``folder`` belongs to another run (what ``follow_run`` refuses)."""
+        with self._connect() as conn:
+            self._run_row(conn, name, Path(folder).expanduser().resolve())
+
+    @staticmethod
+    def _run_row(conn: sqlite3.Connection, name: str, folder: Path) -> sqlite3.Row | None:
+        """The run ``name`` of ``folder``, None for none; NameTaken when either is another run's."""
+        row = conn.execute("SELECT * FROM runs WHERE name = ? OR folder = ?", (name, str(folder))).fetchone()
+        if row is not None and (row["name"] != name or row["folder"] != str(folder)):
+            raise NameTaken(
+                f"the run {row['name']!r} already follows {row['folder']}; "
+                f"name the run {row['name']!r} to resume it, or pick another name and folder"
+            )
+        return row
 
     def runs(self) -> list[RunRecord]:
         with self._connect() as conn:

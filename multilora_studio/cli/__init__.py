@@ -30,6 +30,7 @@ COMMANDS = {
     "model": "prepare or describe the embedded default model",
     "compare": "run one prompt through several adapters in one batch",
     "eval": "evaluate adapters on your own prompt set",
+    "watch": "follow a training run: import, score and compare its checkpoints as they appear",
     "arena": "vote blind between two adapters' answers, and rank adapters by the votes",
     "pull": "pull an adapter (or a base model) from the Hugging Face Hub",
     "adapters": "list, add, remove, pin and inspect the adapters of the library",

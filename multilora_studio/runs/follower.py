@@ -132,6 +132,10 @@ class RunFollower:
                 resumed.append(run.name)
         return resumed
 
+    def scores(self, name: str) -> bool:
+        """Whether the run's checkpoints are scored: an engine, a prompt set, and no error."""
+        return self.engine is not None and name in self._prompt_sets and name not in self._broken
+
     def stop(self, name: str) -> None:
         """Stop following ``name`` (its checkpoints stay in the library)."""
         self._watchers.pop(name, None)
@@ -148,7 +152,7 @@ class RunFollower:
                 self._point(name, LATEST, checkpoint.adapter)
             except LibraryError as error:  # removed or refused meanwhile: the next one moves it
                 log.warning("run %s: %s", name, error)
-        if self.engine is not None and name in self._prompt_sets and name not in self._broken:
+        if self.engine is not None and self.scores(name):
             try:
                 update.scored = self._evaluate(name, self.engine)
             except (ValueError, RuntimeError, LibraryError) as error:
