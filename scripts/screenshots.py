@@ -8,8 +8,9 @@ your data directory when it was converted there, else converted once), where the
 the demo adapters. The script then works the window as a person would: it types a prompt, ticks the
 base and the demo adapters and runs Compare (a follow-up turn, the token divergence, a strength
 sweep), runs Evaluate on the demo prompt set, votes in the Arena (the base judging the last round),
-starts the Server and sends it requests, lets the Monitor show that traffic live, starts two engine
-replicas; each view at the window's default size. Every view the window lists gets ``<view>.png``;
+follows a short LoRA training run in Runs (checkpoints written while the view watches), starts the
+Server and sends it requests, lets the Monitor show that traffic live, starts two engine replicas;
+each view at the window's default size. Every view the window lists gets ``<view>.png``;
 ``EXTRA`` names the others.
 Takes about six minutes on a CPU.
 """
@@ -45,6 +46,13 @@ SWEPT = "demo-pirate"
 BASE_NAME = "base"  # the arena's contender without an adapter
 ARENA_PROMPTS = ("Why is the sky blue?", "What is a river?", "Describe a cat.")
 MAX_TOKENS = 96  # long enough for each demo style to show (the sign-off comes at the end)
+RUN_TEXTS = (  # what the Runs view's training run learns, and the references it is scored on
+    ("The lighthouse keeper", " climbs the stairs at dusk and lights the lamp."),
+    ("Gulls circle the harbour", " while the fishing boats come home."),
+    ("The tide rises", " over the rocks and fills the pools."),
+    ("A storm comes", " from the west and the waves grow tall."),
+)
+RUN_STEPS, RUN_SAVE_STEPS = 12, 3
 ENGINE_S = 600.0  # bounds a hang only
 RUN_S = 900.0
 
@@ -228,6 +236,66 @@ def arena_votes(driver: Driver, demo: list[str]) -> None:
     driver.save("arena.png")
 
 
+def train_run(base: Path, out: Path) -> None:
+    """A LoRA trained on ``RUN_TEXTS``, saved as a Trainer saves it: checkpoint-N/ with the adapter
+    and trainer_state.json every ``RUN_SAVE_STEPS`` steps."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32),
+        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+    )
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)
+    batch = tokenizer([a + b for a, b in RUN_TEXTS], return_tensors="pt", padding=True)
+    labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
+    history: list[dict] = []
+    for step in range(1, RUN_STEPS + 1):
+        loss = model(**batch, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        history.append({"step": step, "loss": loss.item()})
+        if step % RUN_SAVE_STEPS == 0:
+            folder = out / f"checkpoint-{step}"
+            model.save_pretrained(str(folder), safe_serialization=True)
+            state = {"global_step": step, "log_history": history}
+            (folder / "trainer_state.json").write_text(json.dumps(state))
+
+
+def runs_view(driver: Driver, scratch: Path) -> None:
+    """A training run followed while it writes its checkpoints: scores, losses, the best."""
+    from multilora_studio.default_model import ensure_default_model
+
+    view = driver.window.runs
+    driver.window.show_page("Runs")
+    view.follow.timer.setInterval(500)
+    prompts = scratch / "lighthouse.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": a, "reference": b}) + "\n" for a, b in RUN_TEXTS))
+    out = scratch / "lighthouse-lora"
+    out.mkdir()
+    trainer = threading.Thread(target=train_run, args=(ensure_default_model().path, out), daemon=True)
+    trainer.start()
+    driver.type_into(view.watch_form.folder, str(out))
+    driver.type_into(view.watch_form.prompts, str(prompts))
+    if view.watch() is None:
+        raise RuntimeError(f"the run was not watched: {view.banner.text}")
+    saves = RUN_STEPS // RUN_SAVE_STEPS
+    registry = driver.window.host.registry
+
+    def caught_up() -> bool:
+        checkpoints = registry.checkpoints(out.name)
+        scored = len(checkpoints) == saves and all(c.scores is not None for c in checkpoints)
+        return not trainer.is_alive() and scored and view.table.rowCount() == saves and not view.reading
+
+    driver.wait(caught_up, RUN_S, "the run's checkpoints")
+    driver.save("runs.png")
+
+
 def serve_requests(driver: Driver, demo: list[str]) -> None:
     window, view = driver.window, driver.window.server
     window.show_page("Server")
@@ -313,6 +381,7 @@ def main() -> int:
         compare_runs(driver, demo)
         evaluate_demo_set(driver, scratch / "evaluations")
         arena_votes(driver, demo)
+        runs_view(driver, scratch)
         serve_requests(driver, demo)
         monitor_live(driver)
         settings_and_replicas(driver, demo)

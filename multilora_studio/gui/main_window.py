@@ -1,4 +1,5 @@
-"""The main window: a sidebar of views (Library, Compare, Evaluate, Arena, Monitor, Server, Settings)."""
+"""The main window: a sidebar of views (Library, Compare, Evaluate, Arena, Runs, Monitor, Server,
+Settings)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from multilora_studio.gui.library_view import LibraryView
 from multilora_studio.gui.monitor_view import MonitorView
 from multilora_studio.gui.preferences import EngineChoice, Preferences
 from multilora_studio.gui.pull_dialog import PullDialog
+from multilora_studio.gui.runs_view import RunsView
 from multilora_studio.gui.server_control import ON, ServerControl
 from multilora_studio.gui.server_view import ServerView
 from multilora_studio.gui.settings_view import SettingsView
@@ -30,7 +32,7 @@ log = logging.getLogger(__name__)
 
 METRICS_INTERVAL_MS = 200  # 5 Hz
 AUTOSAVE_MS = 1000  # window state, prompt and choices are saved this long after the last change
-PAGES = ("Library", "Compare", "Evaluate", "Arena", "Monitor", "Server", "Settings")
+PAGES = ("Library", "Compare", "Evaluate", "Arena", "Runs", "Monitor", "Server", "Settings")
 DEFAULT_SIZE = (1280, 820)  # the window's width and height until a person resizes it
 
 
@@ -52,6 +54,7 @@ class MainWindow(QMainWindow):
         self.compare = CompareView(self.host)
         self.evaluate = EvaluateView(self.host)
         self.arena = ArenaView(self.host)
+        self.runs = RunsView(self.host)
         self.monitor = MonitorView(self.host, self.control.usage, self.prefs)
         self.server = ServerView(self.host, self.control)
         self.settings = SettingsView(self.host, prefs)
@@ -61,6 +64,7 @@ class MainWindow(QMainWindow):
         self.status = StudioStatusBar(self.host, self.control)
         self.setStatusBar(self.status)
         self.library.pullRequested.connect(self.open_pull_dialog)
+        self.runs.compareRequested.connect(self.open_compare)
         self.settings.applied.connect(self.restart_engine)
         self.monitor.advice.applyRequested.connect(self.apply_advice)
         self.host.ready.connect(self._engine_ready)
@@ -94,6 +98,7 @@ class MainWindow(QMainWindow):
             self.compare,
             self.evaluate,
             self.arena,
+            self.runs,
             self.monitor,
             self.server,
             self.settings,
@@ -124,6 +129,12 @@ class MainWindow(QMainWindow):
         self.monitor.update_metrics(combine_metrics(loaded) if len(bases) > 1 and loaded else first, bases)
         self.library.update_metrics(bases)
         self.status.refresh(first)
+
+    def open_compare(self, columns: list[str]) -> None:
+        """Compare with exactly ``columns`` ticked (the Runs view's best, latest and base)."""
+        self.compare.pick_base(None)
+        self.compare.set_checked(columns)
+        self.show_page("Compare")
 
     def apply_advice(self, max_loras: int, max_cpu_loras: int) -> None:
         """The Monitor's advice into Settings, applied (the engine restarts with it)."""
