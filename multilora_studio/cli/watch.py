@@ -23,7 +23,9 @@ from multilora_studio.cli.shared import (
 )
 
 if TYPE_CHECKING:  # the runs package imports the engine (torch): only when a run is followed
+    from multilora_studio.engine import Engine
     from multilora_studio.runs import RunFollower, RunUpdate
+    from multilora_studio.server import ApiServer
 
 DEFAULT_INTERVAL_S = 5.0
 
@@ -68,6 +70,18 @@ def add_watch_command(subparsers: Subcommands) -> None:
     parser.add_argument(
         "--max-tokens", type=int, default=16, help="new tokens per scored answer (default: %(default)s)"
     )
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="also serve the run's checkpoints over the OpenAI-compatible API on 127.0.0.1 (the "
+        "model RUN@latest, RUN@best or RUN@step-N), each as soon as it is imported",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="with --serve: the TCP port (0: any free port; default: %(default)s)",
+    )
     add_engine_arguments(parser, comparing=True)
     parser.set_defaults(handler=run_watch)
 
@@ -87,7 +101,7 @@ def run_watch(args: argparse.Namespace) -> int:
     known = {run.name: run for run in registry.runs()}
     scored = args.prompts is not None or bool(name in known and known[name].prompt_set)
     settings = EvalSettings(max_tokens=args.max_tokens)
-    if not scored:
+    if not scored and not args.serve:
         follower = RunFollower(registry, describe_base(args.model), follow_deletions=args.follow_deletions)
         return follow(follower, name, folder, args)
     from multilora_studio.adapters.base_model import BaseModelRef
@@ -101,16 +115,39 @@ def run_watch(args: argparse.Namespace) -> int:
             settings=settings,
             follow_deletions=args.follow_deletions,
         )
-        return follow(follower, name, folder, args)
+        if not args.serve:
+            return follow(follower, name, folder, args)
+        with serving(engine, args.port) as server:
+            follower.aliases = server.pool.aliases
+            return follow(follower, name, folder, args, served=True)
 
 
-def follow(follower: RunFollower, name: str, folder: Path, args: argparse.Namespace) -> int:
-    """Poll until Ctrl+C, SIGTERM or (``--exit-when-idle``) nothing is left to do."""
+@contextlib.contextmanager
+def serving(engine: Engine, port: int) -> Iterator[ApiServer]:
+    """An API server on 127.0.0.1:``port`` over ``engine`` while the block runs."""
+    from multilora_studio.server import ApiServer, ServerConfig
+
+    server = ApiServer(engine, ServerConfig(port=port))
+    server.start()
+    print(f"serving on {server.url}/v1", flush=True)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def follow(
+    follower: RunFollower, name: str, folder: Path, args: argparse.Namespace, served: bool = False
+) -> int:
+    """Poll until Ctrl+C, SIGTERM or (``--exit-when-idle``) nothing is left to do; ``served``:
+    the run's checkpoints imported before are served too."""
     prompt_set = args.prompts
     if prompt_set is None:
         known = {run.name: run for run in follower.registry.runs()}
         prompt_set = Path(known[name].prompt_set) if name in known and known[name].prompt_set else None
     follower.follow(name, folder, prompt_set)
+    if served and follower.engine is not None:
+        follower.serve_run(name, follower.engine)
     print(f"watching {folder} as run {name!r} every {args.interval:g} s (Ctrl+C stops)", flush=True)
     stop = threading.Event()
     with stop_on_signal(stop.set):

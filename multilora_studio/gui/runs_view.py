@@ -230,10 +230,13 @@ class RunsView(QWidget):
         except ValueError as error:
             self.banner.show_message(str(error))
             return None
+        try:
+            task = self.follow.watch(name, folder, prompts, lambda: self._watching(name, folder))
+        except RuntimeError as error:  # no engine yet: the base the checkpoints are checked against
+            self.banner.show_message(str(error))
+            return None
         self.banner.show_message(f"Watching {folder} as run {name!r}…", "info")
         self.board.pick(name)
-        task = self.follow.watch(name, folder, prompts)
-        task.succeeded.connect(lambda _: self._watching(name, folder))
         return task
 
     def _watching(self, name: str, folder: Path) -> None:

@@ -117,6 +117,24 @@ class RunFollower:
             imports_per_poll=self.imports_per_poll,
         )
 
+    def serve_run(self, name: str, engine: ServingEngine) -> list[str]:
+        """Put the run's checkpoints the library serves on ``engine`` (their weights read on first
+        use) and its aliases in ``aliases``: what a server started on ``engine`` needs to answer
+        for a run imported before it started. The names added."""
+        added = []
+        for checkpoint in self.registry.checkpoints(name):
+            record = self.registry.find(checkpoint.adapter) if checkpoint.present else None
+            if record is None or record.state != ACTIVE or engine.has_adapter(record.name):
+                continue
+            self.registry.load_into(engine, record.name, preload=False)
+            added.append(record.name)
+        for which in (LATEST, BEST):
+            alias = run_alias(name, which)
+            target = self.registry.find(alias)
+            if target is not None and self.aliases is not None and engine.has_adapter(target.name):
+                self.aliases.set(alias, target.name)
+        return added
+
     def resume(self) -> list[str]:
         """Follow again every run the library was following (after a restart); their names."""
         resumed = []

@@ -23,7 +23,9 @@ evaluation of base and every adapter going, on each base in turn, cancelling eve
 (``EvaluateActions``); on the Library page it merges an adapter into its base and exports it,
 each base in turn, cancelling every other merge (``MergeActions``), and cycles the base filter
 (``BaseFilterActions``); on the Arena page it keeps an arena of the first base going, voting on
-each round and letting the base judge every third (``ArenaActions``). The endpoint
+each round and letting the base judge every third (``ArenaActions``); a training run writes
+checkpoints into a folder on its own thread throughout, with rotation (``RunWriter``), and the
+Runs view follows it from the first start, resumed after each restart (``RunsActions``). The endpoint
 runs throughout (restarted with each engine), a client thread sending it a short completion
 every second, for an adapter of each base in turn (``EndpointTraffic``), and the Monitor's usage
 table must show what it was sent; the Monitor's base panels and its prefix cache line (off, on,
@@ -58,8 +60,10 @@ import psutil
 from PySide6.QtCore import QObject, QSettings, QTimer
 
 from multilora_studio.adapters.registry import Registry
+from multilora_studio.adapters.run_folder import TRAINER_STATE
 from multilora_studio.arena import VERDICTS
 from multilora_studio.cli.shared import describe_base
+from multilora_studio.demo import demo_adapter_dirs
 from multilora_studio.deploy import ReplicaSet, replicas_of
 from multilora_studio.engine.residency.host_memory import return_freed_memory
 from multilora_studio.gui.app import checked_application
@@ -90,6 +94,9 @@ PREFIX_CACHE_OFF_RESTART = 1  # restarts done before the one that turns prefix c
 # stack as a problem (normal runs end within 60 s of --seconds); a window thread that stops
 # ticking is dumped by faulthandler a minute later
 STUCK_AFTER_S = 240.0
+RUN_NAME = "soak-run"
+RUN_SAVE_S = 12.0  # seconds between the run's checkpoints
+RUN_KEPT = 3  # save_total_limit: older checkpoints are deleted
 
 
 def project_frames(frame) -> list[str]:
@@ -354,6 +361,101 @@ class ArenaActions:
             self.problems.append(f"the arena did not start: {view.banner.text}")
 
 
+class RunWriter:
+    """A training run's output folder, written on its own thread the way Trainer writes it: every
+    ``RUN_SAVE_S`` a ``checkpoint-N/`` (the demo pirate adapter's weights scaled by the step, each
+    file in slow pieces, ``trainer_state.json`` last), the oldest deleted past ``RUN_KEPT``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.folder.mkdir()
+        self.source = demo_adapter_dirs()["demo-pirate"]
+        self.written: list[int] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="soak-run-writer", daemon=True)
+
+    def run(self) -> None:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(self.source / "adapter_model.safetensors"))
+        history: list[dict] = []
+        step = 0
+        while not self.stop.wait(RUN_SAVE_S):
+            step += 10
+            history.append({"step": step, "loss": 2.0 / (1 + step / 10), "eval_loss": 2.1 / (1 + step / 10)})
+            scale = min(1.0, step / 40)
+            scaled = {name: (t.float() * scale).to(t.dtype) for name, t in tensors.items()}
+            target = self.folder / f"checkpoint-{step}"
+            target.mkdir()
+            scratch = self.folder / f".scratch-{step}.safetensors"
+            save_file(scaled, str(scratch), metadata={"format": "pt"})
+            self.write_slowly(
+                target / "adapter_config.json", (self.source / "adapter_config.json").read_bytes()
+            )
+            self.write_slowly(target / "adapter_model.safetensors", scratch.read_bytes())
+            scratch.unlink()
+            state = {"global_step": step, "log_history": history}
+            self.write_slowly(target / TRAINER_STATE, json.dumps(state).encode())
+            self.written.append(step)
+            for old in self.written[:-RUN_KEPT]:
+                shutil.rmtree(self.folder / f"checkpoint-{old}", ignore_errors=True)
+
+    def write_slowly(self, path: Path, data: bytes) -> None:
+        piece = len(data) // 3 + 1
+        with path.open("wb") as handle:
+            for begin in range(0, len(data), piece):
+                handle.write(data[begin : begin + piece])
+                handle.flush()
+                time.sleep(0.2)
+
+
+class RunsActions:
+    """The soak's Runs view: from the first start it follows ``RunWriter``'s folder, scored on the
+    Evaluate prompt set (each restart resumes it); a banner error is a problem; the checkpoints it
+    imported (each once), scored and the best are counted at the end."""
+
+    def __init__(self, window: MainWindow, writer: RunWriter, prompts: Path) -> None:
+        self.window = window
+        self.writer = writer
+        self.prompts = prompts
+        self.watching = False
+        self.refreshes = 0
+        self.problems: list[str] = []
+        window.runs.refreshed.connect(self.count_refresh)
+
+    def count_refresh(self) -> None:
+        self.refreshes += 1
+
+    def tick(self) -> None:
+        view = self.window.runs
+        if view.banner.kind == "error" and view.banner.text:
+            self.problems.append(f"runs: {view.banner.text}")
+            view.banner.clear()
+        if self.watching or self.window.host.state != "ready":
+            return
+        view.watch_form.folder.setText(str(self.writer.folder))
+        view.watch_form.name.setText(RUN_NAME)
+        view.watch_form.prompts.setText(str(self.prompts))
+        if view.watch() is None:
+            self.problems.append(f"the run was not watched: {view.banner.text}")
+        self.watching = True
+
+    def result(self) -> dict:
+        registry = self.window.host.registry
+        checkpoints = registry.checkpoints(RUN_NAME) if self.watching else []
+        run = registry.run(RUN_NAME) if checkpoints else None
+        return {
+            "run_written": list(self.writer.written),
+            "run_imported": [c.adapter for c in checkpoints],
+            "run_steps": [c.step for c in checkpoints],
+            "run_scored": sum(c.scores is not None for c in checkpoints),
+            "run_gone": sum(c.gone for c in checkpoints),
+            "run_best": run.best if run is not None else None,
+            "run_latest": registry.get(f"{RUN_NAME}@latest").name if checkpoints else None,
+            "run_view_refreshes": self.refreshes,
+        }
+
+
 class EndpointTraffic:
     """A client of the window's endpoint on its own thread: one short completion a second, for
     each of ``models`` in turn (an adapter of each base)."""
@@ -436,6 +538,7 @@ class Soak(QObject):
         self.merge_actions: MergeActions | None = None  # set by main()
         self.pull_actions: PullActions | None = None  # set by main()
         self.arena_actions: ArenaActions | None = None  # set by main()
+        self.runs_actions: RunsActions | None = None  # set by main()
         window.compare.divergenceFinished.connect(lambda: divergence_finished(self))
 
     def engine_ready(self) -> None:
@@ -492,6 +595,8 @@ class Soak(QObject):
             self.base_filters.tick()
         if self.arena_actions is not None:
             self.arena_actions.tick()
+        if self.runs_actions is not None:
+            self.runs_actions.tick()
         if self.window.host.state != "ready":
             return
         self.swap_loads[self.restarts_done] = sum(self.base_loads().values()) - self.started_loads
@@ -696,6 +801,9 @@ class Soak(QObject):
         self.none_refs.append(sys.getrefcount(None))
         self.window.compare.stop()
         self.window.arena.stop()
+        if self.runs_actions is not None:
+            self.runs_actions.writer.stop.set()
+            self.runs_actions.writer.thread.join(30)
         self.result = {
             "seconds": time.monotonic() - self.started,
             "restarts": self.restarts_done,
@@ -720,7 +828,8 @@ class Soak(QObject):
             + (self.merge_actions.problems if self.merge_actions else [])
             + (self.pull_actions.problems if self.pull_actions else [])
             + (self.base_filters.problems if self.base_filters else [])
-            + (self.arena_actions.problems if self.arena_actions else []),
+            + (self.arena_actions.problems if self.arena_actions else [])
+            + (self.runs_actions.problems if self.runs_actions else []),
             "evaluations": self.evaluate_actions.finished if self.evaluate_actions else 0,
             "merges": self.merge_actions.finished if self.merge_actions else 0,
             "merges_cancelled": self.merge_actions.cancelled if self.merge_actions else 0,
@@ -742,6 +851,7 @@ class Soak(QObject):
             "live_engines": len(live_engines()),
             "engine_threads": sum(t.name == "engine-worker" for t in threading.enumerate()),
             "resident_engines": self.resident_engines(),
+            **(self.runs_actions.result() if self.runs_actions else {}),
         }
         self.window.close()
         checked_application().quit()
@@ -807,6 +917,9 @@ def main() -> int:
         soak.merge_actions = MergeActions(window, Path(folder))
         soak.base_filters = BaseFilterActions(window)
         soak.arena_actions = ArenaActions(window)
+        writer = RunWriter(Path(folder) / "training-output")
+        soak.runs_actions = RunsActions(window, writer, soak.evaluate_actions.prompts)
+        writer.thread.start()
         if args.pull:
             soak.pull_actions = PullActions(window, args.pull)
         window.server.port.setValue(0)  # any free port

@@ -1,6 +1,6 @@
 """Minutes of real use of the window in its own process (``soak_driver``), on two base models (the
-second from a Hub-compatible server on loopback, which also serves an adapter of each): it must
-survive, unchanged."""
+second from a Hub-compatible server on loopback, which also serves an adapter of each), with a
+training run writing checkpoints that the Runs view follows: it must survive, unchanged."""
 
 from __future__ import annotations
 
@@ -99,6 +99,14 @@ def test_the_window_survives_minutes_of_use_with_restarts(default_model, tiny_fa
     assert len(rss) == RESTARTS
     assert rss[-1] - rss[0] <= RSS_GROWTH_LIMIT, f"resident memory after each restart: {rss}"
     assert result["live_engines"] == result["engine_threads"] == result["resident_engines"] >= 1, result
+    # the training run written during the soak: each checkpoint imported once, in order, scored,
+    # rotated ones kept in the library; the aliases on its checkpoints
+    imported, steps = result["run_imported"], result["run_steps"]
+    assert len(imported) >= 2 and len(set(imported)) == len(imported), result
+    assert steps == sorted(steps) and set(steps) <= set(result["run_written"]), result
+    assert result["run_scored"] >= 1 and result["run_best"] in imported, result
+    assert result["run_latest"] == imported[-1] and result["run_gone"] >= 1, result
+    assert result["run_view_refreshes"] >= 1, result
 
 
 def run_driver(out: Path, second_base: Path, second_adapter: Path, env: dict[str, str]):

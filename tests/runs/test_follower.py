@@ -148,3 +148,10 @@ def test_aliases_move_and_never_serve_the_checkpoint_before(
     assert cached == 0  # nothing of a@step-2's KV
     assert new_text == direct("a@step-4") and new_text != old_text
     assert server.pool.aliases.target("a@latest") == "a@step-4"
+    # a server started after the run was imported: serve_run gives it the run's aliases
+    later = serve()
+    resumed = RunFollower(registry, tiny_base, engine=engine, aliases=later.pool.aliases)
+    resumed.follow("a", out)
+    assert resumed.serve_run("a", engine) == []  # both checkpoints are on the engine already
+    reply = client(later).completions.create(model="a@latest", prompt=LONG_PROMPT, max_tokens=8, **GREEDY)
+    assert reply.choices[0].text == new_text
