@@ -125,11 +125,13 @@ class RunWatcher:
                     self.registry.retire(checkpoint.adapter, f"its folder {checkpoint.folder} was deleted")
 
     def _take(self, snapshot: FolderSnapshot, known: list[CheckpointRecord]) -> CheckpointRecord | None:
-        """Import ``snapshot`` unless a checkpoint of its step has its weights (then None)."""
+        """Import ``snapshot`` unless a checkpoint already has its weights (then None)."""
         state = read_trainer_state(snapshot.path / TRAINER_STATE) if snapshot.has_state else None
         step = self._step_of(snapshot, state, known)
         digest = sha256_file(snapshot.path / WEIGHTS_FILE)
-        same = [c for c in known if c.step == step and c.weights_sha256 == digest]
+        # the final adapter may be any checkpoint's weights (load_best_model_at_end), a checkpoint
+        # folder only its own step's (a restarted run writing that step again)
+        same = [c for c in known if c.weights_sha256 == digest and (snapshot.final or c.step == step)]
         if same:
             if snapshot.final:
                 self._settled[snapshot.path] = snapshot.signature

@@ -77,6 +77,10 @@ def test_restarted_run_and_restarted_watcher(registry, tiny_base, tiny_model_dir
     weights = run_dir / "checkpoint-6" / WEIGHTS_FILE
     weights.write_bytes(weights.read_bytes())
     assert [watcher.poll().imported for _ in range(3)] == [[], [], []]
+    # the final adapter saved as an earlier checkpoint's weights (load_best_model_at_end)
+    shutil.copy(run_dir / "checkpoint-2" / WEIGHTS_FILE, run_dir / WEIGHTS_FILE)
+    assert [watcher.poll().imported for _ in range(3)] == [[], [], []]
+    assert len(reopened.checkpoints("r")) == 4
 
 
 def test_follow_deletions_retires_and_a_bad_folder_is_refused_once(
