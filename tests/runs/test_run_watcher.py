@@ -136,3 +136,30 @@ def test_a_run_name_or_folder_taken(registry, tmp_path):
         registry.follow_run("two", tmp_path / "a")
     with pytest.raises(Exception, match="already follows"):
         registry.follow_run("one", tmp_path / "b")
+
+
+def test_two_runs_at_once_and_a_backlog_one_import_a_poll(registry, tiny_base, tiny_model_dir, tmp_path):
+    from multilora_studio.runs import RunFollower
+
+    follower = RunFollower(registry, tiny_base)  # no engine: imported and aliased only
+    loops = {
+        name: TrainerLoop(tiny_model_dir, tmp_path / name, max_steps=4, save_steps=2, seed=seed)
+        for seed, name in enumerate(("left", "right"))
+    }
+    for name, loop in loops.items():
+        loop.output_dir.mkdir()
+        follower.follow(name, loop.output_dir)
+    threads = [loop.start() for loop in loops.values()]
+    while any(t.is_alive() for t in threads) or any(len(registry.checkpoints(n)) < 2 for n in loops):
+        follower.poll()
+        time.sleep(POLL_S)
+    for name in loops:
+        assert [c.adapter for c in registry.checkpoints(name)] == [f"{name}@step-2", f"{name}@step-4"]
+        assert registry.get(f"{name}@latest").name == f"{name}@step-4"
+    # a finished run watched late: its checkpoints one a poll, after a first look at their files
+    late = tmp_path / "late"
+    TrainerLoop(tiny_model_dir, late, max_steps=6, save_steps=2, piece_delay_s=0).run()
+    registry.follow_run("late", late)
+    watcher = RunWatcher(registry, "late", tiny_base)
+    counts = [len(watcher.poll().imported) for _ in range(5)]
+    assert counts == [0, 1, 1, 1, 0]
