@@ -12,7 +12,7 @@ import pytest
 
 from multilora_studio.adapters.registry_runs import CheckpointRecord
 from multilora_studio.engine import SamplingParams
-from multilora_studio.runs import RunFollower, clearly_better
+from multilora_studio.runs import RunFollower, clearly_better, pick_best
 from tests.runs.trainer_loop import TrainerLoop
 from tests.server_fixtures import GREEDY, client
 
@@ -101,8 +101,6 @@ def checkpoint(adapter: str, step: int, scores: list[float], created: float) -> 
 
 
 def test_better_only_beyond_the_spread():
-    from multilora_studio.runs import pick_best
-
     first = checkpoint("r@step-1", 1, [0, 0, 1, 1, 0, 1, 0, 1], 1.0)
     noisy = checkpoint("r@step-2", 2, [1, 0, 1, 1, 0, 1, 1, 0], 2.0)  # +1 of 8: within the spread
     clear = checkpoint("r@step-3", 3, [1, 1, 1, 1, 1, 1, 1, 1], 3.0)
