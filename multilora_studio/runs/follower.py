@@ -160,11 +160,12 @@ class RunFollower:
         self.registry.stop_watching(name)
 
     def poll(self) -> list[RunUpdate]:
-        """One poll of every run (see the module docstring)."""
-        return [self.poll_run(name) for name in list(self._watchers)]
+        """One poll of every run (see the module docstring); a run stopped meanwhile (from
+        another thread) is left out."""
+        return [self.poll_run(name, watcher) for name, watcher in list(self._watchers.items())]
 
-    def poll_run(self, name: str) -> RunUpdate:
-        update = RunUpdate(name, self._watchers[name].poll())
+    def poll_run(self, name: str, watcher: RunWatcher) -> RunUpdate:
+        update = RunUpdate(name, watcher.poll())
         for checkpoint in update.polled.imported:
             try:
                 self._point(name, LATEST, checkpoint.adapter)
