@@ -61,6 +61,7 @@ class CheckpointRecord:
     eval_loss: float | None
     metric: str | None
     scores: tuple[float | None, ...] | None
+    scored_with: str | None  # the prompt set's digest and the evaluation settings of ``scores``
     gone: bool
     created: float
 
@@ -98,6 +99,7 @@ def checkpoint_of(row: sqlite3.Row) -> CheckpointRecord:
         eval_loss=row["eval_loss"],
         metric=row["metric"],
         scores=scores,
+        scored_with=row["scored_with"],
         gone=bool(row["gone"]),
         created=row["created"],
     )
@@ -246,10 +248,16 @@ class RegistryRuns:
             conn.execute("UPDATE run_checkpoints SET gone = 1 WHERE id = ?", (checkpoint_id,))
 
     def record_checkpoint_scores(
-        self, checkpoint_id: int, metric: str, scores: Sequence[float | None], summary: EvalScoreRecord
+        self,
+        checkpoint_id: int,
+        metric: str,
+        scores: Sequence[float | None],
+        summary: EvalScoreRecord,
+        scored_with: str,
     ) -> None:
-        """The checkpoint's per-prompt ``scores`` and its evaluation's ``summary`` (into the
-        adapter's eval scores), in one transaction."""
+        """The checkpoint's per-prompt ``scores`` (made with ``scored_with``: the prompt set's
+        digest and the settings) and its evaluation's ``summary`` (into the adapter's eval
+        scores), in one transaction; they replace the checkpoint's earlier scores."""
         with self._write() as conn:
             row = conn.execute(
                 "SELECT adapter_id FROM run_checkpoints WHERE id = ?", (checkpoint_id,)
@@ -257,8 +265,8 @@ class RegistryRuns:
             if row is None or row["adapter_id"] is None:
                 raise LibraryError(f"the checkpoint {summary.adapter!r} is no longer in the library")
             conn.execute(
-                "UPDATE run_checkpoints SET metric = ?, scores = ? WHERE id = ?",
-                (metric, json.dumps(list(scores)), checkpoint_id),
+                "UPDATE run_checkpoints SET metric = ?, scores = ?, scored_with = ? WHERE id = ?",
+                (metric, json.dumps(list(scores)), scored_with, checkpoint_id),
             )
             insert_score(conn, row["adapter_id"], summary)
 

@@ -168,6 +168,7 @@ MIGRATIONS = {
         eval_loss REAL,
         metric TEXT,                        -- what its scores measure (NULL until scored)
         scores TEXT,                        -- JSON per-prompt scores (null: a prompt not scored)
+        scored_with TEXT,                   -- the prompt set's digest and the settings they came from
         gone INTEGER NOT NULL DEFAULT 0,    -- its folder was deleted (a trainer's rotation)
         created REAL NOT NULL,
         UNIQUE (run, step, version)

@@ -14,6 +14,8 @@ adapter's version), never the one the alias named before.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -197,9 +199,17 @@ class RunFollower:
         if self.aliases is not None:
             self.aliases.set(alias, adapter)
 
+    def scoring_key(self, run: str) -> str:
+        """What a checkpoint's scores depend on: the run's prompt set (its digest) and the
+        evaluation settings; scores made with another key are made again."""
+        settings = json.dumps(dataclasses.asdict(self.settings), sort_keys=True)
+        return f"{self._prompt_sets[run].digest} {settings}"
+
     def _evaluate(self, run: str, engine: ServingEngine) -> list[str]:
-        """Score up to ``evals_per_poll`` checkpoints not yet scored, in one evaluation."""
-        pending = [c for c in self.registry.checkpoints(run) if c.scores is None and c.present]
+        """Score up to ``evals_per_poll`` checkpoints not yet scored on the run's prompt set with
+        the current settings (new ones, and earlier ones scored otherwise), in one evaluation."""
+        key = self.scoring_key(run)
+        pending = [c for c in self.registry.checkpoints(run) if c.scored_with != key and c.present]
         chosen: list[CheckpointRecord] = []
         for checkpoint in pending:
             record = self.registry.find(checkpoint.adapter)
@@ -218,7 +228,7 @@ class RunFollower:
         for checkpoint in chosen:
             metric, scores = checkpoint_scores(results, checkpoint.adapter)
             self.registry.record_checkpoint_scores(
-                checkpoint.id, metric, scores, summary_of(results, checkpoint.adapter, saved)
+                checkpoint.id, metric, scores, summary_of(results, checkpoint.adapter, saved), key
             )
         return names
 

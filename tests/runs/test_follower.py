@@ -4,6 +4,7 @@ without ever serving the checkpoint they named before (prefix cache on)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -94,9 +95,50 @@ def test_each_checkpoint_scored_once_and_the_best_has_the_best_mean(
     assert updates[-1].best is not None and updates[-1].best.spread > 0
 
 
+def test_a_new_prompt_set_or_settings_scores_the_earlier_checkpoints_again_together(
+    registry, tiny_base, tiny_model_dir, engine, prompt_file, tmp_path, cleanup
+):
+    follower = RunFollower(registry, tiny_base, engine=engine, results_dir=tmp_path / "results")
+    follower.follow("t", tmp_path / "out", prompt_file)
+    TrainerLoop(tiny_model_dir, tmp_path / "out", max_steps=4, save_steps=2, learning_rate=5e-2).run()
+    poll_until(
+        follower,
+        lambda: len(registry.checkpoints("t")) == 2 and all(c.scores for c in registry.checkpoints("t")),
+    )
+    cleanup += [c.adapter for c in registry.checkpoints("t")]
+    first = {c.adapter: (c.scores, c.scored_with) for c in registry.checkpoints("t")}
+    assert len({key for _, key in first.values()}) == 1  # one prompt set, one set of settings
+    assert not any(u.scored for u in follower.poll())  # nothing left to score
+    other = tmp_path / "other-prompts.jsonl"
+    other.write_text("".join(json.dumps(row) + "\n" for row in PROMPTS[:2]))
+    follower.follow("t", tmp_path / "out", other)  # the run scored on another prompt set
+    rescored = [name for update in follower.poll() for name in update.scored]
+    assert sorted(rescored) == ["t@step-2", "t@step-4"]  # both again, in one evaluation
+    for checkpoint in registry.checkpoints("t"):
+        assert checkpoint.scores is not None and len(checkpoint.scores) == 2
+        assert checkpoint.scored_with == follower.scoring_key("t") != first[checkpoint.adapter][1]
+    follower.settings = dataclasses.replace(follower.settings, max_tokens=4)  # other settings: again
+    assert sorted(name for update in follower.poll() for name in update.scored) == ["t@step-2", "t@step-4"]
+
+
 def checkpoint(adapter: str, step: int, scores: list[float], created: float) -> CheckpointRecord:
     return CheckpointRecord(
-        0, "r", step, 1, adapter, True, Path("x"), (), "", None, None, "pass", tuple(scores), False, created
+        0,
+        "r",
+        step,
+        1,
+        adapter,
+        True,
+        Path("x"),
+        (),
+        "",
+        None,
+        None,
+        "pass",
+        tuple(scores),
+        "k",
+        False,
+        created,
     )
 
 

@@ -15,7 +15,8 @@ def checkpoint(id_: int, step: int, scores, present: bool = True, version: int =
     name = f"r@step-{step}" + ("" if version == 1 else f".v{version}")
     return CheckpointRecord(
         id_, "r", step, version, name, present, Path("f"), (), "", 1.0, 1.1,
-        None if scores is None else "pass", None if scores is None else tuple(scores), False, float(id_),
+        None if scores is None else "pass", None if scores is None else tuple(scores),
+        None, False, float(id_),
     )  # fmt: skip
 
 
