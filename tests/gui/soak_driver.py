@@ -333,7 +333,7 @@ class ArenaActions:
             view.banner.clear()
         if session is None or not session.running:
             if self.window.page == "Arena" and self.window.host.state == "ready":
-                self.start()
+                self.start()  # refused with a warning while the first base is parked: tried again
             return
         if session.current is None or view.judge_task is not None:
             return
@@ -357,7 +357,7 @@ class ArenaActions:
         )
         view.setup.prompts.setPlainText("Say hi.\nName a colour.")
         view.setup.max_tokens.setValue(ARENA_TOKENS)
-        if not view.start():
+        if not view.start() and view.banner.kind == "error":
             self.problems.append(f"the arena did not start: {view.banner.text}")
 
 
