@@ -238,7 +238,9 @@ class ArenaView(QWidget):
     def start(self) -> bool:
         """Start an arena with the ticked contenders and the prompts given; problems in the banner."""
         if self.host.engine is None:  # starting, or the first base parked while another one runs
-            self.banner.show_message("The first base's engine is not loaded yet; start once it is.", "warning")
+            self.banner.show_message(
+                "The first base's engine is not loaded yet; start once it is.", "warning"
+            )
             return False
         if self.session is None:
             self.store = VoteStore(self.host.registry.root)
