@@ -34,6 +34,8 @@ PROJECTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_p
 FUSED_TARGETS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 SUPPORTED_TARGETS = (*PROJECTION_TARGETS, *FUSED_TARGETS)
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
+# a mixture-of-experts layer's router and experts (Qwen3-MoE's and Mixtral's module names)
+EXPERT_TARGETS = ("gate", "experts", "w1", "w2", "w3")
 MAX_CONFIG_BYTES = 1 << 20
 MAX_ADAPTER_BYTES = 8 << 30  # adapter_model.safetensors
 # Config keys whose truthy value means the adapter holds something we cannot serve.
@@ -139,6 +141,9 @@ def parse_adapter_config(config: dict, where: Path | str, max_rank: int) -> Adap
             f"{where}: task_type {task} is not supported; only CAUSAL_LM (text generation) adapters "
             "can be served"
         )
+    parameters = config.get("target_parameters")
+    if isinstance(parameters, list) and any("experts" in str(p) for p in parameters):
+        raise AdapterError(f"{where}: {expert_lora_refusal(', '.join(map(str, parameters)))}")
     unsupported = [label for key, label in UNSUPPORTED_FLAGS.items() if config.get(key)]
     if unsupported:
         raise AdapterError(f"{where}: unsupported adapter contents: {', '.join(unsupported)}")
@@ -208,6 +213,9 @@ def _targets(targets: object, where: Path | str) -> tuple[str, ...] | None:
     names = {t.rsplit(".", 1)[-1] for t in targets}
     vocab = sorted(names & set(VOCAB_TARGETS))
     unknown = sorted(names - set(SUPPORTED_TARGETS))
+    experts = [t for t in targets if t.rsplit(".", 1)[-1] in EXPERT_TARGETS]
+    if experts:
+        raise AdapterError(f"{where}: {expert_lora_refusal(', '.join(experts))}")
     if unknown:
         kinds = f" ({', '.join(VOCAB_TARGETS[v] for v in vocab)})" if vocab else ""
         raise AdapterError(
@@ -215,6 +223,14 @@ def _targets(targets: object, where: Path | str) -> tuple[str, ...] | None:
             f"(supported: {', '.join(SUPPORTED_TARGETS)})"
         )
     return tuple(sorted(names, key=SUPPORTED_TARGETS.index))
+
+
+def expert_lora_refusal(modules: str) -> str:
+    """Why LoRA on ``modules`` (a mixture-of-experts layer's experts or router) is refused."""
+    return (
+        f"LoRA on {modules} (a mixture-of-experts layer's experts or router): expert LoRA is not "
+        f"served yet; LoRA on the attention projections ({', '.join(ATTENTION_TARGETS)}) is"
+    )
 
 
 def _invocation_tokens(value: object, where: Path | str) -> tuple[int, ...]:

@@ -31,6 +31,7 @@ from multilora_studio.adapters.adapter_config import (
     WEIGHTS_FILE,
     AdapterConfig,
     AdapterError,
+    expert_lora_refusal,
     parse_adapter_config,
     read_adapter_config,
 )
@@ -90,6 +91,9 @@ _TENSOR_NAMES = {
 }
 # Tensor names PEFT writes for contents we cannot serve, and how to name them.
 _UNSUPPORTED_TENSORS = (("lora_embedding_", "embedding LoRA (embed_tokens)"),)
+# a mixture-of-experts layer's router (``mlp.gate``, ``block_sparse_moe.gate``) or experts (one
+# expert's projection, or the fused expert parameters)
+_EXPERT_MODULE = re.compile(r"\.(mlp|block_sparse_moe)\.(gate|experts)(\.|$)")
 
 ShapeOf = Callable[[str], tuple[int, int]]
 # The largest gain lora_gain allows: an activation of float16's largest value (65504) through
@@ -482,6 +486,8 @@ def _describe_unsupported(key: str) -> str:
         return f"trained bias terms other than lora_B's ({key})"
     if "lora_" in key:
         module = key.rsplit(".lora_", maxsplit=1)[0]
+        if _EXPERT_MODULE.search(module):
+            return expert_lora_refusal(module)
         return f"LoRA on {module} (supported: {', '.join(SUPPORTED_TARGETS)})"
     return f"tensor {key!r} (only LoRA factors of {', '.join(SUPPORTED_TARGETS)} can be served)"
 

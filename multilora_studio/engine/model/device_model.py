@@ -38,7 +38,7 @@ def build_device_model(
         """``x @ W^T`` of layer ``layer``'s ``group`` base weight (DoRA's norms; once ``model`` is made)."""
         return model.linear(x, getattr(weights.layers[layer], group))
 
-    dora_base = BaseProjection(base_row_norms(weights), project_base)  # before any repacking
+    dora_base = BaseProjection(base_row_norms(weights, spec.lora_groups), project_base)  # before repacking
     if device.type == "cpu" and cpu_packing_enabled(config, dtype) and not plan.shrink_in_gemm:
         pack_for_onednn(weights)  # in place: ~1.7x faster decode GEMMs on the CPU
     # With the shrink in GEMM the slots' A factors are extra rows of the base GEMM weights.

@@ -17,8 +17,6 @@ import torch
 from multilora_studio.engine.model.weights import ModelWeights
 from multilora_studio.kernels.quant_weight import Weight, dequantize
 
-GEMM_GROUPS = ("qkv", "o", "gate_up", "down")  # LayerWeights' GEMM weights, named as the LoRA groups
-
 
 @dataclass
 class BaseProjection:
@@ -33,16 +31,17 @@ class BaseProjection:
     project: Callable[[str, int, torch.Tensor], torch.Tensor]
 
 
-def base_row_norms(weights: ModelWeights) -> dict[str, torch.Tensor]:
-    """[layers, out_total] float32 squared row norms of each GEMM group (read before repacking;
-    a quantized weight's from its dequantized values, one projection at a time)."""
+def base_row_norms(weights: ModelWeights, groups: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """[layers, out_total] float32 squared row norms of each GEMM group of ``groups`` (the ones
+    that take LoRA; read before repacking; a quantized weight's from its dequantized values, one
+    projection at a time)."""
 
     def dense(weight: Weight) -> torch.Tensor:
         return weight.float() if isinstance(weight, torch.Tensor) else dequantize(weight, torch.float32)
 
     return {
         group: torch.stack([dense(getattr(layer, group)).pow(2).sum(1) for layer in weights.layers])
-        for group in GEMM_GROUPS
+        for group in groups
     }
 
 

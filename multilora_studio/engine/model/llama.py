@@ -1,4 +1,5 @@
-"""Forward pass of the Llama family (llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3) over paged KV.
+"""Forward pass of the Llama family (llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, and the
+mixture-of-experts qwen3_moe and mixtral) over paged KV.
 
 Plain functions over the fused weights: per layer one qkv GEMM, one gate_up GEMM,
 and the LoRA term of each targeted projection group added by the multi-LoRA
@@ -13,6 +14,8 @@ that follows o and down (``kernels/lora_norm.py``) where the plan folds expands 
 Gemma block, whose o and down outputs are normed before the add, nor with GELU); with
 ``LoRAPlan.fused_qkv`` q/k/v's is part of one kernel with RoPE and the K/V cache write
 (``kernels/qkv_epilogue.py``).
+
+A mixture-of-experts layer runs its MLP as ``engine/model/moe.py`` does (a torch path, no LoRA).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch.nn.functional as F
 
 from multilora_studio.engine.model.lora_weights import LoRASlotWeights
 from multilora_studio.engine.model.model_spec import ModelSpec
+from multilora_studio.engine.model.moe import moe_mlp
 from multilora_studio.engine.model.rope import cos_sin_cache, rope_rows
 from multilora_studio.engine.model.token_tables import VocabRows, embed_tokens, logits_with_tables
 from multilora_studio.engine.model.weights import GEMM_SLICES, ModelWeights
@@ -154,6 +158,7 @@ class LlamaModel:
     def _mlp_act(self, layer: int, h: torch.Tensor, step: LoRAStep | None) -> torch.Tensor:
         """act(gate) * up [T, I] of the gate/up projection of ``h``, LoRA term included."""
         weights = self.weights.layers[layer]
+        assert weights.gate_up is not None  # a dense MLP
         if self.spec.activation == "gelu_tanh":
             return gelu_tanh_and_mul(self._project_all("gate_up", layer, h, weights.gate_up, step))
         if not self._shrinks_in_gemm("gate_up", h.shape[0], step):
@@ -335,6 +340,7 @@ class LlamaModel:
             ).view(tokens, q_size)  # [T, q]
             next_norm = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.final_norm
             if layer.attn_out_norm is not None and layer.mlp_out_norm is not None:  # the Gemma block
+                assert layer.down is not None  # a dense MLP
                 h = self._project_norm_add_norm(
                     "o", index, context, layer.o, layer.attn_out_norm, residual, layer.post_norm, lora
                 )
@@ -345,6 +351,11 @@ class LlamaModel:
                 continue
             # residual += o (+ LoRA), h = its RMSNorm
             h = self._project_add_norm("o", index, context, layer.o, residual, layer.post_norm, lora)
+            if layer.experts is not None:  # residual += the experts' output, h = its RMSNorm
+                assert spec.moe is not None
+                h = add_rms_norm(moe_mlp(h, layer.experts, spec.moe), residual, next_norm, eps)  # [T, H]
+                continue
+            assert layer.down is not None  # a dense MLP
             act = self._mlp_act(index, h, lora)  # [T, I]
             # residual += down (+ LoRA), h = its RMSNorm with the next layer's (or the final) weight
             h = self._project_add_norm("down", index, act, layer.down, residual, next_norm, lora)

@@ -14,7 +14,8 @@ Storage (allocated once, zeros; see ``multilora_studio.kernels.lora`` for the ke
               adapter (1 and 0)
     token_tables: the embedding / LM-head tables of the slots' adapters that have them
               (``engine/model/token_tables.py``), filled and cleared with the slot
-The LoRA scale is folded into B when a slot is filled.
+The LoRA scale is folded into B when a slot is filled. Only the groups the base takes LoRA on
+(``ModelSpec.lora_groups``: attention only on a mixture-of-experts base) have buffers.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def group_widths(spec: ModelSpec, group: str) -> list[int]:
 
 def row_buffer_bytes(spec: ModelSpec, num_slots: int, dtype: torch.dtype) -> int:
     """Device memory of every group's ``row_scale`` and ``row_bias`` (``ensure_row_buffers``)."""
-    out_total = sum(sum(group_widths(spec, group)) for group in LORA_GROUPS)
+    out_total = sum(sum(group_widths(spec, group)) for group in spec.lora_groups)
     return 2 * spec.num_layers * (num_slots + 1) * out_total * dtype.itemsize
 
 
@@ -78,7 +79,9 @@ class LoRASlotWeights:
         self.a: dict[str, torch.Tensor] = {}
         self.b: dict[str, torch.Tensor] = {}
         self.offsets: dict[str, tuple[int, ...]] = {}
-        for group, modules in LORA_GROUPS.items():
+        self.groups = spec.lora_groups  # the groups with buffers
+        for group in self.groups:
+            modules = LORA_GROUPS[group]
             in_features = spec.projection_shape(modules[0])[1]
             widths = group_widths(spec, group)
             self.offsets[group] = (0, *itertools.accumulate(widths))
@@ -119,7 +122,7 @@ class LoRASlotWeights:
     def ensure_row_buffers(self) -> None:
         """Every group's ``row_scale`` (ones) and ``row_bias`` (zeros) [L, slots + 1, out_total],
         made once: what a step with per-row terms reads, eager or in a CUDA graph."""
-        for group in LORA_GROUPS:
+        for group in self.groups:
             shape = (self.spec.num_layers, self.num_slots + 1, self.offsets[group][-1])
             if group not in self.row_scale:
                 self.row_scale[group] = torch.ones(shape, dtype=self.dtype, device=self.device)
@@ -134,7 +137,7 @@ class LoRASlotWeights:
         self.row_bias.clear()
 
     def _reset_rows(self, slot: int) -> None:
-        for group in LORA_GROUPS:  # every buffer made: one may exist for a group the slot lacks
+        for group in self.groups:  # every buffer made: one may exist for a group the slot lacks
             if group in self.row_scale:
                 self.row_scale[group][:, slot].fill_(1.0)
             if group in self.row_bias:
@@ -174,7 +177,7 @@ class LoRASlotWeights:
         return out[:, :n], out[:, n:].view(out.shape[0], -1, slices, self.max_rank)
 
     def clear(self, slot: int) -> None:
-        for group in LORA_GROUPS:
+        for group in self.groups:
             self.a[group][:, slot].zero_()
             self.b[group][:, slot].zero_()
         self.slot_ranks[slot].fill_(0)
@@ -191,7 +194,7 @@ class LoRASlotWeights:
         the stream and admits the adapter's requests once it has completed.
         """
         rank = packed.rank
-        for group in LORA_GROUPS:
+        for group in self.groups:
             a_slot, b_slot = self.a[group][:, slot], self.b[group][:, slot]  # [L, S, R, in], [L, out, R]
             if group in packed.a:
                 a_slot[:, :, :rank].copy_(packed.a[group], non_blocking=True)

@@ -1,4 +1,5 @@
-"""The shape of a checkpoint (llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3), from config.json."""
+"""The shape of a checkpoint (llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, and the
+mixture-of-experts qwen3_moe and mixtral), from config.json."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from pathlib import Path
 from multilora_studio.adapters.vocab_shape import VocabShape
 
 # gemma3: the image-text checkpoint, served for text from its ``text_config`` (a gemma3_text)
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gemma3")
+SUPPORTED_MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gemma3", "qwen3_moe", "mixtral",
+)  # fmt: skip
 GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")  # the Gemma block (ModelSpec.gemma)
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # HF hidden_act -> ModelSpec.activation
-QK_NORM_MODEL_TYPES = ("qwen3", "gemma3_text")  # RMSNorm of each q and k head before RoPE
+QK_NORM_MODEL_TYPES = ("qwen3", "gemma3_text", "qwen3_moe")  # RMSNorm of each q and k head before RoPE
 # what transformers' Gemma3TextConfig fills in where a config.json is silent (the Hub's image-text
 # configs give few fields of their text_config)
 GEMMA3_TEXT_DEFAULTS = {
@@ -31,6 +34,30 @@ GEMMA3_TEXT_DEFAULTS = {
 }
 GEMMA3_THETAS = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+# the projection groups of a layer (one GEMM each), and those that take LoRA on a
+# mixture-of-experts base (its MLP is experts: expert LoRA is not served)
+GEMM_GROUPS = ("qkv", "o", "gate_up", "down")
+ATTENTION_GROUPS = ("qkv", "o")
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """The mixture-of-experts MLP (qwen3_moe, mixtral): a router [experts, H] picks ``top_k``
+    experts per token from the softmax of its logits (float32), their weights renormalised to
+    sum to 1 when ``norm_topk_prob``; each expert is a SiLU MLP of ``intermediate_size``.
+
+    ``sparse_layers``: per layer, whether its MLP is the experts (False: the dense MLP of
+    ``ModelSpec.intermediate_size``). ``weights_in_float32``: the routing weights scale the
+    experts' outputs in float32 before the cast back (mixtral), else they are cast to the
+    activations' dtype first (qwen3_moe).
+    """
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    sparse_layers: tuple[bool, ...]
+    weights_in_float32: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,6 +115,7 @@ class ModelSpec:
     attention_scale: float | None = None  # softmax scale (None: head_dim ** -0.5)
     attn_softcap: float | None = None  # attention logits -> cap * tanh(logits / cap)
     final_softcap: float | None = None  # the LM head's logits, likewise
+    moe: MoESpec | None = None  # the mixture-of-experts MLP (None: every layer's MLP is dense)
 
     @property
     def q_size(self) -> int:
@@ -96,6 +124,28 @@ class ModelSpec:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether layer ``layer``'s MLP is the mixture of experts."""
+        return self.moe is not None and self.moe.sparse_layers[layer]
+
+    @property
+    def lora_groups(self) -> tuple[str, ...]:
+        """The projection groups that take LoRA: attention only on a mixture-of-experts base."""
+        return ATTENTION_GROUPS if self.moe is not None else GEMM_GROUPS
+
+    def check_lora_targets(self, targets: tuple[str, ...], where: object) -> None:
+        """ValueError naming the projections of ``targets`` this base takes no LoRA on: the MLP
+        of a mixture-of-experts base (expert LoRA is not served yet)."""
+        if self.moe is None:
+            return
+        refused = [module for module in targets if module not in PROJECTIONS[:4]]
+        if refused:
+            raise ValueError(
+                f"{where}: LoRA on {', '.join(refused)} (the MLP) is not served on the "
+                f"mixture-of-experts base {self.model_type}: expert LoRA is not served yet; LoRA on "
+                f"the attention projections ({', '.join(PROJECTIONS[:4])}) is"
+            )
 
     def window_of(self, layer: int) -> int | None:
         """Layer ``layer``'s sliding window (None: it sees the whole context)."""
@@ -128,10 +178,15 @@ class ModelSpec:
     def num_parameters(self) -> int:
         layer_norms = 4 if self.gemma else 2
         norms = layer_norms * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
-        per_layer = sum(o * i for o, i in map(self.projection_shape, PROJECTIONS)) + norms
+        attention = sum(o * i for o, i in map(self.projection_shape, PROJECTIONS[:4])) + norms
+        dense_mlp = 3 * self.hidden_size * self.intermediate_size
+        moe = self.moe
+        sparse = sum(moe.sparse_layers) if moe is not None else 0
+        experts = (moe.num_experts * (3 * moe.intermediate_size + 1) * self.hidden_size) if moe else 0
         embed = self.vocab_size * self.hidden_size
         head = 0 if self.tie_word_embeddings else embed
-        return self.num_layers * per_layer + embed + head + self.hidden_size
+        layers = self.num_layers * attention + (self.num_layers - sparse) * dense_mlp + sparse * experts
+        return layers + embed + head + self.hidden_size
 
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -193,7 +248,7 @@ def _layer_windows(config: dict, model_type: str, num_layers: int) -> tuple[int 
     when ``sliding_window`` is set; qwen2 / qwen3 only with ``use_sliding_window``, on the
     layers ``layer_types`` names ``sliding_attention`` (default: from ``max_window_layers`` on)."""
     window = config.get("sliding_window")
-    if model_type in ("qwen2", "qwen3") and not config.get("use_sliding_window", False):
+    if model_type in ("qwen2", "qwen3", "qwen3_moe") and not config.get("use_sliding_window", False):
         window = None
     if model_type == "llama" or not window:
         return (None,) * num_layers
@@ -246,6 +301,43 @@ def _gemma3_text_config(config: dict) -> dict:
     return {**config, "rope_parameters": per_type}
 
 
+def _positive_int(config: dict, name: str) -> int:
+    value = config.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _moe_from_config(config: dict, model_type: str, num_layers: int) -> MoESpec | None:
+    """The mixture-of-experts MLP of a qwen3_moe or mixtral config (None for other types), as
+    transformers builds it; ValueError names a field it does not serve."""
+    if model_type not in ("qwen3_moe", "mixtral"):
+        return None
+    if model_type == "mixtral":
+        experts = _positive_int(config, "num_local_experts")
+        top_k = _positive_int(config, "num_experts_per_tok")
+        inter, norm_topk, sparse = int(config["intermediate_size"]), True, (True,) * num_layers
+    else:
+        for name in ("shared_expert_intermediate_size", "num_shared_experts", "n_shared_experts"):
+            if config.get(name):
+                raise ValueError(f"{name} (shared experts) is not served for qwen3_moe")
+        # the Hub's configs name it num_experts; transformers 5 saves num_local_experts
+        experts = _positive_int(config, "num_experts" if "num_experts" in config else "num_local_experts")
+        top_k = _positive_int(config, "num_experts_per_tok")
+        inter = _positive_int(config, "moe_intermediate_size")
+        if config.get("use_sliding_window"):
+            raise ValueError("use_sliding_window is not served for qwen3_moe")
+        norm_topk = bool(config.get("norm_topk_prob", False))
+        step = _positive_int({"decoder_sparse_step": 1, **config}, "decoder_sparse_step")
+        dense = config.get("mlp_only_layers") or []
+        if not isinstance(dense, list) or not all(isinstance(i, int) and 0 <= i < num_layers for i in dense):
+            raise ValueError(f"mlp_only_layers must list layer indices below {num_layers}, got {dense!r}")
+        sparse = tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
+    if top_k > experts:
+        raise ValueError(f"num_experts_per_tok {top_k} exceeds the {experts} experts")
+    return MoESpec(experts, top_k, inter, norm_topk, sparse, weights_in_float32=model_type == "mixtral")
+
+
 def spec_from_config(config: dict) -> ModelSpec:
     """Validate a HF config dict and return its ``ModelSpec``; ValueError names what is wrong."""
     model_type = config.get("model_type")
@@ -265,7 +357,9 @@ def spec_from_config(config: dict) -> ModelSpec:
         heads = int(config["num_attention_heads"])
         kv_heads = int(config.get("num_key_value_heads") or heads)
         # transformers' defaults
-        default_head_dim = {"qwen3": 128, "gemma2": 256, "gemma3_text": 256}.get(model_type, hidden // heads)
+        default_head_dim = {"qwen3": 128, "qwen3_moe": 128, "gemma2": 256, "gemma3_text": 256}.get(
+            model_type, hidden // heads
+        )
         head_dim = int(config.get("head_dim") or default_head_dim)
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
@@ -302,6 +396,7 @@ def spec_from_config(config: dict) -> ModelSpec:
             if model_type == "gemma2"
             else None,
             final_softcap=_optional_float(config.get("final_logit_softcapping")) if gemma else None,
+            moe=_moe_from_config(config, model_type, num_layers),
         )
     except KeyError as missing:
         raise ValueError(f"config.json lacks the field {missing}") from None

@@ -16,6 +16,10 @@ holds its projections (qkv, o, gate_up, down) as ``QuantizedWeight`` objects
 (``engine/model/quant_loading.py``), or dense again where the ``QuantPlan`` dequantizes at load (the
 CPU); embeddings, norms and the LM head stay float. It never has shrink-in-GEMM rows: LoRA A
 rows cannot be appended to packed weights.
+
+A mixture-of-experts layer (``ModelSpec.moe``) holds its router and experts
+(``ExpertWeights``, ``engine/model/moe_weights.py``) instead of gate_up and down; its base has
+shrink-in-GEMM rows for the attention groups only (``ModelSpec.lora_groups``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,11 @@ from safetensors import safe_open
 
 from multilora_studio.checkpoint_files import checkpoint_files
 from multilora_studio.engine.model.model_spec import ModelSpec
+from multilora_studio.engine.model.moe_weights import (
+    ExpertWeights,
+    load_expert_weights,
+    random_expert_weights,
+)
 from multilora_studio.engine.model.quant_loading import QUANTIZED_DTYPES, place_projection, stored_projection
 from multilora_studio.engine.model.quantization import Quantization
 from multilora_studio.kernels.cpu_linear import pack_weight
@@ -64,13 +73,14 @@ class LayerWeights:
     qkv_bias: torch.Tensor | None  # [q + 2 kv]
     o: Weight  # [H, q]
     post_norm: torch.Tensor  # [H]
-    gate_up: Weight  # [2 I, H]
-    down: Weight  # [H, I]
+    gate_up: Weight | None  # [2 I, H] (None in a mixture-of-experts layer)
+    down: Weight | None  # [H, I]
     q_norm: torch.Tensor | None = None  # [D], RMSNorm of each q head (qwen3)
     k_norm: torch.Tensor | None = None  # [D], of each k head
     # the Gemma block: RMSNorm of the attention / MLP output before its residual add ([H])
     attn_out_norm: torch.Tensor | None = None
     mlp_out_norm: torch.Tensor | None = None
+    experts: ExpertWeights | None = None  # a mixture-of-experts layer's router and experts
 
 
 @dataclass
@@ -106,13 +116,14 @@ def pack_for_onednn(weights: ModelWeights) -> None:
 def allocate_shrink_in_gemm_weights(
     spec: ModelSpec, lora_rows: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-    """GEMM weights with ``lora_rows`` zero rows per slice after each layer's base rows, and
-    qkv's bias to match (none for 0)."""
+    """GEMM weights of the groups that take LoRA with ``lora_rows`` zero rows per slice after each
+    layer's base rows, and qkv's bias to match (none for 0)."""
     if lora_rows <= 0:
         return {}, None
     layers = spec.num_layers
     weights = {}
-    for group, slices in GEMM_SLICES.items():
+    for group in spec.lora_groups:
+        slices = GEMM_SLICES[group]
         n, k = gemm_shape(spec, group)
         weights[group] = torch.empty((layers, n + slices * lora_rows, k), dtype=dtype, device=device)
         weights[group][:, n:].zero_()
@@ -195,6 +206,8 @@ def load_weights(
         raise ValueError(
             "a quantized base cannot hold shrink-in-GEMM rows (LoRA A rows after packed weights)"
         )
+    if quantization is not None and spec.moe is not None:
+        raise ValueError(f"a quantized {spec.model_type} (mixture-of-experts) base is not served yet")
     plan = quant_plan or QuantPlan()
     source = TensorSource(checkpoint_files(Path(folder)))
     decoder, head_prefix = decoder_prefix(source.has)
@@ -265,12 +278,19 @@ def load_weights(
             (qkv_rows, hidden),
             functools.partial(fused, prefix, "self_attn.qkv_proj", into=into("qkv")),
         )
-        gate_up = projection(
-            fused_modules(prefix, "mlp.gate_up_proj"),
-            (2 * inter, hidden),
-            functools.partial(fused, prefix, "mlp.gate_up_proj", into=into("gate_up")),
+        sparse = spec.is_sparse(index)
+        gate_up = (
+            None
+            if sparse
+            else projection(
+                fused_modules(prefix, "mlp.gate_up_proj"),
+                (2 * inter, hidden),
+                functools.partial(fused, prefix, "mlp.gate_up_proj", into=into("gate_up")),
+            )
         )
-        if tuple(qkv.shape) != (qkv_rows, hidden) or tuple(gate_up.shape) != (2 * inter, hidden):
+        if tuple(qkv.shape) != (qkv_rows, hidden) or (
+            gate_up is not None and tuple(gate_up.shape) != (2 * inter, hidden)
+        ):
             raise ValueError(f"layer {index}: fused projection shapes do not match config.json")
         bias_into = shrink_in_gemm_bias[index, :qkv_rows] if shrink_in_gemm_bias is not None else None
         # the norm before the MLP: post_attention_layernorm, or Gemma's pre_feedforward_layernorm
@@ -292,7 +312,9 @@ def load_weights(
                 ),
                 post_norm=norm(f"{prefix}.{mlp_norm}.weight", hidden),
                 gate_up=gate_up,
-                down=projection(
+                down=None
+                if sparse
+                else projection(
                     [f"{prefix}.mlp.down_proj"],
                     (hidden, inter),
                     functools.partial(take, f"{prefix}.mlp.down_proj.weight", (hidden, inter), into("down")),
@@ -304,6 +326,9 @@ def load_weights(
                 else None,
                 mlp_out_norm=norm(f"{prefix}.post_feedforward_layernorm.weight", hidden)
                 if spec.gemma
+                else None,
+                experts=load_expert_weights(source.has, source.get, prefix, spec, dtype, device)
+                if sparse
                 else None,
             )
         )
@@ -343,6 +368,8 @@ def random_weights(
         raise ValueError(
             "a quantized base cannot hold shrink-in-GEMM rows (LoRA A rows after packed weights)"
         )
+    if quantization is not None and spec.moe is not None:
+        raise ValueError(f"a quantized {spec.model_type} (mixture-of-experts) base is not served yet")
     plan = quant_plan or QuantPlan()
     generator = torch.Generator(device=device).manual_seed(seed)
     std = spec.hidden_size**-0.5
@@ -373,12 +400,13 @@ def random_weights(
             else None,
             o=gemm("o", index),
             post_norm=ones(hidden),
-            gate_up=gemm("gate_up", index),
-            down=gemm("down", index),
+            gate_up=None if spec.is_sparse(index) else gemm("gate_up", index),
+            down=None if spec.is_sparse(index) else gemm("down", index),
             q_norm=ones(spec.head_dim) if spec.qk_norm else None,
             k_norm=ones(spec.head_dim) if spec.qk_norm else None,
             attn_out_norm=ones(hidden) if spec.gemma else None,
             mlp_out_norm=ones(hidden) if spec.gemma else None,
+            experts=random_expert_weights(spec, rand) if spec.is_sparse(index) else None,
         )
         for index in range(spec.num_layers)
     ]

@@ -94,6 +94,7 @@ class ThreadSafeAdapterCatalog:
         summary = inspect_peft_adapter(
             path, spec.num_layers, spec.projection_shape, self.config.max_lora_rank, spec.vocab
         )
+        spec.check_lora_targets(summary.targets, path)
         self._check_table_budget(path, summary.table_values * self.dtype.itemsize, bool(summary.tokens))
         vocab_size = summary.vocab_size or spec.vocab_size
         tokenizer = adapter_tokenizer(path, self.base_tokenizer, vocab_size)

@@ -34,10 +34,10 @@ def packed_shapes(
 
 
 def max_packed_bytes(spec: ModelSpec, max_rank: int, dtype: torch.dtype) -> int:
-    """Host bytes of the largest packed adapter: ``max_rank`` on every projection group, with
+    """Host bytes of the largest packed adapter: ``max_rank`` on every group the base takes LoRA on, with
     one per-row vector each (DoRA's magnitude or lora_bias; PEFT never has both)."""
-    rows = tuple(f"magnitude:{group}" for group in LORA_GROUPS)
-    return carved_bytes(packed_shapes(spec, max_rank, list(LORA_GROUPS), rows), dtype)
+    rows = tuple(f"magnitude:{group}" for group in spec.lora_groups)
+    return carved_bytes(packed_shapes(spec, max_rank, list(spec.lora_groups), rows), dtype)
 
 
 def row_keys_of(adapter: HostAdapter) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ import torch
 
 from multilora_studio.engine.config import EngineConfig
 from multilora_studio.engine.model.llama import AttentionMetadata, LlamaModel, LoRAStep
-from multilora_studio.engine.model.lora_weights import LORA_GROUPS, LoRASlotWeights
+from multilora_studio.engine.model.lora_weights import LoRASlotWeights
 from multilora_studio.engine.sampling.logprobs import score_rows
 from multilora_studio.engine.sampling.sampler import make_generator, sample
 from multilora_studio.engine.sampling.sampling_batch import SamplingBatch, SamplingRow
@@ -125,7 +125,7 @@ def warm_up_kernels(
     keys = kv_caches[0][0]  # [blocks, block_size, Hkv, D]
     num_blocks, block_size, device = keys.shape[0], keys.shape[1], keys.device
     batch = LoRABatch.allocate(max_tokens, lora.num_slots, device)
-    groups = frozenset(LORA_GROUPS)
+    groups = frozenset(lora.groups)
     kinds = (None, LoRAStep(batch, groups), LoRAStep(batch, groups, row_groups=groups))
     # steps above the token-major kernels over a narrow slot span: the shrink in the GEMM, whose
     # output rows are wider by the span's A rows (each span whose row stride aligns differently)

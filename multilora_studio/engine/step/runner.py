@@ -70,7 +70,9 @@ class ModelRunner:
         self.decode_graphs: StepGraphs | None = None
         self.mixed_graphs: StepGraphs | None = None
         started = self._phase_done("slots and KV cache", started)
-        self.uses_graphs = device.type == "cuda" and not config.enforce_eager
+        # a mixture-of-experts base runs eagerly: each expert's GEMM is sized by its token count,
+        # read on the host, which a captured graph cannot do (engine/model/moe.py)
+        self.uses_graphs = device.type == "cuda" and not config.enforce_eager and spec.moe is None
         if self.uses_graphs:
             self._make_graphs(capture=True, started=started)
             started = time.perf_counter()

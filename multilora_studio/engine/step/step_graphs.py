@@ -33,7 +33,6 @@ import torch
 
 from multilora_studio.engine.batch.scheduler import StepPlan
 from multilora_studio.engine.model.llama import AttentionMetadata, LlamaModel, LoRAStep
-from multilora_studio.engine.model.lora_weights import LORA_GROUPS
 from multilora_studio.engine.model.token_tables import TokenTableStep
 from multilora_studio.engine.step.step_staging import StagedStep, StepStaging
 
@@ -101,7 +100,7 @@ def forward_staged(
         )
     lora = None
     if uses_lora:
-        groups = frozenset(LORA_GROUPS)
+        groups = frozenset(model.spec.lora_groups)
         lora = LoRAStep(staging.lora_batch, groups, groups if uses_rows else frozenset(), slot_span)
     hidden = model.forward(
         staging.input_ids[:bucket], staging.positions[:bucket], attn, kv_caches, lora, embeddings
