@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.quant_gpu import copy_bandwidth_gb_s, projection_shapes
-from benchmarks.rounds import parser, write_results
+from benchmarks.rounds import graph_time_ms, parser, write_results
 from multilora_studio.engine.model.quant_pack import (
     int4_groups,
     pack_gptq_rows,
@@ -51,22 +51,8 @@ TINYGEMM_MAX_ROWS = 32  # tinygemm's time grows with rows; past this it only was
 
 def graph_us(calls: Sequence[Callable[[], object]], repeats: int = 20) -> float:
     """Device microseconds per call, each call of ``calls`` once per graph replay."""
-    for call in calls:  # launches compiled and autotuned before the capture
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (repeats * len(calls))
+    ms = graph_time_ms(lambda: [call() for call in calls], repeats, per_graph=1)
+    return ms * 1000 / len(calls)
 
 
 def tinygemm_weight(

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .fp8_scaled_mm import fp8_scaled_mm
-from .gemlite_support import gemlite
+from .gemlite_support import empty_layer
 from .quant_weight import QuantizedWeight
 
 __all__ = ["TENSOR_CORES_FROM_ROWS", "Fp8Gemm"]
@@ -38,14 +38,8 @@ class Fp8Gemm:
 
     def _gemlite_layer(self) -> Any:
         """gemlite's A16W8 module over this weight's bytes (a view, no copy)."""
-        module = gemlite(self.weight.device.index or 0)
-        from gemlite.dtypes import DType
-
         n, k = self.weight.shape
-        kind = DType.BF16 if self.dtype == torch.bfloat16 else DType.FP16
-        layer = module.GemLiteLinearTriton(
-            8, group_size=k, in_features=k, out_features=n, input_dtype=kind, output_dtype=kind
-        )
+        layer = empty_layer(self.weight.device, self.dtype, 8, k, self.weight.shape)
         # per-channel scales: gemlite applies them after the product
         layer.pack(self.weight.qweight, self.weight.scales.view(n, 1), zeros=None)
         return layer

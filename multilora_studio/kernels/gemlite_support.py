@@ -9,10 +9,11 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
-__all__ = ["GEMLITE_MISSING", "gemlite", "gemlite_available", "launch_table"]
+__all__ = ["GEMLITE_MISSING", "empty_layer", "gemlite", "gemlite_available", "launch_table"]
 
 GEMLITE_MISSING = "the 4-bit and FP8 GEMV kernels need gemlite (the package's extra cuda)"
 # gemlite's launch tables (its configs/ folder) by a word of the device's name; H200 and H800
@@ -52,3 +53,18 @@ def gemlite(device_index: int) -> ModuleType:
     if table is not None:
         module.load_config(str(Path(module.__file__).parent / "configs" / f"{table}.json"))
     return module
+
+
+def empty_layer(
+    device: torch.device, dtype: torch.dtype, bits: int, group_size: int, shape: tuple[int, int]
+) -> Any:
+    """gemlite's module for a [N, K] weight of ``bits`` in groups of ``group_size`` inputs, with
+    activations and outputs in ``dtype`` (bf16 or fp16), before its ``pack``."""
+    module = gemlite(device.index or 0)
+    from gemlite.dtypes import DType
+
+    n, k = shape
+    kind = DType.BF16 if dtype == torch.bfloat16 else DType.FP16
+    return module.GemLiteLinearTriton(
+        bits, group_size=group_size, in_features=k, out_features=n, input_dtype=kind, output_dtype=kind
+    )

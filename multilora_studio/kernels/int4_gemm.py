@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .gemlite_support import gemlite
+from .gemlite_support import empty_layer
 from .int4_dequant import dequantize_kn
 from .quant_weight import QuantizedWeight, unpack_gptq_rows, unpack_sequential
 
@@ -38,15 +38,8 @@ class Int4Gemm:
 
     def _gemlite_layer(self) -> Any:
         """gemlite's A16W4 module over this weight, its packed words shared with ``weight``."""
-        module = gemlite(self.weight.device.index or 0)
-        from gemlite.dtypes import DType
-
-        n, k = self.weight.shape
-        kind = DType.BF16 if self.dtype == torch.bfloat16 else DType.FP16
-        layer = module.GemLiteLinearTriton(
-            4, group_size=self.weight.group_size, in_features=k, out_features=n,
-            input_dtype=kind, output_dtype=kind,
-        )  # fmt: skip
+        weight = self.weight
+        layer = empty_layer(weight.device, self.dtype, 4, weight.group_size, weight.shape)
         values = unpack_gptq_rows(self.weight.qweight).to(torch.uint8).t().contiguous()  # [N, K]
         layer.pack(values, self.scales.t(), self.zeros.t(), fma_mode=False)  # its meta [N, K / G]
         if not torch.equal(layer.W_q, self.weight.qweight):

@@ -27,17 +27,16 @@ from multilora_studio.adapters.library_errors import LibraryError
 from multilora_studio.adapters.registry import DEFAULT_MAX_RANK, Registry
 from multilora_studio.adapters.registry_lifecycle import ACTIVE
 from multilora_studio.adapters.registry_runs import BEST, LATEST, CheckpointRecord, run_alias
-from multilora_studio.adapters.registry_schema import EvalScoreRecord
 from multilora_studio.adapters.run_watcher import PollResult, RunWatcher
 from multilora_studio.engine import ServingEngine
 from multilora_studio.evaluate import (
-    EvalResults,
     EvalSettings,
     PromptSet,
     load_prompt_set,
     run_eval,
     save_results,
 )
+from multilora_studio.evaluate.library import score_record
 from multilora_studio.runs.scores import BestPick, checkpoint_scores, pick_best
 
 log = logging.getLogger(__name__)
@@ -228,23 +227,6 @@ class RunFollower:
         for checkpoint in chosen:
             metric, scores = checkpoint_scores(results, checkpoint.adapter)
             self.registry.record_checkpoint_scores(
-                checkpoint.id, metric, scores, summary_of(results, checkpoint.adapter, saved), key
+                checkpoint.id, metric, scores, score_record(results, checkpoint.adapter, saved), key
             )
         return names
-
-
-def summary_of(results: EvalResults, adapter: str, saved: Path) -> EvalScoreRecord:
-    """The adapter's line of the library's eval scores for ``results``."""
-    score = results.score(adapter)
-    return EvalScoreRecord(
-        adapter=adapter,
-        prompt_set=results.prompt_set,
-        prompt_set_digest=results.prompt_set_digest,
-        base_digest=results.base_digest,
-        prompts=score.prompts,
-        checked=score.checked,
-        passed=score.passed,
-        reference_logprob=score.reference_logprob_per_token,
-        results_path=str(saved),
-        created=results.created,
-    )
